@@ -1,0 +1,15 @@
+//! ferrisix configuration: the APISIX resource model, validation with APISIX's exact messages,
+//! `config.yaml` settings, and the stores the data plane watches.
+//!
+//! Configuration flows parse → validate (collecting every error) → compile → publish. This crate
+//! owns the first two steps and the stores; the proxy crate compiles and publishes. A resource
+//! that fails validation is reported on its own and never blocks the others.
+#![forbid(unsafe_code)]
+
+pub mod model;
+pub mod provider;
+pub mod schema;
+pub mod settings;
+pub mod state;
+pub mod validate;
+pub mod vars;

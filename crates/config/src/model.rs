@@ -1,0 +1,238 @@
+//! Typed views of APISIX resources, built from JSON that already passed validation.
+//!
+//! The stored JSON (what the Admin API writes and etcd holds) stays the source of truth; these
+//! types are what the data plane compiles from. Fields the data plane does not act on yet are
+//! kept as raw JSON so nothing a user wrote is lost.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// The resource kinds of APISIX's etcd layout, in the order a snapshot compiles them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ResourceKind {
+    Upstreams,
+    Services,
+    PluginConfigs,
+    GlobalRules,
+    Consumers,
+    Ssls,
+    PluginMetadata,
+    Routes,
+}
+
+impl ResourceKind {
+    pub const ALL: [ResourceKind; 8] = [
+        ResourceKind::Upstreams,
+        ResourceKind::Services,
+        ResourceKind::PluginConfigs,
+        ResourceKind::GlobalRules,
+        ResourceKind::Consumers,
+        ResourceKind::Ssls,
+        ResourceKind::PluginMetadata,
+        ResourceKind::Routes,
+    ];
+
+    /// The directory name under the etcd prefix and the key in `apisix.yaml`.
+    pub fn dir(self) -> &'static str {
+        match self {
+            ResourceKind::Upstreams => "upstreams",
+            ResourceKind::Services => "services",
+            ResourceKind::PluginConfigs => "plugin_configs",
+            ResourceKind::GlobalRules => "global_rules",
+            ResourceKind::Consumers => "consumers",
+            ResourceKind::Ssls => "ssls",
+            ResourceKind::PluginMetadata => "plugin_metadata",
+            ResourceKind::Routes => "routes",
+        }
+    }
+
+    pub fn from_dir(dir: &str) -> Option<ResourceKind> {
+        ResourceKind::ALL.into_iter().find(|k| k.dir() == dir)
+    }
+
+    /// The singular word APISIX uses in messages (`missing route id`).
+    pub fn noun(self) -> &'static str {
+        match self {
+            ResourceKind::Upstreams => "upstream",
+            ResourceKind::Services => "service",
+            ResourceKind::PluginConfigs => "plugin config",
+            ResourceKind::GlobalRules => "global rule",
+            ResourceKind::Consumers => "consumer",
+            ResourceKind::Ssls => "ssl",
+            ResourceKind::PluginMetadata => "plugin_metadata",
+            ResourceKind::Routes => "route",
+        }
+    }
+}
+
+/// `{connect, send, read}` in seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+pub struct Timeout {
+    pub connect: f64,
+    pub send: f64,
+    pub read: f64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PassHost {
+    #[default]
+    Pass,
+    Node,
+    Rewrite,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scheme {
+    #[default]
+    Http,
+    Https,
+    Grpc,
+    Grpcs,
+    Tcp,
+    Tls,
+    Udp,
+    Kafka,
+}
+
+impl Scheme {
+    pub fn default_port(self) -> u16 {
+        match self {
+            Scheme::Https | Scheme::Grpcs | Scheme::Tls => 443,
+            _ => 80,
+        }
+    }
+}
+
+/// Balancer type. Validation accepts any string (APISIX has no enum at write time); unknown
+/// types are reported when the snapshot compiles.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum LbType {
+    #[default]
+    RoundRobin,
+    Chash,
+    Ewma,
+    LeastConn,
+    Other(String),
+}
+
+impl<'de> Deserialize<'de> for LbType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Ok(match s.as_str() {
+            "roundrobin" => LbType::RoundRobin,
+            "chash" => LbType::Chash,
+            "ewma" => LbType::Ewma,
+            "least_conn" => LbType::LeastConn,
+            _ => LbType::Other(s),
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct KeepalivePool {
+    pub size: u32,
+    pub idle_timeout: f64,
+    pub requests: u32,
+}
+
+impl Default for KeepalivePool {
+    fn default() -> Self {
+        // nginx_config.http.upstream defaults in APISIX.
+        KeepalivePool {
+            size: 320,
+            idle_timeout: 60.0,
+            requests: 1000,
+        }
+    }
+}
+
+/// One upstream node, normalised from either the map or the array form.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    /// Host as written (IP, bracketed IPv6, or domain).
+    pub host: String,
+    pub port: u16,
+    pub weight: u32,
+    pub priority: i64,
+    pub metadata: Option<Value>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Upstream {
+    pub id: Option<String>,
+    pub name: Option<String>,
+    pub nodes: Vec<Node>,
+    pub lb_type: LbType,
+    pub hash_on: Option<String>,
+    pub key: Option<String>,
+    /// `None` means APISIX's default: number of nodes − 1.
+    pub retries: Option<u32>,
+    /// Seconds; 0 = no limit.
+    pub retry_timeout: f64,
+    pub timeout: Option<Timeout>,
+    pub pass_host: PassHost,
+    pub upstream_host: Option<String>,
+    pub scheme: Scheme,
+    pub keepalive_pool: KeepalivePool,
+    /// Health checks and TLS settings are kept as written for now.
+    pub checks: Option<Value>,
+    pub tls: Option<Value>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Route {
+    pub id: String,
+    pub name: Option<String>,
+    /// `uri` or `uris`, in order.
+    pub uris: Vec<String>,
+    /// `host` or `hosts`, lower-cased.
+    pub hosts: Vec<String>,
+    /// Upper-case method names; `None` = all methods.
+    pub methods: Option<Vec<String>>,
+    /// `remote_addr` or `remote_addrs`, as written (IP or CIDR).
+    pub remote_addrs: Vec<String>,
+    /// The raw lua-resty-expr list; compiled with [`crate::vars::compile_vars`].
+    pub vars: Option<Value>,
+    pub priority: i64,
+    /// `status: 0` disables the route.
+    pub enabled: bool,
+    pub plugins: Map<String, Value>,
+    pub upstream: Option<Upstream>,
+    pub upstream_id: Option<String>,
+    pub service_id: Option<String>,
+    pub plugin_config_id: Option<String>,
+    pub timeout: Option<Timeout>,
+    pub enable_websocket: Option<bool>,
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Service {
+    pub id: String,
+    pub name: Option<String>,
+    pub hosts: Vec<String>,
+    pub plugins: Map<String, Value>,
+    pub upstream: Option<Upstream>,
+    pub upstream_id: Option<String>,
+    pub enable_websocket: Option<bool>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// `plugin_configs/<id>`: a reusable set of plugins.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PluginConfig {
+    pub id: String,
+    pub plugins: Map<String, Value>,
+}
+
+/// `global_rules/<id>`: plugins that run for every request.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GlobalRule {
+    pub id: String,
+    pub plugins: Map<String, Value>,
+}

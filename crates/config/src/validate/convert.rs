@@ -1,0 +1,342 @@
+//! Builds the typed model from resources that passed validation.
+//!
+//! Each converter validates first (so a caller cannot build a model from a document APISIX
+//! would refuse) and then reads the checked copy, which carries the schema defaults
+//! (`priority: 0`, upstream `type: roundrobin`, `pass_host: pass`, keepalive pool sizes ...).
+//! Alternative spellings are normalised here: `uri`/`host`/`remote_addr` become one-element
+//! lists, map-form nodes become [`Node`]s in document order, hosts are lower-cased.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+use super::{check_in_place, id_text, PluginCheck, ValidationError};
+use crate::model::{
+    GlobalRule, KeepalivePool, LbType, Node, PassHost, PluginConfig, ResourceKind, Route, Scheme,
+    Service, Timeout, Upstream,
+};
+use crate::schema::lua;
+
+/// Validates a route (as [`super::check_resource`]) and converts it. `id` is the key's id; it is
+/// also written into the checked copy when the document has none, as the Admin API does.
+pub fn route_from_value(
+    id: &str,
+    v: &Value,
+    plugins: &dyn PluginCheck,
+) -> Result<Route, ValidationError> {
+    let conf = checked(ResourceKind::Routes, Some(id), v, plugins)?;
+    let methods = strings(conf.get("methods"));
+    Ok(Route {
+        id: id.to_string(),
+        name: string(conf.get("name")),
+        uris: one_or_many(&conf, "uri", "uris"),
+        hosts: lower(one_or_many(&conf, "host", "hosts")),
+        // An empty list leaves the method unconstrained in APISIX's router.
+        methods: (!methods.is_empty()).then_some(methods),
+        remote_addrs: one_or_many(&conf, "remote_addr", "remote_addrs"),
+        vars: conf.get("vars").filter(|v| !v.is_null()).cloned(),
+        priority: conf
+            .get("priority")
+            .and_then(Value::as_f64)
+            .map_or(0, |p| p as i64),
+        enabled: conf.get("status").and_then(Value::as_f64) != Some(0.0),
+        plugins: object(conf.get("plugins")),
+        upstream: conf
+            .get("upstream")
+            .filter(|u| is_table(u))
+            .map(|u| build_upstream(None, u)),
+        upstream_id: conf.get("upstream_id").map(id_text),
+        service_id: conf.get("service_id").map(id_text),
+        plugin_config_id: conf.get("plugin_config_id").map(id_text),
+        timeout: timeout(conf.get("timeout")),
+        enable_websocket: conf.get("enable_websocket").and_then(Value::as_bool),
+        labels: labels(conf.get("labels")),
+    })
+}
+
+/// Validates a stored upstream and converts it; `id` is `None` for an upstream that is not
+/// stored on its own.
+pub fn upstream_from_value(id: Option<&str>, v: &Value) -> Result<Upstream, ValidationError> {
+    let conf = checked(ResourceKind::Upstreams, id, v, &super::AcceptAnyPlugin)?;
+    Ok(build_upstream(id.map(str::to_string), &conf))
+}
+
+pub fn service_from_value(
+    id: &str,
+    v: &Value,
+    plugins: &dyn PluginCheck,
+) -> Result<Service, ValidationError> {
+    let conf = checked(ResourceKind::Services, Some(id), v, plugins)?;
+    Ok(Service {
+        id: id.to_string(),
+        name: string(conf.get("name")),
+        hosts: lower(strings(conf.get("hosts"))),
+        plugins: object(conf.get("plugins")),
+        upstream: conf
+            .get("upstream")
+            .filter(|u| is_table(u))
+            .map(|u| build_upstream(None, u)),
+        upstream_id: conf.get("upstream_id").map(id_text),
+        enable_websocket: conf.get("enable_websocket").and_then(Value::as_bool),
+        labels: labels(conf.get("labels")),
+    })
+}
+
+pub fn plugin_config_from_value(
+    id: &str,
+    v: &Value,
+    plugins: &dyn PluginCheck,
+) -> Result<PluginConfig, ValidationError> {
+    let conf = checked(ResourceKind::PluginConfigs, Some(id), v, plugins)?;
+    Ok(PluginConfig {
+        id: id.to_string(),
+        plugins: object(conf.get("plugins")),
+    })
+}
+
+pub fn global_rule_from_value(
+    id: &str,
+    v: &Value,
+    plugins: &dyn PluginCheck,
+) -> Result<GlobalRule, ValidationError> {
+    let conf = checked(ResourceKind::GlobalRules, Some(id), v, plugins)?;
+    Ok(GlobalRule {
+        id: id.to_string(),
+        plugins: object(conf.get("plugins")),
+    })
+}
+
+fn checked(
+    kind: ResourceKind,
+    id: Option<&str>,
+    v: &Value,
+    plugins: &dyn PluginCheck,
+) -> Result<Value, ValidationError> {
+    let mut conf = v.clone();
+    if let (Some(id), Value::Object(m)) = (id, &mut conf) {
+        // Global rules and plugin configs require an id in the document; the Admin API puts
+        // the key's id there before checking, so a stored document may lack it.
+        m.entry("id")
+            .or_insert_with(|| Value::String(id.to_string()));
+    }
+    check_in_place(kind, &mut conf, plugins, None)?;
+    Ok(conf)
+}
+
+fn build_upstream(id: Option<String>, u: &Value) -> Upstream {
+    let scheme = match u.get("scheme").and_then(Value::as_str) {
+        Some("https") => Scheme::Https,
+        Some("grpc") => Scheme::Grpc,
+        Some("grpcs") => Scheme::Grpcs,
+        Some("tcp") => Scheme::Tcp,
+        Some("tls") => Scheme::Tls,
+        Some("udp") => Scheme::Udp,
+        Some("kafka") => Scheme::Kafka,
+        _ => Scheme::Http,
+    };
+    let pass_host = match u.get("pass_host").and_then(Value::as_str) {
+        Some("node") => PassHost::Node,
+        Some("rewrite") => PassHost::Rewrite,
+        _ => PassHost::Pass,
+    };
+    let lb_type = u
+        .get("type")
+        .cloned()
+        .and_then(|t| serde_json::from_value::<LbType>(t).ok())
+        .unwrap_or_default();
+    let keepalive_pool = match u.get("keepalive_pool") {
+        Some(pool) if is_table(pool) => {
+            let default = KeepalivePool::default();
+            KeepalivePool {
+                size: pool
+                    .get("size")
+                    .and_then(saturating_u32)
+                    .unwrap_or(default.size),
+                idle_timeout: pool
+                    .get("idle_timeout")
+                    .and_then(Value::as_f64)
+                    .unwrap_or(default.idle_timeout),
+                requests: pool
+                    .get("requests")
+                    .and_then(saturating_u32)
+                    .unwrap_or(default.requests),
+            }
+        }
+        _ => KeepalivePool::default(),
+    };
+    Upstream {
+        id,
+        name: string(u.get("name")),
+        nodes: u.get("nodes").map(|n| nodes(n, scheme)).unwrap_or_default(),
+        lb_type,
+        hash_on: string(u.get("hash_on")),
+        key: string(u.get("key")),
+        retries: u.get("retries").and_then(saturating_u32),
+        retry_timeout: u
+            .get("retry_timeout")
+            .and_then(Value::as_f64)
+            .unwrap_or(0.0),
+        timeout: timeout(u.get("timeout")),
+        pass_host,
+        upstream_host: string(u.get("upstream_host")),
+        scheme,
+        keepalive_pool,
+        checks: u.get("checks").cloned(),
+        tls: u.get("tls").cloned(),
+    }
+}
+
+/// Both node forms as [`Node`]s. Map keys are split like APISIX's `parse_addr`; a node without a
+/// port gets the scheme's default port, and a bare IPv6 host is bracketed.
+fn nodes(v: &Value, scheme: Scheme) -> Vec<Node> {
+    let port_or_default = |p: Option<f64>| match p {
+        Some(p) if (1.0..=65535.0).contains(&p) => p as u16,
+        _ => scheme.default_port(),
+    };
+    match v {
+        Value::Object(map) => map
+            .iter()
+            .map(|(addr, weight)| {
+                let (host, port) = parse_addr(addr);
+                Node {
+                    host: bracket_ipv6(host),
+                    port: port_or_default(port),
+                    weight: saturating_u32(weight).unwrap_or(0),
+                    priority: 0,
+                    metadata: None,
+                }
+            })
+            .collect(),
+        Value::Array(list) => list
+            .iter()
+            .filter_map(|n| {
+                let host = n.get("host")?.as_str()?;
+                Some(Node {
+                    host: bracket_ipv6(host),
+                    port: port_or_default(n.get("port").and_then(Value::as_f64)),
+                    weight: n.get("weight").and_then(saturating_u32).unwrap_or(0),
+                    priority: n
+                        .get("priority")
+                        .and_then(Value::as_f64)
+                        .map_or(0, |p| p as i64),
+                    metadata: n.get("metadata").cloned(),
+                })
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn bracket_ipv6(host: &str) -> String {
+    if !host.starts_with('[') && host.parse::<std::net::Ipv6Addr>().is_ok() {
+        format!("[{host}]")
+    } else {
+        host.to_string()
+    }
+}
+
+/// APISIX's `core.utils.parse_addr`: splits `host:port`, keeping IPv6 brackets; an address
+/// with two or more colons and no brackets is an IPv6 literal without a port. The port is Lua's
+/// `tonumber` of the text after the last colon (`None` when that is not a number).
+pub(crate) fn parse_addr(addr: &str) -> (&str, Option<f64>) {
+    // The last colon, searching from the second-to-last byte backwards (a trailing colon is
+    // part of the host).
+    let last_colon = |s: &str| {
+        let b = s.as_bytes();
+        (0..b.len().saturating_sub(1)).rev().find(|&i| b[i] == b':')
+    };
+    fn split(s: &str, at: usize) -> (&str, Option<f64>) {
+        (&s[..at], lua::tonumber(&s[at + 1..]))
+    }
+    if addr.starts_with('[') {
+        if addr.ends_with(']') {
+            return (addr, None);
+        }
+        return match last_colon(addr) {
+            Some(pos) if pos > 0 && addr.as_bytes()[pos - 1] == b']' => split(addr, pos),
+            _ => (addr, None),
+        };
+    }
+    let mut colons = 0;
+    for b in addr.bytes() {
+        match b {
+            b'.' => break,
+            b':' => {
+                colons += 1;
+                if colons == 2 {
+                    return (addr, None);
+                }
+            }
+            _ => {}
+        }
+    }
+    match last_colon(addr) {
+        Some(pos) => split(addr, pos),
+        None => (addr, None),
+    }
+}
+
+fn is_table(v: &Value) -> bool {
+    matches!(v, Value::Object(_) | Value::Array(_))
+}
+
+fn string(v: Option<&Value>) -> Option<String> {
+    v.and_then(Value::as_str).map(str::to_string)
+}
+
+fn strings(v: Option<&Value>) -> Vec<String> {
+    v.and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `single` as a one-element list, else the `many` list.
+fn one_or_many(conf: &Value, single: &str, many: &str) -> Vec<String> {
+    match conf.get(single).and_then(Value::as_str) {
+        Some(s) => vec![s.to_string()],
+        None => strings(conf.get(many)),
+    }
+}
+
+fn lower(v: Vec<String>) -> Vec<String> {
+    v.into_iter().map(|s| s.to_ascii_lowercase()).collect()
+}
+
+fn object(v: Option<&Value>) -> Map<String, Value> {
+    v.and_then(Value::as_object).cloned().unwrap_or_default()
+}
+
+fn labels(v: Option<&Value>) -> BTreeMap<String, String> {
+    v.and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn timeout(v: Option<&Value>) -> Option<Timeout> {
+    let v = v?;
+    Some(Timeout {
+        connect: v.get("connect")?.as_f64()?,
+        send: v.get("send")?.as_f64()?,
+        read: v.get("read")?.as_f64()?,
+    })
+}
+
+fn saturating_u32(v: &Value) -> Option<u32> {
+    let x = v.as_f64()?;
+    Some(if x <= 0.0 {
+        0
+    } else if x >= f64::from(u32::MAX) {
+        u32::MAX
+    } else {
+        x as u32
+    })
+}

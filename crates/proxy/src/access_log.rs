@@ -1,0 +1,485 @@
+//! The buffered access log: one line per request in nginx's combined style, driven by APISIX's
+//! `access_log_format`.
+//!
+//! The format is parsed once into segments. Each worker thread appends finished lines to its
+//! own buffer and writes it out in whole lines when it grows past 32 KiB or a second has passed
+//! (nginx's `access_log ... buffer=` behaviour), so logging costs no lock and no syscall per
+//! request. Files are opened in append mode so concurrent workers never interleave inside a line.
+
+use std::cell::RefCell;
+use std::fmt::Write as _;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use http::{HeaderValue, Method, Uri, Version};
+use smallvec::SmallVec;
+
+const FLUSH_BYTES: usize = 32 * 1024;
+const FLUSH_AFTER: Duration = Duration::from_secs(1);
+
+/// Where lines go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LogSink {
+    Off,
+    Stderr,
+    Stdout,
+    File(PathBuf),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Segment {
+    Literal(String),
+    Var(Var),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Var {
+    RemoteAddr,
+    RemoteUser,
+    TimeLocal,
+    TimeIso8601,
+    Msec,
+    Request,
+    RequestMethod,
+    RequestUri,
+    Uri,
+    ServerProtocol,
+    Status,
+    BodyBytesSent,
+    RequestTime,
+    RequestLength,
+    /// An `http_<name>` header, by index into the record's captured headers.
+    Header(usize),
+    UpstreamAddr,
+    UpstreamStatus,
+    UpstreamResponseTime,
+    UpstreamScheme,
+    UpstreamHost,
+    UpstreamUri,
+    ServerPort,
+    Scheme,
+    RouteId,
+    Unknown,
+}
+
+/// A compiled `access_log_format` plus its sink.
+#[derive(Debug)]
+pub struct AccessLog {
+    sink: LogSink,
+    segments: Vec<Segment>,
+    /// Header names the format reads, in capture order.
+    headers: Vec<http::HeaderName>,
+}
+
+/// What one request leaves for its log line.
+#[derive(Debug)]
+pub struct LogRecord {
+    pub log: Arc<AccessLog>,
+    pub start: Instant,
+    pub start_wall: SystemTime,
+    pub remote_addr: IpAddr,
+    pub server_port: u16,
+    pub method: Method,
+    pub uri: Uri,
+    pub version: Version,
+    pub headers: SmallVec<[Option<HeaderValue>; 4]>,
+    pub status: u16,
+    pub request_length: u64,
+    pub body_bytes_sent: u64,
+    pub route_id: Option<Arc<str>>,
+    pub upstream_addrs: SmallVec<[SocketAddr; 2]>,
+    pub upstream_statuses: SmallVec<[u16; 2]>,
+    pub upstream_start: Option<Instant>,
+    pub upstream_host: Option<HeaderValue>,
+}
+
+impl AccessLog {
+    /// Parses an nginx-style format with `$var` and `${var}` references.
+    pub fn new(sink: LogSink, format: &str) -> AccessLog {
+        let mut segments = Vec::new();
+        let mut headers: Vec<http::HeaderName> = Vec::new();
+        let mut literal = String::new();
+        let mut chars = format.char_indices().peekable();
+        while let Some((_, c)) = chars.next() {
+            if c != '$' {
+                literal.push(c);
+                continue;
+            }
+            let mut name = String::new();
+            let braced = chars.peek().map(|(_, c)| *c) == Some('{');
+            if braced {
+                chars.next();
+            }
+            while let Some((_, c)) = chars.peek() {
+                if c.is_ascii_alphanumeric() || *c == '_' {
+                    name.push(*c);
+                    chars.next();
+                } else {
+                    break;
+                }
+            }
+            if braced && chars.peek().map(|(_, c)| *c) == Some('}') {
+                chars.next();
+            }
+            if name.is_empty() {
+                literal.push('$');
+                continue;
+            }
+            if !literal.is_empty() {
+                segments.push(Segment::Literal(std::mem::take(&mut literal)));
+            }
+            let var = match name.as_str() {
+                "remote_addr" => Var::RemoteAddr,
+                "remote_user" => Var::RemoteUser,
+                "time_local" => Var::TimeLocal,
+                "time_iso8601" => Var::TimeIso8601,
+                "msec" => Var::Msec,
+                "request" | "request_line" => Var::Request,
+                "request_method" => Var::RequestMethod,
+                "request_uri" => Var::RequestUri,
+                "uri" => Var::Uri,
+                "server_protocol" => Var::ServerProtocol,
+                "status" => Var::Status,
+                "body_bytes_sent" | "bytes_sent" => Var::BodyBytesSent,
+                "request_time" => Var::RequestTime,
+                "request_length" => Var::RequestLength,
+                "upstream_addr" => Var::UpstreamAddr,
+                "upstream_status" => Var::UpstreamStatus,
+                "upstream_response_time" => Var::UpstreamResponseTime,
+                "upstream_scheme" => Var::UpstreamScheme,
+                "upstream_host" => Var::UpstreamHost,
+                "upstream_uri" => Var::UpstreamUri,
+                "server_port" => Var::ServerPort,
+                "scheme" => Var::Scheme,
+                "route_id" => Var::RouteId,
+                "host" => Var::Header(capture(&mut headers, "host")),
+                other => match other.strip_prefix("http_") {
+                    Some(h) => Var::Header(capture(&mut headers, &h.replace('_', "-"))),
+                    None => Var::Unknown,
+                },
+            };
+            segments.push(Segment::Var(var));
+        }
+        if !literal.is_empty() {
+            segments.push(Segment::Literal(literal));
+        }
+        AccessLog { sink, segments, headers }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.sink != LogSink::Off
+    }
+
+    /// Header names whose values a record must capture, in order.
+    pub fn captured_headers(&self) -> &[http::HeaderName] {
+        &self.headers
+    }
+
+    fn format(&self, r: &LogRecord, out: &mut String) {
+        for seg in &self.segments {
+            match seg {
+                Segment::Literal(s) => out.push_str(s),
+                Segment::Var(v) => r.write_var(v, out),
+            }
+        }
+        out.push('\n');
+    }
+}
+
+fn capture(headers: &mut Vec<http::HeaderName>, name: &str) -> usize {
+    let name = http::HeaderName::from_bytes(name.as_bytes())
+        .unwrap_or(http::header::HOST);
+    match headers.iter().position(|h| *h == name) {
+        Some(i) => i,
+        None => {
+            headers.push(name);
+            headers.len() - 1
+        }
+    }
+}
+
+fn push_or_dash(out: &mut String, v: Option<&HeaderValue>) {
+    match v.and_then(|v| v.to_str().ok()) {
+        Some(s) if !s.is_empty() => out.push_str(s),
+        _ => out.push('-'),
+    }
+}
+
+impl LogRecord {
+    fn write_var(&self, v: &Var, out: &mut String) {
+        match v {
+            Var::RemoteAddr => {
+                let _ = write!(out, "{}", self.remote_addr);
+            }
+            Var::RemoteUser | Var::Unknown => out.push('-'),
+            Var::TimeLocal => TIME.with(|t| out.push_str(&t.borrow_mut().local(self.start_wall))),
+            Var::TimeIso8601 => TIME.with(|t| out.push_str(&t.borrow_mut().iso(self.start_wall))),
+            Var::Msec => {
+                let d = self.start_wall.duration_since(UNIX_EPOCH).unwrap_or_default();
+                let _ = write!(out, "{}.{:03}", d.as_secs(), d.subsec_millis());
+            }
+            Var::Request => {
+                let _ = write!(out, "{} {} {:?}", self.method, request_uri(&self.uri), self.version);
+            }
+            Var::RequestMethod => out.push_str(self.method.as_str()),
+            Var::RequestUri | Var::UpstreamUri => out.push_str(request_uri(&self.uri)),
+            Var::Uri => out.push_str(self.uri.path()),
+            Var::ServerProtocol => {
+                let _ = write!(out, "{:?}", self.version);
+            }
+            Var::Status => {
+                let _ = write!(out, "{}", self.status);
+            }
+            Var::BodyBytesSent => {
+                let _ = write!(out, "{}", self.body_bytes_sent);
+            }
+            Var::RequestTime => {
+                let _ = write!(out, "{:.3}", self.start.elapsed().as_secs_f64());
+            }
+            Var::RequestLength => {
+                let _ = write!(out, "{}", self.request_length);
+            }
+            Var::Header(i) => push_or_dash(out, self.headers.get(*i).and_then(Option::as_ref)),
+            Var::UpstreamAddr => join_or_dash(out, &self.upstream_addrs),
+            Var::UpstreamStatus => join_or_dash(out, &self.upstream_statuses),
+            Var::UpstreamResponseTime => match self.upstream_start {
+                Some(s) => {
+                    let _ = write!(out, "{:.3}", s.elapsed().as_secs_f64());
+                }
+                None => out.push('-'),
+            },
+            Var::UpstreamScheme | Var::Scheme => out.push_str("http"),
+            Var::UpstreamHost => push_or_dash(out, self.upstream_host.as_ref()),
+            Var::ServerPort => {
+                let _ = write!(out, "{}", self.server_port);
+            }
+            Var::RouteId => match &self.route_id {
+                Some(id) => out.push_str(id),
+                None => out.push('-'),
+            },
+        }
+    }
+
+    /// Formats the line into this worker's buffer.
+    pub fn finish(&mut self) {
+        let log = self.log.clone();
+        if !log.enabled() {
+            return;
+        }
+        WORKER_BUFFER.with(|b| {
+            let mut b = b.borrow_mut();
+            let mut line = std::mem::take(&mut b.scratch);
+            line.clear();
+            log.format(self, &mut line);
+            b.push(&log, line.as_bytes());
+            b.scratch = line;
+        });
+    }
+}
+
+fn request_uri(uri: &Uri) -> &str {
+    uri.path_and_query().map_or("/", |p| p.as_str())
+}
+
+fn join_or_dash<T: std::fmt::Display>(out: &mut String, items: &[T]) {
+    if items.is_empty() {
+        out.push('-');
+        return;
+    }
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        let _ = write!(out, "{item}");
+    }
+}
+
+struct WorkerBuffer {
+    data: Vec<u8>,
+    scratch: String,
+    last_flush: Instant,
+    file: Option<(PathBuf, File)>,
+    sink: Option<Arc<AccessLog>>,
+}
+
+thread_local! {
+    static WORKER_BUFFER: RefCell<WorkerBuffer> = RefCell::new(WorkerBuffer {
+        data: Vec::with_capacity(FLUSH_BYTES * 2),
+        scratch: String::with_capacity(256),
+        last_flush: Instant::now(),
+        file: None,
+        sink: None,
+    });
+    static TIME: RefCell<TimeCache> = RefCell::new(TimeCache::default());
+}
+
+impl WorkerBuffer {
+    fn push(&mut self, log: &Arc<AccessLog>, line: &[u8]) {
+        self.sink = Some(log.clone());
+        self.data.extend_from_slice(line);
+        if self.data.len() >= FLUSH_BYTES || self.last_flush.elapsed() >= FLUSH_AFTER {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        self.last_flush = Instant::now();
+        if self.data.is_empty() {
+            return;
+        }
+        let Some(log) = self.sink.clone() else { return };
+        let result = match &log.sink {
+            LogSink::Off => Ok(()),
+            LogSink::Stderr => std::io::stderr().lock().write_all(&self.data),
+            LogSink::Stdout => std::io::stdout().lock().write_all(&self.data),
+            LogSink::File(path) => {
+                if self.file.as_ref().map(|(p, _)| p != path).unwrap_or(true) {
+                    self.file = open_append(path).map(|f| (path.clone(), f));
+                }
+                match &mut self.file {
+                    Some((_, f)) => f.write_all(&self.data),
+                    None => Ok(()),
+                }
+            }
+        };
+        if let Err(e) = result {
+            static WARNED: OnceLock<()> = OnceLock::new();
+            if WARNED.set(()).is_ok() {
+                tracing::warn!(error = %e, "access log write failed");
+            }
+        }
+        self.data.clear();
+    }
+}
+
+fn open_append(path: &PathBuf) -> Option<File> {
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    match OpenOptions::new().create(true).append(true).open(path) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::error!(path = %path.display(), error = %e, "cannot open access log");
+            None
+        }
+    }
+}
+
+/// Writes out this worker's buffered lines; each worker calls it every second and at exit.
+pub fn flush_worker() {
+    WORKER_BUFFER.with(|b| b.borrow_mut().flush());
+}
+
+/// Formats `time_local` once per second per thread.
+#[derive(Default)]
+struct TimeCache {
+    secs: u64,
+    local: String,
+    iso_secs: u64,
+    iso: String,
+}
+
+const MONTHS: [&str; 12] = [
+    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+];
+
+impl TimeCache {
+    fn local(&mut self, t: SystemTime) -> &str {
+        let secs = t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+        if secs != self.secs || self.local.is_empty() {
+            let (y, m, d, hh, mm, ss) = civil(secs);
+            self.local.clear();
+            let _ = write!(
+                self.local,
+                "{d:02}/{}/{y}:{hh:02}:{mm:02}:{ss:02} +0000",
+                MONTHS[(m - 1) as usize]
+            );
+            self.secs = secs;
+        }
+        &self.local
+    }
+
+    fn iso(&mut self, t: SystemTime) -> &str {
+        let secs = t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+        if secs != self.iso_secs || self.iso.is_empty() {
+            let (y, m, d, hh, mm, ss) = civil(secs);
+            self.iso.clear();
+            let _ = write!(self.iso, "{y}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}+00:00");
+            self.iso_secs = secs;
+        }
+        &self.iso
+    }
+}
+
+/// UTC calendar fields from Unix seconds (Howard Hinnant's days-to-civil).
+fn civil(secs: u64) -> (i64, u32, u32, u64, u64, u64) {
+    let days = (secs / 86400) as i64;
+    let rem = secs % 86400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d, rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil(0), (1970, 1, 1, 0, 0, 0));
+        // 2026-11-30T01:23:48Z
+        assert_eq!(civil(1_795_915_428), (2026, 11, 30, 1, 23, 48));
+    }
+
+    #[test]
+    fn formats_a_combined_line() {
+        let log = Arc::new(AccessLog::new(
+            LogSink::Off,
+            "$remote_addr - $remote_user [$time_local] $http_host \"$request_line\" $status $body_bytes_sent \"$http_user_agent\" $upstream_addr $upstream_status",
+        ));
+        let headers: SmallVec<[Option<HeaderValue>; 4]> = log
+            .captured_headers()
+            .iter()
+            .map(|h| match h.as_str() {
+                "host" => Some(HeaderValue::from_static("a.com")),
+                _ => None,
+            })
+            .collect();
+        let r = LogRecord {
+            log: log.clone(),
+            start: Instant::now(),
+            start_wall: UNIX_EPOCH + Duration::from_secs(1_795_915_428),
+            remote_addr: "127.0.0.1".parse().unwrap(),
+            server_port: 9080,
+            method: Method::GET,
+            uri: "/hello?a=1".parse().unwrap(),
+            version: Version::HTTP_11,
+            headers,
+            status: 200,
+            request_length: 0,
+            body_bytes_sent: 12,
+            route_id: None,
+            upstream_addrs: smallvec::smallvec!["127.0.0.1:1980".parse().unwrap()],
+            upstream_statuses: smallvec::smallvec![200],
+            upstream_start: None,
+            upstream_host: None,
+        };
+        let mut out = String::new();
+        log.format(&r, &mut out);
+        assert_eq!(
+            out,
+            "127.0.0.1 - - [30/Nov/2026:01:23:48 +0000] a.com \"GET /hello?a=1 HTTP/1.1\" 200 12 \"-\" 127.0.0.1:1980 200\n"
+        );
+    }
+}

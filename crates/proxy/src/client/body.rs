@@ -1,0 +1,160 @@
+//! Request bodies sent upstream.
+//!
+//! Small bodies are read completely first (as nginx's `proxy_request_buffering` does), so a
+//! failed try can be replayed to the next node. Large or unknown-length bodies are streamed
+//! frame by frame with backpressure, so a 1 GiB upload never sits in memory; such a request can
+//! only be retried while nothing of it was sent.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+use crate::error::UpstreamFailure;
+
+/// Tracks how far a streamed request body got, so the send timeout measures the gap between
+/// two writes rather than the whole upload.
+#[derive(Clone, Debug)]
+pub struct SendProgress(Arc<ProgressInner>);
+
+#[derive(Debug)]
+struct ProgressInner {
+    base: Instant,
+    last_ms: AtomicU64,
+    done: AtomicBool,
+}
+
+impl SendProgress {
+    fn new() -> SendProgress {
+        SendProgress(Arc::new(ProgressInner {
+            base: Instant::now(),
+            last_ms: AtomicU64::new(0),
+            done: AtomicBool::new(false),
+        }))
+    }
+
+    fn touch(&self) {
+        let ms = self.0.base.elapsed().as_millis() as u64;
+        self.0.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn finish(&self) {
+        self.touch();
+        self.0.done.store(true, Ordering::Relaxed);
+    }
+
+    /// When the current phase times out, and which failure that is.
+    pub fn deadline(&self, send: Duration, read: Duration) -> (Instant, UpstreamFailure) {
+        let last = self.0.base + Duration::from_millis(self.0.last_ms.load(Ordering::Relaxed));
+        if self.0.done.load(Ordering::Relaxed) {
+            (last + read, UpstreamFailure::ReadTimeout)
+        } else {
+            (last + send, UpstreamFailure::SendTimeout)
+        }
+    }
+}
+
+/// The body of a request sent upstream.
+#[derive(Debug)]
+pub enum UpstreamBody {
+    Empty,
+    /// A complete body; `None` once it was yielded.
+    Full(Option<Bytes>),
+    Stream {
+        inner: Incoming,
+        progress: SendProgress,
+        /// Whether any frame was taken from the client yet (after that, no replay).
+        started: bool,
+    },
+}
+
+impl UpstreamBody {
+    pub fn full(bytes: Bytes) -> UpstreamBody {
+        if bytes.is_empty() {
+            UpstreamBody::Empty
+        } else {
+            UpstreamBody::Full(Some(bytes))
+        }
+    }
+
+    pub fn stream(inner: Incoming) -> UpstreamBody {
+        UpstreamBody::Stream {
+            inner,
+            progress: SendProgress::new(),
+            started: false,
+        }
+    }
+
+    /// A copy for another try, when the body can be replayed.
+    pub fn try_clone(&self) -> Option<UpstreamBody> {
+        match self {
+            UpstreamBody::Empty => Some(UpstreamBody::Empty),
+            UpstreamBody::Full(b) => Some(UpstreamBody::Full(b.clone())),
+            UpstreamBody::Stream { .. } => None,
+        }
+    }
+
+    pub fn is_replayable(&self) -> bool {
+        !matches!(self, UpstreamBody::Stream { .. })
+    }
+
+    pub fn progress(&self) -> Option<SendProgress> {
+        match self {
+            UpstreamBody::Stream { progress, .. } => Some(progress.clone()),
+            _ => None,
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            UpstreamBody::Empty => Poll::Ready(None),
+            UpstreamBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            UpstreamBody::Stream {
+                inner,
+                progress,
+                started,
+            } => {
+                let polled = Pin::new(inner).poll_frame(cx);
+                match &polled {
+                    Poll::Ready(Some(_)) => {
+                        *started = true;
+                        progress.touch();
+                    }
+                    Poll::Ready(None) => progress.finish(),
+                    Poll::Pending => {}
+                }
+                polled
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::Empty => true,
+            UpstreamBody::Full(b) => b.is_none(),
+            UpstreamBody::Stream { inner, .. } => inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpstreamBody::Empty => SizeHint::with_exact(0),
+            UpstreamBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            UpstreamBody::Stream { inner, .. } => inner.size_hint(),
+        }
+    }
+}

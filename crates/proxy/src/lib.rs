@@ -1,0 +1,24 @@
+//! The ferrisix data plane.
+//!
+//! It compiles a store's configuration into an immutable [`snapshot::Snapshot`] (route table,
+//! upstreams with their balancers), publishes it with `arc-swap`, and serves HTTP/1.1 and
+//! cleartext HTTP/2 with APISIX's proxy semantics: routing, roundrobin with priority groups,
+//! retries, timeouts, forwarded headers, websocket tunnelling, a buffered access log, and
+//! graceful shutdown. The request path reads only the snapshot: no locks, no store calls.
+#![forbid(unsafe_code)]
+
+pub mod access_log;
+pub mod balancer;
+pub mod body;
+pub mod client;
+pub mod error;
+pub mod handler;
+pub mod responses;
+pub mod server;
+pub mod snapshot;
+mod vars;
+mod websocket;
+
+pub use handler::{ConnInfo, Gateway, RealIpConfig};
+pub use server::{ServerHandle, ServerOptions, WorkerModel};
+pub use snapshot::{CompileOptions, Snapshot, SnapshotHandle};

@@ -1,0 +1,79 @@
+//! Answers the gateway produces itself: APISIX's JSON error line and nginx's HTML error pages.
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, SERVER};
+use http::{HeaderValue, Response, StatusCode};
+
+use crate::body::ResponseBody;
+
+/// `{"error_msg":"404 Route Not Found"}\n`, sent as text/plain as APISIX does (nginx's
+/// `default_type` with `charset utf-8`), not as JSON.
+pub fn route_not_found(server: &HeaderValue) -> Response<ResponseBody> {
+    text_response(
+        StatusCode::NOT_FOUND,
+        Bytes::from_static(b"{\"error_msg\":\"404 Route Not Found\"}\n"),
+        server,
+    )
+}
+
+pub fn text_response(status: StatusCode, body: Bytes, server: &HeaderValue) -> Response<ResponseBody> {
+    let mut resp = Response::new(ResponseBody::full(body));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    h.insert(SERVER, server.clone());
+    resp
+}
+
+/// The reason phrase nginx puts in its built-in error pages (it differs from the RFC's for a
+/// few codes, and clients that scrape the page see nginx's).
+fn nginx_reason(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        405 => "Not Allowed",
+        413 => "Request Entity Too Large",
+        414 => "Request-URI Too Large",
+        503 => "Service Temporarily Unavailable",
+        504 => "Gateway Time-out",
+        _ => status.canonical_reason().unwrap_or("Unknown"),
+    }
+}
+
+/// nginx's HTML error page for `status`.
+pub fn error_page(status: StatusCode, server: &HeaderValue) -> Response<ResponseBody> {
+    let reason = nginx_reason(status);
+    let code = status.as_u16();
+    let body = format!(
+        "<html>\r\n<head><title>{code} {reason}</title></head>\r\n<body>\r\n<center><h1>{code} {reason}</h1></center>\r\n<hr><center>{}</center>\r\n</body>\r\n</html>\r\n",
+        server.to_str().unwrap_or("ferrisix")
+    );
+    let mut resp = Response::new(ResponseBody::full(Bytes::from(body)));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+    h.insert(SERVER, server.clone());
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn not_found_is_the_36_byte_json_line() {
+        let server = HeaderValue::from_static("ferrisix");
+        let resp = route_not_found(&server);
+        assert_eq!(resp.status(), 404);
+        assert_eq!(resp.headers()[CONTENT_TYPE], "text/plain; charset=utf-8");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body.len(), 36);
+    }
+
+    #[tokio::test]
+    async fn error_page_names_the_status() {
+        let server = HeaderValue::from_static("ferrisix");
+        let resp = error_page(StatusCode::GATEWAY_TIMEOUT, &server);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert!(std::str::from_utf8(&body).unwrap().contains("<h1>504 Gateway Time-out</h1>"));
+    }
+}

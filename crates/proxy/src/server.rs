@@ -1,0 +1,248 @@
+//! Listeners and worker runtimes.
+//!
+//! The default model mirrors nginx: `worker_processes` threads, each running its own
+//! single-threaded tokio runtime with its own `SO_REUSEPORT` listener, upstream pools and log
+//! buffer. A request never crosses threads, so there are no cross-core wake-ups and no shared
+//! mutable state on the hot path. The alternative (one multi-threaded runtime, one listener) is
+//! kept selectable for measurement.
+
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::access_log;
+use crate::client;
+use crate::handler::{ConnInfo, Gateway};
+
+/// How request handling is spread over threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WorkerModel {
+    /// N single-threaded runtimes with one `SO_REUSEPORT` listener each (nginx's model).
+    #[default]
+    PerCore,
+    /// One multi-threaded runtime with N workers and one listener per address.
+    Shared,
+}
+
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    pub listen: Vec<SocketAddr>,
+    pub workers: usize,
+    pub model: WorkerModel,
+    /// How long in-flight requests may run after a shutdown signal.
+    pub shutdown_timeout: Duration,
+    /// nginx's `client_header_timeout` / `keepalive_timeout`: an idle or slow client is closed.
+    pub header_timeout: Duration,
+}
+
+/// A running server; `wait` returns when every worker has stopped.
+pub struct ServerHandle {
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl ServerHandle {
+    pub fn wait(self) {
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+fn bind(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    if addr.is_ipv6() {
+        let _ = socket.set_only_v6(true);
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(4096)?;
+    Ok(socket.into())
+}
+
+/// Binds every listener and starts the workers. Fails (before serving anything) when an
+/// address cannot be bound. Workers stop accepting when `shutdown` turns true, then finish
+/// in-flight requests for up to `shutdown_timeout`.
+pub fn start(
+    gateway: Arc<Gateway>,
+    options: ServerOptions,
+    shutdown: watch::Receiver<bool>,
+) -> io::Result<ServerHandle> {
+    let workers = options.workers.max(1);
+    let mut threads = Vec::new();
+    match options.model {
+        WorkerModel::PerCore => {
+            // Bind all sockets first so a busy port fails the start, not a worker.
+            let mut per_worker = Vec::with_capacity(workers);
+            for _ in 0..workers {
+                let listeners = options
+                    .listen
+                    .iter()
+                    .map(|a| bind(*a, true))
+                    .collect::<io::Result<Vec<_>>>()?;
+                per_worker.push(listeners);
+            }
+            for (i, listeners) in per_worker.into_iter().enumerate() {
+                let gateway = gateway.clone();
+                let options = options.clone();
+                let shutdown = shutdown.clone();
+                threads.push(
+                    std::thread::Builder::new()
+                        .name(format!("ferrisix-worker-{i}"))
+                        .spawn(move || {
+                            let rt = match tokio::runtime::Builder::new_current_thread()
+                                .enable_all()
+                                .build()
+                            {
+                                Ok(rt) => rt,
+                                Err(e) => {
+                                    tracing::error!(error = %e, "cannot start worker runtime");
+                                    return;
+                                }
+                            };
+                            rt.block_on(serve(gateway, listeners, options, shutdown, true));
+                        })?,
+                );
+            }
+        }
+        WorkerModel::Shared => {
+            let listeners = options
+                .listen
+                .iter()
+                .map(|a| bind(*a, false))
+                .collect::<io::Result<Vec<_>>>()?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(workers)
+                .thread_name("ferrisix-worker")
+                .enable_all()
+                .build()?;
+            threads.push(std::thread::Builder::new().name("ferrisix-server".into()).spawn(move || {
+                rt.block_on(serve(gateway, listeners, options, shutdown, false));
+            })?);
+        }
+    }
+    Ok(ServerHandle { threads })
+}
+
+async fn serve(
+    gateway: Arc<Gateway>,
+    listeners: Vec<std::net::TcpListener>,
+    options: ServerOptions,
+    mut shutdown: watch::Receiver<bool>,
+    per_core: bool,
+) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .keep_alive(true)
+        .header_read_timeout(options.header_timeout)
+        // Headers past 64 KiB get 431 rather than exhausting memory.
+        .max_buf_size(64 * 1024);
+    builder.http2().timer(TokioTimer::new());
+    let graceful = Arc::new(GracefulShutdown::new());
+
+    // Per-worker housekeeping: log buffers out every second, expired pool entries dropped.
+    if per_core {
+        tokio::spawn(async {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                access_log::flush_worker();
+                client::evict_expired_idle();
+            }
+        });
+    }
+
+    let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let mut accept_tasks = Vec::new();
+    for std_listener in listeners {
+        let listener = match TcpListener::from_std(std_listener) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot register listener");
+                continue;
+            }
+        };
+        let gateway = gateway.clone();
+        let builder = builder.clone();
+        let graceful = graceful.clone();
+        let mut stop = stop_tx.subscribe();
+        accept_tasks.push(tokio::spawn(async move {
+            let local = listener.local_addr().ok();
+            loop {
+                tokio::select! {
+                    _ = stop.recv() => break,
+                    accepted = listener.accept() => match accepted {
+                        Ok((stream, peer)) => {
+                            let local = local.or_else(|| stream.local_addr().ok());
+                            let Some(local) = local else { continue };
+                            serve_connection(&builder, &graceful, gateway.clone(), stream, ConnInfo { peer, local });
+                        }
+                        Err(e) => {
+                            // Out of file descriptors and similar: back off instead of spinning.
+                            tracing::warn!(error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                }
+            }
+        }));
+    }
+
+    let _ = shutdown.wait_for(|stop| *stop).await;
+    let _ = stop_tx.send(());
+    for t in accept_tasks {
+        let _ = t.await;
+    }
+    let graceful = match Arc::try_unwrap(graceful) {
+        Ok(g) => g,
+        Err(_) => {
+            access_log::flush_worker();
+            return;
+        }
+    };
+    if tokio::time::timeout(options.shutdown_timeout, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("shutdown timeout reached with requests still in flight");
+    }
+    access_log::flush_worker();
+}
+
+fn serve_connection(
+    builder: &auto::Builder<TokioExecutor>,
+    graceful: &GracefulShutdown,
+    gateway: Arc<Gateway>,
+    stream: TcpStream,
+    conn: ConnInfo,
+) {
+    let _ = stream.set_nodelay(true);
+    let service = service_fn(move |req| {
+        let gateway = gateway.clone();
+        async move { Ok::<_, Infallible>(gateway.handle(req, conn).await) }
+    });
+    let connection = builder
+        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+        .into_owned();
+    let connection = graceful.watch(connection);
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "client connection ended with an error");
+        }
+    });
+}

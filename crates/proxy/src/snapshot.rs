@@ -1,0 +1,572 @@
+//! Compiling a store's `ConfigState` into the immutable `Snapshot` the request path reads.
+//!
+//! Each resource is validated on its own. One that fails is quarantined: it is logged, left
+//! out, and if an earlier version of it was accepted, that version keeps serving (as APISIX
+//! keeps the older valid item). Nothing else is held back. Unchanged resources reuse their
+//! previous compiled form, so a balancer keeps its position across unrelated changes.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use ferrisix_config::model::{
+    PassHost, PluginConfig, ResourceKind, Route, Scheme, Service, Timeout, Upstream,
+};
+use ferrisix_config::state::{ConfigState, StoredItem};
+use ferrisix_config::validate::{self, PluginCheck};
+use ferrisix_config::vars::compile_vars;
+use ferrisix_router::{Expr, MethodSet, RouteEntry, RouteTable, RouterKind};
+use http::{HeaderValue, StatusCode};
+use ipnet::IpNet;
+use serde_json::{Map, Value};
+
+use crate::balancer::{NodeWeight, UpstreamPicker};
+use crate::client::{PoolLimits, TryTimeouts};
+
+/// The published, immutable serving state.
+pub struct Snapshot {
+    pub revision: i64,
+    pub router: RouteTable<Arc<CompiledRoute>>,
+    pub upstreams: HashMap<String, Arc<CompiledUpstream>>,
+    pub quarantine: Vec<Quarantined>,
+    cache: CompileCache,
+}
+
+/// A resource left out of (or held at an older version in) the snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Quarantined {
+    pub kind: ResourceKind,
+    pub id: String,
+    pub error: String,
+    /// An earlier accepted version keeps serving.
+    pub serving_previous: bool,
+}
+
+/// Where a matched route sends its requests.
+#[derive(Clone)]
+pub enum RouteTarget {
+    Upstream(Arc<CompiledUpstream>),
+    /// APISIX ends such requests with nginx's page for this status (spec data-plane §2.5).
+    Fail(StatusCode),
+}
+
+/// A route as the request path needs it: merged with its service and plugin config, its
+/// upstream resolved.
+pub struct CompiledRoute {
+    pub id: String,
+    pub name: Option<String>,
+    pub service_id: Option<String>,
+    pub service_name: Option<String>,
+    pub target: RouteTarget,
+    /// The route's own `timeout`, which replaces the upstream's.
+    pub timeout: Option<TryTimeouts>,
+    pub enable_websocket: bool,
+    /// Effective plugins after the plugin_config and service merges (run by the plugins crate).
+    pub plugins: Map<String, Value>,
+}
+
+/// One upstream node, resolved as far as compile time allows.
+#[derive(Clone, Debug)]
+pub struct NodeTarget {
+    pub host: String,
+    pub port: u16,
+    /// Known when the host is an IP literal; domains are resolved at connect time.
+    pub addr: Option<SocketAddr>,
+    /// `Host` for `pass_host: node`: the node host, plus `:port` unless it is the scheme default.
+    pub host_header: HeaderValue,
+    /// `ip:port`, as `$upstream_addr` shows it.
+    pub addr_text: String,
+}
+
+pub struct CompiledUpstream {
+    pub id: Option<String>,
+    pub nodes: Vec<NodeTarget>,
+    pub picker: UpstreamPicker,
+    /// Total tries allowed: `retries` + 1.
+    pub max_tries: usize,
+    pub retry_timeout: Option<Duration>,
+    pub timeouts: TryTimeouts,
+    pub pass_host: PassHost,
+    pub upstream_host: Option<HeaderValue>,
+    pub pool: PoolLimits,
+    source: Upstream,
+}
+
+impl CompiledUpstream {
+    fn compile(up: &Upstream) -> Result<CompiledUpstream, String> {
+        if up.scheme != Scheme::Http {
+            // TLS, gRPC and L4 upstreams need the TLS and stream work that comes later.
+            return Err(format!("upstream scheme {:?} is not supported yet", up.scheme));
+        }
+        let mut nodes = Vec::with_capacity(up.nodes.len());
+        for n in &up.nodes {
+            let bare = n.host.trim_start_matches('[').trim_end_matches(']');
+            let addr = bare.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, n.port));
+            let host_header = if n.port == up.scheme.default_port() {
+                n.host.clone()
+            } else {
+                format!("{}:{}", n.host, n.port)
+            };
+            let host_header = HeaderValue::from_str(&host_header)
+                .map_err(|_| format!("invalid node host {}", n.host))?;
+            nodes.push(NodeTarget {
+                host: n.host.clone(),
+                port: n.port,
+                addr,
+                host_header,
+                addr_text: format!("{}:{}", n.host, n.port),
+            });
+        }
+        let weights: Vec<NodeWeight> = up
+            .nodes
+            .iter()
+            .map(|n| NodeWeight { weight: n.weight, priority: n.priority })
+            .collect();
+        let picker = UpstreamPicker::new(&weights, |n| {
+            if n == 0 {
+                0
+            } else {
+                rand::random::<usize>() % n
+            }
+        });
+        let retries = match up.retries {
+            Some(r) => r as usize,
+            None => up.nodes.len().saturating_sub(1),
+        };
+        let upstream_host = match &up.upstream_host {
+            Some(h) => Some(
+                HeaderValue::from_str(h).map_err(|_| format!("invalid upstream_host {h}"))?,
+            ),
+            None => None,
+        };
+        Ok(CompiledUpstream {
+            id: up.id.clone(),
+            nodes,
+            picker,
+            max_tries: retries + 1,
+            retry_timeout: (up.retry_timeout > 0.0).then(|| secs(up.retry_timeout)),
+            timeouts: up.timeout.map(try_timeouts).unwrap_or_default(),
+            pass_host: up.pass_host,
+            upstream_host,
+            pool: PoolLimits {
+                size: up.keepalive_pool.size as usize,
+                idle_timeout: secs(up.keepalive_pool.idle_timeout),
+                max_requests: up.keepalive_pool.requests,
+            },
+            source: up.clone(),
+        })
+    }
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)
+}
+
+fn try_timeouts(t: Timeout) -> TryTimeouts {
+    TryTimeouts {
+        connect: secs(t.connect),
+        send: secs(t.send),
+        read: secs(t.read),
+    }
+}
+
+/// Validated forms of the last accepted version of every resource, for reuse and fallback.
+#[derive(Default, Clone)]
+struct CompileCache {
+    routes: HashMap<String, Accepted<(Route, Option<Expr>)>>,
+    services: HashMap<String, Accepted<Service>>,
+    upstreams: HashMap<String, Accepted<Upstream>>,
+    plugin_configs: HashMap<String, Accepted<PluginConfig>>,
+    compiled_upstreams: HashMap<String, Arc<CompiledUpstream>>,
+    /// Inline upstreams of routes, by route id.
+    inline_upstreams: HashMap<String, Arc<CompiledUpstream>>,
+    /// Inline upstreams of services, by service id.
+    service_upstreams: HashMap<String, Arc<CompiledUpstream>>,
+}
+
+struct Accepted<T> {
+    raw: Arc<Value>,
+    typed: Arc<T>,
+}
+
+impl<T> Clone for Accepted<T> {
+    fn clone(&self) -> Self {
+        Accepted { raw: self.raw.clone(), typed: self.typed.clone() }
+    }
+}
+
+/// Options that shape compilation.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CompileOptions {
+    pub router: RouterKind,
+}
+
+impl Snapshot {
+    pub fn empty(options: CompileOptions) -> Snapshot {
+        Snapshot {
+            revision: 0,
+            router: RouteTable::new(options.router, Vec::new()).0,
+            upstreams: HashMap::new(),
+            quarantine: Vec::new(),
+            cache: CompileCache::default(),
+        }
+    }
+
+    /// Compiles `state`, reusing what `previous` already compiled.
+    pub fn compile(
+        state: &ConfigState,
+        previous: &Snapshot,
+        options: CompileOptions,
+        plugins: &dyn PluginCheck,
+    ) -> Snapshot {
+        let mut quarantine = Vec::new();
+        let prev = &previous.cache;
+        let mut cache = CompileCache::default();
+
+        cache.upstreams = accept_all(state, ResourceKind::Upstreams, &prev.upstreams, &mut quarantine, |id, v| {
+            validate::upstream_from_value(Some(id), v).map_err(|e| e.message)
+        });
+        cache.services = accept_all(state, ResourceKind::Services, &prev.services, &mut quarantine, |id, v| {
+            validate::service_from_value(id, v, plugins).map_err(|e| e.message)
+        });
+        cache.plugin_configs = accept_all(
+            state,
+            ResourceKind::PluginConfigs,
+            &prev.plugin_configs,
+            &mut quarantine,
+            |id, v| validate::plugin_config_from_value(id, v, plugins).map_err(|e| e.message),
+        );
+        cache.routes = accept_all(state, ResourceKind::Routes, &prev.routes, &mut quarantine, |id, v| {
+            let route = validate::route_from_value(id, v, plugins).map_err(|e| e.message)?;
+            let vars = match &route.vars {
+                Some(v) => Some(compile_vars(v)?),
+                None => None,
+            };
+            Ok((route, vars))
+        });
+
+        // Upstreams by id: keep the previous compiled picker when the definition is unchanged.
+        for (id, acc) in &cache.upstreams {
+            let reuse = prev
+                .compiled_upstreams
+                .get(id)
+                .filter(|c| c.source == *acc.typed)
+                .cloned();
+            let compiled = match reuse {
+                Some(c) => Some(c),
+                None => match CompiledUpstream::compile(&acc.typed) {
+                    Ok(c) => Some(Arc::new(c)),
+                    Err(e) => {
+                        quarantine.push(Quarantined {
+                            kind: ResourceKind::Upstreams,
+                            id: id.clone(),
+                            error: e,
+                            serving_previous: false,
+                        });
+                        None
+                    }
+                },
+            };
+            if let Some(c) = compiled {
+                cache.compiled_upstreams.insert(id.clone(), c);
+            }
+        }
+
+        for (id, acc) in &cache.services {
+            let Some(up) = &acc.typed.upstream else { continue };
+            let reuse = prev.service_upstreams.get(id).filter(|c| c.source == *up).cloned();
+            match reuse.map(Ok).unwrap_or_else(|| CompiledUpstream::compile(up).map(Arc::new)) {
+                Ok(c) => {
+                    cache.service_upstreams.insert(id.clone(), c);
+                }
+                Err(e) => quarantine.push(q(ResourceKind::Services, id, e)),
+            }
+        }
+
+        let mut order: Vec<(&str, u64)> = state
+            .items(ResourceKind::Routes)
+            .map(|i| (i.id.as_str(), i.seq))
+            .collect();
+        order.sort_by_key(|(_, seq)| *seq);
+
+        let mut entries = Vec::with_capacity(order.len());
+        for (id, _) in order {
+            let Some(acc) = cache.routes.get(id) else { continue };
+            let (route, vars) = &*acc.typed;
+            if !route.enabled {
+                continue;
+            }
+            match compile_route(route, &cache, prev, options) {
+                Ok((compiled, hosts, inline)) => {
+                    if let Some(inline) = inline {
+                        cache.inline_upstreams.insert(route.id.clone(), inline);
+                    }
+                    let methods = match &route.methods {
+                        Some(m) => match MethodSet::from_names(m.iter().map(String::as_str)) {
+                            Ok(m) => m,
+                            Err(e) => {
+                                quarantine.push(q(ResourceKind::Routes, id, e));
+                                continue;
+                            }
+                        },
+                        None => MethodSet::ALL,
+                    };
+                    let remote_addrs = match parse_addrs(&route.remote_addrs) {
+                        Ok(a) => a,
+                        Err(e) => {
+                            quarantine.push(q(ResourceKind::Routes, id, e));
+                            continue;
+                        }
+                    };
+                    entries.push((
+                        id.to_string(),
+                        RouteEntry {
+                            paths: route.uris.clone(),
+                            hosts,
+                            methods,
+                            remote_addrs,
+                            vars: vars.clone(),
+                            priority: route.priority,
+                            value: Arc::new(compiled),
+                        },
+                    ));
+                }
+                Err(e) => quarantine.push(q(ResourceKind::Routes, id, e)),
+            }
+        }
+        let ids: Vec<String> = entries.iter().map(|(id, _)| id.clone()).collect();
+        let (router, errors) =
+            RouteTable::new(options.router, entries.into_iter().map(|(_, e)| e).collect());
+        for e in errors {
+            quarantine.push(q(ResourceKind::Routes, &ids[e.index], e.message));
+        }
+        for item in &quarantine {
+            tracing::error!(
+                kind = item.kind.dir(),
+                id = %item.id,
+                serving_previous = item.serving_previous,
+                "resource refused: {}",
+                item.error
+            );
+        }
+        Snapshot {
+            revision: state.revision,
+            router,
+            upstreams: cache.compiled_upstreams.clone(),
+            quarantine,
+            cache,
+        }
+    }
+}
+
+fn q(kind: ResourceKind, id: &str, error: String) -> Quarantined {
+    Quarantined { kind, id: id.to_string(), error, serving_previous: false }
+}
+
+/// Validates every item of one kind, reusing unchanged ones and falling back to the last
+/// accepted version of an item that no longer validates.
+fn accept_all<T>(
+    state: &ConfigState,
+    kind: ResourceKind,
+    previous: &HashMap<String, Accepted<T>>,
+    quarantine: &mut Vec<Quarantined>,
+    mut convert: impl FnMut(&str, &Value) -> Result<T, String>,
+) -> HashMap<String, Accepted<T>> {
+    let mut out = HashMap::new();
+    for StoredItem { id, value, .. } in state.items(kind) {
+        if let Some(prev) = previous.get(id) {
+            if Arc::ptr_eq(&prev.raw, value) || prev.raw == *value {
+                out.insert(id.clone(), prev.clone());
+                continue;
+            }
+        }
+        match convert(id, value) {
+            Ok(typed) => {
+                out.insert(id.clone(), Accepted { raw: value.clone(), typed: Arc::new(typed) });
+            }
+            Err(error) => {
+                let fallback = previous.get(id).cloned();
+                quarantine.push(Quarantined {
+                    kind,
+                    id: id.clone(),
+                    error,
+                    serving_previous: fallback.is_some(),
+                });
+                if let Some(f) = fallback {
+                    out.insert(id.clone(), f);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn parse_addrs(addrs: &[String]) -> Result<Vec<IpNet>, String> {
+    addrs
+        .iter()
+        .map(|a| {
+            a.parse::<IpNet>()
+                .or_else(|_| a.parse::<IpAddr>().map(IpNet::from))
+                .map_err(|_| format!("invalid remote address {a}"))
+        })
+        .collect()
+}
+
+type CompiledParts = (CompiledRoute, Vec<String>, Option<Arc<CompiledUpstream>>);
+
+fn compile_route(
+    route: &Route,
+    cache: &CompileCache,
+    prev: &CompileCache,
+    _options: CompileOptions,
+) -> Result<CompiledParts, String> {
+    let service = match &route.service_id {
+        Some(sid) => match cache.services.get(sid) {
+            Some(s) => Some(s.typed.clone()),
+            // APISIX answers 404 with nginx's page when the service is gone.
+            None => {
+                return Ok((
+                    failing_route(route, StatusCode::NOT_FOUND),
+                    route.hosts.clone(),
+                    None,
+                ))
+            }
+        },
+        None => None,
+    };
+
+    // Plugin merge order: plugin_config under the route, then the service under both.
+    let mut plugins = Map::new();
+    if let Some(s) = &service {
+        plugins.extend(s.plugins.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    if let Some(pcid) = &route.plugin_config_id {
+        match cache.plugin_configs.get(pcid) {
+            Some(pc) => plugins.extend(pc.typed.plugins.iter().map(|(k, v)| (k.clone(), v.clone()))),
+            None => {
+                return Ok((
+                    failing_route(route, StatusCode::SERVICE_UNAVAILABLE),
+                    hosts_for(route, service.as_deref()),
+                    None,
+                ))
+            }
+        }
+    }
+    plugins.extend(route.plugins.iter().map(|(k, v)| (k.clone(), v.clone())));
+
+    let mut inline = None;
+    let target = if let Some(up) = &route.upstream {
+        let reuse = prev
+            .inline_upstreams
+            .get(&route.id)
+            .filter(|c| c.source == *up)
+            .cloned();
+        let compiled = match reuse {
+            Some(c) => c,
+            None => Arc::new(CompiledUpstream::compile(up)?),
+        };
+        inline = Some(compiled.clone());
+        RouteTarget::Upstream(compiled)
+    } else if let Some(uid) = &route.upstream_id {
+        upstream_by_id(cache, uid)
+    } else if let Some(s) = &service {
+        if s.upstream.is_some() {
+            match cache.service_upstreams.get(&s.id) {
+                Some(c) => RouteTarget::Upstream(c.clone()),
+                None => RouteTarget::Fail(StatusCode::SERVICE_UNAVAILABLE),
+            }
+        } else if let Some(uid) = &s.upstream_id {
+            upstream_by_id(cache, uid)
+        } else {
+            RouteTarget::Fail(StatusCode::SERVICE_UNAVAILABLE)
+        }
+    } else {
+        RouteTarget::Fail(StatusCode::SERVICE_UNAVAILABLE)
+    };
+    let target = match target {
+        RouteTarget::Upstream(u) if u.nodes.is_empty() => {
+            RouteTarget::Fail(StatusCode::SERVICE_UNAVAILABLE)
+        }
+        t => t,
+    };
+
+    let compiled = CompiledRoute {
+        id: route.id.clone(),
+        name: route.name.clone(),
+        service_id: route.service_id.clone(),
+        service_name: service.as_ref().and_then(|s| s.name.clone()),
+        target,
+        timeout: route.timeout.map(try_timeouts),
+        enable_websocket: route
+            .enable_websocket
+            .or_else(|| service.as_ref().and_then(|s| s.enable_websocket))
+            .unwrap_or(false),
+        plugins,
+    };
+    Ok((compiled, hosts_for(route, service.as_deref()), inline))
+}
+
+fn upstream_by_id(cache: &CompileCache, id: &str) -> RouteTarget {
+    match cache.compiled_upstreams.get(id) {
+        Some(u) => RouteTarget::Upstream(u.clone()),
+        // A dangling upstream_id ends in 502, as APISIX's balancer fails.
+        None => RouteTarget::Fail(StatusCode::BAD_GATEWAY),
+    }
+}
+
+/// A route's own hosts, else its service's (spec data-plane §2.3, §5.1).
+fn hosts_for(route: &Route, service: Option<&Service>) -> Vec<String> {
+    if !route.hosts.is_empty() {
+        route.hosts.clone()
+    } else {
+        service.map(|s| s.hosts.clone()).unwrap_or_default()
+    }
+}
+
+fn failing_route(route: &Route, status: StatusCode) -> CompiledRoute {
+    CompiledRoute {
+        id: route.id.clone(),
+        name: route.name.clone(),
+        service_id: route.service_id.clone(),
+        service_name: None,
+        target: RouteTarget::Fail(status),
+        timeout: None,
+        enable_websocket: false,
+        plugins: Map::new(),
+    }
+}
+
+/// The published snapshot, swapped atomically; readers never lock.
+pub type SnapshotHandle = Arc<ArcSwap<Snapshot>>;
+
+pub fn new_handle(options: CompileOptions) -> SnapshotHandle {
+    Arc::new(ArcSwap::from_pointee(Snapshot::empty(options)))
+}
+
+/// Follows a store's states, compiling and publishing each one, until the sender goes away.
+pub async fn follow(
+    mut rx: tokio::sync::watch::Receiver<Arc<ConfigState>>,
+    handle: SnapshotHandle,
+    options: CompileOptions,
+    plugins: Arc<dyn PluginCheck + Send + Sync>,
+) {
+    loop {
+        let state = rx.borrow_and_update().clone();
+        let previous = handle.load_full();
+        let started = std::time::Instant::now();
+        let snapshot = Snapshot::compile(&state, &previous, options, plugins.as_ref());
+        tracing::info!(
+            revision = snapshot.revision,
+            routes = snapshot.router.len(),
+            quarantined = snapshot.quarantine.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "configuration applied"
+        );
+        handle.store(Arc::new(snapshot));
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! Command-line parsing and the translation of `config.yaml` settings into the options of
+//! each crate.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use ferrisix_config::model::ResourceKind;
+use ferrisix_config::provider::parse_standalone;
+use ferrisix_config::settings::{AccessLogTarget, HttpRouter, Settings};
+use ferrisix_config::validate::{self, AcceptAnyPlugin};
+use ferrisix_proxy::access_log::{AccessLog, LogSink};
+use ferrisix_proxy::{CompileOptions, Gateway, RealIpConfig, ServerOptions, SnapshotHandle, WorkerModel};
+use ferrisix_router::RouterKind;
+use http::{HeaderName, HeaderValue};
+
+pub const USAGE: &str = "usage: ferrisix [-c CONFIG] [-t] [-V]
+
+  -c, --config FILE   config.yaml to use (default: conf/config.yaml if present, else built-in defaults)
+  -t, --test          check the configuration (and the standalone file) and exit 0 or 1
+  -V, --version       print the version
+  -h, --help          print this help
+
+Environment: RUST_LOG sets the log filter (default info); FERRISIX_WORKER_MODEL=shared runs one
+multi-threaded runtime instead of one single-threaded runtime per worker.";
+
+#[derive(Debug, Default)]
+pub struct Args {
+    pub config: Option<PathBuf>,
+    pub test_only: bool,
+    pub help: bool,
+    pub version: bool,
+}
+
+impl Args {
+    pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+        let mut out = Args::default();
+        while let Some(a) = args.next() {
+            match a.as_str() {
+                "-c" | "--config" => {
+                    out.config = Some(args.next().ok_or("-c needs a file")?.into());
+                }
+                "-t" | "--test" => out.test_only = true,
+                "-h" | "--help" => out.help = true,
+                "-V" | "--version" => out.version = true,
+                other => return Err(format!("unknown argument {other}")),
+            }
+        }
+        Ok(out)
+    }
+}
+
+pub fn load_settings(args: &Args) -> Result<Settings, String> {
+    let (settings, warnings) = match &args.config {
+        Some(path) => Settings::load(path),
+        None => Settings::load_or_default(&PathBuf::from("conf/config.yaml")),
+    }
+    .map_err(|e| e.to_string())?;
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    Ok(settings)
+}
+
+/// `ferrisix -t`: like `nginx -t`, reports every problem and exits 0 or 1.
+pub fn check(settings: &Settings) -> ExitCode {
+    let mut failed = false;
+    if let Some(format) = settings.provider().file_format() {
+        let path = settings.standalone_file();
+        match std::fs::read_to_string(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|text| parse_standalone(&text, format, 1))
+        {
+            Err(e) => {
+                eprintln!("ferrisix: {}: {e}", path.display());
+                failed = true;
+            }
+            Ok(state) => {
+                for kind in ResourceKind::ALL {
+                    for item in state.items(kind) {
+                        if let Err(e) = validate::check_resource(kind, &item.value, &AcceptAnyPlugin) {
+                            eprintln!("ferrisix: {}: {} {}: {e}", path.display(), kind.noun(), item.id);
+                            failed = true;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if failed {
+        eprintln!("ferrisix: configuration test failed");
+        ExitCode::FAILURE
+    } else {
+        eprintln!("ferrisix: configuration test is successful");
+        ExitCode::SUCCESS
+    }
+}
+
+pub fn compile_options(settings: &Settings) -> CompileOptions {
+    CompileOptions {
+        router: match settings.apisix.router.http {
+            HttpRouter::RadixtreeHostUri => RouterKind::HostUri,
+            HttpRouter::RadixtreeUri => RouterKind::Uri,
+            HttpRouter::RadixtreeUriWithParameter => RouterKind::UriWithParameter,
+        },
+    }
+}
+
+pub fn gateway(settings: &Settings, snapshot: SnapshotHandle) -> Gateway {
+    let http = &settings.nginx_config.http;
+    let server_header = if settings.apisix.enable_server_tokens {
+        HeaderValue::from_static(concat!("ferrisix/", env!("CARGO_PKG_VERSION")))
+    } else {
+        HeaderValue::from_static("ferrisix")
+    };
+    let sink = if !http.enable_access_log {
+        LogSink::Off
+    } else {
+        match &http.access_log {
+            AccessLogTarget::Off => LogSink::Off,
+            AccessLogTarget::Stdout => LogSink::Stdout,
+            AccessLogTarget::Stderr => LogSink::Stderr,
+            AccessLogTarget::File(p) => LogSink::File(p.clone()),
+        }
+    };
+    Gateway {
+        snapshot,
+        server_header,
+        real_ip: RealIpConfig {
+            header: HeaderName::from_bytes(http.real_ip_header.to_ascii_lowercase().as_bytes())
+                .unwrap_or(HeaderName::from_static("x-real-ip")),
+            trusted: http.real_ip_from.nets.clone(),
+            recursive: http.real_ip_recursive,
+        },
+        show_upstream_status: settings.apisix.show_upstream_status_in_response_header,
+        access_log: Arc::new(AccessLog::new(sink, &http.access_log_format)),
+    }
+}
+
+pub fn server_options(settings: &Settings) -> ServerOptions {
+    let model = match std::env::var("FERRISIX_WORKER_MODEL").as_deref() {
+        Ok("shared") => WorkerModel::Shared,
+        _ => WorkerModel::PerCore,
+    };
+    ServerOptions {
+        listen: settings
+            .apisix
+            .node_listen
+            .iter()
+            .map(|l| SocketAddr::new(l.ip, l.port))
+            .collect(),
+        workers: settings.nginx_config.worker_processes.resolve(),
+        model,
+        shutdown_timeout: settings.nginx_config.worker_shutdown_timeout,
+        header_timeout: settings.nginx_config.http.client_header_timeout,
+    }
+}
+
+pub async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

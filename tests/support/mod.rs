@@ -30,10 +30,22 @@ impl Gateway {
     }
 
     pub fn start_with(apisix_yaml: &str, extra_config: &str) -> Gateway {
+        Self::start_full(apisix_yaml, "", extra_config)
+    }
+
+    /// Like [`Gateway::start_with`], with `apisix_keys` added inside config.yaml's `apisix:`
+    /// section (written unindented, e.g. `"router:\n  http: radixtree_uri"`; each line is
+    /// indented here). The harness already sets `node_listen` and `enable_admin` there.
+    pub fn start_full(apisix_yaml: &str, apisix_keys: &str, extra_config: &str) -> Gateway {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
+        let apisix_keys: String = apisix_keys
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| format!("  {l}\n"))
+            .collect();
         let config = format!(
-            "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: false\n\
+            "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: false\n{apisix_keys}\
              deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n\
              nginx_config:\n  worker_processes: 1\n  worker_shutdown_timeout: 10s\n  http:\n    access_log: {}\n{extra_config}",
             dir.path().join("access.log").display()
@@ -72,6 +84,13 @@ impl Gateway {
     /// Replaces the standalone file (the gateway polls it).
     pub fn rewrite_routes(&self, apisix_yaml: &str) {
         write_routes(self.dir.path(), apisix_yaml);
+    }
+
+    /// Replaces the standalone file with exactly `text` (no `#END` added), atomically.
+    pub fn rewrite_raw(&self, text: &str) {
+        let tmp = self.dir.path().join("apisix.yaml.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(tmp, self.dir.path().join("apisix.yaml")).unwrap();
     }
 
     pub fn config_dir(&self) -> &Path {
@@ -153,6 +172,73 @@ pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &st
     s.write_all(req.as_bytes()).unwrap();
     s.write_all(body).unwrap();
     read_reply(&mut s, method == "HEAD")
+}
+
+/// Sends `raw` (a complete request, head and body, as written) on a new connection and reads
+/// one response. For requests `request` cannot express (chunked bodies, hop-by-hop headers).
+pub fn request_raw(addr: SocketAddr, raw: &[u8]) -> Reply {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(raw).unwrap();
+    let head_only = raw.starts_with(b"HEAD ");
+    read_reply(&mut s, head_only)
+}
+
+/// One kept-alive client connection: requests on it go one after the other.
+pub struct Conn {
+    stream: TcpStream,
+}
+
+impl Conn {
+    pub fn open(addr: SocketAddr) -> Conn {
+        let stream = TcpStream::connect(addr).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let _ = stream.set_nodelay(true);
+        Conn { stream }
+    }
+
+    /// Sends one request (Host `test.local` unless given) without `Connection: close` and reads
+    /// its response; the connection stays open for the next one.
+    pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
+        let mut req = format!("{method} {path} HTTP/1.1\r\n");
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            req.push_str("Host: test.local\r\n");
+        }
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        if !body.is_empty() || method == "POST" || method == "PUT" {
+            req.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        }
+        req.push_str("\r\n");
+        self.stream.write_all(req.as_bytes()).unwrap();
+        self.stream.write_all(body).unwrap();
+        read_reply(&mut self.stream, method == "HEAD")
+    }
+
+    pub fn get(&mut self, path: &str) -> Reply {
+        self.request("GET", path, &[], b"")
+    }
+}
+
+/// `127.0.0.1:<port>` where nothing listens: connecting is refused (an upstream node that is down).
+pub fn dead_node() -> String {
+    format!("127.0.0.1:{}", free_port())
+}
+
+/// Calls `check` every 20 ms until it returns true or `limit` passes; returns how long it took,
+/// or `None` on time-out. For waiting on reloads without asserting on their speed.
+pub fn poll_until(limit: Duration, mut check: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    loop {
+        if check() {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 pub fn get(addr: SocketAddr, path: &str) -> Reply {

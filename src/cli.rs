@@ -9,7 +9,8 @@ use std::sync::Arc;
 use ferrisix_config::model::ResourceKind;
 use ferrisix_config::provider::parse_standalone;
 use ferrisix_config::settings::{AccessLogTarget, HttpRouter, Settings};
-use ferrisix_config::validate::{self, AcceptAnyPlugin};
+use ferrisix_config::validate;
+use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::access_log::{AccessLog, LogSink};
 use ferrisix_proxy::{CompileOptions, Gateway, RealIpConfig, ServerOptions, SnapshotHandle, WorkerModel};
 use ferrisix_router::RouterKind;
@@ -77,9 +78,14 @@ pub fn check(settings: &Settings) -> ExitCode {
                 failed = true;
             }
             Ok(state) => {
+                let (registry, unknown) = PluginRegistry::enabled(settings.plugins.as_deref());
+                for name in unknown {
+                    eprintln!("ferrisix: plugins: unknown plugin {name}");
+                    failed = true;
+                }
                 for kind in ResourceKind::ALL {
                     for item in state.items(kind) {
-                        if let Err(e) = validate::check_resource(kind, &item.value, &AcceptAnyPlugin) {
+                        if let Err(e) = validate::check_resource(kind, &item.value, &registry) {
                             eprintln!("ferrisix: {}: {} {}: {e}", path.display(), kind.noun(), item.id);
                             failed = true;
                         }

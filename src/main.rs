@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use ferrisix_config::provider::FileProvider;
 use ferrisix_config::settings::{ProviderKind, Settings};
-use ferrisix_config::validate::AcceptAnyPlugin;
+use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::snapshot;
 
 fn main() -> ExitCode {
@@ -82,7 +82,11 @@ fn run(settings: Settings) -> Result<(), String> {
 
     // Compile the first state before accepting traffic, so the first request sees the routes.
     let first = states.borrow().clone();
-    let plugins = Arc::new(AcceptAnyPlugin);
+    let (registry, unknown) = PluginRegistry::enabled(settings.plugins.as_deref());
+    for name in unknown {
+        tracing::warn!(plugin = %name, "config.yaml enables a plugin ferrisix does not have; ignored");
+    }
+    let plugins = Arc::new(registry);
     handle.store(Arc::new(snapshot::Snapshot::compile(
         &first,
         &handle.load(),

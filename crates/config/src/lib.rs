@@ -11,5 +11,6 @@ pub mod provider;
 pub mod schema;
 pub mod settings;
 pub mod state;
+pub mod store;
 pub mod validate;
 pub mod vars;

@@ -12,7 +12,9 @@ use ferrisix_config::settings::{AccessLogTarget, HttpRouter, Settings};
 use ferrisix_config::validate;
 use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::access_log::{AccessLog, LogSink};
-use ferrisix_proxy::{CompileOptions, Gateway, RealIpConfig, ServerOptions, SnapshotHandle, WorkerModel};
+use ferrisix_proxy::{
+    CompileOptions, Gateway, RealIpConfig, ServerOptions, SnapshotHandle, WorkerModel,
+};
 use ferrisix_router::RouterKind;
 use http::{HeaderName, HeaderValue};
 
@@ -86,7 +88,12 @@ pub fn check(settings: &Settings) -> ExitCode {
                 for kind in ResourceKind::ALL {
                     for item in state.items(kind) {
                         if let Err(e) = validate::check_resource(kind, &item.value, &registry) {
-                            eprintln!("ferrisix: {}: {} {}: {e}", path.display(), kind.noun(), item.id);
+                            eprintln!(
+                                "ferrisix: {}: {} {}: {e}",
+                                path.display(),
+                                kind.noun(),
+                                item.id
+                            );
                             failed = true;
                         }
                     }

@@ -63,7 +63,7 @@ fn run(settings: Settings) -> Result<(), String> {
     let options = cli::compile_options(&settings);
     let handle = snapshot::new_handle(options);
 
-    let states = match settings.provider() {
+    let (states, health): (_, ferrisix_proxy::control::HealthProbe) = match settings.provider() {
         kind @ (ProviderKind::Yaml | ProviderKind::Json) => {
             let path = settings.standalone_file();
             let format = kind.file_format().unwrap_or(ferrisix_config::provider::Format::Yaml);
@@ -71,7 +71,14 @@ fn run(settings: Settings) -> Result<(), String> {
                 .block_on(async { FileProvider::start(path.clone(), format) })
                 .map_err(|e| format!("cannot load {}: {e}", path.display()))?;
             tracing::info!(file = %path.display(), "standalone mode: watching the config file");
-            rx
+            let probe_rx = rx.clone();
+            let health = Arc::new(move || ferrisix_config::store::StoreHealth {
+                reachable: true,
+                synced: true,
+                revision: probe_rx.borrow().revision,
+                detail: format!("standalone file {}", path.display()),
+            });
+            (rx, health)
         }
         other => {
             return Err(format!(
@@ -94,10 +101,27 @@ fn run(settings: Settings) -> Result<(), String> {
         plugins.as_ref(),
     )));
     control.spawn(snapshot::follow(states, handle.clone(), options, plugins));
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+
+    if settings.apisix.enable_control {
+        let addr =
+            std::net::SocketAddr::new(settings.apisix.control.ip, settings.apisix.control.port);
+        let listener = control
+            .block_on(tokio::net::TcpListener::bind(addr))
+            .map_err(|e| format!("cannot listen on {addr} for the control API: {e}"))?;
+        let api = Arc::new(ferrisix_proxy::control::ControlApi {
+            snapshot: handle.clone(),
+            health,
+        });
+        control.spawn(ferrisix_proxy::control::serve(
+            listener,
+            api,
+            shutdown_rx.clone(),
+        ));
+    }
 
     let gateway = Arc::new(cli::gateway(&settings, handle));
     let server_options = cli::server_options(&settings);
-    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let server = ferrisix_proxy::server::start(gateway, server_options.clone(), shutdown_rx)
         .map_err(|e| format!("cannot listen on {:?}: {e}", server_options.listen))?;
     tracing::info!(

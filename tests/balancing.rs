@@ -40,7 +40,11 @@ fn weighted_roundrobin_3_2_1_over_whole_periods_on_one_connection() {
     for round in 0..2 {
         let counts = tally((0..12).map(|_| conn.get("/lb")));
         assert_eq!(
-            (count(&counts, "a"), count(&counts, "b"), count(&counts, "c")),
+            (
+                count(&counts, "a"),
+                count(&counts, "b"),
+                count(&counts, "c")
+            ),
             (6, 4, 2),
             "round {round}: {counts:?}"
         );
@@ -69,12 +73,23 @@ fn weight_zero_is_never_picked_over_separate_connections() {
     let gw = Gateway::start(&doc.to_string());
     let counts = tally((0..8).map(|_| get(gw.addr(), "/lb")));
     assert_eq!(
-        (count(&counts, "a"), count(&counts, "b"), count(&counts, "c")),
+        (
+            count(&counts, "a"),
+            count(&counts, "b"),
+            count(&counts, "c")
+        ),
         (6, 0, 2),
         "{counts:?}"
     );
     let counts = tally((0..16).map(|_| get(gw.addr(), "/lb")));
-    assert_eq!((count(&counts, "a"), count(&counts, "b"), count(&counts, "c")), (12, 0, 4));
+    assert_eq!(
+        (
+            count(&counts, "a"),
+            count(&counts, "b"),
+            count(&counts, "c")
+        ),
+        (12, 0, 4)
+    );
     assert_eq!(b.hits(), 0);
 }
 
@@ -88,13 +103,19 @@ fn equal_weights_alternate_evenly() {
     })));
     let mut conn = Conn::open(gw.addr());
     let counts = tally((0..10).map(|_| conn.get("/lb")));
-    assert_eq!((count(&counts, "a"), count(&counts, "b")), (5, 5), "{counts:?}");
+    assert_eq!(
+        (count(&counts, "a"), count(&counts, "b")),
+        (5, 5),
+        "{counts:?}"
+    );
 }
 
 #[test]
 fn single_node_with_weight_zero_still_serves() {
     let a = Upstream::start("a", Behaviour::Echo);
-    let gw = Gateway::start(&one_route(json!({ "type": "roundrobin", "nodes": { a.node(): 0 } })));
+    let gw = Gateway::start(&one_route(
+        json!({ "type": "roundrobin", "nodes": { a.node(): 0 } }),
+    ));
     let reply = get(gw.addr(), "/lb");
     assert_eq!(reply.status, 200);
     assert_eq!(reply.header("X-Upstream"), Some("a"));

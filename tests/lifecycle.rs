@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use support::{Behaviour, Gateway, Upstream};
 
 fn one_route(node: &str) -> String {
-    format!("routes:\n  - id: r1\n    uri: /*\n    upstream:\n      nodes:\n        \"{node}\": 1\n")
+    format!(
+        "routes:\n  - id: r1\n    uri: /*\n    upstream:\n      nodes:\n        \"{node}\": 1\n"
+    )
 }
 
 #[test]
@@ -39,7 +41,10 @@ fn sigterm_finishes_the_slow_request_in_flight_then_exits_zero() {
         if let Some(s) = gw.child.try_wait().unwrap() {
             break s;
         }
-        assert!(Instant::now() < deadline, "gateway did not exit after SIGTERM");
+        assert!(
+            Instant::now() < deadline,
+            "gateway did not exit after SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "exit status {status:?}");
@@ -66,7 +71,10 @@ fn config_test_flag_reports_bad_resources() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("route bad"), "{stderr}");
-    assert!(stderr.contains("property \"methods\" validation failed"), "{stderr}");
+    assert!(
+        stderr.contains("property \"methods\" validation failed"),
+        "{stderr}"
+    );
 
     std::fs::write(
         dir.path().join("apisix.yaml"),
@@ -78,9 +86,17 @@ fn config_test_flag_reports_bad_resources() {
         .arg(dir.path().join("config.yaml"))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
-    std::fs::write(dir.path().join("config.yaml"), "apisix:\n  node_listen: [\"x\"]\n").unwrap();
+    std::fs::write(
+        dir.path().join("config.yaml"),
+        "apisix:\n  node_listen: [\"x\"]\n",
+    )
+    .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_ferrisix"))
         .args(["-t", "-c"])
         .arg(dir.path().join("config.yaml"))
@@ -105,7 +121,10 @@ fn raw_status(addr: std::net::SocketAddr, bytes: &[u8]) -> u16 {
         }
     }
     let text = String::from_utf8_lossy(&buf);
-    text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+    text.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
 }
 
 #[test]
@@ -115,13 +134,29 @@ fn malformed_requests_get_nginx_statuses_and_the_gateway_keeps_serving() {
     let addr = gw.addr();
 
     assert_eq!(raw_status(addr, b"GARBAGE\r\n\r\n"), 400);
-    assert_eq!(raw_status(addr, b"GET /x HTTP/1.1\r\nHost: a b\r\n\r\n"), 400);
-    assert_eq!(raw_status(addr, b"GET /x HTTP/1.1\r\nHost: a/b\r\n\r\n"), 400);
-    assert_eq!(raw_status(addr, b"GET /x HTTP/1.1\r\n\r\n"), 400, "HTTP/1.1 without Host");
-    assert_eq!(raw_status(addr, b"GET /../../etc/passwd HTTP/1.1\r\nHost: a\r\n\r\n"), 400);
+    assert_eq!(
+        raw_status(addr, b"GET /x HTTP/1.1\r\nHost: a b\r\n\r\n"),
+        400
+    );
+    assert_eq!(
+        raw_status(addr, b"GET /x HTTP/1.1\r\nHost: a/b\r\n\r\n"),
+        400
+    );
+    assert_eq!(
+        raw_status(addr, b"GET /x HTTP/1.1\r\n\r\n"),
+        400,
+        "HTTP/1.1 without Host"
+    );
+    assert_eq!(
+        raw_status(addr, b"GET /../../etc/passwd HTTP/1.1\r\nHost: a\r\n\r\n"),
+        400
+    );
     let long_uri = format!("GET /{} HTTP/1.1\r\nHost: a\r\n\r\n", "a".repeat(10_000));
     assert_eq!(raw_status(addr, long_uri.as_bytes()), 414);
-    let big_header = format!("GET /x HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\n\r\n", "b".repeat(100_000));
+    let big_header = format!(
+        "GET /x HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\n\r\n",
+        "b".repeat(100_000)
+    );
     assert_eq!(raw_status(addr, big_header.as_bytes()), 431);
     // Both framings at once: hyper follows RFC 9112 (chunked wins, Content-Length dropped
     // before forwarding) where nginx answers 400; either way nothing can be smuggled.

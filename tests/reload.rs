@@ -62,7 +62,11 @@ fn edit_changes_routing_while_serving() {
     // Change the upstream of a route and add one.
     gw.rewrite_routes(&doc(vec![route("r1", "/x", &b), route("r2", "/y", &a)]));
     wait_served(&gw, "/x", "b", "upstream changed");
-    assert_eq!(served_by(&gw, "/y"), "a", "the same file brought the new route");
+    assert_eq!(
+        served_by(&gw, "/y"),
+        "a",
+        "the same file brought the new route"
+    );
 
     // Remove a route.
     gw.rewrite_routes(&doc(vec![route("r2", "/y", &a)]));
@@ -76,7 +80,9 @@ fn edit_changes_routing_while_serving() {
 
 #[test]
 fn quick_successive_edits_end_on_the_last() {
-    let ups: Vec<Upstream> = (0..5).map(|i| Upstream::start(&format!("u{i}"), Behaviour::Echo)).collect();
+    let ups: Vec<Upstream> = (0..5)
+        .map(|i| Upstream::start(&format!("u{i}"), Behaviour::Echo))
+        .collect();
     let gw = Gateway::start(&doc(vec![route("r1", "/x", &ups[0])]));
     for up in &ups[1..] {
         gw.rewrite_routes(&doc(vec![route("r1", "/x", up)]));
@@ -92,10 +98,15 @@ fn yaml_syntax_error_is_refused_and_old_routes_keep_serving() {
     let b = Upstream::start("b", Behaviour::Echo);
     let gw = Gateway::start(&doc(vec![route("r1", "/x", &a)]));
     gw.rewrite_routes(&format!(
-        "routes:\n  - id: r1\n    uri: /x\n    upstream: {{ nodes: {{ \"{}\": 1 }\n      bad: [\n",
+        "routes:\n  - id: r1\n    uri: /x\n    upstream: {{ nodes: {{ \"{}\": 1 }}\n      bad: [\n",
         b.node()
     ));
-    stays_served(&gw, "/x", "a", "a YAML syntax error must not change anything");
+    stays_served(
+        &gw,
+        "/x",
+        "a",
+        "a YAML syntax error must not change anything",
+    );
     // The watcher is still alive: a good edit applies.
     gw.rewrite_routes(&doc(vec![route("r1", "/x", &b)]));
     wait_served(&gw, "/x", "b", "good edit after a broken one");
@@ -148,9 +159,17 @@ fn invalid_routes_are_skipped_while_the_others_update() {
         route("r2", "/y", &a),
     ]));
     wait_served(&gw, "/x", "b", "valid route updated next to invalid ones");
-    assert_eq!(served_by(&gw, "/y"), "a", "valid route added next to invalid ones");
+    assert_eq!(
+        served_by(&gw, "/y"),
+        "a",
+        "valid route added next to invalid ones"
+    );
     for path in ["/m", "/unused", "/u", "/v", "/v?a=1"] {
-        assert_eq!(served_by(&gw, path), "404", "{path} comes from an invalid route");
+        assert_eq!(
+            served_by(&gw, path),
+            "404",
+            "{path} comes from an invalid route"
+        );
     }
 }
 
@@ -194,12 +213,14 @@ fn route_made_invalid_keeps_serving_its_old_version() {
 fn upstream_made_invalid_keeps_serving_its_old_version() {
     let a = Upstream::start("a", Behaviour::Echo);
     let b = Upstream::start("b", Behaviour::Echo);
-    let upstreams = |up: &Upstream, weight: i64| json!([{ "id": "u1", "nodes": { up.node(): weight } }]);
+    let upstreams =
+        |up: &Upstream, weight: i64| json!([{ "id": "u1", "nodes": { up.node(): weight } }]);
     let routes = json!([
         { "id": "r1", "uri": "/x", "upstream_id": "u1" },
         route("r2", "/y", &a),
     ]);
-    let gw = Gateway::start(&json!({ "upstreams": upstreams(&a, 1), "routes": routes }).to_string());
+    let gw =
+        Gateway::start(&json!({ "upstreams": upstreams(&a, 1), "routes": routes }).to_string());
     assert_eq!(served_by(&gw, "/x"), "a");
 
     let routes2 = json!([{ "id": "r1", "uri": "/x", "upstream_id": "u1" }, route("r2", "/y", &b)]);

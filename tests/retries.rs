@@ -17,7 +17,13 @@ fn node(addr: &str, priority: i64) -> Value {
 /// Nodes tried in the given order: the first has the highest priority.
 fn ordered(addrs: &[&str]) -> Value {
     let n = addrs.len() as i64;
-    Value::Array(addrs.iter().enumerate().map(|(i, a)| node(a, n - i as i64)).collect())
+    Value::Array(
+        addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| node(a, n - i as i64))
+            .collect(),
+    )
 }
 
 fn gateway(upstream: Value) -> Gateway {
@@ -41,7 +47,11 @@ fn dead_node_then_live_one_succeeds_by_retry() {
     let reply = get(gw.addr(), "/r");
     assert_eq!(reply.status, 200, "{reply:?}");
     assert_eq!(reply.header("X-Upstream"), Some("live"));
-    assert_eq!(reply.header("X-APISIX-Upstream-Status"), None, "502, 200: last try not 5xx");
+    assert_eq!(
+        reply.header("X-APISIX-Upstream-Status"),
+        None,
+        "502, 200: last try not 5xx"
+    );
     assert_eq!(live.hits(), 1);
 }
 
@@ -83,7 +93,8 @@ fn single_dead_node_is_502() {
 fn upstream_hanging_up_is_502_and_retried() {
     let hangup = Upstream::start("hangup", Behaviour::Hangup);
     let live = Upstream::start("live", Behaviour::Echo);
-    let gw = gateway(json!({ "type": "roundrobin", "nodes": ordered(&[&hangup.node(), &live.node()]) }));
+    let gw =
+        gateway(json!({ "type": "roundrobin", "nodes": ordered(&[&hangup.node(), &live.node()]) }));
     let reply = get(gw.addr(), "/r");
     assert_eq!(reply.status, 200, "{reply:?}");
     assert_eq!(reply.header("X-Upstream"), Some("live"));
@@ -98,11 +109,16 @@ fn upstream_hanging_up_is_502_and_retried() {
 #[test]
 fn read_timeout_is_504() {
     let slow = Upstream::start("slow", Behaviour::Delay(Duration::from_secs(2)));
-    let gw = gateway(json!({ "type": "roundrobin", "timeout": short(), "nodes": { slow.node(): 1 } }));
+    let gw =
+        gateway(json!({ "type": "roundrobin", "timeout": short(), "nodes": { slow.node(): 1 } }));
     let reply = get(gw.addr(), "/r");
     assert_eq!(reply.status, 504);
     assert_eq!(reply.header("X-APISIX-Upstream-Status"), Some("504"));
-    assert!(reply.text().contains("504 Gateway Time-out"), "{}", reply.text());
+    assert!(
+        reply.text().contains("504 Gateway Time-out"),
+        "{}",
+        reply.text()
+    );
 }
 
 #[test]
@@ -124,7 +140,8 @@ fn two_timeouts_list_both() {
 fn route_timeout_replaces_the_upstreams() {
     let slow = Upstream::start("slow", Behaviour::Delay(Duration::from_millis(1500)));
     // The upstream alone would time out ...
-    let gw = gateway(json!({ "type": "roundrobin", "timeout": short(), "nodes": { slow.node(): 1 } }));
+    let gw =
+        gateway(json!({ "type": "roundrobin", "timeout": short(), "nodes": { slow.node(): 1 } }));
     assert_eq!(get(gw.addr(), "/r").status, 504);
     // ... the route's longer timeout wins over it ...
     let gw = gateway_route(json!({
@@ -214,6 +231,27 @@ fn more_retries_than_nodes_tries_each_node_once() {
 }
 
 #[test]
+fn single_node_with_explicit_retries_is_retried_itself() {
+    // A one-node upstream skips the balancer on every try, so `retries` repeats that node.
+    let slow = Upstream::start("slow", Behaviour::Delay(Duration::from_secs(2)));
+    let gw = gateway(
+        json!({ "type": "roundrobin", "retries": 1, "timeout": short(), "nodes": { slow.node(): 1 } }),
+    );
+    let reply = get(gw.addr(), "/r");
+    assert_eq!(reply.status, 504);
+    assert_eq!(reply.header("X-APISIX-Upstream-Status"), Some("504, 504"));
+    assert_eq!(slow.hits(), 2);
+
+    let gw = gateway(json!({ "type": "roundrobin", "retries": 2, "nodes": { dead_node(): 1 } }));
+    let reply = get(gw.addr(), "/r");
+    assert_eq!(reply.status, 502);
+    assert_eq!(
+        reply.header("X-APISIX-Upstream-Status"),
+        Some("502, 502, 502")
+    );
+}
+
+#[test]
 fn every_node_tried_with_tries_left_is_502() {
     // Two timeouts, and retries allow more: the balancer finds no untried node and ends the
     // request with 502 (spec §3.5), where a used-up try budget would answer the last 504.
@@ -242,7 +280,11 @@ fn post_is_not_resent_after_a_timeout_but_get_is() {
     let reply = request(gw.addr(), "POST", "/r", &[], b"payload");
     assert_eq!(reply.status, 504);
     assert_eq!(reply.header("X-APISIX-Upstream-Status"), Some("504"));
-    assert_eq!(live.hits(), 0, "POST was sent to the slow node: not repeated elsewhere");
+    assert_eq!(
+        live.hits(),
+        0,
+        "POST was sent to the slow node: not repeated elsewhere"
+    );
 
     let reply = request(gw.addr(), "PATCH", "/r", &[], b"payload");
     assert_eq!(reply.status, 504);
@@ -284,9 +326,16 @@ fn upstream_5xx_answers_are_passed_through_not_retried() {
         }));
         let reply = get(gw.addr(), "/r");
         assert_eq!(reply.status, code);
-        assert_eq!(reply.header("X-Upstream"), Some("failing"), "the upstream's own answer");
+        assert_eq!(
+            reply.header("X-Upstream"),
+            Some("failing"),
+            "the upstream's own answer"
+        );
         let expected = code.to_string();
-        assert_eq!(reply.header("X-APISIX-Upstream-Status"), Some(expected.as_str()));
+        assert_eq!(
+            reply.header("X-APISIX-Upstream-Status"),
+            Some(expected.as_str())
+        );
         assert_eq!(live.hits(), 0);
         assert_eq!(failing.hits(), 1);
     }
@@ -338,7 +387,11 @@ fn retry_timeout_stops_further_tries() {
     }));
     let reply = get(gw.addr(), "/r");
     assert_eq!(reply.status, 502, "{reply:?}");
-    assert_eq!((slow1.hits(), slow2.hits(), live.hits()), (2, 1, 1), "no retry was made");
+    assert_eq!(
+        (slow1.hits(), slow2.hits(), live.hits()),
+        (2, 1, 1),
+        "no retry was made"
+    );
 }
 
 #[test]

@@ -29,7 +29,10 @@ impl Routes {
             }
         }
         let gw = Gateway::start_full(&doc.to_string(), apisix_keys, "");
-        Routes { gw, _upstreams: upstreams }
+        Routes {
+            gw,
+            _upstreams: upstreams,
+        }
     }
 
     /// The id of the route that served `method path` with these headers, or `"404"`.
@@ -41,7 +44,10 @@ impl Routes {
                 name.to_string()
             }
             None => {
-                assert_eq!(reply.status, 404, "{method} {path}: unexpected answer {reply:?}");
+                assert_eq!(
+                    reply.status, 404,
+                    "{method} {path}: unexpected answer {reply:?}"
+                );
                 "404".to_string()
             }
         }
@@ -95,8 +101,15 @@ fn longest_prefix_first_with_fallback_to_shorter() {
     assert_eq!(r.get("/api/v1/x"), "short", "methods fail");
     assert_eq!(r.get("/api/v2/x?beta=1"), "long_vars");
     assert_eq!(r.get("/api/v2/x?beta=2"), "short", "vars fail");
-    assert_eq!(r.hit("GET", "/api/v3/x", &[("X-Real-IP", "10.1.2.3")]), "long_lan");
-    assert_eq!(r.hit("GET", "/api/v3/x", &[("X-Real-IP", "192.168.1.1")]), "short", "remote_addrs fail");
+    assert_eq!(
+        r.hit("GET", "/api/v3/x", &[("X-Real-IP", "10.1.2.3")]),
+        "long_lan"
+    );
+    assert_eq!(
+        r.hit("GET", "/api/v3/x", &[("X-Real-IP", "192.168.1.1")]),
+        "short",
+        "remote_addrs fail"
+    );
     assert_eq!(r.get("/api/v3/x"), "short", "127.0.0.1 is outside 10/8");
     assert_eq!(r.get("/api"), "404", "/api/* does not match /api");
 }
@@ -129,7 +142,11 @@ fn star_and_slash_star_together_longer_prefix_first() {
     ]));
     assert_eq!(r.get("/foo"), "star");
     assert_eq!(r.get("/foobar"), "star");
-    assert_eq!(r.get("/foo/"), "slash", "prefix /foo/ is longer than /foo, priority aside");
+    assert_eq!(
+        r.get("/foo/"),
+        "slash",
+        "prefix /foo/ is longer than /foo, priority aside"
+    );
     assert_eq!(r.get("/foo/a/b"), "slash");
 }
 
@@ -167,7 +184,11 @@ fn priority_then_file_order_among_the_same_uri() {
         { "id": "mid", "uri": "/prio*" },
         { "id": "high", "uri": "/prio*", "priority": 5 },
     ]));
-    assert_eq!(r.get("/same"), "first", "equal priority: earlier in the file wins");
+    assert_eq!(
+        r.get("/same"),
+        "first",
+        "equal priority: earlier in the file wins"
+    );
     assert_eq!(r.get("/prio/x"), "high");
 }
 
@@ -233,7 +254,11 @@ fn host_is_case_insensitive_and_port_is_ignored() {
     assert_eq!(r.get_host("/h", "API.Ex.COM"), "lower");
     assert_eq!(r.get_host("/h", "api.ex.com:8080"), "lower");
     assert_eq!(r.get_host("/h", "API.EX.COM:1"), "lower");
-    assert_eq!(r.get_host("/u", "mixed.ex.com"), "upper", "route hosts are lower-cased on load");
+    assert_eq!(
+        r.get_host("/u", "mixed.ex.com"),
+        "upper",
+        "route hosts are lower-cased on load"
+    );
     assert_eq!(r.get_host("/h", "other.ex.com"), "404");
 }
 
@@ -262,10 +287,16 @@ fn remote_addrs_with_cidr_and_trusted_x_real_ip() {
     ]));
     assert_eq!(r.hit("GET", "/ip", &[("X-Real-IP", "10.200.3.4")]), "lan");
     assert_eq!(r.hit("GET", "/ip", &[("X-Real-IP", "192.168.7.7")]), "lan");
-    assert_eq!(r.hit("GET", "/ip", &[("X-Real-IP", "192.168.7.8")]), "other");
+    assert_eq!(
+        r.hit("GET", "/ip", &[("X-Real-IP", "192.168.7.8")]),
+        "other"
+    );
     assert_eq!(r.hit("GET", "/ip", &[("X-Real-IP", "11.0.0.1")]), "other");
     assert_eq!(r.get("/ip"), "other", "the peer 127.0.0.1 itself");
-    assert_eq!(r.hit("GET", "/one", &[("X-Real-IP", "172.16.0.1")]), "single");
+    assert_eq!(
+        r.hit("GET", "/one", &[("X-Real-IP", "172.16.0.1")]),
+        "single"
+    );
     assert_eq!(r.get("/one"), "404");
 }
 
@@ -285,7 +316,11 @@ fn vars_expressions() {
     assert_eq!(r.get("/v/eq"), "fallback");
 
     assert_eq!(r.hit("GET", "/v/re", &[("X-Ver", "v12")]), "re");
-    assert_eq!(r.hit("GET", "/v/re", &[("X-Ver", "V12")]), "fallback", "~~ is case-sensitive");
+    assert_eq!(
+        r.hit("GET", "/v/re", &[("X-Ver", "V12")]),
+        "fallback",
+        "~~ is case-sensitive"
+    );
     assert_eq!(r.hit("GET", "/v/re", &[("X-Ver", "v1x")]), "fallback");
     assert_eq!(r.get("/v/re"), "fallback", "absent variable");
 
@@ -323,10 +358,18 @@ fn service_hosts_are_inherited_unless_the_route_has_its_own() {
         }),
         "",
     );
-    assert_eq!(r.get_host("/x", "svc.com"), "svc_up", "the service's hosts file the route");
+    assert_eq!(
+        r.get_host("/x", "svc.com"),
+        "svc_up",
+        "the service's hosts file the route"
+    );
     assert_eq!(r.get_host("/x", "other.com"), "hostless");
     assert_eq!(r.get_host("/y", "own.com"), "svc_up");
-    assert_eq!(r.get_host("/y", "svc.com"), "hostless", "route's own host replaces the service's");
+    assert_eq!(
+        r.get_host("/y", "svc.com"),
+        "hostless",
+        "route's own host replaces the service's"
+    );
 }
 
 #[test]
@@ -346,7 +389,10 @@ fn no_match_is_the_plain_text_json_line() {
     assert_eq!(reply.status, 404);
     assert_eq!(reply.body, b"{\"error_msg\":\"404 Route Not Found\"}\n");
     assert_eq!(reply.body.len(), 36);
-    assert_eq!(reply.header("Content-Type"), Some("text/plain; charset=utf-8"));
+    assert_eq!(
+        reply.header("Content-Type"),
+        Some("text/plain; charset=utf-8")
+    );
     assert_eq!(
         reply.header("Server"),
         Some(concat!("ferrisix/", env!("CARGO_PKG_VERSION")))
@@ -363,7 +409,11 @@ fn decoded_path_is_matched_and_raw_path_is_forwarded() {
     let reply = get(r.gw.addr(), "/hel%6Co");
     assert_eq!(reply.status, 200);
     assert_eq!(reply.header("X-Upstream"), Some("hello"));
-    assert_eq!(reply.json()["path"], "/hel%6Co", "the upstream gets the raw request URI");
+    assert_eq!(
+        reply.json()["path"],
+        "/hel%6Co",
+        "the upstream gets the raw request URI"
+    );
 
     let reply = get(r.gw.addr(), "/hel%6Co?q=%20x");
     assert_eq!(reply.header("X-Upstream"), Some("hello"));
@@ -380,7 +430,9 @@ fn decoded_path_is_matched_and_raw_path_is_forwarded() {
 
 #[test]
 fn colon_is_literal_in_the_default_router() {
-    let r = Routes::start(json!([{ "id": "lit", "uri": "/file:list" }, { "id": "u", "uri": "/u/:id" }]));
+    let r = Routes::start(
+        json!([{ "id": "lit", "uri": "/file:list" }, { "id": "u", "uri": "/u/:id" }]),
+    );
     assert_eq!(r.get("/file:list"), "lit");
     assert_eq!(r.get("/u/:id"), "u");
     assert_eq!(r.get("/u/7"), "404");

@@ -65,7 +65,11 @@ fn one_gib_upload_streams_without_growing_memory() {
     sampler.join().unwrap();
 
     assert_eq!(reply.status, 200, "{}", reply.text());
-    assert_eq!(reply.json()["body_len"], GIB, "the upstream received every byte");
+    assert_eq!(
+        reply.json()["body_len"],
+        GIB,
+        "the upstream received every byte"
+    );
     let peak = peak.load(Ordering::SeqCst);
     eprintln!(
         "1 GiB upload: {:.1} s ({:.0} MiB/s), gateway RSS baseline {} KiB, peak {} KiB",
@@ -74,7 +78,10 @@ fn one_gib_upload_streams_without_growing_memory() {
         baseline,
         peak
     );
-    assert!(peak < 64 * 1024, "gateway RSS peaked at {peak} KiB during a 1 GiB upload");
+    assert!(
+        peak < 64 * 1024,
+        "gateway RSS peaked at {peak} KiB during a 1 GiB upload"
+    );
 }
 
 #[test]
@@ -86,7 +93,11 @@ fn chunked_upload_of_unknown_length_streams() {
     ));
     let mut s = TcpStream::connect(gw.addr()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    write!(s, "PUT /upload HTTP/1.1\r\nHost: up.test\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap();
+    write!(
+        s,
+        "PUT /upload HTTP/1.1\r\nHost: up.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    .unwrap();
     let chunk = vec![b'y'; 100_000];
     for _ in 0..200 {
         write!(s, "{:x}\r\n", chunk.len()).unwrap();
@@ -110,13 +121,18 @@ mod websocket {
         let addr = listener.local_addr().unwrap();
         listener.set_nonblocking(true).unwrap();
         std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).unwrap();
                 loop {
                     let (stream, _) = listener.accept().await.unwrap();
                     tokio::spawn(async move {
-                        let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else { return };
+                        let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+                            return;
+                        };
                         while let Some(Ok(msg)) = ws.next().await {
                             if msg.is_text() || msg.is_binary() {
                                 if ws.send(msg).await.is_err() {
@@ -141,10 +157,15 @@ mod websocket {
     fn websocket_echo_through_the_gateway() {
         let node = echo_server();
         let gw = Gateway::start(&route(node, true));
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         rt.block_on(async {
             let url = format!("ws://127.0.0.1:{}/ws", gw.port);
-            let (mut ws, resp) = tokio_tungstenite::connect_async(url).await.expect("handshake through the gateway");
+            let (mut ws, resp) = tokio_tungstenite::connect_async(url)
+                .await
+                .expect("handshake through the gateway");
             assert_eq!(resp.status(), 101);
             for i in 0..20 {
                 let text = format!("hello {i}");
@@ -164,7 +185,10 @@ mod websocket {
     fn upgrade_headers_are_dropped_when_websocket_is_off() {
         let node = echo_server();
         let gw = Gateway::start(&route(node, false));
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         rt.block_on(async {
             let url = format!("ws://127.0.0.1:{}/ws", gw.port);
             // Without Upgrade/Connection the echo server sees a plain GET and refuses it.

@@ -12,7 +12,11 @@ use std::time::{Duration, Instant};
 
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A running gateway process with its own config directory.
@@ -45,7 +49,7 @@ impl Gateway {
             .map(|l| format!("  {l}\n"))
             .collect();
         let config = format!(
-            "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: false\n{apisix_keys}\
+            "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: false\n  enable_control: false\n{apisix_keys}\
              deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n\
              nginx_config:\n  worker_processes: 1\n  worker_shutdown_timeout: 10s\n  http:\n    access_log: {}\n{extra_config}",
             dir.path().join("access.log").display()
@@ -112,7 +116,11 @@ impl Gateway {
     }
 
     pub fn signal(&self, sig: &str) {
-        Command::new("kill").arg(format!("-{sig}")).arg(self.pid().to_string()).status().unwrap();
+        Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid().to_string())
+            .status()
+            .unwrap();
     }
 }
 
@@ -150,12 +158,19 @@ impl Reply {
     }
 
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
     }
 }
 
 /// Sends one request on a new connection and reads the whole response.
-pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Reply {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut req = format!("{method} {path} HTTP/1.1\r\n");
@@ -192,14 +207,22 @@ pub struct Conn {
 impl Conn {
     pub fn open(addr: SocketAddr) -> Conn {
         let stream = TcpStream::connect(addr).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
         let _ = stream.set_nodelay(true);
         Conn { stream }
     }
 
     /// Sends one request (Host `test.local` unless given) without `Connection: close` and reads
     /// its response; the connection stays open for the next one.
-    pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
+    pub fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Reply {
         let mut req = format!("{method} {path} HTTP/1.1\r\n");
         if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
             req.push_str("Host: test.local\r\n");
@@ -258,7 +281,11 @@ pub fn read_reply(s: &mut TcpStream, head_only: bool) -> Reply {
             break p;
         }
         let n = s.read(&mut chunk).unwrap();
-        assert!(n > 0, "connection closed before the response head: {:?}", String::from_utf8_lossy(&buf));
+        assert!(
+            n > 0,
+            "connection closed before the response head: {:?}",
+            String::from_utf8_lossy(&buf)
+        );
         buf.extend_from_slice(&chunk[..n]);
     };
     let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
@@ -270,7 +297,12 @@ pub fn read_reply(s: &mut TcpStream, head_only: bool) -> Reply {
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
         .collect();
     let mut rest = buf[head_end + 4..].to_vec();
-    let get = |n: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(n)).map(|(_, v)| v.clone());
+    let get = |n: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(n))
+            .map(|(_, v)| v.clone())
+    };
     let body = if head_only || status == 204 || status == 304 || status == 101 {
         Vec::new()
     } else if let Some(len) = get("content-length") {
@@ -291,7 +323,16 @@ pub fn read_reply(s: &mut TcpStream, head_only: bool) -> Reply {
                 rest.extend_from_slice(&chunk[..n]);
             }
             let p = find(&rest, b"\r\n").unwrap();
-            let size = usize::from_str_radix(std::str::from_utf8(&rest[..p]).unwrap().split(';').next().unwrap().trim(), 16).unwrap();
+            let size = usize::from_str_radix(
+                std::str::from_utf8(&rest[..p])
+                    .unwrap()
+                    .split(';')
+                    .next()
+                    .unwrap()
+                    .trim(),
+                16,
+            )
+            .unwrap();
             rest.drain(..p + 2);
             while rest.len() < size + 2 {
                 let n = s.read(&mut chunk).unwrap();
@@ -309,7 +350,11 @@ pub fn read_reply(s: &mut TcpStream, head_only: bool) -> Reply {
         let _ = s.read_to_end(&mut rest);
         rest
     };
-    Reply { status, headers, body }
+    Reply {
+        status,
+        headers,
+        body,
+    }
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -351,7 +396,11 @@ impl Upstream {
                 std::thread::spawn(move || serve_upstream(stream, &n, behaviour, &h));
             }
         });
-        Upstream { addr, hits, name: name.to_string() }
+        Upstream {
+            addr,
+            hits,
+            name: name.to_string(),
+        }
     }
 
     pub fn node(&self) -> String {
@@ -405,7 +454,8 @@ fn serve_upstream(mut s: TcpStream, name: &str, behaviour: Behaviour, hits: &Ato
                     Ok(0) | Err(_) => return,
                     Ok(n) => {
                         if body_sample.len() < 1024 {
-                            body_sample.extend_from_slice(&chunk[..n.min(1024 - body_sample.len())]);
+                            body_sample
+                                .extend_from_slice(&chunk[..n.min(1024 - body_sample.len())]);
                         }
                         remaining -= n as u64;
                         body_len += n as u64;
@@ -421,7 +471,15 @@ fn serve_upstream(mut s: TcpStream, name: &str, behaviour: Behaviour, hits: &Ato
                     }
                 }
                 let p = find(&buf, b"\r\n").unwrap();
-                let size = usize::from_str_radix(String::from_utf8_lossy(&buf[..p]).split(';').next().unwrap().trim(), 16).unwrap_or(0);
+                let size = usize::from_str_radix(
+                    String::from_utf8_lossy(&buf[..p])
+                        .split(';')
+                        .next()
+                        .unwrap()
+                        .trim(),
+                    16,
+                )
+                .unwrap_or(0);
                 buf.drain(..p + 2);
                 let mut need = size + 2;
                 while need > 0 {
@@ -433,7 +491,9 @@ fn serve_upstream(mut s: TcpStream, name: &str, behaviour: Behaviour, hits: &Ato
                     }
                     let take = need.min(buf.len());
                     if body_sample.len() < 1024 {
-                        let data_take = take.min(need.saturating_sub(2)).min(1024 - body_sample.len());
+                        let data_take = take
+                            .min(need.saturating_sub(2))
+                            .min(1024 - body_sample.len());
                         body_sample.extend_from_slice(&buf[..data_take]);
                     }
                     buf.drain(..take);

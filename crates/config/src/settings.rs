@@ -80,6 +80,26 @@ pub struct ApisixSettings {
     pub normalize_uri_like_servlet: bool,
     pub router: RouterSettings,
     pub proxy_mode: ProxyMode,
+    /// The control API (readiness, applied revision, dumps).
+    pub enable_control: bool,
+    pub control: ControlListen,
+}
+
+/// `apisix.control`: where the control API listens (APISIX's default 127.0.0.1:9090).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct ControlListen {
+    pub ip: IpAddr,
+    pub port: u16,
+}
+
+impl Default for ControlListen {
+    fn default() -> Self {
+        ControlListen {
+            ip: IpAddr::from([127, 0, 0, 1]),
+            port: 9090,
+        }
+    }
 }
 
 impl Default for ApisixSettings {
@@ -94,6 +114,8 @@ impl Default for ApisixSettings {
             normalize_uri_like_servlet: false,
             router: RouterSettings::default(),
             proxy_mode: ProxyMode::Http,
+            enable_control: true,
+            control: ControlListen::default(),
         }
     }
 }
@@ -596,6 +618,9 @@ pub struct FerrisixSettings {
     /// The standalone file (`yaml`/`json` providers) instead of `apisix.yaml`/`apisix.json`
     /// beside config.yaml. Relative paths resolve against config.yaml's directory.
     pub config_file: Option<PathBuf>,
+    /// Where the embedded store keeps its database and etcd mode its local copy of the last
+    /// applied config. Relative paths resolve against config.yaml's directory; default `data`.
+    pub data_dir: Option<PathBuf>,
 }
 
 /// Where resources come from.
@@ -714,6 +739,16 @@ impl Settings {
             Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
             Some(_) => PathBuf::from("."),
             None => PathBuf::from("conf"),
+        }
+    }
+
+    /// The data directory (`ferrisix.data_dir`, default `data` beside config.yaml).
+    pub fn data_dir(&self) -> PathBuf {
+        let dir = self.config_dir();
+        match &self.ferrisix.data_dir {
+            Some(p) if p.is_absolute() => p.clone(),
+            Some(p) => dir.join(p),
+            None => dir.join("data"),
         }
     }
 

@@ -75,7 +75,12 @@ pub trait Store: Send + Sync + 'static {
     async fn list(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError>;
 
     /// Writes `value`; with `ttl` the key disappears after that long (an etcd lease).
-    async fn put(&self, key: &str, value: Vec<u8>, ttl: Option<Duration>) -> Result<PutOutcome, StoreError>;
+    async fn put(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        ttl: Option<Duration>,
+    ) -> Result<PutOutcome, StoreError>;
 
     /// Writes only if the key's `mod_revision` is still `expected` ([`StoreError::Conflict`]
     /// otherwise), as APISIX's PATCH does.
@@ -137,7 +142,11 @@ pub struct StateBuilder {
 
 impl StateBuilder {
     pub fn new(prefix: impl Into<String>) -> StateBuilder {
-        StateBuilder { prefix: prefix.into(), state: ConfigState::default(), next_seq: 0 }
+        StateBuilder {
+            prefix: prefix.into(),
+            state: ConfigState::default(),
+            next_seq: 0,
+        }
     }
 
     /// Replaces everything with a full listing (start-up, or a re-list after compaction).
@@ -149,8 +158,12 @@ impl StateBuilder {
         sorted.sort_by(|a, b| a.key.cmp(&b.key));
         let mut resources: BTreeMap<ResourceKind, BTreeMap<String, StoredItem>> = BTreeMap::new();
         for kv in sorted {
-            let KeyPlace::Resource(kind, id) = place_of(&self.prefix, &kv.key) else { continue };
-            let Some(value) = parse_value(&kv.value) else { continue };
+            let KeyPlace::Resource(kind, id) = place_of(&self.prefix, &kv.key) else {
+                continue;
+            };
+            let Some(value) = parse_value(&kv.value) else {
+                continue;
+            };
             let previous = old.get(&kind).and_then(|m| m.get(&id));
             let item = match previous {
                 Some(p) if *p.value == value && p.mod_revision == kv.mod_revision => p.clone(),
@@ -181,7 +194,9 @@ impl StateBuilder {
     /// Applies one put (`Some`) or delete (`None`) of `key`. Returns whether the state changed.
     pub fn apply(&mut self, key: &str, kv: Option<&KeyValue>, revision: i64) -> bool {
         self.state.revision = self.state.revision.max(revision);
-        let KeyPlace::Resource(kind, id) = place_of(&self.prefix, key) else { return false };
+        let KeyPlace::Resource(kind, id) = place_of(&self.prefix, key) else {
+            return false;
+        };
         match kv {
             None => self
                 .state
@@ -236,15 +251,26 @@ mod tests {
     use super::*;
 
     fn kv(key: &str, value: &str, rev: i64) -> KeyValue {
-        KeyValue { key: key.into(), value: value.as_bytes().to_vec(), create_revision: rev, mod_revision: rev }
+        KeyValue {
+            key: key.into(),
+            value: value.as_bytes().to_vec(),
+            create_revision: rev,
+            mod_revision: rev,
+        }
     }
 
     #[test]
     fn classifies_keys() {
-        assert_eq!(place_of("/apisix", "/apisix/routes/1"), KeyPlace::Resource(ResourceKind::Routes, "1".into()));
+        assert_eq!(
+            place_of("/apisix", "/apisix/routes/1"),
+            KeyPlace::Resource(ResourceKind::Routes, "1".into())
+        );
         assert_eq!(place_of("/apisix", "/apisix/routes/"), KeyPlace::Other);
         assert_eq!(place_of("/apisix", "/apisix/gen_id"), KeyPlace::Other);
-        assert_eq!(place_of("/apisix", "/apisix/consumers/u/credentials/c"), KeyPlace::Other);
+        assert_eq!(
+            place_of("/apisix", "/apisix/consumers/u/credentials/c"),
+            KeyPlace::Other
+        );
         assert_eq!(place_of("/apisix", "/other/routes/1"), KeyPlace::Other);
     }
 
@@ -252,29 +278,79 @@ mod tests {
     fn initial_order_is_key_order_then_creation_order() {
         let mut b = StateBuilder::new("/apisix");
         b.reset(
-            &[kv("/apisix/routes/2", "{}", 3), kv("/apisix/routes/10", "{}", 2), kv("/apisix/routes/", "init_dir", 1)],
+            &[
+                kv("/apisix/routes/2", "{}", 3),
+                kv("/apisix/routes/10", "{}", 2),
+                kv("/apisix/routes/", "init_dir", 1),
+            ],
             5,
         );
-        let ids: Vec<_> = b.state().items_in_order(ResourceKind::Routes).iter().map(|i| i.id.clone()).collect();
+        let ids: Vec<_> = b
+            .state()
+            .items_in_order(ResourceKind::Routes)
+            .iter()
+            .map(|i| i.id.clone())
+            .collect();
         assert_eq!(ids, ["10", "2"]);
-        assert!(b.apply("/apisix/routes/1", Some(&kv("/apisix/routes/1", "{}", 6)), 6));
-        assert!(b.apply("/apisix/routes/10", Some(&kv("/apisix/routes/10", "{\"a\":1}", 7)), 7));
-        let ids: Vec<_> = b.state().items_in_order(ResourceKind::Routes).iter().map(|i| i.id.clone()).collect();
-        assert_eq!(ids, ["10", "2", "1"], "an update keeps its slot; a creation is appended");
+        assert!(b.apply(
+            "/apisix/routes/1",
+            Some(&kv("/apisix/routes/1", "{}", 6)),
+            6
+        ));
+        assert!(b.apply(
+            "/apisix/routes/10",
+            Some(&kv("/apisix/routes/10", "{\"a\":1}", 7)),
+            7
+        ));
+        let ids: Vec<_> = b
+            .state()
+            .items_in_order(ResourceKind::Routes)
+            .iter()
+            .map(|i| i.id.clone())
+            .collect();
+        assert_eq!(
+            ids,
+            ["10", "2", "1"],
+            "an update keeps its slot; a creation is appended"
+        );
         assert!(b.apply("/apisix/routes/2", None, 8));
         assert_eq!(b.state().revision, 8);
-        assert!(!b.apply("/apisix/routes/3", Some(&kv("/apisix/routes/3", "not json", 9)), 9));
+        assert!(!b.apply(
+            "/apisix/routes/3",
+            Some(&kv("/apisix/routes/3", "not json", 9)),
+            9
+        ));
     }
 
     #[test]
     fn relist_keeps_unchanged_items() {
         let mut b = StateBuilder::new("/apisix");
         b.reset(&[kv("/apisix/routes/1", "{}", 2)], 2);
-        let before = b.state().get(ResourceKind::Routes, "1").unwrap().value.clone();
-        b.reset(&[kv("/apisix/routes/1", "{}", 2), kv("/apisix/routes/0", "{}", 9)], 9);
+        let before = b
+            .state()
+            .get(ResourceKind::Routes, "1")
+            .unwrap()
+            .value
+            .clone();
+        b.reset(
+            &[
+                kv("/apisix/routes/1", "{}", 2),
+                kv("/apisix/routes/0", "{}", 9),
+            ],
+            9,
+        );
         let after = b.state().get(ResourceKind::Routes, "1").unwrap();
         assert!(Arc::ptr_eq(&before, &after.value));
-        let ids: Vec<_> = b.state().items_in_order(ResourceKind::Routes).iter().map(|i| i.id.clone()).collect();
-        assert_eq!(ids, ["1", "0"], "a re-list appends new keys after the known ones");
+        let ids: Vec<_> = b
+            .state()
+            .items_in_order(ResourceKind::Routes)
+            .iter()
+            .map(|i| i.id.clone())
+            .collect();
+        assert_eq!(
+            ids,
+            ["1", "0"],
+            "a re-list appends new keys after the known ones"
+        );
     }
 }

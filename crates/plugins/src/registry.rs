@@ -65,14 +65,18 @@ impl PluginRegistry {
     pub fn builtin() -> PluginRegistry {
         let mut plugins = builtin_plugins();
         plugins.sort_by(|a, b| b.priority.cmp(&a.priority));
-        PluginRegistry { plugins: Arc::new(plugins) }
+        PluginRegistry {
+            plugins: Arc::new(plugins),
+        }
     }
 
     /// The subset named by config.yaml's `plugins` list (`None` = all). Unknown names are
     /// returned so the caller can warn about them.
     pub fn enabled(names: Option<&[String]>) -> (PluginRegistry, Vec<String>) {
         let all = Self::builtin();
-        let Some(names) = names else { return (all, Vec::new()) };
+        let Some(names) = names else {
+            return (all, Vec::new());
+        };
         let unknown = names
             .iter()
             .filter(|n| all.get(n).is_none())
@@ -84,7 +88,12 @@ impl PluginRegistry {
             .filter(|p| names.iter().any(|n| n == p.name))
             .cloned()
             .collect();
-        (PluginRegistry { plugins: Arc::new(plugins) }, unknown)
+        (
+            PluginRegistry {
+                plugins: Arc::new(plugins),
+            },
+            unknown,
+        )
     }
 
     /// Enabled plugins, highest priority first.
@@ -99,20 +108,26 @@ impl PluginRegistry {
 
 impl PluginCheck for PluginRegistry {
     fn check(&self, name: &str, conf: &Value) -> Result<(), String> {
-        let info = self.get(name).ok_or_else(|| format!("unknown plugin [{name}]"))?;
+        let info = self
+            .get(name)
+            .ok_or_else(|| format!("unknown plugin [{name}]"))?;
         schema::validate(&info.schema, conf)
             .map_err(|e| format!("failed to check the configuration of plugin {name} err: {e}"))
     }
 
     fn check_consumer(&self, name: &str, conf: &Value) -> Result<(), String> {
-        let info = self.get(name).ok_or_else(|| format!("unknown plugin [{name}]"))?;
+        let info = self
+            .get(name)
+            .ok_or_else(|| format!("unknown plugin [{name}]"))?;
         let schema = info.schema_of(SchemaType::Consumer).unwrap_or(&info.schema);
         schema::validate(schema, conf)
             .map_err(|e| format!("failed to check the configuration of plugin {name} err: {e}"))
     }
 
     fn check_metadata(&self, name: &str, conf: &Value) -> Result<(), String> {
-        let info = self.get(name).ok_or_else(|| "invalid plugin name".to_string())?;
+        let info = self
+            .get(name)
+            .ok_or_else(|| "invalid plugin name".to_string())?;
         match &info.metadata_schema {
             Some(s) => schema::validate(s, conf).map_err(|e| format!("invalid configuration: {e}")),
             None => Ok(()),
@@ -133,7 +148,8 @@ fn builtin_plugins() -> Vec<PluginInfo> {
 
 /// limit-count's schema as of APISIX 3.18 (spec data-plane §6.1).
 fn limit_count_schema() -> Value {
-    let count_like = json!({"oneOf": [{"type": "integer", "exclusiveMinimum": 0}, {"type": "string"}]});
+    let count_like =
+        json!({"oneOf": [{"type": "integer", "exclusiveMinimum": 0}, {"type": "string"}]});
     json!({
         "type": "object",
         "properties": {
@@ -174,7 +190,10 @@ mod tests {
     #[test]
     fn apisix_messages() {
         let r = PluginRegistry::builtin();
-        assert_eq!(r.check("nope", &json!({})), Err("unknown plugin [nope]".into()));
+        assert_eq!(
+            r.check("nope", &json!({})),
+            Err("unknown plugin [nope]".into())
+        );
         assert_eq!(
             r.check("limit-count", &json!({"count": -100, "time_window": 60})),
             Err("failed to check the configuration of plugin limit-count err: property \"count\" validation failed: value should match only one schema, but matches none".into())
@@ -183,7 +202,9 @@ mod tests {
             r.check("prometheus", &json!({"prefer_name": "yes"})),
             Err("failed to check the configuration of plugin prometheus err: property \"prefer_name\" validation failed: wrong type: expected boolean, got string".into())
         );
-        assert!(r.check("limit-count", &json!({"count": 1, "time_window": 1})).is_ok());
+        assert!(r
+            .check("limit-count", &json!({"count": 1, "time_window": 1}))
+            .is_ok());
     }
 
     #[test]

@@ -167,7 +167,11 @@ impl AccessLog {
         if !literal.is_empty() {
             segments.push(Segment::Literal(literal));
         }
-        AccessLog { sink, segments, headers }
+        AccessLog {
+            sink,
+            segments,
+            headers,
+        }
     }
 
     pub fn enabled(&self) -> bool {
@@ -191,8 +195,7 @@ impl AccessLog {
 }
 
 fn capture(headers: &mut Vec<http::HeaderName>, name: &str) -> usize {
-    let name = http::HeaderName::from_bytes(name.as_bytes())
-        .unwrap_or(http::header::HOST);
+    let name = http::HeaderName::from_bytes(name.as_bytes()).unwrap_or(http::header::HOST);
     match headers.iter().position(|h| *h == name) {
         Some(i) => i,
         None => {
@@ -219,11 +222,20 @@ impl LogRecord {
             Var::TimeLocal => TIME.with(|t| out.push_str(&t.borrow_mut().local(self.start_wall))),
             Var::TimeIso8601 => TIME.with(|t| out.push_str(&t.borrow_mut().iso(self.start_wall))),
             Var::Msec => {
-                let d = self.start_wall.duration_since(UNIX_EPOCH).unwrap_or_default();
+                let d = self
+                    .start_wall
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default();
                 let _ = write!(out, "{}.{:03}", d.as_secs(), d.subsec_millis());
             }
             Var::Request => {
-                let _ = write!(out, "{} {} {:?}", self.method, request_uri(&self.uri), self.version);
+                let _ = write!(
+                    out,
+                    "{} {} {:?}",
+                    self.method,
+                    request_uri(&self.uri),
+                    self.version
+                );
             }
             Var::RequestMethod => out.push_str(self.method.as_str()),
             Var::RequestUri | Var::UpstreamUri => out.push_str(request_uri(&self.uri)),

@@ -161,8 +161,10 @@ impl UpstreamPicker {
     /// Picks the next node index not in `tried`, or `None` when every usable node was tried.
     pub fn pick(&self, tried: &[usize]) -> Option<usize> {
         if self.single {
-            // APISIX skips the balancer for a one-node upstream, whatever its weight.
-            return (!tried.contains(&0)).then_some(0);
+            // APISIX skips the balancer for a one-node upstream, whatever its weight, on every
+            // try: `pick_server` returns that node without looking at the tried set, so an
+            // explicit `retries` retries the same node (spec data-plane §3.5, §4.1).
+            return Some(0);
         }
         for group in &self.groups {
             let untried = group
@@ -198,7 +200,10 @@ mod tests {
     fn nodes(weights: &[u32]) -> Vec<NodeWeight> {
         weights
             .iter()
-            .map(|w| NodeWeight { weight: *w, priority: 0 })
+            .map(|w| NodeWeight {
+                weight: *w,
+                priority: 0,
+            })
             .collect()
     }
 
@@ -261,15 +266,25 @@ mod tests {
     fn single_node_ignores_weight() {
         let p = UpstreamPicker::new(&nodes(&[0]), |_| 0);
         assert_eq!(p.pick(&[]), Some(0));
-        assert_eq!(p.pick(&[0]), None);
+        // Retries (when `retries` allows them) go to the same node again.
+        assert_eq!(p.pick(&[0]), Some(0));
     }
 
     #[test]
     fn retries_skip_tried_nodes_and_fall_to_lower_priority() {
         let ns = vec![
-            NodeWeight { weight: 1, priority: 10 },
-            NodeWeight { weight: 1, priority: 0 },
-            NodeWeight { weight: 1, priority: 10 },
+            NodeWeight {
+                weight: 1,
+                priority: 10,
+            },
+            NodeWeight {
+                weight: 1,
+                priority: 0,
+            },
+            NodeWeight {
+                weight: 1,
+                priority: 10,
+            },
         ];
         let p = UpstreamPicker::new(&ns, |_| 0);
         for _ in 0..10 {

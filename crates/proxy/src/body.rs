@@ -30,7 +30,9 @@ impl std::fmt::Display for RelayError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RelayError::Upstream(e) => write!(f, "upstream body: {e}"),
-            RelayError::ReadTimeout => f.write_str("upstream timed out while reading response body"),
+            RelayError::ReadTimeout => {
+                f.write_str("upstream timed out while reading response body")
+            }
         }
     }
 }
@@ -187,7 +189,9 @@ impl Body for ResponseBody {
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Full { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            Kind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
             Kind::Upstream { body } => body.inner.size_hint(),
         }
     }

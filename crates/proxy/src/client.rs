@@ -34,7 +34,11 @@ impl Default for TryTimeouts {
     fn default() -> Self {
         // nginx's defaults; APISIX sets none of its own.
         let d = Duration::from_secs(60);
-        TryTimeouts { connect: d, send: d, read: d }
+        TryTimeouts {
+            connect: d,
+            send: d,
+            read: d,
+        }
     }
 }
 

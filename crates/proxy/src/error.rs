@@ -89,11 +89,19 @@ pub struct ProxyError {
 
 impl ProxyError {
     pub const fn internal(status: StatusCode, reason: &'static str) -> ProxyError {
-        ProxyError { fault: Fault::Internal, status, reason }
+        ProxyError {
+            fault: Fault::Internal,
+            status,
+            reason,
+        }
     }
 
     pub const fn client(status: StatusCode, reason: &'static str) -> ProxyError {
-        ProxyError { fault: Fault::Client, status, reason }
+        ProxyError {
+            fault: Fault::Client,
+            status,
+            reason,
+        }
     }
 }
 
@@ -115,10 +123,22 @@ mod tests {
 
     #[test]
     fn timeouts_are_504_and_errors_502() {
-        assert_eq!(UpstreamFailure::ReadTimeout.status(), StatusCode::GATEWAY_TIMEOUT);
-        assert_eq!(UpstreamFailure::ConnectTimeout.status(), StatusCode::GATEWAY_TIMEOUT);
-        assert_eq!(UpstreamFailure::ConnectRefused.status(), StatusCode::BAD_GATEWAY);
-        assert_eq!(UpstreamFailure::ConnectionBroken.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            UpstreamFailure::ReadTimeout.status(),
+            StatusCode::GATEWAY_TIMEOUT
+        );
+        assert_eq!(
+            UpstreamFailure::ConnectTimeout.status(),
+            StatusCode::GATEWAY_TIMEOUT
+        );
+        assert_eq!(
+            UpstreamFailure::ConnectRefused.status(),
+            StatusCode::BAD_GATEWAY
+        );
+        assert_eq!(
+            UpstreamFailure::ConnectionBroken.status(),
+            StatusCode::BAD_GATEWAY
+        );
     }
 
     #[test]

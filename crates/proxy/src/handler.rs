@@ -120,7 +120,13 @@ fn is_dropped_request_header(name: &HeaderName) -> bool {
 fn is_dropped_response_header(name: &HeaderName) -> bool {
     matches!(
         name.as_str(),
-        "connection" | "keep-alive" | "proxy-connection" | "transfer-encoding" | "te" | "trailer" | "upgrade"
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "transfer-encoding"
+            | "te"
+            | "trailer"
+            | "upgrade"
     )
 }
 
@@ -129,7 +135,11 @@ fn host_without_port(raw: &str) -> Option<std::borrow::Cow<'_, str>> {
     let host = if raw.starts_with('[') {
         let end = raw.find(']')?;
         let rest = &raw[end + 1..];
-        if !(rest.is_empty() || rest.strip_prefix(':').is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit()))) {
+        if !(rest.is_empty()
+            || rest
+                .strip_prefix(':')
+                .is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit())))
+        {
             return None;
         }
         &raw[..=end]
@@ -162,7 +172,10 @@ fn port_of_host(raw: &str) -> Option<&str> {
     } else {
         raw
     };
-    after.rsplit_once(':').map(|(_, p)| p).filter(|p| !p.is_empty())
+    after
+        .rsplit_once(':')
+        .map(|(_, p)| p)
+        .filter(|p| !p.is_empty())
 }
 
 impl Gateway {
@@ -277,8 +290,18 @@ impl Gateway {
         let websocket = route.enable_websocket && is_upgrade(&parts.headers);
         drop(snapshot);
         let host_raw = host_raw.map(str::to_owned);
-        self.proxy(parts, body, conn, remote_addr, host_raw, &upstream, route_timeouts, websocket, record)
-            .await
+        self.proxy(
+            parts,
+            body,
+            conn,
+            remote_addr,
+            host_raw,
+            &upstream,
+            route_timeouts,
+            websocket,
+            record,
+        )
+        .await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -305,17 +328,25 @@ impl Gateway {
         } else {
             match body.size_hint().exact() {
                 Some(n) if n <= BUFFERED_BODY_LIMIT => {
-                    match tokio::time::timeout(std::time::Duration::from_secs(60), body.collect()).await {
+                    match tokio::time::timeout(std::time::Duration::from_secs(60), body.collect())
+                        .await
+                    {
                         Ok(Ok(collected)) => Some(UpstreamBody::full(collected.to_bytes())),
                         // The client went away or stalled (nginx logs 400/408).
-                        Ok(Err(_)) => return responses::error_page(StatusCode::BAD_REQUEST, server),
-                        Err(_) => return responses::error_page(StatusCode::REQUEST_TIMEOUT, server),
+                        Ok(Err(_)) => {
+                            return responses::error_page(StatusCode::BAD_REQUEST, server)
+                        }
+                        Err(_) => {
+                            return responses::error_page(StatusCode::REQUEST_TIMEOUT, server)
+                        }
                     }
                 }
                 _ => Some(UpstreamBody::stream(body)),
             }
         };
-        let replayable = pending_body.as_ref().is_some_and(UpstreamBody::is_replayable);
+        let replayable = pending_body
+            .as_ref()
+            .is_some_and(UpstreamBody::is_replayable);
         if let Some(r) = record.as_deref_mut() {
             r.request_length = parts
                 .headers
@@ -329,25 +360,41 @@ impl Gateway {
         } else {
             None
         };
-        let mut headers = Some(self.upstream_headers(parts, remote_addr, host_raw.as_deref(), conn, websocket));
+        let mut headers =
+            Some(self.upstream_headers(parts, remote_addr, host_raw.as_deref(), conn, websocket));
 
         let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
         let mut statuses: SmallVec<[u16; 2]> = SmallVec::new();
         let mut last_failure = UpstreamFailure::ConnectRefused;
         let first_try = Instant::now();
-        let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
-        let uri: http::Uri = path_and_query.parse().unwrap_or_else(|_| http::Uri::from_static("/"));
+        let path_and_query = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned();
+        let uri: http::Uri = path_and_query
+            .parse()
+            .unwrap_or_else(|_| http::Uri::from_static("/"));
         if let Some(r) = record.as_deref_mut() {
             r.upstream_start = Some(first_try);
         }
 
+        // Set when APISIX's balancer phase would end a retry itself with `core.response.exit(502)`
+        // (spec data-plane §3.5): `retry_timeout` passed, or no untried node is left while the
+        // try budget is not spent. The answer is then 502, not the last try's status (a 504
+        // after timeouts).
+        let mut balancer_refused = false;
         while tried.len() < upstream.max_tries {
             if let Some(limit) = upstream.retry_timeout {
                 if !tried.is_empty() && first_try.elapsed() > limit {
+                    balancer_refused = true;
                     break;
                 }
             }
-            let Some(node_idx) = upstream.picker.pick(&tried) else { break };
+            let Some(node_idx) = upstream.picker.pick(&tried) else {
+                balancer_refused = !tried.is_empty();
+                break;
+            };
             tried.push(node_idx);
             let node = &upstream.nodes[node_idx];
             let addr = match node.addr {
@@ -371,7 +418,9 @@ impl Gateway {
             };
             let host_value = match upstream.pass_host {
                 // `$http_host` verbatim (port and case kept); HTTP/2 takes :authority.
-                PassHost::Pass => host_raw.as_deref().and_then(|h| HeaderValue::from_str(h).ok()),
+                PassHost::Pass => host_raw
+                    .as_deref()
+                    .and_then(|h| HeaderValue::from_str(h).ok()),
                 PassHost::Node => Some(node.host_header.clone()),
                 PassHost::Rewrite => upstream.upstream_host.clone(),
             };
@@ -388,8 +437,14 @@ impl Gateway {
             }
             // Keep a copy when a failed try could still be replayed on another node.
             let spare = (more_tries_left && replayable).then(|| req_headers.clone());
-            let Some(req_body) = pending_body.take() else { break };
-            let spare_body = if more_tries_left { req_body.try_clone() } else { None };
+            let Some(req_body) = pending_body.take() else {
+                break;
+            };
+            let spare_body = if more_tries_left {
+                req_body.try_clone()
+            } else {
+                None
+            };
 
             let key = PoolKey { addr };
             let mut attempt = Some(build_request(&parts.method, &uri, req_headers, req_body));
@@ -400,7 +455,9 @@ impl Gateway {
                     Err(f) => break Err((f, attempt.take())),
                 };
                 let reused = conn.is_reused();
-                let Some(req) = attempt.take() else { break Err((UpstreamFailure::ConnectionBroken, None)) };
+                let Some(req) = attempt.take() else {
+                    break Err((UpstreamFailure::ConnectionBroken, None));
+                };
                 match client::send(&mut conn, req, timeouts).await {
                     SendOutcome::Response(resp) => break Ok((resp, conn)),
                     SendOutcome::NotSent(req, f) => {
@@ -461,7 +518,7 @@ impl Gateway {
         if let Some(r) = record.as_deref_mut() {
             r.upstream_statuses = statuses.clone();
         }
-        let status = if statuses.is_empty() {
+        let status = if statuses.is_empty() || balancer_refused {
             StatusCode::BAD_GATEWAY
         } else {
             last_failure.status()
@@ -497,7 +554,8 @@ impl Gateway {
                 head.headers.remove(&k);
             }
         }
-        head.headers.insert(header::SERVER, self.server_header.clone());
+        head.headers
+            .insert(header::SERVER, self.server_header.clone());
         let last = statuses.last().copied().unwrap_or(0);
         if self.show_upstream_status || (500..600).contains(&last) {
             head.headers.insert(
@@ -537,7 +595,10 @@ impl Gateway {
         }
         let remote = ip_header(remote_addr);
         out.insert(HeaderName::from_static("x-real-ip"), remote.clone());
-        let xff = match parts.headers.get(HeaderName::from_static("x-forwarded-for")) {
+        let xff = match parts
+            .headers
+            .get(HeaderName::from_static("x-forwarded-for"))
+        {
             Some(prev) => {
                 let mut v = Vec::with_capacity(prev.len() + 2 + 39);
                 v.extend_from_slice(prev.as_bytes());
@@ -583,7 +644,6 @@ fn status_list(statuses: &[u16]) -> HeaderValue {
     HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static("502"))
 }
 
-
 fn is_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE)
 }
@@ -602,14 +662,16 @@ fn build_request(
     req
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn host_parsing() {
-        assert_eq!(host_without_port("Foo.COM:8080").as_deref(), Some("foo.com"));
+        assert_eq!(
+            host_without_port("Foo.COM:8080").as_deref(),
+            Some("foo.com")
+        );
         assert_eq!(host_without_port("[::1]:80").as_deref(), Some("[::1]"));
         assert_eq!(host_without_port("a.com").as_deref(), Some("a.com"));
         assert_eq!(host_without_port("bad host"), None);
@@ -629,22 +691,40 @@ mod tests {
         };
         let mut h = HeaderMap::new();
         h.insert("x-real-ip", HeaderValue::from_static("10.1.1.1"));
-        assert_eq!(cfg.client_addr("127.0.0.1".parse().unwrap(), &h), "10.1.1.1".parse::<IpAddr>().unwrap());
-        assert_eq!(cfg.client_addr("127.0.0.2".parse().unwrap(), &h), "127.0.0.2".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            cfg.client_addr("127.0.0.1".parse().unwrap(), &h),
+            "10.1.1.1".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            cfg.client_addr("127.0.0.2".parse().unwrap(), &h),
+            "127.0.0.2".parse::<IpAddr>().unwrap()
+        );
         h.insert("x-real-ip", HeaderValue::from_static("garbage"));
-        assert_eq!(cfg.client_addr("127.0.0.1".parse().unwrap(), &h), "127.0.0.1".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            cfg.client_addr("127.0.0.1".parse().unwrap(), &h),
+            "127.0.0.1".parse::<IpAddr>().unwrap()
+        );
     }
 
     #[test]
     fn recursive_xff_skips_trusted_hops() {
         let cfg = RealIpConfig {
             header: HeaderName::from_static("x-forwarded-for"),
-            trusted: vec!["127.0.0.0/8".parse().unwrap(), "10.0.0.0/8".parse().unwrap()],
+            trusted: vec![
+                "127.0.0.0/8".parse().unwrap(),
+                "10.0.0.0/8".parse().unwrap(),
+            ],
             recursive: true,
         };
         let mut h = HeaderMap::new();
-        h.insert("x-forwarded-for", HeaderValue::from_static("1.2.3.4, 10.0.0.2, 127.0.0.5"));
-        assert_eq!(cfg.client_addr("127.0.0.1".parse().unwrap(), &h), "1.2.3.4".parse::<IpAddr>().unwrap());
+        h.insert(
+            "x-forwarded-for",
+            HeaderValue::from_static("1.2.3.4, 10.0.0.2, 127.0.0.5"),
+        );
+        assert_eq!(
+            cfg.client_addr("127.0.0.1".parse().unwrap(), &h),
+            "1.2.3.4".parse::<IpAddr>().unwrap()
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod access_log;
 pub mod balancer;
 pub mod body;
 pub mod client;
+pub mod control;
 pub mod error;
 pub mod handler;
 pub mod responses;

@@ -16,11 +16,18 @@ pub fn route_not_found(server: &HeaderValue) -> Response<ResponseBody> {
     )
 }
 
-pub fn text_response(status: StatusCode, body: Bytes, server: &HeaderValue) -> Response<ResponseBody> {
+pub fn text_response(
+    status: StatusCode,
+    body: Bytes,
+    server: &HeaderValue,
+) -> Response<ResponseBody> {
     let mut resp = Response::new(ResponseBody::full(body));
     *resp.status_mut() = status;
     let h = resp.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     h.insert(SERVER, server.clone());
     resp
 }
@@ -49,7 +56,10 @@ pub fn error_page(status: StatusCode, server: &HeaderValue) -> Response<Response
     let mut resp = Response::new(ResponseBody::full(Bytes::from(body)));
     *resp.status_mut() = status;
     let h = resp.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
     h.insert(SERVER, server.clone());
     resp
 }
@@ -74,6 +84,8 @@ mod tests {
         let server = HeaderValue::from_static("ferrisix");
         let resp = error_page(StatusCode::GATEWAY_TIMEOUT, &server);
         let body = resp.into_body().collect().await.unwrap().to_bytes();
-        assert!(std::str::from_utf8(&body).unwrap().contains("<h1>504 Gateway Time-out</h1>"));
+        assert!(std::str::from_utf8(&body)
+            .unwrap()
+            .contains("<h1>504 Gateway Time-out</h1>"));
     }
 }

@@ -129,9 +129,13 @@ pub fn start(
                 .thread_name("ferrisix-worker")
                 .enable_all()
                 .build()?;
-            threads.push(std::thread::Builder::new().name("ferrisix-server".into()).spawn(move || {
-                rt.block_on(serve(gateway, listeners, options, shutdown, false));
-            })?);
+            threads.push(
+                std::thread::Builder::new()
+                    .name("ferrisix-server".into())
+                    .spawn(move || {
+                        rt.block_on(serve(gateway, listeners, options, shutdown, false));
+                    })?,
+            );
         }
     }
     Ok(ServerHandle { threads })

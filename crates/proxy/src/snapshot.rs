@@ -98,12 +98,18 @@ impl CompiledUpstream {
     fn compile(up: &Upstream) -> Result<CompiledUpstream, String> {
         if up.scheme != Scheme::Http {
             // TLS, gRPC and L4 upstreams need the TLS and stream work that comes later.
-            return Err(format!("upstream scheme {:?} is not supported yet", up.scheme));
+            return Err(format!(
+                "upstream scheme {:?} is not supported yet",
+                up.scheme
+            ));
         }
         let mut nodes = Vec::with_capacity(up.nodes.len());
         for n in &up.nodes {
             let bare = n.host.trim_start_matches('[').trim_end_matches(']');
-            let addr = bare.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, n.port));
+            let addr = bare
+                .parse::<IpAddr>()
+                .ok()
+                .map(|ip| SocketAddr::new(ip, n.port));
             let host_header = if n.port == up.scheme.default_port() {
                 n.host.clone()
             } else {
@@ -122,7 +128,10 @@ impl CompiledUpstream {
         let weights: Vec<NodeWeight> = up
             .nodes
             .iter()
-            .map(|n| NodeWeight { weight: n.weight, priority: n.priority })
+            .map(|n| NodeWeight {
+                weight: n.weight,
+                priority: n.priority,
+            })
             .collect();
         let picker = UpstreamPicker::new(&weights, |n| {
             if n == 0 {
@@ -136,9 +145,9 @@ impl CompiledUpstream {
             None => up.nodes.len().saturating_sub(1),
         };
         let upstream_host = match &up.upstream_host {
-            Some(h) => Some(
-                HeaderValue::from_str(h).map_err(|_| format!("invalid upstream_host {h}"))?,
-            ),
+            Some(h) => {
+                Some(HeaderValue::from_str(h).map_err(|_| format!("invalid upstream_host {h}"))?)
+            }
             None => None,
         };
         Ok(CompiledUpstream {
@@ -193,7 +202,10 @@ struct Accepted<T> {
 
 impl<T> Clone for Accepted<T> {
     fn clone(&self) -> Self {
-        Accepted { raw: self.raw.clone(), typed: self.typed.clone() }
+        Accepted {
+            raw: self.raw.clone(),
+            typed: self.typed.clone(),
+        }
     }
 }
 
@@ -204,6 +216,22 @@ pub struct CompileOptions {
 }
 
 impl Snapshot {
+    /// The accepted (possibly previous, if quarantined) stored values of one kind, by id.
+    pub fn applied(&self, kind: ResourceKind) -> Vec<(String, Arc<Value>)> {
+        fn raw<T>(m: &HashMap<String, Accepted<T>>) -> Vec<(String, Arc<Value>)> {
+            let mut v: Vec<_> = m.iter().map(|(k, a)| (k.clone(), a.raw.clone())).collect();
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v
+        }
+        match kind {
+            ResourceKind::Routes => raw(&self.cache.routes),
+            ResourceKind::Upstreams => raw(&self.cache.upstreams),
+            ResourceKind::Services => raw(&self.cache.services),
+            ResourceKind::PluginConfigs => raw(&self.cache.plugin_configs),
+            _ => Vec::new(),
+        }
+    }
+
     pub fn empty(options: CompileOptions) -> Snapshot {
         Snapshot {
             revision: 0,
@@ -225,12 +253,20 @@ impl Snapshot {
         let prev = &previous.cache;
         let mut cache = CompileCache::default();
 
-        cache.upstreams = accept_all(state, ResourceKind::Upstreams, &prev.upstreams, &mut quarantine, |id, v| {
-            validate::upstream_from_value(Some(id), v).map_err(|e| e.message)
-        });
-        cache.services = accept_all(state, ResourceKind::Services, &prev.services, &mut quarantine, |id, v| {
-            validate::service_from_value(id, v, plugins).map_err(|e| e.message)
-        });
+        cache.upstreams = accept_all(
+            state,
+            ResourceKind::Upstreams,
+            &prev.upstreams,
+            &mut quarantine,
+            |id, v| validate::upstream_from_value(Some(id), v).map_err(|e| e.message),
+        );
+        cache.services = accept_all(
+            state,
+            ResourceKind::Services,
+            &prev.services,
+            &mut quarantine,
+            |id, v| validate::service_from_value(id, v, plugins).map_err(|e| e.message),
+        );
         cache.plugin_configs = accept_all(
             state,
             ResourceKind::PluginConfigs,
@@ -238,14 +274,20 @@ impl Snapshot {
             &mut quarantine,
             |id, v| validate::plugin_config_from_value(id, v, plugins).map_err(|e| e.message),
         );
-        cache.routes = accept_all(state, ResourceKind::Routes, &prev.routes, &mut quarantine, |id, v| {
-            let route = validate::route_from_value(id, v, plugins).map_err(|e| e.message)?;
-            let vars = match &route.vars {
-                Some(v) => Some(compile_vars(v)?),
-                None => None,
-            };
-            Ok((route, vars))
-        });
+        cache.routes = accept_all(
+            state,
+            ResourceKind::Routes,
+            &prev.routes,
+            &mut quarantine,
+            |id, v| {
+                let route = validate::route_from_value(id, v, plugins).map_err(|e| e.message)?;
+                let vars = match &route.vars {
+                    Some(v) => Some(compile_vars(v)?),
+                    None => None,
+                };
+                Ok((route, vars))
+            },
+        );
 
         // Upstreams by id: keep the previous compiled picker when the definition is unchanged.
         for (id, acc) in &cache.upstreams {
@@ -275,9 +317,18 @@ impl Snapshot {
         }
 
         for (id, acc) in &cache.services {
-            let Some(up) = &acc.typed.upstream else { continue };
-            let reuse = prev.service_upstreams.get(id).filter(|c| c.source == *up).cloned();
-            match reuse.map(Ok).unwrap_or_else(|| CompiledUpstream::compile(up).map(Arc::new)) {
+            let Some(up) = &acc.typed.upstream else {
+                continue;
+            };
+            let reuse = prev
+                .service_upstreams
+                .get(id)
+                .filter(|c| c.source == *up)
+                .cloned();
+            match reuse
+                .map(Ok)
+                .unwrap_or_else(|| CompiledUpstream::compile(up).map(Arc::new))
+            {
                 Ok(c) => {
                     cache.service_upstreams.insert(id.clone(), c);
                 }
@@ -293,7 +344,9 @@ impl Snapshot {
 
         let mut entries = Vec::with_capacity(order.len());
         for (id, _) in order {
-            let Some(acc) = cache.routes.get(id) else { continue };
+            let Some(acc) = cache.routes.get(id) else {
+                continue;
+            };
             let (route, vars) = &*acc.typed;
             if !route.enabled {
                 continue;
@@ -337,8 +390,10 @@ impl Snapshot {
             }
         }
         let ids: Vec<String> = entries.iter().map(|(id, _)| id.clone()).collect();
-        let (router, errors) =
-            RouteTable::new(options.router, entries.into_iter().map(|(_, e)| e).collect());
+        let (router, errors) = RouteTable::new(
+            options.router,
+            entries.into_iter().map(|(_, e)| e).collect(),
+        );
         for e in errors {
             quarantine.push(q(ResourceKind::Routes, &ids[e.index], e.message));
         }
@@ -362,7 +417,12 @@ impl Snapshot {
 }
 
 fn q(kind: ResourceKind, id: &str, error: String) -> Quarantined {
-    Quarantined { kind, id: id.to_string(), error, serving_previous: false }
+    Quarantined {
+        kind,
+        id: id.to_string(),
+        error,
+        serving_previous: false,
+    }
 }
 
 /// Validates every item of one kind, reusing unchanged ones and falling back to the last
@@ -384,7 +444,13 @@ fn accept_all<T>(
         }
         match convert(id, value) {
             Ok(typed) => {
-                out.insert(id.clone(), Accepted { raw: value.clone(), typed: Arc::new(typed) });
+                out.insert(
+                    id.clone(),
+                    Accepted {
+                        raw: value.clone(),
+                        typed: Arc::new(typed),
+                    },
+                );
             }
             Err(error) => {
                 let fallback = previous.get(id).cloned();
@@ -444,7 +510,9 @@ fn compile_route(
     }
     if let Some(pcid) = &route.plugin_config_id {
         match cache.plugin_configs.get(pcid) {
-            Some(pc) => plugins.extend(pc.typed.plugins.iter().map(|(k, v)| (k.clone(), v.clone()))),
+            Some(pc) => {
+                plugins.extend(pc.typed.plugins.iter().map(|(k, v)| (k.clone(), v.clone())))
+            }
             None => {
                 return Ok((
                     failing_route(route, StatusCode::SERVICE_UNAVAILABLE),

@@ -47,7 +47,9 @@ impl RequestVars<'_> {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             if k == name {
                 let v = v.replace('+', " ");
-                return Some(Cow::Owned(percent_decode_str(&v).decode_utf8_lossy().into_owned()));
+                return Some(Cow::Owned(
+                    percent_decode_str(&v).decode_utf8_lossy().into_owned(),
+                ));
             }
         }
         None
@@ -80,9 +82,9 @@ impl VarSource for RequestVars<'_> {
         }
         Some(match name {
             "uri" => Cow::Borrowed(self.uri),
-            "request_uri" => Cow::Borrowed(
-                self.parts.uri.path_and_query().map_or("/", |p| p.as_str()),
-            ),
+            "request_uri" => {
+                Cow::Borrowed(self.parts.uri.path_and_query().map_or("/", |p| p.as_str()))
+            }
             "host" => Cow::Borrowed(self.host?),
             "remote_addr" => Cow::Owned(self.remote_addr.to_string()),
             "remote_port" => Cow::Owned(self.peer.port().to_string()),
@@ -92,7 +94,11 @@ impl VarSource for RequestVars<'_> {
             "scheme" => Cow::Borrowed("http"),
             "request_method" => Cow::Borrowed(self.parts.method.as_str()),
             "args" | "query_string" => Cow::Borrowed(self.parts.uri.query()?),
-            "is_args" => Cow::Borrowed(if self.parts.uri.query().is_some() { "?" } else { "" }),
+            "is_args" => Cow::Borrowed(if self.parts.uri.query().is_some() {
+                "?"
+            } else {
+                ""
+            }),
             "server_protocol" => Cow::Owned(format!("{:?}", self.parts.version)),
             "content_type" => return self.header("content_type"),
             "content_length" => return self.header("content_length"),

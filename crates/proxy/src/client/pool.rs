@@ -58,7 +58,13 @@ thread_local! {
 
 impl PooledConn {
     pub(super) fn new(key: PoolKey, limits: PoolLimits, sender: SendRequest<UpstreamBody>) -> Self {
-        PooledConn { key, limits, sender, served: 0, reused: false }
+        PooledConn {
+            key,
+            limits,
+            sender,
+            served: 0,
+            reused: false,
+        }
     }
 
     pub(super) fn sender(&mut self) -> &mut SendRequest<UpstreamBody> {
@@ -110,7 +116,8 @@ pub(super) fn take_idle(key: PoolKey) -> Option<PooledConn> {
         let list = pool.get_mut(&key)?;
         let now = Instant::now();
         while let Some(idle) = list.pop() {
-            if idle.sender.is_closed() || now.duration_since(idle.since) > idle.limits.idle_timeout {
+            if idle.sender.is_closed() || now.duration_since(idle.since) > idle.limits.idle_timeout
+            {
                 continue;
             }
             return Some(PooledConn {
@@ -131,7 +138,9 @@ pub fn evict_expired() {
         let now = Instant::now();
         let mut pool = pool.borrow_mut();
         pool.retain(|_, list| {
-            list.retain(|i| !i.sender.is_closed() && now.duration_since(i.since) <= i.limits.idle_timeout);
+            list.retain(|i| {
+                !i.sender.is_closed() && now.duration_since(i.since) <= i.limits.idle_timeout
+            });
             !list.is_empty()
         });
     });

@@ -1,0 +1,381 @@
+#!/usr/bin/env python3
+"""End-to-end benchmark in the shape of APISIX's benchmark/run.sh.
+
+An nginx upstream (1 worker) answers on 127.0.0.1:1980; ferrisix (1 worker) and a baseline
+nginx proxy_pass (1 worker, upstream keepalive, buffered access log) each proxy /hello to it.
+`wrk -c 16 -d 5` loads each target in turn, interleaved over rounds, for each scenario:
+  s1  route /hello, no plugins
+  s2  route /hello with limit-count (count 2e12, window 60, 503, key remote_addr) + prometheus
+For every run it reads req/s and latency from wrk and the proxy's CPU time (user+sys of all its
+processes, from /proc) and reports medians and ratios against nginx as a markdown table and JSON.
+
+Usage: benches/e2e/bench.py [--rounds 3] [--duration 5] [--connections 16] [--threads 2]
+                            [--scenarios s1,s2] [--json out.json] [--markdown out.md]
+                            [--apisix URL --apisix-admin URL --apisix-key KEY]
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+UPSTREAM_PORT = 1980
+FERRISIX_PORT = 9080
+FERRISIX_ADMIN = 9180
+NGINX_PROXY_PORT = 9081
+
+S2_PLUGINS = {
+    "limit-count": {
+        "count": 2000000000000,
+        "time_window": 60,
+        "rejected_code": 503,
+        "key": "remote_addr",
+    },
+    "prometheus": {},
+}
+
+
+def ensure_tools():
+    missing = [t for t in ("nginx", "wrk") if shutil.which(t) is None and not os.path.exists("/usr/sbin/" + t)]
+    if missing:
+        print(f"installing {' '.join(missing)} from Debian", file=sys.stderr)
+        subprocess.run(["apt-get", "update", "-qq"], check=False)
+        subprocess.run(["apt-get", "install", "-y", "-qq"] + missing, check=True,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+
+
+def nginx_bin():
+    return shutil.which("nginx") or "/usr/sbin/nginx"
+
+
+def wait_port(port, timeout=20.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
+def cpu_ticks(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            # utime, stime are fields 14 and 15 (1-based) of the full line.
+            total += int(fields[11]) + int(fields[12])
+        except FileNotFoundError:
+            pass
+    return total
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def children(pid):
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def taskset_prefix(cores):
+    if cores is None or shutil.which("taskset") is None:
+        return []
+    return ["taskset", "-c", cores]
+
+
+def start_upstream(work, cores):
+    conf = os.path.join(work, "upstream.conf")
+    with open(conf, "w") as f:
+        f.write(f"""
+worker_processes 1;
+daemon off;
+pid {work}/upstream.pid;
+error_log {work}/upstream-error.log;
+events {{ worker_connections 10620; accept_mutex off; }}
+http {{
+  access_log off;
+  server {{
+    listen 127.0.0.1:{UPSTREAM_PORT} reuseport;
+    location / {{ return 200 "1234567890"; }}
+  }}
+}}
+""")
+    p = subprocess.Popen(taskset_prefix(cores) + [nginx_bin(), "-c", conf, "-p", work],
+                         stderr=subprocess.DEVNULL)
+    wait_port(UPSTREAM_PORT)
+    return p
+
+
+def start_nginx_proxy(work, cores):
+    conf = os.path.join(work, "proxy.conf")
+    with open(conf, "w") as f:
+        f.write(f"""
+worker_processes 1;
+daemon off;
+pid {work}/proxy.pid;
+error_log {work}/proxy-error.log;
+events {{ worker_connections 10620; }}
+http {{
+  access_log {work}/proxy-access.log combined buffer=64k flush=1s;
+  upstream backend {{
+    server 127.0.0.1:{UPSTREAM_PORT};
+    keepalive 320;
+  }}
+  server {{
+    listen 127.0.0.1:{NGINX_PROXY_PORT} reuseport;
+    location / {{
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host $http_host;
+      proxy_set_header X-Real-IP $remote_addr;
+      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+      proxy_pass http://backend;
+    }}
+  }}
+}}
+""")
+    p = subprocess.Popen(taskset_prefix(cores) + [nginx_bin(), "-c", conf, "-p", work],
+                         stderr=subprocess.DEVNULL)
+    wait_port(NGINX_PROXY_PORT)
+    return p
+
+
+def start_ferrisix(work, cores, binary):
+    conf = os.path.join(work, "config.yaml")
+    with open(conf, "w") as f:
+        f.write(f"""
+apisix:
+  node_listen:
+    - ip: 127.0.0.1
+      port: {FERRISIX_PORT}
+deployment:
+  role: traditional
+  role_traditional:
+    config_provider: embedded
+  admin:
+    admin_listen: {{ip: 127.0.0.1, port: {FERRISIX_ADMIN}}}
+    admin_key:
+      - name: admin
+        key: benchmark-admin-key
+        role: admin
+nginx_config:
+  worker_processes: 1
+  http:
+    access_log: {work}/ferrisix-access.log
+ferrisix:
+  data_dir: {work}/data
+""")
+    p = subprocess.Popen(taskset_prefix(cores) + [binary, "-c", conf], cwd=work,
+                         stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "ferrisix.log"), "w"))
+    wait_port(FERRISIX_PORT)
+    wait_port(FERRISIX_ADMIN)
+    return p
+
+
+def put_route(admin, key, plugins):
+    body = json.dumps({
+        "uri": "/hello",
+        "plugins": plugins,
+        "upstream": {"type": "roundrobin", "nodes": {f"127.0.0.1:{UPSTREAM_PORT}": 1}},
+    }).encode()
+    req = urllib.request.Request(f"{admin}/apisix/admin/routes/1", data=body, method="PUT",
+                                 headers={"X-API-KEY": key})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        r.read()
+
+
+def parse_wrk(text):
+    def dur(v):
+        m = re.match(r"([\d.]+)(us|ms|s|m)", v)
+        n, unit = float(m.group(1)), m.group(2)
+        return n * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+    total = int(re.search(r"(\d+) requests in", text).group(1))
+    lat = re.search(r"Latency\s+(\S+)\s+(\S+)\s+(\S+)", text)
+    p99 = re.search(r"99%\s+(\S+)", text)
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    errors = re.search(r"Socket errors: (.*)", text)
+    return {
+        "rps": rps,
+        "requests": total,
+        "mean_ms": dur(lat.group(1)),
+        "p99_ms": dur(p99.group(1)) if p99 else None,
+        "non2xx": int(non2xx.group(1)) if non2xx else 0,
+        "socket_errors": errors.group(1) if errors else "",
+    }
+
+
+def run_wrk(port, args, cores):
+    cmd = taskset_prefix(cores) + ["wrk", "-t", str(args.threads), "-c", str(args.connections),
+                                   "-d", f"{args.duration}s", "--latency", f"http://127.0.0.1:{port}/hello"]
+    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+
+def measure(name, port, pids, args, cores):
+    before = cpu_ticks(pids)
+    out = run_wrk(port, args, cores)
+    after = cpu_ticks(pids)
+    r = parse_wrk(out)
+    cpu_s = (after - before) / CLK_TCK
+    r["cpu_s"] = cpu_s
+    r["cpu_us_per_req"] = cpu_s * 1e6 / max(r["requests"], 1)
+    r["target"] = name
+    return r
+
+
+def med(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=int, default=5)
+    ap.add_argument("--connections", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--scenarios", default="s1,s2")
+    ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "ferrisix"))
+    ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--json")
+    ap.add_argument("--markdown")
+    ap.add_argument("--apisix", help="data URL of a running APISIX to add as a third target")
+    ap.add_argument("--apisix-admin", help="its Admin API URL")
+    ap.add_argument("--apisix-key", help="its admin key")
+    args = ap.parse_args()
+
+    ensure_tools()
+    if not args.no_build:
+        subprocess.run(["cargo", "build", "--release", "--bin", "ferrisix"], cwd=ROOT, check=True)
+
+    ncpu = os.cpu_count() or 1
+    # With enough cores each process gets its own; otherwise everything shares and we say so.
+    pinned = ncpu >= 4
+    cores = {"upstream": "0", "proxy": "1", "wrk": "2,3"} if pinned else {"upstream": None, "proxy": None, "wrk": None}
+
+    work = tempfile.mkdtemp(prefix="ferrisix-bench-")
+    procs = []
+    try:
+        procs.append(start_upstream(work, cores["upstream"]))
+        ngx = start_nginx_proxy(work, cores["proxy"])
+        procs.append(ngx)
+        fx = start_ferrisix(work, cores["proxy"], args.binary)
+        procs.append(fx)
+        time.sleep(0.5)
+        ngx_pids = [ngx.pid] + children(ngx.pid)
+        idle_rss = rss_kib(fx.pid)
+        admin = f"http://127.0.0.1:{FERRISIX_ADMIN}"
+        targets = [("nginx", NGINX_PROXY_PORT, ngx_pids), ("ferrisix", FERRISIX_PORT, [fx.pid])]
+
+        results = {}
+        for scenario in args.scenarios.split(","):
+            plugins = {} if scenario == "s1" else S2_PLUGINS
+            put_route(admin, "benchmark-admin-key", plugins)
+            if args.apisix and args.apisix_admin and args.apisix_key:
+                put_route(args.apisix_admin, args.apisix_key, plugins)
+            time.sleep(1 if scenario == "s1" else 3)
+            # Warm-up: connections and pools, not measured.
+            for _, port, _ in targets:
+                subprocess.run(["wrk", "-t", "1", "-c", "4", "-d", "1s", f"http://127.0.0.1:{port}/hello"],
+                               capture_output=True)
+            runs = {name: [] for name, _, _ in targets}
+            if args.apisix:
+                runs["apisix"] = []
+            for rnd in range(args.rounds):
+                order = targets if rnd % 2 == 0 else list(reversed(targets))
+                for name, port, pids in order:
+                    if scenario == "s2" and name == "nginx":
+                        continue  # nginx has no equivalent of the plugins; s2 compares with s1
+                    r = measure(name, port, pids, args, cores["wrk"])
+                    runs[name].append(r)
+                    print(f"{scenario} round {rnd + 1} {name}: {r['rps']:.0f} req/s, "
+                          f"{r['cpu_us_per_req']:.1f} us CPU/req, mean {r['mean_ms']:.3f} ms, "
+                          f"p99 {r['p99_ms']} ms, non-2xx {r['non2xx']}", file=sys.stderr)
+                    time.sleep(1)
+            results[scenario] = {
+                name: {
+                    "rps": med([r["rps"] for r in rs]),
+                    "mean_ms": med([r["mean_ms"] for r in rs]),
+                    "p99_ms": med([r["p99_ms"] for r in rs]),
+                    "cpu_us_per_req": med([r["cpu_us_per_req"] for r in rs]),
+                    "non2xx": sum(r["non2xx"] for r in rs),
+                    "runs": rs,
+                }
+                for name, rs in runs.items() if rs
+            }
+        report = {
+            "machine": {"cpus": ncpu, "pinned": pinned, "uname": " ".join(os.uname())},
+            "settings": {"rounds": args.rounds, "duration_s": args.duration,
+                         "connections": args.connections, "wrk_threads": args.threads},
+            "ferrisix_idle_rss_kib": idle_rss,
+            "results": results,
+        }
+        md = render_markdown(report)
+        print(md)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=2)
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write(md)
+    finally:
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=10)
+            except Exception:
+                p.kill()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def render_markdown(report):
+    res = report["results"]
+    lines = [
+        f"Machine: {report['machine']['cpus']} CPUs, "
+        + ("processes pinned to separate cores" if report["machine"]["pinned"]
+           else "too few cores to pin: upstream, proxy and wrk share them"),
+        f"wrk -t {report['settings']['wrk_threads']} -c {report['settings']['connections']} "
+        f"-d {report['settings']['duration_s']}s, medians of {report['settings']['rounds']} rounds; "
+        f"ferrisix idle RSS {report['ferrisix_idle_rss_kib'] / 1024:.1f} MiB",
+        "",
+        "| scenario | target | req/s | mean ms | p99 ms | CPU µs/req | req/s vs nginx | CPU vs nginx |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    base = res.get("s1", {}).get("nginx")
+    for scenario, targets in res.items():
+        for name, r in targets.items():
+            rps_ratio = f"{r['rps'] / base['rps']:.2f}×" if base else "-"
+            cpu_ratio = f"{r['cpu_us_per_req'] / base['cpu_us_per_req']:.2f}×" if base else "-"
+            p99 = f"{r['p99_ms']:.2f}" if r["p99_ms"] is not None else "-"
+            lines.append(f"| {scenario} | {name} | {r['rps']:.0f} | {r['mean_ms']:.3f} | {p99} | "
+                         f"{r['cpu_us_per_req']:.1f} | {rps_ratio} | {cpu_ratio} |")
+    s1 = res.get("s1", {}).get("ferrisix")
+    s2 = res.get("s2", {}).get("ferrisix")
+    if s1 and s2:
+        lines.append("")
+        lines.append(f"s2 / s1 CPU per request (ferrisix): {s2['cpu_us_per_req'] / s1['cpu_us_per_req']:.2f}×")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -19,6 +19,9 @@ use tokio::sync::watch;
 use crate::model::ResourceKind;
 use crate::state::{ConfigState, StoredItem};
 
+pub mod embedded;
+pub mod etcd;
+
 /// One stored key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyValue {

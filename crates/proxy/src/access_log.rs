@@ -451,7 +451,7 @@ mod tests {
     fn civil_dates() {
         assert_eq!(civil(0), (1970, 1, 1, 0, 0, 0));
         // 2026-11-30T01:23:48Z
-        assert_eq!(civil(1_795_915_428), (2026, 11, 30, 1, 23, 48));
+        assert_eq!(civil(1_796_001_828), (2026, 11, 30, 1, 23, 48));
     }
 
     #[test]
@@ -471,7 +471,7 @@ mod tests {
         let r = LogRecord {
             log: log.clone(),
             start: Instant::now(),
-            start_wall: UNIX_EPOCH + Duration::from_secs(1_795_915_428),
+            start_wall: UNIX_EPOCH + Duration::from_secs(1_796_001_828),
             remote_addr: "127.0.0.1".parse().unwrap(),
             server_port: 9080,
             method: Method::GET,

@@ -1,0 +1,633 @@
+//! The embedded store: ferrisix's own [`Store`] for a single node that runs without etcd, kept
+//! durably in one local file with [`redb`].
+//!
+//! It keeps etcd's semantics so the Admin API behaves the same on both stores: one store-wide
+//! revision counter (persisted in the `meta` table, starting at 1 like a fresh etcd), per-key
+//! `create_revision`/`mod_revision`, listings in byte-wise key order, compare-and-swap on
+//! `mod_revision` (a missing key compares as 0), deletes that return the old value, a prefix
+//! delete that costs one revision, and TTLs with etcd's rounding (whole seconds, at least
+//! [`MIN_TTL`], as etcd's minimum lease).
+//!
+//! **Durability.** Every write is one redb write transaction committed with
+//! [`redb::Durability::Immediate`]: `commit()` returns only after the new pages and the commit
+//! slot are on disk (fsync), and redb's copy-on-write B-trees never overwrite the last committed
+//! state, so a process killed at any instant (`kill -9`, power loss with honest disks) reopens
+//! at the last committed transaction. We answer a write only after its commit returned, so an
+//! acknowledged write survives a crash; an unacknowledged one is either fully there or absent.
+//!
+//! **TTL.** The expiry time (wall-clock milliseconds, so it survives restarts) is stored with
+//! the value and indexed in the `expiry` table. Reads treat an expired key as absent at once; a
+//! background task deletes expired keys (one revision per sweep, like a lease revocation) so the
+//! published state and listings converge within [`SWEEP_INTERVAL`].
+//!
+//! **Threads.** redb calls block, so every operation runs on Tokio's blocking pool. Writes are
+//! serialised by one mutex held across commit *and* publish, so the data plane sees states in
+//! commit order. Reads use redb's MVCC read transactions and never wait for writers.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use redb::{Database, Durability, ReadableTable, TableDefinition};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::{KeyValue, PutOutcome, StateBuilder, Store, StoreError, StoreHealth};
+use crate::state::ConfigState;
+
+/// key → encoded [`Record`].
+const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
+/// `"revision"` → the store revision.
+const META: TableDefinition<&str, i64> = TableDefinition::new("meta");
+/// (expiry in Unix ms, key) → (): keys with a TTL, soonest first.
+const EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("expiry");
+
+const REVISION: &str = "revision";
+
+/// etcd's minimum lease TTL with default election settings (`ttl=1` is still readable at 2 s).
+pub const MIN_TTL: Duration = Duration::from_secs(2);
+
+/// How often the background task looks for expired keys.
+pub const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
+
+/// etcd's default `--max-request-bytes` (1.5 MiB); a bigger value is refused with etcd's text so
+/// the Admin API answers the same on both stores.
+pub const MAX_VALUE_BYTES: usize = 1536 * 1024;
+
+/// How long [`EmbeddedStore::open`] waits for a previous handle on the same file to close (a
+/// restart overlapping the old process, or a sweep still finishing after a drop).
+const OPEN_WAIT: Duration = Duration::from_secs(2);
+
+/// Record layout version, so the encoding can change later.
+const RECORD_V1: u8 = 1;
+const HEADER_LEN: usize = 1 + 8 + 8 + 8;
+
+/// A stored key's metadata and value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Record {
+    create_revision: i64,
+    mod_revision: i64,
+    /// Unix ms after which the key is gone; 0: no TTL.
+    expires_at: u64,
+    value: Vec<u8>,
+}
+
+impl Record {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER_LEN + self.value.len());
+        out.push(RECORD_V1);
+        out.extend_from_slice(&self.create_revision.to_le_bytes());
+        out.extend_from_slice(&self.mod_revision.to_le_bytes());
+        out.extend_from_slice(&self.expires_at.to_le_bytes());
+        out.extend_from_slice(&self.value);
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Record, StoreError> {
+        if bytes.len() < HEADER_LEN || bytes[0] != RECORD_V1 {
+            return Err(StoreError::Unavailable(
+                "embedded store: corrupt record".into(),
+            ));
+        }
+        let word = |at: usize| <[u8; 8]>::try_from(&bytes[at..at + 8]).expect("8 bytes");
+        Ok(Record {
+            create_revision: i64::from_le_bytes(word(1)),
+            mod_revision: i64::from_le_bytes(word(9)),
+            expires_at: u64::from_le_bytes(word(17)),
+            value: bytes[HEADER_LEN..].to_vec(),
+        })
+    }
+
+    fn live(&self, now: u64) -> bool {
+        self.expires_at == 0 || self.expires_at > now
+    }
+
+    fn to_kv(&self, key: &str) -> KeyValue {
+        KeyValue {
+            key: key.to_owned(),
+            value: self.value.clone(),
+            create_revision: self.create_revision,
+            mod_revision: self.mod_revision,
+        }
+    }
+}
+
+/// Wall-clock milliseconds: expiry times must survive a restart, which a monotonic clock
+/// does not.
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// etcd leases are whole seconds, and the server raises short ones to its minimum.
+fn ttl_ms(ttl: Duration) -> u64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    secs.max(MIN_TTL.as_secs()) * 1000
+}
+
+fn db_err(e: impl Into<redb::Error>) -> StoreError {
+    StoreError::Unavailable(format!("embedded store: {}", e.into()))
+}
+
+fn check_key(key: &str) -> Result<(), StoreError> {
+    if key.is_empty() {
+        return Err(StoreError::Invalid("key is empty".into()));
+    }
+    Ok(())
+}
+
+/// The state shared by the handle, blocking calls and the sweeper.
+struct Core {
+    db: Database,
+    path: PathBuf,
+    prefix: String,
+    /// Serialises writes and publishes in commit order.
+    writer: Mutex<StateBuilder>,
+    states: watch::Sender<Arc<ConfigState>>,
+    revision: AtomicI64,
+    /// The soonest expiry in the `expiry` table (u64::MAX: none), so idle sweeps cost nothing.
+    next_expiry: AtomicU64,
+}
+
+/// ferrisix's single-node persistent store. See the module documentation.
+pub struct EmbeddedStore {
+    core: Arc<Core>,
+    sweeper: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for EmbeddedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedStore")
+            .field("path", &self.core.path)
+            .field("prefix", &self.core.prefix)
+            .field("revision", &self.core.revision.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Drop for EmbeddedStore {
+    fn drop(&mut self) {
+        self.sweeper.abort();
+    }
+}
+
+impl EmbeddedStore {
+    /// Opens (creating it and its directory if needed) the database at `path`, loads every key
+    /// under `prefix` into the first published state, and starts the TTL sweeper.
+    ///
+    /// Must be called inside a Tokio runtime (the sweeper is spawned on it). It blocks while the
+    /// file opens — after a crash redb repairs it first, which can take a moment on a large
+    /// file — so call it at start-up or from `spawn_blocking`. Fails if another process holds
+    /// the file.
+    pub fn open(path: &Path, prefix: &str) -> Result<Arc<EmbeddedStore>, StoreError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            StoreError::Invalid("EmbeddedStore::open must be called inside a Tokio runtime".into())
+        })?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
+            })?;
+        }
+        let db = open_db(path)?;
+        let prefix = prefix.trim_end_matches('/').to_owned();
+
+        // Create the tables so read transactions never meet a missing one.
+        let txn = db.begin_write().map_err(db_err)?;
+        {
+            let mut meta = txn.open_table(META).map_err(db_err)?;
+            if meta.get(REVISION).map_err(db_err)?.is_none() {
+                meta.insert(REVISION, 1).map_err(db_err)?;
+            }
+            txn.open_table(KV).map_err(db_err)?;
+            txn.open_table(EXPIRY).map_err(db_err)?;
+        }
+        txn.commit().map_err(db_err)?;
+
+        let (kvs, revision) = list_in(&db, &prefix)?;
+        let mut builder = StateBuilder::new(prefix.clone());
+        builder.reset(&kvs, revision);
+        let (states, _) = watch::channel(builder.snapshot());
+        let core = Arc::new(Core {
+            next_expiry: AtomicU64::new(first_expiry(&db)?),
+            db,
+            path: path.to_owned(),
+            prefix,
+            writer: Mutex::new(builder),
+            states,
+            revision: AtomicI64::new(revision),
+        });
+        tracing::info!(
+            path = %path.display(),
+            revision,
+            resources = core.writer().state().len(),
+            "embedded store opened"
+        );
+        // The sweeper holds a weak reference so dropping the store closes the file.
+        let sweeper = runtime.spawn(sweep_loop(Arc::downgrade(&core)));
+        Ok(Arc::new(EmbeddedStore { core, sweeper }))
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.core.path
+    }
+
+    /// The current store revision.
+    pub fn revision(&self) -> i64 {
+        self.core.revision.load(Ordering::SeqCst)
+    }
+}
+
+fn open_db(path: &Path) -> Result<Database, StoreError> {
+    let deadline = Instant::now() + OPEN_WAIT;
+    loop {
+        match Database::create(path) {
+            Ok(db) => return Ok(db),
+            Err(redb::DatabaseError::DatabaseAlreadyOpen) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => {
+                return Err(StoreError::Unavailable(format!(
+                    "cannot open the embedded store {}: {e}",
+                    path.display()
+                )))
+            }
+        }
+    }
+}
+
+/// Every live key starting with `prefix`, in key order, and the revision of the read.
+fn list_in(db: &Database, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
+    let now = now_ms();
+    let txn = db.begin_read().map_err(db_err)?;
+    let revision = txn
+        .open_table(META)
+        .map_err(db_err)?
+        .get(REVISION)
+        .map_err(db_err)?
+        .map(|v| v.value())
+        .unwrap_or(1);
+    let table = txn.open_table(KV).map_err(db_err)?;
+    let mut out = Vec::new();
+    // `&str` keys sort byte-wise, like etcd's; stop at the first key past the prefix.
+    for entry in table.range(prefix..).map_err(db_err)? {
+        let (k, v) = entry.map_err(db_err)?;
+        let key = k.value();
+        if !key.starts_with(prefix) {
+            break;
+        }
+        let record = Record::decode(v.value())?;
+        if record.live(now) {
+            out.push(record.to_kv(key));
+        }
+    }
+    Ok((out, revision))
+}
+
+fn first_expiry(db: &Database) -> Result<u64, StoreError> {
+    let txn = db.begin_read().map_err(db_err)?;
+    let table = txn.open_table(EXPIRY).map_err(db_err)?;
+    let first = table.first().map_err(db_err)?;
+    Ok(first.map(|(k, _)| k.value().0).unwrap_or(u64::MAX))
+}
+
+impl Core {
+    fn writer(&self) -> MutexGuard<'_, StateBuilder> {
+        // A panic while holding it leaves the builder consistent with the last commit (the
+        // builder is only touched after a commit succeeded), so carrying on is safe.
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn begin_write(&self) -> Result<redb::WriteTransaction, StoreError> {
+        let mut txn = self.db.begin_write().map_err(db_err)?;
+        // The default, stated because the crash guarantee depends on it.
+        txn.set_durability(Durability::Immediate);
+        Ok(txn)
+    }
+
+    /// Publishes the builder's state when `changed`; called with the writer lock held.
+    fn publish(&self, builder: &StateBuilder, changed: bool, revision: i64) {
+        self.revision.store(revision, Ordering::SeqCst);
+        if changed {
+            self.states.send_replace(builder.snapshot());
+        }
+    }
+
+    fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        let txn = self.db.begin_read().map_err(db_err)?;
+        let table = txn.open_table(KV).map_err(db_err)?;
+        let Some(v) = table.get(key).map_err(db_err)? else {
+            return Ok(None);
+        };
+        let record = Record::decode(v.value())?;
+        Ok(record.live(now_ms()).then(|| record.to_kv(key)))
+    }
+
+    fn put(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        ttl: Option<Duration>,
+        expected: Option<i64>,
+    ) -> Result<PutOutcome, StoreError> {
+        check_key(key)?;
+        if value.len() > MAX_VALUE_BYTES {
+            return Err(StoreError::Invalid(
+                "etcdserver: request is too large".into(),
+            ));
+        }
+        let mut builder = self.writer();
+        let now = now_ms();
+        let txn = self.begin_write()?;
+        let (previous, record, revision) = {
+            let mut kv = txn.open_table(KV).map_err(db_err)?;
+            let mut meta = txn.open_table(META).map_err(db_err)?;
+            let mut expiry = txn.open_table(EXPIRY).map_err(db_err)?;
+            let old = match kv.get(key).map_err(db_err)? {
+                Some(v) => Some(Record::decode(v.value())?),
+                None => None,
+            };
+            let previous = old.as_ref().filter(|r| r.live(now));
+            if let Some(expected) = expected {
+                if previous.map_or(0, |r| r.mod_revision) != expected {
+                    // Dropping the transaction aborts it.
+                    return Err(StoreError::Conflict);
+                }
+            }
+            if let Some(old) = old.as_ref().filter(|r| r.expires_at != 0) {
+                expiry.remove((old.expires_at, key)).map_err(db_err)?;
+            }
+            let revision = meta.get(REVISION).map_err(db_err)?.map_or(1, |v| v.value()) + 1;
+            let record = Record {
+                create_revision: previous.map_or(revision, |r| r.create_revision),
+                mod_revision: revision,
+                expires_at: ttl.map_or(0, |t| now + ttl_ms(t)),
+                value,
+            };
+            kv.insert(key, record.encode().as_slice()).map_err(db_err)?;
+            if record.expires_at != 0 {
+                expiry
+                    .insert((record.expires_at, key), ())
+                    .map_err(db_err)?;
+            }
+            meta.insert(REVISION, revision).map_err(db_err)?;
+            (previous.map(|r| r.to_kv(key)), record, revision)
+        };
+        txn.commit().map_err(db_err)?;
+        if record.expires_at != 0 {
+            self.next_expiry
+                .fetch_min(record.expires_at, Ordering::SeqCst);
+        }
+        let changed = builder.apply(key, Some(&record.to_kv(key)), revision);
+        self.publish(&builder, changed, revision);
+        Ok(PutOutcome { previous, revision })
+    }
+
+    fn delete(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        check_key(key)?;
+        let mut builder = self.writer();
+        let now = now_ms();
+        let txn = self.begin_write()?;
+        let (previous, revision) = {
+            let mut kv = txn.open_table(KV).map_err(db_err)?;
+            let old = match kv.get(key).map_err(db_err)? {
+                Some(v) => Record::decode(v.value())?,
+                None => return Ok(None),
+            };
+            // An expired key is already gone for readers; the sweeper removes it.
+            if !old.live(now) {
+                return Ok(None);
+            }
+            let mut meta = txn.open_table(META).map_err(db_err)?;
+            let mut expiry = txn.open_table(EXPIRY).map_err(db_err)?;
+            kv.remove(key).map_err(db_err)?;
+            if old.expires_at != 0 {
+                expiry.remove((old.expires_at, key)).map_err(db_err)?;
+            }
+            let revision = meta.get(REVISION).map_err(db_err)?.map_or(1, |v| v.value()) + 1;
+            meta.insert(REVISION, revision).map_err(db_err)?;
+            (old.to_kv(key), revision)
+        };
+        txn.commit().map_err(db_err)?;
+        let changed = builder.apply(key, None, revision);
+        self.publish(&builder, changed, revision);
+        Ok(Some(previous))
+    }
+
+    /// Deletes the keys `select` picks (it reads them in the write transaction, so nothing
+    /// changes in between) under one new revision; returns how many. Used for prefix deletes
+    /// (live keys) and TTL sweeps (expired keys).
+    fn delete_where(
+        &self,
+        select: impl FnOnce(&redb::WriteTransaction, u64) -> Result<Vec<(String, Record)>, StoreError>,
+    ) -> Result<u64, StoreError> {
+        let mut builder = self.writer();
+        let now = now_ms();
+        let txn = self.begin_write()?;
+        let doomed = select(&txn, now)?;
+        if doomed.is_empty() {
+            return Ok(0);
+        }
+        let revision = {
+            let mut kv = txn.open_table(KV).map_err(db_err)?;
+            let mut meta = txn.open_table(META).map_err(db_err)?;
+            let mut expiry = txn.open_table(EXPIRY).map_err(db_err)?;
+            for (key, record) in &doomed {
+                kv.remove(key.as_str()).map_err(db_err)?;
+                if record.expires_at != 0 {
+                    expiry
+                        .remove((record.expires_at, key.as_str()))
+                        .map_err(db_err)?;
+                }
+            }
+            let revision = meta.get(REVISION).map_err(db_err)?.map_or(1, |v| v.value()) + 1;
+            meta.insert(REVISION, revision).map_err(db_err)?;
+            revision
+        };
+        txn.commit().map_err(db_err)?;
+        let mut changed = false;
+        for (key, _) in &doomed {
+            changed |= builder.apply(key, None, revision);
+        }
+        self.publish(&builder, changed, revision);
+        Ok(doomed.len() as u64)
+    }
+
+    fn delete_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+        self.delete_where(|txn, now| {
+            let kv = txn.open_table(KV).map_err(db_err)?;
+            let mut doomed = Vec::new();
+            for entry in kv.range(prefix..).map_err(db_err)? {
+                let (k, v) = entry.map_err(db_err)?;
+                if !k.value().starts_with(prefix) {
+                    break;
+                }
+                let record = Record::decode(v.value())?;
+                if record.live(now) {
+                    doomed.push((k.value().to_owned(), record));
+                }
+            }
+            Ok(doomed)
+        })
+    }
+
+    /// Deletes every expired key; returns how many.
+    fn sweep(&self) -> Result<u64, StoreError> {
+        let removed = self.delete_where(|txn, now| {
+            let kv = txn.open_table(KV).map_err(db_err)?;
+            let expiry = txn.open_table(EXPIRY).map_err(db_err)?;
+            let mut doomed = Vec::new();
+            for entry in expiry.range((0u64, "")..(now + 1, "")).map_err(db_err)? {
+                let (k, _) = entry.map_err(db_err)?;
+                let (at, key) = k.value();
+                let Some(v) = kv.get(key).map_err(db_err)? else {
+                    continue;
+                };
+                let record = Record::decode(v.value())?;
+                if record.expires_at == at && !record.live(now) {
+                    doomed.push((key.to_owned(), record));
+                }
+            }
+            Ok(doomed)
+        })?;
+        self.next_expiry
+            .store(first_expiry(&self.db)?, Ordering::SeqCst);
+        Ok(removed)
+    }
+}
+
+async fn sweep_loop(core: Weak<Core>) {
+    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(core) = core.upgrade() else { return };
+        if core.next_expiry.load(Ordering::SeqCst) > now_ms() {
+            continue;
+        }
+        let result = tokio::task::spawn_blocking(move || core.sweep()).await;
+        match result {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => tracing::debug!(keys = n, "embedded store: expired keys removed"),
+            Ok(Err(e)) => tracing::warn!("embedded store: TTL sweep failed: {e}"),
+            Err(e) => tracing::warn!("embedded store: TTL sweep task failed: {e}"),
+        }
+    }
+}
+
+/// Runs a blocking store call on Tokio's blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("embedded store task failed: {e}")))?
+}
+
+#[async_trait]
+impl Store for EmbeddedStore {
+    fn prefix(&self) -> &str {
+        &self.core.prefix
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        let (core, key) = (Arc::clone(&self.core), key.to_owned());
+        blocking(move || core.get(&key)).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
+        let (core, prefix) = (Arc::clone(&self.core), prefix.to_owned());
+        blocking(move || list_in(&core.db, &prefix)).await
+    }
+
+    async fn put(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        ttl: Option<Duration>,
+    ) -> Result<PutOutcome, StoreError> {
+        let (core, key) = (Arc::clone(&self.core), key.to_owned());
+        blocking(move || core.put(&key, value, ttl, None)).await
+    }
+
+    async fn put_if_unmodified(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        expected: i64,
+        ttl: Option<Duration>,
+    ) -> Result<PutOutcome, StoreError> {
+        let (core, key) = (Arc::clone(&self.core), key.to_owned());
+        blocking(move || core.put(&key, value, ttl, Some(expected))).await
+    }
+
+    async fn delete(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        let (core, key) = (Arc::clone(&self.core), key.to_owned());
+        blocking(move || core.delete(&key)).await
+    }
+
+    async fn delete_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+        let (core, prefix) = (Arc::clone(&self.core), prefix.to_owned());
+        blocking(move || core.delete_prefix(&prefix)).await
+    }
+
+    fn subscribe(&self) -> watch::Receiver<Arc<ConfigState>> {
+        self.core.states.subscribe()
+    }
+
+    fn health(&self) -> StoreHealth {
+        StoreHealth {
+            reachable: true,
+            synced: true,
+            revision: self.core.revision.load(Ordering::SeqCst),
+            detail: format!("embedded store {}", self.core.path.display()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_round_trips() {
+        let r = Record {
+            create_revision: 3,
+            mod_revision: -4,
+            expires_at: 99,
+            value: b"{\"a\":1}".to_vec(),
+        };
+        assert_eq!(Record::decode(&r.encode()).unwrap(), r);
+        assert!(Record::decode(&[RECORD_V1, 0]).is_err());
+        assert!(
+            Record::decode(&[9; HEADER_LEN]).is_err(),
+            "an unknown layout is refused"
+        );
+    }
+
+    #[test]
+    fn ttl_rounds_up_to_whole_seconds_with_etcds_minimum() {
+        assert_eq!(ttl_ms(Duration::from_secs(1)), 2000);
+        assert_eq!(ttl_ms(Duration::ZERO), 2000);
+        assert_eq!(ttl_ms(Duration::from_millis(2001)), 3000);
+        assert_eq!(ttl_ms(Duration::from_secs(60)), 60_000);
+    }
+
+    #[test]
+    fn liveness_follows_expiry() {
+        let mut r = Record {
+            create_revision: 1,
+            mod_revision: 1,
+            expires_at: 0,
+            value: vec![],
+        };
+        assert!(r.live(u64::MAX));
+        r.expires_at = 10;
+        assert!(r.live(9));
+        assert!(!r.live(10));
+    }
+}

@@ -1,0 +1,1144 @@
+//! The etcd store: APISIX's own configuration backend, followed the way APISIX's data plane
+//! follows it (spec §8.2), and written the way its Admin API writes it.
+//!
+//! **Following.** At start one range read of `<prefix>/` is applied with
+//! [`StateBuilder::reset`] and published, and its header revision remembered. Then a single
+//! watch on `<prefix>/` from that revision + 1 (with `prev_kv` and progress notifications)
+//! feeds every PUT/DELETE to [`StateBuilder::apply`]; a state is published after each response
+//! that changed something. Events at or below the applied revision are dropped, so nothing is
+//! applied twice. The watch is re-created from the applied revision + 1 after any break, so
+//! nothing is missed either; when etcd cannot serve that (the watch is cancelled with a
+//! `compact_revision`), or the history went backwards (a header revision below ours, or another
+//! cluster id: etcd restored or rebuilt), the prefix is listed again. A re-list keeps the `Arc`
+//! of every unchanged item, so only real changes reach the data plane.
+//!
+//! **Failures.** The store talks to one endpoint at a time (tonic's balancer would keep sending
+//! requests to a dead member). A broken connection or watch moves to the next endpoint with a
+//! fresh client, at once while other endpoints are left to try, then with exponential backoff
+//! ([`BACKOFF_START`] to [`BACKOFF_MAX`]) after each full round. A watch that
+//! says nothing for `watch_timeout` (we ask etcd for a progress report halfway) is treated as
+//! broken: a half-open TCP connection would otherwise stall updates forever. Meanwhile the last
+//! published state stays (the data plane keeps serving), and writes fail with
+//! [`StoreError::Unavailable`] carrying etcd's error text within `timeout`.
+//!
+//! **Local copy.** Every state published from etcd is also written, atomically (temporary file
+//! then rename), to a local file. If etcd cannot be reached at start, the store boots from that
+//! copy, reports `synced: false`, and converges by re-listing as soon as etcd answers.
+//!
+//! **TLS.** `https://` endpoints use rustls: the server certificate is verified against the CA
+//! file given to [`EtcdStore::connect_with_ca`] (APISIX takes it from
+//! `apisix.ssl.ssl_trusted_certificate`), else the system's trusted roots (`SSL_CERT_FILE`
+//! is honoured); `deployment.etcd.tls.{cert,key}` is the client certificate and `tls.sni` the
+//! name verified. `tls.verify: false` is refused: the client cannot switch verification off.
+//!
+//! Building needs `protoc` (Debian: `protobuf-compiler` and `libprotobuf-dev`) for
+//! `etcd-client`'s generated gRPC code.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, PutOptions,
+    Txn, TxnOp, TxnOpResponse, WatchOptions, WatchResponse,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::{KeyValue, PutOutcome, StateBuilder, Store, StoreError, StoreHealth};
+use crate::settings::EtcdSettings;
+use crate::state::ConfigState;
+
+/// First reconnect delay; doubled after each failure up to [`BACKOFF_MAX`].
+pub const BACKOFF_START: Duration = Duration::from_millis(100);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Largest gRPC message accepted: a full listing of a big configuration exceeds tonic's 4 MiB
+/// default.
+const MAX_MESSAGE: usize = 256 * 1024 * 1024;
+
+/// HTTP/2 pings on the shared connection, so writes notice a dead peer. etcd refuses pings
+/// more frequent than 5 s (`--grpc-keepalive-min-time`).
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// What the local-copy file says it is.
+const COPY_FORMAT: &str = "ferrisix-etcd-local-copy/1";
+
+/// Counters of the sync loop, for metrics and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyncStats {
+    /// Full range reads applied (the first one included).
+    pub relists: u64,
+    /// Re-lists forced by a watch cancelled for compaction.
+    pub compactions: u64,
+    /// Sessions that ended in an error and were retried.
+    pub reconnects: u64,
+    /// Watch events applied.
+    pub events: u64,
+    /// Watch events dropped because their revision was already applied.
+    pub duplicates: u64,
+    /// States published.
+    pub publishes: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    relists: AtomicU64,
+    compactions: AtomicU64,
+    reconnects: AtomicU64,
+    events: AtomicU64,
+    duplicates: AtomicU64,
+    publishes: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Settings turned into what the client needs.
+#[derive(Clone)]
+struct Config {
+    endpoints: Vec<String>,
+    options: ConnectOptions,
+    /// `<prefix>` without a trailing slash.
+    prefix: String,
+    timeout: Duration,
+    watch_timeout: Duration,
+}
+
+impl Config {
+    fn new(settings: &EtcdSettings, trusted_ca: Option<&Path>) -> Result<Config, StoreError> {
+        if settings.host.is_empty() {
+            return Err(StoreError::Invalid("deployment.etcd.host is empty".into()));
+        }
+        let https = settings
+            .host
+            .iter()
+            .filter(|h| h.starts_with("https://"))
+            .count();
+        if let Some(bad) = settings
+            .host
+            .iter()
+            .find(|h| !h.starts_with("http://") && !h.starts_with("https://"))
+        {
+            return Err(StoreError::Invalid(format!(
+                "deployment.etcd.host: {bad} must start with http:// or https://"
+            )));
+        }
+        if https != 0 && https != settings.host.len() {
+            return Err(StoreError::Invalid(
+                "deployment.etcd.host: mixing http:// and https:// endpoints is not supported"
+                    .into(),
+            ));
+        }
+        let timeout = Duration::from_secs(settings.timeout.max(1));
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_keep_alive(KEEPALIVE_INTERVAL, timeout)
+            // etcd drops connections that ping without an open stream; ours always has the
+            // watch, but pinging while idle buys nothing.
+            .with_keep_alive_while_idle(false)
+            // A member cut off from its leader cancels our watch instead of keeping it silent.
+            .with_require_leader(true);
+        if let Some(user) = &settings.user {
+            options = options
+                .with_user(user.clone(), settings.password.clone().unwrap_or_default())
+                .with_auto_token_refresh(true);
+        }
+        if https != 0 {
+            options = options.with_tls(tls_options(settings, trusted_ca)?);
+        }
+        Ok(Config {
+            endpoints: settings.host.clone(),
+            options,
+            prefix: settings.prefix.trim_end_matches('/').to_owned(),
+            timeout,
+            watch_timeout: Duration::from_secs(settings.watch_timeout.max(1)),
+        })
+    }
+
+    /// The watched and listed range: the directory under the prefix (not `/apisix2/...`).
+    fn dir(&self) -> String {
+        format!("{}/", self.prefix)
+    }
+}
+
+fn tls_options(
+    settings: &EtcdSettings,
+    trusted_ca: Option<&Path>,
+) -> Result<etcd_client::TlsOptions, StoreError> {
+    let tls = &settings.tls;
+    if !tls.verify {
+        return Err(StoreError::Invalid(
+            "deployment.etcd.tls.verify: false is not supported: ferrisix always verifies etcd's \
+             certificate (against the system's trusted roots)"
+                .into(),
+        ));
+    }
+    let read = |p: &Path| {
+        std::fs::read(p)
+            .map_err(|e| StoreError::Invalid(format!("etcd TLS: cannot read {}: {e}", p.display())))
+    };
+    let mut options = etcd_client::TlsOptions::new();
+    options = match trusted_ca {
+        Some(ca) => options.ca_certificate(etcd_client::Certificate::from_pem(read(ca)?)),
+        None => options.with_native_roots(),
+    };
+    if let Some(sni) = &tls.sni {
+        options = options.domain_name(sni.clone());
+    }
+    match (&tls.cert, &tls.key) {
+        (Some(cert), Some(key)) => {
+            options = options.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+        }
+        (None, None) => {}
+        _ => {
+            return Err(StoreError::Invalid(
+                "deployment.etcd.tls: cert and key must be given together".into(),
+            ))
+        }
+    }
+    Ok(options)
+}
+
+/// What the store handle, the sync task and the writes share.
+struct Shared {
+    config: Config,
+    /// The current client; replaced by the sync task on every reconnect, so writes use a
+    /// fresh connection too. `None` until one could be built (with auth, that needs etcd).
+    client: RwLock<Option<Client>>,
+    states: watch::Sender<Arc<ConfigState>>,
+    health: Mutex<StoreHealth>,
+    counters: Counters,
+    /// States published from etcd, for the local-copy writer.
+    copies: watch::Sender<Option<Arc<ConfigState>>>,
+    local_copy: Option<PathBuf>,
+}
+
+impl Shared {
+    fn set_health(&self, f: impl FnOnce(&mut StoreHealth)) {
+        f(&mut self.health.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    fn client(&self) -> Option<Client> {
+        self.client
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set_client(&self, client: Option<Client>) {
+        *self.client.write().unwrap_or_else(|e| e.into_inner()) = client;
+    }
+}
+
+/// An [`etcd`](https://etcd.io) v3 cluster as the [`Store`]. See the module documentation.
+pub struct EtcdStore {
+    shared: Arc<Shared>,
+    sync_task: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("endpoints", &self.shared.config.endpoints)
+            .field("prefix", &self.shared.config.prefix)
+            .field("local_copy", &self.shared.local_copy)
+            .finish()
+    }
+}
+
+impl Drop for EtcdStore {
+    fn drop(&mut self) {
+        // The local-copy writer ends by itself once the last state is written and the shared
+        // part (its channel's sender) is gone.
+        self.sync_task.abort();
+    }
+}
+
+impl EtcdStore {
+    /// Loads the configuration from etcd and starts following it (see the module
+    /// documentation). Must run inside a Tokio runtime.
+    ///
+    /// An attempt tries each endpoint once (each step bounded by `timeout`). With
+    /// `local_copy` naming an existing file, one attempt is made; if it fails the store boots
+    /// from the copy, reports `synced: false`, and keeps retrying in the background. Otherwise
+    /// `startup_retry` attempts are made (at least one) and the last error is returned. States
+    /// published from etcd are written to `local_copy`.
+    pub async fn connect(
+        settings: &EtcdSettings,
+        local_copy: Option<PathBuf>,
+    ) -> Result<Arc<EtcdStore>, StoreError> {
+        EtcdStore::connect_with_ca(settings, local_copy, None).await
+    }
+
+    /// [`EtcdStore::connect`], verifying `https://` endpoints against the CA certificates in
+    /// `trusted_ca` (PEM) instead of the system's roots.
+    pub async fn connect_with_ca(
+        settings: &EtcdSettings,
+        local_copy: Option<PathBuf>,
+        trusted_ca: Option<&Path>,
+    ) -> Result<Arc<EtcdStore>, StoreError> {
+        let config = Config::new(settings, trusted_ca)?;
+        let (states, _) = watch::channel(Arc::new(ConfigState::default()));
+        let (copies, copies_rx) = watch::channel(None);
+        let shared = Arc::new(Shared {
+            client: RwLock::new(None),
+            states,
+            health: Mutex::new(StoreHealth {
+                reachable: false,
+                synced: false,
+                revision: 0,
+                detail: "connecting to etcd".into(),
+            }),
+            counters: Counters::default(),
+            copies,
+            local_copy: local_copy.clone(),
+            config,
+        });
+        let mut syncer = Syncer::new(Arc::clone(&shared));
+
+        let copy_file = local_copy.as_deref().filter(|p| p.exists());
+        let attempts = if copy_file.is_some() {
+            1
+        } else {
+            settings.startup_retry.max(1)
+        };
+        let mut backoff = Backoff::default();
+        let mut last_error = String::new();
+        let mut loaded = false;
+        for attempt in 1..=attempts {
+            match syncer.start().await {
+                Ok(()) => {
+                    loaded = true;
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        attempt,
+                        attempts,
+                        "cannot load the configuration from etcd: {e}"
+                    );
+                    last_error = e;
+                    if attempt < attempts {
+                        tokio::time::sleep(backoff.next()).await;
+                    }
+                }
+            }
+        }
+        if !loaded {
+            let endpoints = shared.config.endpoints.join(", ");
+            let Some(path) = copy_file else {
+                return Err(StoreError::Unavailable(format!(
+                    "cannot load the configuration from etcd ({endpoints}): {last_error}"
+                )));
+            };
+            let copy = LocalCopy::read(path).map_err(|e| {
+                StoreError::Unavailable(format!(
+                    "cannot load the configuration from etcd ({endpoints}): {last_error}; \
+                     and the local copy is unusable: {e}"
+                ))
+            })?;
+            if copy.prefix != shared.config.prefix {
+                return Err(StoreError::Unavailable(format!(
+                    "cannot load the configuration from etcd ({endpoints}): {last_error}; and the \
+                     local copy {} holds prefix {}, not {}",
+                    path.display(),
+                    copy.prefix,
+                    shared.config.prefix
+                )));
+            }
+            tracing::warn!(
+                path = %path.display(),
+                revision = copy.revision,
+                "etcd unreachable: serving the local copy of the last applied configuration"
+            );
+            syncer.boot_from_copy(copy, path, &last_error);
+        }
+
+        if let Some(path) = local_copy {
+            tokio::spawn(copy_writer(path, shared.config.prefix.clone(), copies_rx));
+        }
+        let sync_task = tokio::spawn(syncer.run());
+        Ok(Arc::new(EtcdStore { shared, sync_task }))
+    }
+
+    /// The sync loop's counters.
+    pub fn stats(&self) -> SyncStats {
+        let c = &self.shared.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        SyncStats {
+            relists: get(&c.relists),
+            compactions: get(&c.compactions),
+            reconnects: get(&c.reconnects),
+            events: get(&c.events),
+            duplicates: get(&c.duplicates),
+            publishes: get(&c.publishes),
+        }
+    }
+
+    /// The local-copy file, if one was configured.
+    pub fn local_copy(&self) -> Option<&Path> {
+        self.shared.local_copy.as_deref()
+    }
+
+    fn client(&self) -> Result<Client, StoreError> {
+        self.shared.client().ok_or_else(|| {
+            let detail = self
+                .shared
+                .health
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .detail
+                .clone();
+            StoreError::Unavailable(format!("etcd is not connected: {detail}"))
+        })
+    }
+
+    /// Runs one request, bounded by `timeout`.
+    async fn call<T>(
+        &self,
+        request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, StoreError> {
+        let timeout = self.shared.config.timeout;
+        match tokio::time::timeout(timeout, request).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "etcd request timed out after {}s",
+                timeout.as_secs()
+            ))),
+        }
+    }
+
+    async fn write(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        ttl: Option<Duration>,
+        expected: Option<i64>,
+    ) -> Result<PutOutcome, StoreError> {
+        check_key(key)?;
+        let mut client = self.client()?;
+        self.call(async move {
+            let mut options = PutOptions::new().with_prev_key();
+            if let Some(ttl) = ttl {
+                let lease = client.lease_grant(lease_secs(ttl), None).await?;
+                options = options.with_lease(lease.id());
+            }
+            let Some(expected) = expected else {
+                let response = client.put(key, value, Some(options)).await?;
+                return Ok(Ok(PutOutcome {
+                    previous: response.prev_key().map(kv_of),
+                    revision: header_revision(response.header()),
+                }));
+            };
+            let txn = Txn::new()
+                .when([Compare::mod_revision(key, CompareOp::Equal, expected)])
+                .and_then([TxnOp::put(key, value, Some(options))]);
+            let response = client.txn(txn).await?;
+            if !response.succeeded() {
+                return Ok(Err(StoreError::Conflict));
+            }
+            let previous = response.op_responses().into_iter().find_map(|r| match r {
+                TxnOpResponse::Put(p) => Some(p.prev_key().map(kv_of)),
+                _ => None,
+            });
+            Ok(Ok(PutOutcome {
+                previous: previous.flatten(),
+                revision: header_revision(response.header()),
+            }))
+        })
+        .await?
+    }
+}
+
+/// etcd leases are whole seconds (the server raises short ones to its minimum).
+fn lease_secs(ttl: Duration) -> i64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
+}
+
+fn check_key(key: &str) -> Result<(), StoreError> {
+    if key.is_empty() {
+        return Err(StoreError::Invalid("key is empty".into()));
+    }
+    Ok(())
+}
+
+fn header_revision(header: Option<&etcd_client::ResponseHeader>) -> i64 {
+    header.map_or(0, |h| h.revision())
+}
+
+fn kv_of(kv: &etcd_client::KeyValue) -> KeyValue {
+    KeyValue {
+        key: String::from_utf8_lossy(kv.key()).into_owned(),
+        value: kv.value().to_vec(),
+        create_revision: kv.create_revision(),
+        mod_revision: kv.mod_revision(),
+    }
+}
+
+#[async_trait]
+impl Store for EtcdStore {
+    fn prefix(&self) -> &str {
+        &self.shared.config.prefix
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        check_key(key)?;
+        let mut client = self.client()?;
+        let response = self.call(client.get(key, None)).await?;
+        Ok(response.kvs().first().map(kv_of))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
+        let mut kv = self
+            .client()?
+            .kv_client()
+            .max_decoding_message_size(MAX_MESSAGE);
+        let response = self
+            .call(kv.get(prefix, Some(GetOptions::new().with_prefix())))
+            .await?;
+        // etcd answers in key order.
+        Ok((
+            response.kvs().iter().map(kv_of).collect(),
+            header_revision(response.header()),
+        ))
+    }
+
+    async fn put(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        ttl: Option<Duration>,
+    ) -> Result<PutOutcome, StoreError> {
+        self.write(key, value, ttl, None).await
+    }
+
+    async fn put_if_unmodified(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        expected: i64,
+        ttl: Option<Duration>,
+    ) -> Result<PutOutcome, StoreError> {
+        self.write(key, value, ttl, Some(expected)).await
+    }
+
+    async fn delete(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        check_key(key)?;
+        let mut client = self.client()?;
+        let response = self
+            .call(client.delete(key, Some(DeleteOptions::new().with_prev_key())))
+            .await?;
+        Ok(response.prev_kvs().first().map(kv_of))
+    }
+
+    async fn delete_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+        let mut client = self.client()?;
+        let response = self
+            .call(client.delete(prefix, Some(DeleteOptions::new().with_prefix())))
+            .await?;
+        Ok(u64::try_from(response.deleted()).unwrap_or(0))
+    }
+
+    fn subscribe(&self) -> watch::Receiver<Arc<ConfigState>> {
+        self.shared.states.subscribe()
+    }
+
+    fn health(&self) -> StoreHealth {
+        self.shared
+            .health
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+#[derive(Debug)]
+struct Backoff {
+    next: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            next: BACKOFF_START,
+        }
+    }
+}
+
+impl Backoff {
+    fn next(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = (self.next * 2).min(BACKOFF_MAX);
+        delay
+    }
+}
+
+/// Why a watch ended without an error.
+enum WatchEnd {
+    /// The history we follow is gone (compaction, restore): list again.
+    Relist,
+}
+
+/// The sync loop's own state: only it touches the builder.
+struct Syncer {
+    shared: Arc<Shared>,
+    builder: StateBuilder,
+    /// The revision the builder reflects: of the last listing or the last applied event.
+    applied: i64,
+    /// The cluster the builder's state came from; `None`: list before watching.
+    cluster: Option<u64>,
+    client: Option<Client>,
+    /// Set while serving a local copy, until etcd is listed.
+    from_copy: Option<PathBuf>,
+    /// When the current session's watch was created (a healthy session resets the backoff).
+    watching_since: Option<Instant>,
+    /// Index in `endpoints` of the one in use.
+    endpoint: usize,
+}
+
+impl Syncer {
+    fn new(shared: Arc<Shared>) -> Syncer {
+        Syncer {
+            builder: StateBuilder::new(shared.config.prefix.clone()),
+            shared,
+            applied: 0,
+            cluster: None,
+            client: None,
+            from_copy: None,
+            watching_since: None,
+            endpoint: 0,
+        }
+    }
+
+    fn endpoint(&self) -> &str {
+        let endpoints = &self.shared.config.endpoints;
+        &endpoints[self.endpoint % endpoints.len()]
+    }
+
+    /// Drops the client and moves to the next endpoint.
+    fn next_endpoint(&mut self) {
+        self.client = None;
+        self.endpoint = (self.endpoint + 1) % self.shared.config.endpoints.len();
+    }
+
+    fn timeout(&self) -> Duration {
+        self.shared.config.timeout
+    }
+
+    /// A connected client and the first listing, trying each endpoint once.
+    async fn start(&mut self) -> Result<(), String> {
+        let mut errors = Vec::new();
+        for _ in 0..self.shared.config.endpoints.len() {
+            let result = match self.client().await {
+                Ok(client) => self.relist(&client).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(()) => return Ok(()),
+                Err(e) if self.shared.config.endpoints.len() == 1 => errors.push(e),
+                Err(e) => errors.push(format!("{}: {e}", self.endpoint())),
+            }
+            self.next_endpoint();
+        }
+        Err(errors.join("; "))
+    }
+
+    fn boot_from_copy(&mut self, copy: LocalCopy, path: &Path, error: &str) {
+        self.builder.reset(&copy.kvs, copy.revision);
+        self.applied = copy.revision;
+        self.cluster = None;
+        self.from_copy = Some(path.to_owned());
+        let snapshot = self.builder.snapshot();
+        self.shared.states.send_replace(snapshot);
+        bump(&self.shared.counters.publishes);
+        self.shared.set_health(|h| {
+            *h = StoreHealth {
+                reachable: false,
+                synced: false,
+                revision: copy.revision,
+                detail: self.unreachable_detail(error),
+            }
+        });
+    }
+
+    fn unreachable_detail(&self, error: &str) -> String {
+        match &self.from_copy {
+            Some(path) => format!(
+                "serving local copy {} (revision {}); etcd unreachable: {error}",
+                path.display(),
+                self.builder.state().revision
+            ),
+            None => format!("etcd unreachable: {error}"),
+        }
+    }
+
+    /// The session's client, building one (and handing it to writers) if needed.
+    async fn client(&mut self) -> Result<Client, String> {
+        if let Some(client) = &self.client {
+            return Ok(client.clone());
+        }
+        let options = self.shared.config.options.clone();
+        let connect = Client::connect([self.endpoint()], Some(options));
+        let client = match tokio::time::timeout(self.timeout(), connect).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => {
+                return Err(format!(
+                    "connecting timed out after {}s",
+                    self.timeout().as_secs()
+                ))
+            }
+        };
+        self.shared.set_client(Some(client.clone()));
+        self.client = Some(client.clone());
+        Ok(client)
+    }
+
+    /// Reads the whole prefix and makes it the state.
+    async fn relist(&mut self, client: &Client) -> Result<(), String> {
+        let mut kv = client.kv_client().max_decoding_message_size(MAX_MESSAGE);
+        let request = kv.get(
+            self.shared.config.dir(),
+            Some(GetOptions::new().with_prefix()),
+        );
+        let response = match tokio::time::timeout(self.timeout(), request).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => {
+                return Err(format!(
+                    "listing timed out after {}s",
+                    self.timeout().as_secs()
+                ))
+            }
+        };
+        let header = response.header().ok_or("etcd answered without a header")?;
+        let (revision, cluster) = (header.revision(), header.cluster_id());
+        let kvs: Vec<KeyValue> = response.kvs().iter().map(kv_of).collect();
+        self.builder.reset(&kvs, revision);
+        self.applied = revision;
+        self.cluster = Some(cluster);
+        bump(&self.shared.counters.relists);
+        self.from_copy = None;
+        // Unchanged items kept their `Arc`s, so this comparison is mostly pointer checks.
+        let changed = self.shared.states.borrow().resources != self.builder.state().resources;
+        tracing::info!(
+            revision,
+            keys = kvs.len(),
+            changed,
+            "loaded the configuration from etcd"
+        );
+        if changed || self.shared.counters.publishes.load(Ordering::Relaxed) == 0 {
+            self.publish();
+        }
+        let detail = format!("following etcd at {}", self.endpoint());
+        self.shared.set_health(|h| {
+            *h = StoreHealth {
+                reachable: true,
+                synced: true,
+                revision: self.builder.state().revision,
+                detail,
+            }
+        });
+        Ok(())
+    }
+
+    fn publish(&self) {
+        let snapshot = self.builder.snapshot();
+        let revision = snapshot.revision;
+        self.shared.states.send_replace(Arc::clone(&snapshot));
+        self.shared.copies.send_replace(Some(snapshot));
+        bump(&self.shared.counters.publishes);
+        self.shared.set_health(|h| h.revision = revision);
+    }
+
+    /// Follows the prefix from `applied + 1` until the watch breaks (`Err`) or the history
+    /// must be re-read.
+    async fn watch(&mut self, client: &Client) -> Result<WatchEnd, String> {
+        let config = self.shared.config.clone();
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(self.applied + 1)
+            .with_prev_key()
+            .with_progress_notify();
+        let mut watcher = client.watch_client().max_decoding_message_size(MAX_MESSAGE);
+        let mut stream =
+            match tokio::time::timeout(self.timeout(), watcher.watch(config.dir(), Some(options)))
+                .await
+            {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return Err(e.to_string()),
+                Err(_) => {
+                    return Err(format!(
+                        "starting the watch timed out after {}s",
+                        self.timeout().as_secs()
+                    ))
+                }
+            };
+        // Ask for a progress report halfway, so that only a dead watch stays silent.
+        let nudge_after = config.watch_timeout / 2;
+        let mut last_heard = Instant::now();
+        loop {
+            let response = match tokio::time::timeout(nudge_after, stream.message()).await {
+                Ok(Ok(Some(r))) => r,
+                Ok(Ok(None)) => return Err("etcd closed the watch".into()),
+                Ok(Err(e)) => return Err(format!("watch failed: {e}")),
+                Err(_) => {
+                    if last_heard.elapsed() >= config.watch_timeout {
+                        return Err(format!(
+                            "watch silent for {}s, treated as broken",
+                            config.watch_timeout.as_secs()
+                        ));
+                    }
+                    stream
+                        .request_progress()
+                        .await
+                        .map_err(|e| format!("watch failed: {e}"))?;
+                    continue;
+                }
+            };
+            last_heard = Instant::now();
+            if let Some(end) = self.on_response(&response)? {
+                return Ok(end);
+            }
+        }
+    }
+
+    fn on_response(&mut self, response: &WatchResponse) -> Result<Option<WatchEnd>, String> {
+        if response.canceled() {
+            if response.compact_revision() > 0 {
+                bump(&self.shared.counters.compactions);
+                tracing::warn!(
+                    applied = self.applied,
+                    compacted = response.compact_revision(),
+                    "etcd compacted the history the watch needed; re-listing"
+                );
+                return Ok(Some(WatchEnd::Relist));
+            }
+            return Err(format!(
+                "etcd cancelled the watch: {}",
+                response.cancel_reason()
+            ));
+        }
+        if let Some(header) = response.header() {
+            if self.cluster.is_some_and(|c| c != header.cluster_id()) {
+                tracing::warn!("etcd answers for another cluster now; re-listing");
+                return Ok(Some(WatchEnd::Relist));
+            }
+            if header.revision() < self.applied {
+                tracing::warn!(
+                    applied = self.applied,
+                    etcd = header.revision(),
+                    "etcd's revision went backwards; re-listing"
+                );
+                return Ok(Some(WatchEnd::Relist));
+            }
+        }
+        if response.created() && self.watching_since.is_none() {
+            self.watching_since = Some(Instant::now());
+            let detail = format!("following etcd at {}", self.endpoint());
+            self.shared.set_health(|h| {
+                h.reachable = true;
+                h.detail = detail;
+            });
+        }
+        // All events of one revision come in one response, so the floor is the revision
+        // applied before this response (a transaction's events share their revision).
+        let floor = self.applied;
+        let mut changed = false;
+        for event in response.events() {
+            let Some(kv) = event.kv() else { continue };
+            let revision = kv.mod_revision();
+            if revision <= floor {
+                bump(&self.shared.counters.duplicates);
+                continue;
+            }
+            self.applied = self.applied.max(revision);
+            bump(&self.shared.counters.events);
+            let Ok(key) = std::str::from_utf8(kv.key()) else {
+                tracing::warn!("etcd key is not UTF-8; ignored");
+                continue;
+            };
+            changed |= match event.event_type() {
+                EventType::Put => self.builder.apply(key, Some(&kv_of(kv)), revision),
+                EventType::Delete => self.builder.apply(key, None, revision),
+            };
+        }
+        if changed {
+            self.publish();
+        }
+        Ok(None)
+    }
+
+    /// One connection's life: list if needed, then watch, until something breaks.
+    async fn session(&mut self) -> Result<(), String> {
+        let client = self.client().await?;
+        loop {
+            if self.cluster.is_none() {
+                self.relist(&client).await?;
+            }
+            match self.watch(&client).await? {
+                WatchEnd::Relist => self.cluster = None,
+            }
+        }
+    }
+
+    async fn run(mut self) {
+        let mut backoff = Backoff::default();
+        let mut failures = 0usize;
+        loop {
+            self.watching_since = None;
+            let Err(error) = self.session().await else {
+                continue;
+            };
+            bump(&self.shared.counters.reconnects);
+            tracing::warn!(endpoint = self.endpoint(), "etcd: {error}; reconnecting");
+            let detail = self.unreachable_detail(&error);
+            self.shared.set_health(|h| {
+                h.reachable = false;
+                h.detail = detail;
+            });
+            // A new client next time, on the next endpoint: the old connection or member may
+            // be the broken part.
+            self.next_endpoint();
+            if self
+                .watching_since
+                .is_some_and(|t| t.elapsed() > BACKOFF_MAX)
+            {
+                backoff = Backoff::default();
+                failures = 0;
+            }
+            failures += 1;
+            if failures % self.shared.config.endpoints.len() == 0 {
+                tokio::time::sleep(backoff.next()).await;
+            }
+        }
+    }
+}
+
+/// The local copy of the last configuration applied from etcd.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalCopy {
+    pub prefix: String,
+    pub revision: i64,
+    /// Resource keys in key order, values as JSON text.
+    pub kvs: Vec<KeyValue>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CopyFile {
+    format: String,
+    prefix: String,
+    revision: i64,
+    items: Vec<CopyItem>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CopyItem {
+    key: String,
+    create_revision: i64,
+    mod_revision: i64,
+    value: Value,
+}
+
+impl LocalCopy {
+    /// The resources of `state` (the only keys the data plane uses; they are JSON).
+    pub fn from_state(prefix: &str, state: &ConfigState) -> LocalCopy {
+        let mut kvs: Vec<KeyValue> = state
+            .resources
+            .iter()
+            .flat_map(|(kind, items)| {
+                items.values().map(move |item| KeyValue {
+                    key: format!("{prefix}/{}/{}", kind.dir(), item.id),
+                    value: serde_json::to_vec(&*item.value).unwrap_or_default(),
+                    create_revision: item.create_revision,
+                    mod_revision: item.mod_revision,
+                })
+            })
+            .collect();
+        kvs.sort_by(|a, b| a.key.cmp(&b.key));
+        LocalCopy {
+            prefix: prefix.to_owned(),
+            revision: state.revision,
+            kvs,
+        }
+    }
+
+    pub fn read(path: &Path) -> Result<LocalCopy, String> {
+        let bytes =
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let file: CopyFile = serde_json::from_slice(&bytes)
+            .map_err(|e| format!("{} is not a local copy: {e}", path.display()))?;
+        if file.format != COPY_FORMAT {
+            return Err(format!(
+                "{} has format {:?}, not {COPY_FORMAT:?}",
+                path.display(),
+                file.format
+            ));
+        }
+        let kvs = file
+            .items
+            .into_iter()
+            .map(|i| KeyValue {
+                value: serde_json::to_vec(&i.value).unwrap_or_default(),
+                key: i.key,
+                create_revision: i.create_revision,
+                mod_revision: i.mod_revision,
+            })
+            .collect();
+        Ok(LocalCopy {
+            prefix: file.prefix,
+            revision: file.revision,
+            kvs,
+        })
+    }
+
+    /// Writes the copy atomically: a reader (or a crash) sees the old file or the new one.
+    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+        use std::io::Write;
+        let items = self
+            .kvs
+            .iter()
+            .map(|kv| {
+                Ok(CopyItem {
+                    key: kv.key.clone(),
+                    create_revision: kv.create_revision,
+                    mod_revision: kv.mod_revision,
+                    value: serde_json::from_slice(&kv.value)?,
+                })
+            })
+            .collect::<Result<Vec<_>, serde_json::Error>>()?;
+        let file = CopyFile {
+            format: COPY_FORMAT.to_owned(),
+            prefix: self.prefix.clone(),
+            revision: self.revision,
+            items,
+        };
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir)?;
+        let mut name = path.file_name().unwrap_or_default().to_os_string();
+        name.push(".tmp");
+        let tmp = dir.join(name);
+        let mut out = std::fs::File::create(&tmp)?;
+        serde_json::to_writer(&mut out, &file)?;
+        out.flush()?;
+        out.sync_all()?;
+        drop(out);
+        std::fs::rename(&tmp, path)?;
+        // Make the rename itself durable; not every platform can sync a directory.
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+}
+
+/// Writes each state published from etcd to the local copy, coalescing bursts (the channel
+/// keeps only the latest). Ends once the store is gone and the last state is written.
+async fn copy_writer(
+    path: PathBuf,
+    prefix: String,
+    mut states: watch::Receiver<Option<Arc<ConfigState>>>,
+) {
+    while states.changed().await.is_ok() {
+        let Some(state) = states.borrow_and_update().clone() else {
+            continue;
+        };
+        let (target, prefix) = (path.clone(), prefix.clone());
+        let result = tokio::task::spawn_blocking(move || {
+            LocalCopy::from_state(&prefix, &state).write(&target)
+        })
+        .await;
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(path = %path.display(), "cannot write the local copy: {e}")
+            }
+            Err(e) => tracing::warn!("local copy writer failed: {e}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(key: &str, value: &str, rev: i64) -> KeyValue {
+        KeyValue {
+            key: key.into(),
+            value: value.as_bytes().to_vec(),
+            create_revision: rev,
+            mod_revision: rev,
+        }
+    }
+
+    #[test]
+    fn local_copy_round_trips() {
+        let mut b = StateBuilder::new("/apisix");
+        b.reset(
+            &[
+                kv("/apisix/routes/2", r#"{"uri":"/2"}"#, 3),
+                kv("/apisix/upstreams/u", r#"{"nodes":{}}"#, 4),
+                kv("/apisix/gen_id", "1", 5),
+                kv("/apisix/routes/bad", "not json", 6),
+            ],
+            7,
+        );
+        let copy = LocalCopy::from_state("/apisix", b.state());
+        let keys: Vec<_> = copy.kvs.iter().map(|k| k.key.as_str()).collect();
+        assert_eq!(keys, ["/apisix/routes/2", "/apisix/upstreams/u"]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/copy.json");
+        copy.write(&path).unwrap();
+        assert_eq!(LocalCopy::read(&path).unwrap(), copy);
+        let mut again = StateBuilder::new("/apisix");
+        again.reset(&copy.kvs, copy.revision);
+        assert_eq!(again.state(), b.state());
+
+        std::fs::write(&path, "{}").unwrap();
+        assert!(LocalCopy::read(&path).is_err());
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        let mut s = EtcdSettings::default();
+        assert!(Config::new(&s, None).is_ok());
+        assert_eq!(Config::new(&s, None).unwrap().dir(), "/apisix/");
+        s.host = vec!["127.0.0.1:2379".into()];
+        assert!(matches!(Config::new(&s, None), Err(StoreError::Invalid(_))));
+        s.host = vec!["http://a:2379".into(), "https://b:2379".into()];
+        assert!(matches!(Config::new(&s, None), Err(StoreError::Invalid(_))));
+        s.host = vec!["https://b:2379".into()];
+        s.tls.verify = false;
+        assert!(matches!(Config::new(&s, None), Err(StoreError::Invalid(_))));
+        s.tls.verify = true;
+        assert!(Config::new(&s, None).is_ok());
+        s.host.clear();
+        assert!(Config::new(&s, None).is_err());
+    }
+
+    #[test]
+    fn lease_ttl_is_whole_seconds() {
+        assert_eq!(lease_secs(Duration::from_millis(1)), 1);
+        assert_eq!(lease_secs(Duration::ZERO), 1);
+        assert_eq!(lease_secs(Duration::from_millis(1500)), 2);
+        assert_eq!(lease_secs(Duration::from_secs(60)), 60);
+    }
+
+    #[test]
+    fn backoff_doubles_to_the_cap() {
+        let mut b = Backoff::default();
+        let delays: Vec<_> = (0..8).map(|_| b.next().as_millis()).collect();
+        assert_eq!(delays, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+    }
+}

@@ -1,0 +1,846 @@
+//! Integration tests of the etcd store against a real etcd (see `support`): the Store
+//! operations, following another writer, reconnecting after a restart, a half-dead connection,
+//! compaction, a wiped etcd, booting from the local copy, and garbage values.
+//!
+//! Each test starts its own etcd. Without an `etcd` binary and without apt-get to install one
+//! they print `SKIPPED` and pass.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{CompactionOptions, GetOptions};
+use ferrisix_config::model::ResourceKind;
+use ferrisix_config::state::ConfigState;
+use ferrisix_config::store::etcd::{EtcdStore, LocalCopy};
+use ferrisix_config::store::{KeyValue, StateBuilder, Store, StoreError};
+use serde_json::Value;
+use support::{copy_path, eventually, settings, Etcd, Proxy, TlsFiles};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+fn route(uri: &str) -> Vec<u8> {
+    format!(r#"{{"uri":"{uri}","upstream":{{"nodes":{{"127.0.0.1:1980":1}}}}}}"#).into_bytes()
+}
+
+fn has_route(store: &EtcdStore, id: &str, uri: &str) -> bool {
+    store
+        .subscribe()
+        .borrow()
+        .get(ResourceKind::Routes, id)
+        .is_some_and(|r| r.value["uri"] == uri)
+}
+
+/// A state's content without insertion order: (kind, id) → (value, create, mod).
+fn content(state: &ConfigState) -> BTreeMap<(ResourceKind, String), (Value, i64, i64)> {
+    state
+        .resources
+        .iter()
+        .flat_map(|(kind, items)| {
+            items.values().map(move |i| {
+                (
+                    (*kind, i.id.clone()),
+                    ((*i.value).clone(), i.create_revision, i.mod_revision),
+                )
+            })
+        })
+        .collect()
+}
+
+/// What a fresh full listing of etcd gives.
+async fn fresh_state(etcd: &Etcd) -> ConfigState {
+    let mut client = etcd.client().await;
+    let response = client
+        .get("/apisix/", Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let kvs: Vec<KeyValue> = response
+        .kvs()
+        .iter()
+        .map(|kv| KeyValue {
+            key: kv.key_str().unwrap().to_owned(),
+            value: kv.value().to_vec(),
+            create_revision: kv.create_revision(),
+            mod_revision: kv.mod_revision(),
+        })
+        .collect();
+    let mut builder = StateBuilder::new("/apisix");
+    builder.reset(&kvs, response.header().unwrap().revision());
+    builder.state().clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_operations() {
+    let Some(etcd) = Etcd::start() else { return };
+    let store = EtcdStore::connect(&settings(vec![etcd.endpoint()]), None)
+        .await
+        .unwrap();
+    assert_eq!(store.prefix(), "/apisix");
+    let health = store.health();
+    assert!(health.reachable && health.synced, "{health:?}");
+
+    let first = store
+        .put("/apisix/routes/1", route("/a"), None)
+        .await
+        .unwrap();
+    assert_eq!(first.previous, None);
+    let second = store
+        .put("/apisix/routes/1", route("/b"), None)
+        .await
+        .unwrap();
+    assert_eq!(second.revision, first.revision + 1);
+    let previous = second.previous.unwrap();
+    assert_eq!(
+        (previous.value.clone(), previous.mod_revision),
+        (route("/a"), first.revision)
+    );
+    let got = store.get("/apisix/routes/1").await.unwrap().unwrap();
+    assert_eq!(
+        (got.create_revision, got.mod_revision),
+        (first.revision, second.revision)
+    );
+    assert_eq!(store.get("/apisix/routes/nope").await.unwrap(), None);
+
+    // gen_id: each put's revision is new.
+    let g1 = store
+        .put("/apisix/gen_id", b"1".to_vec(), None)
+        .await
+        .unwrap()
+        .revision;
+    let g2 = store
+        .put("/apisix/gen_id", b"1".to_vec(), None)
+        .await
+        .unwrap()
+        .revision;
+    assert!(g2 > g1);
+
+    for id in ["2", "10"] {
+        store
+            .put(&format!("/apisix/routes/{id}"), route("/x"), None)
+            .await
+            .unwrap();
+    }
+    let (kvs, revision) = store.list("/apisix/routes/").await.unwrap();
+    let keys: Vec<_> = kvs.iter().map(|k| k.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        ["/apisix/routes/1", "/apisix/routes/10", "/apisix/routes/2"]
+    );
+    assert!(revision >= g2);
+
+    // Compare-and-swap.
+    let current = store
+        .get("/apisix/routes/1")
+        .await
+        .unwrap()
+        .unwrap()
+        .mod_revision;
+    assert_eq!(
+        store
+            .put_if_unmodified("/apisix/routes/1", route("/c"), current - 1, None)
+            .await,
+        Err(StoreError::Conflict)
+    );
+    let swapped = store
+        .put_if_unmodified("/apisix/routes/1", route("/c"), current, None)
+        .await
+        .unwrap();
+    assert_eq!(swapped.previous.unwrap().value, route("/b"));
+    assert_eq!(
+        store
+            .put_if_unmodified("/apisix/routes/new", route("/n"), 7, None)
+            .await,
+        Err(StoreError::Conflict)
+    );
+    assert!(store
+        .put_if_unmodified("/apisix/routes/new", route("/n"), 0, None)
+        .await
+        .is_ok());
+
+    // Deletes.
+    assert_eq!(store.delete("/apisix/routes/nope").await.unwrap(), None);
+    assert_eq!(
+        store
+            .delete("/apisix/routes/new")
+            .await
+            .unwrap()
+            .unwrap()
+            .value,
+        route("/n")
+    );
+    assert_eq!(store.delete_prefix("/apisix/routes/").await.unwrap(), 3);
+    assert!(store.list("/apisix/routes/").await.unwrap().0.is_empty());
+
+    // The published state follows.
+    store
+        .put(
+            "/apisix/upstreams/u",
+            br#"{"nodes":{"127.0.0.1:1":1}}"#.to_vec(),
+            None,
+        )
+        .await
+        .unwrap();
+    eventually("the upstream published", WAIT, || {
+        let state = store.subscribe().borrow().clone();
+        state.get(ResourceKind::Upstreams, "u").is_some()
+            && state.get(ResourceKind::Routes, "1").is_none()
+    })
+    .await;
+
+    // TTL: an etcd lease (minimum 2 s).
+    let start = Instant::now();
+    store
+        .put(
+            "/apisix/routes/t",
+            route("/ttl"),
+            Some(Duration::from_secs(1)),
+        )
+        .await
+        .unwrap();
+    eventually("the TTL route published", WAIT, || {
+        has_route(&store, "t", "/ttl")
+    })
+    .await;
+    assert!(store.get("/apisix/routes/t").await.unwrap().is_some());
+    eventually("the TTL route expired", Duration::from_secs(8), || {
+        store
+            .subscribe()
+            .borrow()
+            .get(ResourceKind::Routes, "t")
+            .is_none()
+    })
+    .await;
+    assert!(start.elapsed() >= Duration::from_secs(1));
+    assert_eq!(store.get("/apisix/routes/t").await.unwrap(), None);
+    assert!(matches!(
+        store.put("", vec![], None).await,
+        Err(StoreError::Invalid(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_stores_see_each_others_writes() {
+    let Some(etcd) = Etcd::start() else { return };
+    let a = EtcdStore::connect(&settings(vec![etcd.endpoint()]), None)
+        .await
+        .unwrap();
+    let b = EtcdStore::connect(&settings(vec![etcd.endpoint()]), None)
+        .await
+        .unwrap();
+    for i in 0..3 {
+        let uri = format!("/from-a/{i}");
+        a.put("/apisix/routes/a", route(&uri), None).await.unwrap();
+        eventually("b sees a's write", Duration::from_secs(1), || {
+            has_route(&b, "a", &uri)
+        })
+        .await;
+        let uri = format!("/from-b/{i}");
+        b.put("/apisix/routes/b", route(&uri), None).await.unwrap();
+        eventually("a sees b's write", Duration::from_secs(1), || {
+            has_route(&a, "b", &uri)
+        })
+        .await;
+    }
+    b.delete("/apisix/routes/a").await.unwrap();
+    eventually("a sees b's delete", Duration::from_secs(1), || {
+        a.subscribe()
+            .borrow()
+            .get(ResourceKind::Routes, "a")
+            .is_none()
+    })
+    .await;
+    assert_eq!(
+        content(&a.subscribe().borrow()),
+        content(&b.subscribe().borrow())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnects_after_etcd_restart() {
+    let Some(mut etcd) = Etcd::start() else {
+        return;
+    };
+    let store = EtcdStore::connect(&settings(vec![etcd.endpoint()]), None)
+        .await
+        .unwrap();
+    store
+        .put("/apisix/routes/1", route("/before"), None)
+        .await
+        .unwrap();
+    eventually("the first route", WAIT, || {
+        has_route(&store, "1", "/before")
+    })
+    .await;
+
+    etcd.stop();
+    eventually("health shows etcd unreachable", WAIT, || {
+        !store.health().reachable
+    })
+    .await;
+    // The data plane keeps the last state; writes fail fast with etcd's error.
+    assert!(has_route(&store, "1", "/before"));
+    let started = Instant::now();
+    let error = store
+        .put("/apisix/routes/2", route("/x"), None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, StoreError::Unavailable(ref text) if !text.is_empty()),
+        "{error:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "bounded by timeout: {:?}",
+        started.elapsed()
+    );
+
+    etcd.restart();
+    let mut other = etcd.client().await;
+    other
+        .put("/apisix/routes/1", route("/after"), None)
+        .await
+        .unwrap();
+    eventually("the store reconnects and sees the new write", WAIT, || {
+        has_route(&store, "1", "/after")
+    })
+    .await;
+    eventually("healthy again", WAIT, || store.health().reachable).await;
+    store
+        .put("/apisix/routes/2", route("/mine"), None)
+        .await
+        .unwrap();
+    eventually("its own write comes back through the watch", WAIT, || {
+        has_route(&store, "2", "/mine")
+    })
+    .await;
+    assert!(store.stats().reconnects >= 1);
+    assert_eq!(
+        content(&store.subscribe().borrow()),
+        content(&fresh_state(&etcd).await)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_while_watching() {
+    let Some(etcd) = Etcd::start() else { return };
+    let mut direct = etcd.client().await;
+
+    // Connected: compaction of history the watch already delivered changes nothing.
+    let store = EtcdStore::connect(&settings(vec![etcd.endpoint()]), None)
+        .await
+        .unwrap();
+    let mut last = 0;
+    for i in 0..5 {
+        last = direct
+            .put(format!("/apisix/routes/{i}"), route("/v1"), None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+    }
+    direct
+        .compact(last, Some(CompactionOptions::new().with_physical()))
+        .await
+        .unwrap();
+    for i in 3..8 {
+        direct
+            .put(format!("/apisix/routes/{i}"), route("/v2"), None)
+            .await
+            .unwrap();
+    }
+    eventually("the connected store converges", WAIT, || {
+        has_route(&store, "7", "/v2")
+    })
+    .await;
+    assert_eq!(
+        content(&store.subscribe().borrow()),
+        content(&fresh_state(&etcd).await)
+    );
+
+    // Disconnected while etcd compacts past the store's revision: the resumed watch is
+    // cancelled with compact_revision and the store re-lists.
+    let proxy = Proxy::start(etcd.addr()).await;
+    let store = EtcdStore::connect(&settings(vec![proxy.endpoint()]), None)
+        .await
+        .unwrap();
+    eventually("the proxied store loaded", WAIT, || {
+        has_route(&store, "7", "/v2")
+    })
+    .await;
+    proxy.cut();
+    eventually("the store notices the cut", WAIT, || {
+        !store.health().reachable
+    })
+    .await;
+    direct.delete("/apisix/routes/0", None).await.unwrap();
+    for i in 5..10 {
+        last = direct
+            .put(format!("/apisix/routes/{i}"), route("/v3"), None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+    }
+    direct
+        .compact(last, Some(CompactionOptions::new().with_physical()))
+        .await
+        .unwrap();
+    direct
+        .put("/apisix/routes/10", route("/v4"), None)
+        .await
+        .unwrap();
+    proxy.heal();
+    eventually("the store re-lists after compaction", WAIT, || {
+        has_route(&store, "10", "/v4")
+    })
+    .await;
+    assert!(store.stats().compactions >= 1, "{:?}", store.stats());
+    let fresh = fresh_state(&etcd).await;
+    assert_eq!(content(&store.subscribe().borrow()), content(&fresh));
+    assert!(store
+        .subscribe()
+        .borrow()
+        .get(ResourceKind::Routes, "0")
+        .is_none());
+
+    // Afterwards each write is applied exactly once.
+    let before = store.stats();
+    for i in 0..5 {
+        direct
+            .put(format!("/apisix/routes/n{i}"), route("/n"), None)
+            .await
+            .unwrap();
+    }
+    eventually("five more writes", WAIT, || has_route(&store, "n4", "/n")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = store.stats();
+    assert_eq!(after.events - before.events, 5, "{before:?} -> {after:?}");
+    // etcd may deliver several revisions in one response, published together.
+    assert!(
+        (1..=5).contains(&(after.publishes - before.publishes)),
+        "{before:?} -> {after:?}"
+    );
+    assert_eq!(after.duplicates, 0);
+    assert_eq!(
+        content(&store.subscribe().borrow()),
+        content(&fresh_state(&etcd).await)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_watch_is_reconnected() {
+    let Some(etcd) = Etcd::start() else { return };
+    let proxy = Proxy::start(etcd.addr()).await;
+    let mut s = settings(vec![proxy.endpoint()]);
+    s.watch_timeout = 2;
+    let store = EtcdStore::connect(&s, None).await.unwrap();
+    store
+        .put("/apisix/routes/1", route("/a"), None)
+        .await
+        .unwrap();
+    eventually("the first route", WAIT, || has_route(&store, "1", "/a")).await;
+
+    // An idle but healthy watch answers the progress requests: no reconnects.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(store.stats().reconnects, 0, "{:?}", store.stats());
+
+    // The connection stays open but nothing gets through: without the silence check the store
+    // would wait forever.
+    proxy.blackhole_existing();
+    let mut direct = etcd.client().await;
+    direct
+        .put("/apisix/routes/1", route("/b"), None)
+        .await
+        .unwrap();
+    eventually(
+        "the store re-watches on a new connection",
+        Duration::from_secs(8),
+        || has_route(&store, "1", "/b"),
+    )
+    .await;
+    assert!(store.stats().reconnects >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_etcd_is_relisted() {
+    let Some(mut etcd) = Etcd::start() else {
+        return;
+    };
+    let store = EtcdStore::connect(&settings(vec![etcd.endpoint()]), None)
+        .await
+        .unwrap();
+    for i in 0..6 {
+        store
+            .put(&format!("/apisix/routes/{i}"), route("/old"), None)
+            .await
+            .unwrap();
+    }
+    eventually("six routes", WAIT, || store.subscribe().borrow().len() == 6).await;
+
+    // A new etcd whose revision is behind ours: events from there must not be taken as
+    // already applied.
+    etcd.restart_wiped();
+    let mut direct = etcd.client().await;
+    direct
+        .put("/apisix/routes/new", route("/new"), None)
+        .await
+        .unwrap();
+    eventually("the store follows the new history", WAIT, || {
+        let state = store.subscribe().borrow().clone();
+        state.len() == 1 && state.get(ResourceKind::Routes, "new").is_some()
+    })
+    .await;
+    direct
+        .put("/apisix/routes/new", route("/newer"), None)
+        .await
+        .unwrap();
+    eventually("and keeps following it", WAIT, || {
+        has_route(&store, "new", "/newer")
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boots_from_the_local_copy_and_converges() {
+    let Some(mut etcd) = Etcd::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let copy = copy_path(dir.path());
+    let s = {
+        let mut s = settings(vec![etcd.endpoint()]);
+        s.startup_retry = 3;
+        s
+    };
+    {
+        let store = EtcdStore::connect(&s, Some(copy.clone())).await.unwrap();
+        assert_eq!(store.local_copy(), Some(copy.as_path()));
+        store
+            .put("/apisix/routes/1", route("/one"), None)
+            .await
+            .unwrap();
+        store
+            .put(
+                "/apisix/upstreams/u",
+                br#"{"nodes":{"127.0.0.1:1":1}}"#.to_vec(),
+                None,
+            )
+            .await
+            .unwrap();
+        store
+            .put("/apisix/gen_id", b"1".to_vec(), None)
+            .await
+            .unwrap();
+        eventually("the local copy is written", WAIT, || {
+            LocalCopy::read(&copy).is_ok_and(|c| c.kvs.len() == 2)
+        })
+        .await;
+    }
+    let saved = LocalCopy::read(&copy).unwrap();
+    let keys: Vec<_> = saved.kvs.iter().map(|k| k.key.as_str()).collect();
+    assert_eq!(keys, ["/apisix/routes/1", "/apisix/upstreams/u"]);
+
+    etcd.stop();
+    let started = Instant::now();
+    let store = EtcdStore::connect(&s, Some(copy.clone())).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "one attempt, not startup_retry: {:?}",
+        started.elapsed()
+    );
+    let health = store.health();
+    assert!(!health.synced && !health.reachable, "{health:?}");
+    assert!(
+        health.detail.starts_with("serving local copy"),
+        "{}",
+        health.detail
+    );
+    assert_eq!(health.revision, saved.revision);
+    assert!(has_route(&store, "1", "/one"));
+    assert!(store
+        .subscribe()
+        .borrow()
+        .get(ResourceKind::Upstreams, "u")
+        .is_some());
+    assert!(matches!(
+        store.put("/apisix/routes/2", route("/x"), None).await,
+        Err(StoreError::Unavailable(_))
+    ));
+
+    // Without a copy, an unreachable etcd is an error.
+    let none = EtcdStore::connect(&s, Some(dir.path().join("missing.json"))).await;
+    assert!(matches!(none, Err(StoreError::Unavailable(_))), "{none:?}");
+
+    etcd.restart();
+    let mut direct = etcd.client().await;
+    direct
+        .put("/apisix/routes/3", route("/three"), None)
+        .await
+        .unwrap();
+    direct.delete("/apisix/upstreams/u", None).await.unwrap();
+    eventually("the store converges with etcd", WAIT, || {
+        let state = store.subscribe().borrow().clone();
+        has_route(&store, "3", "/three") && state.get(ResourceKind::Upstreams, "u").is_none()
+    })
+    .await;
+    eventually("and reports it", WAIT, || {
+        let h = store.health();
+        h.synced && h.reachable
+    })
+    .await;
+    assert_eq!(
+        content(&store.subscribe().borrow()),
+        content(&fresh_state(&etcd).await)
+    );
+    eventually("the local copy follows", WAIT, || {
+        LocalCopy::read(&copy).is_ok_and(|c| c.kvs.iter().any(|kv| kv.key == "/apisix/routes/3"))
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_values_do_not_break_the_store() {
+    let Some(etcd) = Etcd::start() else { return };
+    let mut direct = etcd.client().await;
+    direct
+        .put("/apisix/routes/x", "garbage{", None)
+        .await
+        .unwrap();
+    direct
+        .put("/apisix/routes/", "init_dir", None)
+        .await
+        .unwrap();
+    direct
+        .put("/apisix/routes/ok", route("/ok"), None)
+        .await
+        .unwrap();
+
+    // At the initial listing.
+    let store = EtcdStore::connect(&settings(vec![etcd.endpoint()]), None)
+        .await
+        .unwrap();
+    assert!(has_route(&store, "ok", "/ok"));
+    assert!(store
+        .subscribe()
+        .borrow()
+        .get(ResourceKind::Routes, "x")
+        .is_none());
+
+    // Through the watch: skipped, others still update, an older valid version stays.
+    direct
+        .put("/apisix/routes/y", "\u{0}not json", None)
+        .await
+        .unwrap();
+    direct
+        .put("/apisix/routes/ok", route("/ok2"), None)
+        .await
+        .unwrap();
+    eventually("the valid update", WAIT, || has_route(&store, "ok", "/ok2")).await;
+    assert!(store
+        .subscribe()
+        .borrow()
+        .get(ResourceKind::Routes, "y")
+        .is_none());
+    direct
+        .put("/apisix/routes/x", route("/x"), None)
+        .await
+        .unwrap();
+    eventually("x becomes valid", WAIT, || has_route(&store, "x", "/x")).await;
+    direct
+        .put("/apisix/routes/x", "garbage again", None)
+        .await
+        .unwrap();
+    direct
+        .put("/apisix/routes/z", route("/z"), None)
+        .await
+        .unwrap();
+    eventually("z arrives", WAIT, || has_route(&store, "z", "/z")).await;
+    assert!(
+        has_route(&store, "x", "/x"),
+        "the last valid version of x keeps serving"
+    );
+    assert!(store.health().synced);
+    // The Admin API holds stores as trait objects.
+    let _: Arc<dyn Store> = store;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_etcd_without_a_copy_is_an_error() {
+    // Nothing listens on a freshly freed port.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut s = settings(vec![format!("http://127.0.0.1:{port}")]);
+    s.startup_retry = 2;
+    let started = Instant::now();
+    let error = EtcdStore::connect(&s, None).await.unwrap_err();
+    assert!(
+        matches!(error, StoreError::Unavailable(ref text) if text.contains("cannot load")),
+        "{error:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_endpoints_with_one_down() {
+    let Some(etcd) = Etcd::start() else { return };
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let endpoints = vec![format!("http://127.0.0.1:{dead}"), etcd.endpoint()];
+    let store = EtcdStore::connect(&settings(endpoints), None)
+        .await
+        .unwrap();
+    for i in 0..5 {
+        store
+            .put(&format!("/apisix/routes/{i}"), route("/m"), None)
+            .await
+            .unwrap();
+    }
+    let mut direct = etcd.client().await;
+    direct
+        .put("/apisix/routes/d", route("/d"), None)
+        .await
+        .unwrap();
+    eventually("the watch follows", WAIT, || has_route(&store, "d", "/d")).await;
+    assert_eq!(store.subscribe().borrow().len(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authenticates_with_user_and_password() {
+    let Some(etcd) = Etcd::start() else { return };
+    let mut admin = etcd.client().await;
+    let _ = admin.role_add("root").await;
+    admin.user_add("root", "s3cret", None).await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.auth_enable().await.unwrap();
+
+    let mut s = settings(vec![etcd.endpoint()]);
+    s.user = Some("root".into());
+    s.password = Some("s3cret".into());
+    let store = EtcdStore::connect(&s, None).await.unwrap();
+    store
+        .put("/apisix/routes/1", route("/auth"), None)
+        .await
+        .unwrap();
+    eventually("the watch works with a token", WAIT, || {
+        has_route(&store, "1", "/auth")
+    })
+    .await;
+
+    s.password = Some("wrong".into());
+    let refused = EtcdStore::connect(&s, None).await;
+    assert!(
+        matches!(refused, Err(StoreError::Unavailable(ref text)) if text.contains("authentication failed")),
+        "{refused:?}"
+    );
+    s.user = None;
+    s.password = None;
+    let anonymous = EtcdStore::connect(&s, None).await;
+    assert!(
+        matches!(anonymous, Err(StoreError::Unavailable(_))),
+        "{anonymous:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(files) = TlsFiles::make(dir.path()) else {
+        return;
+    };
+    let Some(etcd) = Etcd::start_tls(files.clone()) else {
+        return;
+    };
+    let mut s = settings(vec![etcd.endpoint()]);
+    s.startup_retry = 5;
+    s.tls.cert = Some(files.client_cert.clone());
+    s.tls.key = Some(files.client_key.clone());
+    let store = EtcdStore::connect_with_ca(&s, None, Some(&files.ca))
+        .await
+        .unwrap();
+    store
+        .put("/apisix/routes/1", route("/tls"), None)
+        .await
+        .unwrap();
+    eventually("the watch works over TLS", WAIT, || {
+        has_route(&store, "1", "/tls")
+    })
+    .await;
+
+    // The verified name can differ from the endpoint's host.
+    let mut by_name = s.clone();
+    by_name.tls.sni = Some("localhost".into());
+    let store = EtcdStore::connect_with_ca(&by_name, None, Some(&files.ca))
+        .await
+        .unwrap();
+    assert!(has_route(&store, "1", "/tls"));
+    by_name.tls.sni = Some("not-the-server".into());
+    assert!(EtcdStore::connect_with_ca(&by_name, None, Some(&files.ca))
+        .await
+        .is_err());
+
+    // etcd requires the client certificate.
+    let mut anonymous = s.clone();
+    anonymous.startup_retry = 1;
+    anonymous.tls.cert = None;
+    anonymous.tls.key = None;
+    assert!(
+        EtcdStore::connect_with_ca(&anonymous, None, Some(&files.ca))
+            .await
+            .is_err()
+    );
+    // And the server certificate must chain to a trusted CA (not in the system roots).
+    assert!(EtcdStore::connect(&anonymous, None).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fails_over_to_the_next_endpoint() {
+    let Some(etcd) = Etcd::start() else { return };
+    // Two ways to the same member, so one can be cut.
+    let (a, b) = (
+        Proxy::start(etcd.addr()).await,
+        Proxy::start(etcd.addr()).await,
+    );
+    let store = EtcdStore::connect(&settings(vec![a.endpoint(), b.endpoint()]), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.health().detail,
+        format!("following etcd at {}", a.endpoint())
+    );
+    a.cut();
+    let mut direct = etcd.client().await;
+    direct
+        .put("/apisix/routes/1", route("/via-b"), None)
+        .await
+        .unwrap();
+    eventually("the store follows through b", WAIT, || {
+        has_route(&store, "1", "/via-b")
+    })
+    .await;
+    eventually("and says so", WAIT, || {
+        store.health().detail.contains(&b.endpoint())
+    })
+    .await;
+    store
+        .put("/apisix/routes/2", route("/write-b"), None)
+        .await
+        .unwrap();
+    eventually("its write comes back", WAIT, || {
+        has_route(&store, "2", "/write-b")
+    })
+    .await;
+}

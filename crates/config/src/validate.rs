@@ -141,6 +141,23 @@ pub(crate) fn check_in_place(
     .map_err(ValidationError::from)
 }
 
+/// APISIX's `plugin.check_schema` over a `plugins` object on its own, for resources whose other
+/// checks live elsewhere (the Admin API's consumer groups and consumer credentials). `consumer`
+/// selects the plugins' consumer schemas; a non-object `plugins` is left to the schema.
+pub fn check_plugins(
+    plugins: &Value,
+    consumer: bool,
+    plugin_check: &dyn PluginCheck,
+) -> Result<(), ValidationError> {
+    let checker = Checker {
+        plugins: plugin_check,
+        refs: None,
+    };
+    checker
+        .plugins(plugins, consumer)
+        .map_err(ValidationError::from)
+}
+
 /// The stored resources a resource points at, in the order APISIX checks them: an upstream's
 /// (or inline upstream's) `tls.client_cert_id` (an SSL), then `upstream_id`, `service_id`,
 /// `plugin_config_id`. Ids are given as APISIX prints them (`1` for an integer id).

@@ -1,0 +1,392 @@
+//! The endpoints that are not stored resources: `/plugins/list`, `/plugins/<name>`,
+//! `/plugins?all=true`, `/plugins/reload`, `/schema/<name>`, `/schema/validate/<resource>` and
+//! `/configs/validate`.
+
+use std::collections::HashSet;
+use std::fmt::Display;
+
+use ferrisix_config::schema::{lua, schema_by_name};
+use ferrisix_config::store::StoreError;
+use http::request::Parts;
+use http::StatusCode;
+use http_body::Body;
+use serde_json::{json, Map, Value};
+
+use super::resource::{id_text, parse_stored};
+use super::AdminApi;
+use crate::args::Args;
+use crate::body::read_limited;
+use crate::resources;
+use crate::response::{lua_view, Body as ReplyBody, Reply};
+use crate::{cjson, path};
+
+/// APISIX's mark on plugin schemas it injected `_meta` into.
+const INJECTED_MARK: &str = "this is a mark for our injected plugin schema";
+
+/// The resource sections of a standalone document, as APISIX lists its etcd directories.
+const CONFIG_SECTIONS: [&str; 13] = [
+    "upstreams",
+    "plugins",
+    "ssls",
+    "stream_routes",
+    "plugin_metadata",
+    "routes",
+    "services",
+    "consumers",
+    "global_rules",
+    "protos",
+    "plugin_configs",
+    "consumer_groups",
+    "secrets",
+];
+
+/// An empty Lua list is encoded as `{}`.
+fn lua_list(items: Vec<Value>) -> Value {
+    if items.is_empty() {
+        Value::Object(Map::new())
+    } else {
+        Value::Array(items)
+    }
+}
+
+impl AdminApi {
+    /// `GET /apisix/admin/plugins/list[?subsystem=http|stream]`: names by priority, highest
+    /// first. No stream plugins exist yet.
+    pub(crate) fn plugin_list(&self, args: &Args) -> Reply {
+        let names = match args.get("subsystem") {
+            None => self.plugins().list().map(|p| json!(p.name)).collect(),
+            Some(a) if a.as_str() == Some("http") => {
+                self.plugins().list().map(|p| json!(p.name)).collect()
+            }
+            Some(a) if a.as_str() == Some("stream") => Vec::new(),
+            Some(_) => {
+                return Reply::Lua {
+                    status: StatusCode::BAD_REQUEST,
+                    body: ReplyBody::Text("invalid subsystem passed".to_string()),
+                    handler: false,
+                };
+            }
+        };
+        Reply::early(StatusCode::OK, lua_list(names))
+    }
+
+    /// `GET /apisix/admin/plugins/<name>` (and `?all=true`).
+    pub(crate) fn plugin_get(&self, name: Option<&str>, args: &Args) -> Reply {
+        let subsystem = match args.get("subsystem") {
+            None => "http".to_string(),
+            Some(a) => a.as_str().unwrap_or_default().to_string(),
+        };
+        if subsystem != "http" && subsystem != "stream" {
+            return Reply::bad_request(format!("unsupported subsystem: {subsystem}"));
+        }
+        let registry = self.plugins();
+        if args.str("all") == Some("true") {
+            tracing::warn!("query parameter \"all\" will be deprecated soon.");
+            if args.str("subsystem") == Some("stream") {
+                return Reply::json(StatusCode::OK, json!({}));
+            }
+            let mut all = Map::new();
+            for p in registry.list() {
+                let mut info = Map::new();
+                info.insert("version".into(), json!(p.version));
+                info.insert("priority".into(), json!(p.priority));
+                info.insert("schema".into(), with_mark(&p.schema));
+                if let Some(s) = &p.metadata_schema {
+                    info.insert("metadata_schema".into(), s.clone());
+                }
+                if let Some(s) = &p.consumer_schema {
+                    info.insert("consumer_schema".into(), s.clone());
+                }
+                if let Some(scope) = p.scope {
+                    info.insert("scope".into(), json!(scope));
+                }
+                all.insert(p.name.to_string(), lua_view(Value::Object(info)));
+            }
+            return Reply::json(StatusCode::OK, Value::Object(all));
+        }
+        let plugin = match subsystem.as_str() {
+            "http" => name.and_then(|n| registry.get(n)),
+            _ => None,
+        };
+        let Some(plugin) = plugin else {
+            return Reply::error(
+                StatusCode::NOT_FOUND,
+                format!("plugin not found in subsystem {subsystem}"),
+            );
+        };
+        let schema = if args.str("schema_type") == Some("consumer") {
+            plugin.consumer_schema.clone()
+        } else {
+            Some(with_mark(&plugin.schema))
+        };
+        match schema {
+            Some(s) => Reply::json(StatusCode::OK, lua_view(s)),
+            None => Reply::bad_request("not found schema"),
+        }
+    }
+
+    /// `GET /apisix/admin/schema/<name>`.
+    pub(crate) fn schema_get(&self, name: Option<&str>) -> Reply {
+        let name = name.unwrap_or_default();
+        match schema_by_name(name) {
+            Some(s) => Reply::json(StatusCode::OK, lua_view(s.clone())),
+            None => Reply::bad_request(format!("not found schema: {name}")),
+        }
+    }
+
+    /// `PUT /apisix/admin/plugins/reload`: reload the plugin list, then rewrite
+    /// `<prefix>/plugins`. Like APISIX, a failed write is logged, not answered.
+    pub(crate) async fn reload_plugins(&self) -> Reply {
+        if let Some(hook) = &self.reload {
+            if let Some(registry) = hook() {
+                self.set_plugins(registry);
+            }
+        }
+        if let Err(e) = self.write_plugin_list(false).await {
+            tracing::error!(error = %e, "failed to set plugins");
+        }
+        Reply::Lua {
+            status: StatusCode::OK,
+            body: ReplyBody::Text("done".to_string()),
+            handler: false,
+        }
+    }
+
+    /// Writes the enabled-plugin list to `<prefix>/plugins` (`[{"name": ...}, ...]`) unless it
+    /// already holds the same plugins; call it once at start.
+    pub async fn publish_plugin_list(&self) -> Result<(), StoreError> {
+        self.write_plugin_list(true).await
+    }
+
+    async fn write_plugin_list(&self, only_if_changed: bool) -> Result<(), StoreError> {
+        let list: Vec<Value> = self
+            .plugins()
+            .list()
+            .map(|p| json!({"name": p.name}))
+            .collect();
+        let key = format!("{}/plugins", self.prefix());
+        let body = serde_json::to_vec(&list).unwrap_or_default();
+        if !only_if_changed {
+            return self.store.put(&key, body, None).await.map(|_| ());
+        }
+        match self.store.get(&key).await? {
+            None => self.store.put(&key, body, None).await.map(|_| ()),
+            Some(kv) => {
+                if plugin_set(&parse_stored(&kv.value)) == plugin_set(&Value::Array(list)) {
+                    return Ok(());
+                }
+                // Another node may be writing the same key: only replace what was read.
+                match self
+                    .store
+                    .put_if_unmodified(&key, body, kv.mod_revision, None)
+                    .await
+                {
+                    Ok(_) | Err(StoreError::Conflict) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+
+    /// `POST /apisix/admin/schema/validate/<resource>`: 200 with no body, or the schema error
+    /// without the `invalid configuration: ` prefix.
+    pub(crate) async fn schema_validate<B>(&self, parts: &Parts, uri: &str, body: B) -> Reply
+    where
+        B: Body,
+        B::Error: Display,
+    {
+        let segs = path::segments(uri);
+        let name = segs.get(4).cloned().unwrap_or_default();
+        let res = resources::lookup(&name);
+        if res.is_none() && name != "schema" && name != "plugins" {
+            return Reply::early(
+                StatusCode::NOT_FOUND,
+                json!({"error_msg": format!("Unsupported resource type: {name}")}),
+            );
+        }
+        let body = match self.read_json(parts, body).await {
+            Ok(b) => b,
+            Err(r) => return r,
+        };
+        let checked = match res {
+            Some(res) => Self::schema_check(res, body.as_ref()),
+            None => Err(format!("not found schema: {name}")),
+        };
+        match checked {
+            Ok(()) => Reply::Lua {
+                status: StatusCode::OK,
+                body: ReplyBody::Empty,
+                handler: false,
+            },
+            Err(e) => Reply::early(StatusCode::BAD_REQUEST, json!({"error_msg": e})),
+        }
+    }
+
+    /// `POST /apisix/admin/configs/validate` (3.15+): checks a whole standalone-style document
+    /// (JSON, or YAML with `Content-Type: application/yaml`) without storing anything.
+    pub(crate) async fn validate_configs<B>(&self, parts: &Parts, body: B) -> Reply
+    where
+        B: Body,
+        B::Error: Display,
+    {
+        let limit = self.options.body_limit;
+        let declared = parts
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        let bytes = match read_limited(body, declared, limit).await {
+            Ok(b) => b,
+            Err(e) => {
+                return Reply::early(
+                    StatusCode::BAD_REQUEST,
+                    json!({"error_msg": format!("invalid request body: {}", e.message(limit))}),
+                );
+            }
+        };
+        if bytes.is_empty() {
+            return Reply::early(
+                StatusCode::BAD_REQUEST,
+                json!({"error_msg": "invalid request body: empty request body"}),
+            );
+        }
+        let yaml = parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("application/yaml"));
+        let data = if yaml {
+            match serde_yaml::from_slice::<Value>(&bytes) {
+                Ok(v @ (Value::Object(_) | Value::Array(_))) => v,
+                _ => {
+                    return Reply::early(
+                        StatusCode::BAD_REQUEST,
+                        json!({"error_msg": "invalid request body: invalid yaml request body"}),
+                    );
+                }
+            }
+        } else {
+            match cjson::decode(&bytes) {
+                Ok(v) => v,
+                Err(e) => {
+                    return Reply::early(
+                        StatusCode::BAD_REQUEST,
+                        json!({"error_msg": format!("invalid request body: {e}")}),
+                    );
+                }
+            }
+        };
+
+        let mut errors: Vec<Value> = Vec::new();
+        for section in CONFIG_SECTIONS {
+            let version_key = format!("{section}_conf_version");
+            if let Some(v) = data.get(&version_key) {
+                if !v.is_number() {
+                    errors.push(json!({
+                        "resource_type": section,
+                        "error": format!("{version_key} must be a number, got {}", lua::type_name(v)),
+                    }));
+                }
+            }
+            let Some(Value::Array(items)) = data.get(section) else {
+                continue;
+            };
+            let mut seen: HashSet<String> = HashSet::new();
+            for (index, item) in items.iter().enumerate() {
+                let shown_id = item
+                    .get("id")
+                    .or_else(|| item.get("username"))
+                    .map_or_else(|| json!(""), Value::clone);
+                if let Err(message) = self.check_item(section, item).await {
+                    errors.push(json!({
+                        "resource_type": section,
+                        "resource_id": shown_id,
+                        "index": index,
+                        "error": message,
+                    }));
+                }
+                let (identifier, what) = if section == "consumers" {
+                    match item.get("id") {
+                        Some(id) => (Some(id), "credential id"),
+                        None => (item.get("username"), "username"),
+                    }
+                } else {
+                    (item.get("id"), "id")
+                };
+                if let Some(identifier) = identifier.filter(|v| !v.is_null()) {
+                    let text = id_text(identifier);
+                    if !seen.insert(text.clone()) {
+                        errors.push(json!({
+                            "resource_type": section,
+                            "resource_id": shown_id,
+                            "index": index,
+                            "error": format!("found duplicate {what} {text} in {section}"),
+                        }));
+                    }
+                }
+            }
+        }
+        if errors.is_empty() {
+            Reply::early(StatusCode::OK, json!({}))
+        } else {
+            Reply::early(
+                StatusCode::BAD_REQUEST,
+                json!({"error_msg": "Configuration validation failed", "errors": errors}),
+            )
+        }
+    }
+
+    /// One item of a standalone document, checked as its resource's checker does with the
+    /// reference lookups skipped.
+    async fn check_item(&self, section: &str, item: &Value) -> Result<(), String> {
+        let Some(mut res) = resources::lookup(section) else {
+            return Ok(());
+        };
+        let id = item.get("id").filter(|v| !v.is_null());
+        let mut typ = None;
+        if section == "consumers" && id.is_some_and(|i| id_text(i).contains("/credentials/")) {
+            res = resources::lookup("credentials").unwrap_or(res);
+        }
+        let secret_type;
+        if section == "secrets" {
+            let text = id.map(id_text).unwrap_or_default();
+            let Some((manager, _)) = text.split_once('/') else {
+                return Err(format!("invalid secret id: {text}"));
+            };
+            secret_type = manager.to_string();
+            typ = Some(secret_type.as_str());
+        }
+        match self.check_resource(res, id, item, typ, false).await {
+            Ok(()) => Ok(()),
+            Err(Reply::Lua {
+                body: ReplyBody::Json(v),
+                ..
+            }) => Err(v.get("error_msg").map(id_text).unwrap_or_default()),
+            Err(_) => Err("invalid configuration".to_string()),
+        }
+    }
+}
+
+/// A plugin schema as APISIX serves it: marked as carrying the injected `_meta`.
+fn with_mark(schema: &Value) -> Value {
+    let mut s = schema.clone();
+    if let Value::Object(m) = &mut s {
+        m.entry("$comment").or_insert_with(|| json!(INJECTED_MARK));
+    }
+    s
+}
+
+/// The plugins named in a stored `/plugins` list, with their `stream` flags.
+fn plugin_set(v: &Value) -> HashSet<(String, bool)> {
+    v.as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|p| {
+                    let name = p.get("name")?.as_str()?.to_string();
+                    Some((name, p.get("stream") == Some(&Value::Bool(true))))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}

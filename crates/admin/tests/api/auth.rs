@@ -1,0 +1,158 @@
+//! Spec §2: the admin key.
+
+use serde_json::json;
+
+use crate::support::*;
+
+fn missing() -> serde_json::Value {
+    json!({"error_msg": "failed to check token", "description": "missing apikey"})
+}
+
+fn wrong() -> serde_json::Value {
+    json!({"error_msg": "failed to check token", "description": "wrong apikey"})
+}
+
+#[tokio::test]
+async fn missing_key_writes_nothing() {
+    let a = Admin::new();
+    let r = a
+        .send(
+            req("GET", "/apisix/admin/routes").body(body("")).unwrap(),
+            local(),
+        )
+        .await;
+    r.expect(401, missing());
+    assert_eq!(r.header("x-api-version"), None);
+    let r = a
+        .send(
+            req("PUT", "/apisix/admin/routes/114")
+                .body(body(&route("/adm-c14").to_string()))
+                .unwrap(),
+            local(),
+        )
+        .await;
+    r.expect(401, missing());
+    a.call("GET", "/apisix/admin/routes/114", None)
+        .await
+        .expect(404, json!({"message": "Key not found"}));
+}
+
+#[tokio::test]
+async fn wrong_key_writes_nothing() {
+    let a = Admin::new();
+    let put = req("PUT", "/apisix/admin/routes/115").header("X-API-KEY", "other");
+    a.send(
+        put.body(body(&route("/adm-c15").to_string())).unwrap(),
+        local(),
+    )
+    .await
+    .expect(401, wrong());
+    let get = req("GET", "/apisix/admin/upstreams").header("X-API-KEY", "other");
+    a.send(get.body(body("")).unwrap(), local())
+        .await
+        .expect(401, wrong());
+    a.call("GET", "/apisix/admin/routes/115", None)
+        .await
+        .expect(404, json!({"message": "Key not found"}));
+    // Case matters.
+    let upper = req("GET", "/apisix/admin/routes").header("X-API-KEY", KEY.to_uppercase());
+    a.send(upper.body(body("")).unwrap(), local())
+        .await
+        .expect(401, wrong());
+}
+
+#[tokio::test]
+async fn query_argument_beats_header_beats_cookie() {
+    let a = Admin::new();
+    let q = req("GET", "/apisix/admin/routes?api_key=nope").header("X-API-KEY", KEY);
+    a.send(q.body(body("")).unwrap(), local())
+        .await
+        .expect(401, wrong());
+    let q = req("GET", &format!("/apisix/admin/routes?api_key={KEY}")).header("X-API-KEY", "nope");
+    a.send(q.body(body("")).unwrap(), local())
+        .await
+        .expect(200, json!({"total": 0}));
+    let c = req("GET", "/apisix/admin/routes").header("Cookie", format!("a=1; x_api_key={KEY}"));
+    a.send(c.body(body("")).unwrap(), local())
+        .await
+        .expect(200, json!({"total": 0}));
+    let c = req("GET", "/apisix/admin/routes")
+        .header("x-api-key", "nope")
+        .header("Cookie", format!("x_api_key={KEY}"));
+    a.send(c.body(body("")).unwrap(), local())
+        .await
+        .expect(401, wrong());
+    // An empty `api_key=` is presented (and wrong).
+    let q = req("GET", "/apisix/admin/routes?api_key=").header("X-API-KEY", KEY);
+    a.send(q.body(body("")).unwrap(), local())
+        .await
+        .expect(401, wrong());
+}
+
+#[tokio::test]
+async fn viewer_may_only_get() {
+    let a = Admin::new();
+    let g = req("GET", "/apisix/admin/routes").header("X-API-KEY", VIEWER_KEY);
+    a.send(g.body(body("")).unwrap(), local())
+        .await
+        .expect(200, json!({"list": []}));
+    for method in ["PUT", "POST", "PATCH", "DELETE"] {
+        let w = req(method, "/apisix/admin/routes/1").header("X-API-KEY", VIEWER_KEY);
+        a.send(w.body(body(&route("/v").to_string())).unwrap(), local()).await.expect(
+            401,
+            json!({"error_msg": "failed to check token", "description": "invalid method for role viewer"}),
+        );
+    }
+    let reload = req("PUT", "/apisix/admin/plugins/reload").header("X-API-KEY", VIEWER_KEY);
+    assert_eq!(
+        a.send(reload.body(body("")).unwrap(), local()).await.status,
+        401
+    );
+}
+
+#[tokio::test]
+async fn covered_endpoints() {
+    let a = Admin::new();
+    for (method, path) in [
+        ("GET", "/apisix/admin/plugins/list"),
+        ("PUT", "/apisix/admin/plugins/reload"),
+        ("GET", "/apisix/admin/plugins/reload"),
+        ("POST", "/apisix/admin/schema/validate/routes"),
+        ("GET", "/apisix/admin/schema/route"),
+        ("GET", "/apisix/admin/nope"),
+        ("POST", "/apisix/admin/configs/validate"),
+    ] {
+        let r = a
+            .send(req(method, path).body(body("")).unwrap(), local())
+            .await;
+        r.expect(401, missing());
+    }
+}
+
+#[tokio::test]
+async fn key_not_required() {
+    let a = Admin::with(|o| o.key_required = false);
+    a.send(
+        req("PUT", "/apisix/admin/routes/1")
+            .body(body(&route("/a").to_string()))
+            .unwrap(),
+        local(),
+    )
+    .await
+    .expect(201, json!({"key": "/apisix/routes/1"}));
+    let w = req("GET", "/apisix/admin/routes/1").header("X-API-KEY", "anything");
+    a.send(w.body(body("")).unwrap(), local())
+        .await
+        .expect(200, json!({"value": {"uri": "/a"}}));
+}
+
+#[tokio::test]
+async fn no_keys_configured() {
+    let a = Admin::with(|o| o.keys.clear());
+    a.send(
+        req("GET", "/apisix/admin/routes").body(body("")).unwrap(),
+        local(),
+    )
+    .await
+    .expect(200, json!({"total": 0}));
+}

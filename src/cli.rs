@@ -184,3 +184,49 @@ pub async fn wait_for_signal() {
         _ = tokio::signal::ctrl_c() => {}
     }
 }
+
+/// Hands `plugin_attr` to the plugins; must run before the first snapshot is compiled.
+/// `health` answers `apisix_etcd_reachable`.
+pub fn configure_plugins(settings: &Settings, health: ferrisix_proxy::control::HealthProbe) {
+    let plugin_settings = ferrisix_plugins::PluginSettings {
+        prometheus: settings.plugin_attr.prometheus.clone(),
+    };
+    if let Err(e) = ferrisix_plugins::configure(plugin_settings) {
+        tracing::warn!("{e}");
+    }
+    struct StoreSource(ferrisix_proxy::control::HealthProbe);
+    impl ferrisix_plugins::prometheus::node::NodeSource for StoreSource {
+        fn etcd_reachable(&self) -> Option<bool> {
+            Some((self.0)().reachable)
+        }
+    }
+    ferrisix_plugins::runtime()
+        .metrics
+        .set_node_source(Box::new(StoreSource(health)));
+}
+
+/// The prometheus export server on `plugin_attr.prometheus.export_addr`, serving `export_uri`
+/// (`enable_export_server: false`, which APISIX serves through the `public-api` plugin
+/// instead, is not supported: nothing is exported then).
+pub fn start_prometheus_export(
+    settings: &Settings,
+    rt: &tokio::runtime::Runtime,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), String> {
+    let attr = &settings.plugin_attr.prometheus;
+    if !attr.enable_export_server {
+        tracing::warn!("prometheus: enable_export_server is false; metrics are not exported (public-api is not supported)");
+        return Ok(());
+    }
+    let addr = SocketAddr::new(attr.export_addr.ip, attr.export_addr.port);
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(addr))
+        .map_err(|e| format!("cannot listen on {addr} for prometheus metrics: {e}"))?;
+    rt.spawn(ferrisix_plugins::prometheus::server::serve(
+        listener,
+        &ferrisix_plugins::runtime().metrics,
+        shutdown,
+    ));
+    tracing::info!(%addr, uri = %attr.export_uri, "prometheus metrics exported");
+    Ok(())
+}

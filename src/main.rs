@@ -3,12 +3,12 @@
 #![forbid(unsafe_code)]
 
 mod cli;
+mod sources;
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use ferrisix_config::provider::FileProvider;
-use ferrisix_config::settings::{ProviderKind, Settings};
+use ferrisix_config::settings::{Role, Settings};
 use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::snapshot;
 
@@ -55,7 +55,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(settings: Settings) -> Result<(), String> {
+fn run(mut settings: Settings) -> Result<(), String> {
     let control = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -63,29 +63,9 @@ fn run(settings: Settings) -> Result<(), String> {
     let options = cli::compile_options(&settings);
     let handle = snapshot::new_handle(options);
 
-    let (states, health): (_, ferrisix_proxy::control::HealthProbe) = match settings.provider() {
-        kind @ (ProviderKind::Yaml | ProviderKind::Json) => {
-            let path = settings.standalone_file();
-            let format = kind.file_format().unwrap_or(ferrisix_config::provider::Format::Yaml);
-            let (rx, _task) = control
-                .block_on(async { FileProvider::start(path.clone(), format) })
-                .map_err(|e| format!("cannot load {}: {e}", path.display()))?;
-            tracing::info!(file = %path.display(), "standalone mode: watching the config file");
-            let probe_rx = rx.clone();
-            let health = Arc::new(move || ferrisix_config::store::StoreHealth {
-                reachable: true,
-                synced: true,
-                revision: probe_rx.borrow().revision,
-                detail: format!("standalone file {}", path.display()),
-            });
-            (rx, health)
-        }
-        other => {
-            return Err(format!(
-                "config provider {other:?} is not available in this build yet; use deployment.role: data_plane with role_data_plane.config_provider: yaml"
-            ))
-        }
-    };
+    let source = control.block_on(sources::open(&settings))?;
+    let states = source.states.clone();
+    let health = source.health.clone();
 
     // Compile the first state before accepting traffic, so the first request sees the routes.
     let first = states.borrow().clone();
@@ -93,7 +73,9 @@ fn run(settings: Settings) -> Result<(), String> {
     for name in unknown {
         tracing::warn!(plugin = %name, "config.yaml enables a plugin ferrisix does not have; ignored");
     }
-    let plugins = Arc::new(registry);
+    cli::configure_plugins(&settings, health.clone());
+    let prometheus_enabled = registry.get("prometheus").is_some();
+    let plugins = Arc::new(registry.clone());
     handle.store(Arc::new(snapshot::Snapshot::compile(
         &first,
         &handle.load(),
@@ -120,23 +102,46 @@ fn run(settings: Settings) -> Result<(), String> {
         ));
     }
 
-    let gateway = Arc::new(cli::gateway(&settings, handle));
-    let server_options = cli::server_options(&settings);
-    let server = ferrisix_proxy::server::start(gateway, server_options.clone(), shutdown_rx)
-        .map_err(|e| format!("cannot listen on {:?}: {e}", server_options.listen))?;
-    tracing::info!(
-        listen = ?server_options.listen,
-        workers = server_options.workers,
-        "ferrisix {} serving",
-        env!("CARGO_PKG_VERSION")
-    );
+    if settings.admin_enabled() {
+        match source.store.clone() {
+            Some(store) => {
+                sources::ensure_admin_keys(&mut settings)?;
+                control.block_on(sources::start_admin(&settings, store, registry, shutdown_rx.clone()))?;
+            }
+            None => tracing::info!("Admin API off: the standalone file is the configuration"),
+        }
+    }
+
+    if prometheus_enabled {
+        cli::start_prometheus_export(&settings, &control, shutdown_rx.clone())?;
+    }
+
+    // A control_plane node serves only the Admin API, as in APISIX.
+    let server = if settings.deployment.role == Role::ControlPlane {
+        tracing::info!("control_plane role: Admin API only, no data-plane listeners");
+        None
+    } else {
+        let gateway = Arc::new(cli::gateway(&settings, handle));
+        let server_options = cli::server_options(&settings);
+        let server = ferrisix_proxy::server::start(gateway, server_options.clone(), shutdown_rx)
+            .map_err(|e| format!("cannot listen on {:?}: {e}", server_options.listen))?;
+        tracing::info!(
+            listen = ?server_options.listen,
+            workers = server_options.workers,
+            "ferrisix {} serving",
+            env!("CARGO_PKG_VERSION")
+        );
+        Some(server)
+    };
 
     control.block_on(async {
         cli::wait_for_signal().await;
     });
     tracing::info!("shutting down: no new connections, finishing requests in flight");
     let _ = shutdown_tx.send(true);
-    server.wait();
+    if let Some(server) = server {
+        server.wait();
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -24,6 +24,8 @@ pub struct Gateway {
     pub child: Child,
     pub port: u16,
     pub dir: tempfile::TempDir,
+    /// The prometheus export port (a free one, unless `extra_config` sets `plugin_attr`).
+    pub metrics_port: u16,
 }
 
 impl Gateway {
@@ -41,6 +43,34 @@ impl Gateway {
     /// section (written unindented, e.g. `"router:\n  http: radixtree_uri"`; each line is
     /// indented here). The harness already sets `node_listen` and `enable_admin` there.
     pub fn start_full(apisix_yaml: &str, apisix_keys: &str, extra_config: &str) -> Gateway {
+        Self::start_workers(apisix_yaml, apisix_keys, extra_config, 1)
+    }
+
+    /// Like [`Gateway::start_full`] with `workers` worker threads (`nginx_config.worker_processes`).
+    pub fn start_workers(
+        apisix_yaml: &str,
+        apisix_keys: &str,
+        extra_config: &str,
+        workers: usize,
+    ) -> Gateway {
+        // A port from `free_port` can be taken by a parallel test before the gateway binds it,
+        // and the gateway then exits: start again on fresh ports.
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match Self::spawn(apisix_yaml, apisix_keys, extra_config, workers) {
+                Ok(gw) => return gw,
+                Err(e) => failures.push(e),
+            }
+        }
+        panic!("ferrisix did not start: {failures:?}");
+    }
+
+    fn spawn(
+        apisix_yaml: &str,
+        apisix_keys: &str,
+        extra_config: &str,
+        workers: usize,
+    ) -> Result<Gateway, String> {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let apisix_keys: String = apisix_keys
@@ -48,10 +78,20 @@ impl Gateway {
             .filter(|l| !l.trim().is_empty())
             .map(|l| format!("  {l}\n"))
             .collect();
+        // Every gateway gets its own metrics port, so parallel tests do not fight over 9091.
+        let metrics_port = free_port();
+        let plugin_attr = if extra_config.contains("plugin_attr:") {
+            String::new()
+        } else {
+            format!(
+                "plugin_attr:\n  prometheus:\n    export_addr:\n      ip: 127.0.0.1\n      port: {metrics_port}\n"
+            )
+        };
+        let extra_config = format!("{plugin_attr}{extra_config}");
         let config = format!(
             "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: false\n  enable_control: false\n{apisix_keys}\
              deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n\
-             nginx_config:\n  worker_processes: 1\n  worker_shutdown_timeout: 10s\n  http:\n    access_log: {}\n{extra_config}",
+             nginx_config:\n  worker_processes: {workers}\n  worker_shutdown_timeout: 10s\n  http:\n    access_log: {}\n{extra_config}",
             dir.path().join("access.log").display()
         );
         std::fs::write(dir.path().join("config.yaml"), config).unwrap();
@@ -65,20 +105,31 @@ impl Gateway {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start ferrisix");
-        let gw = Gateway { child, port, dir };
-        gw.wait_ready();
-        gw
+        let mut gw = Gateway {
+            child,
+            port,
+            dir,
+            metrics_port,
+        };
+        gw.wait_ready()?;
+        Ok(gw)
     }
 
-    fn wait_ready(&self) {
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
+                return Ok(());
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!(
+                    "exited ({status}) before listening on {}",
+                    self.port
+                ));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("ferrisix did not start listening on {}", self.port);
+        Err(format!("not listening on {} after 20 s", self.port))
     }
 
     pub fn addr(&self) -> SocketAddr {

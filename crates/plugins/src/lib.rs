@@ -1,11 +1,29 @@
 //! ferrisix plugins: the registry of every plugin ferrisix implements (names, priorities and
-//! APISIX's schemas, used by the Admin API and by validation), and the plugins themselves.
+//! APISIX's schemas, used by the Admin API and by validation), the plugin interface with
+//! APISIX's phases, the chains the proxy runs, and the plugins themselves (limit-count,
+//! prometheus).
 //!
 //! The registry answers what APISIX's `plugin.lua` answers: which plugins are enabled, their
 //! run order (priority, highest first), and whether a configuration passes a plugin's schema
-//! with APISIX's exact messages.
+//! with APISIX's exact messages. The proxy compiles each route's plugins into a
+//! [`PluginChain`] once per snapshot and calls its phases on the request path; state that must
+//! outlive a snapshot (counters, metric series, Redis pools) lives in the process-wide
+//! [`runtime::Runtime`].
 #![forbid(unsafe_code)]
 
+pub mod chain;
+pub mod factory;
+pub mod limit_count;
+pub mod plugin;
+pub mod prometheus;
 pub mod registry;
+pub mod runtime;
+pub mod template;
 
+pub use chain::{CompileEnv, GlobalChains, GlobalRules, PluginChain, PluginSource, Verdicts};
+pub use plugin::{
+    Exit, Flow, LogCtx, Owner, Phases, Plugin, PluginCtx, ResponseHeaders, ResponseSource,
+    RouteInfo, Step,
+};
 pub use registry::{PluginInfo, PluginRegistry, SchemaType};
+pub use runtime::{configure, runtime, PluginSettings};

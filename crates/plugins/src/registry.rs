@@ -61,10 +61,17 @@ pub struct PluginRegistry {
 }
 
 impl PluginRegistry {
+    /// The built-in registry, built once (for compilation, which needs priorities and schemas
+    /// on every snapshot).
+    pub fn builtin_shared() -> &'static PluginRegistry {
+        static SHARED: std::sync::OnceLock<PluginRegistry> = std::sync::OnceLock::new();
+        SHARED.get_or_init(PluginRegistry::builtin)
+    }
+
     /// Every plugin ferrisix implements.
     pub fn builtin() -> PluginRegistry {
         let mut plugins = builtin_plugins();
-        plugins.sort_by(|a, b| b.priority.cmp(&a.priority));
+        plugins.sort_by_key(|p| std::cmp::Reverse(p.priority));
         PluginRegistry {
             plugins: Arc::new(plugins),
         }
@@ -111,8 +118,20 @@ impl PluginCheck for PluginRegistry {
         let info = self
             .get(name)
             .ok_or_else(|| format!("unknown plugin [{name}]"))?;
-        schema::validate(&info.schema, conf)
-            .map_err(|e| format!("failed to check the configuration of plugin {name} err: {e}"))
+        let fail =
+            |e: String| format!("failed to check the configuration of plugin {name} err: {e}");
+        if let Err(e) = schema::validate(&info.schema, conf) {
+            // APISIX words the count/rules conflict itself instead of the oneOf failure.
+            if name == crate::limit_count::NAME && e.contains("value should match only one schema")
+            {
+                crate::limit_count::check_conf(conf).map_err(fail)?;
+            }
+            return Err(fail(e));
+        }
+        if name == crate::limit_count::NAME {
+            crate::limit_count::check_conf(conf).map_err(fail)?;
+        }
+        Ok(())
     }
 
     fn check_consumer(&self, name: &str, conf: &Value) -> Result<(), String> {
@@ -136,18 +155,141 @@ impl PluginCheck for PluginRegistry {
 }
 
 fn builtin_plugins() -> Vec<PluginInfo> {
-    vec![
-        PluginInfo::new("limit-count", 1002, limit_count_schema()),
-        PluginInfo::new(
-            "prometheus",
-            500,
-            json!({"type": "object", "properties": {"prefer_name": {"type": "boolean", "default": false}}}),
-        ),
-    ]
+    let mut limit_count = PluginInfo::new("limit-count", 1002, limit_count_schema());
+    limit_count.version = 0.5;
+    limit_count.metadata_schema = Some(json!({
+        "type": "object",
+        "properties": {
+            "limit_header": {"type": "string", "default": "X-RateLimit-Limit"},
+            "remaining_header": {"type": "string", "default": "X-RateLimit-Remaining"},
+            "reset_header": {"type": "string", "default": "X-RateLimit-Reset"}
+        }
+    }));
+    let mut prometheus = PluginInfo::new(
+        "prometheus",
+        500,
+        json!({"type": "object", "properties": {"prefer_name": {"type": "boolean", "default": false}}}),
+    );
+    prometheus.version = 0.2;
+    prometheus.metadata_schema = Some(prometheus_metadata_schema());
+    vec![limit_count, prometheus]
+}
+
+/// `disabled_labels` per metric (3.18); a metric's identity labels (`code`, `type`) cannot be
+/// disabled.
+fn prometheus_metadata_schema() -> Value {
+    let common = [
+        "route",
+        "service",
+        "consumer",
+        "node",
+        "request_type",
+        "request_llm_model",
+        "llm_model",
+    ];
+    let list =
+        |labels: &[&str]| json!({"type": "array", "items": {"type": "string", "enum": labels}});
+    let status = [
+        "route",
+        "matched_uri",
+        "matched_host",
+        "service",
+        "consumer",
+        "node",
+        "request_type",
+        "request_llm_model",
+        "llm_model",
+        "response_source",
+    ];
+    json!({
+        "type": "object",
+        "properties": {
+            "disabled_labels": {
+                "type": "object",
+                "properties": {
+                    "http_status": list(&status),
+                    "http_latency": list(&common),
+                    "bandwidth": list(&common)
+                },
+                "additionalProperties": false
+            }
+        }
+    })
+}
+
+/// The extra properties of the `redis`, `redis-cluster` and `redis-sentinel` policies
+/// (apisix/utils/redis-schema.lua, limit-count/init.lua).
+fn redis_policy_schemas() -> (Value, Value, Value) {
+    let keepalive = json!({
+        "redis_keepalive_timeout": {"type": "integer", "minimum": 1000, "default": 10000},
+        "redis_keepalive_pool": {"type": "integer", "minimum": 1, "default": 100}
+    });
+    let with_keepalive = |mut v: Value| {
+        if let (Some(m), Some(k)) = (v.as_object_mut(), keepalive.as_object()) {
+            m.extend(k.clone());
+        }
+        v
+    };
+    let redis = with_keepalive(json!({
+        "redis_host": {"type": "string", "minLength": 2},
+        "redis_port": {"type": "integer", "minimum": 1, "default": 6379},
+        "redis_username": {"type": "string", "minLength": 1},
+        "redis_password": {"type": "string", "minLength": 0},
+        "redis_database": {"type": "integer", "minimum": 0, "default": 0},
+        "redis_timeout": {"type": "integer", "minimum": 1, "default": 1000},
+        "redis_ssl": {"type": "boolean", "default": false},
+        "redis_ssl_verify": {"type": "boolean", "default": false}
+    }));
+    let cluster = with_keepalive(json!({
+        "redis_cluster_nodes": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "string", "minLength": 2, "maxLength": 100}
+        },
+        "redis_password": {"type": "string", "minLength": 0},
+        "redis_timeout": {"type": "integer", "minimum": 1, "default": 1000},
+        "redis_cluster_name": {"type": "string"},
+        "redis_cluster_ssl": {"type": "boolean", "default": false},
+        "redis_cluster_ssl_verify": {"type": "boolean", "default": false}
+    }));
+    let sentinel = json!({
+        "properties": {
+            "redis_sentinels": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "host": {"type": "string", "minLength": 2},
+                        "port": {"type": "integer", "minimum": 1, "maximum": 65535}
+                    },
+                    "required": ["host", "port"],
+                    "additionalProperties": false
+                }
+            },
+            "redis_master_name": {"type": "string", "minLength": 1},
+            "redis_role": {"type": "string", "enum": ["master", "slave"], "default": "master"},
+            "redis_connect_timeout": {"type": "integer", "minimum": 1, "default": 1000},
+            "redis_read_timeout": {"type": "integer", "minimum": 1, "default": 1000},
+            "redis_keepalive_timeout": {"type": "integer", "minimum": 1, "default": 60000},
+            "redis_database": {"type": "integer", "minimum": 0, "default": 0},
+            "redis_username": {"type": "string", "minLength": 1},
+            "redis_password": {"type": "string", "minLength": 0},
+            "sentinel_username": {"type": "string", "minLength": 1},
+            "sentinel_password": {"type": "string", "minLength": 0}
+        },
+        "required": ["redis_sentinels", "redis_master_name"]
+    });
+    (
+        json!({"properties": redis, "required": ["redis_host"]}),
+        json!({"properties": cluster, "required": ["redis_cluster_nodes", "redis_cluster_name"]}),
+        sentinel,
+    )
 }
 
 /// limit-count's schema as of APISIX 3.18 (spec data-plane §6.1).
 fn limit_count_schema() -> Value {
+    let (redis, cluster, sentinel) = redis_policy_schemas();
     let count_like =
         json!({"oneOf": [{"type": "integer", "exclusiveMinimum": 0}, {"type": "string"}]});
     json!({
@@ -179,7 +321,17 @@ fn limit_count_schema() -> Value {
             "show_limit_quota_header": {"type": "boolean", "default": true},
             "sync_interval": {"type": "number", "default": -1}
         },
-        "oneOf": [{"required": ["count", "time_window"]}, {"required": ["rules"]}]
+        "oneOf": [{"required": ["count", "time_window"]}, {"required": ["rules"]}],
+        "if": {"properties": {"policy": {"enum": ["redis"]}}},
+        "then": redis,
+        "else": {
+            "if": {"properties": {"policy": {"enum": ["redis-cluster"]}}},
+            "then": cluster,
+            "else": {
+                "if": {"properties": {"policy": {"enum": ["redis-sentinel"]}}},
+                "then": sentinel
+            }
+        }
     })
 }
 
@@ -205,6 +357,42 @@ mod tests {
         assert!(r
             .check("limit-count", &json!({"count": 1, "time_window": 1}))
             .is_ok());
+    }
+
+    #[test]
+    fn limit_count_policies_and_extras() {
+        let r = PluginRegistry::builtin();
+        let lc = |v: Value| r.check("limit-count", &v);
+        // APISIX's words for a policy's missing fields (t/plugin/limit-count-redis.t).
+        let e = lc(json!({"count": 1, "time_window": 1, "policy": "redis"})).unwrap_err();
+        assert!(e.ends_with("err: then clause did not match"), "{e}");
+        assert!(lc(json!({"count": 1, "time_window": 1, "policy": "redis",
+            "redis_host": "127.0.0.1"}))
+        .is_ok());
+        let e = lc(
+            json!({"count": 1, "time_window": 1, "policy": "redis-cluster",
+            "redis_cluster_nodes": ["127.0.0.1:1"]}),
+        )
+        .unwrap_err();
+        assert!(e.ends_with("else clause did not match"), "{e}");
+        assert_eq!(
+            lc(json!({"count": 1, "time_window": 1,
+                "rules": [{"count": 1, "time_window": 1, "key": "a"}]})),
+            Err(
+                "failed to check the configuration of plugin limit-count err: \
+                 count/time_window and rules cannot be specified at the same time"
+                    .into()
+            )
+        );
+        assert!(r
+            .check_metadata("limit-count", &json!({"limit_header": "X-L"}))
+            .is_ok());
+        assert!(r
+            .check_metadata(
+                "prometheus",
+                &json!({"disabled_labels": {"http_status": ["code"]}})
+            )
+            .is_err());
     }
 
     #[test]

@@ -18,6 +18,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::access_log::LogRecord;
 use crate::client::PooledConn;
+use crate::phases::PendingLog;
 
 /// Errors while relaying: the upstream broke off or stalled mid-body.
 #[derive(Debug)]
@@ -84,10 +85,20 @@ pin_project! {
 struct LogOnDrop {
     record: Option<Box<LogRecord>>,
     bytes: u64,
+    /// The plugins' log phase (prometheus ...).
+    plugin_log: Option<Box<PendingLog>>,
+    /// Counts the request as finished in the connection statistics.
+    count_request: bool,
 }
 
 impl Drop for LogOnDrop {
     fn drop(&mut self) {
+        if let Some(mut log) = self.plugin_log.take() {
+            log.run(self.bytes);
+        }
+        if self.count_request {
+            ferrisix_plugins::prometheus::node::conn_stats().request_finished();
+        }
         if let Some(mut record) = self.record.take() {
             record.body_bytes_sent = self.bytes;
             record.finish();
@@ -119,6 +130,16 @@ impl ResponseBody {
     /// Attaches the access log record written when this body is done.
     pub fn set_log(&mut self, record: Box<LogRecord>) {
         self.log.record = Some(record);
+    }
+
+    /// Attaches the plugins' log phase, run when this body is done.
+    pub fn set_plugin_log(&mut self, log: Box<PendingLog>) {
+        self.log.plugin_log = Some(log);
+    }
+
+    /// Makes the end of this body count as the end of a request (`writing` connections).
+    pub fn count_request(&mut self) {
+        self.log.count_request = true;
     }
 
     pub fn log_mut(&mut self) -> Option<&mut LogRecord> {

@@ -22,6 +22,7 @@ use crate::access_log::{AccessLog, LogRecord};
 use crate::body::{ResponseBody, UpstreamResponse};
 use crate::client::{self, PoolKey, SendOutcome, TryTimeouts, UpstreamBody};
 use crate::error::{may_retry, UpstreamFailure};
+use crate::phases::{self, PluginRun, UpstreamTrace};
 use crate::responses;
 use crate::snapshot::{CompiledRoute, CompiledUpstream, RouteTarget, SnapshotHandle};
 use crate::vars::RequestVars;
@@ -210,9 +211,25 @@ impl Gateway {
                 upstream_host: None,
             })
         });
+        let stats = ferrisix_plugins::prometheus::node::conn_stats();
+        stats.request_started();
+        let mut plugins: Option<PluginRun> = None;
+        let mut trace = UpstreamTrace::default();
         let mut resp = self
-            .route_and_proxy(&mut parts, body, conn, remote_addr, record.as_deref_mut())
+            .route_and_proxy(
+                &mut parts,
+                body,
+                conn,
+                remote_addr,
+                record.as_deref_mut(),
+                &mut plugins,
+                &mut trace,
+            )
             .await;
+        resp.body_mut().count_request();
+        if let Some(run) = plugins {
+            run.finish(&mut resp, started, phases::request_length(&parts), &trace);
+        }
         if let Some(mut record) = record {
             record.status = resp.status().as_u16();
             resp.body_mut().set_log(record);
@@ -220,6 +237,7 @@ impl Gateway {
         resp
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn route_and_proxy(
         &self,
         parts: &mut Parts,
@@ -227,6 +245,8 @@ impl Gateway {
         conn: ConnInfo,
         remote_addr: IpAddr,
         mut record: Option<&mut LogRecord>,
+        plugins: &mut Option<PluginRun>,
+        trace: &mut UpstreamTrace,
     ) -> Response<ResponseBody> {
         let server = &self.server_header;
         let raw_uri_len = parts.uri.path_and_query().map_or(0, |p| p.as_str().len());
@@ -276,19 +296,56 @@ impl Gateway {
             remote_addr,
         };
         let Some(matched) = snapshot.router.lookup(&info, &vars) else {
+            let global = snapshot.global_chain.clone();
+            drop(snapshot);
+            if !global.is_empty() {
+                // Global rules run for unmatched requests too, and may answer instead of the 404.
+                let (run, exit) = phases::unmatched(global, parts, &path, remote_addr, &vars).await;
+                *plugins = Some(run);
+                if let Some(exit) = exit {
+                    return phases::exit_response(exit, server);
+                }
+            }
             return responses::route_not_found(server);
         };
         let route: &CompiledRoute = matched.value;
         if let Some(r) = record.as_deref_mut() {
             r.route_id = Some(Arc::from(route.id.as_str()));
         }
-        let upstream = match &route.target {
-            RouteTarget::Upstream(u) => u.clone(),
-            RouteTarget::Fail(status) => return responses::error_page(*status, server),
-        };
+        let target = route.target.clone();
         let route_timeouts = route.timeout;
         let websocket = route.enable_websocket && is_upgrade(&parts.headers);
+        // The route outlives the snapshot guard while its plugins may wait on I/O.
+        let with_plugins = (!route.chain.is_empty() || !route.global_chain.is_empty()).then(|| {
+            (
+                matched.value.clone(),
+                matched.matched_uri.to_owned(),
+                matched.matched_host.map(str::to_owned),
+            )
+        });
         drop(snapshot);
+        if let Some((route, matched_uri, matched_host)) = with_plugins {
+            let proxying = matches!(target, RouteTarget::Upstream(_));
+            let (run, exit) = phases::matched(
+                &route,
+                &matched_uri,
+                matched_host.as_deref(),
+                proxying,
+                parts,
+                &path,
+                remote_addr,
+                &vars,
+            )
+            .await;
+            *plugins = Some(run);
+            if let Some(exit) = exit {
+                return phases::exit_response(exit, server);
+            }
+        }
+        let upstream = match target {
+            RouteTarget::Upstream(u) => u,
+            RouteTarget::Fail(status) => return responses::error_page(status, server),
+        };
         let host_raw = host_raw.map(str::to_owned);
         self.proxy(
             parts,
@@ -300,6 +357,7 @@ impl Gateway {
             route_timeouts,
             websocket,
             record,
+            trace,
         )
         .await
     }
@@ -316,6 +374,7 @@ impl Gateway {
         route_timeouts: Option<TryTimeouts>,
         websocket: bool,
         mut record: Option<&mut LogRecord>,
+        trace: &mut UpstreamTrace,
     ) -> Response<ResponseBody> {
         let server = &self.server_header;
         let timeouts = route_timeouts.unwrap_or(upstream.timeouts);
@@ -378,6 +437,7 @@ impl Gateway {
         if let Some(r) = record.as_deref_mut() {
             r.upstream_start = Some(first_try);
         }
+        trace.start = Some(first_try);
 
         // Set when APISIX's balancer phase would end a retry itself with `core.response.exit(502)`
         // (spec data-plane §3.5): `retry_timeout` passed, or no untried node is left while the
@@ -411,6 +471,7 @@ impl Gateway {
             if let Some(r) = record.as_deref_mut() {
                 r.upstream_addrs.push(addr);
             }
+            trace.addr = Some(addr);
             let more_tries_left = tried.len() < upstream.max_tries;
             let mut req_headers = match headers.take() {
                 Some(h) => h,
@@ -475,6 +536,7 @@ impl Gateway {
             };
             match outcome {
                 Ok((mut resp, conn)) => {
+                    trace.responded = true;
                     let status = resp.status();
                     statuses.push(status.as_u16());
                     if let Some(r) = record.as_deref_mut() {

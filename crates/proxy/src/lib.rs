@@ -14,6 +14,7 @@ pub mod client;
 pub mod control;
 pub mod error;
 pub mod handler;
+pub mod phases;
 pub mod responses;
 pub mod server;
 pub mod snapshot;

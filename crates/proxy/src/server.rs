@@ -244,9 +244,13 @@ fn serve_connection(
         .serve_connection_with_upgrades(TokioIo::new(stream), service)
         .into_owned();
     let connection = graceful.watch(connection);
+    // nginx's stub_status counters (prometheus' apisix_nginx_http_current_connections).
+    let stats = ferrisix_plugins::prometheus::node::conn_stats();
+    stats.connection_opened();
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "client connection ended with an error");
         }
+        stats.connection_closed();
     });
 }

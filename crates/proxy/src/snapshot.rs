@@ -12,11 +12,14 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use ferrisix_config::model::{
-    PassHost, PluginConfig, ResourceKind, Route, Scheme, Service, Timeout, Upstream,
+    GlobalRule, PassHost, PluginConfig, ResourceKind, Route, Scheme, Service, Timeout, Upstream,
 };
 use ferrisix_config::state::{ConfigState, StoredItem};
 use ferrisix_config::validate::{self, PluginCheck};
 use ferrisix_config::vars::compile_vars;
+use ferrisix_plugins::{
+    CompileEnv, GlobalChains, GlobalRules, Owner, PluginChain, PluginSource, RouteInfo,
+};
 use ferrisix_router::{Expr, MethodSet, RouteEntry, RouteTable, RouterKind};
 use http::{HeaderValue, StatusCode};
 use ipnet::IpNet;
@@ -31,6 +34,8 @@ pub struct Snapshot {
     pub router: RouteTable<Arc<CompiledRoute>>,
     pub upstreams: HashMap<String, Arc<CompiledUpstream>>,
     pub quarantine: Vec<Quarantined>,
+    /// The global rules' plugins for requests that match no route.
+    pub global_chain: Arc<PluginChain>,
     cache: CompileCache,
 }
 
@@ -65,6 +70,15 @@ pub struct CompiledRoute {
     pub enable_websocket: bool,
     /// Effective plugins after the plugin_config and service merges (run by the plugins crate).
     pub plugins: Map<String, Value>,
+    /// The route as plugins see it.
+    pub info: RouteInfo,
+    /// False when APISIX ends the request before any plugin runs (the route's service or
+    /// plugin_config is missing); only the global rules' log phase runs then.
+    pub plugins_run: bool,
+    /// `plugins` compiled, highest priority first.
+    pub chain: Arc<PluginChain>,
+    /// The global rules as they run for this route (`prefer_route` applied).
+    pub global_chain: Arc<PluginChain>,
 }
 
 /// One upstream node, resolved as far as compile time allows.
@@ -188,6 +202,7 @@ struct CompileCache {
     services: HashMap<String, Accepted<Service>>,
     upstreams: HashMap<String, Accepted<Upstream>>,
     plugin_configs: HashMap<String, Accepted<PluginConfig>>,
+    global_rules: HashMap<String, Accepted<GlobalRule>>,
     compiled_upstreams: HashMap<String, Arc<CompiledUpstream>>,
     /// Inline upstreams of routes, by route id.
     inline_upstreams: HashMap<String, Arc<CompiledUpstream>>,
@@ -228,6 +243,7 @@ impl Snapshot {
             ResourceKind::Upstreams => raw(&self.cache.upstreams),
             ResourceKind::Services => raw(&self.cache.services),
             ResourceKind::PluginConfigs => raw(&self.cache.plugin_configs),
+            ResourceKind::GlobalRules => raw(&self.cache.global_rules),
             _ => Vec::new(),
         }
     }
@@ -238,6 +254,7 @@ impl Snapshot {
             router: RouteTable::new(options.router, Vec::new()).0,
             upstreams: HashMap::new(),
             quarantine: Vec::new(),
+            global_chain: PluginChain::empty(),
             cache: CompileCache::default(),
         }
     }
@@ -274,6 +291,32 @@ impl Snapshot {
             &mut quarantine,
             |id, v| validate::plugin_config_from_value(id, v, plugins).map_err(|e| e.message),
         );
+        cache.global_rules = accept_all(
+            state,
+            ResourceKind::GlobalRules,
+            &prev.global_rules,
+            &mut quarantine,
+            |id, v| validate::global_rule_from_value(id, v, plugins).map_err(|e| e.message),
+        );
+        // Plugin metadata (limit-count's header names ...) by plugin name.
+        let metadata: HashMap<String, Value> = state
+            .items(ResourceKind::PluginMetadata)
+            .map(|i| (i.id.clone(), (*i.value).clone()))
+            .collect();
+        let plugin_env = CompileEnv {
+            metadata: &metadata,
+        };
+        let globals = {
+            let mut rules: Vec<&StoredItem> = state.items(ResourceKind::GlobalRules).collect();
+            rules.sort_by_key(|i| i.seq);
+            GlobalRules::merge(
+                rules
+                    .iter()
+                    .filter_map(|i| cache.global_rules.get(&i.id))
+                    .map(|acc| (acc.typed.id.as_str(), &acc.typed.plugins)),
+            )
+            .prepare(plugin_env)
+        };
         cache.routes = accept_all(
             state,
             ResourceKind::Routes,
@@ -351,7 +394,11 @@ impl Snapshot {
             if !route.enabled {
                 continue;
             }
-            match compile_route(route, &cache, prev, options) {
+            let compiled = compile_route(route, &cache, prev, options).and_then(|(c, h, i)| {
+                let c = attach_plugins(route, c, &h, &cache, &globals, plugin_env)?;
+                Ok((c, h, i))
+            });
+            match compiled {
                 Ok((compiled, hosts, inline)) => {
                     if let Some(inline) = inline {
                         cache.inline_upstreams.insert(route.id.clone(), inline);
@@ -406,11 +453,14 @@ impl Snapshot {
                 item.error
             );
         }
+        // Counters and metric series only the replaced snapshot still used can go now.
+        ferrisix_plugins::runtime().sweep();
         Snapshot {
             revision: state.revision,
             router,
             upstreams: cache.compiled_upstreams.clone(),
             quarantine,
+            global_chain: globals.unmatched(),
             cache,
         }
     }
@@ -572,6 +622,10 @@ fn compile_route(
             .or_else(|| service.as_ref().and_then(|s| s.enable_websocket))
             .unwrap_or(false),
         plugins,
+        info: RouteInfo::default(),
+        plugins_run: true,
+        chain: PluginChain::empty(),
+        global_chain: PluginChain::empty(),
     };
     Ok((compiled, hosts_for(route, service.as_deref()), inline))
 }
@@ -593,6 +647,60 @@ fn hosts_for(route: &Route, service: Option<&Service>) -> Vec<String> {
     }
 }
 
+/// Compiles the route's plugins (each with the resource that holds its conf, which keys
+/// limit-count's counters) and the global rules as they run for this route.
+fn attach_plugins(
+    route: &Route,
+    mut compiled: CompiledRoute,
+    hosts: &[String],
+    cache: &CompileCache,
+    globals: &GlobalChains,
+    env: CompileEnv<'_>,
+) -> Result<CompiledRoute, String> {
+    compiled.info = RouteInfo {
+        id: compiled.id.clone(),
+        name: compiled.name.clone(),
+        service_id: compiled.service_id.clone(),
+        service_name: compiled.service_name.clone(),
+        uris: route.uris.clone(),
+        hosts: hosts.to_vec(),
+    };
+    let route_owner = Owner::new(ResourceKind::Routes, &route.id);
+    let pc = route.plugin_config_id.as_deref().and_then(|id| {
+        cache
+            .plugin_configs
+            .get(id)
+            .map(|pc| (Owner::new(ResourceKind::PluginConfigs, id), pc))
+    });
+    let service_owner = route
+        .service_id
+        .as_deref()
+        .map(|id| Owner::new(ResourceKind::Services, id));
+    let sources: Vec<PluginSource<'_>> = compiled
+        .plugins
+        .iter()
+        .map(|(name, conf)| {
+            // Precedence of the merge: route, then plugin_config, then service.
+            let owner = if route.plugins.contains_key(name) {
+                &route_owner
+            } else if let Some((owner, _)) = pc
+                .as_ref()
+                .filter(|(_, pc)| pc.typed.plugins.contains_key(name))
+            {
+                owner
+            } else {
+                service_owner.as_ref().unwrap_or(&route_owner)
+            };
+            PluginSource { name, conf, owner }
+        })
+        .collect();
+    let chain = Arc::new(PluginChain::compile(&sources, Some(&compiled.info), env)?);
+    let global_chain = globals.for_route(&compiled.info, &compiled.plugins, env);
+    compiled.chain = chain;
+    compiled.global_chain = global_chain;
+    Ok(compiled)
+}
+
 fn failing_route(route: &Route, status: StatusCode) -> CompiledRoute {
     CompiledRoute {
         id: route.id.clone(),
@@ -603,6 +711,10 @@ fn failing_route(route: &Route, status: StatusCode) -> CompiledRoute {
         timeout: None,
         enable_websocket: false,
         plugins: Map::new(),
+        info: RouteInfo::default(),
+        plugins_run: false,
+        chain: PluginChain::empty(),
+        global_chain: PluginChain::empty(),
     }
 }
 
@@ -633,6 +745,9 @@ pub async fn follow(
             "configuration applied"
         );
         handle.store(Arc::new(snapshot));
+        // Let the replaced snapshot go now, not at the next change: what only it referenced
+        // (plugin state of deleted routes) is released with it.
+        drop(previous);
         if rx.changed().await.is_err() {
             return;
         }

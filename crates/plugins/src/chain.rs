@@ -1,0 +1,636 @@
+//! Plugin chains: the plugins of one route (or of the global rules) compiled once per snapshot,
+//! sorted by priority, and run phase by phase on the request path.
+//!
+//! Compilation does what APISIX's `plugin.filter` does per request, once: plugins whose
+//! `_meta.disable` is true are left out, `_meta.priority` overrides the plugin's priority,
+//! `_meta.filter` is compiled into an expression, and global rules apply `run_policy =
+//! "prefer_route"`. Running a phase then only walks the plugins that implement it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+use ferrisix_config::model::ResourceKind;
+use ferrisix_config::vars::compile_vars;
+use ferrisix_router::Expr;
+use http::{HeaderMap, StatusCode};
+use serde_json::{Map, Value};
+
+use crate::plugin::{Flow, LogCtx, Owner, Phases, Plugin, PluginCtx, RouteInfo, Step};
+use crate::registry::PluginRegistry;
+
+/// One plugin configuration and where it comes from.
+#[derive(Clone, Debug)]
+pub struct PluginSource<'a> {
+    pub name: &'a str,
+    pub conf: &'a Value,
+    pub owner: &'a Owner,
+}
+
+/// What compiling a plugin may read besides its configuration.
+#[derive(Clone, Copy, Debug)]
+pub struct CompileEnv<'a> {
+    /// `plugin_metadata` documents by plugin name.
+    pub metadata: &'a HashMap<String, Value>,
+}
+
+#[derive(Clone)]
+struct ChainEntry {
+    name: &'static str,
+    priority: i64,
+    plugin: Arc<dyn Plugin>,
+    filter: Option<Expr>,
+    /// `_meta.error_response`: replaces the body of any exit ≥ 400 of this plugin.
+    error_response: Option<Bytes>,
+}
+
+/// The compiled plugins of one route, highest priority first.
+#[derive(Default)]
+pub struct PluginChain {
+    entries: Box<[ChainEntry]>,
+    phases: Phases,
+}
+
+impl std::fmt::Debug for PluginChain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.entries.iter().map(|e| (e.name, e.priority)))
+            .finish()
+    }
+}
+
+fn meta(conf: &Value) -> Option<&Map<String, Value>> {
+    conf.get("_meta").and_then(Value::as_object)
+}
+
+/// `_meta.disable == true`.
+pub fn is_disabled(conf: &Value) -> bool {
+    meta(conf)
+        .and_then(|m| m.get("disable"))
+        .and_then(Value::as_bool)
+        == Some(true)
+}
+
+impl ChainEntry {
+    /// `None`: left out (disabled, or not implemented).
+    fn compile(
+        src: &PluginSource<'_>,
+        route: Option<&RouteInfo>,
+        env: CompileEnv<'_>,
+    ) -> Result<Option<ChainEntry>, String> {
+        if !src.conf.is_object() || is_disabled(src.conf) {
+            return Ok(None);
+        }
+        let registry = PluginRegistry::builtin_shared();
+        let Some(info) = registry.get(src.name) else {
+            tracing::warn!(plugin = src.name, "unknown plugin left out of the chain");
+            return Ok(None);
+        };
+        let Some(plugin) = crate::factory::compile(info.name, src.conf, src.owner, route, env)
+            .map_err(|e| format!("failed to load plugin {}: {e}", src.name))?
+        else {
+            tracing::warn!(
+                plugin = src.name,
+                "plugin has no implementation yet; not run"
+            );
+            return Ok(None);
+        };
+        let meta = meta(src.conf);
+        let priority = meta
+            .and_then(|m| m.get("priority"))
+            .and_then(Value::as_i64)
+            .unwrap_or(info.priority);
+        let filter = match meta.and_then(|m| m.get("filter")) {
+            Some(f) => Some(compile_vars(f).map_err(|e| format!("plugin {}: {e}", src.name))?),
+            None => None,
+        };
+        let error_response = meta.and_then(|m| m.get("error_response")).map(|v| match v {
+            Value::String(s) => Bytes::from(s.clone()),
+            // A table body is JSON-encoded and followed by a newline.
+            other => {
+                let mut s = ferrisix_config::schema::lua::cjson_encode(other);
+                s.push('\n');
+                Bytes::from(s)
+            }
+        });
+        Ok(Some(ChainEntry {
+            name: info.name,
+            priority,
+            plugin,
+            filter,
+            error_response,
+        }))
+    }
+}
+
+impl PluginChain {
+    /// A shared empty chain.
+    pub fn empty() -> Arc<PluginChain> {
+        static EMPTY: OnceLock<Arc<PluginChain>> = OnceLock::new();
+        EMPTY
+            .get_or_init(|| Arc::new(PluginChain::default()))
+            .clone()
+    }
+
+    /// Compiles `sources` for `route` (`None`: requests that matched no route). Fails with the
+    /// first plugin that cannot be compiled; plugins ferrisix knows the schema of but does not
+    /// implement are skipped with a warning.
+    pub fn compile(
+        sources: &[PluginSource<'_>],
+        route: Option<&RouteInfo>,
+        env: CompileEnv<'_>,
+    ) -> Result<PluginChain, String> {
+        let mut entries = Vec::with_capacity(sources.len());
+        for src in sources {
+            entries.extend(ChainEntry::compile(src, route, env)?);
+        }
+        Ok(PluginChain::from_entries(entries))
+    }
+
+    fn from_entries(mut entries: Vec<ChainEntry>) -> PluginChain {
+        // Equal priorities run in name order, so the order is deterministic.
+        entries.sort_by(|a, b| b.priority.cmp(&a.priority).then_with(|| a.name.cmp(b.name)));
+        let phases = entries
+            .iter()
+            .fold(Phases::NONE, |p, e| p | e.plugin.phases());
+        PluginChain {
+            entries: entries.into_boxed_slice(),
+            phases,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether any plugin implements `phase`.
+    pub fn has(&self, phase: Phases) -> bool {
+        self.phases.contains(phase)
+    }
+
+    /// Plugin names in run order.
+    pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.entries.iter().map(|e| e.name)
+    }
+
+    pub async fn rewrite(&self, ctx: &mut PluginCtx<'_>) -> Flow {
+        self.run(Phases::REWRITE, ctx).await
+    }
+
+    pub async fn access(&self, ctx: &mut PluginCtx<'_>) -> Flow {
+        self.run(Phases::ACCESS, ctx).await
+    }
+
+    pub async fn before_proxy(&self, ctx: &mut PluginCtx<'_>) -> Flow {
+        self.run(Phases::BEFORE_PROXY, ctx).await
+    }
+
+    async fn run(&self, phase: Phases, ctx: &mut PluginCtx<'_>) -> Flow {
+        if !self.phases.contains(phase) {
+            return Flow::Continue;
+        }
+        for e in self.entries.iter() {
+            if !e.plugin.phases().contains(phase) {
+                continue;
+            }
+            if let Some(filter) = &e.filter {
+                if !filter.eval(&*ctx) {
+                    continue;
+                }
+            }
+            let step = match phase {
+                Phases::REWRITE => e.plugin.rewrite(ctx),
+                Phases::ACCESS => e.plugin.access(ctx),
+                _ => e.plugin.before_proxy(ctx),
+            };
+            let flow = match step {
+                Step::Done(flow) => flow,
+                Step::Wait(fut) => fut.await,
+            };
+            if let Flow::Exit(mut exit) = flow {
+                if exit.status.as_u16() >= 400 {
+                    tracing::warn!(
+                        plugin = e.name,
+                        status = exit.status.as_u16(),
+                        "plugin exits"
+                    );
+                    if let Some(body) = &e.error_response {
+                        exit.body = Some(body.clone());
+                    }
+                }
+                return Flow::Exit(exit);
+            }
+        }
+        Flow::Continue
+    }
+
+    /// The `_meta.filter` verdicts of this request, taken while its variables are at hand, for
+    /// the phases that run after the response head (APISIX caches them per request too).
+    pub fn verdicts(&self, ctx: &PluginCtx<'_>) -> Verdicts {
+        let mut v = Verdicts::ALL;
+        for (i, e) in self.entries.iter().enumerate().take(64) {
+            if let Some(filter) = &e.filter {
+                if !filter.eval(ctx) {
+                    v.0 &= !(1 << i);
+                }
+            }
+        }
+        v
+    }
+
+    /// `header_filter`: the response head is final except for what plugins change here.
+    pub fn header_filter(&self, status: StatusCode, headers: &mut HeaderMap, verdicts: Verdicts) {
+        if !self.phases.contains(Phases::HEADER_FILTER) {
+            return;
+        }
+        for (i, e) in self.entries.iter().enumerate() {
+            if e.plugin.phases().contains(Phases::HEADER_FILTER) && verdicts.allows(i) {
+                e.plugin.header_filter(status, headers);
+            }
+        }
+    }
+
+    pub fn log(&self, ctx: &LogCtx, verdicts: Verdicts) {
+        if !self.phases.contains(Phases::LOG) {
+            return;
+        }
+        for (i, e) in self.entries.iter().enumerate() {
+            if e.plugin.phases().contains(Phases::LOG) && verdicts.allows(i) {
+                e.plugin.log(ctx);
+            }
+        }
+    }
+}
+
+/// Which plugins of a chain passed their `_meta.filter` (bit per entry; entries past the 64th
+/// always run).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdicts(u64);
+
+impl Verdicts {
+    pub const ALL: Verdicts = Verdicts(u64::MAX);
+
+    fn allows(self, i: usize) -> bool {
+        i >= 64 || self.0 & (1 << i) != 0
+    }
+}
+
+/// The plugins of every global rule, merged (3.15+): a plugin configured in two rules runs in
+/// neither.
+#[derive(Clone, Debug, Default)]
+pub struct GlobalRules {
+    /// (name, conf, owner) in rule order.
+    plugins: Vec<(String, Value, Owner)>,
+}
+
+impl GlobalRules {
+    /// Merges `rules` (id, plugins) given in APISIX's iteration order.
+    pub fn merge<'a>(
+        rules: impl IntoIterator<Item = (&'a str, &'a Map<String, Value>)>,
+    ) -> GlobalRules {
+        let mut seen: HashMap<String, bool> = HashMap::new();
+        let mut plugins: Vec<(String, Value, Owner)> = Vec::new();
+        for (id, rule_plugins) in rules {
+            let owner = Owner::new(ResourceKind::GlobalRules, id);
+            for (name, conf) in rule_plugins {
+                match seen.get_mut(name) {
+                    Some(dup) => {
+                        if !*dup {
+                            tracing::error!(
+                                plugin = %name,
+                                "Found {name} configured across different global rules. Removing it from execution list"
+                            );
+                        }
+                        *dup = true;
+                    }
+                    None => {
+                        seen.insert(name.clone(), false);
+                        plugins.push((name.clone(), conf.clone(), owner.clone()));
+                    }
+                }
+            }
+        }
+        plugins.retain(|(name, _, _)| seen.get(name) == Some(&false));
+        GlobalRules { plugins }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.plugins.is_empty()
+    }
+
+    /// Compiles what does not depend on the route once; see [`GlobalChains::for_route`].
+    pub fn prepare(&self, env: CompileEnv<'_>) -> GlobalChains {
+        let mut shared = Vec::new();
+        let mut per_route = Vec::new();
+        for (name, conf, owner) in &self.plugins {
+            if crate::factory::depends_on_route(name) {
+                per_route.push((name.clone(), conf.clone(), owner.clone()));
+                continue;
+            }
+            let src = PluginSource { name, conf, owner };
+            // A global plugin that fails to compile is left out; the rest still run.
+            match ChainEntry::compile(&src, None, env) {
+                Ok(Some(e)) => shared.push(e),
+                Ok(None) => {}
+                Err(e) => tracing::error!("global rules: {e}"),
+            }
+        }
+        let mut chains = GlobalChains {
+            unmatched: PluginChain::empty(),
+            shared_chain: Arc::new(PluginChain::from_entries(shared.clone())),
+            shared,
+            per_route,
+        };
+        chains.unmatched = chains.build(None, env);
+        chains
+    }
+}
+
+/// The global rules compiled for one snapshot.
+pub struct GlobalChains {
+    shared: Vec<ChainEntry>,
+    /// The chain of `shared` alone, handed to every route when nothing depends on the route.
+    shared_chain: Arc<PluginChain>,
+    /// Plugins compiled per route (prometheus: its labels are the route's).
+    per_route: Vec<(String, Value, Owner)>,
+    unmatched: Arc<PluginChain>,
+}
+
+impl Default for GlobalChains {
+    fn default() -> Self {
+        GlobalChains {
+            shared: Vec::new(),
+            shared_chain: PluginChain::empty(),
+            per_route: Vec::new(),
+            unmatched: PluginChain::empty(),
+        }
+    }
+}
+
+impl std::fmt::Debug for GlobalChains {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GlobalChains")
+            .field("unmatched", &self.unmatched)
+            .finish()
+    }
+}
+
+impl GlobalChains {
+    /// The chain for requests that matched no route.
+    pub fn unmatched(&self) -> Arc<PluginChain> {
+        self.unmatched.clone()
+    }
+
+    fn build(
+        &self,
+        route: Option<(&RouteInfo, &Map<String, Value>)>,
+        env: CompileEnv<'_>,
+    ) -> Arc<PluginChain> {
+        let prefer_skip = |name: &str| {
+            let Some((_, route_plugins)) = route else {
+                return false;
+            };
+            crate::factory::prefers_route(name)
+                && route_plugins
+                    .get(name)
+                    .is_some_and(|c| c.is_object() && !is_disabled(c))
+        };
+        let skips_shared = self.shared.iter().any(|e| prefer_skip(e.name));
+        if self.per_route.is_empty() && !skips_shared {
+            return self.shared_chain.clone();
+        }
+        let mut entries: Vec<ChainEntry> = self
+            .shared
+            .iter()
+            .filter(|e| !prefer_skip(e.name))
+            .cloned()
+            .collect();
+        for (name, conf, owner) in &self.per_route {
+            if prefer_skip(name) {
+                continue;
+            }
+            let src = PluginSource { name, conf, owner };
+            match ChainEntry::compile(&src, route.map(|r| r.0), env) {
+                Ok(Some(e)) => entries.push(e),
+                Ok(None) => {}
+                Err(e) => tracing::error!("global rules: {e}"),
+            }
+        }
+        Arc::new(PluginChain::from_entries(entries))
+    }
+
+    /// The global chain as it runs for `route` with its merged `route_plugins`: plugins with
+    /// `run_policy = "prefer_route"` are left out when the route has the same plugin enabled.
+    pub fn for_route(
+        &self,
+        route: &RouteInfo,
+        route_plugins: &Map<String, Value>,
+        env: CompileEnv<'_>,
+    ) -> Arc<PluginChain> {
+        self.build(Some((route, route_plugins)), env)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::plugin::Exit;
+
+    fn env() -> CompileEnv<'static> {
+        static META: OnceLock<HashMap<String, Value>> = OnceLock::new();
+        CompileEnv {
+            metadata: META.get_or_init(HashMap::new),
+        }
+    }
+
+    #[test]
+    fn order_disable_and_priority_override() {
+        let owner = Owner::new(ResourceKind::Routes, "chain-t1");
+        let lc = json!({"count": 1, "time_window": 60});
+        let prom = json!({});
+        let srcs = [
+            PluginSource {
+                name: "prometheus",
+                conf: &prom,
+                owner: &owner,
+            },
+            PluginSource {
+                name: "limit-count",
+                conf: &lc,
+                owner: &owner,
+            },
+        ];
+        let c = PluginChain::compile(&srcs, None, env()).unwrap();
+        assert_eq!(c.names().collect::<Vec<_>>(), ["limit-count", "prometheus"]);
+        assert!(c.has(Phases::ACCESS) && c.has(Phases::LOG) && !c.has(Phases::REWRITE));
+
+        let prom_first = json!({"_meta": {"priority": 2000}});
+        let srcs = [
+            PluginSource {
+                name: "prometheus",
+                conf: &prom_first,
+                owner: &owner,
+            },
+            PluginSource {
+                name: "limit-count",
+                conf: &lc,
+                owner: &owner,
+            },
+        ];
+        let c = PluginChain::compile(&srcs, None, env()).unwrap();
+        assert_eq!(c.names().collect::<Vec<_>>(), ["prometheus", "limit-count"]);
+
+        let off = json!({"count": 1, "time_window": 60, "_meta": {"disable": true}});
+        let srcs = [PluginSource {
+            name: "limit-count",
+            conf: &off,
+            owner: &owner,
+        }];
+        assert!(PluginChain::compile(&srcs, None, env()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn global_rules_drop_duplicates_and_prefer_route() {
+        let a = json!({"limit-count": {"count": 1, "time_window": 1}, "prometheus": {}});
+        let b = json!({"limit-count": {"count": 2, "time_window": 1}});
+        let (a, b) = (a.as_object().unwrap(), b.as_object().unwrap());
+        let g = GlobalRules::merge([("1", a), ("2", b)]).prepare(env());
+        let unmatched = g.unmatched();
+        assert_eq!(unmatched.names().collect::<Vec<_>>(), ["prometheus"]);
+
+        let route = RouteInfo {
+            id: "r".into(),
+            uris: vec!["/".into()],
+            ..Default::default()
+        };
+        let with_prom = json!({"prometheus": {}});
+        let chain = g.for_route(&route, with_prom.as_object().unwrap(), env());
+        assert!(chain.is_empty(), "prefer_route skips the global prometheus");
+        let disabled = json!({"prometheus": {"_meta": {"disable": true}}});
+        let chain = g.for_route(&route, disabled.as_object().unwrap(), env());
+        assert_eq!(chain.len(), 1);
+
+        // Route-independent global plugins are compiled once and shared.
+        let only_lc = json!({"limit-count": {"count": 1, "time_window": 1}});
+        let g = GlobalRules::merge([("3", only_lc.as_object().unwrap())]).prepare(env());
+        let empty = Map::new();
+        let a = g.for_route(&route, &empty, env());
+        let b = g.for_route(&RouteInfo::default(), &empty, env());
+        assert!(Arc::ptr_eq(&a, &b));
+    }
+
+    #[tokio::test]
+    async fn exit_takes_error_response() {
+        let owner = Owner::new(ResourceKind::Routes, "chain-t2");
+        let lc = json!({"count": 1, "time_window": 60, "key_type": "constant", "key": "k",
+            "_meta": {"error_response": {"message": "slow down"}}});
+        let srcs = [PluginSource {
+            name: "limit-count",
+            conf: &lc,
+            owner: &owner,
+        }];
+        let c = PluginChain::compile(&srcs, None, env()).unwrap();
+        let headers = HeaderMap::new();
+        let method = http::Method::GET;
+        let vars = ();
+        let mut ctx = PluginCtx::new(&method, "/", &headers, "127.0.0.1".parse().unwrap(), &vars);
+        assert_eq!(c.access(&mut ctx).await, Flow::Continue);
+        let mut ctx = PluginCtx::new(&method, "/", &headers, "127.0.0.1".parse().unwrap(), &vars);
+        let Flow::Exit(exit) = c.access(&mut ctx).await else {
+            panic!("not rejected")
+        };
+        assert_eq!(exit.status, 503);
+        assert_eq!(exit.body.unwrap(), "{\"message\":\"slow down\"}\n");
+        assert_eq!(ctx.response_headers["x-ratelimit-remaining"], "0");
+    }
+
+    #[test]
+    fn filter_verdicts() {
+        let owner = Owner::new(ResourceKind::Routes, "chain-t3");
+        let prom = json!({"_meta": {"filter": [["uri", "==", "/yes"]]}});
+        let srcs = [PluginSource {
+            name: "prometheus",
+            conf: &prom,
+            owner: &owner,
+        }];
+        let c = PluginChain::compile(&srcs, None, env()).unwrap();
+        let (headers, method, vars) = (HeaderMap::new(), http::Method::GET, ());
+        let ip = "127.0.0.1".parse().unwrap();
+        let yes = PluginCtx::new(&method, "/yes", &headers, ip, &vars);
+        let no = PluginCtx::new(&method, "/no", &headers, ip, &vars);
+        assert!(c.verdicts(&yes).allows(0));
+        assert!(!c.verdicts(&no).allows(0));
+    }
+
+    /// The cost of benchmark scenario 2's plugins per request (`cargo test --release -p
+    /// ferrisix-plugins -- --ignored --nocapture hot_path`).
+    #[tokio::test]
+    #[ignore]
+    async fn hot_path_cost() {
+        let owner = Owner::new(ResourceKind::Routes, "chain-bench");
+        let lc = json!({"count": 2_000_000_000_000u64, "time_window": 60, "rejected_code": 503, "key": "remote_addr"});
+        let prom = json!({});
+        let srcs = [
+            PluginSource {
+                name: "limit-count",
+                conf: &lc,
+                owner: &owner,
+            },
+            PluginSource {
+                name: "prometheus",
+                conf: &prom,
+                owner: &owner,
+            },
+        ];
+        let route = RouteInfo {
+            id: "1".into(),
+            uris: vec!["/hello".into()],
+            ..Default::default()
+        };
+        let c = PluginChain::compile(&srcs, Some(&route), env()).unwrap();
+        let (headers, method, vars) = (HeaderMap::new(), http::Method::GET, ());
+        let ip = "127.0.0.1".parse().unwrap();
+        let log = LogCtx {
+            status: 200,
+            matched_uri: Some(0),
+            node: Some(ip),
+            request_length: 80,
+            bytes_sent: 200,
+            request_time: std::time::Duration::from_micros(300),
+            upstream_time: Some(std::time::Duration::from_micros(200)),
+            response_source: crate::plugin::ResponseSource::Upstream,
+            ..Default::default()
+        };
+        let n = 1_000_000u32;
+        for (label, with_log) in [
+            ("access (limit-count)", false),
+            ("access + log (both)", true),
+        ] {
+            let start = std::time::Instant::now();
+            for _ in 0..n {
+                let mut ctx = PluginCtx::new(&method, "/hello", &headers, ip, &vars);
+                ctx.route = Some(&route);
+                assert_eq!(c.access(&mut ctx).await, Flow::Continue);
+                let v = c.verdicts(&ctx);
+                if with_log {
+                    c.log(&log, v);
+                }
+            }
+            eprintln!(
+                "{label}: {:.0} ns/request",
+                start.elapsed().as_nanos() as f64 / f64::from(n)
+            );
+        }
+    }
+
+    #[test]
+    fn exit_helper() {
+        assert_eq!(Exit::status(StatusCode::NOT_FOUND).body, None);
+    }
+}

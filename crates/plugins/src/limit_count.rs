@@ -1,0 +1,902 @@
+//! limit-count (spec data-plane §6): a fixed (or, 3.18, sliding) window per key, kept in the
+//! process (`local`) or in Redis (`redis`, `redis-cluster`).
+//!
+//! The counter key is `<group>:<key>`, or `<resource key of the conf's owner>:<crc32 of the
+//! conf>:<key>` (3.15+), so an unchanged conf keeps counting across snapshots and re-PUTs while
+//! any change starts afresh. Everything that depends only on the conf (headers, the rejection,
+//! the counter space or Redis pool) is prepared when the plugin is compiled.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, StatusCode};
+use serde_json::{Map, Value};
+
+use crate::plugin::{Exit, Flow, Owner, Phases, Plugin, PluginCtx, Step};
+use crate::template::Template;
+
+pub mod local;
+pub mod redis;
+
+use local::{KeyRef, Outcome, Space};
+use redis::{ClusterTarget, Remote, SingleTarget};
+
+pub const NAME: &str = "limit-count";
+
+/// `count` / `time_window`: a number, or (3.16+) a string resolved from request variables.
+#[derive(Clone, Debug)]
+enum Quota {
+    Fixed(u64),
+    Var(Template),
+}
+
+impl Quota {
+    fn parse(v: Option<&Value>, what: &str) -> Result<Quota, String> {
+        match v {
+            Some(Value::Number(n)) => n
+                .as_u64()
+                .filter(|n| *n > 0)
+                .map(Quota::Fixed)
+                .ok_or_else(|| format!("{what} must be a positive integer")),
+            Some(Value::String(s)) => Ok(Quota::Var(Template::parse(s))),
+            _ => Err(format!("{what} is missing")),
+        }
+    }
+
+    fn resolve(&self, ctx: &PluginCtx<'_>) -> Result<u64, String> {
+        match self {
+            Quota::Fixed(n) => Ok(*n),
+            Quota::Var(t) => {
+                let r = t.resolve(ctx);
+                let v: f64 = r
+                    .text
+                    .trim()
+                    .parse()
+                    .map_err(|_| "resolved value is not a number".to_string())?;
+                if v <= 0.0 {
+                    return Err(format!(
+                        "resolved value must be a positive number, got: {}",
+                        r.text
+                    ));
+                }
+                if v.fract() != 0.0 || v > 9_007_199_254_740_991.0 {
+                    return Err(format!(
+                        "resolved value must be an integer, got: {}",
+                        r.text
+                    ));
+                }
+                Ok(v as u64)
+            }
+        }
+    }
+}
+
+/// How the per-request key is found.
+#[derive(Clone, Debug)]
+enum KeySpec {
+    /// `key_type: var` with `remote_addr` (the default): no formatting at all.
+    RemoteAddr,
+    Var(String),
+    Combination(Template),
+    Constant(String),
+}
+
+impl KeySpec {
+    fn new(key_type: &str, key: &str) -> KeySpec {
+        match key_type {
+            "constant" => KeySpec::Constant(key.to_owned()),
+            "var_combination" => KeySpec::Combination(Template::parse(key)),
+            _ if key == "remote_addr" => KeySpec::RemoteAddr,
+            _ => KeySpec::Var(key.to_owned()),
+        }
+    }
+}
+
+/// A key value: borrowed when possible.
+enum KeyValue<'a> {
+    Ip(std::net::IpAddr),
+    Text(std::borrow::Cow<'a, str>),
+}
+
+impl KeyValue<'_> {
+    fn as_ref(&self) -> KeyRef<'_> {
+        match self {
+            KeyValue::Ip(ip) => KeyRef::Ip(*ip),
+            KeyValue::Text(t) => KeyRef::Text(t),
+        }
+    }
+}
+
+fn resolve_key<'a>(spec: &'a KeySpec, ctx: &'a PluginCtx<'_>) -> KeyValue<'a> {
+    use ferrisix_router::VarSource;
+    let found = match spec {
+        KeySpec::RemoteAddr => None,
+        KeySpec::Constant(k) => Some(KeyValue::Text(std::borrow::Cow::Borrowed(k.as_str()))),
+        KeySpec::Var(name) => ctx.var(name).map(KeyValue::Text),
+        KeySpec::Combination(t) => {
+            let r = t.resolve(ctx);
+            (r.resolved > 0).then_some(KeyValue::Text(std::borrow::Cow::Owned(r.text)))
+        }
+    };
+    // A missing key falls back to the client address.
+    found.unwrap_or(KeyValue::Ip(ctx.remote_addr))
+}
+
+/// A process-wide copy of `text` that lives forever, for header names and values that every
+/// request clones: a static header clones without touching a shared reference count (which
+/// all worker threads would contend on). Bounded by the distinct texts configured.
+fn intern(text: &str) -> &'static str {
+    type Set = std::sync::Mutex<std::collections::HashSet<&'static str>>;
+    static SET: std::sync::OnceLock<Set> = std::sync::OnceLock::new();
+    let mut set = SET
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(s) = set.get(text) {
+        return s;
+    }
+    let s: &'static str = Box::leak(text.to_owned().into_boxed_str());
+    set.insert(s);
+    s
+}
+
+/// A number as a header value that clones for free (see [`intern`]).
+fn static_number(n: u64) -> HeaderValue {
+    HeaderValue::from_static(intern(&n.to_string()))
+}
+
+/// The three response headers of one rule.
+#[derive(Clone, Debug)]
+struct HeaderNames {
+    limit: HeaderName,
+    remaining: HeaderName,
+    reset: HeaderName,
+}
+
+impl HeaderNames {
+    /// The names from plugin metadata (or the defaults), with `<prefix>-` inserted before the
+    /// first `RateLimit-` for a rule's prefix.
+    fn new(metadata: Option<&Value>, prefix: Option<&str>) -> Result<HeaderNames, String> {
+        let get = |field: &str, default: &str| -> Result<HeaderName, String> {
+            let base = metadata
+                .and_then(|m| m.get(field))
+                .and_then(Value::as_str)
+                .unwrap_or(default);
+            let name = match prefix {
+                Some(p) => base.replacen("RateLimit-", &format!("{p}-RateLimit-"), 1),
+                None => base.to_owned(),
+            };
+            HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| format!("invalid header name {name}"))?;
+            Ok(HeaderName::from_static(intern(&name.to_ascii_lowercase())))
+        };
+        Ok(HeaderNames {
+            limit: get("limit_header", "X-RateLimit-Limit")?,
+            remaining: get("remaining_header", "X-RateLimit-Remaining")?,
+            reset: get("reset_header", "X-RateLimit-Reset")?,
+        })
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Rule {
+    count: Quota,
+    window: Quota,
+    key: KeySpec,
+    headers: HeaderNames,
+    /// `X-RateLimit-Limit`, and `X-RateLimit-Reset` of a window's first request, when
+    /// `count` and `time_window` are numbers.
+    fixed_values: Option<(HeaderValue, HeaderValue)>,
+}
+
+/// Where the counters live.
+enum Backend {
+    Local(Arc<Space>),
+    Remote(Remote),
+    /// A policy ferrisix does not implement (redis-sentinel): every request meets a backend
+    /// error, so `allow_degradation` decides.
+    Unsupported(&'static str),
+}
+
+/// One compiled limit-count configuration.
+pub struct LimitCount {
+    /// `Some`: the one rule of a `count`/`time_window` conf. `None`: `rules` apply.
+    single: Option<Rule>,
+    rules: Vec<(Template, Quota, Quota, HeaderNames)>,
+    sliding: bool,
+    /// `<owner>:<crc32>` or the group.
+    prefix: Arc<str>,
+    backend: Backend,
+    show_headers: bool,
+    allow_degradation: bool,
+    rejection: Exit,
+}
+
+fn str_field<'a>(conf: &'a Map<String, Value>, name: &str) -> Option<&'a str> {
+    conf.get(name).and_then(Value::as_str)
+}
+
+fn bool_field(conf: &Map<String, Value>, name: &str, default: bool) -> bool {
+    conf.get(name).and_then(Value::as_bool).unwrap_or(default)
+}
+
+fn u64_field(conf: &Map<String, Value>, name: &str, default: u64) -> u64 {
+    conf.get(name).and_then(Value::as_u64).unwrap_or(default)
+}
+
+/// The conf with the schema's defaults filled in, as APISIX holds it, minus `_meta`; its
+/// stable encoding is what the version hash covers.
+fn canonical(conf: &Value) -> String {
+    fn sorted(v: &Value) -> Value {
+        match v {
+            Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                Value::Object(
+                    keys.into_iter()
+                        .map(|k| (k.clone(), sorted(&m[k])))
+                        .collect(),
+                )
+            }
+            Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
+            other => other.clone(),
+        }
+    }
+    let mut filled = conf.clone();
+    if let Some(info) = crate::registry::PluginRegistry::builtin_shared().get(NAME) {
+        let _ = ferrisix_config::schema::validate_and_fill(&info.schema, &mut filled);
+    }
+    if let Some(m) = filled.as_object_mut() {
+        m.remove("_meta");
+    }
+    sorted(&filled).to_string()
+}
+
+/// `plugin.conf_version`: crc32 of the conf's stable encoding.
+pub fn conf_version(conf: &Value) -> u32 {
+    crc32fast::hash(canonical(conf).as_bytes())
+}
+
+impl LimitCount {
+    pub fn compile(
+        conf: &Value,
+        owner: &Owner,
+        metadata: Option<&Value>,
+        runtime: &crate::runtime::Runtime,
+    ) -> Result<LimitCount, String> {
+        let c = conf.as_object().ok_or("conf is not an object")?;
+        let key_type = str_field(c, "key_type").unwrap_or("var");
+        let key = str_field(c, "key").unwrap_or("remote_addr");
+        let (single, rules) = match c.get("rules").and_then(Value::as_array) {
+            Some(list) => {
+                let mut rules = Vec::with_capacity(list.len());
+                for (i, r) in list.iter().enumerate() {
+                    let prefix = match r.get("header_prefix").and_then(Value::as_str) {
+                        Some(p) => p.to_owned(),
+                        None => (i + 1).to_string(),
+                    };
+                    rules.push((
+                        Template::parse(r.get("key").and_then(Value::as_str).unwrap_or("")),
+                        Quota::parse(r.get("count"), "count")?,
+                        Quota::parse(r.get("time_window"), "time_window")?,
+                        HeaderNames::new(metadata, Some(&prefix))?,
+                    ));
+                }
+                (None, rules)
+            }
+            None => {
+                let count = Quota::parse(c.get("count"), "count")?;
+                let window = Quota::parse(c.get("time_window"), "time_window")?;
+                let fixed_values = match (&count, &window) {
+                    (Quota::Fixed(c), Quota::Fixed(w)) => {
+                        Some((static_number(*c), static_number(*w)))
+                    }
+                    _ => None,
+                };
+                let rule = Rule {
+                    count,
+                    window,
+                    key: KeySpec::new(key_type, key),
+                    headers: HeaderNames::new(metadata, None)?,
+                    fixed_values,
+                };
+                (Some(rule), Vec::new())
+            }
+        };
+        let prefix: Arc<str> = match str_field(c, "group") {
+            Some(g) => g.into(),
+            None => format!("{}:{}", owner.key, conf_version(conf)).into(),
+        };
+        let timeout = u64_field(c, "redis_timeout", 1000);
+        let backend = match str_field(c, "policy").unwrap_or("local") {
+            "local" => Backend::Local(runtime.counters.get(&prefix)),
+            "redis" => Backend::Remote(
+                runtime.remotes.single(SingleTarget {
+                    host: str_field(c, "redis_host")
+                        .ok_or("redis_host is missing")?
+                        .to_owned(),
+                    port: u64_field(c, "redis_port", 6379) as u16,
+                    username: str_field(c, "redis_username").map(str::to_owned),
+                    password: str_field(c, "redis_password").map(str::to_owned),
+                    database: u64_field(c, "redis_database", 0) as i64,
+                    timeout_ms: timeout,
+                    ssl: bool_field(c, "redis_ssl", false),
+                    ssl_verify: bool_field(c, "redis_ssl_verify", false),
+                    pool: u64_field(c, "redis_keepalive_pool", 100) as usize,
+                })?,
+            ),
+            "redis-cluster" => Backend::Remote(
+                runtime.remotes.cluster(ClusterTarget {
+                    nodes: c
+                        .get("redis_cluster_nodes")
+                        .and_then(Value::as_array)
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(Value::as_str)
+                                .map(str::to_owned)
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    name: str_field(c, "redis_cluster_name").unwrap_or("").to_owned(),
+                    password: str_field(c, "redis_password").map(str::to_owned),
+                    timeout_ms: timeout,
+                    ssl: bool_field(c, "redis_cluster_ssl", false),
+                    ssl_verify: bool_field(c, "redis_cluster_ssl_verify", false),
+                })?,
+            ),
+            other => {
+                tracing::error!(
+                    policy = other,
+                    "limit-count policy is not supported by ferrisix"
+                );
+                Backend::Unsupported("policy not supported")
+            }
+        };
+        let rejected_code = StatusCode::from_u16(u64_field(c, "rejected_code", 503) as u16)
+            .map_err(|_| "invalid rejected_code")?;
+        let rejection = match str_field(c, "rejected_msg") {
+            Some(msg) => Exit::error_msg(rejected_code, msg),
+            None => Exit::status(rejected_code),
+        };
+        Ok(LimitCount {
+            single,
+            rules,
+            sliding: str_field(c, "window_type") == Some("sliding"),
+            prefix,
+            backend,
+            show_headers: bool_field(c, "show_limit_quota_header", true),
+            allow_degradation: bool_field(c, "allow_degradation", false),
+            rejection,
+        })
+    }
+
+    /// An error of the counter backend (or of resolving the rules): pass, or 500.
+    fn failure(&self, body: bool) -> Flow {
+        if self.allow_degradation {
+            return Flow::Continue;
+        }
+        Flow::Exit(if body {
+            Exit::error_msg(StatusCode::INTERNAL_SERVER_ERROR, "failed to limit count")
+        } else {
+            Exit::status(StatusCode::INTERNAL_SERVER_ERROR)
+        })
+    }
+
+    fn apply(&self, ctx: &mut PluginCtx<'_>, o: Outcome, limit: u64, names: &HeaderNames) -> Flow {
+        self.apply_with(ctx, o, limit, names, None)
+    }
+
+    /// Sets the headers (reusing the values that do not change between requests, when
+    /// known: `(limit, window, window seconds)`) and turns a rejection into the exit.
+    fn apply_with(
+        &self,
+        ctx: &mut PluginCtx<'_>,
+        o: Outcome,
+        limit: u64,
+        names: &HeaderNames,
+        fixed: Option<(&HeaderValue, &HeaderValue, u64)>,
+    ) -> Flow {
+        if self.show_headers {
+            let limit_value = match fixed {
+                Some((v, _, _)) => v.clone(),
+                None => HeaderValue::from(limit),
+            };
+            let reset = match fixed {
+                Some((_, whole, window)) if o.reset_centis == window * 100 => whole.clone(),
+                _ => reset_value(o.reset_centis),
+            };
+            let remaining = if o.rejected { 0 } else { o.remaining };
+            let h = &mut ctx.response_headers;
+            h.insert(names.limit.clone(), limit_value);
+            h.insert(names.remaining.clone(), number_value(remaining));
+            h.insert(names.reset.clone(), reset);
+        }
+        if o.rejected {
+            Flow::Exit(self.rejection.clone())
+        } else {
+            Flow::Continue
+        }
+    }
+
+    /// The resolved rules of this request: (key, limit, window, header names).
+    fn resolve_rules<'a>(
+        &'a self,
+        ctx: &'a PluginCtx<'_>,
+    ) -> Result<Vec<(KeyValue<'a>, u64, u64, &'a HeaderNames)>, String> {
+        if let Some(rule) = &self.single {
+            let limit = rule.count.resolve(ctx)?;
+            let window = rule.window.resolve(ctx)?;
+            return Ok(vec![(
+                resolve_key(&rule.key, ctx),
+                limit,
+                window,
+                &rule.headers,
+            )]);
+        }
+        let mut out = Vec::with_capacity(self.rules.len());
+        for (key, count, window, names) in &self.rules {
+            let k = key.resolve(ctx);
+            // A rule keyed on variables this request lacks does not apply.
+            if key.has_vars() && k.resolved == 0 {
+                continue;
+            }
+            let limit = count.resolve(ctx)?;
+            let window = window.resolve(ctx)?;
+            out.push((
+                KeyValue::Text(std::borrow::Cow::Owned(k.text)),
+                limit,
+                window,
+                names,
+            ));
+        }
+        if out.is_empty() {
+            return Err("no rule applies".into());
+        }
+        Ok(out)
+    }
+
+    fn run_local(&self, space: &Space, ctx: &mut PluginCtx<'_>) -> Flow {
+        // The common case: one rule with fixed numbers, nothing to allocate.
+        if let Some(Rule {
+            count: Quota::Fixed(limit),
+            window: Quota::Fixed(window),
+            key,
+            headers,
+            fixed_values: Some((limit_value, window_value)),
+        }) = &self.single
+        {
+            let k = resolve_key(key, ctx);
+            let o = self.count_local(space, k.as_ref(), *limit, *window);
+            drop(k);
+            let fixed = Some((limit_value, window_value, *window));
+            return self.apply_with(ctx, o, *limit, headers, fixed);
+        }
+        let resolved: Vec<(String, bool, u64, u64, HeaderNames)> = match self.resolve_rules(ctx) {
+            Ok(rules) => rules
+                .into_iter()
+                .map(|(k, l, w, n)| match k {
+                    KeyValue::Ip(ip) => (ip.to_string(), true, l, w, n.clone()),
+                    KeyValue::Text(t) => (t.into_owned(), false, l, w, n.clone()),
+                })
+                .collect(),
+            Err(e) => {
+                tracing::error!("failed to get rate limit rules: {e}");
+                return self.failure(false);
+            }
+        };
+        for (key, is_ip, limit, window, names) in resolved {
+            let k = if is_ip {
+                KeyRef::Ip(key.parse().unwrap_or(ctx.remote_addr))
+            } else {
+                KeyRef::Text(&key)
+            };
+            let o = self.count_local(space, k, limit, window);
+            if let Flow::Exit(e) = self.apply(ctx, o, limit, &names) {
+                return Flow::Exit(e);
+            }
+        }
+        Flow::Continue
+    }
+
+    fn count_local(&self, space: &Space, key: KeyRef<'_>, limit: u64, window: u64) -> Outcome {
+        if self.sliding {
+            space.sliding(key, limit, window, 1)
+        } else {
+            space.fixed(key, limit, window, 1)
+        }
+    }
+
+    async fn run_remote(&self, remote: &Remote, ctx: &mut PluginCtx<'_>) -> Flow {
+        let resolved: Vec<(String, u64, u64, HeaderNames)> = match self.resolve_rules(ctx) {
+            Ok(rules) => rules
+                .into_iter()
+                .map(|(k, l, w, n)| {
+                    let key = match k {
+                        KeyValue::Ip(ip) => ip.to_string(),
+                        KeyValue::Text(t) => t.into_owned(),
+                    };
+                    (key, l, w, n.clone())
+                })
+                .collect(),
+            Err(e) => {
+                tracing::error!("failed to get rate limit rules: {e}");
+                return self.failure(false);
+            }
+        };
+        for (key, limit, window, names) in resolved {
+            let result = if self.sliding {
+                remote
+                    .sliding(
+                        &format!("plugin-limit-count:{}:{key}", self.prefix),
+                        limit,
+                        window,
+                        1,
+                    )
+                    .await
+            } else {
+                remote
+                    .fixed(
+                        &format!("plugin-limit-count:v1:{}:{key}", self.prefix),
+                        limit,
+                        window,
+                        1,
+                    )
+                    .await
+            };
+            match result {
+                Ok(o) => {
+                    if let Flow::Exit(e) = self.apply(ctx, o, limit, &names) {
+                        return Flow::Exit(e);
+                    }
+                }
+                Err(e) => {
+                    tracing::error!("failed to limit count: {e}");
+                    return self.failure(true);
+                }
+            }
+        }
+        Flow::Continue
+    }
+}
+
+/// `X-RateLimit-Reset`: seconds, with up to two decimals (3.18), e.g. `60`, `59.98`, `4.5`.
+fn reset_value(centis: u64) -> HeaderValue {
+    use std::io::Write as _;
+    let (whole, frac) = (centis / 100, centis % 100);
+    // Formatted on the stack: the header value is the only allocation.
+    let mut buf = [0u8; 32];
+    let mut w = std::io::Cursor::new(&mut buf[..]);
+    let _ = if frac == 0 {
+        write!(w, "{whole}")
+    } else if frac % 10 == 0 {
+        write!(w, "{whole}.{}", frac / 10)
+    } else {
+        write!(w, "{whole}.{frac:02}")
+    };
+    let n = w.position() as usize;
+    HeaderValue::from_bytes(&buf[..n]).unwrap_or_else(|_| HeaderValue::from_static("0"))
+}
+
+/// A count as a header value, formatted on the stack.
+fn number_value(n: u64) -> HeaderValue {
+    use std::io::Write as _;
+    let mut buf = [0u8; 24];
+    let mut w = std::io::Cursor::new(&mut buf[..]);
+    let _ = write!(w, "{n}");
+    let len = w.position() as usize;
+    HeaderValue::from_bytes(&buf[..len]).unwrap_or_else(|_| HeaderValue::from_static("0"))
+}
+
+impl Plugin for LimitCount {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn phases(&self) -> Phases {
+        Phases::ACCESS
+    }
+
+    fn access<'a>(&'a self, ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
+        match &self.backend {
+            Backend::Local(space) => Step::Done(self.run_local(space, ctx)),
+            Backend::Remote(remote) => Step::Wait(Box::pin(self.run_remote(remote, ctx))),
+            Backend::Unsupported(why) => {
+                tracing::error!("failed to limit count: {why}");
+                Step::Done(self.failure(true))
+            }
+        }
+    }
+}
+
+/// Checks APISIX runs after the schema (`limit-count/init.lua` `check_schema`).
+pub fn check_conf(conf: &Value) -> Result<(), String> {
+    let Some(c) = conf.as_object() else {
+        return Ok(());
+    };
+    let has_quota = c.contains_key("count") || c.contains_key("time_window");
+    if c.contains_key("rules") && has_quota {
+        return Err("count/time_window and rules cannot be specified at the same time".into());
+    }
+    if c.contains_key("group") && c.contains_key("rules") {
+        return Err("group and rules cannot be specified at the same time".into());
+    }
+    let policy = str_field(c, "policy").unwrap_or("local");
+    if policy != "local" {
+        if let Some(si) = c.get("sync_interval").and_then(Value::as_f64) {
+            if si != -1.0 {
+                if si < 0.1 {
+                    return Err("sync_interval should not be smaller than 0.1".into());
+                }
+                if c.get("time_window")
+                    .and_then(Value::as_f64)
+                    .is_some_and(|tw| si >= tw)
+                {
+                    return Err("sync_interval should be smaller than time_window".into());
+                }
+            }
+        }
+    }
+    let mut keys: HashMap<&str, ()> = HashMap::new();
+    for rule in c
+        .get("rules")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(k) = rule.get("key").and_then(Value::as_str) {
+            if keys.insert(k, ()).is_some() {
+                return Err(format!("duplicate key '{k}' in rules"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An exit body for tests and callers that want the text.
+pub fn exit_body(e: &Exit) -> Option<Bytes> {
+    e.body.clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use ferrisix_config::model::ResourceKind;
+    use ferrisix_router::VarSource;
+    use http::{HeaderMap, Method};
+    use serde_json::json;
+
+    use super::*;
+
+    struct Vars(Vec<(&'static str, &'static str)>);
+    impl VarSource for Vars {
+        fn var(&self, name: &str) -> Option<Cow<'_, str>> {
+            self.0
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| Cow::Borrowed(*v))
+        }
+    }
+
+    fn compile(conf: Value, owner: &str) -> LimitCount {
+        LimitCount::compile(
+            &conf,
+            &Owner::new(ResourceKind::Routes, owner),
+            None,
+            crate::runtime::runtime(),
+        )
+        .unwrap()
+    }
+
+    fn run(lc: &LimitCount, ip: &str, vars: &Vars) -> (Flow, crate::plugin::ResponseHeaders) {
+        let (method, headers) = (Method::GET, HeaderMap::new());
+        let mut ctx = PluginCtx::new(&method, "/", &headers, ip.parse().unwrap(), vars);
+        let Step::Done(flow) = lc.access(&mut ctx) else {
+            panic!("local is synchronous")
+        };
+        (flow, ctx.response_headers)
+    }
+
+    #[test]
+    fn headers_and_rejection() {
+        let lc = compile(
+            json!({"count": 2, "time_window": 60, "rejected_code": 429, "rejected_msg": "a/b"}),
+            "lc-t1",
+        );
+        let v = Vars(vec![]);
+        let (f, h) = run(&lc, "10.0.0.1", &v);
+        assert_eq!(f, Flow::Continue);
+        assert_eq!(
+            (
+                &h["x-ratelimit-limit"],
+                &h["x-ratelimit-remaining"],
+                &h["x-ratelimit-reset"]
+            ),
+            (
+                &"2".parse::<HeaderValue>().unwrap(),
+                &"1".parse::<HeaderValue>().unwrap(),
+                &"60".parse::<HeaderValue>().unwrap()
+            )
+        );
+        let (f, h) = run(&lc, "10.0.0.1", &v);
+        assert_eq!(f, Flow::Continue);
+        assert_eq!(h["x-ratelimit-remaining"], "0");
+        let (f, h) = run(&lc, "10.0.0.1", &v);
+        let Flow::Exit(e) = f else { panic!() };
+        assert_eq!(e.status, 429);
+        assert_eq!(e.body.unwrap(), "{\"error_msg\":\"a/b\"}\n");
+        assert_eq!(h["x-ratelimit-remaining"], "0");
+        // Another client.
+        assert_eq!(run(&lc, "10.0.0.2", &v).0, Flow::Continue);
+    }
+
+    #[test]
+    fn same_conf_same_counter_changed_conf_new_counter() {
+        let conf = json!({"count": 1, "time_window": 60});
+        let a = compile(conf.clone(), "lc-t2");
+        let v = Vars(vec![]);
+        assert_eq!(run(&a, "1.1.1.1", &v).0, Flow::Continue);
+        // Recompiled (next snapshot) with defaults spelled out: the same counter.
+        let b = compile(
+            json!({"time_window": 60, "count": 1, "rejected_code": 503}),
+            "lc-t2",
+        );
+        assert!(matches!(run(&b, "1.1.1.1", &v).0, Flow::Exit(_)));
+        let c = compile(json!({"count": 1, "time_window": 61}), "lc-t2");
+        assert_eq!(run(&c, "1.1.1.1", &v).0, Flow::Continue);
+        // Another owner with the same conf counts apart.
+        let d = compile(conf, "lc-t2-other");
+        assert_eq!(run(&d, "1.1.1.1", &v).0, Flow::Continue);
+    }
+
+    #[test]
+    fn key_types() {
+        let v = Vars(vec![("http_x_user", "alice")]);
+        let constant = compile(
+            json!({"count": 1, "time_window": 60, "key_type": "constant", "key": "k"}),
+            "lc-t3",
+        );
+        assert_eq!(run(&constant, "1.1.1.1", &v).0, Flow::Continue);
+        assert!(matches!(run(&constant, "2.2.2.2", &v).0, Flow::Exit(_)));
+
+        let by_var = compile(
+            json!({"count": 1, "time_window": 60, "key": "http_x_user"}),
+            "lc-t4",
+        );
+        assert_eq!(run(&by_var, "1.1.1.1", &v).0, Flow::Continue);
+        assert!(
+            matches!(run(&by_var, "2.2.2.2", &v).0, Flow::Exit(_)),
+            "same user"
+        );
+        // Missing variable: the client address.
+        let none = Vars(vec![]);
+        assert_eq!(run(&by_var, "3.3.3.3", &none).0, Flow::Continue);
+        assert!(matches!(run(&by_var, "3.3.3.3", &none).0, Flow::Exit(_)));
+
+        let combo = compile(
+            json!({"count": 1, "time_window": 60, "key_type": "var_combination", "key": "$http_x_user $nope"}),
+            "lc-t5",
+        );
+        assert_eq!(run(&combo, "1.1.1.1", &v).0, Flow::Continue);
+        assert!(matches!(run(&combo, "2.2.2.2", &v).0, Flow::Exit(_)));
+    }
+
+    #[test]
+    fn group_shares_across_owners() {
+        let conf = json!({"count": 1, "time_window": 60, "group": "lc-group-t6"});
+        let a = compile(conf.clone(), "lc-t6a");
+        let b = compile(conf, "lc-t6b");
+        let v = Vars(vec![]);
+        assert_eq!(run(&a, "1.1.1.1", &v).0, Flow::Continue);
+        assert!(matches!(run(&b, "1.1.1.1", &v).0, Flow::Exit(_)));
+    }
+
+    #[test]
+    fn rules_and_var_quotas() {
+        let conf = json!({"rules": [
+            {"count": 1, "time_window": 60, "key": "${http_x_user}"},
+            {"count": "$http_x_quota", "time_window": 60, "key": "$http_x_team", "header_prefix": "team"}
+        ]});
+        let lc = compile(conf, "lc-t7");
+        let v = Vars(vec![("http_x_team", "t1"), ("http_x_quota", "2")]);
+        let (f, h) = run(&lc, "1.1.1.1", &v);
+        assert_eq!(f, Flow::Continue);
+        assert_eq!(h["x-team-ratelimit-limit"], "2");
+        assert!(
+            h.get("x-1-ratelimit-limit").is_none(),
+            "rule 1 lacks its variable"
+        );
+        let v2 = Vars(vec![
+            ("http_x_user", "u"),
+            ("http_x_team", "t2"),
+            ("http_x_quota", "2"),
+        ]);
+        let (_, h) = run(&lc, "1.1.1.1", &v2);
+        assert_eq!(h["x-1-ratelimit-limit"], "1");
+        // A bad resolved quota is an error: 500 without body.
+        let bad = Vars(vec![("http_x_team", "t3"), ("http_x_quota", "x")]);
+        let Flow::Exit(e) = run(&lc, "1.1.1.1", &bad).0 else {
+            panic!()
+        };
+        assert_eq!((e.status.as_u16(), e.body), (500, None));
+    }
+
+    #[test]
+    fn metadata_renames_headers_and_quota_header_off() {
+        let meta = json!({"limit_header": "X-Limit", "remaining_header": "X-Remaining", "reset_header": "X-Reset"});
+        let lc = LimitCount::compile(
+            &json!({"count": 3, "time_window": 60}),
+            &Owner::new(ResourceKind::Routes, "lc-t8"),
+            Some(&meta),
+            crate::runtime::runtime(),
+        )
+        .unwrap();
+        let (_, h) = run(&lc, "1.1.1.1", &Vars(vec![]));
+        assert_eq!(h["x-limit"], "3");
+        assert_eq!(h["x-reset"], "60");
+        let quiet = compile(
+            json!({"count": 3, "time_window": 60, "show_limit_quota_header": false}),
+            "lc-t9",
+        );
+        assert!(run(&quiet, "1.1.1.1", &Vars(vec![])).1.is_empty());
+    }
+
+    #[test]
+    fn reset_formatting() {
+        assert_eq!(reset_value(6000), "60");
+        assert_eq!(reset_value(5998), "59.98");
+        assert_eq!(reset_value(450), "4.5");
+        assert_eq!(reset_value(5), "0.05");
+    }
+
+    #[test]
+    fn schema_extras() {
+        assert!(check_conf(&json!({"count": 1, "time_window": 1, "rules": []})).is_err());
+        assert_eq!(
+            check_conf(&json!({"rules": [{"key": "a"}, {"key": "a"}]})).unwrap_err(),
+            "duplicate key 'a' in rules"
+        );
+        assert_eq!(
+            check_conf(
+                &json!({"count": 1, "time_window": 1, "policy": "redis", "sync_interval": 0.05})
+            )
+            .unwrap_err(),
+            "sync_interval should not be smaller than 0.1"
+        );
+        assert!(check_conf(&json!({"count": 1, "time_window": 1})).is_ok());
+    }
+
+    #[tokio::test]
+    async fn unreachable_redis_degrades_or_fails() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let base = json!({"count": 1, "time_window": 60, "policy": "redis", "redis_host": "127.0.0.1", "redis_port": port, "redis_timeout": 200});
+        let mut degrade = base.clone();
+        degrade["allow_degradation"] = json!(true);
+        let v = Vars(vec![]);
+        let (method, headers) = (Method::GET, HeaderMap::new());
+        for (conf, expect_pass) in [(base, false), (degrade, true)] {
+            let lc = compile(conf, "lc-t10");
+            let mut ctx = PluginCtx::new(&method, "/", &headers, "1.1.1.1".parse().unwrap(), &v);
+            let Step::Wait(fut) = lc.access(&mut ctx) else {
+                panic!("redis waits")
+            };
+            let flow = fut.await;
+            if expect_pass {
+                assert_eq!(flow, Flow::Continue);
+            } else {
+                let Flow::Exit(e) = flow else { panic!() };
+                assert_eq!(e.status, 500);
+                assert_eq!(
+                    e.body.unwrap(),
+                    "{\"error_msg\":\"failed to limit count\"}\n"
+                );
+            }
+            assert!(ctx.response_headers.is_empty());
+        }
+    }
+}

@@ -1,0 +1,634 @@
+//! prometheus (spec data-plane §7): HTTP metrics recorded in the log phase, node metrics, and
+//! the text exposition APISIX's exporter produces.
+//!
+//! Each compiled plugin instance holds the [`series::SeriesGroup`] of its `(route, service)`
+//! labels, resolved at compile time, plus the interned ids of the route's uris and hosts, so
+//! recording a request touches only atomics. Groups are shared through [`Metrics`] by label
+//! pair, so counts survive recompiles; a group no instance references any more (its route was
+//! deleted) is dropped at the next sweep and its series disappear from the output.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwapOption;
+use ferrisix_config::settings::PrometheusAttr;
+use serde_json::Value;
+
+use crate::plugin::{LogCtx, Phases, Plugin, ResponseSource, RouteInfo};
+
+pub mod node;
+pub mod series;
+pub mod server;
+
+use node::{conn_stats, NodeSource};
+use series::{Direction, GroupValues, LatencyType, SeriesGroup, StatusLabels};
+
+pub const NAME: &str = "prometheus";
+
+/// `DEFAULT_BUCKETS` of APISIX's exporter, in milliseconds.
+pub const DEFAULT_BUCKETS: [f64; 15] = [
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 30000.0,
+    60000.0,
+];
+
+/// The process' metrics.
+pub struct Metrics {
+    prefix: String,
+    export_uri: String,
+    buckets: Vec<f64>,
+    /// `le` label texts in sortable (zero-padded) and printed forms.
+    le_sort: Vec<String>,
+    le_print: Vec<String>,
+    groups: Mutex<HashMap<(String, String), Arc<SeriesGroup>>>,
+    node_source: ArcSwapOption<Box<dyn NodeSource>>,
+    hostname: String,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+/// Lua's `tostring` of a number: integers without a fraction, others with 14 significant
+/// digits and no trailing zeros.
+pub fn lua_number(x: f64) -> String {
+    if x.is_finite() && x.fract() == 0.0 && x.abs() < 1e15 {
+        return format!("{}", x as i64);
+    }
+    if !x.is_finite() {
+        return if x.is_nan() {
+            "nan".into()
+        } else if x > 0.0 {
+            "inf".into()
+        } else {
+            "-inf".into()
+        };
+    }
+    let magnitude = x.abs().log10().floor() as i32;
+    let decimals = (13 - magnitude).clamp(0, 20) as usize;
+    let s = format!("{x:.decimals$}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    s.to_owned()
+}
+
+/// nginx-lua-prometheus' `construct_bucket_format`: enough leading zeros and decimals for
+/// every bucket so that the texts sort in numeric order.
+fn bucket_format(buckets: &[f64]) -> (usize, usize) {
+    let mut order = 1;
+    let mut precision = 1;
+    for b in buckets {
+        let s = format!("{b:.6}");
+        let s = s.trim_end_matches('0');
+        let dot = s.find('.').unwrap_or(s.len());
+        order = order.max(dot);
+        precision = precision.max(s.len() - dot - 1);
+    }
+    (order + precision + 1, precision)
+}
+
+fn escape_label(v: &str, out: &mut String) {
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// `name{a="x",b="y"}` from label pairs.
+fn series_key(name: &str, labels: &[(&str, &str)]) -> String {
+    let mut s = String::with_capacity(name.len() + 16 * labels.len());
+    s.push_str(name);
+    if !labels.is_empty() {
+        s.push('{');
+        for (i, (k, v)) in labels.iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            s.push_str(k);
+            s.push_str("=\"");
+            escape_label(v, &mut s);
+            s.push('"');
+        }
+        s.push('}');
+    }
+    s
+}
+
+/// Metric families: (name without prefix, help, type).
+const FAMILIES: [(&str, &str, &str); 9] = [
+    (
+        "bandwidth",
+        "Total bandwidth in bytes consumed per service in APISIX",
+        "counter",
+    ),
+    (
+        "etcd_modify_indexes",
+        "Etcd modify index for APISIX keys",
+        "gauge",
+    ),
+    (
+        "etcd_reachable",
+        "Config server etcd reachable from APISIX, 0 is unreachable",
+        "gauge",
+    ),
+    (
+        "http_latency",
+        "HTTP request latency in milliseconds per service in APISIX",
+        "histogram",
+    ),
+    (
+        "http_requests_total",
+        "The total number of client requests since APISIX started",
+        "gauge",
+    ),
+    (
+        "http_status",
+        "HTTP status codes per service in APISIX",
+        "counter",
+    ),
+    (
+        "nginx_http_current_connections",
+        "Number of HTTP connections",
+        "gauge",
+    ),
+    (
+        "nginx_metric_errors_total",
+        "Number of nginx-lua-prometheus errors",
+        "counter",
+    ),
+    ("node_info", "Info of APISIX node", "gauge"),
+];
+
+/// The family a stored key belongs to, as nginx-lua-prometheus finds it: the name before `{`,
+/// minus `_bucket` for histogram buckets.
+fn short_name(key: &str) -> &str {
+    let Some(brace) = key.find('{') else {
+        return key;
+    };
+    if let Some(i) = key.find("_bucket{") {
+        if key.contains("le=") {
+            return &key[..i];
+        }
+    }
+    &key[..brace]
+}
+
+fn node_text(node: Option<std::net::IpAddr>) -> String {
+    node.map(|n| n.to_string()).unwrap_or_default()
+}
+
+impl Metrics {
+    pub fn new(attr: &PrometheusAttr) -> Metrics {
+        let buckets = attr
+            .default_buckets
+            .clone()
+            .unwrap_or_else(|| DEFAULT_BUCKETS.to_vec());
+        let (width, precision) = bucket_format(&buckets);
+        Metrics {
+            prefix: attr.metric_prefix.clone(),
+            export_uri: attr.export_uri.clone(),
+            le_sort: buckets
+                .iter()
+                .map(|b| format!("{b:0width$.precision$}"))
+                .collect(),
+            le_print: buckets.iter().map(|b| lua_number(*b)).collect(),
+            buckets,
+            groups: Mutex::new(HashMap::new()),
+            node_source: ArcSwapOption::empty(),
+            hostname: node::hostname(),
+        }
+    }
+
+    pub fn export_uri(&self) -> &str {
+        &self.export_uri
+    }
+
+    /// Where `etcd_reachable` and `etcd_modify_indexes` come from.
+    pub fn set_node_source(&self, source: Box<dyn NodeSource>) {
+        self.node_source.store(Some(Arc::new(source)));
+    }
+
+    /// The group of a label pair, shared with earlier compiles of the same labels.
+    pub fn group(&self, route: &str, service: &str) -> Arc<SeriesGroup> {
+        let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        groups
+            .entry((route.to_owned(), service.to_owned()))
+            .or_insert_with(|| {
+                Arc::new(SeriesGroup::new(
+                    route.to_owned(),
+                    service.to_owned(),
+                    self.buckets.len(),
+                ))
+            })
+            .clone()
+    }
+
+    /// Forgets groups that no compiled plugin references: their routes are gone.
+    pub fn sweep(&self) {
+        let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        groups.retain(|_, g| Arc::strong_count(g) > 1);
+    }
+
+    /// The bucket index of a latency in microseconds (`buckets.len()` for `+Inf`).
+    fn bucket(&self, micros: u64) -> usize {
+        let ms = micros as f64 / 1000.0;
+        self.buckets
+            .iter()
+            .position(|b| ms <= *b)
+            .unwrap_or(self.buckets.len())
+    }
+
+    fn group_lines(&self, g: &SeriesGroup, v: &GroupValues, out: &mut Vec<(String, String)>) {
+        let (route, service) = (g.route.as_str(), g.service.as_str());
+        let label =
+            |table: &Vec<String>, id: u16| table.get(id as usize).cloned().unwrap_or_default();
+        for (l, n) in &v.status {
+            let code = l.code.to_string();
+            let source = match l.source {
+                0 => ResponseSource::Upstream,
+                1 => ResponseSource::Nginx,
+                _ => ResponseSource::Apisix,
+            };
+            let (uri, host, node) = (
+                label(&v.uris, l.uri),
+                label(&v.hosts, l.host),
+                node_text(l.node),
+            );
+            out.push((
+                series_key(
+                    "http_status",
+                    &[
+                        ("code", &code),
+                        ("route", route),
+                        ("matched_uri", &uri),
+                        ("matched_host", &host),
+                        ("service", service),
+                        ("consumer", ""),
+                        ("node", &node),
+                        ("request_type", "traditional_http"),
+                        ("request_llm_model", ""),
+                        ("llm_model", ""),
+                        ("response_source", source.as_str()),
+                    ],
+                ),
+                n.to_string(),
+            ));
+        }
+        for ((kind, node), h) in &v.latency {
+            let node = node_text(*node);
+            let labels = [
+                ("type", kind.as_str()),
+                ("route", route),
+                ("service", service),
+                ("consumer", ""),
+                ("node", node.as_str()),
+                ("request_type", "traditional_http"),
+                ("request_llm_model", ""),
+                ("llm_model", ""),
+            ];
+            let mut cumulative = 0;
+            let mut with_le: Vec<(&str, &str)> = labels.to_vec();
+            with_le.push(("le", ""));
+            for (i, le) in self.le_sort.iter().enumerate() {
+                cumulative += h.counts.get(i).copied().unwrap_or(0);
+                with_le[8] = ("le", le.as_str());
+                out.push((
+                    series_key("http_latency_bucket", &with_le),
+                    cumulative.to_string(),
+                ));
+            }
+            let total: u64 = h.counts.iter().sum();
+            // "Inf" sorts after the zero-padded numbers; it is printed as "+Inf".
+            with_le[8] = ("le", "Inf");
+            out.push((
+                series_key("http_latency_bucket", &with_le),
+                total.to_string(),
+            ));
+            out.push((series_key("http_latency_count", &labels), total.to_string()));
+            out.push((
+                series_key("http_latency_sum", &labels),
+                lua_number(h.sum_micros as f64 / 1000.0),
+            ));
+        }
+        for ((dir, node), n) in &v.bandwidth {
+            let node = node_text(*node);
+            out.push((
+                series_key(
+                    "bandwidth",
+                    &[
+                        ("type", dir.as_str()),
+                        ("route", route),
+                        ("service", service),
+                        ("consumer", ""),
+                        ("node", &node),
+                        ("request_type", "traditional_http"),
+                        ("request_llm_model", ""),
+                        ("llm_model", ""),
+                    ],
+                ),
+                n.to_string(),
+            ));
+        }
+    }
+
+    /// The exposition text: every sample sorted by its key, each family preceded by its
+    /// `# HELP` and `# TYPE` lines (nginx-lua-prometheus' `metric_data`).
+    pub fn render(&self) -> String {
+        self.sweep();
+        let groups: Vec<Arc<SeriesGroup>> = self
+            .groups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let mut lines: Vec<(String, String)> = Vec::new();
+        for g in &groups {
+            let v = g.read();
+            self.group_lines(g, &v, &mut lines);
+        }
+
+        let c = conn_stats().read();
+        for (state, n) in [
+            ("active", c.active),
+            ("accepted", c.accepted),
+            ("handled", c.handled),
+            ("reading", c.reading),
+            ("writing", c.writing),
+            ("waiting", c.waiting),
+        ] {
+            lines.push((
+                series_key("nginx_http_current_connections", &[("state", state)]),
+                n.to_string(),
+            ));
+        }
+        lines.push(("http_requests_total".into(), c.requests.to_string()));
+        let source = self.node_source.load_full();
+        let reachable = source
+            .as_ref()
+            .and_then(|s| s.etcd_reachable())
+            .unwrap_or(true);
+        lines.push((
+            "etcd_reachable".into(),
+            if reachable { "1" } else { "0" }.into(),
+        ));
+        if let Some(s) = &source {
+            for (key, idx) in s.modify_indexes() {
+                lines.push((
+                    series_key("etcd_modify_indexes", &[("key", &key)]),
+                    idx.to_string(),
+                ));
+            }
+        }
+        lines.push((
+            series_key(
+                "node_info",
+                &[
+                    ("hostname", &self.hostname),
+                    ("version", env!("CARGO_PKG_VERSION")),
+                ],
+            ),
+            "1".into(),
+        ));
+        lines.push(("nginx_metric_errors_total".into(), "0".into()));
+
+        lines.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut out = String::with_capacity(lines.len() * 160);
+        let mut seen: Vec<&str> = Vec::new();
+        for (key, value) in &lines {
+            let short = short_name(key);
+            if !seen.contains(&short) {
+                seen.push(short);
+                if let Some((name, help, kind)) = FAMILIES.iter().find(|f| f.0 == short) {
+                    let _ = writeln!(out, "# HELP {}{name} {help}", self.prefix);
+                    let _ = writeln!(out, "# TYPE {}{name} {kind}", self.prefix);
+                }
+            }
+            out.push_str(&self.prefix);
+            out.push_str(&self.printable_key(key));
+            out.push(' ');
+            out.push_str(value);
+            out.push('\n');
+        }
+        out
+    }
+
+    /// The stored key with its `le` label printed as Prometheus wants it.
+    fn printable_key(&self, key: &str) -> String {
+        let Some(pos) = key.rfind(",le=\"") else {
+            return key.to_owned();
+        };
+        let start = pos + 5;
+        let Some(len) = key[start..].find('"') else {
+            return key.to_owned();
+        };
+        let le = &key[start..start + len];
+        let printed = if le == "Inf" {
+            "+Inf".to_owned()
+        } else {
+            match self.le_sort.iter().position(|s| s == le) {
+                Some(i) => self.le_print[i].clone(),
+                None => le.to_owned(),
+            }
+        };
+        format!("{}{printed}{}", &key[..start], &key[start + len..])
+    }
+}
+
+/// One compiled prometheus configuration for one route (or for unmatched requests).
+pub struct Prometheus {
+    metrics: &'static Metrics,
+    group: Arc<SeriesGroup>,
+    uri_ids: Box<[u16]>,
+    host_ids: Box<[u16]>,
+}
+
+impl Prometheus {
+    pub fn compile(
+        conf: &Value,
+        route: Option<&RouteInfo>,
+        metrics: &'static Metrics,
+    ) -> Prometheus {
+        let prefer_name = conf.get("prefer_name").and_then(Value::as_bool) == Some(true);
+        let (route_label, service_label) = match route {
+            None => (String::new(), String::new()),
+            Some(r) => {
+                let service = r.service_id.clone().unwrap_or_default();
+                if prefer_name {
+                    (
+                        r.name.clone().unwrap_or_else(|| r.id.clone()),
+                        r.service_name
+                            .clone()
+                            .filter(|_| !service.is_empty())
+                            .unwrap_or(service),
+                    )
+                } else {
+                    (r.id.clone(), service)
+                }
+            }
+        };
+        let group = metrics.group(&route_label, &service_label);
+        let (uri_ids, host_ids) = match route {
+            Some(r) => (
+                r.uris.iter().map(|u| group.uri_id(u)).collect(),
+                r.hosts.iter().map(|h| group.host_id(h)).collect(),
+            ),
+            None => (Box::default(), Box::default()),
+        };
+        Prometheus {
+            metrics,
+            group,
+            uri_ids,
+            host_ids,
+        }
+    }
+}
+
+impl Plugin for Prometheus {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn phases(&self) -> Phases {
+        Phases::LOG
+    }
+
+    fn log(&self, ctx: &LogCtx) {
+        let pick =
+            |ids: &[u16], i: Option<u16>| i.and_then(|i| ids.get(i as usize)).copied().unwrap_or(0);
+        let source = match ctx.response_source {
+            ResponseSource::Upstream => 0,
+            ResponseSource::Nginx => 1,
+            ResponseSource::Apisix => 2,
+        };
+        let g = &self.group;
+        g.count_status(StatusLabels {
+            code: ctx.status,
+            source,
+            uri: pick(&self.uri_ids, ctx.matched_uri),
+            host: pick(&self.host_ids, ctx.matched_host),
+            node: ctx.node,
+        });
+        let request = ctx.request_time.as_micros() as u64;
+        g.observe_latency(
+            LatencyType::Request,
+            ctx.node,
+            self.metrics.bucket(request),
+            request,
+        );
+        let apisix = match ctx.upstream_time {
+            Some(up) => {
+                let up = up.as_micros() as u64;
+                g.observe_latency(LatencyType::Upstream, ctx.node, self.metrics.bucket(up), up);
+                request.saturating_sub(up)
+            }
+            None => request,
+        };
+        g.observe_latency(
+            LatencyType::Apisix,
+            ctx.node,
+            self.metrics.bucket(apisix),
+            apisix,
+        );
+        g.add_bandwidth(Direction::Ingress, ctx.node, ctx.request_length);
+        g.add_bandwidth(Direction::Egress, ctx.node, ctx.bytes_sent);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn metrics() -> &'static Metrics {
+        Box::leak(Box::new(Metrics::new(&PrometheusAttr::default())))
+    }
+
+    #[test]
+    fn number_and_bucket_texts() {
+        assert_eq!(lua_number(3.0), "3");
+        assert_eq!(lua_number(2.5), "2.5");
+        assert_eq!(lua_number(0.123), "0.123");
+        assert_eq!(bucket_format(&DEFAULT_BUCKETS), (7, 1));
+        assert_eq!(bucket_format(&[0.005, 10.0]), (6, 3));
+        let m = Metrics::new(&PrometheusAttr::default());
+        assert_eq!(m.le_sort[0], "00001.0");
+        assert_eq!(m.le_print[14], "60000");
+        assert_eq!(m.bucket(1000), 0);
+        assert_eq!(m.bucket(1001), 1);
+        assert_eq!(m.bucket(61_000_000), 15);
+    }
+
+    #[test]
+    fn exposition_text() {
+        let m = metrics();
+        let route = RouteInfo {
+            id: "1".into(),
+            name: Some("named".into()),
+            uris: vec!["/hello".into()],
+            ..Default::default()
+        };
+        let p = Prometheus::compile(&json!({}), Some(&route), m);
+        let ctx = LogCtx {
+            status: 200,
+            matched_uri: Some(0),
+            node: Some("127.0.0.1".parse().unwrap()),
+            request_length: 80,
+            bytes_sent: 612,
+            request_time: Duration::from_micros(3500),
+            upstream_time: Some(Duration::from_micros(3000)),
+            response_source: ResponseSource::Upstream,
+            ..Default::default()
+        };
+        p.log(&ctx);
+        p.log(&ctx);
+        let text = m.render();
+        assert!(text.contains("# HELP apisix_http_status HTTP status codes per service in APISIX\n# TYPE apisix_http_status counter\n"));
+        assert!(text.contains("apisix_http_status{code=\"200\",route=\"1\",matched_uri=\"/hello\",matched_host=\"\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\",response_source=\"upstream\"} 2\n"), "{text}");
+        assert!(text.contains("apisix_http_latency_bucket{type=\"request\",route=\"1\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\",le=\"5\"} 2\n"));
+        assert!(text.contains("apisix_http_latency_bucket{type=\"request\",route=\"1\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\",le=\"1\"} 0\n"));
+        assert!(text.contains(",le=\"+Inf\"} 2\n"));
+        assert!(text.contains("apisix_http_latency_sum{type=\"apisix\",route=\"1\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\"} 1\n"));
+        assert!(text.contains("apisix_http_latency_count{type=\"upstream\""));
+        assert!(text.contains("apisix_bandwidth{type=\"egress\",route=\"1\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\"} 1224\n"));
+        assert!(text.contains("apisix_etcd_reachable 1\n"));
+        assert!(text.contains("apisix_nginx_metric_errors_total 0\n"));
+        assert!(text.contains("apisix_nginx_http_current_connections{state=\"active\"} "));
+        // Buckets in numeric order, HELP once per family, lines sorted.
+        let le: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("apisix_http_latency_bucket{type=\"request\""))
+            .map(|l| l.split("le=\"").nth(1).unwrap().split('"').next().unwrap())
+            .collect();
+        assert_eq!(
+            le,
+            [
+                "1", "2", "5", "10", "20", "50", "100", "200", "500", "1000", "2000", "5000",
+                "10000", "30000", "60000", "+Inf"
+            ]
+        );
+        assert_eq!(
+            text.matches("# TYPE apisix_http_latency histogram").count(),
+            1
+        );
+
+        // prefer_name, and the series go when the route's instances are gone.
+        let named = Prometheus::compile(&json!({"prefer_name": true}), Some(&route), m);
+        named.log(&ctx);
+        assert!(m.render().contains("route=\"named\""));
+        drop(p);
+        drop(named);
+        let text = m.render();
+        assert!(!text.contains("apisix_http_status{"), "{text}");
+    }
+}

@@ -1,0 +1,104 @@
+//! The export server (`plugin_attr.prometheus.export_addr`): `GET <export_uri>` answers the
+//! metrics text; any other method or path gets nginx's 404 page, as APISIX's export server.
+//!
+//! The text is rendered on each scrape from the live counters (APISIX serves a copy refreshed
+//! every `refresh_interval`); a scrape sees every request whose log phase has run.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use super::Metrics;
+
+fn not_found() -> Response<Full<Bytes>> {
+    let body = "<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n<center><h1>404 Not Found</h1></center>\r\n<hr><center>openresty</center>\r\n</body>\r\n</html>\r\n";
+    let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *r.status_mut() = StatusCode::NOT_FOUND;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/html"),
+    );
+    r
+}
+
+/// Answers one export request.
+pub fn answer(metrics: &Metrics, method: &Method, path: &str) -> Response<Full<Bytes>> {
+    if method != Method::GET || path != metrics.export_uri() {
+        return not_found();
+    }
+    let mut r = Response::new(Full::new(Bytes::from(metrics.render())));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain"),
+    );
+    r
+}
+
+/// Serves the export endpoint on `listener` until `shutdown` turns true.
+pub async fn serve(
+    listener: TcpListener,
+    metrics: &'static Metrics,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let metrics = Arc::new(metrics);
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            a = listener.accept() => a,
+        };
+        let (stream, _) = match accepted {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "prometheus export: accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req: Request<Incoming>| {
+                let metrics = metrics.clone();
+                async move { Ok::<_, Infallible>(answer(&metrics, req.method(), req.uri().path())) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(std::time::Duration::from_secs(60))
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "prometheus export connection ended with an error");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn only_get_on_the_uri() {
+        let m = crate::runtime::runtime();
+        let r = answer(&m.metrics, &Method::GET, "/apisix/prometheus/metrics");
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()[header::CONTENT_TYPE], "text/plain");
+        let body = r.into_body().collect().await.unwrap().to_bytes();
+        assert!(std::str::from_utf8(&body)
+            .unwrap()
+            .contains("apisix_node_info{"));
+        assert_eq!(
+            answer(&m.metrics, &Method::POST, "/apisix/prometheus/metrics").status(),
+            404
+        );
+        assert_eq!(answer(&m.metrics, &Method::GET, "/other").status(), 404);
+    }
+}

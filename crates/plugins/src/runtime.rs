@@ -1,0 +1,58 @@
+//! Process-wide plugin state: what outlives snapshots (limit-count counters, Redis pools,
+//! prometheus series) and the plugin settings from `config.yaml`.
+//!
+//! APISIX keeps such state in nginx shared dicts that every worker sees; ferrisix keeps it in
+//! one [`Runtime`] per process, which compiled plugins reference. [`configure`] must run before
+//! the first snapshot is compiled for the settings to apply; without it the defaults are used.
+
+use std::sync::OnceLock;
+
+use ferrisix_config::settings::PrometheusAttr;
+
+use crate::limit_count::local::Spaces;
+use crate::limit_count::redis::Remotes;
+use crate::prometheus::Metrics;
+
+/// Plugin state shared by every snapshot and worker.
+#[derive(Debug)]
+pub struct Runtime {
+    pub counters: Spaces,
+    pub remotes: Remotes,
+    pub metrics: Metrics,
+}
+
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+
+/// Plugin settings from `config.yaml`.
+#[derive(Clone, Debug, Default)]
+pub struct PluginSettings {
+    pub prometheus: PrometheusAttr,
+}
+
+/// Installs the settings; fails if the runtime was already in use (the first compile fixes it).
+pub fn configure(settings: PluginSettings) -> Result<(), String> {
+    RUNTIME
+        .set(Runtime::new(settings))
+        .map_err(|_| "plugin runtime already initialised".to_string())
+}
+
+/// The process' plugin runtime (default settings if [`configure`] was not called).
+pub fn runtime() -> &'static Runtime {
+    RUNTIME.get_or_init(|| Runtime::new(PluginSettings::default()))
+}
+
+impl Runtime {
+    fn new(settings: PluginSettings) -> Runtime {
+        Runtime {
+            counters: Spaces::default(),
+            remotes: Remotes::default(),
+            metrics: Metrics::new(&settings.prometheus),
+        }
+    }
+
+    /// Drops state no compiled plugin references any more (after a snapshot was replaced).
+    pub fn sweep(&self) {
+        self.counters.sweep();
+        self.metrics.sweep();
+    }
+}

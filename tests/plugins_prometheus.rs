@@ -1,0 +1,235 @@
+//! End-to-end prometheus (spec data-plane §7): the export server, the HTTP metric families with
+//! APISIX 3.18's labels, node metrics, global rules seeing unmatched requests, `prefer_route`,
+//! `prefer_name`, `metric_prefix`, and series of deleted routes going away.
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::*;
+
+fn route(id: &str, uri: &str, up: &Upstream, plugins: Value) -> Value {
+    json!({"id": id, "uri": uri, "plugins": plugins,
+        "upstream": {"type": "roundrobin", "nodes": {up.node(): 1}}})
+}
+
+fn metrics_addr(gw: &Gateway) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], gw.metrics_port))
+}
+
+fn metrics(gw: &Gateway) -> String {
+    let r = get(metrics_addr(gw), "/apisix/prometheus/metrics");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("Content-Type"), Some("text/plain"));
+    r.text()
+}
+
+/// The value of the first sample line starting with `prefix`.
+fn sample(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn http_metrics_with_apisix_labels() {
+    let up = Upstream::start("u", Behaviour::Echo);
+    let gw = Gateway::start(
+        &json!({"routes": [route("470", "/p", &up, json!({"prometheus": {}}))]}).to_string(),
+    );
+    for _ in 0..2 {
+        assert_eq!(get(gw.addr(), "/p").status, 200);
+    }
+    let text = metrics(&gw);
+    assert!(text.contains("# HELP apisix_http_status HTTP status codes per service in APISIX\n"));
+    assert!(text.contains("# TYPE apisix_http_status counter\n"));
+    assert!(text.contains("# TYPE apisix_http_latency histogram\n"));
+    assert!(text.contains("# TYPE apisix_bandwidth counter\n"));
+    let status = "apisix_http_status{code=\"200\",route=\"470\",matched_uri=\"/p\",matched_host=\"\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\",response_source=\"upstream\"} ";
+    assert_eq!(sample(&text, status), Some(2.0), "{text}");
+    let labels = "route=\"470\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\"";
+    for kind in ["request", "upstream", "apisix"] {
+        for le in ["1", "60000", "+Inf"] {
+            let line =
+                format!("apisix_http_latency_bucket{{type=\"{kind}\",{labels},le=\"{le}\"}} ");
+            assert!(sample(&text, &line).is_some(), "{line} in {text}");
+        }
+        let count = format!("apisix_http_latency_count{{type=\"{kind}\",{labels}}} ");
+        assert_eq!(sample(&text, &count), Some(2.0));
+        assert!(sample(
+            &text,
+            &format!("apisix_http_latency_sum{{type=\"{kind}\",{labels}}} ")
+        )
+        .is_some());
+    }
+    let ingress = sample(
+        &text,
+        &format!("apisix_bandwidth{{type=\"ingress\",{labels}}} "),
+    )
+    .unwrap();
+    let egress = sample(
+        &text,
+        &format!("apisix_bandwidth{{type=\"egress\",{labels}}} "),
+    )
+    .unwrap();
+    assert!(ingress > 100.0 && egress > 200.0, "{ingress} {egress}");
+
+    // Node metrics.
+    assert!(text.contains("apisix_node_info{hostname=\""));
+    assert!(text.contains("apisix_nginx_http_current_connections{state=\"active\"} "));
+    assert!(text.contains("apisix_nginx_http_current_connections{state=\"accepted\"} "));
+    assert!(sample(&text, "apisix_http_requests_total ").unwrap() >= 2.0);
+    assert!(text.lines().any(|l| l == "apisix_etcd_reachable 1"));
+    assert!(text
+        .lines()
+        .any(|l| l == "apisix_nginx_metric_errors_total 0"));
+
+    // Sorted as APISIX sorts: by the sample key.
+    let keys: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.rsplit_once(' ').unwrap().0)
+        .collect();
+    let buckets_in_order = text
+        .lines()
+        .filter(|l| l.starts_with("apisix_http_latency_bucket{type=\"request\""))
+        .map(|l| {
+            l.split("le=\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(buckets_in_order.first().map(String::as_str), Some("1"));
+    assert_eq!(buckets_in_order.last().map(String::as_str), Some("+Inf"));
+    assert!(
+        keys.iter().position(|k| k.starts_with("apisix_bandwidth"))
+            < keys
+                .iter()
+                .position(|k| k.starts_with("apisix_http_status"))
+    );
+
+    // Only GET on the export uri.
+    assert_eq!(get(metrics_addr(&gw), "/other").status, 404);
+    assert_eq!(
+        request(
+            metrics_addr(&gw),
+            "POST",
+            "/apisix/prometheus/metrics",
+            &[],
+            b""
+        )
+        .status,
+        404
+    );
+}
+
+#[test]
+fn global_rule_sees_unmatched_and_rejected_requests_and_prefers_the_route() {
+    let up = Upstream::start("u", Behaviour::Echo);
+    let gw = Gateway::start(
+        &json!({
+            "routes": [
+                route("lim", "/lim", &up, json!({"limit-count": {"count": 1, "time_window": 60, "rejected_code": 429}})),
+                route("own", "/own", &up, json!({"prometheus": {"prefer_name": true}})),
+            ],
+            "global_rules": [{"id": "g", "plugins": {"prometheus": {}}}]
+        })
+        .to_string(),
+    );
+    assert_eq!(get(gw.addr(), "/nowhere").status, 404);
+    assert_eq!(get(gw.addr(), "/lim").status, 200);
+    assert_eq!(get(gw.addr(), "/lim").status, 429);
+    assert_eq!(get(gw.addr(), "/own").status, 200);
+    let text = metrics(&gw);
+    let unmatched = "apisix_http_status{code=\"404\",route=\"\",matched_uri=\"\",matched_host=\"\",service=\"\",consumer=\"\",node=\"\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\",response_source=\"apisix\"} ";
+    assert_eq!(sample(&text, unmatched), Some(1.0), "{text}");
+    let rejected = "apisix_http_status{code=\"429\",route=\"lim\",matched_uri=\"/lim\",matched_host=\"\",service=\"\",consumer=\"\",node=\"\",";
+    assert_eq!(sample(&text, rejected), Some(1.0), "{text}");
+    let proxied = "apisix_http_status{code=\"200\",route=\"lim\",matched_uri=\"/lim\",matched_host=\"\",service=\"\",consumer=\"\",node=\"127.0.0.1\",";
+    assert_eq!(sample(&text, proxied), Some(1.0));
+    // The route's own prometheus replaces the global one (counted once, with prefer_name,
+    // which falls back to the id).
+    let own: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("apisix_http_status{code=\"200\",route=\"own\""))
+        .collect();
+    assert_eq!(own.len(), 1, "{text}");
+    assert!(own[0].ends_with(" 1"));
+}
+
+#[test]
+fn deleted_routes_lose_their_series() {
+    let up = Upstream::start("u", Behaviour::Echo);
+    let gw = Gateway::start(
+        &json!({"routes": [
+            route("a", "/a", &up, json!({"prometheus": {}})),
+            route("b", "/b", &up, json!({"prometheus": {}})),
+        ]})
+        .to_string(),
+    );
+    assert_eq!(get(gw.addr(), "/a").status, 200);
+    assert_eq!(get(gw.addr(), "/b").status, 200);
+    let text = metrics(&gw);
+    assert!(text.contains("route=\"a\"") && text.contains("route=\"b\""));
+
+    // An unrelated edit keeps the counts.
+    gw.rewrite_routes(
+        &json!({"routes": [
+            route("a", "/a", &up, json!({"prometheus": {}})),
+            route("b", "/b", &up, json!({"prometheus": {}})),
+            route("c", "/c", &up, json!({})),
+        ]})
+        .to_string(),
+    );
+    poll_until(Duration::from_secs(10), || {
+        get(gw.addr(), "/c").status == 200
+    })
+    .expect("reload");
+    assert_eq!(get(gw.addr(), "/a").status, 200);
+    let a200 = "apisix_http_status{code=\"200\",route=\"a\",";
+    assert_eq!(sample(&metrics(&gw), a200), Some(2.0));
+
+    gw.rewrite_routes(
+        &json!({"routes": [route("a", "/a", &up, json!({"prometheus": {}}))]}).to_string(),
+    );
+    poll_until(Duration::from_secs(10), || {
+        get(gw.addr(), "/b").status == 404
+    })
+    .expect("reload");
+    let gone = poll_until(Duration::from_secs(5), || {
+        !metrics(&gw).contains("route=\"b\"")
+    });
+    assert!(gone.is_some(), "{}", metrics(&gw));
+    assert!(metrics(&gw).contains("route=\"a\""));
+}
+
+#[test]
+fn metric_prefix_and_export_settings() {
+    let up = Upstream::start("u", Behaviour::Echo);
+    let port = free_port();
+    let extra = format!(
+        "plugin_attr:\n  prometheus:\n    metric_prefix: ferrisix_\n    export_uri: /m\n    export_addr:\n      ip: 127.0.0.1\n      port: {port}\n"
+    );
+    let gw = Gateway::start_with(
+        &json!({"routes": [route("1", "/p", &up, json!({"prometheus": {}}))]}).to_string(),
+        &extra,
+    );
+    assert_eq!(get(gw.addr(), "/p").status, 200);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let r = get(addr, "/m");
+    assert_eq!(r.status, 200);
+    let text = r.text();
+    assert!(
+        text.contains("# TYPE ferrisix_http_status counter\n"),
+        "{text}"
+    );
+    assert!(text.contains("ferrisix_http_status{code=\"200\",route=\"1\""));
+    assert!(!text.contains("apisix_http_status"));
+    assert_eq!(get(addr, "/apisix/prometheus/metrics").status, 404);
+}

@@ -148,6 +148,7 @@ pub fn gateway(settings: &Settings, snapshot: SnapshotHandle) -> Gateway {
         },
         show_upstream_status: settings.apisix.show_upstream_status_in_response_header,
         access_log: Arc::new(AccessLog::new(sink, &http.access_log_format)),
+        legacy_admin: None,
     }
 }
 

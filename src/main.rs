@@ -30,6 +30,7 @@ fn main() -> ExitCode {
     }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
@@ -102,11 +103,17 @@ fn run(mut settings: Settings) -> Result<(), String> {
         ));
     }
 
+    let mut admin = None;
     if settings.admin_enabled() {
         match source.store.clone() {
             Some(store) => {
                 sources::ensure_admin_keys(&mut settings)?;
-                control.block_on(sources::start_admin(&settings, store, registry, shutdown_rx.clone()))?;
+                admin = Some(control.block_on(sources::start_admin(
+                    &settings,
+                    store,
+                    registry,
+                    shutdown_rx.clone(),
+                ))?);
             }
             None => tracing::info!("Admin API off: the standalone file is the configuration"),
         }
@@ -121,7 +128,17 @@ fn run(mut settings: Settings) -> Result<(), String> {
         tracing::info!("control_plane role: Admin API only, no data-plane listeners");
         None
     } else {
-        let gateway = Arc::new(cli::gateway(&settings, handle));
+        let mut gateway = cli::gateway(&settings, handle);
+        if settings.ferrisix.admin_on_data_port {
+            match admin.clone() {
+                Some(api) => {
+                    tracing::warn!("ferrisix.admin_on_data_port: the Admin API also answers loopback clients on the data port (APISIX 2.x compatibility)");
+                    gateway.legacy_admin = Some(sources::legacy_admin(api));
+                }
+                None => tracing::warn!("ferrisix.admin_on_data_port is set but this node has no Admin API"),
+            }
+        }
+        let gateway = Arc::new(gateway);
         let server_options = cli::server_options(&settings);
         let server = ferrisix_proxy::server::start(gateway, server_options.clone(), shutdown_rx)
             .map_err(|e| format!("cannot listen on {:?}: {e}", server_options.listen))?;

@@ -92,7 +92,15 @@ pub fn ensure_admin_keys(settings: &mut Settings) -> Result<(), String> {
                 None
             }
         },
-        None => None,
+        // Running on built-in defaults: keep the key in conf/config.yaml (APISIX's path), so
+        // the next start uses the same key.
+        None => match write_new_config(&settings.config_dir().join("config.yaml"), &generated) {
+            Ok(path) => Some(path),
+            Err(e) => {
+                tracing::warn!("could not save the generated admin key: {e}");
+                None
+            }
+        },
     };
     for (name, key) in &generated {
         // Printed once, on purpose: this is how the operator learns the key.
@@ -105,6 +113,24 @@ pub fn ensure_admin_keys(settings: &mut Settings) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// Creates a minimal config.yaml holding the generated keys (only when none exists).
+fn write_new_config(path: &Path, generated: &[(String, String)]) -> Result<std::path::PathBuf, String> {
+    if path.exists() {
+        return Err(format!("{} exists but was not loaded", path.display()));
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    }
+    let mut text = String::from(
+        "# Written by ferrisix at first start: the generated Admin API key.\n# Every other key keeps its default; see config/config.yaml in the repository.\ndeployment:\n  admin:\n    admin_key:\n",
+    );
+    for (name, key) in generated {
+        text.push_str(&format!("      - name: {name}\n        key: {key}\n        role: admin\n"));
+    }
+    std::fs::write(path, text).map_err(|e| e.to_string())?;
+    Ok(path.to_path_buf())
 }
 
 fn generate_key() -> String {
@@ -165,7 +191,7 @@ pub async fn start_admin(
     store: Arc<dyn Store>,
     plugins: PluginRegistry,
     shutdown: watch::Receiver<bool>,
-) -> Result<(), String> {
+) -> Result<Arc<AdminApi>, String> {
     let listen = &settings.deployment.admin.admin_listen;
     let addr = std::net::SocketAddr::new(listen.ip, listen.port);
     let listener = tokio::net::TcpListener::bind(addr)
@@ -184,8 +210,24 @@ pub async fn start_admin(
         tracing::warn!("could not publish the plugin list to the store: {e}");
     }
     tracing::info!(%addr, "Admin API listening");
-    tokio::spawn(ferrisix_admin::serve(listener, api, shutdown));
-    Ok(())
+    tokio::spawn(ferrisix_admin::serve(listener, api.clone(), shutdown));
+    Ok(api)
+}
+
+/// The data port's `/apisix/admin` handler for `ferrisix.admin_on_data_port`.
+pub fn legacy_admin(api: Arc<AdminApi>) -> ferrisix_proxy::handler::LegacyAdmin {
+    Arc::new(move |req, peer| {
+        let api = api.clone();
+        Box::pin(async move {
+            let resp = api.handle(req, peer).await;
+            let (parts, body) = resp.into_parts();
+            let bytes = http_body_util::BodyExt::collect(body)
+                .await
+                .map(|c| c.to_bytes())
+                .unwrap_or_default();
+            http::Response::from_parts(parts, ferrisix_proxy::body::ResponseBody::full(bytes))
+        })
+    })
 }
 
 #[cfg(test)]

@@ -298,6 +298,9 @@ fn chunked_request_body_is_forwarded() {
     assert_eq!(echo["method"], "POST");
     assert_eq!(echo["body"], "hello world");
     assert_eq!(echo["body_len"], 11);
+    // nginx reads a small chunked body whole and sends it with Content-Length (spec §3.1).
+    assert_eq!(echo["headers"]["content-length"], "11");
+    assert!(echo["headers"].get("transfer-encoding").is_none(), "{echo}");
 }
 
 #[test]

@@ -621,6 +621,9 @@ pub struct FerrisixSettings {
     /// Where the embedded store keeps its database and etcd mode its local copy of the last
     /// applied config. Relative paths resolve against config.yaml's directory; default `data`.
     pub data_dir: Option<PathBuf>,
+    /// APISIX 2.x compatibility: also answer `/apisix/admin` on the data port (loopback
+    /// clients only), so 2.x scripts that PUT to :9080 work as written.
+    pub admin_on_data_port: bool,
 }
 
 /// Where resources come from.

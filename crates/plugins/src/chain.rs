@@ -213,7 +213,8 @@ impl PluginChain {
             };
             if let Flow::Exit(mut exit) = flow {
                 if exit.status.as_u16() >= 400 {
-                    tracing::warn!(
+                    // A rejection is normal traffic (rate limits), not a gateway problem.
+                    tracing::debug!(
                         plugin = e.name,
                         status = exit.status.as_u16(),
                         "plugin exits"

@@ -86,7 +86,17 @@ pub struct Gateway {
     pub real_ip: RealIpConfig,
     pub show_upstream_status: bool,
     pub access_log: Arc<AccessLog>,
+    /// APISIX 2.x compatibility: `/apisix/admin` on the data port, for loopback clients only.
+    pub legacy_admin: Option<LegacyAdmin>,
 }
+
+/// Answers `/apisix/admin/...` requests that arrive on the data port (APISIX 2.x served its
+/// Admin API there). The binary plugs the Admin API in; the data plane only forwards to it.
+pub type LegacyAdmin = Arc<
+    dyn Fn(Request<Incoming>, IpAddr) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response<ResponseBody>> + Send>>
+        + Send
+        + Sync,
+>;
 
 /// The connection a request arrived on.
 #[derive(Clone, Copy, Debug)]
@@ -181,6 +191,13 @@ fn port_of_host(raw: &str) -> Option<&str> {
 
 impl Gateway {
     pub async fn handle(&self, req: Request<Incoming>, conn: ConnInfo) -> Response<ResponseBody> {
+        if let Some(admin) = &self.legacy_admin {
+            // Loopback only: this is a compatibility switch for local scripts, not an exposure
+            // of the Admin API on the public port.
+            if conn.peer.ip().is_loopback() && req.uri().path().starts_with("/apisix/admin") {
+                return admin(req, conn.peer.ip()).await;
+            }
+        }
         let started = Instant::now();
         let started_wall = SystemTime::now();
         let (mut parts, body) = req.into_parts();
@@ -400,7 +417,14 @@ impl Gateway {
                         }
                     }
                 }
-                _ => Some(UpstreamBody::stream(body)),
+                Some(_) => Some(UpstreamBody::stream(body)),
+                // Unknown length (chunked): nginx reads the whole body and sends it with
+                // Content-Length. Do the same up to the buffering limit; past it, stream what
+                // was read followed by the rest, so a huge upload never sits in memory.
+                None => match read_up_to(body, BUFFERED_BODY_LIMIT as usize).await {
+                    Ok(b) => Some(b),
+                    Err(status) => return responses::error_page(status, server),
+                },
             }
         };
         let replayable = pending_body
@@ -708,6 +732,28 @@ fn status_list(statuses: &[u16]) -> HeaderValue {
 
 fn is_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE)
+}
+
+/// Reads a body of unknown length until it ends (a complete, replayable body) or passes
+/// `limit` bytes (a stream that first sends what was read).
+async fn read_up_to(mut body: Incoming, limit: usize) -> Result<UpstreamBody, StatusCode> {
+    let mut buf = bytes::BytesMut::new();
+    loop {
+        match tokio::time::timeout(std::time::Duration::from_secs(60), body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    buf.extend_from_slice(&data);
+                    if buf.len() > limit {
+                        return Ok(UpstreamBody::stream_after(Some(buf.freeze()), body));
+                    }
+                }
+            }
+            Ok(None) => return Ok(UpstreamBody::full(buf.freeze())),
+            // The client went away mid-body (nginx: 400) or stalled (408).
+            Ok(Some(Err(_))) => return Err(StatusCode::BAD_REQUEST),
+            Err(_) => return Err(StatusCode::REQUEST_TIMEOUT),
+        }
+    }
 }
 
 fn build_request(

@@ -67,6 +67,8 @@ pub enum UpstreamBody {
     /// A complete body; `None` once it was yielded.
     Full(Option<Bytes>),
     Stream {
+        /// What was read before deciding to stream (sent first).
+        prefix: Option<Bytes>,
         inner: Incoming,
         progress: SendProgress,
         /// Whether any frame was taken from the client yet (after that, no replay).
@@ -84,7 +86,13 @@ impl UpstreamBody {
     }
 
     pub fn stream(inner: Incoming) -> UpstreamBody {
+        Self::stream_after(None, inner)
+    }
+
+    /// Streams `inner` after sending `prefix`, the part already read from the client.
+    pub fn stream_after(prefix: Option<Bytes>, inner: Incoming) -> UpstreamBody {
         UpstreamBody::Stream {
+            prefix: prefix.filter(|p| !p.is_empty()),
             inner,
             progress: SendProgress::new(),
             started: false,
@@ -124,10 +132,16 @@ impl Body for UpstreamBody {
             UpstreamBody::Empty => Poll::Ready(None),
             UpstreamBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             UpstreamBody::Stream {
+                prefix,
                 inner,
                 progress,
                 started,
             } => {
+                if let Some(p) = prefix.take() {
+                    *started = true;
+                    progress.touch();
+                    return Poll::Ready(Some(Ok(Frame::data(p))));
+                }
                 let polled = Pin::new(inner).poll_frame(cx);
                 match &polled {
                     Poll::Ready(Some(_)) => {
@@ -146,7 +160,7 @@ impl Body for UpstreamBody {
         match self {
             UpstreamBody::Empty => true,
             UpstreamBody::Full(b) => b.is_none(),
-            UpstreamBody::Stream { inner, .. } => inner.is_end_stream(),
+            UpstreamBody::Stream { prefix, inner, .. } => prefix.is_none() && inner.is_end_stream(),
         }
     }
 
@@ -154,7 +168,16 @@ impl Body for UpstreamBody {
         match self {
             UpstreamBody::Empty => SizeHint::with_exact(0),
             UpstreamBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            UpstreamBody::Stream { inner, .. } => inner.size_hint(),
+            UpstreamBody::Stream { prefix, inner, .. } => {
+                let extra = prefix.as_ref().map_or(0, |p| p.len() as u64);
+                let inner = inner.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(inner.lower() + extra);
+                if let Some(upper) = inner.upper() {
+                    hint.set_upper(upper + extra);
+                }
+                hint
+            }
         }
     }
 }

@@ -1,0 +1,103 @@
+//! prometheus plugin costs (spec data-plane §7):
+//!
+//! - `prometheus/log`: recording one request in the log phase for a route with `prometheus: {}`
+//!   (benchmark scenario 2's conf): one status counter, three latency histogram observations
+//!   (request, upstream, apisix) and two bandwidth counters, all atomics of the route's group.
+//! - `prometheus/render`: producing the whole exposition text (what a scrape of
+//!   `/apisix/prometheus/metrics` returns) at about 1k and 10k series: routes that each saw
+//!   four status codes give 60 series per route (4 `http_status`, 3 × 18 `http_latency_*`,
+//!   2 `bandwidth`), plus the node metrics. The exact count is printed.
+//!
+//! Each group uses its own `Metrics` (default `plugin_attr.prometheus`), so the counts are not
+//! mixed with other benches' series.
+
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use ferrisix_config::settings::PrometheusAttr;
+use ferrisix_plugins::prometheus::{Metrics, Prometheus};
+use ferrisix_plugins::{LogCtx, Plugin, ResponseSource, RouteInfo};
+use serde_json::json;
+
+/// Series per route in the render bench: 4 status codes, 3 histograms of 15 buckets + `+Inf`,
+/// `_count` and `_sum`, 2 bandwidth directions.
+const SERIES_PER_ROUTE: usize = 4 + 3 * 18 + 2;
+const STATUS_CODES: [u16; 4] = [200, 404, 429, 503];
+
+fn metrics() -> &'static Metrics {
+    Box::leak(Box::new(Metrics::new(&PrometheusAttr::default())))
+}
+
+fn route(id: usize) -> RouteInfo {
+    RouteInfo {
+        id: id.to_string(),
+        uris: vec!["/hello".into()],
+        ..Default::default()
+    }
+}
+
+/// A proxied request as the log phase sees it.
+fn request(status: u16) -> LogCtx {
+    LogCtx {
+        status,
+        matched_uri: Some(0),
+        matched_host: None,
+        node: Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        request_length: 80,
+        bytes_sent: 180,
+        request_time: Duration::from_micros(1500),
+        upstream_time: Some(Duration::from_micros(1200)),
+        response_source: ResponseSource::Upstream,
+    }
+}
+
+fn log(c: &mut Criterion) {
+    let p = Prometheus::compile(&json!({}), Some(&route(1)), metrics());
+    let ctx = request(200);
+    let mut g = c.benchmark_group("prometheus");
+    g.bench_function("log", |b| b.iter(|| p.log(black_box(&ctx))));
+    g.finish();
+}
+
+fn render(c: &mut Criterion) {
+    let mut g = c.benchmark_group("prometheus/render");
+    g.sample_size(10);
+    for target in [1_000, 10_000] {
+        let m = metrics();
+        let routes = target / SERIES_PER_ROUTE;
+        // The compiled plugins must stay alive: a group nothing references is swept.
+        let plugins: Vec<Prometheus> = (0..routes)
+            .map(|i| {
+                let p = Prometheus::compile(&json!({}), Some(&route(i)), m);
+                for code in STATUS_CODES {
+                    p.log(&request(code));
+                }
+                p
+            })
+            .collect();
+        let series = m.render().lines().filter(|l| !l.starts_with('#')).count();
+        eprintln!("prometheus/render/{target}: {routes} routes, {series} series");
+        g.throughput(Throughput::Elements(series as u64));
+        g.bench_with_input(BenchmarkId::new("series", target), &target, |b, _| {
+            b.iter(|| m.render().len())
+        });
+        drop(plugins);
+    }
+    g.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = log, render
+}
+criterion_main!(benches);

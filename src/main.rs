@@ -135,7 +135,9 @@ fn run(mut settings: Settings) -> Result<(), String> {
                     tracing::warn!("ferrisix.admin_on_data_port: the Admin API also answers loopback clients on the data port (APISIX 2.x compatibility)");
                     gateway.legacy_admin = Some(sources::legacy_admin(api));
                 }
-                None => tracing::warn!("ferrisix.admin_on_data_port is set but this node has no Admin API"),
+                None => tracing::warn!(
+                    "ferrisix.admin_on_data_port is set but this node has no Admin API"
+                ),
             }
         }
         let gateway = Arc::new(gateway);

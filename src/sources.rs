@@ -39,7 +39,11 @@ pub async fn open(settings: &Settings) -> Result<Source, String> {
                 revision: probe_rx.borrow().revision,
                 detail: format!("standalone file {}", path.display()),
             });
-            Ok(Source { states: rx, health, store: None })
+            Ok(Source {
+                states: rx,
+                health,
+                store: None,
+            })
         }
         ProviderKind::Embedded => {
             let dir = settings.data_dir();
@@ -57,7 +61,9 @@ pub async fn open(settings: &Settings) -> Result<Source, String> {
             let copy = dir.join("etcd-local-copy.json");
             let store = EtcdStore::connect(&settings.deployment.etcd, Some(copy))
                 .await
-                .map_err(|e| format!("cannot reach etcd {:?}: {e}", settings.deployment.etcd.host))?;
+                .map_err(|e| {
+                    format!("cannot reach etcd {:?}: {e}", settings.deployment.etcd.host)
+                })?;
             tracing::info!(endpoints = ?settings.deployment.etcd.host, "etcd store connected");
             Ok(from_store(store))
         }
@@ -68,7 +74,11 @@ fn from_store<S: Store>(store: Arc<S>) -> Source {
     let states = store.subscribe();
     let probe = store.clone();
     let health: HealthProbe = Arc::new(move || probe.health());
-    Source { states, health, store: Some(store) }
+    Source {
+        states,
+        health,
+        store: Some(store),
+    }
 }
 
 /// Makes sure every admin key is set: an empty key is replaced by a generated one, written back
@@ -88,7 +98,10 @@ pub fn ensure_admin_keys(settings: &mut Settings) -> Result<(), String> {
         Some(path) => match write_back_keys(&path, &generated) {
             Ok(()) => Some(path),
             Err(e) => {
-                tracing::warn!("could not write the generated admin key into {}: {e}", path.display());
+                tracing::warn!(
+                    "could not write the generated admin key into {}: {e}",
+                    path.display()
+                );
                 None
             }
         },
@@ -109,14 +122,19 @@ pub fn ensure_admin_keys(settings: &mut Settings) -> Result<(), String> {
             written
                 .as_ref()
                 .map(|p| format!(" (saved in {})", p.display()))
-                .unwrap_or_else(|| " (not saved: set deployment.admin.admin_key in config.yaml)".into())
+                .unwrap_or_else(
+                    || " (not saved: set deployment.admin.admin_key in config.yaml)".into()
+                )
         );
     }
     Ok(())
 }
 
 /// Creates a minimal config.yaml holding the generated keys (only when none exists).
-fn write_new_config(path: &Path, generated: &[(String, String)]) -> Result<std::path::PathBuf, String> {
+fn write_new_config(
+    path: &Path,
+    generated: &[(String, String)],
+) -> Result<std::path::PathBuf, String> {
     if path.exists() {
         return Err(format!("{} exists but was not loaded", path.display()));
     }
@@ -127,7 +145,9 @@ fn write_new_config(path: &Path, generated: &[(String, String)]) -> Result<std::
         "# Written by ferrisix at first start: the generated Admin API key.\n# Every other key keeps its default; see config/config.yaml in the repository.\ndeployment:\n  admin:\n    admin_key:\n",
     );
     for (name, key) in generated {
-        text.push_str(&format!("      - name: {name}\n        key: {key}\n        role: admin\n"));
+        text.push_str(&format!(
+            "      - name: {name}\n        key: {key}\n        role: admin\n"
+        ));
     }
     std::fs::write(path, text).map_err(|e| e.to_string())?;
     Ok(path.to_path_buf())
@@ -137,7 +157,9 @@ fn generate_key() -> String {
     use rand::Rng;
     const LETTERS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
     let mut rng = rand::rngs::OsRng;
-    (0..32).map(|_| LETTERS[rng.gen_range(0..LETTERS.len())] as char).collect()
+    (0..32)
+        .map(|_| LETTERS[rng.gen_range(0..LETTERS.len())] as char)
+        .collect()
 }
 
 /// Replaces, in order, each empty `key:` entry under `admin_key:` with a generated key,
@@ -159,12 +181,21 @@ fn write_back_keys(path: &Path, generated: &[(String, String)]) -> Result<(), St
             out.push_str(line);
             continue;
         }
-        if in_admin_key && !content.is_empty() && !content.starts_with('#') && indent <= admin_key_indent && !content.starts_with('-') {
+        if in_admin_key
+            && !content.is_empty()
+            && !content.starts_with('#')
+            && indent <= admin_key_indent
+            && !content.starts_with('-')
+        {
             in_admin_key = false;
         }
         let key_part = content.trim_start_matches("- ").trim_start();
         if in_admin_key && key_part.starts_with("key:") {
-            let value = key_part["key:".len()..].split('#').next().unwrap_or("").trim();
+            let value = key_part["key:".len()..]
+                .split('#')
+                .next()
+                .unwrap_or("")
+                .trim();
             if matches!(value, "" | "''" | "\"\"" | "~" | "null") {
                 if let Some((_, key)) = pending.next() {
                     let prefix_len = line.find("key:").unwrap_or(0) + "key:".len();
@@ -245,7 +276,10 @@ mod tests {
         .unwrap();
         write_back_keys(&path, &[("admin".into(), "K".repeat(32))]).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
-        assert!(text.contains(&format!("        key: {}\n", "K".repeat(32))), "{text}");
+        assert!(
+            text.contains(&format!("        key: {}\n", "K".repeat(32))),
+            "{text}"
+        );
         assert!(text.contains("key: abc"));
         assert!(text.ends_with("# end\n"));
         let (s, _) = Settings::load(&path).unwrap();

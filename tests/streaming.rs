@@ -134,10 +134,8 @@ mod websocket {
                             return;
                         };
                         while let Some(Ok(msg)) = ws.next().await {
-                            if msg.is_text() || msg.is_binary() {
-                                if ws.send(msg).await.is_err() {
-                                    return;
-                                }
+                            if (msg.is_text() || msg.is_binary()) && ws.send(msg).await.is_err() {
+                                return;
                             }
                         }
                     });

@@ -219,8 +219,8 @@ impl LogRecord {
                 let _ = write!(out, "{}", self.remote_addr);
             }
             Var::RemoteUser | Var::Unknown => out.push('-'),
-            Var::TimeLocal => TIME.with(|t| out.push_str(&t.borrow_mut().local(self.start_wall))),
-            Var::TimeIso8601 => TIME.with(|t| out.push_str(&t.borrow_mut().iso(self.start_wall))),
+            Var::TimeLocal => TIME.with(|t| out.push_str(t.borrow_mut().local(self.start_wall))),
+            Var::TimeIso8601 => TIME.with(|t| out.push_str(t.borrow_mut().iso(self.start_wall))),
             Var::Msec => {
                 let d = self
                     .start_wall

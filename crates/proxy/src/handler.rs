@@ -93,7 +93,11 @@ pub struct Gateway {
 /// Answers `/apisix/admin/...` requests that arrive on the data port (APISIX 2.x served its
 /// Admin API there). The binary plugs the Admin API in; the data plane only forwards to it.
 pub type LegacyAdmin = Arc<
-    dyn Fn(Request<Incoming>, IpAddr) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response<ResponseBody>> + Send>>
+    dyn Fn(
+            Request<Incoming>,
+            IpAddr,
+        )
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = Response<ResponseBody>> + Send>>
         + Send
         + Sync,
 >;
@@ -601,7 +605,7 @@ impl Gateway {
                 }
             }
         }
-        if let Some(r) = record.as_deref_mut() {
+        if let Some(r) = record {
             r.upstream_statuses = statuses.clone();
         }
         let status = if statuses.is_empty() || balancer_refused {

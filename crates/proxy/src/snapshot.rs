@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use ferrisix_config::model::{
-    GlobalRule, PassHost, PluginConfig, ResourceKind, Route, Scheme, Service, Timeout, Upstream,
+    GlobalRule, LbType, PassHost, PluginConfig, ResourceKind, Route, Scheme, Service, Timeout,
+    Upstream,
 };
 use ferrisix_config::state::{ConfigState, StoredItem};
 use ferrisix_config::validate::{self, PluginCheck};
@@ -116,6 +117,14 @@ impl CompiledUpstream {
                 "upstream scheme {:?} is not supported yet",
                 up.scheme
             ));
+        }
+        if up.lb_type != LbType::RoundRobin {
+            // Said out loud rather than hidden: only roundrobin is built so far.
+            tracing::warn!(
+                upstream = up.id.as_deref().unwrap_or("(inline)"),
+                lb_type = ?up.lb_type,
+                "balancer type not supported yet; balancing roundrobin"
+            );
         }
         let mut nodes = Vec::with_capacity(up.nodes.len());
         for n in &up.nodes {
@@ -268,15 +277,17 @@ impl Snapshot {
     ) -> Snapshot {
         let mut quarantine = Vec::new();
         let prev = &previous.cache;
-        let mut cache = CompileCache::default();
-
-        cache.upstreams = accept_all(
+        let upstreams = accept_all(
             state,
             ResourceKind::Upstreams,
             &prev.upstreams,
             &mut quarantine,
             |id, v| validate::upstream_from_value(Some(id), v).map_err(|e| e.message),
         );
+        let mut cache = CompileCache {
+            upstreams,
+            ..CompileCache::default()
+        };
         cache.services = accept_all(
             state,
             ResourceKind::Services,

@@ -1,6 +1,9 @@
 //! Shared harness for the end-to-end tests: upstream servers on random 127.0.0.1 ports and a
-//! real `ferrisix` process started on a temporary standalone config.
+//! real `ferrisix` process started on a temporary standalone config ([`Gateway`]) or on a
+//! store with the Admin API ([`StoreGateway`], with [`etcd::Etcd`] for an etcd to use).
 #![allow(dead_code)]
+
+pub mod etcd;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -323,26 +326,40 @@ pub fn get_host(addr: SocketAddr, path: &str, host: &str) -> Reply {
     request(addr, "GET", path, &[("Host", host)], b"")
 }
 
-/// Reads one response (Content-Length, chunked, or close-delimited).
+/// Reads one response (Content-Length, chunked, or close-delimited); panics on I/O errors.
 pub fn read_reply(s: &mut TcpStream, head_only: bool) -> Reply {
+    try_read_reply(s, head_only).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`read_reply`] that returns I/O errors (a connection reset, closed early, or timed out)
+/// instead of panicking, for clients that must survive a process being killed.
+pub fn try_read_reply(s: &mut TcpStream, head_only: bool) -> std::io::Result<Reply> {
+    use std::io::{Error, ErrorKind};
+    let short = |what: String| Error::new(ErrorKind::UnexpectedEof, what);
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
     let head_end = loop {
         if let Some(p) = find(&buf, b"\r\n\r\n") {
             break p;
         }
-        let n = s.read(&mut chunk).unwrap();
-        assert!(
-            n > 0,
-            "connection closed before the response head: {:?}",
-            String::from_utf8_lossy(&buf)
-        );
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            return Err(short(format!(
+                "connection closed before the response head: {:?}",
+                String::from_utf8_lossy(&buf)
+            )));
+        }
         buf.extend_from_slice(&chunk[..n]);
     };
+    let bad = |what: &str| Error::new(ErrorKind::InvalidData, what.to_string());
     let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
     let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap();
-    let status: u16 = status_line.split(' ').nth(1).unwrap().parse().unwrap();
+    let status_line = lines.next().unwrap_or("");
+    let status: u16 = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| bad(&format!("bad status line {status_line:?}")))?;
     let headers: Vec<(String, String)> = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
@@ -357,38 +374,39 @@ pub fn read_reply(s: &mut TcpStream, head_only: bool) -> Reply {
     let body = if head_only || status == 204 || status == 304 || status == 101 {
         Vec::new()
     } else if let Some(len) = get("content-length") {
-        let len: usize = len.parse().unwrap();
+        let len: usize = len.parse().map_err(|_| bad("bad Content-Length"))?;
         while rest.len() < len {
-            let n = s.read(&mut chunk).unwrap();
-            assert!(n > 0, "body cut short");
+            let n = s.read(&mut chunk)?;
+            if n == 0 {
+                return Err(short("body cut short".into()));
+            }
             rest.extend_from_slice(&chunk[..n]);
         }
         rest.truncate(len);
         rest
     } else if get("transfer-encoding").is_some_and(|t| t.eq_ignore_ascii_case("chunked")) {
         let mut body = Vec::new();
+        let mut fill = |rest: &mut Vec<u8>| -> std::io::Result<()> {
+            let n = s.read(&mut chunk)?;
+            if n == 0 {
+                return Err(short("chunked body cut short".into()));
+            }
+            rest.extend_from_slice(&chunk[..n]);
+            Ok(())
+        };
         loop {
             while find(&rest, b"\r\n").is_none() {
-                let n = s.read(&mut chunk).unwrap();
-                assert!(n > 0);
-                rest.extend_from_slice(&chunk[..n]);
+                fill(&mut rest)?;
             }
             let p = find(&rest, b"\r\n").unwrap();
-            let size = usize::from_str_radix(
-                std::str::from_utf8(&rest[..p])
-                    .unwrap()
-                    .split(';')
-                    .next()
-                    .unwrap()
-                    .trim(),
-                16,
-            )
-            .unwrap();
+            let size = std::str::from_utf8(&rest[..p])
+                .ok()
+                .and_then(|l| l.split(';').next())
+                .and_then(|l| usize::from_str_radix(l.trim(), 16).ok())
+                .ok_or_else(|| bad("bad chunk size"))?;
             rest.drain(..p + 2);
             while rest.len() < size + 2 {
-                let n = s.read(&mut chunk).unwrap();
-                assert!(n > 0);
-                rest.extend_from_slice(&chunk[..n]);
+                fill(&mut rest)?;
             }
             body.extend_from_slice(&rest[..size]);
             rest.drain(..size + 2);
@@ -401,11 +419,11 @@ pub fn read_reply(s: &mut TcpStream, head_only: bool) -> Reply {
         let _ = s.read_to_end(&mut rest);
         rest
     };
-    Reply {
+    Ok(Reply {
         status,
         headers,
         body,
-    }
+    })
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -593,4 +611,545 @@ fn serve_upstream(mut s: TcpStream, name: &str, behaviour: Behaviour, hits: &Ato
 /// The config dir's access log, for tests that read it.
 pub fn access_log(gw: &Gateway) -> PathBuf {
     gw.config_dir().join("access.log")
+}
+
+/// [`request`] that returns I/O errors instead of panicking (connect refused, reset, timed
+/// out), for clients that run while processes are killed and restarted.
+pub fn try_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<Reply> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    s.set_write_timeout(Some(Duration::from_secs(30)))?;
+    let _ = s.set_nodelay(true);
+    let mut req = format!("{method} {path} HTTP/1.1\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str("Host: test.local\r\n");
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if !body.is_empty() || method == "POST" || method == "PUT" || method == "PATCH" {
+        req.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    req.push_str("Connection: close\r\n\r\n");
+    s.write_all(req.as_bytes())?;
+    s.write_all(body)?;
+    try_read_reply(&mut s, method == "HEAD")
+}
+
+/// A kept-alive client connection that reports failures instead of panicking: for load
+/// loops, which would otherwise leave thousands of sockets in TIME_WAIT.
+pub struct TryConn {
+    addr: SocketAddr,
+    stream: Option<TcpStream>,
+}
+
+impl TryConn {
+    pub fn new(addr: SocketAddr) -> TryConn {
+        TryConn { addr, stream: None }
+    }
+
+    /// Sends `GET path` on the open connection (opening one if needed) and reads the answer.
+    /// After an error the connection is dropped, and the next call opens a new one.
+    pub fn get(&mut self, path: &str) -> std::io::Result<Reply> {
+        let result = self.try_get(path);
+        if result.is_err() {
+            self.stream = None;
+        }
+        result
+    }
+
+    /// Closes the connection; the next request opens a new one.
+    pub fn reconnect(&mut self) {
+        self.stream = None;
+    }
+
+    fn try_get(&mut self, path: &str) -> std::io::Result<Reply> {
+        if self.stream.is_none() {
+            let s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(10))?;
+            s.set_read_timeout(Some(Duration::from_secs(30)))?;
+            let _ = s.set_nodelay(true);
+            self.stream = Some(s);
+        }
+        let s = self.stream.as_mut().unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: test.local\r\n\r\n").as_bytes())?;
+        let reply = try_read_reply(s, false)?;
+        if reply
+            .header("connection")
+            .is_some_and(|c| c.eq_ignore_ascii_case("close"))
+        {
+            self.stream = None;
+        }
+        Ok(reply)
+    }
+}
+
+/// The admin key every [`StoreGateway`] is configured with.
+pub const ADMIN_KEY: &str = "edd1c9f034335f136f87ad84b625c8f1";
+
+/// Where a [`StoreGateway`] keeps its configuration.
+#[derive(Clone, Debug)]
+pub enum StoreKind {
+    /// `role_traditional.config_provider: embedded`: the redb file in the data directory.
+    Embedded,
+    /// `role_traditional.config_provider: etcd` with these endpoints.
+    Etcd(Vec<String>),
+}
+
+/// Builds a ferrisix node in the `traditional` role (data plane + Admin API + control API) on
+/// a store, every listener on its own random 127.0.0.1 port so tests can run in parallel.
+#[derive(Clone, Debug)]
+pub struct StoreGatewayBuilder {
+    store: StoreKind,
+    etcd_keys: Vec<String>,
+    workers: usize,
+    log_filter: String,
+}
+
+impl StoreGatewayBuilder {
+    pub fn embedded() -> StoreGatewayBuilder {
+        StoreGatewayBuilder::new(StoreKind::Embedded)
+    }
+
+    /// A node on the etcd at `endpoint` (`http://127.0.0.1:PORT`), prefix `/apisix`.
+    pub fn etcd(endpoint: &str) -> StoreGatewayBuilder {
+        StoreGatewayBuilder::new(StoreKind::Etcd(vec![endpoint.to_owned()]))
+    }
+
+    fn new(store: StoreKind) -> StoreGatewayBuilder {
+        StoreGatewayBuilder {
+            store,
+            // Short enough that a test never waits 30 s on a dead peer; long enough for a
+            // loaded CI machine.
+            etcd_keys: vec!["timeout: 5".into()],
+            workers: 1,
+            log_filter: "warn".into(),
+        }
+    }
+
+    /// Adds a `key: value` line under `deployment.etcd` (a later line for the same key wins).
+    pub fn etcd_key(mut self, line: &str) -> StoreGatewayBuilder {
+        self.etcd_keys.push(line.to_owned());
+        self
+    }
+
+    /// `nginx_config.worker_processes`.
+    pub fn workers(mut self, workers: usize) -> StoreGatewayBuilder {
+        self.workers = workers;
+        self
+    }
+
+    /// `RUST_LOG` for the process (default `warn`); its log goes to [`StoreGateway::log_text`].
+    pub fn log_filter(mut self, filter: &str) -> StoreGatewayBuilder {
+        self.log_filter = filter.to_owned();
+        self
+    }
+
+    /// Starts the node and waits until its data, Admin and control ports listen. Panics if it
+    /// exits first (after retrying on fresh ports, which a parallel test may have taken).
+    pub fn start(self) -> StoreGateway {
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            let mut gw = StoreGateway {
+                child: None,
+                dir: tempfile::tempdir().unwrap(),
+                data_port: free_port(),
+                admin_port: free_port(),
+                control_port: free_port(),
+                metrics_port: free_port(),
+                admin_key: ADMIN_KEY.to_owned(),
+                log_filter: self.log_filter.clone(),
+            };
+            std::fs::write(gw.config_path(), self.config_yaml(&gw)).unwrap();
+            match gw.launch() {
+                Ok(()) => return gw,
+                Err(e) => failures.push(e),
+            }
+        }
+        panic!("ferrisix did not start: {failures:#?}");
+    }
+
+    fn config_yaml(&self, gw: &StoreGateway) -> String {
+        let (provider, etcd_hosts) = match &self.store {
+            StoreKind::Embedded => ("embedded", String::new()),
+            StoreKind::Etcd(hosts) => (
+                "etcd",
+                hosts.iter().map(|h| format!("      - \"{h}\"\n")).collect(),
+            ),
+        };
+        let etcd_section = if etcd_hosts.is_empty() {
+            String::from("    prefix: /apisix\n")
+        } else {
+            format!("    host:\n{etcd_hosts}    prefix: /apisix\n")
+        };
+        let etcd_keys: String = self
+            .etcd_keys
+            .iter()
+            .map(|l| format!("    {l}\n"))
+            .collect();
+        let dir = gw.dir.path();
+        format!(
+            "apisix:\n\
+             \x20 node_listen:\n\
+             \x20   - ip: 127.0.0.1\n\
+             \x20     port: {data}\n\
+             \x20 enable_admin: true\n\
+             \x20 enable_control: true\n\
+             \x20 control:\n\
+             \x20   ip: 127.0.0.1\n\
+             \x20   port: {control}\n\
+             deployment:\n\
+             \x20 role: traditional\n\
+             \x20 role_traditional:\n\
+             \x20   config_provider: {provider}\n\
+             \x20 etcd:\n\
+             {etcd_section}{etcd_keys}\
+             \x20 admin:\n\
+             \x20   admin_listen:\n\
+             \x20     ip: 127.0.0.1\n\
+             \x20     port: {admin}\n\
+             \x20   admin_key:\n\
+             \x20     - name: admin\n\
+             \x20       key: {key}\n\
+             \x20       role: admin\n\
+             ferrisix:\n\
+             \x20 data_dir: {data_dir}\n\
+             plugin_attr:\n\
+             \x20 prometheus:\n\
+             \x20   export_addr:\n\
+             \x20     ip: 127.0.0.1\n\
+             \x20     port: {metrics}\n\
+             nginx_config:\n\
+             \x20 worker_processes: {workers}\n\
+             \x20 worker_shutdown_timeout: 10s\n\
+             \x20 http:\n\
+             \x20   access_log: {access_log}\n",
+            data = gw.data_port,
+            control = gw.control_port,
+            admin = gw.admin_port,
+            metrics = gw.metrics_port,
+            key = gw.admin_key,
+            data_dir = gw.data_dir().display(),
+            workers = self.workers,
+            access_log = dir.join("access.log").display(),
+        )
+    }
+}
+
+/// A ferrisix node on a store (see [`StoreGatewayBuilder`]). Its config directory, data
+/// directory and log outlive restarts; the process is killed on drop.
+pub struct StoreGateway {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    pub data_port: u16,
+    pub admin_port: u16,
+    pub control_port: u16,
+    pub metrics_port: u16,
+    pub admin_key: String,
+    log_filter: String,
+}
+
+impl StoreGateway {
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("config.yaml")
+    }
+
+    /// `ferrisix.data_dir`: the embedded store's file, etcd mode's local copy.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Where etcd mode keeps its copy of the last configuration applied from etcd.
+    pub fn local_copy(&self) -> PathBuf {
+        self.data_dir().join("etcd-local-copy.json")
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("ferrisix.log")
+    }
+
+    /// Everything the process (every start of it) wrote to stderr.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    pub fn data_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.data_port))
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.admin_port))
+    }
+
+    pub fn control_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.control_port))
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().unwrap().is_none())
+    }
+
+    /// Spawns the process on the existing config and waits for its three ports.
+    fn launch(&mut self) -> Result<(), String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_ferrisix"))
+            .arg("-c")
+            .arg(self.config_path())
+            .env("RUST_LOG", &self.log_filter)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start ferrisix");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let ports = [self.control_port, self.admin_port, self.data_port];
+        let mut next = 0;
+        while next < ports.len() {
+            if TcpStream::connect(("127.0.0.1", ports[next])).is_ok() {
+                next += 1;
+                continue;
+            }
+            if let Ok(Some(status)) = self.child.as_mut().unwrap().try_wait() {
+                self.child = None;
+                return Err(format!(
+                    "exited ({status}) before listening on {}; log:\n{}",
+                    ports[next],
+                    tail(&self.log_text(), 3000)
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(format!("not listening on {} after 30 s", ports[next]));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// Starts the process again on the same config, ports and data directory (after
+    /// [`StoreGateway::stop`] or [`StoreGateway::kill9`]).
+    pub fn restart(&mut self) {
+        assert!(
+            self.child.is_none(),
+            "restart: the process is still running"
+        );
+        let mut failures = Vec::new();
+        // The ports were ours a moment ago; a parallel test's free-port probe can hold one for
+        // an instant.
+        for _ in 0..3 {
+            match self.launch() {
+                Ok(()) => return,
+                Err(e) => failures.push(e),
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        panic!("ferrisix did not restart: {failures:#?}");
+    }
+
+    /// Sends `sig` (a name such as `STOP` or `CONT`) to the process.
+    pub fn signal(&self, sig: &str) {
+        let pid = self.pid().expect("the process is running");
+        let status = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(pid.to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{sig} {pid}");
+    }
+
+    /// Graceful stop: SIGTERM, then waits for the exit (SIGKILL after 20 s).
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("ferrisix did not exit within 20 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `kill -9`: no chance to flush or clean up.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// One Admin API request with the admin key (`path` starts with `/apisix/admin`).
+    pub fn admin(&self, method: &str, path: &str, body: &str) -> Reply {
+        self.try_admin(method, path, body)
+            .unwrap_or_else(|e| panic!("Admin API {method} {path}: {e}"))
+    }
+
+    pub fn try_admin(&self, method: &str, path: &str, body: &str) -> std::io::Result<Reply> {
+        let mut headers = vec![("X-API-KEY", self.admin_key.as_str())];
+        if !body.is_empty() {
+            headers.push(("Content-Type", "application/json"));
+        }
+        try_request(self.admin_addr(), method, path, &headers, body.as_bytes())
+    }
+
+    /// `PUT /apisix/admin/routes/{id}`; panics unless the answer is 200 or 201.
+    pub fn put_route(&self, id: &str, route: &serde_json::Value) -> Reply {
+        let reply = self.admin(
+            "PUT",
+            &format!("/apisix/admin/routes/{id}"),
+            &route.to_string(),
+        );
+        assert!(
+            matches!(reply.status, 200 | 201),
+            "PUT route {id}: {} {}",
+            reply.status,
+            reply.text()
+        );
+        reply
+    }
+
+    /// `DELETE /apisix/admin/routes/{id}`; panics unless the answer is 200.
+    pub fn delete_route(&self, id: &str) {
+        let reply = self.admin("DELETE", &format!("/apisix/admin/routes/{id}"), "");
+        assert_eq!(reply.status, 200, "DELETE route {id}: {}", reply.text());
+    }
+
+    /// A GET through the data port.
+    pub fn get(&self, path: &str) -> Reply {
+        self.try_get(path)
+            .unwrap_or_else(|e| panic!("GET {path} on the data port: {e}"))
+    }
+
+    pub fn try_get(&self, path: &str) -> std::io::Result<Reply> {
+        try_request(self.data_addr(), "GET", path, &[], b"")
+    }
+
+    /// The status of a GET through the data port (0 when the request itself failed).
+    pub fn status_of(&self, path: &str) -> u16 {
+        self.try_get(path).map_or(0, |r| r.status)
+    }
+
+    /// A GET on the control API.
+    pub fn control(&self, path: &str) -> Reply {
+        try_request(self.control_addr(), "GET", path, &[], b"")
+            .unwrap_or_else(|e| panic!("control API GET {path}: {e}"))
+    }
+
+    /// The control API's `/v1/config`: revision, route count, store health, quarantine.
+    pub fn config_report(&self) -> serde_json::Value {
+        let reply = self.control("/v1/config");
+        assert_eq!(reply.status, 200, "/v1/config: {}", reply.text());
+        reply.json()
+    }
+}
+
+impl Drop for StoreGateway {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "--- ferrisix log (data port {}) ---\n{}",
+                self.data_port,
+                tail(&self.log_text(), 6000)
+            );
+        }
+    }
+}
+
+fn tail(text: &str, max: usize) -> &str {
+    let mut start = text.len().saturating_sub(max);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
+
+/// A route sending `uri` to the upstream node `node`, in the shape a client PUTs.
+pub fn route_to(uri: &str, node: &str) -> serde_json::Value {
+    serde_json::json!({
+        "uri": uri,
+        "upstream": {"type": "roundrobin", "nodes": {node: 1}},
+    })
+}
+
+/// Polls `check` every `every` until it returns true or `limit` passes; returns how long it
+/// took from `start` (so the time of the trigger can be counted in), or `None` on time-out.
+pub fn poll_from(
+    start: Instant,
+    limit: Duration,
+    every: Duration,
+    mut check: impl FnMut() -> bool,
+) -> Option<Duration> {
+    loop {
+        if check() {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(every);
+    }
+}
+
+/// The `p`-th percentile (0..=100, nearest rank) of `samples`.
+pub fn percentile(samples: &[Duration], p: f64) -> Duration {
+    assert!(!samples.is_empty());
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Puts `count` new routes (`/prop/<i>`, one after the other) through `gw`'s Admin API and, for
+/// each, polls the data port until it answers 200. Returns the times from sending the PUT to
+/// the first 200, and from the PUT's answer to the first 200 (zero when it was served first).
+pub fn measure_propagation(
+    gw: &StoreGateway,
+    up: &Upstream,
+    count: usize,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let (mut total, mut after_ack) = (Vec::new(), Vec::new());
+    for i in 0..count {
+        let uri = format!("/prop/{i}");
+        let body = route_to(&uri, &up.node()).to_string();
+        let start = Instant::now();
+        let reply = gw.admin("PUT", &format!("/apisix/admin/routes/prop{i}"), &body);
+        let acked = start.elapsed();
+        assert_eq!(reply.status, 201, "PUT prop{i}: {}", reply.text());
+        let served = poll_from(
+            start,
+            Duration::from_secs(10),
+            Duration::from_micros(200),
+            || gw.status_of(&uri) == 200,
+        )
+        .unwrap_or_else(|| panic!("{uri} not served within 10 s of its PUT"));
+        total.push(served);
+        after_ack.push(served.saturating_sub(acked));
+    }
+    (total, after_ack)
 }

@@ -331,7 +331,7 @@ impl Gateway {
         };
         let route: &CompiledRoute = matched.value;
         if let Some(r) = record.as_deref_mut() {
-            r.route_id = Some(Arc::from(route.id.as_str()));
+            r.route_id = Some(route.log_id.clone());
         }
         let target = route.target.clone();
         let route_timeouts = route.timeout;
@@ -454,14 +454,18 @@ impl Gateway {
         let mut statuses: SmallVec<[u16; 2]> = SmallVec::new();
         let mut last_failure = UpstreamFailure::ConnectRefused;
         let first_try = Instant::now();
-        let path_and_query = parts
-            .uri
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_owned();
-        let uri: http::Uri = path_and_query
-            .parse()
-            .unwrap_or_else(|_| http::Uri::from_static("/"));
+        // The upstream gets the client's raw path and query. An origin-form URI is exactly
+        // that (cloning it copies a pointer); an absolute-form one loses its scheme and host.
+        let uri: http::Uri = if parts.uri.scheme().is_none() && parts.uri.authority().is_none() {
+            parts.uri.clone()
+        } else {
+            parts
+                .uri
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .parse()
+                .unwrap_or_else(|_| http::Uri::from_static("/"))
+        };
         if let Some(r) = record.as_deref_mut() {
             r.upstream_start = Some(first_try);
         }

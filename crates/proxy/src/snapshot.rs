@@ -62,6 +62,8 @@ pub enum RouteTarget {
 /// upstream resolved.
 pub struct CompiledRoute {
     pub id: String,
+    /// The id shared with access-log records, so logging a request copies a pointer.
+    pub log_id: Arc<str>,
     pub name: Option<String>,
     pub service_id: Option<String>,
     pub service_name: Option<String>,
@@ -623,6 +625,7 @@ fn compile_route(
 
     let compiled = CompiledRoute {
         id: route.id.clone(),
+        log_id: Arc::from(route.id.as_str()),
         name: route.name.clone(),
         service_id: route.service_id.clone(),
         service_name: service.as_ref().and_then(|s| s.name.clone()),
@@ -715,6 +718,7 @@ fn attach_plugins(
 fn failing_route(route: &Route, status: StatusCode) -> CompiledRoute {
     CompiledRoute {
         id: route.id.clone(),
+        log_id: Arc::from(route.id.as_str()),
         name: route.name.clone(),
         service_id: route.service_id.clone(),
         service_name: None,

@@ -1,0 +1,151 @@
+//! ferrisix on its embedded store, end to end: a real `ferrisix` process (traditional role,
+//! embedded provider) driven through its Admin API over HTTP.
+//!
+//! * `kill -9` during a burst of 1000 PUTs, then a restart on the same data directory: every
+//!   acknowledged PUT is there, through the Admin API and through the data port;
+//! * (ignored) the PUT-to-served propagation figure.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use support::{
+    percentile, poll_from, route_to, try_request, Behaviour, StoreGatewayBuilder, Upstream,
+    ADMIN_KEY,
+};
+
+const BURST: u32 = 1000;
+/// The process is killed once this many PUTs were acknowledged: well inside the burst.
+const KILL_AFTER: usize = 300;
+
+#[test]
+fn kill_9_during_a_burst_of_1000_puts_keeps_every_acknowledged_put() {
+    let up = Upstream::start("burst", Behaviour::Echo);
+    let mut gw = StoreGatewayBuilder::embedded().start();
+
+    // id -> whether the PUT was acknowledged (200/201); the writer stops at the first failure.
+    let acked: Arc<Mutex<Vec<u32>>> = Arc::default();
+    let writer = {
+        let (acked, admin, node) = (Arc::clone(&acked), gw.admin_addr(), up.node());
+        std::thread::spawn(move || -> (Option<u32>, Vec<String>) {
+            let mut unexpected = Vec::new();
+            for id in 1..=BURST {
+                let body = route_to(&format!("/burst/{id}"), &node).to_string();
+                let reply = try_request(
+                    admin,
+                    "PUT",
+                    &format!("/apisix/admin/routes/{id}"),
+                    &[
+                        ("X-API-KEY", ADMIN_KEY),
+                        ("Content-Type", "application/json"),
+                    ],
+                    body.as_bytes(),
+                );
+                match reply {
+                    Ok(r) if matches!(r.status, 200 | 201) => acked.lock().unwrap().push(id),
+                    Ok(r) => {
+                        unexpected.push(format!("PUT {id}: {} {}", r.status, r.text()));
+                        return (Some(id), unexpected);
+                    }
+                    // The process is gone: this PUT was in flight, unacknowledged.
+                    Err(_) => return (Some(id), unexpected),
+                }
+            }
+            (None, unexpected)
+        })
+    };
+    poll_from(
+        Instant::now(),
+        Duration::from_secs(300),
+        Duration::from_millis(1),
+        || acked.lock().unwrap().len() >= KILL_AFTER,
+    )
+    .expect("the burst did not reach its kill point");
+    gw.kill9();
+    let (in_flight, unexpected) = writer.join().unwrap();
+    assert!(unexpected.is_empty(), "{unexpected:?}");
+    let acked = acked.lock().unwrap().clone();
+    let in_flight = in_flight.expect("the kill came after the whole burst was acknowledged");
+    eprintln!(
+        "burst: killed with {} PUTs acknowledged, PUT {in_flight} in flight",
+        acked.len()
+    );
+    assert_eq!(acked, (1..in_flight).collect::<Vec<_>>());
+
+    gw.restart();
+
+    // Every acknowledged PUT is there, whole, through the Admin API ...
+    for id in &acked {
+        let reply = gw.admin("GET", &format!("/apisix/admin/routes/{id}"), "");
+        assert_eq!(reply.status, 200, "route {id}: {}", reply.text());
+        let value = &reply.json()["value"];
+        assert_eq!(value["id"], id.to_string(), "{value}");
+        assert_eq!(value["uri"], format!("/burst/{id}"), "{value}");
+        assert_eq!(value["upstream"]["nodes"][up.node()], 1, "{value}");
+    }
+    // ... and through the data port.
+    for id in &acked {
+        let reply = gw.get(&format!("/burst/{id}"));
+        assert_eq!(reply.status, 200, "/burst/{id}: {}", reply.text());
+        assert_eq!(reply.header("X-Upstream"), Some("burst"));
+    }
+    // The PUT in flight is entirely there or absent; nothing after it exists.
+    let reply = gw.admin("GET", &format!("/apisix/admin/routes/{in_flight}"), "");
+    let in_flight_kept = match reply.status {
+        200 => {
+            assert_eq!(reply.json()["value"]["uri"], format!("/burst/{in_flight}"));
+            assert_eq!(gw.get(&format!("/burst/{in_flight}")).status, 200);
+            true
+        }
+        404 => false,
+        s => panic!("route {in_flight} (in flight): {s} {}", reply.text()),
+    };
+    eprintln!(
+        "burst: the PUT in flight was {}",
+        if in_flight_kept {
+            "kept"
+        } else {
+            "lost (unacknowledged)"
+        }
+    );
+    let expected = acked.len() + usize::from(in_flight_kept);
+    let list = gw.admin("GET", "/apisix/admin/routes", "");
+    assert_eq!(list.status, 200);
+    assert_eq!(
+        list.json()["total"],
+        expected,
+        "no route beyond the in-flight one"
+    );
+    assert_eq!(gw.config_report()["routes"], expected);
+    assert_eq!(gw.control("/status/ready").status, 200);
+
+    // The store keeps working after the crash: a new write is acknowledged and served.
+    gw.put_route("after", &route_to("/after-crash", &up.node()));
+    poll_from(
+        Instant::now(),
+        Duration::from_secs(10),
+        Duration::from_millis(10),
+        || gw.status_of("/after-crash") == 200,
+    )
+    .expect("a PUT after the restart was not served");
+}
+
+/// PUT through the Admin API to the first 200 through the data port, over 200 new routes.
+/// Ignored by default (it only prints figures); run with `--ignored --nocapture`.
+#[test]
+#[ignore]
+fn propagation_figure_embedded() {
+    let up = Upstream::start("prop", Behaviour::Echo);
+    let gw = StoreGatewayBuilder::embedded().start();
+    let (total, after_ack) = support::measure_propagation(&gw, &up, 200);
+    eprintln!(
+        "propagation (embedded, 200 PUTs): PUT sent -> first 200: p50 {:?} p99 {:?} max {:?}; \
+         PUT answered -> first 200: p50 {:?} p99 {:?}",
+        percentile(&total, 50.0),
+        percentile(&total, 99.0),
+        percentile(&total, 100.0),
+        percentile(&after_ack, 50.0),
+        percentile(&after_ack, 99.0),
+    );
+}

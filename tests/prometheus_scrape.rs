@@ -218,10 +218,13 @@ impl PromServer {
             path.push_str(&format!("&time={t:.3}"));
         }
         let r = get(self.addr, &path);
-        let body: Value = serde_json::from_slice(&r.body).unwrap_or_else(|e| {
-            panic!("prometheus answered {} with non-JSON ({e}): {}", r.status, r.text())
-        });
-        body
+        serde_json::from_slice(&r.body).unwrap_or_else(|e| {
+            panic!(
+                "prometheus answered {} with non-JSON ({e}): {}",
+                r.status,
+                r.text()
+            )
+        })
     }
 
     /// The single value of an instant query's first result, if any.
@@ -366,10 +369,7 @@ fn grafana_dashboard_queries_return_data() {
     for q in &queries {
         let expr = grafana_substitute(&q.expr);
         if expr.contains('$') {
-            failures.push(format!(
-                "{}: unsubstituted variable in {expr}",
-                q.panel
-            ));
+            failures.push(format!("{}: unsubstituted variable in {expr}", q.panel));
             continue;
         }
         let answer = prom.query(&expr, Some(at));

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::chain::CompileEnv;
+use crate::limit_conn::{self, LimitConn};
 use crate::limit_count::{self, LimitCount};
+use crate::limit_req::{self, LimitReq};
 use crate::plugin::{Owner, Plugin, RouteInfo};
 use crate::prometheus::{self, Prometheus};
 use crate::runtime::runtime;
@@ -27,6 +29,8 @@ pub fn compile(
             env.metadata.get(name),
             rt,
         )?) as Arc<dyn Plugin>,
+        limit_req::NAME => Arc::new(LimitReq::compile(conf, owner, rt)?) as Arc<dyn Plugin>,
+        limit_conn::NAME => Arc::new(LimitConn::compile(conf, owner, rt)?) as Arc<dyn Plugin>,
         prometheus::NAME => Arc::new(Prometheus::compile(conf, route, &rt.metrics)),
         _ => return Ok(None),
     }))

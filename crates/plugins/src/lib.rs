@@ -1,7 +1,7 @@
 //! ferrisix plugins: the registry of every plugin ferrisix implements (names, priorities and
 //! APISIX's schemas, used by the Admin API and by validation), the plugin interface with
 //! APISIX's phases, the chains the proxy runs, and the plugins themselves (limit-count,
-//! prometheus).
+//! limit-req, limit-conn, prometheus).
 //!
 //! The registry answers what APISIX's `plugin.lua` answers: which plugins are enabled, their
 //! run order (priority, highest first), and whether a configuration passes a plugin's schema
@@ -13,7 +13,10 @@
 
 pub mod chain;
 pub mod factory;
+pub mod keyed;
+pub mod limit_conn;
 pub mod limit_count;
+pub mod limit_req;
 pub mod plugin;
 pub mod prometheus;
 pub mod registry;
@@ -22,8 +25,8 @@ pub mod template;
 
 pub use chain::{CompileEnv, GlobalChains, GlobalRules, PluginChain, PluginSource, Verdicts};
 pub use plugin::{
-    Exit, Flow, LogCtx, Owner, Phases, Plugin, PluginCtx, ResponseHeaders, ResponseSource,
-    RouteInfo, Step,
+    Exit, Flow, LogCtx, Owner, Phases, Plugin, PluginCtx, RequestGuards, ResponseHeaders,
+    ResponseSource, RouteInfo, Step,
 };
 pub use registry::{PluginInfo, PluginRegistry, SchemaType};
 pub use runtime::{configure, runtime, PluginSettings};

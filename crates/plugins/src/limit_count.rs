@@ -74,7 +74,7 @@ impl Quota {
 
 /// How the per-request key is found.
 #[derive(Clone, Debug)]
-enum KeySpec {
+pub(crate) enum KeySpec {
     /// `key_type: var` with `remote_addr` (the default): no formatting at all.
     RemoteAddr,
     Var(String),
@@ -83,7 +83,7 @@ enum KeySpec {
 }
 
 impl KeySpec {
-    fn new(key_type: &str, key: &str) -> KeySpec {
+    pub(crate) fn new(key_type: &str, key: &str) -> KeySpec {
         match key_type {
             "constant" => KeySpec::Constant(key.to_owned()),
             "var_combination" => KeySpec::Combination(Template::parse(key)),
@@ -94,13 +94,13 @@ impl KeySpec {
 }
 
 /// A key value: borrowed when possible.
-enum KeyValue<'a> {
+pub(crate) enum KeyValue<'a> {
     Ip(std::net::IpAddr),
     Text(std::borrow::Cow<'a, str>),
 }
 
 impl KeyValue<'_> {
-    fn as_ref(&self) -> KeyRef<'_> {
+    pub(crate) fn as_ref(&self) -> KeyRef<'_> {
         match self {
             KeyValue::Ip(ip) => KeyRef::Ip(*ip),
             KeyValue::Text(t) => KeyRef::Text(t),
@@ -108,7 +108,7 @@ impl KeyValue<'_> {
     }
 }
 
-fn resolve_key<'a>(spec: &'a KeySpec, ctx: &'a PluginCtx<'_>) -> KeyValue<'a> {
+pub(crate) fn resolve_key<'a>(spec: &'a KeySpec, ctx: &'a PluginCtx<'_>) -> KeyValue<'a> {
     use ferrisix_router::VarSource;
     let found = match spec {
         KeySpec::RemoteAddr => None,
@@ -227,7 +227,7 @@ fn u64_field(conf: &Map<String, Value>, name: &str, default: u64) -> u64 {
 
 /// The conf with the schema's defaults filled in, as APISIX holds it, minus `_meta`; its
 /// stable encoding is what the version hash covers.
-fn canonical(conf: &Value) -> String {
+fn canonical(name: &str, conf: &Value) -> String {
     fn sorted(v: &Value) -> Value {
         match v {
             Value::Object(m) => {
@@ -244,7 +244,7 @@ fn canonical(conf: &Value) -> String {
         }
     }
     let mut filled = conf.clone();
-    if let Some(info) = crate::registry::PluginRegistry::builtin_shared().get(NAME) {
+    if let Some(info) = crate::registry::PluginRegistry::builtin_shared().get(name) {
         let _ = ferrisix_config::schema::validate_and_fill(&info.schema, &mut filled);
     }
     if let Some(m) = filled.as_object_mut() {
@@ -255,7 +255,12 @@ fn canonical(conf: &Value) -> String {
 
 /// `plugin.conf_version`: crc32 of the conf's stable encoding.
 pub fn conf_version(conf: &Value) -> u32 {
-    crc32fast::hash(canonical(conf).as_bytes())
+    conf_version_of(NAME, conf)
+}
+
+/// The same version for plugin `name`'s conf (its schema's defaults filled in).
+pub(crate) fn conf_version_of(name: &str, conf: &Value) -> u32 {
+    crc32fast::hash(canonical(name, conf).as_bytes())
 }
 
 impl LimitCount {

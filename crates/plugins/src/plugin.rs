@@ -172,6 +172,34 @@ pub struct PluginCtx<'a> {
     /// Headers to add to whatever response ends this request (`core.response.set_header` in
     /// the request phases): the upstream's answer, an exit, or the 404.
     pub response_headers: ResponseHeaders,
+    /// Request-scoped state dropped once the request is over (right after its log phase, or
+    /// with the request if it is abandoned earlier): limit-conn's in-flight count.
+    pub guards: RequestGuards,
+}
+
+/// Values owned by one request and dropped when it ends; their `Drop` is their cleanup, so it
+/// runs exactly once whatever way the request ends. Empty costs no allocation.
+#[derive(Default)]
+pub struct RequestGuards(Vec<Box<dyn Send + Sync>>);
+
+impl RequestGuards {
+    pub fn push(&mut self, guard: Box<dyn Send + Sync>) {
+        self.0.push(guard);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+impl fmt::Debug for RequestGuards {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RequestGuards({})", self.0.len())
+    }
 }
 
 /// Headers plugins set on the response. A few fit inline, so setting them allocates nothing
@@ -251,6 +279,7 @@ impl<'a> PluginCtx<'a> {
             matched_host: "",
             upstream_node: None,
             response_headers: ResponseHeaders::default(),
+            guards: RequestGuards::default(),
         }
     }
 }

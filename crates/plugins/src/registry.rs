@@ -172,7 +172,69 @@ fn builtin_plugins() -> Vec<PluginInfo> {
     );
     prometheus.version = 0.2;
     prometheus.metadata_schema = Some(prometheus_metadata_schema());
-    vec![limit_count, prometheus]
+    let limit_req = PluginInfo::new("limit-req", 1001, limit_req_schema());
+    let limit_conn = PluginInfo::new("limit-conn", 1003, limit_conn_schema());
+    vec![limit_count, limit_req, limit_conn, prometheus]
+}
+
+/// The `redis` / `redis-cluster` policy clauses of limit-req and limit-conn (their `policy`
+/// enum has no sentinel).
+fn redis_policy_clauses() -> Value {
+    let (redis, cluster, _) = redis_policy_schemas();
+    json!({
+        "if": {"properties": {"policy": {"enum": ["redis"]}}},
+        "then": redis,
+        "else": {
+            "if": {"properties": {"policy": {"enum": ["redis-cluster"]}}},
+            "then": cluster
+        }
+    })
+}
+
+fn with_policy_clauses(mut schema: Value) -> Value {
+    if let (Some(m), Value::Object(clauses)) = (schema.as_object_mut(), redis_policy_clauses()) {
+        m.extend(clauses);
+    }
+    schema
+}
+
+/// apisix/plugins/limit-req.lua.
+fn limit_req_schema() -> Value {
+    with_policy_clauses(json!({
+        "type": "object",
+        "properties": {
+            "rate": {"type": "number", "exclusiveMinimum": 0},
+            "burst": {"type": "number", "minimum": 0},
+            "key": {"type": "string"},
+            "key_type": {"type": "string", "enum": ["var", "var_combination"], "default": "var"},
+            "policy": {"type": "string", "enum": ["redis", "redis-cluster", "local"], "default": "local"},
+            "rejected_code": {"type": "integer", "minimum": 200, "maximum": 599, "default": 503},
+            "rejected_msg": {"type": "string", "minLength": 1},
+            "nodelay": {"type": "boolean", "default": false},
+            "allow_degradation": {"type": "boolean", "default": false}
+        },
+        "required": ["rate", "burst", "key"]
+    }))
+}
+
+/// apisix/plugins/limit-conn.lua.
+fn limit_conn_schema() -> Value {
+    with_policy_clauses(json!({
+        "type": "object",
+        "properties": {
+            "conn": {"type": "integer", "exclusiveMinimum": 0},
+            "burst": {"type": "integer", "minimum": 0},
+            "default_conn_delay": {"type": "number", "exclusiveMinimum": 0},
+            "only_use_default_delay": {"type": "boolean", "default": false},
+            "key": {"type": "string"},
+            "key_type": {"type": "string", "enum": ["var", "var_combination"], "default": "var"},
+            "policy": {"type": "string", "enum": ["redis", "redis-cluster", "local"], "default": "local"},
+            "rejected_code": {"type": "integer", "minimum": 200, "maximum": 599, "default": 503},
+            "rejected_msg": {"type": "string", "minLength": 1},
+            "allow_degradation": {"type": "boolean", "default": false}
+        },
+        "required": ["conn", "burst", "default_conn_delay", "key"]
+    }))
 }
 
 /// `disabled_labels` per metric (3.18); a metric's identity labels (`code`, `type`) cannot be
@@ -399,6 +461,65 @@ mod tests {
     fn priority_order() {
         let r = PluginRegistry::builtin();
         let names: Vec<_> = r.list().map(|p| p.name).collect();
-        assert_eq!(names, ["limit-count", "prometheus"]);
+        assert_eq!(
+            names,
+            ["limit-conn", "limit-count", "limit-req", "prometheus"]
+        );
+    }
+
+    #[test]
+    fn limit_req_and_conn_schemas() {
+        let r = PluginRegistry::builtin();
+        assert!(r
+            .check(
+                "limit-req",
+                &json!({"rate": 1, "burst": 0, "key": "remote_addr"})
+            )
+            .is_ok());
+        assert_eq!(
+            r.check("limit-req", &json!({"rate": 0, "burst": 0, "key": "remote_addr"})),
+            Err("failed to check the configuration of plugin limit-req err: property \"rate\" validation failed: expected 0 to be greater than 0".into())
+        );
+        assert_eq!(
+            r.check("limit-req", &json!({"rate": 1, "key": "remote_addr"})),
+            Err("failed to check the configuration of plugin limit-req err: property \"burst\" is required".into())
+        );
+        let e = r
+            .check(
+                "limit-req",
+                &json!({"rate": 1, "burst": 0, "key": "k", "rejected_code": 600}),
+            )
+            .unwrap_err();
+        assert!(e.contains("rejected_code"), "{e}");
+        let e = r
+            .check(
+                "limit-req",
+                &json!({"rate": 1, "burst": 0, "key": "k", "policy": "redis"}),
+            )
+            .unwrap_err();
+        assert!(e.ends_with("then clause did not match"), "{e}");
+        assert!(r
+            .check(
+                "limit-conn",
+                &json!({"conn": 1, "burst": 0, "default_conn_delay": 0.1, "key": "remote_addr"})
+            )
+            .is_ok());
+        assert_eq!(
+            r.check(
+                "limit-conn",
+                &json!({"conn": 1.5, "burst": 0, "default_conn_delay": 0.1, "key": "k"})
+            ),
+            Err("failed to check the configuration of plugin limit-conn err: property \"conn\" validation failed: wrong type: expected integer, got number".into())
+        );
+        let e = r
+            .check("limit-conn", &json!({"conn": 1, "burst": 0, "key": "k"}))
+            .unwrap_err();
+        assert!(
+            e.ends_with("property \"default_conn_delay\" is required"),
+            "{e}"
+        );
+        let info = r.get("limit-conn").unwrap();
+        assert_eq!(info.priority, 1003);
+        assert!(info.schema["properties"].get("_meta").is_some());
     }
 }

@@ -1,5 +1,6 @@
-//! Process-wide plugin state: what outlives snapshots (limit-count counters, Redis pools,
-//! prometheus series) and the plugin settings from `config.yaml`.
+//! Process-wide plugin state: what outlives snapshots (limit-count counters, limit-req
+//! buckets, limit-conn counts, Redis pools, prometheus series) and the plugin settings from
+//! `config.yaml`.
 //!
 //! APISIX keeps such state in nginx shared dicts that every worker sees; ferrisix keeps it in
 //! one [`Runtime`] per process, which compiled plugins reference. [`configure`] must run before
@@ -9,8 +10,10 @@ use std::sync::OnceLock;
 
 use ferrisix_config::settings::PrometheusAttr;
 
+use crate::limit_conn::ConnSpaces;
 use crate::limit_count::local::Spaces;
 use crate::limit_count::redis::Remotes;
+use crate::limit_req::ReqSpaces;
 use crate::prometheus::Metrics;
 
 /// Plugin state shared by every snapshot and worker.
@@ -18,6 +21,10 @@ use crate::prometheus::Metrics;
 pub struct Runtime {
     pub counters: Spaces,
     pub remotes: Remotes,
+    /// limit-req buckets.
+    pub req: ReqSpaces,
+    /// limit-conn in-flight counts.
+    pub conn: ConnSpaces,
     pub metrics: Metrics,
 }
 
@@ -46,6 +53,8 @@ impl Runtime {
         Runtime {
             counters: Spaces::default(),
             remotes: Remotes::default(),
+            req: ReqSpaces::default(),
+            conn: ConnSpaces::default(),
             metrics: Metrics::new(&settings.prometheus),
         }
     }
@@ -53,6 +62,8 @@ impl Runtime {
     /// Drops state no compiled plugin references any more (after a snapshot was replaced).
     pub fn sweep(&self) {
         self.counters.sweep();
+        self.req.sweep(|s| s.live());
+        self.conn.sweep(|s| s.live());
         self.metrics.sweep();
     }
 }

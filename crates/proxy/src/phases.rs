@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ferrisix_plugins::{
-    Exit, Flow, LogCtx, PluginChain, PluginCtx, ResponseHeaders, ResponseSource, Verdicts,
+    Exit, Flow, LogCtx, PluginChain, PluginCtx, RequestGuards, ResponseHeaders, ResponseSource,
+    Verdicts,
 };
 use ferrisix_router::VarSource;
 use http::request::Parts;
@@ -26,6 +27,9 @@ pub struct PluginRun {
     /// `None` for a request that matched no route (or whose route ends before its plugins).
     route: Option<Arc<PluginChain>>,
     response_headers: ResponseHeaders,
+    /// Request-scoped plugin state (limit-conn's in-flight count), dropped after the log
+    /// phase, or with this run if the request is abandoned before its response.
+    guards: RequestGuards,
     matched_uri: Option<u16>,
     matched_host: Option<u16>,
     /// The gateway answered itself (exit, 404, no upstream).
@@ -96,6 +100,7 @@ pub async fn unmatched(
         global,
         route: None,
         response_headers: ctx.response_headers,
+        guards: ctx.guards,
         matched_uri: None,
         matched_host: None,
         own_answer: true,
@@ -141,6 +146,7 @@ pub async fn matched(
         global: route.global_chain.clone(),
         route: route.plugins_run.then(|| route.chain.clone()),
         response_headers: ctx.response_headers,
+        guards: ctx.guards,
         matched_uri: uri_idx.map(|i| i as u16),
         matched_host: host_idx.map(|i| i as u16),
         own_answer: !proxying,
@@ -215,7 +221,7 @@ impl PluginRun {
                 .route
                 .as_ref()
                 .is_some_and(|r| r.has(ferrisix_plugins::Phases::LOG));
-        if !has_log {
+        if !has_log && self.guards.is_empty() {
             return;
         }
         let proxied = trace.start.is_some() && !self.own_answer;
@@ -244,6 +250,7 @@ impl PluginRun {
             global: self.global,
             route: self.route,
             verdicts: (self.global_verdicts, self.route_verdicts),
+            _guards: self.guards,
             ctx,
             start,
             upstream_start: if proxied { trace.start } else { None },
@@ -256,6 +263,8 @@ pub struct PendingLog {
     global: Arc<PluginChain>,
     route: Option<Arc<PluginChain>>,
     verdicts: (Verdicts, Verdicts),
+    /// Dropped with this (after [`PendingLog::run`]): limit-conn decrements here.
+    _guards: RequestGuards,
     ctx: LogCtx,
     start: Instant,
     upstream_start: Option<Instant>,

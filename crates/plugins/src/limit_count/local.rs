@@ -43,7 +43,7 @@ pub enum KeyRef<'a> {
 }
 
 impl KeyRef<'_> {
-    fn normalized(self) -> Self {
+    pub(crate) fn normalized(self) -> Self {
         match self {
             KeyRef::Text(t) => match t.parse::<IpAddr>() {
                 Ok(ip) if ip.to_string() == t => KeyRef::Ip(ip),

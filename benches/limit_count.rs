@@ -16,11 +16,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use ferrisix_config::model::ResourceKind;
 use ferrisix_plugins::limit_count::LimitCount;
 use ferrisix_plugins::{Flow, Owner, Plugin, PluginCtx, Step};
 use ferrisix_router::VarSource;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use http::{HeaderMap, Method};
 use serde_json::{json, Value};
 

@@ -80,7 +80,7 @@ fn render(c: &mut Criterion) {
         let series = m.render().lines().filter(|l| !l.starts_with('#')).count();
         eprintln!("prometheus/render/{target}: {routes} routes, {series} series");
         g.throughput(Throughput::Elements(series as u64));
-        g.bench_with_input(BenchmarkId::new("series", target), &target, |b, _| {
+        g.bench_with_input(BenchmarkId::from_parameter(target), &target, |b, _| {
             b.iter(|| m.render().len())
         });
         drop(plugins);

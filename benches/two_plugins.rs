@@ -15,7 +15,10 @@ const ROUTE: &str = r#"{"uri": "/hello", "plugins": {"limit-count": {"count": 20
 /// Both plugins ran: limit-count's headers are on the answer and prometheus counted route 1.
 fn verify(answer: &proxy::Answer) {
     assert!(
-        answer.headers.iter().any(|(k, _)| k == "x-ratelimit-remaining"),
+        answer
+            .headers
+            .iter()
+            .any(|(k, _)| k == "x-ratelimit-remaining"),
         "no limit-count headers: {:?}",
         answer.headers
     );

@@ -118,16 +118,20 @@ pub fn start_proxy(route_json: &str, upstream_port: u16) -> Proxy {
         revision: 1,
         ..Default::default()
     };
-    state.resources.entry(ResourceKind::Routes).or_default().insert(
-        "1".into(),
-        StoredItem {
-            id: "1".into(),
-            value: Arc::new(route),
-            create_revision: 1,
-            mod_revision: 1,
-            seq: 0,
-        },
-    );
+    state
+        .resources
+        .entry(ResourceKind::Routes)
+        .or_default()
+        .insert(
+            "1".into(),
+            StoredItem {
+                id: "1".into(),
+                value: Arc::new(route),
+                create_revision: 1,
+                mod_revision: 1,
+                seq: 0,
+            },
+        );
     // config.yaml's defaults, as APISIX's run.sh leaves everything but worker_processes.
     let settings = Settings::default();
     let options = CompileOptions {
@@ -145,6 +149,7 @@ pub fn start_proxy(route_json: &str, upstream_port: u16) -> Proxy {
 
     let http = &settings.nginx_config.http;
     let gateway = Arc::new(Gateway {
+        legacy_admin: None,
         snapshot: handle,
         server_header: HeaderValue::from_static(concat!("ferrisix/", env!("CARGO_PKG_VERSION"))),
         real_ip: RealIpConfig {

@@ -18,6 +18,7 @@ if [ "${1:-}" = "--etcd" ]; then STORE=etcd; shift; fi
 
 BIN=${FERRISIX_BIN:-}
 if [ -z "$BIN" ]; then
+  . scripts/build-deps.sh
   cargo build --release --locked --bin ferrisix
   BIN=./target/release/ferrisix
 fi

@@ -5,13 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# etcd-client's build script compiles etcd's .proto files: it needs protoc and the well-known
-# .proto files, which a fresh machine does not have.
-if ! command -v protoc >/dev/null 2>&1 || [ ! -d /usr/include/google/protobuf ]; then
-  echo "installing protobuf-compiler and libprotobuf-dev (needed to build etcd-client)" >&2
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo -n"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq protobuf-compiler libprotobuf-dev >/dev/null
-fi
+. scripts/build-deps.sh
 
 cargo test --workspace --locked "$@"

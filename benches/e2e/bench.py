@@ -266,7 +266,8 @@ def main():
 
     ensure_tools()
     if not args.no_build:
-        subprocess.run(["cargo", "build", "--release", "--bin", "ferrisix"], cwd=ROOT, check=True)
+        subprocess.run(["bash", "-c", ". scripts/build-deps.sh && cargo build --release --locked --bin ferrisix"],
+                       cwd=ROOT, check=True)
 
     ncpu = os.cpu_count() or 1
     # With enough cores each process gets its own; otherwise everything shares and we say so.

@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
+use support::debian::{apt_get, which};
 use support::*;
 
 const QUERIES: &str = include_str!("data/grafana-queries.txt");
@@ -80,50 +81,13 @@ fn grafana_substitute(expr: &str) -> String {
     s
 }
 
-fn on_path(bin: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(bin))
-        .find(|p| p.is_file())
-}
-
-/// Runs one apt-get command (through `sudo -n` when not root), panicking with its output on
-/// failure.
-fn apt_get(args: &[&str]) {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false);
-    let mut cmd = if root {
-        Command::new("apt-get")
-    } else {
-        let mut c = Command::new("sudo");
-        c.args(["-n", "apt-get"]);
-        c
-    };
-    // Wait for a dpkg lock held by someone else instead of failing at once.
-    cmd.args(["-o", "DPkg::Lock::Timeout=300", "-q"])
-        .args(args)
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .stdin(Stdio::null());
-    let out = cmd.output().expect("run apt-get");
-    assert!(
-        out.status.success(),
-        "apt-get {args:?} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// The Prometheus server binary, installed from Debian's `prometheus` package if needed.
 /// `None` (the test is skipped) only where apt-get does not exist.
 fn prometheus_binary() -> Option<PathBuf> {
-    if let Some(p) = on_path("prometheus") {
+    if let Some(p) = which("prometheus") {
         return Some(p);
     }
-    if on_path("apt-get").is_none() {
+    if which("apt-get").is_none() {
         eprintln!(
             "\n**********************************************************************\n\
              * SKIPPED prometheus_scrape: `prometheus` is not on PATH and there is *\n\
@@ -136,7 +100,7 @@ fn prometheus_binary() -> Option<PathBuf> {
     apt_get(&["update"]);
     // No recommends: they would pull in (and try to start) prometheus-node-exporter.
     apt_get(&["install", "-y", "--no-install-recommends", "prometheus"]);
-    let p = on_path("prometheus")
+    let p = which("prometheus")
         .or_else(|| Some(PathBuf::from("/usr/bin/prometheus")).filter(|p| p.is_file()))
         .expect("`prometheus` installed but not found on PATH");
     Some(p)

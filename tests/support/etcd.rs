@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use super::debian::{apt_get, which};
 use super::free_port;
 
 /// The `etcd` binary, installing Debian's `etcd-server` with apt-get (through `sudo -n` when
@@ -44,43 +45,6 @@ pub fn etcd_binary() -> Option<PathBuf> {
             )
         })
         .clone()
-}
-
-/// Runs one apt-get command (through `sudo -n` when not root), panicking with its output on
-/// failure.
-fn apt_get(args: &[&str]) {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false);
-    let mut cmd = if root {
-        Command::new("apt-get")
-    } else {
-        let mut c = Command::new("sudo");
-        c.args(["-n", "apt-get"]);
-        c
-    };
-    // Wait for a dpkg lock held by someone else instead of failing at once.
-    cmd.args(["-o", "DPkg::Lock::Timeout=300", "-q"])
-        .args(args)
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .stdin(Stdio::null());
-    let out = cmd.output().expect("run apt-get");
-    assert!(
-        out.status.success(),
-        "apt-get {args:?} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn which(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
 }
 
 /// One etcd member; killed on drop.

@@ -3,6 +3,7 @@
 //! store with the Admin API ([`StoreGateway`], with [`etcd::Etcd`] for an etcd to use).
 #![allow(dead_code)]
 
+pub mod debian;
 pub mod etcd;
 
 use std::io::{Read, Write};

@@ -32,6 +32,10 @@ pub struct ConfigState {
     /// counter of file reloads).
     pub revision: i64,
     pub resources: BTreeMap<ResourceKind, BTreeMap<String, StoredItem>>,
+    /// Keys whose stored value is not JSON at all, with the reason. They never reach
+    /// `resources` (an older valid version there keeps serving); the data plane lists them as
+    /// quarantined.
+    pub unreadable: BTreeMap<(ResourceKind, String), String>,
 }
 
 impl ConfigState {

@@ -160,11 +160,21 @@ impl StateBuilder {
         let mut sorted: Vec<&KeyValue> = kvs.iter().collect();
         sorted.sort_by(|a, b| a.key.cmp(&b.key));
         let mut resources: BTreeMap<ResourceKind, BTreeMap<String, StoredItem>> = BTreeMap::new();
+        let mut unreadable = BTreeMap::new();
         for kv in sorted {
             let KeyPlace::Resource(kind, id) = place_of(&self.prefix, &kv.key) else {
                 continue;
             };
             let Some(value) = parse_value(&kv.value) else {
+                // Not JSON: set aside, and an older valid version (if known) keeps serving.
+                tracing::error!(key = %kv.key, "stored value is not JSON; ignored");
+                if let Some(p) = old.get(&kind).and_then(|m| m.get(&id)) {
+                    resources
+                        .entry(kind)
+                        .or_default()
+                        .insert(id.clone(), p.clone());
+                }
+                unreadable.insert((kind, id), NOT_JSON.to_string());
                 continue;
             };
             let previous = old.get(&kind).and_then(|m| m.get(&id));
@@ -191,6 +201,7 @@ impl StateBuilder {
             resources.entry(kind).or_default().insert(id, item);
         }
         self.state.resources = resources;
+        self.state.unreadable = unreadable;
         self.state.revision = revision;
     }
 
@@ -200,17 +211,25 @@ impl StateBuilder {
         let KeyPlace::Resource(kind, id) = place_of(&self.prefix, key) else {
             return false;
         };
+        let was_unreadable = self.state.unreadable.remove(&(kind, id.clone())).is_some();
         match kv {
-            None => self
-                .state
-                .resources
-                .get_mut(&kind)
-                .is_some_and(|m| m.remove(&id).is_some()),
+            None => {
+                let removed = self
+                    .state
+                    .resources
+                    .get_mut(&kind)
+                    .is_some_and(|m| m.remove(&id).is_some());
+                removed || was_unreadable
+            }
             Some(kv) => {
                 let Some(value) = parse_value(&kv.value) else {
-                    // Not JSON: APISIX logs and skips it, keeping any older valid version.
+                    // Not JSON: APISIX logs and skips it, keeping any older valid version; it
+                    // is listed so the data plane reports it as quarantined.
                     tracing::error!(key, "stored value is not JSON; ignored");
-                    return false;
+                    self.state
+                        .unreadable
+                        .insert((kind, id), NOT_JSON.to_string());
+                    return true;
                 };
                 let map = self.state.resources.entry(kind).or_default();
                 let seq = match map.get(&id) {
@@ -244,6 +263,8 @@ impl StateBuilder {
         Arc::new(self.state.clone())
     }
 }
+
+const NOT_JSON: &str = "stored value is not JSON";
 
 fn parse_value(bytes: &[u8]) -> Option<Value> {
     serde_json::from_slice(bytes).ok()
@@ -318,11 +339,23 @@ mod tests {
         );
         assert!(b.apply("/apisix/routes/2", None, 8));
         assert_eq!(b.state().revision, 8);
-        assert!(!b.apply(
+        // Not JSON: listed as unreadable (so it is reported), never served.
+        assert!(b.apply(
             "/apisix/routes/3",
             Some(&kv("/apisix/routes/3", "not json", 9)),
             9
         ));
+        assert!(b.state().get(ResourceKind::Routes, "3").is_none());
+        assert!(b
+            .state()
+            .unreadable
+            .contains_key(&(ResourceKind::Routes, "3".into())));
+        assert!(b.apply(
+            "/apisix/routes/3",
+            Some(&kv("/apisix/routes/3", "{}", 10)),
+            10
+        ));
+        assert!(b.state().unreadable.is_empty(), "a valid write clears it");
     }
 
     #[test]

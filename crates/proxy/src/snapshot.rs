@@ -457,6 +457,14 @@ impl Snapshot {
         for e in errors {
             quarantine.push(q(ResourceKind::Routes, &ids[e.index], e.message));
         }
+        for ((kind, id), error) in &state.unreadable {
+            quarantine.push(Quarantined {
+                kind: *kind,
+                id: id.clone(),
+                error: error.clone(),
+                serving_previous: state.get(*kind, id).is_some(),
+            });
+        }
         for item in &quarantine {
             tracing::error!(
                 kind = item.kind.dir(),

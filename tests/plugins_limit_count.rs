@@ -5,12 +5,10 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use support::redis::{have_redis, redis_cli, redis_cluster, redis_tls, Redis};
 use support::*;
 
 fn route(id: &str, uri: &str, up: &Upstream, plugins: Value) -> Value {
@@ -271,38 +269,6 @@ fn plugin_config_and_service_merge_route_wins() {
     );
 }
 
-/// Sends `per_client` requests from each of `clients` threads, each on its own kept-alive
-/// connection to one of `gateways` (round robin), and counts the 200s.
-fn hammer(
-    gateways: &[SocketAddr],
-    path: &str,
-    clients: usize,
-    per_client: usize,
-) -> (usize, usize) {
-    let ok = Arc::new(AtomicUsize::new(0));
-    let rejected = Arc::new(AtomicUsize::new(0));
-    let threads: Vec<_> = (0..clients)
-        .map(|i| {
-            let addr = gateways[i % gateways.len()];
-            let (ok, rejected, path) = (ok.clone(), rejected.clone(), path.to_string());
-            std::thread::spawn(move || {
-                let mut conn = Conn::open(addr);
-                for _ in 0..per_client {
-                    match conn.get(&path).status {
-                        200 => ok.fetch_add(1, Ordering::SeqCst),
-                        429 => rejected.fetch_add(1, Ordering::SeqCst),
-                        other => panic!("unexpected status {other}"),
-                    };
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
-    (ok.load(Ordering::SeqCst), rejected.load(Ordering::SeqCst))
-}
-
 #[test]
 fn local_policy_is_exact_across_worker_threads() {
     let up = Upstream::start("u", Behaviour::Echo);
@@ -317,124 +283,6 @@ fn local_policy_is_exact_across_worker_threads() {
 
 // ---------------------------------------------------------------------------------------------
 // Redis policies: real redis-server processes on random ports.
-
-/// A redis-server child process, killed on drop.
-struct Redis {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Whether redis-server and redis-cli are there, installing Debian's package if not.
-fn have_redis() -> bool {
-    let present = || {
-        Command::new("redis-server")
-            .arg("--version")
-            .output()
-            .is_ok()
-            && Command::new("redis-cli").arg("--version").output().is_ok()
-    };
-    if present() {
-        return true;
-    }
-    // Debian's package; the package lists may need fetching first.
-    for args in [
-        &["update", "-q"][..],
-        &["install", "-y", "-q", "redis-server"][..],
-    ] {
-        let _ = Command::new("apt-get")
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
-    present()
-}
-
-fn redis_cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .args(["-p", &port.to_string()])
-        .args(args)
-        .output()
-        .expect("redis-cli");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-impl Redis {
-    fn start(cluster: bool) -> Redis {
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let mut cmd = Command::new("redis-server");
-        cmd.args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .arg("--dir")
-        .arg(dir.path());
-        if cluster {
-            cmd.args([
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-            ]);
-        }
-        let child = cmd
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server");
-        let r = Redis {
-            child,
-            port,
-            _dir: dir,
-        };
-        poll_until(Duration::from_secs(10), || {
-            redis_cli(port, &["ping"]).trim() == "PONG"
-        })
-        .expect("redis-server did not start");
-        r
-    }
-}
-
-/// Three cluster nodes, all slots assigned, no replicas.
-fn redis_cluster() -> Vec<Redis> {
-    let nodes: Vec<Redis> = (0..3).map(|_| Redis::start(true)).collect();
-    let addrs: Vec<String> = nodes
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.port))
-        .collect();
-    let status = Command::new("redis-cli")
-        .arg("--cluster")
-        .arg("create")
-        .args(&addrs)
-        .args(["--cluster-replicas", "0", "--cluster-yes"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("redis-cli --cluster create");
-    assert!(status.success());
-    for n in &nodes {
-        poll_until(Duration::from_secs(20), || {
-            redis_cli(n.port, &["cluster", "info"]).contains("cluster_state:ok")
-        })
-        .expect("cluster did not converge");
-    }
-    nodes
-}
 
 fn shared_quota(conf: Value) {
     let up = Upstream::start("u", Behaviour::Echo);
@@ -510,69 +358,6 @@ fn redis_cluster_policy_shares_one_quota_between_gateways() {
         .filter(|n| redis_cli(n.port, &["dbsize"]).trim() != "0")
         .count();
     assert!(used >= 2, "keys spread over the cluster's nodes");
-}
-
-/// A TLS-only redis-server with a fresh self-signed certificate.
-fn redis_tls() -> Option<Redis> {
-    let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    let made = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=redis-test",
-        ])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !made {
-        return None;
-    }
-    let port = free_port();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            "0",
-            "--tls-port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-        ])
-        .arg("--tls-cert-file")
-        .arg(&cert)
-        .arg("--tls-key-file")
-        .arg(&key)
-        .arg("--tls-ca-cert-file")
-        .arg(&cert)
-        .args(["--tls-auth-clients", "no"])
-        .arg("--dir")
-        .arg(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let r = Redis {
-        child,
-        port,
-        _dir: dir,
-    };
-    poll_until(Duration::from_secs(10), || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    })?;
-    Some(r)
 }
 
 #[test]

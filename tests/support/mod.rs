@@ -1,10 +1,12 @@
 //! Shared harness for the end-to-end tests: upstream servers on random 127.0.0.1 ports and a
 //! real `ferrisix` process started on a temporary standalone config ([`Gateway`]) or on a
-//! store with the Admin API ([`StoreGateway`], with [`etcd::Etcd`] for an etcd to use).
+//! store with the Admin API ([`StoreGateway`], with [`etcd::Etcd`] for an etcd to use), and
+//! Redis servers for the redis policies ([`redis::Redis`]).
 #![allow(dead_code)]
 
 pub mod debian;
 pub mod etcd;
+pub mod redis;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -297,6 +299,39 @@ impl Conn {
     pub fn get(&mut self, path: &str) -> Reply {
         self.request("GET", path, &[], b"")
     }
+}
+
+/// Sends `per_client` requests from each of `clients` threads, each on its own kept-alive
+/// connection to one of `gateways` (round robin); answers the 200s and the 429s (any other
+/// status fails the test).
+pub fn hammer(
+    gateways: &[SocketAddr],
+    path: &str,
+    clients: usize,
+    per_client: usize,
+) -> (usize, usize) {
+    let ok = Arc::new(AtomicUsize::new(0));
+    let rejected = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..clients)
+        .map(|i| {
+            let addr = gateways[i % gateways.len()];
+            let (ok, rejected, path) = (ok.clone(), rejected.clone(), path.to_string());
+            std::thread::spawn(move || {
+                let mut conn = Conn::open(addr);
+                for _ in 0..per_client {
+                    match conn.get(&path).status {
+                        200 => ok.fetch_add(1, Ordering::SeqCst),
+                        429 => rejected.fetch_add(1, Ordering::SeqCst),
+                        other => panic!("unexpected status {other}"),
+                    };
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    (ok.load(Ordering::SeqCst), rejected.load(Ordering::SeqCst))
 }
 
 /// `127.0.0.1:<port>` where nothing listens: connecting is refused (an upstream node that is down).

@@ -19,6 +19,7 @@ pub mod limit_count;
 pub mod limit_req;
 pub mod plugin;
 pub mod prometheus;
+pub mod redis_client;
 pub mod registry;
 pub mod runtime;
 pub mod template;

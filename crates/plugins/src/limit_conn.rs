@@ -1,5 +1,6 @@
 //! limit-conn: APISIX's `limit-conn` plugin (`apisix/plugins/limit-conn/init.lua` over
-//! lua-resty-limit-traffic's `resty.limit.conn`), kept in the process (`local`).
+//! lua-resty-limit-traffic's `resty.limit.conn`), kept in the process (`local`) or in Redis
+//! (`redis`, `redis-cluster`).
 //!
 //! On access the key's in-flight count goes up by one; above `conn + burst` the request is
 //! rejected (and the count goes back down); above `conn` it is delayed by
@@ -10,6 +11,18 @@
 //! away) or with the request if it is abandoned earlier, so the decrement happens exactly
 //! once. Unless `only_use_default_delay`, leaving also averages the request's latency into
 //! `unit_delay` (`leaving(key, latency)`), as APISIX does.
+//!
+//! With a redis policy (`apisix/plugins/limit-conn/util.lua`) the in-flight requests of a key
+//! are the members of the sorted set `limit_conn:<owner>:<crc32 of the conf>:<key>`, one per
+//! request (a random id) scored with its expiry (`now + key_ttl`, epoch seconds). One script
+//! drops expired members, counts the rest, and adds this request's unless `conn + burst` are
+//! already there, so every gateway using that Redis shares the count, and the slots of a
+//! gateway that died without releasing them lapse after `key_ttl` (default 3600 s). Leaving
+//! removes the request's member from the Redis thread, detached from the request (APISIX's
+//! `ngx.timer.at(0, ...)`): the worker never waits for it. A request abandoned while its
+//! increment is in flight still releases its slot once the increment is answered. The unit
+//! delay is kept and adapted per process, as the local policy's (it is not shared state in
+//! APISIX either).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,10 +31,11 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::keyed::{Keyed, OwnedKey, SpaceMap};
-use crate::limit_count::local::{mono_ms, KeyRef};
+use crate::limit_count::local::{epoch_ms, mono_ms, KeyRef};
 use crate::limit_count::{resolve_key, KeySpec};
-use crate::limit_req::{check_policy, rejection};
+use crate::limit_req::{backend_failure, key_text, rejection, remote_of};
 use crate::plugin::{Exit, Flow, Owner, Phases, Plugin, PluginCtx, Step};
+use crate::redis_client::{self, Remote, RemoteError};
 
 pub const NAME: &str = "limit-conn";
 
@@ -112,10 +126,146 @@ impl ConnSpace {
 /// Every limit-conn space.
 pub type ConnSpaces = SpaceMap<ConnSpace>;
 
+/// The increment script (`apisix/plugins/limit-conn/util.lua`). KEYS[1]: the sorted set;
+/// ARGV: the most requests in flight (`conn + burst`), `key_ttl` (s), now (epoch s), this
+/// request's member. Answers `{1, count with this request}` or `{0, count}` (rejected).
+fn incoming_script() -> &'static redis::Script {
+    static S: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
+    S.get_or_init(|| {
+        redis::Script::new(
+            "local max = tonumber(ARGV[1])\n\
+             local ttl = tonumber(ARGV[2])\n\
+             local now = tonumber(ARGV[3])\n\
+             redis.call('zremrangebyscore', KEYS[1], 0, now)\n\
+             local count = redis.call('zcard', KEYS[1])\n\
+             if count >= max then return {0, count} end\n\
+             redis.call('zadd', KEYS[1], now + ttl, ARGV[4])\n\
+             redis.call('expire', KEYS[1], ttl)\n\
+             return {1, count + 1}\n",
+        )
+    })
+}
+
+/// A random request id in UUID v4 form (APISIX's member is `uuid.generate_v4()` when the
+/// request has no id).
+fn request_id() -> String {
+    let r: u128 = rand::random();
+    // Version 4, variant 10.
+    let v = (r & !(0xf << 76) & !(0x3 << 62)) | (0x4 << 76) | (0x2 << 62);
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        (v >> 96) as u32,
+        (v >> 80) as u16,
+        (v >> 64) as u16,
+        (v >> 48) as u16,
+        (v & 0xffff_ffff_ffff) as u64
+    )
+}
+
+/// One request's member in a Redis sorted set; dropping it removes the member from the Redis
+/// thread without waiting.
+pub struct RemoteSlot {
+    remote: Remote,
+    key: String,
+    /// Empty once disarmed.
+    member: String,
+}
+
+impl RemoteSlot {
+    /// The member was never added: nothing to remove.
+    fn disarm(mut self) {
+        self.member.clear();
+    }
+}
+
+impl Drop for RemoteSlot {
+    fn drop(&mut self) {
+        if self.member.is_empty() {
+            return;
+        }
+        let remote = self.remote.clone();
+        let key = std::mem::take(&mut self.key);
+        let member = std::mem::take(&mut self.member);
+        let release = async move {
+            let cmd = redis::cmd("ZREM").arg(&key).arg(&member).clone();
+            if let Err(e) = remote.query::<i64>(&cmd).await {
+                tracing::error!("failed to record the connection leaving request: {e}");
+            }
+        };
+        if let Err(e) = redis_client::spawn(release) {
+            tracing::error!("failed to record the connection leaving request: {e}");
+        }
+    }
+}
+
+/// One request against the sorted set `key` at `now_s` (epoch seconds): its slot, with the
+/// count including it, or `None` when `max` requests are in flight already. The script runs
+/// on the Redis thread, so an abandoned caller cannot leave an increment without its release.
+pub async fn remote_incoming(
+    remote: &Remote,
+    key: String,
+    max: u64,
+    key_ttl: i64,
+    now_s: u64,
+) -> Result<Option<(u64, RemoteSlot)>, RemoteError> {
+    let slot = RemoteSlot {
+        remote: remote.clone(),
+        key,
+        member: request_id(),
+    };
+    let job = redis_client::spawn(async move {
+        let answer = slot
+            .remote
+            .invoke::<(i64, i64)>(
+                incoming_script()
+                    .key(&slot.key)
+                    .arg(max)
+                    .arg(key_ttl)
+                    .arg(now_s)
+                    .arg(&slot.member),
+            )
+            .await;
+        match answer {
+            Ok((1, count)) => Ok(Some((count.max(1) as u64, slot))),
+            Ok(_) => {
+                // Rejected: nothing was added.
+                slot.disarm();
+                Ok(None)
+            }
+            Err(e) => {
+                // The member may have been added after all: removing it is harmless if not.
+                if !e.maybe_applied {
+                    slot.disarm();
+                }
+                Err(e)
+            }
+        }
+    })
+    .map_err(|message| RemoteError {
+        message,
+        maybe_applied: false,
+    })?;
+    job.await.unwrap_or_else(|e| {
+        Err(RemoteError {
+            message: format!("limit-conn redis task: {e}"),
+            maybe_applied: false,
+        })
+    })
+}
+
+/// Where one request's slot is held.
+enum Slot {
+    Local(OwnedKey),
+    /// Released by its own drop.
+    Remote {
+        _release: RemoteSlot,
+    },
+}
+
 /// One request counted in flight; dropping it is APISIX's `decrease` (log phase).
 pub struct ConnGuard {
     space: Arc<ConnSpace>,
-    key: OwnedKey,
+    slot: Slot,
     start: Instant,
     /// The delay this request was given, subtracted from its latency.
     delay: f64,
@@ -124,7 +274,9 @@ pub struct ConnGuard {
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
-        self.space.leaving(self.key.as_ref());
+        if let Slot::Local(key) = &self.slot {
+            self.space.leaving(key.as_ref());
+        }
         if self.adapt {
             // APISIX uses `$upstream_response_time` for proxied requests and
             // `$request_time - delay` otherwise; the guard knows the latter.
@@ -134,13 +286,24 @@ impl Drop for ConnGuard {
     }
 }
 
+/// The Redis side of a `redis` / `redis-cluster` conf.
+struct RemoteConn {
+    remote: Remote,
+    /// `<owner>:<crc32 of the conf>`.
+    prefix: Arc<str>,
+    key_ttl: i64,
+}
+
 /// One compiled limit-conn configuration.
 pub struct LimitConn {
+    /// The local counts (unused with a redis policy) and the unit delay (both policies).
     space: Arc<ConnSpace>,
+    remote: Option<RemoteConn>,
     conn: u64,
     burst: u64,
     key: KeySpec,
     only_default_delay: bool,
+    allow_degradation: bool,
     rejection: Exit,
 }
 
@@ -151,7 +314,6 @@ impl LimitConn {
         runtime: &crate::runtime::Runtime,
     ) -> Result<LimitConn, String> {
         let c = conf.as_object().ok_or("conf is not an object")?;
-        check_policy(NAME, c)?;
         let conn = c
             .get("conn")
             .and_then(Value::as_u64)
@@ -176,15 +338,63 @@ impl LimitConn {
             owner.key,
             crate::limit_count::conf_version_of(NAME, conf)
         );
+        let remote = remote_of(NAME, c, runtime)?.map(|remote| RemoteConn {
+            remote,
+            prefix: prefix.as_str().into(),
+            key_ttl: c.get("key_ttl").and_then(Value::as_i64).unwrap_or(3600),
+        });
         Ok(LimitConn {
             space: runtime.conn.get(&prefix, || ConnSpace::new(default_delay)),
+            remote,
             conn,
             burst,
             key: KeySpec::new(key_type, key),
             only_default_delay: c.get("only_use_default_delay").and_then(Value::as_bool)
                 == Some(true),
+            allow_degradation: c.get("allow_degradation").and_then(Value::as_bool) == Some(true),
             rejection: rejection(c)?,
         })
+    }
+
+    /// `resty.limit.conn`'s delay for the `count`-th request in flight.
+    fn delay_for(&self, count: u64) -> f64 {
+        if count > self.conn {
+            self.space.unit_delay() * ((count - 1) / self.conn) as f64
+        } else {
+            0.0
+        }
+    }
+
+    fn guard(&self, slot: Slot, delay: f64) -> Box<ConnGuard> {
+        Box::new(ConnGuard {
+            space: self.space.clone(),
+            slot,
+            start: Instant::now(),
+            delay,
+            adapt: !self.only_default_delay,
+        })
+    }
+
+    async fn run_remote(&self, r: &RemoteConn, key: String, ctx: &mut PluginCtx<'_>) -> Flow {
+        let key = format!("limit_conn:{}:{key}", r.prefix);
+        let max = self.conn.saturating_add(self.burst);
+        let now_s = epoch_ms() / 1000;
+        match remote_incoming(&r.remote, key, max, r.key_ttl, now_s).await {
+            Ok(Some((count, slot))) => {
+                let delay = self.delay_for(count);
+                ctx.guards
+                    .push(self.guard(Slot::Remote { _release: slot }, delay));
+                if delay >= 0.001 {
+                    tokio::time::sleep(Duration::from_secs_f64(delay)).await;
+                }
+                Flow::Continue
+            }
+            Ok(None) => Flow::Exit(self.rejection.clone()),
+            Err(e) => {
+                tracing::error!("failed to limit conn: {e}");
+                backend_failure(self.allow_degradation)
+            }
+        }
     }
 
     pub fn space(&self) -> &Arc<ConnSpace> {
@@ -203,6 +413,10 @@ impl Plugin for LimitConn {
     }
 
     fn access<'a>(&'a self, ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
+        if let Some(r) = &self.remote {
+            let key = key_text(resolve_key(&self.key, ctx));
+            return Step::Wait(Box::pin(self.run_remote(r, key, ctx)));
+        }
         let key = OwnedKey::from_ref(resolve_key(&self.key, ctx).as_ref());
         let Some(count) = self
             .space
@@ -210,18 +424,8 @@ impl Plugin for LimitConn {
         else {
             return Step::Done(Flow::Exit(self.rejection.clone()));
         };
-        let delay = if count > self.conn {
-            self.space.unit_delay() * ((count - 1) / self.conn) as f64
-        } else {
-            0.0
-        };
-        ctx.guards.push(Box::new(ConnGuard {
-            space: self.space.clone(),
-            key,
-            start: Instant::now(),
-            delay,
-            adapt: !self.only_default_delay,
-        }));
+        let delay = self.delay_for(count);
+        ctx.guards.push(self.guard(Slot::Local(key), delay));
         if delay >= 0.001 {
             return Step::Wait(Box::pin(async move {
                 tokio::time::sleep(Duration::from_secs_f64(delay)).await;
@@ -384,5 +588,179 @@ mod tests {
         assert_eq!(lc.space.count(key), 1);
         drop(g1);
         assert_eq!(lc.space.count(key), 0);
+    }
+
+    #[test]
+    fn request_ids_are_uuid_v4() {
+        let (a, b) = (request_id(), request_id());
+        assert_ne!(a, b);
+        let parts: Vec<&str> = a.split('-').collect();
+        assert_eq!(
+            parts.iter().map(|p| p.len()).collect::<Vec<_>>(),
+            [8, 4, 4, 4, 12]
+        );
+        assert!(parts[2].starts_with('4'), "{a}");
+        assert!(matches!(&parts[3][..1], "8" | "9" | "a" | "b"), "{a}");
+    }
+
+    /// Runs access for `ip`, awaiting any future (delays included); answers the flow and guards.
+    async fn run_async(lc: &LimitConn, ip: &str) -> (Flow, RequestGuards) {
+        let (method, headers) = (Method::GET, HeaderMap::new());
+        let mut ctx = PluginCtx::new(&method, "/", &headers, ip.parse().unwrap(), &NoVars);
+        let flow = match lc.access(&mut ctx) {
+            Step::Done(f) => f,
+            Step::Wait(fut) => fut.await,
+        };
+        (flow, std::mem::take(&mut ctx.guards))
+    }
+
+    #[tokio::test]
+    async fn unreachable_redis_fails_or_degrades() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        for degrade in [false, true] {
+            let lc = compile(
+                json!({"conn": 1, "burst": 0, "default_conn_delay": 0.1, "key": "remote_addr",
+                    "policy": "redis", "redis_host": "127.0.0.1", "redis_port": port,
+                    "redis_timeout": 200, "allow_degradation": degrade}),
+                "lcn-t3",
+            );
+            let (flow, guards) = run_async(&lc, "10.0.0.1").await;
+            assert!(guards.is_empty(), "nothing to release");
+            if degrade {
+                assert_eq!(flow, Flow::Continue);
+            } else {
+                assert_eq!(
+                    flow,
+                    Flow::Exit(Exit::status(StatusCode::INTERNAL_SERVER_ERROR))
+                );
+            }
+        }
+    }
+
+    fn remote(port: u16) -> Remote {
+        let c = json!({"redis_host": "127.0.0.1", "redis_port": port});
+        let t = crate::redis_client::Target::from_conf("redis", c.as_object().unwrap())
+            .unwrap()
+            .unwrap();
+        crate::runtime::runtime().remotes.get(t).unwrap()
+    }
+
+    async fn zcard(r: &Remote, key: &str) -> u64 {
+        r.query(redis::cmd("ZCARD").arg(key)).await.unwrap()
+    }
+
+    /// Polls `check` every 10 ms for up to 10 s: the releases are asynchronous.
+    async fn eventually(mut check: impl AsyncFnMut() -> bool) -> bool {
+        for _ in 0..1000 {
+            if check().await {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn redis_counts_delays_rejects_and_releases() {
+        let Some(server) = crate::redis_client::test_server::TestRedis::start() else {
+            return;
+        };
+        let conf = json!({"conn": 1, "burst": 1, "default_conn_delay": 0.01, "key": "remote_addr",
+            "only_use_default_delay": true, "rejected_code": 429, "policy": "redis",
+            "redis_host": "127.0.0.1", "redis_port": server.port});
+        // Two instances: two gateways sharing the count.
+        let a = compile(conf.clone(), "lcn-t4");
+        let b = compile(conf.clone(), "lcn-t4");
+        let key = format!(
+            "limit_conn:/apisix/routes/lcn-t4:{}:10.0.0.1",
+            crate::limit_count::conf_version_of(NAME, &conf)
+        );
+        let r = remote(server.port);
+        let (f1, g1) = run_async(&a, "10.0.0.1").await;
+        assert_eq!((f1, g1.len()), (Flow::Continue, 1));
+        // The second is within burst (delayed by unit_delay); the third is over.
+        let (f2, g2) = run_async(&b, "10.0.0.1").await;
+        assert_eq!((f2, g2.len()), (Flow::Continue, 1));
+        let (f3, g3) = run_async(&a, "10.0.0.1").await;
+        let Flow::Exit(e) = f3 else {
+            panic!("rejected")
+        };
+        assert_eq!(e.status, 429);
+        assert!(g3.is_empty());
+        assert_eq!(zcard(&r, &key).await, 2);
+        // The members expire with key_ttl (default 3600 s), and so does the key.
+        let ttl: i64 = r.query(redis::cmd("TTL").arg(&key)).await.unwrap();
+        assert!(ttl > 3500 && ttl <= 3600, "{ttl}");
+        // Another client counts apart.
+        let (f4, g4) = run_async(&b, "10.0.0.2").await;
+        assert_eq!((f4, g4.len()), (Flow::Continue, 1));
+        drop((g1, g4));
+        assert!(eventually(async || zcard(&r, &key).await == 1).await);
+        drop(g2);
+        assert!(eventually(async || zcard(&r, &key).await == 0).await);
+        assert!(a.space.counts.is_empty(), "the local counts stay unused");
+        assert_eq!(run_async(&a, "10.0.0.1").await.0, Flow::Continue);
+    }
+
+    #[tokio::test]
+    async fn redis_increment_of_an_abandoned_request_is_released() {
+        let Some(server) = crate::redis_client::test_server::TestRedis::start() else {
+            return;
+        };
+        let r = remote(server.port);
+        let key = "limit_conn:t:abandoned".to_string();
+        {
+            let fut = std::pin::pin!(remote_incoming(&r, key.clone(), 5, 3600, epoch_ms() / 1000));
+            // Polled once (the increment is under way on the Redis thread), then dropped.
+            assert!(futures_poll_once(fut).is_none());
+        }
+        // The increment completed and its slot was released: one ZREM, nothing left.
+        let released = eventually(async || {
+            let stats: String = r
+                .query(redis::cmd("INFO").arg("commandstats"))
+                .await
+                .unwrap();
+            stats.contains("cmdstat_zrem:calls=1,")
+        })
+        .await;
+        assert!(released);
+        assert_eq!(zcard(&r, &key).await, 0);
+    }
+
+    /// Polls a future once with a no-op waker.
+    fn futures_poll_once<F: std::future::Future>(fut: std::pin::Pin<&mut F>) -> Option<F::Output> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match fut.poll(&mut cx) {
+            std::task::Poll::Ready(v) => Some(v),
+            std::task::Poll::Pending => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn redis_slots_of_a_lost_gateway_lapse_after_key_ttl() {
+        let Some(server) = crate::redis_client::test_server::TestRedis::start() else {
+            return;
+        };
+        let lc = compile(
+            json!({"conn": 1, "burst": 0, "default_conn_delay": 0.01, "key": "remote_addr",
+                "key_ttl": 1, "policy": "redis", "redis_host": "127.0.0.1",
+                "redis_port": server.port}),
+            "lcn-t5",
+        );
+        let (f1, g1) = run_async(&lc, "10.0.0.1").await;
+        assert_eq!(f1, Flow::Continue);
+        assert!(matches!(run_async(&lc, "10.0.0.1").await.0, Flow::Exit(_)));
+        // The holder never releases (a gateway that died): its member lapses after key_ttl.
+        std::mem::forget(g1);
+        let admitted = eventually(async || {
+            let (f, _) = run_async(&lc, "10.0.0.1").await;
+            f == Flow::Continue
+        })
+        .await;
+        assert!(admitted);
     }
 }

@@ -19,8 +19,8 @@ use crate::template::Template;
 pub mod local;
 pub mod redis;
 
+use crate::redis_client::{Remote, Target};
 use local::{KeyRef, Outcome, Space};
-use redis::{ClusterTarget, Remote, SingleTarget};
 
 pub const NAME: &str = "limit-count";
 
@@ -313,44 +313,11 @@ impl LimitCount {
             Some(g) => g.into(),
             None => format!("{}:{}", owner.key, conf_version(conf)).into(),
         };
-        let timeout = u64_field(c, "redis_timeout", 1000);
-        let backend = match str_field(c, "policy").unwrap_or("local") {
-            "local" => Backend::Local(runtime.counters.get(&prefix)),
-            "redis" => Backend::Remote(
-                runtime.remotes.single(SingleTarget {
-                    host: str_field(c, "redis_host")
-                        .ok_or("redis_host is missing")?
-                        .to_owned(),
-                    port: u64_field(c, "redis_port", 6379) as u16,
-                    username: str_field(c, "redis_username").map(str::to_owned),
-                    password: str_field(c, "redis_password").map(str::to_owned),
-                    database: u64_field(c, "redis_database", 0) as i64,
-                    timeout_ms: timeout,
-                    ssl: bool_field(c, "redis_ssl", false),
-                    ssl_verify: bool_field(c, "redis_ssl_verify", false),
-                    pool: u64_field(c, "redis_keepalive_pool", 100) as usize,
-                })?,
-            ),
-            "redis-cluster" => Backend::Remote(
-                runtime.remotes.cluster(ClusterTarget {
-                    nodes: c
-                        .get("redis_cluster_nodes")
-                        .and_then(Value::as_array)
-                        .map(|a| {
-                            a.iter()
-                                .filter_map(Value::as_str)
-                                .map(str::to_owned)
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                    name: str_field(c, "redis_cluster_name").unwrap_or("").to_owned(),
-                    password: str_field(c, "redis_password").map(str::to_owned),
-                    timeout_ms: timeout,
-                    ssl: bool_field(c, "redis_cluster_ssl", false),
-                    ssl_verify: bool_field(c, "redis_cluster_ssl_verify", false),
-                })?,
-            ),
-            other => {
+        let policy = str_field(c, "policy").unwrap_or("local");
+        let backend = match (policy, Target::from_conf(policy, c)?) {
+            ("local", _) => Backend::Local(runtime.counters.get(&prefix)),
+            (_, Some(target)) => Backend::Remote(runtime.remotes.get(target)?),
+            (other, None) => {
                 tracing::error!(
                     policy = other,
                     "limit-count policy is not supported by ferrisix"

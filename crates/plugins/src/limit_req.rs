@@ -1,11 +1,17 @@
 //! limit-req: APISIX's `limit-req` plugin, the leaky bucket of lua-resty-limit-traffic's
-//! `resty.limit.req`, kept in the process (`local`).
+//! `resty.limit.req`, kept in the process (`local`) or in Redis (`redis`, `redis-cluster`).
 //!
 //! Each key's bucket holds `excess` (requests above the rate) and the time of the last
 //! accepted request. A request computes `excess = max(prev - rate * elapsed + 1, 0)`: above
 //! `burst` it is rejected (and not recorded); otherwise it is recorded and, unless `nodelay`,
 //! delayed by `excess / rate` seconds. The bucket key is `<owner>:<crc32 of the conf>:<key>`,
 //! so an unchanged conf keeps its buckets across snapshots.
+//!
+//! With a redis policy (`apisix/plugins/limit-req/util.lua`) the bucket is the hash
+//! `limit_req:<bucket key>` with fields `excess` and `last` (epoch ms), read, decayed and
+//! written by one script (one round trip, atomic), so every gateway using that Redis shares
+//! the bucket; the arithmetic is the local one. A Redis error answers 500, or lets the request
+//! through with `allow_degradation`.
 //!
 //! Not the `governor` crate: its GCRA has integer burst cells and no fractional excess/delay,
 //! so it cannot reproduce `excess > burst` and `excess / rate` exactly; APISIX's semantics win.
@@ -17,9 +23,10 @@ use http::StatusCode;
 use serde_json::{Map, Value};
 
 use crate::keyed::{Keyed, SpaceMap};
-use crate::limit_count::local::mono_ms;
-use crate::limit_count::{resolve_key, KeySpec};
+use crate::limit_count::local::{epoch_ms, mono_ms};
+use crate::limit_count::{resolve_key, KeySpec, KeyValue};
 use crate::plugin::{Exit, Flow, Owner, Phases, Plugin, PluginCtx, Step};
+use crate::redis_client::{Remote, RemoteError, Target};
 
 pub const NAME: &str = "limit-req";
 
@@ -105,12 +112,84 @@ impl ReqSpace {
 /// Every limit-req space.
 pub type ReqSpaces = SpaceMap<ReqSpace>;
 
+/// The bucket script (`apisix/plugins/limit-req/util.lua`'s commit path). KEYS[1]: the
+/// bucket hash; ARGV: rate and burst (both × 1000), now (epoch ms), TTL (s). Answers
+/// `{1, excess}` (recorded) or `{0, excess}` (rejected, nothing written); excess as a string,
+/// since Redis truncates Lua numbers to integers in replies.
+fn bucket_script() -> &'static redis::Script {
+    static S: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
+    S.get_or_init(|| {
+        redis::Script::new(
+            "local rate = tonumber(ARGV[1])\n\
+             local burst = tonumber(ARGV[2])\n\
+             local now = tonumber(ARGV[3])\n\
+             local state = redis.call('hmget', KEYS[1], 'excess', 'last')\n\
+             local excess = 0\n\
+             if state[1] and state[2] then\n\
+               local elapsed = math.abs(now - tonumber(state[2]))\n\
+               excess = math.max(tonumber(state[1]) - rate * elapsed / 1000 + 1000, 0)\n\
+               if excess > burst then return {0, tostring(excess)} end\n\
+             end\n\
+             redis.call('hset', KEYS[1], 'excess', excess, 'last', now)\n\
+             redis.call('expire', KEYS[1], ARGV[4])\n\
+             return {1, tostring(excess)}\n",
+        )
+    })
+}
+
+/// The bucket's expiry: APISIX's `ceil(burst / rate) + 1` seconds, but never before the bucket
+/// has drained (`(burst + 1) / rate`), which APISIX's falls short of for rates below 1/s and
+/// would then forget excess the local policy still holds.
+fn bucket_ttl(rate: f64, burst: f64) -> u64 {
+    let apisix = (burst / rate).ceil() + 1.0;
+    let drained = ((burst + 1.0) / rate).ceil();
+    apisix.max(drained).min(u32::MAX as f64) as u64
+}
+
+/// One request against the bucket `key` (`limit_req:...`) in Redis at `now_ms` (epoch).
+pub async fn remote_incoming(
+    remote: &Remote,
+    key: &str,
+    rate: f64,
+    burst: f64,
+    now_ms: u64,
+) -> Result<Decision, RemoteError> {
+    let (recorded, excess): (i64, String) = remote
+        .invoke(
+            bucket_script()
+                .key(key)
+                .arg(rate * 1000.0)
+                .arg(burst * 1000.0)
+                .arg(now_ms)
+                .arg(bucket_ttl(rate, burst)),
+        )
+        .await?;
+    let excess: f64 = excess.trim().parse().map_err(|_| RemoteError {
+        message: format!("limit-req script answered excess {excess:?}"),
+        maybe_applied: true,
+    })?;
+    Ok(if recorded == 0 {
+        Decision::Rejected
+    } else {
+        Decision::Accepted(excess / (rate * 1000.0))
+    })
+}
+
+/// Where the buckets live.
+enum Backend {
+    Local(Arc<ReqSpace>),
+    /// The Redis pool and `<owner>:<crc32 of the conf>`.
+    Remote(Remote, Arc<str>),
+}
+
 /// One compiled limit-req configuration.
 pub struct LimitReq {
-    space: Arc<ReqSpace>,
+    backend: Backend,
+    rate: f64,
     burst: f64,
     key: KeySpec,
     nodelay: bool,
+    allow_degradation: bool,
     rejection: Exit,
 }
 
@@ -131,18 +210,36 @@ pub(crate) fn rejection(c: &Map<String, Value>) -> Result<Exit, String> {
     })
 }
 
-/// The redis policies are accepted by the schema but not implemented: such a conf fails to
-/// compile (the route is quarantined) rather than run unlimited.
-pub(crate) fn check_policy(plugin: &str, c: &Map<String, Value>) -> Result<(), String> {
-    match field(c, "policy")
+/// The Redis pool of a `redis` / `redis-cluster` conf, `None` for `local`.
+pub(crate) fn remote_of(
+    plugin: &str,
+    c: &Map<String, Value>,
+    runtime: &crate::runtime::Runtime,
+) -> Result<Option<Remote>, String> {
+    let policy = field(c, "policy")
         .and_then(Value::as_str)
-        .unwrap_or("local")
-    {
-        "local" => Ok(()),
-        other => Err(format!(
-            "{plugin} policy \"{other}\" is not supported yet by ferrisix (only \"local\")"
-        )),
+        .unwrap_or("local");
+    match Target::from_conf(policy, c)? {
+        Some(target) => runtime.remotes.get(target).map(Some),
+        None if policy == "local" => Ok(None),
+        None => Err(format!("{plugin} policy \"{policy}\" is not supported")),
     }
+}
+
+/// A key value as the text APISIX puts in the Redis key (`remote_addr` as written).
+pub(crate) fn key_text(key: KeyValue<'_>) -> String {
+    match key {
+        KeyValue::Ip(ip) => ip.to_string(),
+        KeyValue::Text(t) => t.into_owned(),
+    }
+}
+
+/// After a Redis error: pass with `allow_degradation`, else 500 (`return 500`: nginx's page).
+pub(crate) fn backend_failure(allow_degradation: bool) -> Flow {
+    if allow_degradation {
+        return Flow::Continue;
+    }
+    Flow::Exit(Exit::status(StatusCode::INTERNAL_SERVER_ERROR))
 }
 
 impl LimitReq {
@@ -152,7 +249,6 @@ impl LimitReq {
         runtime: &crate::runtime::Runtime,
     ) -> Result<LimitReq, String> {
         let c = conf.as_object().ok_or("conf is not an object")?;
-        check_policy(NAME, c)?;
         let rate = field(c, "rate")
             .and_then(Value::as_f64)
             .filter(|r| *r > 0.0)
@@ -172,13 +268,45 @@ impl LimitReq {
             owner.key,
             crate::limit_count::conf_version_of(NAME, conf)
         );
+        let backend = match remote_of(NAME, c, runtime)? {
+            Some(remote) => Backend::Remote(remote, prefix.into()),
+            None => Backend::Local(runtime.req.get(&prefix, || ReqSpace::new(rate))),
+        };
         Ok(LimitReq {
-            space: runtime.req.get(&prefix, || ReqSpace::new(rate)),
+            backend,
+            rate,
             burst,
             key: KeySpec::new(key_type, key),
             nodelay: field(c, "nodelay").and_then(Value::as_bool) == Some(true),
+            allow_degradation: field(c, "allow_degradation").and_then(Value::as_bool) == Some(true),
             rejection: rejection(c)?,
         })
+    }
+
+    /// What a decision does to the request (the delay is only awaited when there is one).
+    fn decided(&self, decision: Decision) -> Result<Flow, f64> {
+        match decision {
+            Decision::Rejected => Ok(Flow::Exit(self.rejection.clone())),
+            Decision::Accepted(delay) if delay >= 0.001 && !self.nodelay => Err(delay),
+            Decision::Accepted(_) => Ok(Flow::Continue),
+        }
+    }
+
+    async fn run_remote(&self, remote: &Remote, prefix: &str, key: String) -> Flow {
+        let key = format!("limit_req:{prefix}:{key}");
+        match remote_incoming(remote, &key, self.rate, self.burst, epoch_ms()).await {
+            Ok(decision) => match self.decided(decision) {
+                Ok(flow) => flow,
+                Err(delay) => {
+                    tokio::time::sleep(Duration::from_secs_f64(delay)).await;
+                    Flow::Continue
+                }
+            },
+            Err(e) => {
+                tracing::error!("failed to limit req: {e}");
+                backend_failure(self.allow_degradation)
+            }
+        }
     }
 }
 
@@ -193,15 +321,20 @@ impl Plugin for LimitReq {
 
     fn access<'a>(&'a self, ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
         let key = resolve_key(&self.key, ctx);
-        match self.space.incoming(key.as_ref(), self.burst, mono_ms()) {
-            Decision::Rejected => Step::Done(Flow::Exit(self.rejection.clone())),
-            Decision::Accepted(delay) if delay >= 0.001 && !self.nodelay => {
-                Step::Wait(Box::pin(async move {
-                    tokio::time::sleep(Duration::from_secs_f64(delay)).await;
-                    Flow::Continue
-                }))
+        match &self.backend {
+            Backend::Local(space) => {
+                match self.decided(space.incoming(key.as_ref(), self.burst, mono_ms())) {
+                    Ok(flow) => Step::Done(flow),
+                    Err(delay) => Step::Wait(Box::pin(async move {
+                        tokio::time::sleep(Duration::from_secs_f64(delay)).await;
+                        Flow::Continue
+                    })),
+                }
             }
-            Decision::Accepted(_) => Step::CONTINUE,
+            Backend::Remote(remote, prefix) => {
+                let key = key_text(key);
+                Step::Wait(Box::pin(self.run_remote(remote, prefix, key)))
+            }
         }
     }
 }
@@ -321,8 +454,15 @@ mod tests {
         }
     }
 
+    fn space(lr: &LimitReq) -> &Arc<ReqSpace> {
+        match &lr.backend {
+            Backend::Local(s) => s,
+            Backend::Remote(..) => panic!("local expected"),
+        }
+    }
+
     #[test]
-    fn same_conf_keeps_buckets_and_redis_is_quarantined() {
+    fn same_conf_keeps_buckets() {
         let conf = json!({"rate": 1, "burst": 0, "key": "remote_addr"});
         let a = compile(conf.clone(), "lr-t5").unwrap();
         let b = compile(
@@ -330,16 +470,145 @@ mod tests {
             "lr-t5",
         )
         .unwrap();
-        assert!(Arc::ptr_eq(&a.space, &b.space));
+        assert!(Arc::ptr_eq(space(&a), space(&b)));
         let c = compile(conf, "lr-t5-other").unwrap();
-        assert!(!Arc::ptr_eq(&a.space, &c.space));
-        let e = compile(
-            json!({"rate": 1, "burst": 0, "key": "remote_addr", "policy": "redis", "redis_host": "127.0.0.1"}),
-            "lr-t6",
-        )
-        .err()
-        .unwrap();
-        assert!(e.contains("not supported yet"), "{e}");
+        assert!(!Arc::ptr_eq(space(&a), space(&c)));
+    }
+
+    #[test]
+    fn bucket_ttl_is_apisix_or_the_drain_time() {
+        // APISIX's ceil(burst / rate) + 1 where that outlasts the excess.
+        assert_eq!(bucket_ttl(1.0, 0.0), 1);
+        assert_eq!(bucket_ttl(10.0, 5.0), 2);
+        assert_eq!(bucket_ttl(2.0, 99.0), 51);
+        // Below 1/s the excess takes longer to drain than APISIX's TTL.
+        assert_eq!(bucket_ttl(0.1, 0.0), 10);
+        assert_eq!(bucket_ttl(0.001, 99.0), 100_000);
+    }
+
+    /// Runs access once; awaits any future (delays included).
+    async fn run_async(lr: &LimitReq, ip: &str) -> Flow {
+        let (method, headers) = (Method::GET, HeaderMap::new());
+        let mut ctx = PluginCtx::new(&method, "/", &headers, ip.parse().unwrap(), &NoVars);
+        let step = lr.access(&mut ctx);
+        let flow = match step {
+            Step::Done(f) => f,
+            Step::Wait(fut) => fut.await,
+        };
+        flow
+    }
+
+    #[tokio::test]
+    async fn unreachable_redis_fails_or_degrades() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        for degrade in [false, true] {
+            let lr = compile(
+                json!({"rate": 1, "burst": 0, "key": "remote_addr", "policy": "redis",
+                    "redis_host": "127.0.0.1", "redis_port": port, "redis_timeout": 200,
+                    "allow_degradation": degrade}),
+                "lr-t7",
+            )
+            .unwrap();
+            let flow = run_async(&lr, "10.0.0.1").await;
+            if degrade {
+                assert_eq!(flow, Flow::Continue);
+            } else {
+                // APISIX's `return 500`: nginx's page, no JSON body.
+                assert_eq!(
+                    flow,
+                    Flow::Exit(Exit::status(StatusCode::INTERNAL_SERVER_ERROR))
+                );
+            }
+        }
+    }
+
+    fn remote(port: u16) -> Remote {
+        let c = json!({"redis_host": "127.0.0.1", "redis_port": port});
+        let t = Target::from_conf("redis", c.as_object().unwrap())
+            .unwrap()
+            .unwrap();
+        crate::runtime::runtime().remotes.get(t).unwrap()
+    }
+
+    /// The script makes the local policy's decisions, step for step.
+    #[tokio::test]
+    async fn redis_bucket_decides_as_the_local_one() {
+        let Some(server) = crate::redis_client::test_server::TestRedis::start() else {
+            return;
+        };
+        let r = remote(server.port);
+        let local = ReqSpace::new(2.0);
+        let steps = [
+            ("k", 10_000),
+            ("k", 10_000),
+            ("k", 10_000),
+            ("k", 10_250),
+            ("k", 10_500),
+            ("other", 10_500),
+            ("k", 10_600),
+            ("k", 20_000),
+            ("k", 19_990),
+        ];
+        for (key, now) in steps {
+            let want = local.incoming(KeyRef::Text(key), 1.0, now);
+            let got = remote_incoming(&r, &format!("limit_req:t:{key}"), 2.0, 1.0, now)
+                .await
+                .unwrap();
+            assert_eq!(got, want, "{key} at {now}");
+        }
+        // Fractional rates and bursts keep their fractions (excess comes back as text).
+        for (now, want) in [
+            (0, Decision::Accepted(0.0)),
+            (0, Decision::Accepted(1.0 / 0.4)),
+            (0, Decision::Rejected),
+        ] {
+            let got = remote_incoming(&r, "limit_req:t:frac", 0.4, 1.5, now)
+                .await
+                .unwrap();
+            assert_eq!(got, want);
+        }
+    }
+
+    #[tokio::test]
+    async fn redis_policy_end_to_end_in_process() {
+        let Some(server) = crate::redis_client::test_server::TestRedis::start() else {
+            return;
+        };
+        let conf = json!({"rate": 0.001, "burst": 1, "key": "remote_addr", "nodelay": true,
+            "policy": "redis", "redis_host": "127.0.0.1", "redis_port": server.port,
+            "rejected_code": 429});
+        // Two compiled instances (two gateways, or two snapshots) share the bucket.
+        let a = compile(conf.clone(), "lr-t8").unwrap();
+        let b = compile(conf.clone(), "lr-t8").unwrap();
+        assert_eq!(run_async(&a, "10.0.0.1").await, Flow::Continue);
+        assert_eq!(run_async(&b, "10.0.0.1").await, Flow::Continue);
+        let Flow::Exit(e) = run_async(&a, "10.0.0.1").await else {
+            panic!("rejected")
+        };
+        assert_eq!(e.status, 429);
+        assert_eq!(run_async(&b, "10.0.0.2").await, Flow::Continue);
+        // APISIX's key: limit_req:<owner>:<conf version>:<key>, with an expiry.
+        let key = format!(
+            "limit_req:/apisix/routes/lr-t8:{}:10.0.0.1",
+            crate::limit_count::conf_version_of(NAME, &conf)
+        );
+        let r = remote(server.port);
+        let (excess, ttl): (Option<f64>, i64) = (
+            r.query(redis::cmd("HGET").arg(&key).arg("excess"))
+                .await
+                .unwrap(),
+            r.query(redis::cmd("TTL").arg(&key)).await.unwrap(),
+        );
+        // One request above the rate, less what leaked (at 0.001/s) between the requests.
+        assert!(
+            excess.is_some_and(|e| e > 990.0 && e <= 1000.0),
+            "{excess:?}"
+        );
+        assert!(ttl > 0, "{ttl}");
     }
 
     #[test]

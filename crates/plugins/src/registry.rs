@@ -219,7 +219,7 @@ fn limit_req_schema() -> Value {
 
 /// apisix/plugins/limit-conn.lua.
 fn limit_conn_schema() -> Value {
-    with_policy_clauses(json!({
+    let mut schema = with_policy_clauses(json!({
         "type": "object",
         "properties": {
             "conn": {"type": "integer", "exclusiveMinimum": 0},
@@ -234,7 +234,12 @@ fn limit_conn_schema() -> Value {
             "allow_degradation": {"type": "boolean", "default": false}
         },
         "required": ["conn", "burst", "default_conn_delay", "key"]
-    }))
+    }));
+    // Both redis clauses add `key_ttl` (redis-schema.lua's `limit_conn_redis_schema`).
+    let key_ttl = json!({"type": "integer", "default": 3600});
+    schema["then"]["properties"]["key_ttl"] = key_ttl.clone();
+    schema["else"]["then"]["properties"]["key_ttl"] = key_ttl;
+    schema
 }
 
 /// `disabled_labels` per metric (3.18); a metric's identity labels (`code`, `type`) cannot be
@@ -521,5 +526,38 @@ mod tests {
         let info = r.get("limit-conn").unwrap();
         assert_eq!(info.priority, 1003);
         assert!(info.schema["properties"].get("_meta").is_some());
+        // The redis policies of limit-conn default `key_ttl` to 3600; limit-req has none.
+        for (plugin, policy, ttl) in [
+            (
+                "limit-conn",
+                json!({"policy": "redis", "redis_host": "127.0.0.1"}),
+                Some(3600),
+            ),
+            (
+                "limit-conn",
+                json!({"policy": "redis-cluster", "redis_cluster_nodes": ["127.0.0.1:1"],
+                    "redis_cluster_name": "c"}),
+                Some(3600),
+            ),
+            ("limit-conn", json!({"policy": "local"}), None),
+            (
+                "limit-req",
+                json!({"policy": "redis", "redis_host": "127.0.0.1"}),
+                None,
+            ),
+        ] {
+            let mut conf = json!({"conn": 1, "rate": 1, "burst": 0, "default_conn_delay": 0.1,
+                "key": "remote_addr"});
+            conf.as_object_mut()
+                .unwrap()
+                .extend(policy.as_object().unwrap().clone());
+            let schema = &r.get(plugin).unwrap().schema;
+            ferrisix_config::schema::validate_and_fill(schema, &mut conf).unwrap();
+            assert_eq!(
+                conf.get("key_ttl").and_then(Value::as_u64),
+                ttl,
+                "{plugin} {conf}"
+            );
+        }
     }
 }

@@ -12,9 +12,9 @@ use ferrisix_config::settings::PrometheusAttr;
 
 use crate::limit_conn::ConnSpaces;
 use crate::limit_count::local::Spaces;
-use crate::limit_count::redis::Remotes;
 use crate::limit_req::ReqSpaces;
 use crate::prometheus::Metrics;
+use crate::redis_client::Remotes;
 
 /// Plugin state shared by every snapshot and worker.
 #[derive(Debug)]

@@ -1,0 +1,208 @@
+//! Throwaway Redis servers for the tests of the `redis` and `redis-cluster` policies: Debian's
+//! `redis-server` (installed with apt-get when missing) on random ports, a three-node cluster,
+//! a TLS-only server, and `redis-cli` to look at what the gateways stored.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use super::debian::{apt_get, which};
+use super::{free_port, poll_until};
+
+/// A redis-server child process, killed on drop.
+pub struct Redis {
+    child: Child,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether redis-server and redis-cli are there, installing Debian's `redis-server` (through
+/// `sudo -n` when not root) if not. `false`, after saying so loudly, only where there is no
+/// apt-get: the caller skips its test.
+pub fn have_redis() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    *PRESENT.get_or_init(|| {
+        let present = || which("redis-server").is_some() && which("redis-cli").is_some();
+        if present() {
+            return true;
+        }
+        if which("apt-get").is_none() {
+            eprintln!(
+                "\n*************************************************************\n\
+                 * SKIPPED: `redis-server` is not on PATH and there is no     *\n\
+                 * apt-get to install Debian's `redis-server` package.        *\n\
+                 *************************************************************\n"
+            );
+            return false;
+        }
+        eprintln!("installing Debian's redis-server with apt-get for the redis policy tests");
+        // A fresh machine has no package lists yet.
+        apt_get(&["update"]);
+        apt_get(&["install", "-y", "--no-install-recommends", "redis-server"]);
+        assert!(present(), "redis-server installed but not on PATH");
+        true
+    })
+}
+
+/// Runs `redis-cli -p <port> <args>` and answers its standard output.
+pub fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The keys matching `pattern` on the server at `port`.
+pub fn redis_keys(port: u16, pattern: &str) -> Vec<String> {
+    redis_cli(port, &["--scan", "--pattern", pattern])
+        .lines()
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+impl Redis {
+    /// A plain server, or (`cluster`) a node for [`redis_cluster`].
+    pub fn start(cluster: bool) -> Redis {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut cmd = Command::new("redis-server");
+        cmd.args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(dir.path());
+        if cluster {
+            cmd.args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+            ]);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server");
+        let r = Redis {
+            child,
+            port,
+            _dir: dir,
+        };
+        poll_until(Duration::from_secs(10), || {
+            redis_cli(port, &["ping"]).trim() == "PONG"
+        })
+        .expect("redis-server did not start");
+        r
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn node(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+/// Three cluster nodes, all slots assigned, no replicas.
+pub fn redis_cluster() -> Vec<Redis> {
+    let nodes: Vec<Redis> = (0..3).map(|_| Redis::start(true)).collect();
+    let addrs: Vec<String> = nodes.iter().map(Redis::node).collect();
+    let status = Command::new("redis-cli")
+        .arg("--cluster")
+        .arg("create")
+        .args(&addrs)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("redis-cli --cluster create");
+    assert!(status.success());
+    for n in &nodes {
+        poll_until(Duration::from_secs(20), || {
+            redis_cli(n.port, &["cluster", "info"]).contains("cluster_state:ok")
+        })
+        .expect("cluster did not converge");
+    }
+    nodes
+}
+
+/// A TLS-only redis-server with a fresh self-signed certificate; `None` without openssl or a
+/// TLS-capable redis-server.
+pub fn redis_tls() -> Option<Redis> {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let made = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=redis-test",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !made {
+        return None;
+    }
+    let port = free_port();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ])
+        .arg("--tls-cert-file")
+        .arg(&cert)
+        .arg("--tls-key-file")
+        .arg(&key)
+        .arg("--tls-ca-cert-file")
+        .arg(&cert)
+        .args(["--tls-auth-clients", "no"])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let r = Redis {
+        child,
+        port,
+        _dir: dir,
+    };
+    poll_until(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    })?;
+    Some(r)
+}

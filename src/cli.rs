@@ -9,6 +9,7 @@ use std::sync::Arc;
 use ferrisix_config::model::ResourceKind;
 use ferrisix_config::provider::parse_standalone;
 use ferrisix_config::settings::{AccessLogTarget, HttpRouter, Settings};
+use ferrisix_config::state::ConfigState;
 use ferrisix_config::validate;
 use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::access_log::{AccessLog, LogSink};
@@ -17,6 +18,7 @@ use ferrisix_proxy::{
 };
 use ferrisix_router::RouterKind;
 use http::{HeaderName, HeaderValue};
+use tokio::sync::watch;
 
 pub const USAGE: &str = "usage: ferrisix [-c CONFIG] [-t] [-V]
 
@@ -187,28 +189,73 @@ pub async fn wait_for_signal() {
 }
 
 /// Hands `plugin_attr` to the plugins; must run before the first snapshot is compiled.
-/// `health` answers `apisix_etcd_reachable`.
-pub fn configure_plugins(settings: &Settings, health: ferrisix_proxy::control::HealthProbe) {
+/// `health` answers `apisix_etcd_reachable`; `states` (a store's, `None` for the standalone
+/// file, which has no modify indexes) answers `apisix_etcd_modify_indexes`.
+pub fn configure_plugins(
+    settings: &Settings,
+    health: ferrisix_proxy::control::HealthProbe,
+    states: Option<watch::Receiver<Arc<ConfigState>>>,
+) {
     let plugin_settings = ferrisix_plugins::PluginSettings {
         prometheus: settings.plugin_attr.prometheus.clone(),
     };
     if let Err(e) = ferrisix_plugins::configure(plugin_settings) {
         tracing::warn!("{e}");
     }
-    struct StoreSource(ferrisix_proxy::control::HealthProbe);
-    impl ferrisix_plugins::prometheus::node::NodeSource for StoreSource {
-        fn etcd_reachable(&self) -> Option<bool> {
-            Some((self.0)().reachable)
-        }
-    }
     ferrisix_plugins::runtime()
         .metrics
-        .set_node_source(Box::new(StoreSource(health)));
+        .set_node_source(Box::new(StoreSource { health, states }));
 }
 
-/// The prometheus export server on `plugin_attr.prometheus.export_addr`, serving `export_uri`
-/// (`enable_export_server: false`, which APISIX serves through the `public-api` plugin
-/// instead, is not supported: nothing is exported then).
+struct StoreSource {
+    health: ferrisix_proxy::control::HealthProbe,
+    states: Option<watch::Receiver<Arc<ConfigState>>>,
+}
+
+impl ferrisix_plugins::prometheus::node::NodeSource for StoreSource {
+    fn etcd_reachable(&self) -> Option<bool> {
+        Some((self.health)().reachable)
+    }
+
+    fn modify_indexes(&self) -> Vec<(String, i64)> {
+        match &self.states {
+            Some(states) => modify_indexes(&states.borrow()),
+            None => Vec::new(),
+        }
+    }
+}
+
+/// APISIX's `etcd_modify_index()`: per resource directory, the highest modify index of its
+/// items (0 when empty), their maximum, and the store's current revision (`x_etcd_index`,
+/// which APISIX reads from etcd's `X-Etcd-Index` header).
+fn modify_indexes(state: &ConfigState) -> Vec<(String, i64)> {
+    let mut out = Vec::with_capacity(11);
+    let mut max = 0;
+    // APISIX's order; stream_routes and protos are resources ferrisix does not load.
+    for (key, kind) in [
+        ("routes", Some(ResourceKind::Routes)),
+        ("services", Some(ResourceKind::Services)),
+        ("ssls", Some(ResourceKind::Ssls)),
+        ("consumers", Some(ResourceKind::Consumers)),
+        ("global_rules", Some(ResourceKind::GlobalRules)),
+        ("upstreams", Some(ResourceKind::Upstreams)),
+        ("stream_routes", None),
+        ("protos", None),
+    ] {
+        let idx = kind
+            .and_then(|k| state.items(k).map(|i| i.mod_revision).max())
+            .unwrap_or(0);
+        max = max.max(idx);
+        out.push((key.to_owned(), idx));
+    }
+    out.push(("max_modify_index".to_owned(), max));
+    out.push(("x_etcd_index".to_owned(), state.revision));
+    out
+}
+
+/// The prometheus export server on `plugin_attr.prometheus.export_addr`, serving `export_uri`.
+/// With `enable_export_server: false` there is none: a route with the `public-api` plugin
+/// serves `export_uri` on the data port instead, as in APISIX.
 pub fn start_prometheus_export(
     settings: &Settings,
     rt: &tokio::runtime::Runtime,
@@ -216,7 +263,7 @@ pub fn start_prometheus_export(
 ) -> Result<(), String> {
     let attr = &settings.plugin_attr.prometheus;
     if !attr.enable_export_server {
-        tracing::warn!("prometheus: enable_export_server is false; metrics are not exported (public-api is not supported)");
+        tracing::info!(uri = %attr.export_uri, "prometheus: no export server; a route with the public-api plugin serves the metrics");
         return Ok(());
     }
     let addr = SocketAddr::new(attr.export_addr.ip, attr.export_addr.port);

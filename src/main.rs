@@ -74,7 +74,9 @@ fn run(mut settings: Settings) -> Result<(), String> {
     for name in unknown {
         tracing::warn!(plugin = %name, "config.yaml enables a plugin ferrisix does not have; ignored");
     }
-    cli::configure_plugins(&settings, health.clone());
+    // Standalone files have no modify indexes to report.
+    let store_states = source.store.as_ref().map(|_| states.clone());
+    cli::configure_plugins(&settings, health.clone(), store_states);
     let prometheus_enabled = registry.get("prometheus").is_some();
     let plugins = Arc::new(registry.clone());
     handle.store(Arc::new(snapshot::Snapshot::compile(

@@ -149,3 +149,40 @@ fn propagation_figure_embedded() {
         percentile(&after_ack, 99.0),
     );
 }
+
+/// `apisix_etcd_modify_indexes` follows the store: each directory's highest modify index,
+/// their maximum, and the store revision.
+#[test]
+fn modify_indexes_follow_the_store() {
+    let up = Upstream::start("mi", Behaviour::Echo);
+    let gw = StoreGatewayBuilder::embedded().start();
+    let up_body = serde_json::json!({"type": "roundrobin", "nodes": {up.node(): 1}});
+    let reply = gw.admin("PUT", "/apisix/admin/upstreams/u1", &up_body.to_string());
+    assert_eq!(reply.status, 201, "{}", reply.text());
+    let upstream_index = reply.json()["modifiedIndex"].as_i64().unwrap();
+    gw.put_route("r1", &route_to("/a", &up.node()));
+    let route_index = gw.put_route("r2", &route_to("/b", &up.node())).json()["modifiedIndex"]
+        .as_i64()
+        .unwrap();
+    assert!(route_index > upstream_index);
+    let metrics_addr = std::net::SocketAddr::from(([127, 0, 0, 1], gw.metrics_port));
+    let sample = |text: &str, key: &str| -> Option<i64> {
+        let prefix = format!("apisix_etcd_modify_indexes{{key=\"{key}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.parse().ok())
+    };
+    let mut text = String::new();
+    let seen = support::poll_until(Duration::from_secs(10), || {
+        text = support::get(metrics_addr, "/apisix/prometheus/metrics").text();
+        sample(&text, "routes") == Some(route_index)
+    });
+    assert!(seen.is_some(), "{text}");
+    assert_eq!(sample(&text, "upstreams"), Some(upstream_index));
+    assert_eq!(sample(&text, "services"), Some(0));
+    assert_eq!(sample(&text, "max_modify_index"), Some(route_index));
+    assert!(
+        sample(&text, "x_etcd_index").unwrap() >= route_index,
+        "{text}"
+    );
+}

@@ -233,3 +233,48 @@ fn metric_prefix_and_export_settings() {
     assert!(!text.contains("apisix_http_status"));
     assert_eq!(get(addr, "/apisix/prometheus/metrics").status, 404);
 }
+
+#[test]
+fn public_api_serves_the_metrics_without_an_export_server() {
+    let up = Upstream::start("u", Behaviour::Echo);
+    let port = free_port();
+    let extra = format!(
+        "plugin_attr:\n  prometheus:\n    enable_export_server: false\n    export_addr:\n      ip: 127.0.0.1\n      port: {port}\n"
+    );
+    let routes = json!({"routes": [
+        route("p", "/p", &up, json!({"prometheus": {}})),
+        {"id": "m", "uri": "/apisix/prometheus/metrics", "plugins": {"public-api": {}}},
+        {"id": "alias", "uri": "/my-metrics", "plugins": {"public-api": {"uri": "/apisix/prometheus/metrics"}}},
+        {"id": "none", "uri": "/nothing/*", "plugins": {"public-api": {}}},
+    ]});
+    let gw = Gateway::start_with(&routes.to_string(), &extra);
+    assert_eq!(get(gw.addr(), "/p").status, 200);
+    for path in ["/apisix/prometheus/metrics", "/my-metrics"] {
+        let r = get(gw.addr(), path);
+        assert_eq!(r.status, 200, "{path}");
+        assert_eq!(r.header("Content-Type"), Some("text/plain"));
+        let text = r.text();
+        assert!(
+            text.contains("apisix_http_status{code=\"200\",route=\"p\""),
+            "{text}"
+        );
+    }
+    // Only GET is an API; other paths under a public-api route have none.
+    let post = request(gw.addr(), "POST", "/apisix/prometheus/metrics", &[], b"");
+    assert_eq!(post.status, 404);
+    assert_eq!(get(gw.addr(), "/nothing/here").status, 404);
+    // No export server was started.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+}
+
+#[test]
+fn without_public_api_the_export_uri_is_not_served() {
+    // With the export server on, the API is not listed (APISIX's get_api), so a public-api
+    // route at the export URI answers 404 instead of exposing the metrics on the data port.
+    let routes = json!({"routes": [
+        {"id": "m", "uri": "/apisix/prometheus/metrics", "plugins": {"public-api": {}}},
+    ]});
+    let gw = Gateway::start(&routes.to_string());
+    assert_eq!(get(gw.addr(), "/apisix/prometheus/metrics").status, 404);
+    assert!(metrics(&gw).contains("apisix_node_info{"));
+}

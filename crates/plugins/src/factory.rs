@@ -10,6 +10,7 @@ use crate::limit_count::{self, LimitCount};
 use crate::limit_req::{self, LimitReq};
 use crate::plugin::{Owner, Plugin, RouteInfo};
 use crate::prometheus::{self, Prometheus};
+use crate::public_api::{self, PublicApi};
 use crate::runtime::runtime;
 
 /// Compiles `conf` of plugin `name`, held by `owner`, for `route`. `Ok(None)`: a plugin whose
@@ -32,6 +33,7 @@ pub fn compile(
         limit_req::NAME => Arc::new(LimitReq::compile(conf, owner, rt)?) as Arc<dyn Plugin>,
         limit_conn::NAME => Arc::new(LimitConn::compile(conf, owner, rt)?) as Arc<dyn Plugin>,
         prometheus::NAME => Arc::new(Prometheus::compile(conf, route, &rt.metrics)),
+        public_api::NAME => Arc::new(PublicApi::compile(conf)),
         _ => return Ok(None),
     }))
 }

@@ -1,7 +1,7 @@
 //! ferrisix plugins: the registry of every plugin ferrisix implements (names, priorities and
 //! APISIX's schemas, used by the Admin API and by validation), the plugin interface with
 //! APISIX's phases, the chains the proxy runs, and the plugins themselves (limit-count,
-//! limit-req, limit-conn, prometheus).
+//! limit-req, limit-conn, prometheus, public-api).
 //!
 //! The registry answers what APISIX's `plugin.lua` answers: which plugins are enabled, their
 //! run order (priority, highest first), and whether a configuration passes a plugin's schema
@@ -19,6 +19,7 @@ pub mod limit_count;
 pub mod limit_req;
 pub mod plugin;
 pub mod prometheus;
+pub mod public_api;
 pub mod redis_client;
 pub mod registry;
 pub mod runtime;

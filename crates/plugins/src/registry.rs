@@ -174,7 +174,12 @@ fn builtin_plugins() -> Vec<PluginInfo> {
     prometheus.metadata_schema = Some(prometheus_metadata_schema());
     let limit_req = PluginInfo::new("limit-req", 1001, limit_req_schema());
     let limit_conn = PluginInfo::new("limit-conn", 1003, limit_conn_schema());
-    vec![limit_count, limit_req, limit_conn, prometheus]
+    let public_api = PluginInfo::new(
+        crate::public_api::NAME,
+        501,
+        json!({"type": "object", "properties": {"uri": {"type": "string"}}}),
+    );
+    vec![limit_count, limit_req, limit_conn, prometheus, public_api]
 }
 
 /// The `redis` / `redis-cluster` policy clauses of limit-req and limit-conn (their `policy`
@@ -468,7 +473,13 @@ mod tests {
         let names: Vec<_> = r.list().map(|p| p.name).collect();
         assert_eq!(
             names,
-            ["limit-conn", "limit-count", "limit-req", "prometheus"]
+            [
+                "limit-conn",
+                "limit-count",
+                "limit-req",
+                "public-api",
+                "prometheus"
+            ]
         );
     }
 

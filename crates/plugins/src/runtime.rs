@@ -14,6 +14,7 @@ use crate::limit_conn::ConnSpaces;
 use crate::limit_count::local::Spaces;
 use crate::limit_req::ReqSpaces;
 use crate::prometheus::Metrics;
+use crate::public_api::PluginApis;
 use crate::redis_client::Remotes;
 
 /// Plugin state shared by every snapshot and worker.
@@ -26,6 +27,8 @@ pub struct Runtime {
     /// limit-conn in-flight counts.
     pub conn: ConnSpaces,
     pub metrics: Metrics,
+    /// The plugin APIs `public-api` serves.
+    pub apis: PluginApis,
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -56,6 +59,7 @@ impl Runtime {
             req: ReqSpaces::default(),
             conn: ConnSpaces::default(),
             metrics: Metrics::new(&settings.prometheus),
+            apis: PluginApis::from_settings(&settings.prometheus),
         }
     }
 

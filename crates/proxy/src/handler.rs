@@ -102,11 +102,27 @@ pub type LegacyAdmin = Arc<
         + Sync,
 >;
 
-/// The connection a request arrived on.
-#[derive(Clone, Copy, Debug)]
+/// The connection a request arrived on, with the header values every request on it sends
+/// upstream, built once per connection rather than once per request.
+#[derive(Clone, Debug)]
 pub struct ConnInfo {
     pub peer: SocketAddr,
     pub local: SocketAddr,
+    /// The peer's IP (`X-Real-IP`, `X-Forwarded-For` when the realip rewrite kept it).
+    peer_ip_value: HeaderValue,
+    /// The local port (`X-Forwarded-Port` when the Host header names no other).
+    local_port_value: HeaderValue,
+}
+
+impl ConnInfo {
+    pub fn new(peer: SocketAddr, local: SocketAddr) -> ConnInfo {
+        ConnInfo {
+            peer,
+            local,
+            peer_ip_value: ip_header(peer.ip()),
+            local_port_value: HeaderValue::from(local.port()),
+        }
+    }
 }
 
 /// Headers nginx never forwards upstream (hop-by-hop, and what it recomputes).
@@ -194,7 +210,7 @@ fn port_of_host(raw: &str) -> Option<&str> {
 }
 
 impl Gateway {
-    pub async fn handle(&self, req: Request<Incoming>, conn: ConnInfo) -> Response<ResponseBody> {
+    pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<ResponseBody> {
         if let Some(admin) = &self.legacy_admin {
             // Loopback only: this is a compatibility switch for local scripts, not an exposure
             // of the Admin API on the public port.
@@ -263,7 +279,7 @@ impl Gateway {
         &self,
         parts: &mut Parts,
         body: Incoming,
-        conn: ConnInfo,
+        conn: &ConnInfo,
         remote_addr: IpAddr,
         mut record: Option<&mut LogRecord>,
         plugins: &mut Option<PluginRun>,
@@ -367,13 +383,18 @@ impl Gateway {
             RouteTarget::Upstream(u) => u,
             RouteTarget::Fail(status) => return responses::error_page(status, server),
         };
-        let host_raw = host_raw.map(str::to_owned);
+        // `$http_host` as a header value: the client's own when it sent a Host header (sharing
+        // its bytes costs no copy), else built from :authority or an absolute-form URI.
+        let host_value = match parts.uri.authority() {
+            None => parts.headers.get(header::HOST).cloned(),
+            Some(a) => HeaderValue::from_str(a.as_str()).ok(),
+        };
         self.proxy(
             parts,
             body,
             conn,
             remote_addr,
-            host_raw,
+            host_value,
             &upstream,
             route_timeouts,
             websocket,
@@ -388,9 +409,9 @@ impl Gateway {
         &self,
         parts: &mut Parts,
         body: Incoming,
-        conn: ConnInfo,
+        conn: &ConnInfo,
         remote_addr: IpAddr,
-        host_raw: Option<String>,
+        host_value: Option<HeaderValue>,
         upstream: &CompiledUpstream,
         route_timeouts: Option<TryTimeouts>,
         websocket: bool,
@@ -448,7 +469,7 @@ impl Gateway {
             None
         };
         let mut headers =
-            Some(self.upstream_headers(parts, remote_addr, host_raw.as_deref(), conn, websocket));
+            Some(self.upstream_headers(parts, remote_addr, host_value.as_ref(), conn, websocket));
 
         let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
         let mut statuses: SmallVec<[u16; 2]> = SmallVec::new();
@@ -509,15 +530,13 @@ impl Gateway {
                 Some(h) => h,
                 None => break,
             };
-            let host_value = match upstream.pass_host {
+            let upstream_host = match upstream.pass_host {
                 // `$http_host` verbatim (port and case kept); HTTP/2 takes :authority.
-                PassHost::Pass => host_raw
-                    .as_deref()
-                    .and_then(|h| HeaderValue::from_str(h).ok()),
+                PassHost::Pass => host_value.clone(),
                 PassHost::Node => Some(node.host_header.clone()),
                 PassHost::Rewrite => upstream.upstream_host.clone(),
             };
-            match &host_value {
+            match &upstream_host {
                 Some(h) => {
                     req_headers.insert(header::HOST, h.clone());
                 }
@@ -526,7 +545,7 @@ impl Gateway {
                 }
             }
             if let Some(r) = record.as_deref_mut() {
-                r.upstream_host = host_value;
+                r.upstream_host = upstream_host;
             }
             // Keep a copy when a failed try could still be replayed on another node.
             let spare = (more_tries_left && replayable).then(|| req_headers.clone());
@@ -670,8 +689,8 @@ impl Gateway {
         &self,
         parts: &Parts,
         remote_addr: IpAddr,
-        host_raw: Option<&str>,
-        conn: ConnInfo,
+        host_value: Option<&HeaderValue>,
+        conn: &ConnInfo,
         websocket: bool,
     ) -> HeaderMap {
         let mut out = HeaderMap::with_capacity(parts.headers.len() + 6);
@@ -687,7 +706,11 @@ impl Gateway {
                 }
             }
         }
-        let remote = ip_header(remote_addr);
+        let remote = if remote_addr == conn.peer.ip() {
+            conn.peer_ip_value.clone()
+        } else {
+            ip_header(remote_addr)
+        };
         out.insert(HeaderName::from_static("x-real-ip"), remote.clone());
         let xff = match parts
             .headers
@@ -707,13 +730,16 @@ impl Gateway {
             HeaderName::from_static("x-forwarded-proto"),
             HeaderValue::from_static("http"),
         );
-        if let Some(h) = host_raw.and_then(|h| HeaderValue::from_str(h).ok()) {
-            out.insert(HeaderName::from_static("x-forwarded-host"), h);
+        let host_raw = host_value.and_then(|h| h.to_str().ok());
+        if let Some(h) = host_value {
+            out.insert(HeaderName::from_static("x-forwarded-host"), h.clone());
         }
-        let port = host_raw
-            .and_then(port_of_host)
-            .and_then(|p| HeaderValue::from_str(p).ok())
-            .unwrap_or_else(|| HeaderValue::from(conn.local.port()));
+        let port = match host_raw.and_then(port_of_host) {
+            Some(p) if p.as_bytes() != conn.local_port_value.as_bytes() => {
+                HeaderValue::from_str(p).unwrap_or_else(|_| conn.local_port_value.clone())
+            }
+            _ => conn.local_port_value.clone(),
+        };
         out.insert(HeaderName::from_static("x-forwarded-port"), port);
         out
     }

@@ -194,7 +194,7 @@ async fn serve(
                         Ok((stream, peer)) => {
                             let local = local.or_else(|| stream.local_addr().ok());
                             let Some(local) = local else { continue };
-                            serve_connection(&builder, &graceful, gateway.clone(), stream, ConnInfo { peer, local });
+                            serve_connection(&builder, &graceful, gateway.clone(), stream, ConnInfo::new(peer, local));
                         }
                         Err(e) => {
                             // Out of file descriptors and similar: back off instead of spinning.
@@ -236,9 +236,11 @@ fn serve_connection(
     conn: ConnInfo,
 ) {
     let _ = stream.set_nodelay(true);
+    // One shared value per connection: each request clones a single Arc.
+    let ctx = Arc::new((gateway, conn));
     let service = service_fn(move |req| {
-        let gateway = gateway.clone();
-        async move { Ok::<_, Infallible>(gateway.handle(req, conn).await) }
+        let ctx = ctx.clone();
+        async move { Ok::<_, Infallible>(ctx.0.handle(req, &ctx.1).await) }
     });
     let connection = builder
         .serve_connection_with_upgrades(TokioIo::new(stream), service)

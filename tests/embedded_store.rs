@@ -159,11 +159,17 @@ fn modify_indexes_follow_the_store() {
     let up_body = serde_json::json!({"type": "roundrobin", "nodes": {up.node(): 1}});
     let reply = gw.admin("PUT", "/apisix/admin/upstreams/u1", &up_body.to_string());
     assert_eq!(reply.status, 201, "{}", reply.text());
-    let upstream_index = reply.json()["modifiedIndex"].as_i64().unwrap();
     gw.put_route("r1", &route_to("/a", &up.node()));
-    let route_index = gw.put_route("r2", &route_to("/b", &up.node())).json()["modifiedIndex"]
-        .as_i64()
-        .unwrap();
+    gw.put_route("r2", &route_to("/b", &up.node()));
+    // A GET answers the stored item with its modifiedIndex (a PUT answers only key and value).
+    let index = |path: &str| -> i64 {
+        let r = gw.admin("GET", path, "");
+        r.json()["modifiedIndex"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("{path}: {}", r.text()))
+    };
+    let upstream_index = index("/apisix/admin/upstreams/u1");
+    let route_index = index("/apisix/admin/routes/r2");
     assert!(route_index > upstream_index);
     let metrics_addr = std::net::SocketAddr::from(([127, 0, 0, 1], gw.metrics_port));
     let sample = |text: &str, key: &str| -> Option<i64> {

@@ -281,6 +281,51 @@ fn local_policy_is_exact_across_worker_threads() {
     assert_eq!((ok, rejected), (300, 200));
 }
 
+/// The acceptance check, with the load generator benchmarkers use: `wrk -c 64` across
+/// four workers, with the benchmark scenario's key (`remote_addr`, one client address).
+/// Exactly `count` requests reach the upstream and wrk sees every other one rejected.
+#[test]
+fn local_policy_is_exact_under_wrk_with_64_connections() {
+    if debian::which("wrk").is_none() {
+        debian::apt_get(&["install", "-y", "--no-install-recommends", "wrk"]);
+    }
+    let up = Upstream::start("u", Behaviour::Echo);
+    let count = 1000;
+    let routes = doc(
+        json!({"routes": [route("1", "/l", &up, json!({"limit-count": {
+        "count": count, "time_window": 60, "rejected_code": 503, "key": "remote_addr"}}))]}),
+    );
+    let gw = Gateway::start_workers(&routes, "", "", 4);
+    let out = std::process::Command::new("wrk")
+        .args(["-t", "4", "-c", "64", "-d", "4s"])
+        .arg(format!("http://{}/l", gw.addr()))
+        .output()
+        .expect("run wrk");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let number = |prefix: &str| -> Option<usize> {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(prefix))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+    };
+    let total = text
+        .lines()
+        .find_map(|l| l.trim().split_once(" requests in "))
+        .and_then(|(n, _)| n.parse::<usize>().ok())
+        .unwrap_or_else(|| panic!("no request count in wrk's output:\n{text}"));
+    let rejected = number("Non-2xx or 3xx responses:").unwrap_or(0);
+    assert!(
+        total > count,
+        "wrk sent only {total} requests: the window was never exhausted\n{text}"
+    );
+    eprintln!(
+        "wrk -c 64 over 4 workers: {total} requests, {rejected} rejected, {} reached the upstream",
+        up.hits()
+    );
+    assert_eq!(up.hits(), count, "{text}");
+    assert_eq!(total - rejected, count, "{text}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Redis policies: real redis-server processes on random ports.
 

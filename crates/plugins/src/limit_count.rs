@@ -582,6 +582,64 @@ impl Plugin for LimitCount {
 }
 
 /// Checks APISIX runs after the schema (`limit-count/init.lua` `check_schema`).
+/// APISIX's `group_conf_lru`: the first conf seen for a group is remembered (a plugin-type
+/// lrucache: 8 groups, 5 minutes from when it was cached) and every conf of that group checked
+/// meanwhile must equal it field by field, or it is refused with "group conf mismatched".
+/// APISIX keeps this per worker process; ferrisix keeps one for the process, whose Admin API
+/// and data plane share it as APISIX's worker does.
+pub fn check_group(conf: &Value, now: std::time::Instant) -> Result<(), String> {
+    const GROUPS: usize = 8;
+    const TTL: std::time::Duration = std::time::Duration::from_secs(5 * 60);
+    struct Cached {
+        group: String,
+        conf: Value,
+        since: std::time::Instant,
+    }
+    static CACHE: std::sync::Mutex<Vec<Cached>> = std::sync::Mutex::new(Vec::new());
+    let Some(group) = conf.get("group").and_then(Value::as_str) else {
+        return Ok(());
+    };
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    cache.retain(|c| now.duration_since(c.since) < TTL);
+    // Most recently used last.
+    let prev = match cache.iter().position(|c| c.group == group) {
+        Some(i) => cache.remove(i),
+        None => Cached {
+            group: group.to_owned(),
+            conf: conf.clone(),
+            since: now,
+        },
+    };
+    // Fields injected by APISIX itself (`_meta`, `_vid`) are not part of the comparison.
+    let fields = |v: &Value| -> Vec<(String, Value)> {
+        v.as_object()
+            .map(|m| {
+                let mut f: Vec<_> = m
+                    .iter()
+                    .filter(|(k, _)| !k.starts_with('_'))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                f.sort_by(|a, b| a.0.cmp(&b.0));
+                f
+            })
+            .unwrap_or_default()
+    };
+    let same = fields(&prev.conf) == fields(conf);
+    cache.push(prev);
+    if cache.len() > GROUPS {
+        cache.remove(0);
+    }
+    if same {
+        Ok(())
+    } else {
+        tracing::error!(
+            group,
+            "limit-count group conf mismatched with the group's first conf"
+        );
+        Err("group conf mismatched".into())
+    }
+}
+
 pub fn check_conf(conf: &Value) -> Result<(), String> {
     let Some(c) = conf.as_object() else {
         return Ok(());
@@ -762,6 +820,28 @@ mod tests {
         let v = Vars(vec![]);
         assert_eq!(run(&a, "1.1.1.1", &v).0, Flow::Continue);
         assert!(matches!(run(&b, "1.1.1.1", &v).0, Flow::Exit(_)));
+    }
+
+    #[test]
+    fn group_confs_must_match_the_first_one_for_five_minutes() {
+        let t0 = std::time::Instant::now();
+        let a = json!({"count": 1, "time_window": 60, "group": "lc-grp-check", "_meta": {"x": 1}});
+        assert_eq!(check_group(&a, t0), Ok(()));
+        // `_meta` is not compared; any other field is.
+        let same = json!({"count": 1, "time_window": 60, "group": "lc-grp-check"});
+        assert_eq!(check_group(&same, t0), Ok(()));
+        let other = json!({"count": 2, "time_window": 60, "group": "lc-grp-check"});
+        assert_eq!(
+            check_group(&other, t0),
+            Err("group conf mismatched".to_string())
+        );
+        let extra =
+            json!({"count": 1, "time_window": 60, "group": "lc-grp-check", "rejected_code": 429});
+        assert!(check_group(&extra, t0).is_err());
+        // The first conf is forgotten 5 minutes after it was cached.
+        let later = t0 + std::time::Duration::from_secs(301);
+        assert_eq!(check_group(&other, later), Ok(()));
+        assert!(check_group(&a, later).is_err());
     }
 
     #[test]

@@ -130,6 +130,13 @@ impl PluginCheck for PluginRegistry {
         }
         if name == crate::limit_count::NAME {
             crate::limit_count::check_conf(conf).map_err(fail)?;
+            if conf.get("group").is_some() {
+                // Compared with the schema's defaults filled in, as APISIX's check_schema sees it.
+                let mut filled = conf.clone();
+                schema::validate_and_fill(&info.schema, &mut filled).map_err(fail)?;
+                crate::limit_count::check_group(&filled, std::time::Instant::now())
+                    .map_err(fail)?;
+            }
         }
         Ok(())
     }

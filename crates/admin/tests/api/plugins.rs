@@ -266,3 +266,23 @@ async fn configs_validate() {
         .unwrap();
     a.send(yaml, local()).await.expect(200, json!({}));
 }
+
+#[tokio::test]
+async fn limit_count_group_confs_must_match() {
+    let a = Admin::new();
+    let route = |count: u64| {
+        json!({"uri": "/g", "upstream": {"nodes": {"127.0.0.1:1980": 1}},
+            "plugins": {"limit-count": {"count": count, "time_window": 60, "group": "admin-grp"}}})
+    };
+    a.json("PUT", "/apisix/admin/routes/g1", route(10))
+        .await
+        .expect(201, json!({}));
+    // The same conf (defaults included) joins the group.
+    a.json("PUT", "/apisix/admin/routes/g2", route(10))
+        .await
+        .expect(201, json!({}));
+    a.json("PUT", "/apisix/admin/routes/g3", route(11))
+        .await
+        .expect(400, json!({"error_msg": "failed to check the configuration of plugin limit-count err: group conf mismatched"}));
+    assert!(a.store.get("/apisix/routes/g3").await.unwrap().is_none());
+}

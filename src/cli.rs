@@ -247,6 +247,10 @@ fn modify_indexes(state: &ConfigState) -> Vec<(String, i64)> {
             .unwrap_or(0);
         max = max.max(idx);
         out.push((key.to_owned(), idx));
+        if key == "global_rules" && state.items(ResourceKind::GlobalRules).next().is_some() {
+            // APISIX's global_rules config `prev_index`: the store revision its watch has seen.
+            out.push(("prev_index".to_owned(), state.revision));
+        }
     }
     out.push(("max_modify_index".to_owned(), max));
     out.push(("x_etcd_index".to_owned(), state.revision));

@@ -43,6 +43,50 @@ pub struct Metrics {
     groups: Mutex<HashMap<(String, String), Arc<SeriesGroup>>>,
     node_source: ArcSwapOption<Box<dyn NodeSource>>,
     hostname: String,
+    /// `plugin_metadata/prometheus` `disabled_labels`.
+    disabled: ArcSwapOption<DisabledLabels>,
+}
+
+/// Labels emitted as `""` per metric (3.18's `disabled_labels` plugin metadata).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DisabledLabels {
+    pub http_status: Vec<String>,
+    pub http_latency: Vec<String>,
+    pub bandwidth: Vec<String>,
+}
+
+impl DisabledLabels {
+    /// From the metadata document (`None` when nothing is disabled).
+    pub fn from_metadata(meta: Option<&Value>) -> Option<DisabledLabels> {
+        let d = meta?.get("disabled_labels")?;
+        let list = |name: &str| -> Vec<String> {
+            d.get(name)
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let labels = DisabledLabels {
+            http_status: list("http_status"),
+            http_latency: list("http_latency"),
+            bandwidth: list("bandwidth"),
+        };
+        (labels != DisabledLabels::default()).then_some(labels)
+    }
+}
+
+/// Blanks the disabled labels of one series.
+fn blank(labels: &mut [(&str, &str)], disabled: Option<&[String]>) {
+    let Some(disabled) = disabled else { return };
+    for (name, value) in labels.iter_mut() {
+        if disabled.iter().any(|d| d == name) {
+            *value = "";
+        }
+    }
 }
 
 impl std::fmt::Debug for Metrics {
@@ -203,6 +247,19 @@ impl Metrics {
             groups: Mutex::new(HashMap::new()),
             node_source: ArcSwapOption::empty(),
             hostname: node::hostname(),
+            disabled: ArcSwapOption::empty(),
+        }
+    }
+
+    /// Applies `plugin_metadata/prometheus` (its `disabled_labels`); `None`: no metadata.
+    ///
+    /// APISIX blanks disabled labels when a request is logged; ferrisix blanks them when the
+    /// text is rendered and sums the series that then share a key, so a change applies to the
+    /// whole history at once instead of leaving the old series beside the new ones.
+    pub fn set_metadata(&self, meta: Option<&Value>) {
+        let new = DisabledLabels::from_metadata(meta);
+        if self.disabled.load().as_deref() != new.as_ref() {
+            self.disabled.store(new.map(Arc::new));
         }
     }
 
@@ -245,7 +302,13 @@ impl Metrics {
             .unwrap_or(self.buckets.len())
     }
 
-    fn group_lines(&self, g: &SeriesGroup, v: &GroupValues, out: &mut Vec<(String, String)>) {
+    fn group_lines(
+        &self,
+        g: &SeriesGroup,
+        v: &GroupValues,
+        disabled: Option<&DisabledLabels>,
+        out: &mut Vec<(String, String)>,
+    ) {
         let (route, service) = (g.route.as_str(), g.service.as_str());
         let label =
             |table: &Vec<String>, id: u16| table.get(id as usize).cloned().unwrap_or_default();
@@ -261,29 +324,25 @@ impl Metrics {
                 label(&v.hosts, l.host),
                 node_text(l.node),
             );
-            out.push((
-                series_key(
-                    "http_status",
-                    &[
-                        ("code", &code),
-                        ("route", route),
-                        ("matched_uri", &uri),
-                        ("matched_host", &host),
-                        ("service", service),
-                        ("consumer", ""),
-                        ("node", &node),
-                        ("request_type", "traditional_http"),
-                        ("request_llm_model", ""),
-                        ("llm_model", ""),
-                        ("response_source", source.as_str()),
-                    ],
-                ),
-                n.to_string(),
-            ));
+            let mut labels: [(&str, &str); 11] = [
+                ("code", &code),
+                ("route", route),
+                ("matched_uri", &uri),
+                ("matched_host", &host),
+                ("service", service),
+                ("consumer", ""),
+                ("node", &node),
+                ("request_type", "traditional_http"),
+                ("request_llm_model", ""),
+                ("llm_model", ""),
+                ("response_source", source.as_str()),
+            ];
+            blank(&mut labels, disabled.map(|d| d.http_status.as_slice()));
+            out.push((series_key("http_status", &labels), n.to_string()));
         }
         for ((kind, node), h) in &v.latency {
             let node = node_text(*node);
-            let labels = [
+            let mut labels: [(&str, &str); 8] = [
                 ("type", kind.as_str()),
                 ("route", route),
                 ("service", service),
@@ -293,6 +352,7 @@ impl Metrics {
                 ("request_llm_model", ""),
                 ("llm_model", ""),
             ];
+            blank(&mut labels, disabled.map(|d| d.http_latency.as_slice()));
             let mut cumulative = 0;
             let mut with_le: Vec<(&str, &str)> = labels.to_vec();
             with_le.push(("le", ""));
@@ -319,22 +379,18 @@ impl Metrics {
         }
         for ((dir, node), n) in &v.bandwidth {
             let node = node_text(*node);
-            out.push((
-                series_key(
-                    "bandwidth",
-                    &[
-                        ("type", dir.as_str()),
-                        ("route", route),
-                        ("service", service),
-                        ("consumer", ""),
-                        ("node", &node),
-                        ("request_type", "traditional_http"),
-                        ("request_llm_model", ""),
-                        ("llm_model", ""),
-                    ],
-                ),
-                n.to_string(),
-            ));
+            let mut labels: [(&str, &str); 8] = [
+                ("type", dir.as_str()),
+                ("route", route),
+                ("service", service),
+                ("consumer", ""),
+                ("node", &node),
+                ("request_type", "traditional_http"),
+                ("request_llm_model", ""),
+                ("llm_model", ""),
+            ];
+            blank(&mut labels, disabled.map(|d| d.bandwidth.as_slice()));
+            out.push((series_key("bandwidth", &labels), n.to_string()));
         }
     }
 
@@ -350,9 +406,10 @@ impl Metrics {
             .cloned()
             .collect();
         let mut lines: Vec<(String, String)> = Vec::new();
+        let disabled = self.disabled.load_full();
         for g in &groups {
             let v = g.read();
-            self.group_lines(g, &v, &mut lines);
+            self.group_lines(g, &v, disabled.as_deref(), &mut lines);
         }
 
         let c = conn_stats().read();
@@ -400,6 +457,18 @@ impl Metrics {
         lines.push(("nginx_metric_errors_total".into(), "0".into()));
 
         lines.sort_by(|a, b| a.0.cmp(&b.0));
+        if disabled.is_some() {
+            // Series that differed only in a blanked label are one series now.
+            lines.dedup_by(|later, kept| {
+                if later.0 != kept.0 {
+                    return false;
+                }
+                let sum =
+                    kept.1.parse::<f64>().unwrap_or(0.0) + later.1.parse::<f64>().unwrap_or(0.0);
+                kept.1 = lua_number(sum);
+                true
+            });
+        }
         let mut out = String::with_capacity(lines.len() * 160);
         let mut seen: Vec<&str> = Vec::new();
         for (key, value) in &lines {
@@ -630,5 +699,42 @@ mod tests {
         drop(named);
         let text = m.render();
         assert!(!text.contains("apisix_http_status{"), "{text}");
+    }
+
+    #[test]
+    fn disabled_labels_are_blank_and_their_series_summed() {
+        let m = metrics();
+        let route = RouteInfo {
+            id: "dl".into(),
+            uris: vec!["/a".into()],
+            ..Default::default()
+        };
+        let p = Prometheus::compile(&json!({}), Some(&route), m);
+        for node in ["10.0.0.1", "10.0.0.2"] {
+            p.log(&LogCtx {
+                status: 200,
+                matched_uri: Some(0),
+                node: Some(node.parse().unwrap()),
+                request_length: 10,
+                bytes_sent: 100,
+                request_time: Duration::from_micros(1500),
+                upstream_time: Some(Duration::from_micros(1000)),
+                response_source: ResponseSource::Upstream,
+                ..Default::default()
+            });
+        }
+        let text = m.render();
+        assert!(text.contains("node=\"10.0.0.1\""), "{text}");
+        m.set_metadata(Some(&json!({"disabled_labels": {
+            "http_status": ["node", "matched_uri"], "bandwidth": ["node"]}})));
+        let text = m.render();
+        let status = "apisix_http_status{code=\"200\",route=\"dl\",matched_uri=\"\",matched_host=\"\",service=\"\",consumer=\"\",node=\"\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\",response_source=\"upstream\"} 2\n";
+        assert!(text.contains(status), "{text}");
+        assert!(text.contains("apisix_bandwidth{type=\"egress\",route=\"dl\",service=\"\",consumer=\"\",node=\"\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\"} 200\n"), "{text}");
+        // Latency keeps its node label: it was not disabled.
+        assert!(text.contains("apisix_http_latency_count{type=\"request\",route=\"dl\",service=\"\",consumer=\"\",node=\"10.0.0.2\""), "{text}");
+        m.set_metadata(None);
+        assert!(m.render().contains("node=\"10.0.0.1\""));
+        drop(p);
     }
 }

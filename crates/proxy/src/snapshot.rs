@@ -316,6 +316,10 @@ impl Snapshot {
             .items(ResourceKind::PluginMetadata)
             .map(|i| (i.id.clone(), (*i.value).clone()))
             .collect();
+        // prometheus' `disabled_labels` apply to the whole exposition, not to one route.
+        ferrisix_plugins::runtime()
+            .metrics
+            .set_metadata(metadata.get(ferrisix_plugins::prometheus::NAME));
         let plugin_env = CompileEnv {
             metadata: &metadata,
         };

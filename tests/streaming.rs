@@ -78,9 +78,11 @@ fn one_gib_upload_streams_without_growing_memory() {
         baseline,
         peak
     );
+    // Growth over the idle baseline, not an absolute figure: under qemu (the arm64 tests) the
+    // process' RSS includes the emulator's own ~60 MiB.
     assert!(
-        peak < 64 * 1024,
-        "gateway RSS peaked at {peak} KiB during a 1 GiB upload"
+        peak.saturating_sub(baseline) < 32 * 1024,
+        "gateway RSS grew from {baseline} to {peak} KiB during a 1 GiB upload"
     );
 }
 

@@ -3,6 +3,9 @@
 //! - `prometheus/log`: recording one request in the log phase for a route with `prometheus: {}`
 //!   (benchmark scenario 2's conf): one status counter, three latency histogram observations
 //!   (request, upstream, apisix) and two bandwidth counters, all atomics of the route's group.
+//! - `prometheus/log_extra_labels`: the same with `plugin_attr.prometheus.metrics` giving every
+//!   metric `extra_labels` (`upstream_addr`, and `upstream_status` for `http_status`) and an
+//!   `expire`: the per-request label lookup, map probe and time stamp that configuration costs.
 //! - `prometheus/render`: producing the whole exposition text (what a scrape of
 //!   `/apisix/prometheus/metrics` returns) at about 1k and 10k series: routes that each saw
 //!   four status codes give 60 series per route (4 `http_status`, 3 × 18 `http_latency_*`,
@@ -16,9 +19,12 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use ferrisix_config::settings::PrometheusAttr;
+use std::borrow::Cow;
+
+use ferrisix_config::settings::{ExtraLabel, MetricAttr, PrometheusAttr, PrometheusMetrics};
 use ferrisix_plugins::prometheus::{Metrics, Prometheus};
-use ferrisix_plugins::{LogCtx, Plugin, ResponseSource, RouteInfo};
+use ferrisix_plugins::{LogCtx, LogVars, Plugin, ResponseSource, RouteInfo};
+use ferrisix_router::VarSource;
 use serde_json::json;
 
 /// Series per route in the render bench: 4 status codes, 3 histograms of 15 buckets + `+Inf`,
@@ -50,6 +56,7 @@ fn request(status: u16) -> LogCtx {
         request_time: Duration::from_micros(1500),
         upstream_time: Some(Duration::from_micros(1200)),
         response_source: ResponseSource::Upstream,
+        vars: Default::default(),
     }
 }
 
@@ -58,6 +65,45 @@ fn log(c: &mut Criterion) {
     let ctx = request(200);
     let mut g = c.benchmark_group("prometheus");
     g.bench_function("log", |b| b.iter(|| p.log(black_box(&ctx))));
+    g.finish();
+}
+
+/// What the proxy captures for the extra labels.
+struct Upstream;
+
+impl VarSource for Upstream {
+    fn var(&self, name: &str) -> Option<Cow<'_, str>> {
+        match name {
+            "upstream_addr" => Some(Cow::Borrowed("127.0.0.1:1980")),
+            "upstream_status" => Some(Cow::Borrowed("200")),
+            _ => None,
+        }
+    }
+}
+
+fn log_extra_labels(c: &mut Criterion) {
+    let label = |name: &str| ExtraLabel {
+        name: name.into(),
+        value: format!("${name}"),
+    };
+    let attr = |labels: &[&str]| MetricAttr {
+        expire: 60.0,
+        extra_labels: labels.iter().map(|l| label(l)).collect(),
+    };
+    let m: &'static Metrics = Box::leak(Box::new(Metrics::new(&PrometheusAttr {
+        metrics: PrometheusMetrics {
+            http_status: attr(&["upstream_addr", "upstream_status"]),
+            http_latency: attr(&["upstream_addr"]),
+            bandwidth: attr(&["upstream_addr"]),
+            ..Default::default()
+        },
+        ..Default::default()
+    })));
+    let p = Prometheus::compile(&json!({}), Some(&route(1)), m);
+    let mut ctx = request(200);
+    ctx.vars = LogVars::capture(p.log_vars().unwrap().clone(), &Upstream);
+    let mut g = c.benchmark_group("prometheus");
+    g.bench_function("log_extra_labels", |b| b.iter(|| p.log(black_box(&ctx))));
     g.finish();
 }
 
@@ -98,6 +144,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = log, render
+    targets = log, log_extra_labels, render
 }
 criterion_main!(benches);

@@ -278,3 +278,155 @@ fn without_public_api_the_export_uri_is_not_served() {
     assert_eq!(get(gw.addr(), "/apisix/prometheus/metrics").status, 404);
     assert!(metrics(&gw).contains("apisix_node_info{"));
 }
+
+/// config.yaml's `plugin_attr` with an export server on a free port, plus `metrics_yaml`
+/// (indented under `prometheus:`).
+fn with_metrics(metrics_yaml: &str) -> (String, SocketAddr) {
+    let port = free_port();
+    let metrics: String = metrics_yaml
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| format!("    {l}\n"))
+        .collect();
+    (
+        format!(
+            "plugin_attr:\n  prometheus:\n    export_addr:\n      ip: 127.0.0.1\n      port: {port}\n{metrics}"
+        ),
+        SocketAddr::from(([127, 0, 0, 1], port)),
+    )
+}
+
+fn scrape(addr: SocketAddr) -> String {
+    let r = get(addr, "/apisix/prometheus/metrics");
+    assert_eq!(r.status, 200);
+    r.text()
+}
+
+#[test]
+fn extra_labels_take_nginx_variables_after_the_built_in_labels() {
+    let up = Upstream::start("u", Behaviour::Echo);
+    let (dead_a, dead_b) = (dead_node(), dead_node());
+    let (config, export) = with_metrics(
+        "metrics:
+  http_status:
+    extra_labels:
+      - upstream_addr: $upstream_addr
+      - upstream_status: $upstream_status
+  http_latency:
+    extra_labels:
+      - host: $host
+",
+    );
+    let routes = json!({"routes": [
+        route("xl", "/xl", &up, json!({"prometheus": {}})),
+        {"id": "down", "uri": "/down", "plugins": {"prometheus": {}},
+            "upstream": {"type": "roundrobin", "nodes": {dead_a.clone(): 1, dead_b.clone(): 1}}},
+        route("lim", "/lim", &up, json!({"prometheus": {},
+            "limit-count": {"count": 1, "time_window": 60, "rejected_code": 429}})),
+    ]});
+    let gw = Gateway::start_with(&routes.to_string(), &config);
+    for _ in 0..2 {
+        assert_eq!(get_host(gw.addr(), "/xl", "Example.com:9080").status, 200);
+    }
+    assert_eq!(get(gw.addr(), "/down").status, 502);
+    assert_eq!(get(gw.addr(), "/lim").status, 200);
+    assert_eq!(get(gw.addr(), "/lim").status, 429);
+    let text = scrape(export);
+
+    let builtin = |code: &str, route: &str, node: &str, source: &str| {
+        format!(
+            "apisix_http_status{{code=\"{code}\",route=\"{route}\",matched_uri=\"/{route}\",matched_host=\"\",service=\"\",consumer=\"\",node=\"{node}\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\",response_source=\"{source}\""
+        )
+    };
+    let ok = format!(
+        "{},upstream_addr=\"{}\",upstream_status=\"200\"}} ",
+        builtin("200", "xl", "127.0.0.1", "upstream"),
+        up.node()
+    );
+    assert_eq!(sample(&text, &ok), Some(2.0), "{ok} in {text}");
+    // Both nodes were tried: nginx lists every try.
+    let down = text
+        .lines()
+        .find(|l| l.starts_with(&builtin("502", "down", "127.0.0.1", "nginx")))
+        .unwrap_or_else(|| panic!("no 502 line in {text}"));
+    assert!(down.ends_with(",upstream_status=\"502, 502\"} 1"), "{down}");
+    assert!(
+        [(&dead_a, &dead_b), (&dead_b, &dead_a)]
+            .iter()
+            .any(|(a, b)| down.contains(&format!(",upstream_addr=\"{a}, {b}\","))),
+        "both dead nodes in upstream_addr: {down}"
+    );
+    // A request the gateway answered itself has no upstream variables: "".
+    let rejected = format!(
+        "{},upstream_addr=\"\",upstream_status=\"\"}} ",
+        builtin("429", "lim", "", "apisix")
+    );
+    assert_eq!(sample(&text, &rejected), Some(1.0), "{rejected} in {text}");
+    let proxied = format!(
+        "{},upstream_addr=\"{}\",upstream_status=\"200\"}} ",
+        builtin("200", "lim", "127.0.0.1", "upstream"),
+        up.node()
+    );
+    assert_eq!(sample(&text, &proxied), Some(1.0));
+    // http_latency has its own extra label, before `le`; bandwidth has none.
+    let labels = "route=\"xl\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\"";
+    let count =
+        format!("apisix_http_latency_count{{type=\"request\",{labels},host=\"example.com\"}} ");
+    assert_eq!(sample(&text, &count), Some(2.0), "{count} in {text}");
+    let inf = format!(
+        "apisix_http_latency_bucket{{type=\"request\",{labels},host=\"example.com\",le=\"+Inf\"}} "
+    );
+    assert_eq!(sample(&text, &inf), Some(2.0));
+    let egress = format!("apisix_bandwidth{{type=\"egress\",{labels}}} ");
+    assert!(sample(&text, &egress).is_some(), "{egress} in {text}");
+}
+
+#[test]
+fn series_expire_when_not_updated() {
+    let up = Upstream::start("u", Behaviour::Echo);
+    let (config, export) = with_metrics(
+        "metrics:
+  http_status:
+    expire: 1
+",
+    );
+    let gw = Gateway::start_with(
+        &json!({"routes": [route("exp", "/exp", &up, json!({"prometheus": {}}))]}).to_string(),
+        &config,
+    );
+    let status = "apisix_http_status{code=\"200\",route=\"exp\",";
+    // Each try updates the series, so it is seen unless scrapes keep lagging a second behind.
+    let mut sent = 0;
+    let seen = poll_until(Duration::from_secs(15), || {
+        for _ in 0..5 {
+            assert_eq!(get(gw.addr(), "/exp").status, 200);
+            sent += 1;
+        }
+        sample(&scrape(export), status).is_some()
+    });
+    assert!(seen.is_some(), "{}", scrape(export));
+    let gone = poll_until(Duration::from_secs(15), || {
+        sample(&scrape(export), status).is_none()
+    });
+    assert!(gone.is_some(), "{}", scrape(export));
+    // Metrics without `expire` keep their series.
+    let text = scrape(export);
+    let egress = "apisix_bandwidth{type=\"egress\",route=\"exp\",";
+    assert_eq!(sample(&text, egress).map(|b| b > 0.0), Some(true), "{text}");
+    // Updated again: back, counted from 0 (not from the `sent` before).
+    let mut again = 0;
+    let mut back = None;
+    poll_until(Duration::from_secs(15), || {
+        assert_eq!(get(gw.addr(), "/exp").status, 200);
+        again += 1;
+        back = sample(&scrape(export), status);
+        back.is_some()
+    })
+    .expect("the series comes back");
+    let back = back.unwrap();
+    assert!(
+        back >= 1.0 && back <= f64::from(again),
+        "{back} after {again} (before: {sent})"
+    );
+    assert!(sent >= 5 && again < sent, "{again} {sent}");
+}

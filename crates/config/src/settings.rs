@@ -578,7 +578,88 @@ pub struct PrometheusAttr {
     pub refresh_interval: f64,
     /// Histogram buckets in milliseconds; `None` = the plugin's built-in list.
     pub default_buckets: Option<Vec<f64>>,
+    /// `metrics.<name>`: extra labels and series expiry per HTTP metric.
+    pub metrics: PrometheusMetrics,
 }
+
+/// `plugin_attr.prometheus.metrics`. Metrics ferrisix does not have (the LLM and AI-cache
+/// families) are unknown keys, reported as warnings.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct PrometheusMetrics {
+    pub http_status: MetricAttr,
+    pub http_latency: MetricAttr,
+    pub bandwidth: MetricAttr,
+    /// APISIX's health-check gauge, which ferrisix does not have (health checks are not
+    /// built): validated and ignored. APISIX reads only `expire` for it.
+    pub upstream_status: UpstreamStatusAttr,
+}
+
+/// `plugin_attr.prometheus.metrics.<name>` for `http_status`, `http_latency`, `bandwidth`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct MetricAttr {
+    /// Seconds a series may go without an update before it leaves the exposition (its count
+    /// starts again from 0 if it comes back); 0 = never.
+    #[serde(deserialize_with = "de::expire")]
+    pub expire: f64,
+    /// Labels appended after the built-in ones, in this order.
+    pub extra_labels: Vec<ExtraLabel>,
+}
+
+/// `plugin_attr.prometheus.metrics.upstream_status`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct UpstreamStatusAttr {
+    #[serde(deserialize_with = "de::expire")]
+    pub expire: f64,
+}
+
+/// One `- label: $variable` entry of `extra_labels`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExtraLabel {
+    /// The label name.
+    pub name: String,
+    /// The value as written (`$upstream_addr`).
+    pub value: String,
+}
+
+impl ExtraLabel {
+    /// The variable whose value the label takes: APISIX drops the first character of the
+    /// value (`v:sub(2)`), whatever it is, so `upstream_addr` (no `$`) names `pstream_addr`.
+    pub fn variable(&self) -> &str {
+        let mut chars = self.value.chars();
+        chars.next();
+        chars.as_str()
+    }
+}
+
+/// The built-in labels of the HTTP metrics (APISIX 3.18's `metric_label_map`), in output
+/// order; extra labels come after them.
+pub const HTTP_STATUS_LABELS: [&str; 11] = [
+    "code",
+    "route",
+    "matched_uri",
+    "matched_host",
+    "service",
+    "consumer",
+    "node",
+    "request_type",
+    "request_llm_model",
+    "llm_model",
+    "response_source",
+];
+pub const HTTP_LATENCY_LABELS: [&str; 8] = [
+    "type",
+    "route",
+    "service",
+    "consumer",
+    "node",
+    "request_type",
+    "request_llm_model",
+    "llm_model",
+];
+pub const BANDWIDTH_LABELS: [&str; 8] = HTTP_LATENCY_LABELS;
 
 impl Default for PrometheusAttr {
     fn default() -> Self {
@@ -589,6 +670,7 @@ impl Default for PrometheusAttr {
             export_addr: ExportAddr::default(),
             refresh_interval: 15.0,
             default_buckets: None,
+            metrics: PrometheusMetrics::default(),
         }
     }
 }
@@ -805,6 +887,7 @@ impl Settings {
         let mut settings = deserialize_collecting(&mut value, &mut errors, &mut warnings);
         apply_listener_http2_default(&mut settings, &value);
         check(&settings, &mut errors);
+        prometheus_warnings(&settings, &mut warnings);
         if errors.is_empty() {
             Ok((settings, warnings))
         } else {
@@ -953,6 +1036,80 @@ fn check(s: &Settings, errors: &mut Vec<String>) {
              starting with /",
             s.plugin_attr.prometheus.export_uri
         ));
+    }
+    check_extra_labels(&s.plugin_attr.prometheus.metrics, errors);
+}
+
+/// The HTTP metrics with their settings and built-in labels.
+fn http_metrics(
+    m: &PrometheusMetrics,
+) -> [(&'static str, &MetricAttr, &'static [&'static str]); 3] {
+    [
+        ("http_status", &m.http_status, &HTTP_STATUS_LABELS),
+        ("http_latency", &m.http_latency, &HTTP_LATENCY_LABELS),
+        ("bandwidth", &m.bandwidth, &BANDWIDTH_LABELS),
+    ]
+}
+
+/// Label names as nginx-lua-prometheus accepts them when the metric is registered. APISIX
+/// starts with a bad one but then has no such metric at all (every request's log phase fails
+/// on it); a repeated name makes an exposition Prometheus refuses to scrape. Both are refused
+/// here instead.
+fn check_extra_labels(m: &PrometheusMetrics, errors: &mut Vec<String>) {
+    for (metric, attr, builtin) in http_metrics(m) {
+        for (i, label) in attr.extra_labels.iter().enumerate() {
+            let name = label.name.as_str();
+            let expected = if !is_label_name(name) {
+                "a label name matching [a-zA-Z_][a-zA-Z0-9_]*"
+            } else if name == "le" {
+                "a label name other than le (reserved for histogram buckets)"
+            } else if builtin.contains(&name) {
+                "a label name the metric does not already have"
+            } else if attr.extra_labels[..i].iter().any(|l| l.name == name) {
+                "a label name not used earlier in the list"
+            } else {
+                continue;
+            };
+            errors.push(format!(
+                "plugin_attr.prometheus.metrics.{metric}.extra_labels[{i}]: invalid value: \
+                 string {name:?}, expected {expected}"
+            ));
+        }
+    }
+}
+
+fn is_label_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// What APISIX accepts but surely does not mean: an extra label value that is not a `$`
+/// reference (APISIX still drops its first character and reads the variable named by the
+/// rest), and `upstream_status` settings, which ferrisix has no metric for.
+fn prometheus_warnings(s: &Settings, warnings: &mut Vec<String>) {
+    let m = &s.plugin_attr.prometheus.metrics;
+    for (metric, attr, _) in http_metrics(m) {
+        for (i, label) in attr.extra_labels.iter().enumerate() {
+            if !label.value.starts_with('$') {
+                warnings.push(format!(
+                    "plugin_attr.prometheus.metrics.{metric}.extra_labels[{i}]: {:?} is not a \
+                     $variable; as in APISIX, label {:?} takes the value of variable {:?}",
+                    label.value,
+                    label.name,
+                    label.variable()
+                ));
+            }
+        }
+    }
+    if m.upstream_status != UpstreamStatusAttr::default() {
+        warnings.push(
+            "plugin_attr.prometheus.metrics.upstream_status ignored: ferrisix has no \
+             upstream_status metric (health checks are not built)"
+                .into(),
+        );
     }
 }
 

@@ -16,7 +16,9 @@ use ferrisix_router::Expr;
 use http::{HeaderMap, StatusCode};
 use serde_json::{Map, Value};
 
-use crate::plugin::{Flow, LogCtx, Owner, Phases, Plugin, PluginCtx, RouteInfo, Step};
+use crate::plugin::{
+    union_var_names, Flow, LogCtx, Owner, Phases, Plugin, PluginCtx, RouteInfo, Step, VarNames,
+};
 use crate::registry::PluginRegistry;
 
 /// One plugin configuration and where it comes from.
@@ -49,6 +51,8 @@ struct ChainEntry {
 pub struct PluginChain {
     entries: Box<[ChainEntry]>,
     phases: Phases,
+    /// What the plugins' log phases read ([`Plugin::log_vars`]).
+    log_vars: Option<VarNames>,
 }
 
 impl std::fmt::Debug for PluginChain {
@@ -153,9 +157,13 @@ impl PluginChain {
         let phases = entries
             .iter()
             .fold(Phases::NONE, |p, e| p | e.plugin.phases());
+        let log_vars = entries.iter().fold(None, |names, e| {
+            union_var_names(names.as_ref(), e.plugin.log_vars())
+        });
         PluginChain {
             entries: entries.into_boxed_slice(),
             phases,
+            log_vars,
         }
     }
 
@@ -170,6 +178,11 @@ impl PluginChain {
     /// Whether any plugin implements `phase`.
     pub fn has(&self, phase: Phases) -> bool {
         self.phases.contains(phase)
+    }
+
+    /// The request variables this chain's log phase reads; `None`: none.
+    pub fn log_vars(&self) -> Option<&VarNames> {
+        self.log_vars.as_ref()
     }
 
     /// Plugin names in run order.

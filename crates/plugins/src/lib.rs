@@ -27,8 +27,8 @@ pub mod template;
 
 pub use chain::{CompileEnv, GlobalChains, GlobalRules, PluginChain, PluginSource, Verdicts};
 pub use plugin::{
-    Exit, Flow, LogCtx, Owner, Phases, Plugin, PluginCtx, RequestGuards, ResponseHeaders,
-    ResponseSource, RouteInfo, Step,
+    union_var_names, Exit, Flow, LogCtx, LogVars, Owner, Phases, Plugin, PluginCtx, RequestGuards,
+    ResponseHeaders, ResponseSource, RouteInfo, Step, VarNames,
 };
 pub use registry::{PluginInfo, PluginRegistry, SchemaType};
 pub use runtime::{configure, runtime, PluginSettings};

@@ -13,6 +13,7 @@ use std::fmt;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -332,6 +333,70 @@ impl ResponseSource {
     }
 }
 
+/// Names of the request variables a plugin reads in its log phase.
+pub type VarNames = Arc<[Box<str>]>;
+
+/// Both lists of names, without repeats; shared when one is absent or both are the same list
+/// (the usual case: every prometheus instance asks for the same one).
+pub fn union_var_names(a: Option<&VarNames>, b: Option<&VarNames>) -> Option<VarNames> {
+    match (a, b) {
+        (None, None) => None,
+        (Some(x), None) | (None, Some(x)) => Some(x.clone()),
+        (Some(x), Some(y)) if Arc::ptr_eq(x, y) || x == y => Some(x.clone()),
+        (Some(x), Some(y)) => {
+            let mut names: Vec<Box<str>> = x.to_vec();
+            for n in y.iter() {
+                if !names.contains(n) {
+                    names.push(n.clone());
+                }
+            }
+            Some(names.into())
+        }
+    }
+}
+
+/// Request variables kept for the log phase: only those some plugin of the request's chains
+/// asked for ([`Plugin::log_vars`]). Empty, which allocates nothing, when none did.
+#[derive(Clone, Debug, Default)]
+pub struct LogVars {
+    names: Option<VarNames>,
+    values: Vec<Option<String>>,
+}
+
+impl LogVars {
+    /// Reads `names` from `src` now (an unknown or unset variable is `None`).
+    pub fn capture(names: VarNames, src: &dyn VarSource) -> LogVars {
+        let values = names
+            .iter()
+            .map(|n| src.var(n).map(Cow::into_owned))
+            .collect();
+        LogVars {
+            names: Some(names),
+            values,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names.is_none()
+    }
+
+    /// Sets a variable that is known only later (`upstream_addr` once the upstream was tried);
+    /// `value` is called only when the variable is wanted.
+    pub fn set(&mut self, name: &str, value: impl FnOnce() -> Option<String>) {
+        if let Some(i) = self.position(name) {
+            self.values[i] = value();
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.values.get(self.position(name)?)?.as_deref()
+    }
+
+    fn position(&self, name: &str) -> Option<usize> {
+        self.names.as_ref()?.iter().position(|n| &**n == name)
+    }
+}
+
 /// The finished request, as the log phase sees it.
 #[derive(Clone, Debug, Default)]
 pub struct LogCtx {
@@ -351,6 +416,24 @@ pub struct LogCtx {
     /// `$upstream_response_time`, when an upstream was tried.
     pub upstream_time: Option<Duration>,
     pub response_source: ResponseSource,
+    /// The variables the chains' plugins asked for ([`Plugin::log_vars`]).
+    pub vars: LogVars,
+}
+
+impl VarSource for LogCtx {
+    /// nginx's variables that are final only now, formatted as nginx does, then the captured
+    /// ones; anything else is unset (`None`), as an unknown `ctx.var` is nil in APISIX.
+    fn var(&self, name: &str) -> Option<Cow<'_, str>> {
+        Some(Cow::Owned(match name {
+            "status" => self.status.to_string(),
+            "request_time" => format!("{:.3}", self.request_time.as_secs_f64()),
+            "upstream_response_time" => format!("{:.3}", self.upstream_time?.as_secs_f64()),
+            "request_length" => self.request_length.to_string(),
+            "bytes_sent" => self.bytes_sent.to_string(),
+            "balancer_ip" => self.node?.to_string(),
+            _ => return self.vars.get(name).map(Cow::Borrowed),
+        }))
+    }
 }
 
 /// One plugin configuration compiled for one route. Every method has a no-op default; a plugin
@@ -359,6 +442,12 @@ pub trait Plugin: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 
     fn phases(&self) -> Phases;
+
+    /// The request variables `log` reads ([`LogCtx`]'s `VarSource`), fixed at compile time, so
+    /// the proxy keeps just those; `None` (the default): none.
+    fn log_vars(&self) -> Option<&VarNames> {
+        None
+    }
 
     fn rewrite<'a>(&'a self, _ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
         Step::CONTINUE
@@ -399,6 +488,49 @@ mod tests {
     fn error_msg_body_keeps_slashes() {
         let e = Exit::error_msg(StatusCode::TOO_MANY_REQUESTS, "a/b \"q\"");
         assert_eq!(e.body.unwrap(), "{\"error_msg\":\"a/b \\\"q\\\"\"}\n");
+    }
+
+    #[test]
+    fn log_vars_capture_only_what_is_asked() {
+        struct Src;
+        impl VarSource for Src {
+            fn var(&self, name: &str) -> Option<Cow<'_, str>> {
+                (name != "unset").then(|| Cow::Owned(format!("<{name}>")))
+            }
+        }
+        let names: VarNames = vec!["host".into(), "unset".into(), "upstream_addr".into()].into();
+        let mut vars = LogVars::capture(names.clone(), &Src);
+        assert_eq!(vars.get("host"), Some("<host>"));
+        assert_eq!(vars.get("unset"), None);
+        assert_eq!(vars.get("other"), None);
+        vars.set("upstream_addr", || Some("127.0.0.1:1980".into()));
+        vars.set("not_wanted", || panic!("not read"));
+        let ctx = LogCtx {
+            status: 502,
+            node: Some("10.0.0.1".parse().unwrap()),
+            request_time: Duration::from_micros(1500),
+            vars,
+            ..Default::default()
+        };
+        assert_eq!(ctx.var("upstream_addr").as_deref(), Some("127.0.0.1:1980"));
+        assert_eq!(ctx.var("host").as_deref(), Some("<host>"));
+        assert_eq!(ctx.var("status").as_deref(), Some("502"));
+        assert_eq!(ctx.var("request_time").as_deref(), Some("0.002"));
+        assert_eq!(ctx.var("balancer_ip").as_deref(), Some("10.0.0.1"));
+        assert_eq!(ctx.var("upstream_response_time"), None);
+        assert!(LogVars::default().is_empty());
+        assert_eq!(LogCtx::default().var("host"), None);
+
+        // Unions share the list when they can.
+        let other: VarNames = vec!["host".into(), "arg_a".into()].into();
+        let same = union_var_names(Some(&names), Some(&names.clone())).unwrap();
+        assert!(Arc::ptr_eq(&same, &names));
+        assert!(union_var_names(None, None).is_none());
+        let both = union_var_names(Some(&names), Some(&other)).unwrap();
+        assert_eq!(
+            both.iter().map(|n| &**n).collect::<Vec<_>>(),
+            ["host", "unset", "upstream_addr", "arg_a"]
+        );
     }
 
     #[test]

@@ -6,23 +6,32 @@
 //! recording a request touches only atomics. Groups are shared through [`Metrics`] by label
 //! pair, so counts survive recompiles; a group no instance references any more (its route was
 //! deleted) is dropped at the next sweep and its series disappear from the output.
+//!
+//! `plugin_attr.prometheus.metrics.<name>.extra_labels` add labels whose values are request
+//! variables read at log time (the plugin asks the proxy for just those variables through
+//! [`Plugin::log_vars`]); `.expire` drops series not updated for that many seconds. Both cost
+//! nothing when they are not configured.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwapOption;
-use ferrisix_config::settings::PrometheusAttr;
+use ferrisix_config::settings::{MetricAttr, PrometheusAttr};
+use ferrisix_router::VarSource;
 use serde_json::Value;
 
-use crate::plugin::{LogCtx, Phases, Plugin, ResponseSource, RouteInfo};
+use crate::plugin::{LogCtx, Phases, Plugin, ResponseSource, RouteInfo, VarNames};
 
 pub mod node;
 pub mod series;
 pub mod server;
 
 use node::{conn_stats, NodeSource};
-use series::{Direction, GroupValues, LatencyType, SeriesGroup, StatusLabels};
+use series::{
+    now_ms, push_extra_value, Direction, Expire, ExtraKey, GroupValues, LatencyType, SeriesGroup,
+    StatusLabels,
+};
 
 pub const NAME: &str = "prometheus";
 
@@ -45,6 +54,69 @@ pub struct Metrics {
     hostname: String,
     /// `plugin_metadata/prometheus` `disabled_labels`.
     disabled: ArcSwapOption<DisabledLabels>,
+    /// `plugin_attr.prometheus.metrics.<name>.extra_labels`.
+    extra_status: ExtraLabels,
+    extra_latency: ExtraLabels,
+    extra_bandwidth: ExtraLabels,
+    /// Every variable the extra labels read; `None` without extra labels.
+    log_vars: Option<VarNames>,
+    /// `plugin_attr.prometheus.metrics.<name>.expire`.
+    expire: Expire,
+    /// One render at a time: expiring series is then the work of one thread (see
+    /// [`series`]), and concurrent scrapes are rare.
+    render_lock: Mutex<()>,
+}
+
+/// The extra labels of one metric, in their configured order.
+#[derive(Clone, Debug, Default)]
+struct ExtraLabels {
+    names: Vec<String>,
+    /// The variable each label reads (APISIX's `v:sub(2)` of the configured value).
+    vars: Vec<String>,
+}
+
+impl ExtraLabels {
+    fn new(attr: &MetricAttr) -> ExtraLabels {
+        ExtraLabels {
+            names: attr.extra_labels.iter().map(|l| l.name.clone()).collect(),
+            vars: attr
+                .extra_labels
+                .iter()
+                .map(|l| l.variable().to_owned())
+                .collect(),
+        }
+    }
+
+    /// The request's values packed into a series key; `None` without extra labels. An unset
+    /// variable gives `""` (APISIX: `ctx.var[name]` is nil).
+    fn key(&self, ctx: &LogCtx) -> Option<ExtraKey> {
+        if self.vars.is_empty() {
+            return None;
+        }
+        let mut key = ExtraKey::new();
+        for var in &self.vars {
+            push_extra_value(&mut key, ctx.var(var).as_deref().unwrap_or(""));
+        }
+        Some(key)
+    }
+
+    /// `(name, value)` pairs for one tuple of values.
+    fn pairs<'a>(&'a self, values: &'a [String]) -> Vec<(&'a str, &'a str)> {
+        self.names
+            .iter()
+            .zip(values)
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect()
+    }
+}
+
+/// Seconds of `expire` in milliseconds; a positive value never rounds to "never".
+fn expire_ms(secs: f64) -> u64 {
+    if secs > 0.0 {
+        ((secs * 1000.0).round() as u64).max(1)
+    } else {
+        0
+    }
 }
 
 /// Labels emitted as `""` per metric (3.18's `disabled_labels` plugin metadata).
@@ -145,13 +217,15 @@ fn escape_label(v: &str, out: &mut String) {
     }
 }
 
-/// `name{a="x",b="y"}` from label pairs.
-fn series_key(name: &str, labels: &[(&str, &str)]) -> String {
-    let mut s = String::with_capacity(name.len() + 16 * labels.len());
+/// `name{a="x",b="y"}` from label pairs, given in parts (built-in labels, extra labels,
+/// `le`) that are written one after the other.
+fn series_key(name: &str, parts: &[&[(&str, &str)]]) -> String {
+    let count: usize = parts.iter().map(|p| p.len()).sum();
+    let mut s = String::with_capacity(name.len() + 16 * count);
     s.push_str(name);
-    if !labels.is_empty() {
+    if count > 0 {
         s.push('{');
-        for (i, (k, v)) in labels.iter().enumerate() {
+        for (i, (k, v)) in parts.iter().flat_map(|p| p.iter()).enumerate() {
             if i > 0 {
                 s.push(',');
             }
@@ -235,6 +309,21 @@ impl Metrics {
             .clone()
             .unwrap_or_else(|| DEFAULT_BUCKETS.to_vec());
         let (width, precision) = bucket_format(&buckets);
+        let m = &attr.metrics;
+        let (extra_status, extra_latency, extra_bandwidth) = (
+            ExtraLabels::new(&m.http_status),
+            ExtraLabels::new(&m.http_latency),
+            ExtraLabels::new(&m.bandwidth),
+        );
+        let mut vars: Vec<Box<str>> = Vec::new();
+        for var in [&extra_status, &extra_latency, &extra_bandwidth]
+            .iter()
+            .flat_map(|e| e.vars.iter())
+        {
+            if !vars.iter().any(|v| **v == **var) {
+                vars.push(var.as_str().into());
+            }
+        }
         Metrics {
             prefix: attr.metric_prefix.clone(),
             export_uri: attr.export_uri.clone(),
@@ -248,6 +337,16 @@ impl Metrics {
             node_source: ArcSwapOption::empty(),
             hostname: node::hostname(),
             disabled: ArcSwapOption::empty(),
+            log_vars: (!vars.is_empty()).then(|| VarNames::from(vars)),
+            extra_status,
+            extra_latency,
+            extra_bandwidth,
+            expire: Expire {
+                status: expire_ms(m.http_status.expire),
+                latency: expire_ms(m.http_latency.expire),
+                bandwidth: expire_ms(m.bandwidth.expire),
+            },
+            render_lock: Mutex::new(()),
         }
     }
 
@@ -282,6 +381,7 @@ impl Metrics {
                     route.to_owned(),
                     service.to_owned(),
                     self.buckets.len(),
+                    self.expire,
                 ))
             })
             .clone()
@@ -302,16 +402,21 @@ impl Metrics {
             .unwrap_or(self.buckets.len())
     }
 
+    /// The lines of the series in `v`, part of the group `g` read as `root`; `extra`: the
+    /// extra-label pairs of `v`'s series per metric (empty for the group's own series, see
+    /// [`GroupValues::extra`]).
     fn group_lines(
         &self,
         g: &SeriesGroup,
+        root: &GroupValues,
         v: &GroupValues,
         disabled: Option<&DisabledLabels>,
+        extra: [&[(&str, &str)]; 3],
         out: &mut Vec<(String, String)>,
     ) {
         let (route, service) = (g.route.as_str(), g.service.as_str());
-        let label =
-            |table: &Vec<String>, id: u16| table.get(id as usize).cloned().unwrap_or_default();
+        let [extra_status, extra_latency, extra_bandwidth] = extra;
+        let label = |table: &[String], id: u16| table.get(id as usize).cloned().unwrap_or_default();
         for (l, n) in &v.status {
             let code = l.code.to_string();
             let source = match l.source {
@@ -320,8 +425,8 @@ impl Metrics {
                 _ => ResponseSource::Apisix,
             };
             let (uri, host, node) = (
-                label(&v.uris, l.uri),
-                label(&v.hosts, l.host),
+                label(&root.uris, l.uri),
+                label(&root.hosts, l.host),
                 node_text(l.node),
             );
             let mut labels: [(&str, &str); 11] = [
@@ -337,8 +442,12 @@ impl Metrics {
                 ("llm_model", ""),
                 ("response_source", source.as_str()),
             ];
+            // APISIX blanks only built-in labels; extra labels are kept.
             blank(&mut labels, disabled.map(|d| d.http_status.as_slice()));
-            out.push((series_key("http_status", &labels), n.to_string()));
+            out.push((
+                series_key("http_status", &[&labels, extra_status]),
+                n.to_string(),
+            ));
         }
         for ((kind, node), h) in &v.latency {
             let node = node_text(*node);
@@ -354,26 +463,31 @@ impl Metrics {
             ];
             blank(&mut labels, disabled.map(|d| d.http_latency.as_slice()));
             let mut cumulative = 0;
-            let mut with_le: Vec<(&str, &str)> = labels.to_vec();
-            with_le.push(("le", ""));
             for (i, le) in self.le_sort.iter().enumerate() {
                 cumulative += h.counts.get(i).copied().unwrap_or(0);
-                with_le[8] = ("le", le.as_str());
                 out.push((
-                    series_key("http_latency_bucket", &with_le),
+                    series_key(
+                        "http_latency_bucket",
+                        &[&labels, extra_latency, &[("le", le.as_str())]],
+                    ),
                     cumulative.to_string(),
                 ));
             }
             let total: u64 = h.counts.iter().sum();
             // "Inf" sorts after the zero-padded numbers; it is printed as "+Inf".
-            with_le[8] = ("le", "Inf");
             out.push((
-                series_key("http_latency_bucket", &with_le),
+                series_key(
+                    "http_latency_bucket",
+                    &[&labels, extra_latency, &[("le", "Inf")]],
+                ),
                 total.to_string(),
             ));
-            out.push((series_key("http_latency_count", &labels), total.to_string()));
             out.push((
-                series_key("http_latency_sum", &labels),
+                series_key("http_latency_count", &[&labels, extra_latency]),
+                total.to_string(),
+            ));
+            out.push((
+                series_key("http_latency_sum", &[&labels, extra_latency]),
                 lua_number(h.sum_micros as f64 / 1000.0),
             ));
         }
@@ -390,13 +504,31 @@ impl Metrics {
                 ("llm_model", ""),
             ];
             blank(&mut labels, disabled.map(|d| d.bandwidth.as_slice()));
-            out.push((series_key("bandwidth", &labels), n.to_string()));
+            out.push((
+                series_key("bandwidth", &[&labels, extra_bandwidth]),
+                n.to_string(),
+            ));
+        }
+        for (values, child) in &v.extra {
+            // Each child holds one metric's series; the pairs of the others go unused.
+            let (s, l, b) = (
+                self.extra_status.pairs(values),
+                self.extra_latency.pairs(values),
+                self.extra_bandwidth.pairs(values),
+            );
+            self.group_lines(g, root, child, disabled, [&s, &l, &b], out);
         }
     }
 
     /// The exposition text: every sample sorted by its key, each family preceded by its
     /// `# HELP` and `# TYPE` lines (nginx-lua-prometheus' `metric_data`).
     pub fn render(&self) -> String {
+        self.render_at(now_ms())
+    }
+
+    /// [`Metrics::render`] at `now` ([`series::now_ms`]), which decides what expired.
+    fn render_at(&self, now: u64) -> String {
+        let _one_at_a_time = self.render_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.sweep();
         let groups: Vec<Arc<SeriesGroup>> = self
             .groups
@@ -408,8 +540,8 @@ impl Metrics {
         let mut lines: Vec<(String, String)> = Vec::new();
         let disabled = self.disabled.load_full();
         for g in &groups {
-            let v = g.read();
-            self.group_lines(g, &v, disabled.as_deref(), &mut lines);
+            let v = g.read(now);
+            self.group_lines(g, &v, &v, disabled.as_deref(), [&[], &[], &[]], &mut lines);
         }
 
         let c = conn_stats().read();
@@ -422,7 +554,7 @@ impl Metrics {
             ("waiting", c.waiting),
         ] {
             lines.push((
-                series_key("nginx_http_current_connections", &[("state", state)]),
+                series_key("nginx_http_current_connections", &[&[("state", state)]]),
                 n.to_string(),
             ));
         }
@@ -439,7 +571,7 @@ impl Metrics {
         if let Some(s) = &source {
             for (key, idx) in s.modify_indexes() {
                 lines.push((
-                    series_key("etcd_modify_indexes", &[("key", &key)]),
+                    series_key("etcd_modify_indexes", &[&[("key", &key)]]),
                     idx.to_string(),
                 ));
             }
@@ -447,10 +579,10 @@ impl Metrics {
         lines.push((
             series_key(
                 "node_info",
-                &[
+                &[&[
                     ("hostname", &self.hostname),
                     ("version", env!("CARGO_PKG_VERSION")),
-                ],
+                ]],
             ),
             "1".into(),
         ));
@@ -560,6 +692,83 @@ impl Prometheus {
     }
 }
 
+impl Prometheus {
+    /// Records one request; `now`: [`series::now_ms`] when a metric expires.
+    fn record(&self, ctx: &LogCtx, now: u64) {
+        let m = self.metrics;
+        let pick =
+            |ids: &[u16], i: Option<u16>| i.and_then(|i| ids.get(i as usize)).copied().unwrap_or(0);
+        let source = match ctx.response_source {
+            ResponseSource::Upstream => 0,
+            ResponseSource::Nginx => 1,
+            ResponseSource::Apisix => 2,
+        };
+        let g = &self.group;
+        let status_key = m.extra_status.key(ctx);
+        g.count_status(
+            StatusLabels {
+                code: ctx.status,
+                source,
+                uri: pick(&self.uri_ids, ctx.matched_uri),
+                host: pick(&self.host_ids, ctx.matched_host),
+                node: ctx.node,
+            },
+            status_key.as_deref(),
+            now,
+        );
+        let latency_key = m.extra_latency.key(ctx);
+        let latency_key = latency_key.as_deref();
+        let request = ctx.request_time.as_micros() as u64;
+        g.observe_latency(
+            LatencyType::Request,
+            ctx.node,
+            m.bucket(request),
+            request,
+            latency_key,
+            now,
+        );
+        let apisix = match ctx.upstream_time {
+            Some(up) => {
+                let up = up.as_micros() as u64;
+                g.observe_latency(
+                    LatencyType::Upstream,
+                    ctx.node,
+                    m.bucket(up),
+                    up,
+                    latency_key,
+                    now,
+                );
+                request.saturating_sub(up)
+            }
+            None => request,
+        };
+        g.observe_latency(
+            LatencyType::Apisix,
+            ctx.node,
+            m.bucket(apisix),
+            apisix,
+            latency_key,
+            now,
+        );
+        let bandwidth_key = m.extra_bandwidth.key(ctx);
+        let bandwidth_key = bandwidth_key.as_deref();
+        g.add_bandwidth(
+            Direction::Ingress,
+            ctx.node,
+            ctx.request_length,
+            bandwidth_key,
+            now,
+        );
+        g.add_bandwidth(
+            Direction::Egress,
+            ctx.node,
+            ctx.bytes_sent,
+            bandwidth_key,
+            now,
+        );
+    }
+}
+
 impl Plugin for Prometheus {
     fn name(&self) -> &'static str {
         NAME
@@ -569,45 +778,17 @@ impl Plugin for Prometheus {
         Phases::LOG
     }
 
+    fn log_vars(&self) -> Option<&VarNames> {
+        self.metrics.log_vars.as_ref()
+    }
+
     fn log(&self, ctx: &LogCtx) {
-        let pick =
-            |ids: &[u16], i: Option<u16>| i.and_then(|i| ids.get(i as usize)).copied().unwrap_or(0);
-        let source = match ctx.response_source {
-            ResponseSource::Upstream => 0,
-            ResponseSource::Nginx => 1,
-            ResponseSource::Apisix => 2,
+        let now = if self.metrics.expire.any() {
+            now_ms()
+        } else {
+            0
         };
-        let g = &self.group;
-        g.count_status(StatusLabels {
-            code: ctx.status,
-            source,
-            uri: pick(&self.uri_ids, ctx.matched_uri),
-            host: pick(&self.host_ids, ctx.matched_host),
-            node: ctx.node,
-        });
-        let request = ctx.request_time.as_micros() as u64;
-        g.observe_latency(
-            LatencyType::Request,
-            ctx.node,
-            self.metrics.bucket(request),
-            request,
-        );
-        let apisix = match ctx.upstream_time {
-            Some(up) => {
-                let up = up.as_micros() as u64;
-                g.observe_latency(LatencyType::Upstream, ctx.node, self.metrics.bucket(up), up);
-                request.saturating_sub(up)
-            }
-            None => request,
-        };
-        g.observe_latency(
-            LatencyType::Apisix,
-            ctx.node,
-            self.metrics.bucket(apisix),
-            apisix,
-        );
-        g.add_bandwidth(Direction::Ingress, ctx.node, ctx.request_length);
-        g.add_bandwidth(Direction::Egress, ctx.node, ctx.bytes_sent);
+        self.record(ctx, now);
     }
 }
 
@@ -621,6 +802,183 @@ mod tests {
 
     fn metrics() -> &'static Metrics {
         Box::leak(Box::new(Metrics::new(&PrometheusAttr::default())))
+    }
+
+    fn metrics_with(yaml: &str) -> &'static Metrics {
+        let (settings, _) = ferrisix_config::settings::Settings::from_yaml_str(yaml).unwrap();
+        Box::leak(Box::new(Metrics::new(&settings.plugin_attr.prometheus)))
+    }
+
+    /// Variables as the proxy would capture them.
+    struct Vars(&'static [(&'static str, &'static str)]);
+
+    impl VarSource for Vars {
+        fn var(&self, name: &str) -> Option<std::borrow::Cow<'_, str>> {
+            self.0
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| std::borrow::Cow::Borrowed(*v))
+        }
+    }
+
+    fn proxied(p: &Prometheus, vars: Vars) -> LogCtx {
+        LogCtx {
+            status: 200,
+            matched_uri: Some(0),
+            node: Some("127.0.0.1".parse().unwrap()),
+            request_length: 80,
+            bytes_sent: 612,
+            request_time: Duration::from_micros(3500),
+            upstream_time: Some(Duration::from_micros(3000)),
+            response_source: ResponseSource::Upstream,
+            vars: p
+                .log_vars()
+                .map(|n| crate::plugin::LogVars::capture(n.clone(), &vars))
+                .unwrap_or_default(),
+            ..Default::default()
+        }
+    }
+
+    /// The label names of a sample line, in order.
+    fn label_names(line: &str) -> Vec<&str> {
+        let inner = &line[line.find('{').unwrap() + 1..line.rfind('}').unwrap()];
+        inner
+            .split("\",")
+            .map(|pair| pair.split('=').next().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn extra_labels_follow_the_built_in_ones() {
+        let m = metrics_with(
+            r#"
+plugin_attr:
+  prometheus:
+    metrics:
+      http_status:
+        extra_labels:
+          - upstream_addr: $upstream_addr
+          - upstream_status: $upstream_status
+      http_latency:
+        extra_labels:
+          - upstream_addr: $upstream_addr
+"#,
+        );
+        let route = RouteInfo {
+            id: "x".into(),
+            uris: vec!["/x".into()],
+            ..Default::default()
+        };
+        let p = Prometheus::compile(&json!({}), Some(&route), m);
+        assert_eq!(
+            p.log_vars()
+                .unwrap()
+                .iter()
+                .map(|n| &**n)
+                .collect::<Vec<_>>(),
+            ["upstream_addr", "upstream_status"]
+        );
+        let up = Vars(&[
+            ("upstream_addr", "127.0.0.1:1980"),
+            ("upstream_status", "200"),
+        ]);
+        p.log(&proxied(&p, up));
+        p.log(&proxied(
+            &p,
+            Vars(&[
+                ("upstream_addr", "127.0.0.1:1980"),
+                ("upstream_status", "200"),
+            ]),
+        ));
+        // Unset variables are "".
+        p.log(&proxied(&p, Vars(&[])));
+        let text = m.render();
+        let status = "apisix_http_status{code=\"200\",route=\"x\",matched_uri=\"/x\",matched_host=\"\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\",response_source=\"upstream\",upstream_addr=\"127.0.0.1:1980\",upstream_status=\"200\"} 2\n";
+        assert!(text.contains(status), "{text}");
+        assert!(
+            text.contains(
+                ",response_source=\"upstream\",upstream_addr=\"\",upstream_status=\"\"} 1\n"
+            ),
+            "{text}"
+        );
+        let mut names = ferrisix_config::settings::HTTP_STATUS_LABELS.to_vec();
+        names.extend(["upstream_addr", "upstream_status"]);
+        assert_eq!(label_names(status.trim_end()), names);
+        // `le` comes after the extra labels.
+        assert!(text.contains("apisix_http_latency_bucket{type=\"request\",route=\"x\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\",upstream_addr=\"127.0.0.1:1980\",le=\"5\"} 2\n"), "{text}");
+        assert!(text.contains("apisix_http_latency_bucket{type=\"request\",route=\"x\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\",upstream_addr=\"127.0.0.1:1980\",le=\"+Inf\"} 2\n"), "{text}");
+        assert!(text.contains("apisix_http_latency_count{type=\"upstream\",route=\"x\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\",upstream_addr=\"\"} 1\n"), "{text}");
+        // Bandwidth has none configured.
+        assert!(text.contains("apisix_bandwidth{type=\"egress\",route=\"x\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\"} 1836\n"), "{text}");
+        // disabled_labels blanks built-in labels only, and sums what then shares a key.
+        m.set_metadata(Some(
+            &json!({"disabled_labels": {"http_status": ["node", "code"]}}),
+        ));
+        let text = m.render();
+        assert!(text.contains("apisix_http_status{code=\"\",route=\"x\",matched_uri=\"/x\",matched_host=\"\",service=\"\",consumer=\"\",node=\"\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\",response_source=\"upstream\",upstream_addr=\"127.0.0.1:1980\",upstream_status=\"200\"} 2\n"), "{text}");
+        drop(p);
+        assert!(!m.render().contains("apisix_http_status{"));
+    }
+
+    #[test]
+    fn without_extra_labels_nothing_is_captured() {
+        let m = metrics();
+        let p = Prometheus::compile(&json!({}), None, m);
+        assert!(p.log_vars().is_none());
+        assert!(m.extra_status.key(&LogCtx::default()).is_none());
+        assert!(!m.expire.any());
+    }
+
+    #[test]
+    fn series_expire_when_not_updated() {
+        let m = metrics_with(
+            "plugin_attr:\n  prometheus:\n    metrics:\n      http_status:\n        expire: 1\n      bandwidth:\n        expire: 0.5\n",
+        );
+        assert_eq!(
+            m.expire,
+            Expire {
+                status: 1000,
+                latency: 0,
+                bandwidth: 500
+            }
+        );
+        let route = RouteInfo {
+            id: "e".into(),
+            uris: vec!["/e".into()],
+            ..Default::default()
+        };
+        let p = Prometheus::compile(&json!({}), Some(&route), m);
+        let ctx = proxied(&p, Vars(&[]));
+        p.record(&ctx, 10_000);
+        p.record(&ctx, 10_000);
+        let status = "apisix_http_status{code=\"200\",route=\"e\",";
+        let count = |text: &str, prefix: &str| {
+            text.lines()
+                .find(|l| l.starts_with(prefix))
+                .map(|l| l.rsplit(' ').next().unwrap().to_owned())
+        };
+        let text = m.render_at(10_499);
+        assert_eq!(count(&text, status).as_deref(), Some("2"));
+        assert!(text.contains("apisix_bandwidth{type=\"egress\",route=\"e\""));
+        let text = m.render_at(10_500);
+        assert_eq!(count(&text, status).as_deref(), Some("2"));
+        assert!(!text.contains("apisix_bandwidth{"), "{text}");
+        let text = m.render_at(11_000);
+        assert_eq!(count(&text, status), None, "{text}");
+        // http_latency has no expire.
+        assert!(text.contains("apisix_http_latency_count{type=\"request\",route=\"e\""));
+        // Updated again: back, counted from 0.
+        p.record(&ctx, 12_000);
+        let text = m.render_at(12_000);
+        assert_eq!(count(&text, status).as_deref(), Some("1"));
+        assert_eq!(
+            count(
+                &text,
+                "apisix_http_latency_count{type=\"request\",route=\"e\""
+            )
+            .as_deref(),
+            Some("3")
+        );
     }
 
     #[test]

@@ -374,6 +374,7 @@ impl Gateway {
                 &vars,
             )
             .await;
+            trace.detailed = run.wants_upstream_detail();
             *plugins = Some(run);
             if let Some(exit) = exit {
                 return phases::exit_response(exit, server);
@@ -525,6 +526,9 @@ impl Gateway {
                 r.upstream_addrs.push(addr);
             }
             trace.addr = Some(addr);
+            if trace.detailed {
+                trace.addrs.push(addr);
+            }
             let more_tries_left = tried.len() < upstream.max_tries;
             let mut req_headers = match headers.take() {
                 Some(h) => h,
@@ -593,6 +597,9 @@ impl Gateway {
                     if let Some(r) = record.as_deref_mut() {
                         r.upstream_statuses = statuses.clone();
                     }
+                    if trace.detailed {
+                        trace.statuses = statuses.clone();
+                    }
                     if status == StatusCode::SWITCHING_PROTOCOLS {
                         if let Some(client_upgrade) = upgrade {
                             let upstream_upgrade = hyper::upgrade::on(&mut resp);
@@ -630,6 +637,9 @@ impl Gateway {
         }
         if let Some(r) = record {
             r.upstream_statuses = statuses.clone();
+        }
+        if trace.detailed {
+            trace.statuses = statuses.clone();
         }
         let status = if statuses.is_empty() || balancer_refused {
             StatusCode::BAD_GATEWAY

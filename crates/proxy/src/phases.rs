@@ -10,12 +10,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ferrisix_plugins::{
-    Exit, Flow, LogCtx, PluginChain, PluginCtx, RequestGuards, ResponseHeaders, ResponseSource,
-    Verdicts,
+    union_var_names, Exit, Flow, LogCtx, LogVars, PluginChain, PluginCtx, RequestGuards,
+    ResponseHeaders, ResponseSource, VarNames, Verdicts,
 };
 use ferrisix_router::VarSource;
 use http::request::Parts;
 use http::{HeaderValue, Response};
+use smallvec::SmallVec;
 
 use crate::body::ResponseBody;
 use crate::responses;
@@ -37,10 +38,13 @@ pub struct PluginRun {
     /// `_meta.filter` verdicts for the phases after the response head.
     global_verdicts: Verdicts,
     route_verdicts: Verdicts,
+    /// The request variables the log phase asked for, read while the request was at hand;
+    /// empty (no allocation) when no plugin asked.
+    log_vars: LogVars,
 }
 
 /// What the proxy did upstream, for the log phase.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct UpstreamTrace {
     /// The last node tried.
     pub addr: Option<SocketAddr>,
@@ -48,6 +52,39 @@ pub struct UpstreamTrace {
     pub start: Option<Instant>,
     /// An upstream sent a response head.
     pub responded: bool,
+    /// Keep every try's address and status (`$upstream_addr`, `$upstream_status`): set only
+    /// when a log-phase plugin reads variables.
+    pub detailed: bool,
+    pub addrs: SmallVec<[SocketAddr; 2]>,
+    pub statuses: SmallVec<[u16; 2]>,
+}
+
+/// nginx's list of tries, `a, b`; `None` (unset) without any.
+fn tries<T: std::fmt::Display>(items: &[T]) -> Option<String> {
+    if items.is_empty() {
+        return None;
+    }
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            s.push_str(", ");
+        }
+        let _ = write!(s, "{item}");
+    }
+    Some(s)
+}
+
+/// Reads the variables the chains' log phases want, if any.
+fn capture_vars(
+    global: Option<&VarNames>,
+    route: Option<&VarNames>,
+    ctx: &PluginCtx<'_>,
+) -> LogVars {
+    match union_var_names(global, route) {
+        Some(names) => LogVars::capture(names, ctx),
+        None => LogVars::default(),
+    }
 }
 
 /// The answer for a plugin's exit.
@@ -95,6 +132,7 @@ pub async fn unmatched(
     let mut ctx = PluginCtx::new(&parts.method, path, &parts.headers, remote_addr, vars);
     let flow = run_request_phases(&global, None, &mut ctx).await;
     let run = PluginRun {
+        log_vars: capture_vars(global.log_vars(), None, &ctx),
         global_verdicts: global.verdicts(&ctx),
         route_verdicts: Verdicts::ALL,
         global,
@@ -141,6 +179,11 @@ pub async fn matched(
         }
     }
     let run = PluginRun {
+        log_vars: capture_vars(
+            route.global_chain.log_vars(),
+            route.chain.log_vars().filter(|_| route.plugins_run),
+            &ctx,
+        ),
         global_verdicts: route.global_chain.verdicts(&ctx),
         route_verdicts: route.chain.verdicts(&ctx),
         global: route.global_chain.clone(),
@@ -200,6 +243,11 @@ fn head_length<B: http_body::Body>(resp: &Response<B>) -> u64 {
 }
 
 impl PluginRun {
+    /// Whether the log phase reads variables, so the proxy should keep every upstream try.
+    pub fn wants_upstream_detail(&self) -> bool {
+        !self.log_vars.is_empty()
+    }
+
     /// Applies what the plugins set on the response, runs `header_filter`, and hands the log
     /// phase to the response body, which runs it when the response is over.
     pub fn finish(
@@ -225,6 +273,11 @@ impl PluginRun {
             return;
         }
         let proxied = trace.start.is_some() && !self.own_answer;
+        let mut vars = std::mem::take(&mut self.log_vars);
+        if !vars.is_empty() {
+            vars.set("upstream_addr", || tries(&trace.addrs));
+            vars.set("upstream_status", || tries(&trace.statuses));
+        }
         let ctx = LogCtx {
             status: status.as_u16(),
             matched_uri: self.matched_uri,
@@ -245,6 +298,7 @@ impl PluginRun {
             } else {
                 ResponseSource::Nginx
             },
+            vars,
         };
         resp.body_mut().set_plugin_log(Box::new(PendingLog {
             global: self.global,
@@ -299,5 +353,16 @@ mod tests {
         let (parts, _) = req.into_parts();
         // "POST /a?b=1 HTTP/1.1\r\n" + "host: x\r\n" + "content-length: 5\r\n" + "\r\n" + 5
         assert_eq!(request_length(&parts), 22 + 9 + 19 + 2 + 5);
+    }
+
+    #[test]
+    fn tries_are_listed_as_nginx_does() {
+        let addrs: [SocketAddr; 2] = [
+            "127.0.0.1:1980".parse().unwrap(),
+            "[::1]:81".parse().unwrap(),
+        ];
+        assert_eq!(tries(&addrs).as_deref(), Some("127.0.0.1:1980, [::1]:81"));
+        assert_eq!(tries(&[502u16, 200]).as_deref(), Some("502, 200"));
+        assert_eq!(tries::<u16>(&[]), None);
     }
 }

@@ -14,7 +14,7 @@ use ipnet::IpNet;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Unexpected, Visitor};
 use serde::Deserialize;
 
-use super::{ListenAddr, RealIpFrom, WorkerProcesses};
+use super::{ExtraLabel, ListenAddr, RealIpFrom, WorkerProcesses};
 
 /// APISIX's port for a `node_listen` map entry without `port`.
 const DEFAULT_NODE_PORT: u16 = 9080;
@@ -344,6 +344,154 @@ pub(crate) fn opt_stringish<'de, D: Deserializer<'de>>(d: D) -> Result<Option<St
         }
     }
     Ok(Option::<Wrap>::deserialize(d)?.map(|w| w.0))
+}
+
+/// `metrics.<name>.expire`: seconds, 0 or more (nginx's shared dict refuses a negative
+/// expiry); fractions allowed (the dict keeps milliseconds); `~` is 0, as APISIX reads an
+/// absent value.
+pub(crate) fn expire<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    struct V;
+    impl Visitor<'_> for V {
+        type Value = f64;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a number of seconds, 0 or more (0 = never)")
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<f64, E> {
+            Ok(v as f64)
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<f64, E> {
+            if v < 0 {
+                return Err(E::invalid_value(Unexpected::Signed(v), &self));
+            }
+            Ok(v as f64)
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<f64, E> {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err(E::invalid_value(Unexpected::Float(v), &self));
+            }
+            Ok(v)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<f64, E> {
+            Ok(0.0)
+        }
+        fn visit_none<E: de::Error>(self) -> Result<f64, E> {
+            Ok(0.0)
+        }
+    }
+    d.deserialize_any(V)
+}
+
+/// Any YAML value, kept only as far as an error message needs it. Reading a value this way
+/// never fails, so a bad `extra_labels` entry is reported once, at the entry's own path.
+enum Raw {
+    Str(String),
+    Bool(bool),
+    Signed(i64),
+    Unsigned(u64),
+    Float(f64),
+    Unit,
+    Seq,
+    Map,
+}
+
+impl Raw {
+    fn unexpected(&self) -> Unexpected<'_> {
+        match self {
+            Raw::Str(s) => Unexpected::Str(s),
+            Raw::Bool(b) => Unexpected::Bool(*b),
+            Raw::Signed(i) => Unexpected::Signed(*i),
+            Raw::Unsigned(u) => Unexpected::Unsigned(*u),
+            Raw::Float(f) => Unexpected::Float(*f),
+            Raw::Unit => Unexpected::Unit,
+            Raw::Seq => Unexpected::Seq,
+            Raw::Map => Unexpected::Map,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Raw {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Raw;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Raw, E> {
+                Ok(Raw::Str(v.to_owned()))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Raw, E> {
+                Ok(Raw::Bool(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Raw, E> {
+                Ok(Raw::Signed(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Raw, E> {
+                Ok(Raw::Unsigned(v))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Raw, E> {
+                Ok(Raw::Float(v))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Raw, E> {
+                Ok(Raw::Unit)
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Raw, E> {
+                Ok(Raw::Unit)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Raw, A::Error> {
+                while seq.next_element::<Raw>()?.is_some() {}
+                Ok(Raw::Seq)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Raw, A::Error> {
+                // Keys as `Raw` too: serde_ignored's key capture refuses `IgnoredAny`.
+                while map.next_entry::<Raw, Raw>()?.is_some() {}
+                Ok(Raw::Map)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// One `extra_labels` entry: a map with exactly one `label: $variable` pair (APISIX takes
+/// `next()` of the map, so a second pair would be an arbitrary pick; ferrisix refuses it).
+impl<'de> Deserialize<'de> for ExtraLabel {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        const EXPECTED: &str = "a string naming an nginx variable, like \"$upstream_addr\"";
+        impl<'de> Visitor<'de> for V {
+            type Value = ExtraLabel;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a single `label: $variable` entry, like {upstream_addr: $upstream_addr}",
+                )
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ExtraLabel, A::Error> {
+                let Some((key, value)) = map.next_entry::<Raw, Raw>()? else {
+                    return Err(de::Error::invalid_length(0, &self));
+                };
+                let mut len = 1;
+                while map.next_entry::<Raw, Raw>()?.is_some() {
+                    len += 1;
+                }
+                if len > 1 {
+                    return Err(de::Error::invalid_length(len, &self));
+                }
+                let name = match key {
+                    Raw::Str(s) => s,
+                    Raw::Signed(i) => i.to_string(),
+                    Raw::Unsigned(u) => u.to_string(),
+                    other => {
+                        return Err(de::Error::invalid_type(other.unexpected(), &"a label name"))
+                    }
+                };
+                match value {
+                    Raw::Str(value) => Ok(ExtraLabel { name, value }),
+                    other => Err(de::Error::invalid_type(other.unexpected(), &EXPECTED)),
+                }
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 /// One IP or CIDR string.

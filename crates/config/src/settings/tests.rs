@@ -505,6 +505,168 @@ plugin_attr:
 }
 
 #[test]
+fn prometheus_metrics_extra_labels_and_expire() {
+    // APISIX's config.yaml.example, uncommented.
+    let s = parse(
+        r#"
+plugin_attr:
+  prometheus:
+    metrics:
+      http_status:
+        expire: 0
+        extra_labels:
+          - upstream_addr: $upstream_addr
+          - status: $upstream_status
+      http_latency:
+        expire: 1.5
+        extra_labels:
+          - upstream_addr: $upstream_addr
+      bandwidth:
+        expire: 60
+"#,
+    );
+    let m = &s.plugin_attr.prometheus.metrics;
+    let label = |name: &str, value: &str| ExtraLabel {
+        name: name.into(),
+        value: value.into(),
+    };
+    assert_eq!(
+        m.http_status,
+        MetricAttr {
+            expire: 0.0,
+            extra_labels: vec![
+                label("upstream_addr", "$upstream_addr"),
+                label("status", "$upstream_status")
+            ],
+        }
+    );
+    assert_eq!(m.http_status.extra_labels[1].variable(), "upstream_status");
+    assert_eq!(m.http_latency.expire, 1.5);
+    assert_eq!(
+        m.http_latency.extra_labels,
+        vec![label("upstream_addr", "$upstream_addr")]
+    );
+    assert_eq!(
+        m.bandwidth,
+        MetricAttr {
+            expire: 60.0,
+            extra_labels: vec![]
+        }
+    );
+
+    // Empty keys (everything below them commented out) are absent values, as in APISIX.
+    for text in [
+        "plugin_attr:\n  prometheus:\n    metrics:\n",
+        "plugin_attr:\n  prometheus:\n    metrics:\n      http_status:\n",
+        "plugin_attr:\n  prometheus:\n    metrics:\n      http_status:\n        expire:\n        extra_labels:\n",
+    ] {
+        assert_eq!(
+            parse(text).plugin_attr.prometheus.metrics,
+            PrometheusMetrics::default(),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn prometheus_metrics_errors() {
+    let e = errors(
+        r#"
+plugin_attr:
+  prometheus:
+    metrics:
+      http_status:
+        expire: -1
+        extra_labels:
+          - upstream_addr: 5
+      http_latency:
+        expire: soon
+        extra_labels:
+          - {a: $a, b: $b}
+          - $upstream_addr
+      bandwidth:
+        extra_labels:
+          - a: [$a, {b: 1}]
+"#,
+    );
+    assert_eq!(
+        e,
+        vec![
+            "plugin_attr.prometheus.metrics.http_status.expire: invalid value: integer `-1`, expected a number of seconds, 0 or more (0 = never)",
+            r#"plugin_attr.prometheus.metrics.http_status.extra_labels[0]: invalid type: integer `5`, expected a string naming an nginx variable, like "$upstream_addr""#,
+            r#"plugin_attr.prometheus.metrics.http_latency.expire: invalid type: string "soon", expected a number of seconds, 0 or more (0 = never)"#,
+            "plugin_attr.prometheus.metrics.http_latency.extra_labels[0]: invalid length 2, expected a single `label: $variable` entry, like {upstream_addr: $upstream_addr}",
+            r#"plugin_attr.prometheus.metrics.bandwidth.extra_labels[0]: invalid type: sequence, expected a string naming an nginx variable, like "$upstream_addr""#,
+        ]
+    );
+    let e = errors(
+        r#"
+plugin_attr:
+  prometheus:
+    metrics:
+      http_status:
+        extra_labels:
+          - 1st: $upstream_addr
+          - code: $upstream_status
+          - up: $upstream_addr
+          - up: $upstream_status
+      http_latency:
+        extra_labels:
+          - le: $upstream_addr
+          - upstream-addr: $upstream_addr
+      bandwidth:
+        extra_labels:
+          - type: $scheme
+"#,
+    );
+    assert_eq!(
+        e,
+        vec![
+            r#"plugin_attr.prometheus.metrics.http_status.extra_labels[0]: invalid value: string "1st", expected a label name matching [a-zA-Z_][a-zA-Z0-9_]*"#,
+            r#"plugin_attr.prometheus.metrics.http_status.extra_labels[1]: invalid value: string "code", expected a label name the metric does not already have"#,
+            r#"plugin_attr.prometheus.metrics.http_status.extra_labels[3]: invalid value: string "up", expected a label name not used earlier in the list"#,
+            r#"plugin_attr.prometheus.metrics.http_latency.extra_labels[0]: invalid value: string "le", expected a label name other than le (reserved for histogram buckets)"#,
+            r#"plugin_attr.prometheus.metrics.http_latency.extra_labels[1]: invalid value: string "upstream-addr", expected a label name matching [a-zA-Z_][a-zA-Z0-9_]*"#,
+            r#"plugin_attr.prometheus.metrics.bandwidth.extra_labels[0]: invalid value: string "type", expected a label name the metric does not already have"#,
+        ]
+    );
+}
+
+#[test]
+fn prometheus_metrics_warnings() {
+    let (s, warnings) = Settings::from_yaml_str_with_env(
+        r#"
+plugin_attr:
+  prometheus:
+    metrics:
+      http_status:
+        extra_labels:
+          - up: upstream_addr
+          - empty: ""
+      upstream_status:
+        expire: 5
+        extra_labels:
+          - up: $upstream_addr
+"#,
+        &no_env,
+    )
+    .unwrap();
+    let labels = &s.plugin_attr.prometheus.metrics.http_status.extra_labels;
+    assert_eq!(labels[0].variable(), "pstream_addr");
+    assert_eq!(labels[1].variable(), "");
+    assert_eq!(s.plugin_attr.prometheus.metrics.upstream_status.expire, 5.0);
+    assert_eq!(
+        warnings,
+        vec![
+            "unknown or unsupported key `plugin_attr.prometheus.metrics.upstream_status.extra_labels` ignored",
+            r#"plugin_attr.prometheus.metrics.http_status.extra_labels[0]: "upstream_addr" is not a $variable; as in APISIX, label "up" takes the value of variable "pstream_addr""#,
+            r#"plugin_attr.prometheus.metrics.http_status.extra_labels[1]: "" is not a $variable; as in APISIX, label "empty" takes the value of variable """#,
+            "plugin_attr.prometheus.metrics.upstream_status ignored: ferrisix has no upstream_status metric (health checks are not built)",
+        ]
+    );
+}
+
+#[test]
 fn unknown_keys_are_warnings_with_their_path() {
     let (s, warnings) = Settings::from_yaml_str_with_env(
         r#"
@@ -521,7 +683,8 @@ nginx_config:
 stream_plugins: [ip-restriction]
 plugin_attr:
   prometheus:
-    metrics: {}
+    metrics:
+      llm_latency: {expire: 10}
 "#,
         &no_env,
     )
@@ -536,7 +699,7 @@ plugin_attr:
             "unknown or unsupported key `apisix.node_listen[0].reuseport` ignored",
             "unknown or unsupported key `apisix.ssl` ignored",
             "unknown or unsupported key `nginx_config.http.upstream.keepalive_pool` ignored",
-            "unknown or unsupported key `plugin_attr.prometheus.metrics` ignored",
+            "unknown or unsupported key `plugin_attr.prometheus.metrics.llm_latency` ignored",
             "unknown or unsupported key `stream_plugins` ignored",
         ]
     );

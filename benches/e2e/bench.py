@@ -208,7 +208,8 @@ def parse_wrk(text):
     def dur(v):
         m = re.match(r"([\d.]+)(us|ms|s|m)", v)
         n, unit = float(m.group(1)), m.group(2)
-        return n * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]
+        # Rounded to the microsecond, so 827us is 0.827 ms rather than 0.8270000000000001.
+        return round(n * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit], 3)
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
     total = int(re.search(r"(\d+) requests in", text).group(1))
     lat = re.search(r"Latency\s+(\S+)\s+(\S+)\s+(\S+)", text)

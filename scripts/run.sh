@@ -8,4 +8,4 @@ cd "$(dirname "$0")/.."
 . scripts/build-deps.sh
 cargo build --release --locked --bin ferrisix
 if [ $# -eq 0 ]; then set -- -c config/config.yaml; fi
-exec ./target/release/ferrisix "$@"
+exec "${CARGO_TARGET_DIR:-./target}/release/ferrisix" "$@"

@@ -256,7 +256,8 @@ def main():
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--scenarios", default="s1,s2")
-    ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "ferrisix"))
+    ap.add_argument("--binary", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")),
+                                                     "release", "ferrisix"))
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--markdown")

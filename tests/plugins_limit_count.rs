@@ -1,14 +1,14 @@
 //! End-to-end limit-count (spec data-plane §6): the fixed window and its headers, rejection,
 //! keys, counters that survive identical re-PUTs, global rules on unmatched requests, merges
-//! with plugin_config and service, exact counting across worker threads, and the redis and
-//! redis-cluster policies shared by several gateway processes.
+//! with plugin_config and service, exact counting across worker threads, and the redis,
+//! redis-cluster and redis-sentinel policies shared by several gateway processes.
 mod support;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::redis::{have_redis, redis_cli, redis_cluster, redis_tls, Redis};
+use support::redis::{have_redis, redis_cli, redis_cluster, redis_tls, Redis, Sentinel};
 use support::*;
 
 fn route(id: &str, uri: &str, up: &Upstream, plugins: Value) -> Value {
@@ -445,6 +445,138 @@ fn redis_down_fails_or_degrades() {
     let conf = |degrade: bool| {
         json!({"limit-count": {"count": 1, "time_window": 60, "policy": "redis",
         "redis_host": "127.0.0.1", "redis_port": dead, "redis_timeout": 300, "allow_degradation": degrade}})
+    };
+    let gw = Gateway::start(&doc(json!({"routes": [
+        route("1", "/strict", &up, conf(false)),
+        route("2", "/lenient", &up, conf(true)),
+    ]})));
+    let r = get(gw.addr(), "/strict");
+    assert_eq!(r.status, 500);
+    assert_eq!(r.text(), "{\"error_msg\":\"failed to limit count\"}\n");
+    let r = get(gw.addr(), "/lenient");
+    assert_eq!(r.status, 200);
+    assert!(r.header("X-RateLimit-Limit").is_none());
+}
+
+fn sentinel_conf(count: u64, sentinels: &[&Sentinel]) -> Value {
+    let sentinels: Vec<Value> = sentinels
+        .iter()
+        .map(|s| json!({"host": "127.0.0.1", "port": s.port}))
+        .collect();
+    json!({"count": count, "time_window": 60, "rejected_code": 429,
+        "key_type": "constant", "key": "k", "policy": "redis-sentinel",
+        "redis_sentinels": sentinels, "redis_master_name": "mymaster"})
+}
+
+#[test]
+fn redis_sentinel_policy_shares_one_quota_between_gateways() {
+    if !have_redis() {
+        eprintln!("SKIPPED: redis-server is not available");
+        return;
+    }
+    let master = Redis::start(false);
+    let (a, b) = (
+        Sentinel::start(master.port, "mymaster"),
+        Sentinel::start(master.port, "mymaster"),
+    );
+    // A dead first sentinel is passed over, as APISIX's connector tries each in turn.
+    let dead = free_port();
+    let mut conf = sentinel_conf(1000, &[&a, &b]);
+    conf["redis_sentinels"]
+        .as_array_mut()
+        .unwrap()
+        .insert(0, json!({"host": "127.0.0.1", "port": dead}));
+    shared_quota(conf);
+    // The counter is the `redis` policy's, on the master.
+    let keys = redis_cli(
+        master.port,
+        &["--scan", "--pattern", "plugin-limit-count:v1:*"],
+    );
+    assert!(
+        keys.contains("plugin-limit-count:v1:/apisix/routes/1:"),
+        "{keys}"
+    );
+}
+
+#[test]
+fn redis_sentinel_policy_follows_a_failover() {
+    if !have_redis() {
+        eprintln!("SKIPPED: redis-server is not available");
+        return;
+    }
+    let master = Redis::start(false);
+    let replica = Redis::start(false);
+    redis_cli(
+        replica.port,
+        &["replicaof", "127.0.0.1", &master.port.to_string()],
+    );
+    poll_until(Duration::from_secs(10), || {
+        redis_cli(replica.port, &["info", "replication"]).contains("master_link_status:up")
+    })
+    .expect("replica did not sync");
+    let sentinel = Sentinel::start(master.port, "mymaster");
+    // The sentinel learns of the replica from the master.
+    poll_until(Duration::from_secs(20), || {
+        redis_cli(sentinel.port, &["sentinel", "replicas", "mymaster"])
+            .contains(&replica.port.to_string())
+    })
+    .expect("sentinel did not discover the replica");
+
+    let up = Upstream::start("u", Behaviour::Echo);
+    let routes = doc(json!({"routes": [route("1", "/l", &up,
+        json!({"limit-count": sentinel_conf(100, &[&sentinel])}))]}));
+    let gateways: Vec<Gateway> = (0..2).map(|_| Gateway::start(&routes)).collect();
+    for i in 0..10 {
+        let r = get(gateways[i % 2].addr(), "/l");
+        assert_eq!(r.status, 200);
+        assert_eq!(
+            r.header("X-RateLimit-Remaining"),
+            Some((99 - i).to_string().as_str())
+        );
+    }
+    // The counter reaches the replica before the failover promotes it.
+    poll_until(Duration::from_secs(10), || {
+        redis_cli(
+            replica.port,
+            &["--scan", "--pattern", "plugin-limit-count:v1:*"],
+        )
+        .contains("plugin-limit-count")
+    })
+    .expect("counter not replicated");
+
+    redis_cli(sentinel.port, &["sentinel", "failover", "mymaster"]);
+    poll_until(Duration::from_secs(30), || {
+        sentinel.master_port("mymaster") == Some(replica.port)
+            && redis_cli(master.port, &["info", "replication"]).contains("role:slave")
+    })
+    .expect("failover did not complete");
+
+    // Counting continues on the new master, from where it was, without a failed request.
+    for i in 10..20 {
+        let r = get(gateways[i % 2].addr(), "/l");
+        assert_eq!(r.status, 200, "request {i} after the failover");
+        assert_eq!(
+            r.header("X-RateLimit-Remaining"),
+            Some((99 - i).to_string().as_str())
+        );
+    }
+    let keys = redis_cli(
+        replica.port,
+        &["--scan", "--pattern", "plugin-limit-count:v1:*"],
+    );
+    let key = keys.lines().next().expect("the counter on the new master");
+    // The script counts what was used: all twenty requests.
+    assert_eq!(redis_cli(replica.port, &["get", key.trim()]).trim(), "20");
+}
+
+#[test]
+fn redis_sentinel_down_fails_or_degrades() {
+    let up = Upstream::start("u", Behaviour::Echo);
+    let dead = free_port();
+    let conf = |degrade: bool| {
+        json!({"limit-count": {"count": 1, "time_window": 60, "policy": "redis-sentinel",
+        "redis_sentinels": [{"host": "127.0.0.1", "port": dead}], "redis_master_name": "m",
+        "redis_connect_timeout": 300, "redis_read_timeout": 300, "allow_degradation": degrade}})
     };
     let gw = Gateway::start(&doc(json!({"routes": [
         route("1", "/strict", &up, conf(false)),

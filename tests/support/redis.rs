@@ -1,6 +1,7 @@
-//! Throwaway Redis servers for the tests of the `redis` and `redis-cluster` policies: Debian's
-//! `redis-server` (installed with apt-get when missing) on random ports, a three-node cluster,
-//! a TLS-only server, and `redis-cli` to look at what the gateways stored.
+//! Throwaway Redis servers for the tests of the `redis`, `redis-cluster` and `redis-sentinel`
+//! policies: Debian's `redis-server` (installed with apt-get when missing) on random ports, a
+//! three-node cluster, a TLS-only server, sentinels (`redis-server --sentinel`), and `redis-cli`
+//! to look at what the gateways stored.
 
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -117,6 +118,69 @@ impl Redis {
     /// `127.0.0.1:<port>`.
     pub fn node(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+}
+
+/// A `redis-server --sentinel` child process watching one master, killed on drop.
+pub struct Sentinel {
+    child: Child,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Sentinel {
+    /// A sentinel watching the master at `master_port` under `name`, with a quorum of one and
+    /// a one-second down-after so that a failover is quick.
+    pub fn start(master_port: u16, name: &str) -> Sentinel {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        // Sentinel insists on a config file it can rewrite.
+        let conf = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor {name} 127.0.0.1 {master_port} 1\n\
+                 sentinel down-after-milliseconds {name} 1000\n\
+                 sentinel failover-timeout {name} 10000\n",
+                dir.path().display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server --sentinel");
+        let s = Sentinel {
+            child,
+            port,
+            _dir: dir,
+        };
+        poll_until(Duration::from_secs(10), || {
+            redis_cli(port, &["ping"]).trim() == "PONG"
+        })
+        .expect("sentinel did not start");
+        s
+    }
+
+    /// The port of the master this sentinel names for `name` now.
+    pub fn master_port(&self, name: &str) -> Option<u16> {
+        redis_cli(self.port, &["sentinel", "get-master-addr-by-name", name])
+            .lines()
+            .nth(1)?
+            .trim()
+            .parse()
+            .ok()
     }
 }
 

@@ -194,9 +194,6 @@ struct Rule {
 enum Backend {
     Local(Arc<Space>),
     Remote(Remote),
-    /// A policy ferrisix does not implement (redis-sentinel): every request meets a backend
-    /// error, so `allow_degradation` decides.
-    Unsupported(&'static str),
 }
 
 /// One compiled limit-count configuration.
@@ -317,13 +314,8 @@ impl LimitCount {
         let backend = match (policy, Target::from_conf(policy, c)?) {
             ("local", _) => Backend::Local(runtime.counters.get(&prefix)),
             (_, Some(target)) => Backend::Remote(runtime.remotes.get(target)?),
-            (other, None) => {
-                tracing::error!(
-                    policy = other,
-                    "limit-count policy is not supported by ferrisix"
-                );
-                Backend::Unsupported("policy not supported")
-            }
+            // The schema's enum refuses any other policy before this.
+            (other, None) => return Err(format!("unknown policy {other}")),
         };
         let rejected_code = StatusCode::from_u16(u64_field(c, "rejected_code", 503) as u16)
             .map_err(|_| "invalid rejected_code")?;
@@ -573,10 +565,6 @@ impl Plugin for LimitCount {
         match &self.backend {
             Backend::Local(space) => Step::Done(self.run_local(space, ctx)),
             Backend::Remote(remote) => Step::Wait(Box::pin(self.run_remote(remote, ctx))),
-            Backend::Unsupported(why) => {
-                tracing::error!("failed to limit count: {why}");
-                Step::Done(self.failure(true))
-            }
         }
     }
 }

@@ -1,5 +1,6 @@
-//! The Redis connections of the `redis` and `redis-cluster` policies (limit-count, limit-req,
-//! limit-conn): APISIX's `apisix/utils/redis.lua` and `rediscluster.lua`, with the fields of
+//! The Redis connections of the `redis`, `redis-cluster` and `redis-sentinel` policies
+//! (limit-count, limit-req, limit-conn): APISIX's `apisix/utils/redis.lua`, `rediscluster.lua`
+//! and `limit-count/util.lua` `redis_cli_sentinel`, with the fields of
 //! `apisix/utils/redis-schema.lua`.
 //!
 //! Connections are multiplexed (many requests pipelined on one TCP connection) and pooled per
@@ -88,11 +89,29 @@ pub struct ClusterTarget {
     pub ssl_verify: bool,
 }
 
+/// Where a `redis-sentinel` policy connects: the master (or a replica) that the sentinels name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SentinelTarget {
+    /// Asked in this order.
+    pub sentinels: Vec<(String, u16)>,
+    pub master_name: String,
+    /// `master`, or `slave`: a healthy replica picked at random.
+    pub role: String,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub sentinel_username: Option<String>,
+    pub sentinel_password: Option<String>,
+    pub database: i64,
+    pub connect_timeout_ms: u64,
+    pub read_timeout_ms: u64,
+}
+
 /// The target a plugin conf names, from the fields of `apisix/utils/redis-schema.lua`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Target {
     Single(SingleTarget),
     Cluster(ClusterTarget),
+    Sentinel(SentinelTarget),
 }
 
 fn str_field<'a>(c: &'a Map<String, Value>, name: &str) -> Option<&'a str> {
@@ -108,8 +127,8 @@ fn bool_field(c: &Map<String, Value>, name: &str, default: bool) -> bool {
 }
 
 impl Target {
-    /// The target of `policy` (`redis` or `redis-cluster`) in conf `c`; `None` for any other
-    /// policy.
+    /// The target of `policy` (`redis`, `redis-cluster` or `redis-sentinel`) in conf `c`;
+    /// `None` for any other policy.
     pub fn from_conf(policy: &str, c: &Map<String, Value>) -> Result<Option<Target>, String> {
         let timeout_ms = u64_field(c, "redis_timeout", 1000);
         let password = str_field(c, "redis_password").map(str::to_owned);
@@ -143,6 +162,33 @@ impl Target {
                 timeout_ms,
                 ssl: bool_field(c, "redis_cluster_ssl", false),
                 ssl_verify: bool_field(c, "redis_cluster_ssl_verify", false),
+            }),
+            "redis-sentinel" => Target::Sentinel(SentinelTarget {
+                sentinels: c
+                    .get("redis_sentinels")
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|s| {
+                                Some((
+                                    s.get("host")?.as_str()?.to_owned(),
+                                    s.get("port")?.as_u64()? as u16,
+                                ))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                master_name: str_field(c, "redis_master_name")
+                    .ok_or("redis_master_name is missing")?
+                    .to_owned(),
+                role: str_field(c, "redis_role").unwrap_or("master").to_owned(),
+                username: str_field(c, "redis_username").map(str::to_owned),
+                password,
+                sentinel_username: str_field(c, "sentinel_username").map(str::to_owned),
+                sentinel_password: str_field(c, "sentinel_password").map(str::to_owned),
+                database: u64_field(c, "redis_database", 0) as i64,
+                connect_timeout_ms: u64_field(c, "redis_connect_timeout", 1000),
+                read_timeout_ms: u64_field(c, "redis_read_timeout", 1000),
             }),
             _ => return Ok(None),
         }))
@@ -201,6 +247,8 @@ pub struct SinglePool {
     /// Serialises (re)connecting per slot so a burst does not open a connection per request.
     connecting: Box<[tokio::sync::Mutex<()>]>,
     next: AtomicUsize,
+    /// `redis_timeout`, or a sentinel target's `redis_connect_timeout`.
+    connect_timeout: Duration,
 }
 
 impl SinglePool {
@@ -228,6 +276,7 @@ impl SinglePool {
         let client = redis::Client::open(info).map_err(|e| e.to_string())?;
         let n = target.pool.clamp(1, MAX_CONNECTIONS);
         Ok(SinglePool {
+            connect_timeout: Duration::from_millis(target.timeout_ms.max(1)),
             target,
             client,
             slots: (0..n).map(|_| ArcSwapOption::empty()).collect(),
@@ -250,10 +299,9 @@ impl SinglePool {
             return Ok((i, (*c).clone()));
         }
         let client = self.client.clone();
-        let t = self.timeout();
         let cfg = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(t))
-            .set_response_timeout(Some(t));
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.timeout()));
         let conn = io_runtime()?
             .spawn(async move {
                 client
@@ -348,11 +396,183 @@ impl ClusterPool {
     }
 }
 
+/// Asks one sentinel where `t`'s master (or, for `redis_role: slave`, a healthy replica) is,
+/// within `redis_connect_timeout` to connect and `redis_read_timeout` per answer.
+async fn ask_sentinel(t: &SentinelTarget, host: &str, port: u16) -> Result<(String, u16), String> {
+    let mut settings = RedisConnectionInfo::default();
+    if let Some(p) = t.sentinel_password.as_deref().filter(|p| !p.is_empty()) {
+        settings = settings.set_password(p);
+        if let Some(u) = &t.sentinel_username {
+            settings = settings.set_username(u);
+        }
+    }
+    let info =
+        redis::IntoConnectionInfo::into_connection_info(ConnectionAddr::Tcp(host.to_owned(), port))
+            .map(|i: ConnectionInfo| i.set_redis_settings(settings))
+            .map_err(|e| e.to_string())?;
+    let client = redis::Client::open(info).map_err(|e| e.to_string())?;
+    let (ct, rt) = (
+        Duration::from_millis(t.connect_timeout_ms.max(1)),
+        Duration::from_millis(t.read_timeout_ms.max(1)),
+    );
+    let cfg = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(ct))
+        .set_response_timeout(Some(rt));
+    let mut conn = tokio::time::timeout(
+        ct + rt,
+        client.get_multiplexed_async_connection_with_config(&cfg),
+    )
+    .await
+    .map_err(|_| format!("timeout connecting to sentinel {host}:{port}"))?
+    .map_err(|e| format!("sentinel {host}:{port}: {e}"))?;
+    if t.role == "slave" {
+        let mut cmd = redis::cmd("SENTINEL");
+        cmd.arg("slaves").arg(&t.master_name);
+        let replicas: Vec<HashMap<String, String>> =
+            tokio::time::timeout(rt, cmd.query_async(&mut conn))
+                .await
+                .map_err(|_| format!("timeout reading from sentinel {host}:{port}"))?
+                .map_err(|e| format!("sentinel {host}:{port}: {e}"))?;
+        // lua-resty-redis-connector's choice: a replica whose link to the master is up, at
+        // random.
+        let healthy: Vec<(String, u16)> = replicas
+            .iter()
+            .filter(|r| r.get("master-link-status").map(String::as_str) == Some("ok"))
+            .filter_map(|r| Some((r.get("ip")?.clone(), r.get("port")?.parse().ok()?)))
+            .collect();
+        if healthy.is_empty() {
+            return Err(format!("no slaves for {}", t.master_name));
+        }
+        let i = rand::random::<usize>() % healthy.len();
+        return Ok(healthy[i].clone());
+    }
+    let mut cmd = redis::cmd("SENTINEL");
+    cmd.arg("get-master-addr-by-name").arg(&t.master_name);
+    let addr: Option<(String, u16)> = tokio::time::timeout(rt, cmd.query_async(&mut conn))
+        .await
+        .map_err(|_| format!("timeout reading from sentinel {host}:{port}"))?
+        .map_err(|e| format!("sentinel {host}:{port}: {e}"))?;
+    addr.ok_or_else(|| format!("invalid master name {}", t.master_name))
+}
+
+/// The sentinels asked in order until one names the master; the error lists every failure, as
+/// APISIX's `redis_cli_sentinel` reports the connector's previous errors.
+async fn resolve_master(t: &SentinelTarget) -> Result<(String, u16), String> {
+    let mut errors = Vec::new();
+    for (host, port) in &t.sentinels {
+        match ask_sentinel(t, host, *port).await {
+            Ok(addr) => return Ok(addr),
+            Err(e) => errors.push(e),
+        }
+    }
+    if errors.is_empty() {
+        errors.push("no sentinels".to_owned());
+    }
+    Err(format!(
+        "redis connection failed, err: {}",
+        errors.join(", ")
+    ))
+}
+
+/// Whether a failure says the resolved master is no longer the place to write: the connection
+/// is gone, or the server answers as a replica / without its master (a failover under way).
+fn master_lost(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_unrecoverable_error()
+        || e.is_timeout()
+        || not_run(e)
+}
+
+/// Whether the server refused the command without running it: it is a replica now, has lost
+/// its master, is loading, refused the connection, or had closed it before the command went.
+fn not_run(e: &redis::RedisError) -> bool {
+    let text = e.to_string();
+    e.is_connection_refusal()
+        // A pipe already closed (the sentinels kill a demoted master's clients): the command
+        // never left; the redis crate only says so in words.
+        || (e.is_connection_dropped() && text.to_ascii_lowercase().contains("broken pipe"))
+        || ["READONLY", "MASTERDOWN", "LOADING"]
+            .iter()
+            // A script's error may carry the code inside its message.
+            .any(|code| e.code() == Some(code) || text.contains(code))
+}
+
+/// The connections of a `redis-sentinel` target: a [`SinglePool`] to the address the sentinels
+/// named, kept until it fails as [`master_lost`] says, then resolved again.
+/// APISIX asks the sentinels on every request; ferrisix keeps the answer until a failure shows
+/// it stale, which follows a failover the same way without a sentinel round trip per request.
+pub struct SentinelPool {
+    target: SentinelTarget,
+    current: ArcSwapOption<SinglePool>,
+    /// Serialises resolving so a burst asks the sentinels once.
+    resolving: tokio::sync::Mutex<()>,
+}
+
+impl SentinelPool {
+    fn new(target: SentinelTarget) -> SentinelPool {
+        SentinelPool {
+            target,
+            current: ArcSwapOption::empty(),
+            resolving: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn read_timeout(&self) -> Duration {
+        Duration::from_millis(self.target.read_timeout_ms.max(1))
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.target.connect_timeout_ms.max(1))
+    }
+
+    /// The pool of the current master, asking the sentinels when there is none.
+    async fn pool(&self) -> Result<Arc<SinglePool>, String> {
+        if let Some(p) = self.current.load_full() {
+            return Ok(p);
+        }
+        let _guard = self.resolving.lock().await;
+        if let Some(p) = self.current.load_full() {
+            return Ok(p);
+        }
+        let t = self.target.clone();
+        let (host, port) = io_runtime()?
+            .spawn(async move { resolve_master(&t).await })
+            .await
+            .map_err(|e| format!("redis sentinel task: {e}"))??;
+        let mut pool = SinglePool::new(SingleTarget {
+            host,
+            port,
+            username: self.target.username.clone(),
+            password: self.target.password.clone(),
+            database: self.target.database,
+            timeout_ms: self.target.read_timeout_ms,
+            ssl: false,
+            ssl_verify: false,
+            pool: MAX_CONNECTIONS,
+        })?;
+        pool.connect_timeout = self.connect_timeout();
+        let pool = Arc::new(pool);
+        self.current.store(Some(pool.clone()));
+        Ok(pool)
+    }
+
+    /// Drops `pool` (when it is still the current one) so the next request asks the sentinels.
+    fn forget(&self, pool: &Arc<SinglePool>) {
+        let cur = self.current.load();
+        if cur.as_ref().is_some_and(|c| Arc::ptr_eq(c, pool)) {
+            self.current.compare_and_swap(&cur, None);
+        }
+    }
+}
+
 /// A Redis backend of one plugin instance.
 #[derive(Clone)]
 pub enum Remote {
     Single(Arc<SinglePool>),
     Cluster(Arc<ClusterPool>),
+    Sentinel(Arc<SentinelPool>),
 }
 
 impl std::fmt::Debug for Remote {
@@ -360,6 +580,7 @@ impl std::fmt::Debug for Remote {
         match self {
             Remote::Single(p) => write!(f, "Remote({}:{})", p.target.host, p.target.port),
             Remote::Cluster(p) => write!(f, "RemoteCluster({})", p.target.name),
+            Remote::Sentinel(p) => write!(f, "RemoteSentinel({})", p.target.master_name),
         }
     }
 }
@@ -410,16 +631,65 @@ macro_rules! on_remote {
                     Err(_) => Err(RemoteError::timed_out(t)),
                 }
             }
+            Remote::Sentinel(s) => {
+                // A failure that shows the master moved, with the command surely not run, is
+                // tried once more on the master the sentinels name now: APISIX asks them on
+                // every request, so a failover costs it no failed request either.
+                let mut retried = false;
+                loop {
+                    // Asking the sentinels is bounded by their own time-outs, each sentinel's.
+                    let p = s.pool().await.map_err(RemoteError::before_sending)?;
+                    let ct = s.connect_timeout();
+                    let (slot, mut conn) = match tokio::time::timeout(ct, p.connection()).await {
+                        Ok(Ok(c)) => c,
+                        failed => {
+                            s.forget(&p);
+                            if !retried {
+                                retried = true;
+                                continue;
+                            }
+                            break Err(RemoteError::before_sending(match failed {
+                                Ok(Err(e)) => e,
+                                _ => format!(
+                                    "timeout connecting to redis after {} ms",
+                                    ct.as_millis()
+                                ),
+                            }));
+                        }
+                    };
+                    let $c = &mut conn;
+                    match tokio::time::timeout(t, $call).await {
+                        Ok(Ok(v)) => break Ok(v),
+                        Ok(Err(e)) => {
+                            p.failed(slot, Some(&e));
+                            if master_lost(&e) {
+                                s.forget(&p);
+                                if !retried && not_run(&e) {
+                                    retried = true;
+                                    continue;
+                                }
+                            }
+                            break Err(RemoteError::from_redis(&e));
+                        }
+                        Err(_) => {
+                            p.failed(slot, None);
+                            s.forget(&p);
+                            break Err(RemoteError::timed_out(t));
+                        }
+                    }
+                }
+            }
         }
     }};
 }
 
 impl Remote {
-    /// `redis_timeout`.
+    /// `redis_timeout`, or a sentinel target's `redis_read_timeout`.
     pub fn timeout(&self) -> Duration {
         match self {
             Remote::Single(p) => p.timeout(),
             Remote::Cluster(p) => p.timeout(),
+            Remote::Sentinel(p) => p.read_timeout(),
         }
     }
 
@@ -442,6 +712,7 @@ impl Remote {
 pub struct Remotes {
     single: Mutex<HashMap<SingleTarget, Weak<SinglePool>>>,
     cluster: Mutex<HashMap<ClusterTarget, Weak<ClusterPool>>>,
+    sentinel: Mutex<HashMap<SentinelTarget, Weak<SentinelPool>>>,
 }
 
 impl std::fmt::Debug for Remotes {
@@ -456,7 +727,19 @@ impl Remotes {
         match target {
             Target::Single(t) => self.single(t),
             Target::Cluster(t) => self.cluster(t),
+            Target::Sentinel(t) => Ok(self.sentinel(t)),
         }
+    }
+
+    pub fn sentinel(&self, target: SentinelTarget) -> Remote {
+        let mut map = self.sentinel.lock().unwrap_or_else(|e| e.into_inner());
+        map.retain(|_, w| w.strong_count() > 0);
+        if let Some(p) = map.get(&target).and_then(Weak::upgrade) {
+            return Remote::Sentinel(p);
+        }
+        let p = Arc::new(SentinelPool::new(target.clone()));
+        map.insert(target, Arc::downgrade(&p));
+        Remote::Sentinel(p)
     }
 
     pub fn single(&self, target: SingleTarget) -> Result<Remote, String> {
@@ -534,6 +817,56 @@ pub(crate) mod test_server {
                 }
             }
             panic!("redis-server did not start");
+        }
+    }
+    /// A `redis-server --sentinel` watching the master at `master_port` under the name `m`,
+    /// killed (and its config file removed) on drop.
+    pub struct TestSentinel {
+        child: Child,
+        pub port: u16,
+        conf: std::path::PathBuf,
+    }
+
+    impl Drop for TestSentinel {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            let _ = std::fs::remove_file(&self.conf);
+        }
+    }
+
+    impl TestSentinel {
+        pub fn start(master_port: u16) -> TestSentinel {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port();
+            // Sentinel rewrites its config file, so each one needs its own.
+            let conf = std::env::temp_dir().join(format!(
+                "ferrisix-sentinel-{}-{port}.conf",
+                std::process::id()
+            ));
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\nsentinel monitor m 127.0.0.1 {master_port} 1\n"
+                ),
+            )
+            .expect("sentinel config");
+            let child = Command::new("redis-server")
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server --sentinel");
+            let s = TestSentinel { child, port, conf };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+                assert!(Instant::now() < deadline, "sentinel did not start");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            s
         }
     }
 }
@@ -624,5 +957,144 @@ mod tests {
         .expect("bounded by redis_timeout")
         .unwrap_err();
         assert!(!e.message.is_empty());
+    }
+
+    #[test]
+    fn sentinel_target_from_conf() {
+        let c = json!({"redis_sentinels": [{"host": "10.0.0.1", "port": 26379},
+            {"host": "10.0.0.2", "port": 26380}], "redis_master_name": "mymaster",
+            "redis_password": "p", "sentinel_password": "sp", "redis_database": 3,
+            "redis_connect_timeout": 20, "redis_read_timeout": 30});
+        let Some(Target::Sentinel(t)) =
+            Target::from_conf("redis-sentinel", c.as_object().unwrap()).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(
+            t,
+            SentinelTarget {
+                sentinels: vec![("10.0.0.1".into(), 26379), ("10.0.0.2".into(), 26380)],
+                master_name: "mymaster".into(),
+                role: "master".into(),
+                username: None,
+                password: Some("p".into()),
+                sentinel_username: None,
+                sentinel_password: Some("sp".into()),
+                database: 3,
+                connect_timeout_ms: 20,
+                read_timeout_ms: 30,
+            }
+        );
+        let c = json!({"redis_sentinels": []});
+        assert!(Target::from_conf("redis-sentinel", c.as_object().unwrap()).is_err());
+    }
+
+    fn sentinel_remote(sentinel_ports: &[u16], master_name: &str, timeout_ms: u64) -> Remote {
+        let sentinels: Vec<Value> = sentinel_ports
+            .iter()
+            .map(|p| json!({"host": "127.0.0.1", "port": p}))
+            .collect();
+        let c = json!({"redis_sentinels": sentinels, "redis_master_name": master_name,
+            "redis_connect_timeout": timeout_ms, "redis_read_timeout": timeout_ms});
+        Remotes::default()
+            .get(
+                Target::from_conf("redis-sentinel", c.as_object().unwrap())
+                    .unwrap()
+                    .unwrap(),
+            )
+            .unwrap()
+    }
+
+    fn dead_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    /// The sentinels are asked in order: a dead one is passed over, the next names the master,
+    /// and commands run there.
+    #[tokio::test]
+    async fn sentinel_names_the_master() {
+        let Some(master) = test_server::TestRedis::start() else {
+            return;
+        };
+        let sentinel = test_server::TestSentinel::start(master.port);
+        let remote = sentinel_remote(&[dead_port(), sentinel.port], "m", 1000);
+        let mut incr = redis::cmd("INCR");
+        incr.arg("sentinel-test");
+        assert_eq!(remote.query::<i64>(&incr).await.unwrap(), 1);
+        assert_eq!(remote.query::<i64>(&incr).await.unwrap(), 2);
+        let Remote::Sentinel(s) = &remote else {
+            panic!()
+        };
+        assert_eq!(s.pool().await.unwrap().target.port, master.port);
+
+        // A name no sentinel knows is an error naming it, after every sentinel was asked.
+        let e = sentinel_remote(&[sentinel.port], "nope", 1000)
+            .query::<i64>(&incr)
+            .await
+            .unwrap_err();
+        assert!(e.message.contains("invalid master name nope"), "{e}");
+        assert!(!e.maybe_applied);
+    }
+
+    /// No sentinel answers: an error listing each one's failure, within their time-outs.
+    #[tokio::test]
+    async fn no_sentinel_answers() {
+        let remote = sentinel_remote(&[dead_port(), dead_port()], "m", 100);
+        let e = tokio::time::timeout(
+            Duration::from_secs(10),
+            remote.query::<String>(&redis::cmd("PING")),
+        )
+        .await
+        .expect("bounded by the sentinels' time-outs")
+        .unwrap_err();
+        assert!(e.message.starts_with("redis connection failed"), "{e}");
+        assert_eq!(e.message.matches("sentinel 127.0.0.1:").count(), 2, "{e}");
+    }
+
+    /// The resolved server turns into a replica (a failover demoting it): the write it refuses
+    /// with READONLY is retried on the master the sentinels name now.
+    #[tokio::test]
+    async fn readonly_master_is_resolved_again() {
+        let Some(a) = test_server::TestRedis::start() else {
+            return;
+        };
+        let b = test_server::TestRedis::start().unwrap();
+        let sentinel = test_server::TestSentinel::start(a.port);
+        let remote = sentinel_remote(&[sentinel.port], "m", 1000);
+        let mut incr = redis::cmd("INCR");
+        incr.arg("k");
+        assert_eq!(remote.query::<i64>(&incr).await.unwrap(), 1);
+        // `a` follows `b`, and the sentinel is told `b` is the master now.
+        let cli = |port: u16, args: &[&str]| {
+            let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+            let mut c = client.get_connection().unwrap();
+            let mut cmd = redis::cmd(args[0]);
+            for a in &args[1..] {
+                cmd.arg(*a);
+            }
+            cmd.query::<redis::Value>(&mut c).unwrap();
+        };
+        cli(a.port, &["REPLICAOF", "127.0.0.1", &b.port.to_string()]);
+        cli(sentinel.port, &["SENTINEL", "REMOVE", "m"]);
+        cli(
+            sentinel.port,
+            &[
+                "SENTINEL",
+                "MONITOR",
+                "m",
+                "127.0.0.1",
+                &b.port.to_string(),
+                "1",
+            ],
+        );
+        assert_eq!(remote.query::<i64>(&incr).await.unwrap(), 1);
+        let Remote::Sentinel(s) = &remote else {
+            panic!()
+        };
+        assert_eq!(s.pool().await.unwrap().target.port, b.port);
     }
 }

@@ -39,7 +39,8 @@ const PREFIX: &str = "/apisix/admin";
 /// How the Admin API is set up (`deployment.admin` plus what the process knows).
 #[derive(Clone, Debug)]
 pub struct AdminOptions {
-    /// `admin_key`: empty means no key is configured, and then no key is asked for.
+    /// `admin_key`. An empty list matches no key, so every request is refused with 401, as
+    /// APISIX's `check_token` does; only `key_required: false` turns the check off.
     pub keys: Vec<AdminKey>,
     /// `admin_key_required: false` skips the key check entirely.
     pub key_required: bool,
@@ -109,11 +110,6 @@ pub(crate) struct Call {
 
 impl AdminApi {
     pub fn new(options: AdminOptions, store: Arc<dyn Store>, plugins: PluginRegistry) -> AdminApi {
-        if !options.key_required {
-            tracing::warn!(
-                "Admin key is bypassed! If you are deploying in a production environment, enable `admin_key_required` and set a secure admin key!"
-            );
-        }
         let server = HeaderValue::from_str(&options.server)
             .unwrap_or_else(|_| HeaderValue::from_static("ferrisix"));
         AdminApi {
@@ -316,7 +312,7 @@ impl AdminApi {
 
     /// `check_token`: 401 with APISIX's description, no `X-API-VERSION`.
     fn auth(&self, parts: &Parts) -> Result<(), Reply> {
-        if !self.options.key_required || self.options.keys.is_empty() {
+        if !self.options.key_required {
             return Ok(());
         }
         let presented = auth::presented_key(parts.uri.query(), &parts.headers);

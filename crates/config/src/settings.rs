@@ -435,7 +435,7 @@ impl Default for AdminSettings {
                 role: AdminRole::Admin,
             }],
             admin_key_required: true,
-            allow_admin: Some(vec!["127.0.0.0/24".parse().expect("static CIDR")]),
+            allow_admin: Some(vec![loopback_admin_net()]),
             enable_admin_cors: true,
             admin_api_version: AdminApiVersion::V3,
         }
@@ -887,6 +887,7 @@ impl Settings {
         let mut settings = deserialize_collecting(&mut value, &mut errors, &mut warnings);
         apply_listener_http2_default(&mut settings, &value);
         check(&settings, &mut errors);
+        admin_key_checks(&settings, &mut errors, &mut warnings);
         prometheus_warnings(&settings, &mut warnings);
         if errors.is_empty() {
             Ok((settings, warnings))
@@ -1038,6 +1039,48 @@ fn check(s: &Settings, errors: &mut Vec<String>) {
         ));
     }
     check_extra_labels(&s.plugin_attr.prometheus.metrics, errors);
+}
+
+/// APISIX's CLI checks of the Admin API token (`apisix/cli/ops.lua`), run at start and by
+/// `ferrisix -t`. An empty `admin_key` list refuses every Admin request with 401 at run time
+/// (as `check_token` does); the CLI refuses such a file unless the Admin API is reachable from
+/// loopback only, and there it only warns. `admin_key_required: false` turns the check off,
+/// loudly.
+fn admin_key_checks(s: &Settings, errors: &mut Vec<String>, warnings: &mut Vec<String>) {
+    if !s.admin_enabled() {
+        return;
+    }
+    let admin = &s.deployment.admin;
+    if !admin.admin_key_required {
+        warnings.push(
+            "Warning! Admin key is bypassed! deployment.admin.admin_key_required is false:              anyone allowed by allow_admin can change the configuration. If you are deploying              in a production environment, enable `admin_key_required` and set a secure admin key!"
+                .into(),
+        );
+        return;
+    }
+    if !admin.admin_key.is_empty() {
+        return;
+    }
+    let loopback_only = admin
+        .allow_admin
+        .as_deref()
+        .is_some_and(|nets| nets.len() == 1 && nets[0] == loopback_admin_net());
+    if loopback_only {
+        warnings.push(
+            "deployment.admin.admin_key is empty: every Admin API request is refused with 401              until a key is set"
+                .into(),
+        );
+    } else {
+        errors.push(
+            "deployment.admin.admin_key: ERROR: missing valid Admin API token. Please modify              \"admin_key\" in conf/config.yaml (an empty list refuses every Admin API request;              admin_key_required: false turns authentication off)"
+                .into(),
+        );
+    }
+}
+
+/// `127.0.0.0/24`: APISIX's default `allow_admin`, the one its CLI trusts without a key check.
+fn loopback_admin_net() -> IpNet {
+    IpNet::V4(ipnet::Ipv4Net::new(std::net::Ipv4Addr::new(127, 0, 0, 0), 24).expect("static CIDR"))
 }
 
 /// The HTTP metrics with their settings and built-in labels.

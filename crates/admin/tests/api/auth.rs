@@ -146,13 +146,27 @@ async fn key_not_required() {
         .expect(200, json!({"value": {"uri": "/a"}}));
 }
 
+/// Issue 8, finding 1: `admin_key: []` is not "no authentication". APISIX's `check_token`
+/// finds no matching row and answers 401; only `admin_key_required: false` opens the API.
 #[tokio::test]
-async fn no_keys_configured() {
+async fn empty_key_list_refuses_everything() {
     let a = Admin::with(|o| o.keys.clear());
     a.send(
         req("GET", "/apisix/admin/routes").body(body("")).unwrap(),
         local(),
     )
     .await
-    .expect(200, json!({"total": 0}));
+    .expect(401, missing());
+    let put = req("PUT", "/apisix/admin/routes/pwn");
+    a.send(put.body(body(&route("/pwn").to_string())).unwrap(), local())
+        .await
+        .expect(401, missing());
+    for key in ["", "anything", KEY] {
+        let put = req("PUT", "/apisix/admin/routes/pwn").header("X-API-KEY", key);
+        a.send(put.body(body(&route("/pwn").to_string())).unwrap(), local())
+            .await
+            .expect(401, wrong());
+    }
+    let stored = ferrisix_config::store::Store::get(a.store.as_ref(), "/apisix/routes/pwn").await;
+    assert!(stored.unwrap().is_none());
 }

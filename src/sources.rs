@@ -241,7 +241,13 @@ pub async fn start_admin(
         tracing::warn!("could not publish the plugin list to the store: {e}");
     }
     tracing::info!(%addr, "Admin API listening");
-    tokio::spawn(ferrisix_admin::serve(listener, api.clone(), shutdown));
+    let limits = crate::cli::conn_limits(settings);
+    tokio::spawn(ferrisix_admin::serve(
+        listener,
+        api.clone(),
+        limits,
+        shutdown,
+    ));
     Ok(api)
 }
 

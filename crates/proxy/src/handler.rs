@@ -88,6 +88,9 @@ pub struct Gateway {
     pub access_log: Arc<AccessLog>,
     /// APISIX 2.x compatibility: `/apisix/admin` on the data port, for loopback clients only.
     pub legacy_admin: Option<LegacyAdmin>,
+    /// nginx's `client_body_timeout`: the longest wait for the next part of a request body
+    /// while it is read before proxying (408 then).
+    pub client_body_timeout: std::time::Duration,
 }
 
 /// Answers `/apisix/admin/...` requests that arrive on the data port (APISIX 2.x served its
@@ -430,9 +433,7 @@ impl Gateway {
         } else {
             match body.size_hint().exact() {
                 Some(n) if n <= BUFFERED_BODY_LIMIT => {
-                    match tokio::time::timeout(std::time::Duration::from_secs(60), body.collect())
-                        .await
-                    {
+                    match tokio::time::timeout(self.client_body_timeout, body.collect()).await {
                         Ok(Ok(collected)) => Some(UpstreamBody::full(collected.to_bytes())),
                         // The client went away or stalled (nginx logs 400/408).
                         Ok(Err(_)) => {
@@ -447,10 +448,14 @@ impl Gateway {
                 // Unknown length (chunked): nginx reads the whole body and sends it with
                 // Content-Length. Do the same up to the buffering limit; past it, stream what
                 // was read followed by the rest, so a huge upload never sits in memory.
-                None => match read_up_to(body, BUFFERED_BODY_LIMIT as usize).await {
-                    Ok(b) => Some(b),
-                    Err(status) => return responses::error_page(status, server),
-                },
+                None => {
+                    match read_up_to(body, BUFFERED_BODY_LIMIT as usize, self.client_body_timeout)
+                        .await
+                    {
+                        Ok(b) => Some(b),
+                        Err(status) => return responses::error_page(status, server),
+                    }
+                }
             }
         };
         let replayable = pending_body
@@ -780,10 +785,14 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
 
 /// Reads a body of unknown length until it ends (a complete, replayable body) or passes
 /// `limit` bytes (a stream that first sends what was read).
-async fn read_up_to(mut body: Incoming, limit: usize) -> Result<UpstreamBody, StatusCode> {
+async fn read_up_to(
+    mut body: Incoming,
+    limit: usize,
+    between_reads: std::time::Duration,
+) -> Result<UpstreamBody, StatusCode> {
     let mut buf = bytes::BytesMut::new();
     loop {
-        match tokio::time::timeout(std::time::Duration::from_secs(60), body.frame()).await {
+        match tokio::time::timeout(between_reads, body.frame()).await {
             Ok(Some(Ok(frame))) => {
                 if let Ok(data) = frame.into_data() {
                     buf.extend_from_slice(&data);

@@ -12,8 +12,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferrisix_net::{Acceptor, ConnLimits, Tracked};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioExecutor;
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpStream};
@@ -40,8 +41,8 @@ pub struct ServerOptions {
     pub model: WorkerModel,
     /// How long in-flight requests may run after a shutdown signal.
     pub shutdown_timeout: Duration,
-    /// nginx's `client_header_timeout` / `keepalive_timeout`: an idle or slow client is closed.
-    pub header_timeout: Duration,
+    /// nginx's `client_header_timeout`, `keepalive_timeout` and `send_timeout`.
+    pub limits: ConnLimits,
 }
 
 /// A running server; `wait` returns when every worker has stopped.
@@ -148,15 +149,8 @@ async fn serve(
     mut shutdown: watch::Receiver<bool>,
     per_core: bool,
 ) {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .keep_alive(true)
-        .header_read_timeout(options.header_timeout)
-        // Headers past 64 KiB get 431 rather than exhausting memory.
-        .max_buf_size(64 * 1024);
-    builder.http2().timer(TokioTimer::new());
+    let builder = ferrisix_net::http_builder(&options.limits);
+    let limits = options.limits;
     let graceful = Arc::new(GracefulShutdown::new());
 
     // Per-worker housekeeping: log buffers out every second, expired pool entries dropped.
@@ -187,20 +181,14 @@ async fn serve(
         let mut stop = stop_tx.subscribe();
         accept_tasks.push(tokio::spawn(async move {
             let local = listener.local_addr().ok();
+            let mut acceptor = Acceptor::new(listener, "data");
             loop {
                 tokio::select! {
                     _ = stop.recv() => break,
-                    accepted = listener.accept() => match accepted {
-                        Ok((stream, peer)) => {
-                            let local = local.or_else(|| stream.local_addr().ok());
-                            let Some(local) = local else { continue };
-                            serve_connection(&builder, &graceful, gateway.clone(), stream, ConnInfo::new(peer, local));
-                        }
-                        Err(e) => {
-                            // Out of file descriptors and similar: back off instead of spinning.
-                            tracing::warn!(error = %e, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
+                    (stream, peer) = acceptor.accept() => {
+                        let local = local.or_else(|| stream.local_addr().ok());
+                        let Some(local) = local else { continue };
+                        serve_connection(&builder, &graceful, &limits, gateway.clone(), stream, ConnInfo::new(peer, local));
                     }
                 }
             }
@@ -231,26 +219,32 @@ async fn serve(
 fn serve_connection(
     builder: &auto::Builder<TokioExecutor>,
     graceful: &GracefulShutdown,
+    limits: &ConnLimits,
     gateway: Arc<Gateway>,
     stream: TcpStream,
     conn: ConnInfo,
 ) {
-    let _ = stream.set_nodelay(true);
+    let (io, conn_watch) = ferrisix_net::wrap(stream, limits);
     // One shared value per connection: each request clones a single Arc.
-    let ctx = Arc::new((gateway, conn));
+    let ctx = Arc::new((gateway, conn, conn_watch.clone()));
     let service = service_fn(move |req| {
         let ctx = ctx.clone();
-        async move { Ok::<_, Infallible>(ctx.0.handle(req, &ctx.1).await) }
+        let in_flight = ctx.2.begin();
+        async move {
+            let resp = ctx.0.handle(req, &ctx.1).await;
+            Ok::<_, Infallible>(Tracked::response(resp, in_flight))
+        }
     });
     let connection = builder
-        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+        .serve_connection_with_upgrades(io, service)
         .into_owned();
     let connection = graceful.watch(connection);
     // nginx's stub_status counters (prometheus' apisix_nginx_http_current_connections).
     let stats = ferrisix_plugins::prometheus::node::conn_stats();
     stats.connection_opened();
     tokio::spawn(async move {
-        if let Err(e) = connection.await {
+        // Closed early (None) when client_header_timeout or keepalive_timeout passes.
+        if let Some(Err(e)) = conn_watch.run(connection).await {
             tracing::debug!(error = %e, "client connection ended with an error");
         }
         stats.connection_closed();

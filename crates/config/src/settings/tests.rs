@@ -903,7 +903,10 @@ fn empty_admin_key_list_is_refused_or_warned() {
     let (s, w) = with_warnings("deployment:\n  admin:\n    admin_key: []\n");
     assert!(s.deployment.admin.admin_key.is_empty());
     assert_eq!(w.len(), 1, "{w:?}");
-    assert!(w[0].contains("every Admin API request is refused with 401"), "{w:?}");
+    assert!(
+        w[0].contains("every Admin API request is refused with 401"),
+        "{w:?}"
+    );
     // No Admin API, nothing to say.
     let (_, w) = with_warnings(
         "apisix:\n  enable_admin: false\ndeployment:\n  admin:\n    admin_key: []\n    allow_admin: ~\n",

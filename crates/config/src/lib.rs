@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod model;
+pub mod nesting;
 pub mod provider;
 pub mod schema;
 pub mod settings;

@@ -693,10 +693,33 @@ impl Default for ExportAddr {
     }
 }
 
+/// `ferrisix.admin_key_guard`: a per-client-address limit on failed Admin API
+/// authentications (wrong keys), ferrisix's own (APISIX has none). GCRA: `burst` failures at
+/// once, then `per_minute`; past that the address gets 429 without its key being compared.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct AdminKeyGuard {
+    pub enabled: bool,
+    pub burst: u32,
+    pub per_minute: u32,
+}
+
+impl Default for AdminKeyGuard {
+    fn default() -> Self {
+        AdminKeyGuard {
+            enabled: true,
+            burst: 10,
+            per_minute: 10,
+        }
+    }
+}
+
 /// The `ferrisix:` section: keys APISIX does not have.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(default)]
 pub struct FerrisixSettings {
+    /// Failed Admin API authentications per client address.
+    pub admin_key_guard: AdminKeyGuard,
     /// The standalone file (`yaml`/`json` providers) instead of `apisix.yaml`/`apisix.json`
     /// beside config.yaml. Relative paths resolve against config.yaml's directory.
     pub config_file: Option<PathBuf>,
@@ -856,6 +879,10 @@ impl Settings {
         origin: &str,
         env: env::EnvLookup<'_>,
     ) -> Result<(Settings, Vec<String>), SettingsError> {
+        crate::nesting::check_yaml_depth(text).map_err(|message| SettingsError::Syntax {
+            origin: origin.to_owned(),
+            message,
+        })?;
         let mut value: serde_yaml::Value =
             serde_yaml::from_str(text).map_err(|e| SettingsError::Syntax {
                 origin: origin.to_owned(),
@@ -1027,6 +1054,14 @@ fn check(s: &Settings, errors: &mut Vec<String>) {
                  starting with http:// or https://"
             ));
         }
+    }
+    let guard = &s.ferrisix.admin_key_guard;
+    if guard.enabled && (guard.burst == 0 || guard.per_minute == 0) {
+        errors.push(
+            "ferrisix.admin_key_guard: burst and per_minute must be at least 1 (enabled: false \
+             turns the guard off)"
+                .into(),
+        );
     }
     if d.etcd.timeout == 0 {
         errors.push("deployment.etcd.timeout: invalid value: 0, expected at least 1".into());

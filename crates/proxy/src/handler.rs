@@ -23,6 +23,7 @@ use crate::body::{ResponseBody, UpstreamResponse};
 use crate::client::{self, PoolKey, SendOutcome, TryTimeouts, UpstreamBody};
 use crate::error::{may_retry, UpstreamFailure};
 use crate::phases::{self, PluginRun, UpstreamTrace};
+use crate::request_head;
 use crate::responses;
 use crate::snapshot::{CompiledRoute, CompiledUpstream, RouteTarget, SnapshotHandle};
 use crate::vars::RequestVars;
@@ -289,20 +290,28 @@ impl Gateway {
         trace: &mut UpstreamTrace,
     ) -> Response<ResponseBody> {
         let server = &self.server_header;
+        if let Err(status) = request_head::check(parts) {
+            return responses::error_page(status, server);
+        }
         let raw_uri_len = parts.uri.path_and_query().map_or(0, |p| p.as_str().len());
         if raw_uri_len > MAX_REQUEST_URI {
             return responses::error_page(StatusCode::URI_TOO_LONG, server);
         }
         // HTTP/2 carries the host in :authority; an absolute-form request line overrides Host.
+        let host_header = match parts.headers.get(header::HOST).map(HeaderValue::to_str) {
+            Some(Ok(h)) => Some(h),
+            Some(Err(_)) => return responses::error_page(StatusCode::BAD_REQUEST, server),
+            None => None,
+        };
         let host_raw: Option<&str> = match parts.uri.authority() {
-            Some(a) => Some(a.as_str()),
-            None => match parts.headers.get(header::HOST) {
-                Some(h) => match h.to_str() {
-                    Ok(s) => Some(s),
-                    Err(_) => return responses::error_page(StatusCode::BAD_REQUEST, server),
-                },
-                None => None,
-            },
+            Some(a) => {
+                // nginx validates the Host header even when the request line names the host.
+                if host_header.is_some_and(|h| host_without_port(h).is_none()) {
+                    return responses::error_page(StatusCode::BAD_REQUEST, server);
+                }
+                Some(a.as_str())
+            }
+            None => host_header,
         };
         if host_raw.is_none() && parts.version == Version::HTTP_11 {
             // nginx: "client sent HTTP/1.1 request without "Host" header".
@@ -540,13 +549,22 @@ impl Gateway {
                 None => break,
             };
             let upstream_host = match upstream.pass_host {
-                // `$http_host` verbatim (port and case kept); HTTP/2 takes :authority.
-                PassHost::Pass => host_value.clone(),
+                // `$http_host` verbatim (port and case kept); HTTP/2 takes :authority. An
+                // HTTP/1.0 request may come without one; it still goes upstream as HTTP/1.1,
+                // which needs a Host: the node's, as nginx's default `$proxy_host`.
+                PassHost::Pass => host_value
+                    .clone()
+                    .or_else(|| Some(node.host_header.clone())),
                 PassHost::Node => Some(node.host_header.clone()),
                 PassHost::Rewrite => upstream.upstream_host.clone(),
             };
             match &upstream_host {
                 Some(h) => {
+                    if host_value.is_none() {
+                        // No host from the client: X-Forwarded-Host names the one the upstream
+                        // is asked for (nginx's `$host` falls back to the server's name).
+                        req_headers.insert(HeaderName::from_static("x-forwarded-host"), h.clone());
+                    }
                     req_headers.insert(header::HOST, h.clone());
                 }
                 None => {

@@ -923,3 +923,20 @@ fn admin_key_not_required_is_warned_about() {
     assert_eq!(w.len(), 1, "{w:?}");
     assert!(w[0].contains("Admin key is bypassed"), "{w:?}");
 }
+
+/// Issue 8, finding 9: config.yaml nested 100k deep is refused at once with a clear message.
+#[test]
+fn deeply_nested_config_is_refused_quickly() {
+    let started = std::time::Instant::now();
+    let text = format!("apisix:\n  node_listen: {}\n", "[".repeat(100_000));
+    match Settings::from_yaml_str_with_env(&text, &no_env) {
+        Err(SettingsError::Syntax { message, .. }) => {
+            assert!(
+                message.contains("nested deeper than 256 levels"),
+                "{message}"
+            )
+        }
+        other => panic!("expected Syntax, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+}

@@ -38,6 +38,8 @@ impl Default for ConnLimits {
 struct Activity {
     born: Instant,
     started: AtomicBool,
+    /// Signalled once, by the first request: ends the wait for it.
+    first_request: tokio::sync::Notify,
     in_flight: AtomicUsize,
     /// Milliseconds after `born` when the last request in flight finished.
     last_end_ms: AtomicU64,
@@ -59,6 +61,7 @@ impl ConnWatch {
             activity: Arc::new(Activity {
                 born: Instant::now(),
                 started: AtomicBool::new(false),
+                first_request: tokio::sync::Notify::new(),
                 in_flight: AtomicUsize::new(0),
                 last_end_ms: AtomicU64::new(0),
             }),
@@ -70,10 +73,11 @@ impl ConnWatch {
     /// into the response body with [`Tracked`]) is dropped.
     pub fn begin(&self) -> InFlight {
         let a = &self.activity;
+        a.in_flight.fetch_add(1, Ordering::Relaxed);
         if !a.started.load(Ordering::Relaxed) {
             a.started.store(true, Ordering::Relaxed);
+            a.first_request.notify_one();
         }
-        a.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlight {
             activity: self.activity.clone(),
         }
@@ -94,8 +98,11 @@ impl ConnWatch {
     /// Resolves when the connection should be closed, with the reason.
     async fn expired(&self) -> &'static str {
         let a = &self.activity;
-        tokio::time::sleep_until(a.born + self.limits.header_timeout).await;
-        if !a.started.load(Ordering::Relaxed) {
+        let first = tokio::time::timeout_at(
+            a.born + self.limits.header_timeout,
+            a.first_request.notified(),
+        );
+        if first.await.is_err() && !a.started.load(Ordering::Relaxed) {
             // nginx: "client timed out" while waiting for the request (or h2 preface).
             return "client_header_timeout before the first request";
         }
@@ -105,7 +112,9 @@ impl ConnWatch {
         }
         loop {
             let now = Instant::now();
-            let next = if a.in_flight.load(Ordering::Acquire) > 0 {
+            let next = if a.in_flight.load(Ordering::Acquire) > 0
+                || !a.started.load(Ordering::Relaxed)
+            {
                 // Busy: look again one period later.
                 now + idle
             } else {
@@ -224,6 +233,27 @@ mod tests {
         let took = started.elapsed();
         assert!(
             took >= Duration::from_secs(201 + 75) && took <= Duration::from_secs(201 + 76),
+            "{took:?}"
+        );
+    }
+
+    /// The idle limit runs from the first request's end even when it is shorter than the
+    /// header limit.
+    #[tokio::test(start_paused = true)]
+    async fn short_idle_limit_is_not_held_up_by_the_header_limit() {
+        let watch = ConnWatch::new(limits(60, 5));
+        let w = watch.clone();
+        let started = Instant::now();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let r = w.begin();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            drop(r);
+        });
+        assert!(watch.run(std::future::pending::<()>()).await.is_none());
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_secs(7) && took <= Duration::from_secs(8),
             "{took:?}"
         );
     }

@@ -60,7 +60,7 @@ fn json() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
         any::<bool>().prop_map(Value::Bool),
-        any::<i32>().prop_map(|n| Value::from(n)),
+        any::<i32>().prop_map(Value::from),
         any::<f64>().prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
         "(AND|OR|!|==|~=|>|<|>=|<=|~~|~\\*|in|has|ipmatch|arg_x|http_y|[a-z]{0,3}|\\^.|\\(|\\[|10\\.0\\.0\\.0/8|::1)".prop_map(Value::String),
     ];

@@ -1,0 +1,704 @@
+//! The per-request context as plugins see it.
+//!
+//! The proxy owns one context per request (pingora's `CTX`) and carries it through every phase.
+//! Plugins get a [`PluginCtx`]: a view that reads the request head and every variable, and
+//! writes only what APISIX lets a plugin change: the request that goes upstream (headers,
+//! method, URI, Host, query), `$remote_addr`, the consumer, the upstream, the body size limit,
+//! per-request plugin state, the headers added to whatever answer ends the request, and guards
+//! dropped when the request ends. The plugin-owned part of the context is a [`RequestState`],
+//! which the proxy keeps between phases and reads back after them.
+
+use std::any::{Any, TypeId};
+use std::borrow::Cow;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use ferrisix_config::model::ResourceKind;
+use ferrisix_router::VarSource;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
+use http_body_util::BodyExt;
+use serde_json::{Map, Value};
+use smallvec::SmallVec;
+
+use crate::compile::UpstreamRef;
+use crate::vars::RequestVars;
+
+/// The connection a request arrived on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnFacts {
+    /// The TCP peer (`$realip_remote_addr`, `$remote_port`).
+    pub peer: SocketAddr,
+    /// The local address (`$server_addr`, `$server_port`).
+    pub local: SocketAddr,
+}
+
+/// The client's request head, as it arrived (its headers are separate: plugins edit them).
+#[derive(Clone, Copy, Debug)]
+pub struct RequestHead<'r> {
+    pub method: &'r Method,
+    /// The raw request target (`$request_uri`, the query).
+    pub uri: &'r Uri,
+    pub version: Version,
+    /// The normalised path (`$uri`).
+    pub path: &'r str,
+    /// `$host`: lower-cased, without the port.
+    pub host: Option<&'r str>,
+    pub conn: &'r ConnFacts,
+}
+
+/// The matched route as plugins see it, built once per snapshot by the proxy.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RouteInfo {
+    pub id: String,
+    pub name: Option<String>,
+    pub service_id: Option<String>,
+    pub service_name: Option<String>,
+    /// The route's `uri`/`uris`, in order (the router reports which one matched).
+    pub uris: Vec<String>,
+    /// The hosts used for matching (the route's, else its service's).
+    pub hosts: Vec<String>,
+}
+
+impl RouteInfo {
+    /// Position of the matched pattern in `uris`, `None` if it is not one of them.
+    pub fn uri_index(&self, matched: &str) -> Option<usize> {
+        self.uris.iter().position(|u| u == matched)
+    }
+
+    pub fn host_index(&self, matched: &str) -> Option<usize> {
+        self.hosts.iter().position(|h| h == matched)
+    }
+}
+
+/// The resource that holds a plugin configuration: APISIX's `_meta.parent.resource_key`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Owner {
+    /// `/apisix/routes/1`, `/apisix/services/2`, `/apisix/plugin_configs/3`,
+    /// `/apisix/global_rules/4`, `/apisix/consumers/jack`.
+    pub key: String,
+}
+
+impl Owner {
+    pub fn new(kind: ResourceKind, id: &str) -> Owner {
+        Owner {
+            key: format!("/apisix/{}/{}", kind.dir(), id),
+        }
+    }
+}
+
+/// The consumer an auth plugin identified (`ctx.consumer`). The authentication work defines
+/// how it is found; the request path only carries it: `$consumer_name`,
+/// `$consumer_group_id`, the headers sent upstream and the consumer's plugins come from it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Consumer {
+    pub username: String,
+    pub group_id: Option<String>,
+    /// The credential that matched (`X-Credential-Identifier`).
+    pub credential_id: Option<String>,
+    /// `labels.custom_id` (`X-Consumer-Custom-Id`).
+    pub custom_id: Option<String>,
+    /// The consumer's plugins, merged with its group's.
+    pub plugins: Map<String, Value>,
+}
+
+/// What plugins changed in the request that goes upstream (headers are edited in place).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UpstreamEdits {
+    pub method: Option<Method>,
+    /// The upstream path, without the query (`$upstream_uri` before the query is added).
+    pub path: Option<String>,
+    /// The query sent upstream: `Some(None)` removes it.
+    pub query: Option<Option<String>>,
+    /// `Host` sent upstream, replacing what `pass_host` would choose.
+    pub host: Option<HeaderValue>,
+}
+
+impl UpstreamEdits {
+    pub fn is_empty(&self) -> bool {
+        self.method.is_none() && self.path.is_none() && self.query.is_none() && self.host.is_none()
+    }
+}
+
+/// Why a request body could not be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BodyError {
+    /// The client went away or sent a broken body (nginx: 400).
+    Broken(String),
+    /// The client stalled (nginx: 408).
+    Timeout,
+    /// The body passed the limit; this many bytes were read (still forwarded).
+    TooLarge(usize),
+}
+
+impl fmt::Display for BodyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BodyError::Broken(e) => write!(f, "failed to read the request body: {e}"),
+            BodyError::Timeout => f.write_str("client timed out sending the request body"),
+            BodyError::TooLarge(n) => write!(f, "request body larger than the limit ({n} bytes read)"),
+        }
+    }
+}
+
+impl std::error::Error for BodyError {}
+
+/// A request body still to be read from the client.
+pub type PendingBody = Pin<Box<dyn http_body::Body<Data = Bytes, Error = BodyError> + Send>>;
+
+/// The request body as the request phases hold it: read once, then forwarded from here.
+#[derive(Default)]
+pub enum RequestBody {
+    /// No body (or none yet handed over: requests on routes without plugins keep theirs in
+    /// the proxy).
+    #[default]
+    Empty,
+    Unread(PendingBody),
+    /// Read completely.
+    Buffered(Bytes),
+    /// Read up to a limit; the rest follows from the client.
+    Partial { read: Bytes, rest: PendingBody },
+    /// Reading failed; the proxy answers for it.
+    Failed(BodyError),
+}
+
+impl fmt::Debug for RequestBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RequestBody::Empty => f.write_str("Empty"),
+            RequestBody::Unread(_) => f.write_str("Unread"),
+            RequestBody::Buffered(b) => write!(f, "Buffered({})", b.len()),
+            RequestBody::Partial { read, .. } => write!(f, "Partial({}..)", read.len()),
+            RequestBody::Failed(e) => write!(f, "Failed({e})"),
+        }
+    }
+}
+
+/// nginx's `client_body_timeout` default: the longest gap between two reads of the body.
+const BODY_READ_GAP: Duration = Duration::from_secs(60);
+
+impl RequestBody {
+    /// Reads the body up to `limit` bytes, once; later calls answer what was read.
+    pub async fn read(&mut self, limit: usize) -> Result<&Bytes, BodyError> {
+        if let RequestBody::Unread(_) = self {
+            let RequestBody::Unread(mut body) = std::mem::take(self) else {
+                unreachable!("checked above")
+            };
+            let mut buf = BytesMut::new();
+            *self = loop {
+                match tokio::time::timeout(BODY_READ_GAP, body.frame()).await {
+                    Ok(Some(Ok(frame))) => {
+                        if let Ok(data) = frame.into_data() {
+                            buf.extend_from_slice(&data);
+                            if buf.len() > limit {
+                                break RequestBody::Partial {
+                                    read: buf.freeze(),
+                                    rest: body,
+                                };
+                            }
+                        }
+                    }
+                    Ok(None) => break RequestBody::Buffered(buf.freeze()),
+                    Ok(Some(Err(e))) => break RequestBody::Failed(e),
+                    Err(_) => break RequestBody::Failed(BodyError::Timeout),
+                }
+            };
+        }
+        if let RequestBody::Empty = self {
+            *self = RequestBody::Buffered(Bytes::new());
+        }
+        match &*self {
+            RequestBody::Buffered(b) if b.len() <= limit => Ok(b),
+            RequestBody::Buffered(b) => Err(BodyError::TooLarge(b.len())),
+            RequestBody::Partial { read, .. } => Err(BodyError::TooLarge(read.len())),
+            RequestBody::Failed(e) => Err(e.clone()),
+            RequestBody::Empty | RequestBody::Unread(_) => unreachable!("read above"),
+        }
+    }
+
+    /// The body, when it was read completely.
+    pub fn buffered(&self) -> Option<&Bytes> {
+        match self {
+            RequestBody::Buffered(b) => Some(b),
+            _ => None,
+        }
+    }
+}
+
+/// Values owned by one request and dropped when it ends; their `Drop` is their cleanup, so it
+/// runs exactly once whatever way the request ends. Empty costs no allocation.
+#[derive(Default)]
+pub struct RequestGuards(Vec<Box<dyn Send + Sync>>);
+
+impl RequestGuards {
+    pub fn push(&mut self, guard: Box<dyn Send + Sync>) {
+        self.0.push(guard);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+impl fmt::Debug for RequestGuards {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RequestGuards({})", self.0.len())
+    }
+}
+
+/// Headers plugins set on the response. A few fit inline, so setting them allocates nothing
+/// beyond their values.
+#[derive(Clone, Debug, Default)]
+pub struct ResponseHeaders(SmallVec<[(HeaderName, HeaderValue); 4]>);
+
+impl ResponseHeaders {
+    /// Sets `name`, replacing earlier values (`core.response.set_header`).
+    pub fn insert(&mut self, name: HeaderName, value: HeaderValue) {
+        self.0.retain(|(n, _)| *n != name);
+        self.0.push((name, value));
+    }
+
+    /// Adds a value to `name` (`core.response.add_header`).
+    pub fn append(&mut self, name: HeaderName, value: HeaderValue) {
+        self.0.push((name, value));
+    }
+
+    pub fn get(&self, name: &str) -> Option<&HeaderValue> {
+        self.0
+            .iter()
+            .find(|(n, _)| n.as_str().eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+        self.0.iter().map(|(n, v)| (n, v))
+    }
+
+    /// Puts the headers on a response: each name replaces the response's own values.
+    pub fn apply(self, to: &mut HeaderMap) {
+        let mut set: SmallVec<[HeaderName; 4]> = SmallVec::new();
+        for (name, value) in self.0 {
+            if set.contains(&name) {
+                to.append(name, value);
+            } else {
+                set.push(name.clone());
+                to.insert(name, value);
+            }
+        }
+    }
+}
+
+impl std::ops::Index<&str> for ResponseHeaders {
+    type Output = HeaderValue;
+
+    fn index(&self, name: &str) -> &HeaderValue {
+        self.get(name).unwrap_or_else(|| panic!("no header {name}"))
+    }
+}
+
+/// Per-request plugin-private values by type (cors remembers the allowed origin for its
+/// header filter). Empty costs no allocation.
+#[derive(Default)]
+struct PrivateState(Vec<(TypeId, Box<dyn Any + Send + Sync>)>);
+
+impl PrivateState {
+    fn get<T: Any>(&self) -> Option<&T> {
+        let id = TypeId::of::<T>();
+        self.0
+            .iter()
+            .find(|(t, _)| *t == id)
+            .and_then(|(_, v)| v.downcast_ref())
+    }
+
+    fn get_mut<T: Any>(&mut self) -> Option<&mut T> {
+        let id = TypeId::of::<T>();
+        self.0
+            .iter_mut()
+            .find(|(t, _)| *t == id)
+            .and_then(|(_, v)| v.downcast_mut())
+    }
+
+    fn insert<T: Any + Send + Sync>(&mut self, value: T) {
+        let id = TypeId::of::<T>();
+        match self.0.iter_mut().find(|(t, _)| *t == id) {
+            Some(slot) => slot.1 = Box::new(value),
+            None => self.0.push((id, Box::new(value))),
+        }
+    }
+}
+
+/// The plugin-owned part of one request's context, kept by the proxy between phases. The
+/// accessors that take it apart are the proxy's side of the API.
+pub struct RequestState {
+    remote_addr: IpAddr,
+    matched_uri: Option<u16>,
+    matched_host: Option<u16>,
+    upstream: UpstreamEdits,
+    consumer: Option<Arc<Consumer>>,
+    upstream_choice: Option<UpstreamRef>,
+    body: RequestBody,
+    max_body_size: Option<u64>,
+    response_headers: ResponseHeaders,
+    private: PrivateState,
+    guards: RequestGuards,
+    upstream_node: Option<SocketAddr>,
+}
+
+impl fmt::Debug for RequestState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RequestState")
+            .field("remote_addr", &self.remote_addr)
+            .field("upstream", &self.upstream)
+            .field("consumer", &self.consumer.as_ref().map(|c| &c.username))
+            .field("body", &self.body)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RequestState {
+    pub fn new(remote_addr: IpAddr) -> RequestState {
+        RequestState {
+            remote_addr,
+            matched_uri: None,
+            matched_host: None,
+            upstream: UpstreamEdits::default(),
+            consumer: None,
+            upstream_choice: None,
+            body: RequestBody::Empty,
+            max_body_size: None,
+            response_headers: ResponseHeaders::default(),
+            private: PrivateState::default(),
+            guards: RequestGuards::default(),
+            upstream_node: None,
+        }
+    }
+
+    /// Which of the route's `uris` and `hosts` matched (indexes into [`RouteInfo`]).
+    pub fn set_matched(&mut self, uri: Option<u16>, host: Option<u16>) {
+        self.matched_uri = uri;
+        self.matched_host = host;
+    }
+
+    pub fn matched(&self) -> (Option<u16>, Option<u16>) {
+        (self.matched_uri, self.matched_host)
+    }
+
+    pub fn remote_addr(&self) -> IpAddr {
+        self.remote_addr
+    }
+
+    pub fn set_body(&mut self, body: RequestBody) {
+        self.body = body;
+    }
+
+    pub fn take_body(&mut self) -> RequestBody {
+        std::mem::take(&mut self.body)
+    }
+
+    pub fn body(&self) -> &RequestBody {
+        &self.body
+    }
+
+    pub fn upstream_edits(&self) -> &UpstreamEdits {
+        &self.upstream
+    }
+
+    pub fn chosen_upstream(&self) -> Option<&UpstreamRef> {
+        self.upstream_choice.as_ref()
+    }
+
+    pub fn consumer(&self) -> Option<&Arc<Consumer>> {
+        self.consumer.as_ref()
+    }
+
+    pub fn max_body_size(&self) -> Option<u64> {
+        self.max_body_size
+    }
+
+    /// The node picked for the first try; set before `before_proxy`.
+    pub fn set_upstream_node(&mut self, node: SocketAddr) {
+        self.upstream_node = Some(node);
+    }
+
+    pub fn take_response_headers(&mut self) -> ResponseHeaders {
+        std::mem::take(&mut self.response_headers)
+    }
+
+    pub fn response_headers(&self) -> &ResponseHeaders {
+        &self.response_headers
+    }
+
+    pub fn take_guards(&mut self) -> RequestGuards {
+        std::mem::take(&mut self.guards)
+    }
+
+    pub fn has_guards(&self) -> bool {
+        !self.guards.is_empty()
+    }
+}
+
+/// One request as a plugin sees it in a phase.
+pub struct PluginCtx<'r> {
+    head: RequestHead<'r>,
+    headers: &'r mut HeaderMap,
+    route: Option<&'r RouteInfo>,
+    state: &'r mut RequestState,
+}
+
+impl<'r> PluginCtx<'r> {
+    /// The proxy's constructor: the client's head, its (editable) headers, the matched route
+    /// and the request's plugin state.
+    pub fn new(
+        head: RequestHead<'r>,
+        headers: &'r mut HeaderMap,
+        route: Option<&'r RouteInfo>,
+        state: &'r mut RequestState,
+    ) -> PluginCtx<'r> {
+        PluginCtx {
+            head,
+            headers,
+            route,
+            state,
+        }
+    }
+
+    /// The client's method.
+    pub fn method(&self) -> &Method {
+        self.head.method
+    }
+
+    /// `$uri`: the normalised path.
+    pub fn uri(&self) -> &str {
+        self.head.path
+    }
+
+    /// `$request_uri`: the raw path and query as the client sent them.
+    pub fn request_uri(&self) -> &str {
+        self.head.uri.path_and_query().map_or("/", |p| p.as_str())
+    }
+
+    /// The client's query string, if any.
+    pub fn query(&self) -> Option<&str> {
+        self.head.uri.query()
+    }
+
+    /// A query argument (`$arg_<name>`), decoded.
+    pub fn arg(&self, name: &str) -> Option<Cow<'_, str>> {
+        crate::vars::query_arg(self.head.uri.query()?, name)
+    }
+
+    /// `$host`.
+    pub fn host(&self) -> Option<&str> {
+        self.head.host
+    }
+
+    pub fn head(&self) -> &RequestHead<'r> {
+        &self.head
+    }
+
+    /// The request headers as they will go upstream (the client's, with plugins' edits).
+    pub fn headers(&self) -> &HeaderMap {
+        self.headers
+    }
+
+    /// One header's first value as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// Edits the request headers sent upstream (`core.request.set_header`): later plugins and
+    /// `$http_*` see the edits.
+    pub fn headers_mut(&mut self) -> &mut HeaderMap {
+        self.headers
+    }
+
+    /// `$remote_addr`.
+    pub fn remote_addr(&self) -> IpAddr {
+        self.state.remote_addr
+    }
+
+    /// Changes `$remote_addr` for every later plugin and the upstream's `X-Real-IP` (real-ip).
+    pub fn set_remote_addr(&mut self, addr: IpAddr) {
+        self.state.remote_addr = addr;
+    }
+
+    /// The matched route; `None` for a request that matched none (global rules only).
+    pub fn route(&self) -> Option<&'r RouteInfo> {
+        self.route
+    }
+
+    /// The pattern of the route's `uris` that matched (`""` when unknown).
+    pub fn matched_uri(&self) -> &str {
+        match (self.route, self.state.matched_uri) {
+            (Some(r), Some(i)) => r.uris.get(i as usize).map_or("", String::as_str),
+            _ => "",
+        }
+    }
+
+    pub fn matched_host(&self) -> &str {
+        match (self.route, self.state.matched_host) {
+            (Some(r), Some(i)) => r.hosts.get(i as usize).map_or("", String::as_str),
+            _ => "",
+        }
+    }
+
+    /// What plugins changed so far in the request sent upstream.
+    pub fn upstream_edits(&self) -> &UpstreamEdits {
+        &self.state.upstream
+    }
+
+    pub fn set_upstream_method(&mut self, method: Method) {
+        self.state.upstream.method = Some(method);
+    }
+
+    /// The path sent upstream (without the query).
+    pub fn set_upstream_path(&mut self, path: String) {
+        self.state.upstream.path = Some(path);
+    }
+
+    /// The query sent upstream (`None`: none).
+    pub fn set_upstream_query(&mut self, query: Option<String>) {
+        self.state.upstream.query = Some(query);
+    }
+
+    /// The `Host` header sent upstream.
+    pub fn set_upstream_host(&mut self, host: HeaderValue) {
+        self.state.upstream.host = Some(host);
+    }
+
+    /// `$upstream_uri` as it stands: the edited path and query, else the client's.
+    pub fn upstream_uri(&self) -> Cow<'_, str> {
+        let e = &self.state.upstream;
+        if e.path.is_none() && e.query.is_none() {
+            return Cow::Borrowed(self.request_uri());
+        }
+        let path = e.path.as_deref().unwrap_or(self.head.uri.path());
+        let query = match &e.query {
+            Some(q) => q.as_deref(),
+            None => self.head.uri.query(),
+        };
+        Cow::Owned(match query {
+            Some(q) => format!("{path}?{q}"),
+            None => path.to_owned(),
+        })
+    }
+
+    /// The consumer an auth plugin attached.
+    pub fn consumer(&self) -> Option<&Arc<Consumer>> {
+        self.state.consumer.as_ref()
+    }
+
+    pub fn attach_consumer(&mut self, consumer: Arc<Consumer>) {
+        self.state.consumer = Some(consumer);
+    }
+
+    /// Sends the request to another upstream than the route's (traffic-split). The handle
+    /// comes from [`crate::CompileCtx::upstreams`] at compile time.
+    pub fn choose_upstream(&mut self, upstream: UpstreamRef) {
+        self.state.upstream_choice = Some(upstream);
+    }
+
+    /// The node picked for the first try (`before_proxy` only).
+    pub fn upstream_node(&self) -> Option<SocketAddr> {
+        self.state.upstream_node
+    }
+
+    /// Reads the request body up to `limit` bytes (once; it is still forwarded upstream).
+    pub async fn read_body(&mut self, limit: usize) -> Result<&Bytes, BodyError> {
+        self.state.body.read(limit).await
+    }
+
+    /// The body, when some plugin read it completely already.
+    pub fn body(&self) -> Option<&Bytes> {
+        self.state.body.buffered()
+    }
+
+    /// Refuses bodies larger than `bytes` with 413 (`client_max_body_size`).
+    pub fn set_max_body_size(&mut self, bytes: u64) {
+        self.state.max_body_size = Some(bytes);
+    }
+
+    /// Headers added to whatever answer ends this request (`core.response.set_header` in the
+    /// request phases): the upstream's, an exit, or the 404.
+    pub fn response_headers_mut(&mut self) -> &mut ResponseHeaders {
+        &mut self.state.response_headers
+    }
+
+    pub fn response_headers(&self) -> &ResponseHeaders {
+        &self.state.response_headers
+    }
+
+    /// A value dropped when the request ends (after its log phase), whatever way it ends.
+    pub fn add_guard(&mut self, guard: Box<dyn Send + Sync>) {
+        self.state.guards.push(guard);
+    }
+
+    /// This request's value of type `T`, set by [`PluginCtx::insert`].
+    pub fn get<T: Any>(&self) -> Option<&T> {
+        self.state.private.get()
+    }
+
+    pub fn get_mut<T: Any>(&mut self) -> Option<&mut T> {
+        self.state.private.get_mut()
+    }
+
+    /// Keeps `value` for the later phases of this request (one value per type).
+    pub fn insert<T: Any + Send + Sync>(&mut self, value: T) {
+        self.state.private.insert(value);
+    }
+
+    fn request_vars(&self) -> RequestVars<'_> {
+        RequestVars {
+            head: &self.head,
+            headers: self.headers,
+            remote_addr: self.state.remote_addr,
+        }
+    }
+}
+
+impl VarSource for PluginCtx<'_> {
+    /// The request's variables plus the ones APISIX adds once a route matched (`route_id`,
+    /// `service_id`, ...) or a consumer was found (`consumer_name`, `consumer_group_id`).
+    fn var(&self, name: &str) -> Option<Cow<'_, str>> {
+        let route = self.route;
+        match name {
+            "route_id" => route.map(|r| Cow::Borrowed(r.id.as_str())),
+            "route_name" => route.and_then(|r| r.name.as_deref()).map(Cow::Borrowed),
+            "service_id" => route
+                .and_then(|r| r.service_id.as_deref())
+                .map(Cow::Borrowed),
+            "service_name" => route
+                .and_then(|r| r.service_name.as_deref())
+                .map(Cow::Borrowed),
+            "consumer_name" => self
+                .state
+                .consumer
+                .as_deref()
+                .map(|c| Cow::Borrowed(c.username.as_str())),
+            "consumer_group_id" => self
+                .state
+                .consumer
+                .as_deref()
+                .and_then(|c| c.group_id.as_deref())
+                .map(Cow::Borrowed),
+            "upstream_uri" => Some(self.upstream_uri()),
+            "matched_uri" => Some(Cow::Borrowed(self.matched_uri())),
+            _ => self.request_vars().get(name),
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! One definition per plugin: the static descriptor the registry, the factory, the Admin API's
+//! plugin listing and schemas, and the plugin's shared state all derive from.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::Value;
+
+use crate::compile::{CompileCtx, PluginApi};
+use crate::plugin::Plugin;
+use crate::services::PluginServices;
+
+/// APISIX's `type` of a plugin module: consumer credentials accept only `auth` plugins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PluginKind {
+    Auth,
+    Other,
+}
+
+/// APISIX's `scope`: `global` plugins run only from global rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Any,
+    Global,
+}
+
+/// APISIX's `run_policy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunPolicy {
+    Always,
+    /// `prefer_route`: a global rule's instance is skipped when the route has its own.
+    PreferRoute,
+}
+
+/// What a plugin's own check (beyond its schema) sees.
+pub struct CheckCtx<'a> {
+    pub conf: &'a Value,
+    /// The schema (with `_meta` injected) the conf was checked against.
+    pub schema: &'a Value,
+    /// The schema's verdict: the plugin may word a failure itself (limit-count's `oneOf`).
+    pub schema_result: Result<(), String>,
+    /// Shared state the check may keep (limit-count's first conf per group).
+    pub services: &'a PluginServices,
+    pub now: Instant,
+}
+
+impl CheckCtx<'_> {
+    /// The conf with the schema's defaults filled in (as APISIX's `check_schema` sees it).
+    pub fn filled(&self) -> Result<Value, String> {
+        let mut filled = self.conf.clone();
+        ferrisix_config::schema::validate_and_fill(self.schema, &mut filled)?;
+        Ok(filled)
+    }
+}
+
+/// How a plugin compiles one configuration.
+pub type CompileFn = fn(&CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String>;
+
+/// A plugin, defined once. Built in a `static` with [`PluginDef::new`] and struct update.
+pub struct PluginDef {
+    pub name: &'static str,
+    /// Run order within a phase: higher runs first.
+    pub priority: i64,
+    pub version: f64,
+    pub kind: PluginKind,
+    pub scope: Scope,
+    pub run_policy: RunPolicy,
+    /// The compiled form depends on the route (prometheus' labels): global rules compile it
+    /// once per route instead of once for all.
+    pub per_route: bool,
+    /// The configuration schema (without `_meta`, which the registry injects).
+    pub schema: fn() -> Value,
+    pub consumer_schema: Option<fn() -> Value>,
+    pub metadata_schema: Option<fn() -> Value>,
+    /// A check after the schema, whose error replaces the schema's (the registry prefixes
+    /// both with APISIX's `failed to check the configuration of plugin <name> err: `).
+    pub check: Option<fn(&CheckCtx<'_>) -> Result<(), String>>,
+    /// Fields of the conf stored encrypted (`apisix.data_encryption`), as dotted paths.
+    pub encrypt_fields: &'static [&'static str],
+    /// The APIs the plugin answers itself (`public-api` serves them).
+    pub apis: Option<fn(&PluginServices) -> Vec<PluginApi>>,
+    pub compile: CompileFn,
+}
+
+impl std::fmt::Debug for PluginDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginDef")
+            .field("name", &self.name)
+            .field("priority", &self.priority)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PluginDef {
+    /// A plugin of version 0.1, not `auth`, any scope, always run, route-independent, with no
+    /// extra schemas, checks, encrypted fields or APIs.
+    pub const fn new(
+        name: &'static str,
+        priority: i64,
+        schema: fn() -> Value,
+        compile: CompileFn,
+    ) -> PluginDef {
+        PluginDef {
+            name,
+            priority,
+            version: 0.1,
+            kind: PluginKind::Other,
+            scope: Scope::Any,
+            run_policy: RunPolicy::Always,
+            per_route: false,
+            schema,
+            consumer_schema: None,
+            metadata_schema: None,
+            check: None,
+            encrypt_fields: &[],
+            apis: None,
+            compile,
+        }
+    }
+}

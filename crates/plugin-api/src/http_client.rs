@@ -1,0 +1,238 @@
+//! The HTTP client plugins call out with (forward-auth, the loggers, tracing exporters):
+//! HTTP/1.1 over plain TCP with keep-alive connections per `host:port`, every call bounded by a
+//! timeout. The connections' I/O runs on the gateway's [`Executor`]. (`https` comes with the
+//! TLS work.)
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Request, Response, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use crate::services::Executor;
+
+/// Idle connections kept per `host:port`.
+const IDLE_PER_HOST: usize = 8;
+/// The largest response body read.
+const MAX_RESPONSE_BODY: usize = 16 * 1024 * 1024;
+
+/// Why a call failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HttpError {
+    InvalidUri(String),
+    Unsupported(String),
+    Connect(String),
+    Timeout,
+    Protocol(String),
+    BodyTooLarge,
+}
+
+impl fmt::Display for HttpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HttpError::InvalidUri(u) => write!(f, "invalid uri {u}"),
+            HttpError::Unsupported(s) => f.write_str(s),
+            HttpError::Connect(e) => write!(f, "connect failed: {e}"),
+            HttpError::Timeout => f.write_str("timeout"),
+            HttpError::Protocol(e) => write!(f, "{e}"),
+            HttpError::BodyTooLarge => f.write_str("response body too large"),
+        }
+    }
+}
+
+impl std::error::Error for HttpError {}
+
+type Sender = SendRequest<Full<Bytes>>;
+
+/// The client of one gateway.
+pub struct HttpClient {
+    executor: Executor,
+    idle: Mutex<HashMap<String, Vec<Sender>>>,
+}
+
+impl fmt::Debug for HttpClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("HttpClient")
+    }
+}
+
+impl HttpClient {
+    pub fn new(executor: Executor) -> HttpClient {
+        HttpClient {
+            executor,
+            idle: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn take_idle(&self, authority: &str) -> Option<Sender> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = idle.get_mut(authority)?;
+        while let Some(s) = list.pop() {
+            if !s.is_closed() {
+                return Some(s);
+            }
+        }
+        None
+    }
+
+    fn put_idle(&self, authority: String, sender: Sender) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = idle.entry(authority).or_default();
+        if list.len() < IDLE_PER_HOST {
+            list.push(sender);
+        }
+    }
+
+    async fn connect(&self, host: &str, port: u16) -> Result<Sender, HttpError> {
+        let stream = TcpStream::connect((host, port))
+            .await
+            .map_err(|e| HttpError::Connect(e.to_string()))?;
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| HttpError::Connect(e.to_string()))?;
+        self.executor
+            .spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "http client connection ended");
+                }
+            })
+            .map_err(HttpError::Connect)?;
+        Ok(sender)
+    }
+
+    /// Sends `req` (an absolute `http://` URI) and reads the whole answer, all within
+    /// `timeout`.
+    pub async fn send(
+        &self,
+        req: Request<Bytes>,
+        timeout: Duration,
+    ) -> Result<Response<Bytes>, HttpError> {
+        tokio::time::timeout(timeout, self.send_inner(req))
+            .await
+            .map_err(|_| HttpError::Timeout)?
+    }
+
+    async fn send_inner(&self, req: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let (mut parts, body) = req.into_parts();
+        let uri = parts.uri.clone();
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some(other) => {
+                return Err(HttpError::Unsupported(format!(
+                    "{other} is not supported by the plugin HTTP client yet"
+                )))
+            }
+            None => return Err(HttpError::InvalidUri(uri.to_string())),
+        }
+        let host = uri
+            .host()
+            .ok_or_else(|| HttpError::InvalidUri(uri.to_string()))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+        let port = uri.port_u16().unwrap_or(80);
+        let authority = format!("{host}:{port}");
+        parts.uri = uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .parse::<Uri>()
+            .map_err(|e| HttpError::InvalidUri(e.to_string()))?;
+        if !parts.headers.contains_key(header::HOST) {
+            if let Some(a) = uri.authority() {
+                if let Ok(v) = HeaderValue::from_str(a.as_str()) {
+                    parts.headers.insert(header::HOST, v);
+                }
+            }
+        }
+        let mut sender = match self.take_idle(&authority) {
+            Some(s) => s,
+            None => self.connect(&host, port).await?,
+        };
+        sender
+            .ready()
+            .await
+            .map_err(|e| HttpError::Protocol(e.to_string()))?;
+        let resp = sender
+            .send_request(Request::from_parts(parts, Full::new(body)))
+            .await
+            .map_err(|e| HttpError::Protocol(e.to_string()))?;
+        let (head, body) = resp.into_parts();
+        let body = Limited::new(body, MAX_RESPONSE_BODY)
+            .collect()
+            .await
+            .map_err(|e| {
+                if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                    HttpError::BodyTooLarge
+                } else {
+                    HttpError::Protocol(e.to_string())
+                }
+            })?
+            .to_bytes();
+        let closing = head
+            .headers
+            .get(header::CONNECTION)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+        if !closing && !sender.is_closed() {
+            self.put_idle(authority, sender);
+        }
+        Ok(Response::from_parts(head, body))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn keep_alive_calls_and_errors() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let mut seen = Vec::new();
+                    loop {
+                        let n = s.read(&mut buf).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        seen.extend_from_slice(&buf[..n]);
+                        while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                            seen.drain(..end + 4);
+                            let _ = s
+                                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                                .await;
+                        }
+                    }
+                });
+            }
+        });
+        let client = HttpClient::new(Executor::current());
+        for _ in 0..3 {
+            let req = Request::get(format!("http://127.0.0.1:{port}/x"))
+                .body(Bytes::new())
+                .unwrap();
+            let resp = client.send(req, Duration::from_secs(5)).await.unwrap();
+            assert_eq!(resp.status(), 200);
+            assert_eq!(resp.body(), "ok");
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::Relaxed), 1);
+        let https = Request::get("https://127.0.0.1/").body(Bytes::new()).unwrap();
+        assert!(matches!(
+            client.send(https, Duration::from_secs(1)).await,
+            Err(HttpError::Unsupported(_))
+        ));
+    }
+}

@@ -1,0 +1,60 @@
+//! The plugin API of ferrisix: what a plugin is allowed to see and use, and nothing of the
+//! proxy's insides. Plugin families (`ferrisix-plugins`) depend on this crate only; the proxy
+//! implements the other side of it.
+//!
+//! A plugin is one static [`PluginDef`] (name, priority, schemas, checks, how it compiles a
+//! configuration) and the [`Plugin`] instances it compiles, once per snapshot, for one
+//! configuration on one route. The proxy carries one context per request through APISIX's
+//! phases and hands plugins a [`PluginCtx`] view of it: the request head and every variable,
+//! the edits that shape the request sent upstream, the consumer and upstream slots, the request
+//! body, per-request plugin state and the headers added to whatever answer ends the request.
+//! After the response head, `header_filter` sees a [`ResponseHead`] and may install streaming
+//! [`BodyFilter`]s; `log` sees a [`LogCtx`] holding only what the chain's plugins declared in
+//! their [`LogNeeds`].
+//!
+//! Nothing here is process-wide: the clock, the executor for background tasks, the HTTP
+//! client, the connection statistics and the typed shared states live in one
+//! [`PluginServices`] value that the binary makes and passes down, so two gateways in one
+//! process share nothing. State that must outlive snapshots (counters, buckets, series) lives
+//! in a [`StateMap`], which releases a resource's state when the last snapshot using it is
+//! dropped.
+#![forbid(unsafe_code)]
+
+pub mod compile;
+pub mod ctx;
+pub mod def;
+pub mod exit;
+pub mod http_client;
+pub mod key;
+pub mod keyed;
+pub mod log;
+pub mod plugin;
+pub mod response;
+pub mod services;
+pub mod state;
+pub mod stats;
+pub mod template;
+pub mod testing;
+pub mod vars;
+
+pub use compile::{
+    ApiAnswer, CompileCtx, NoUpstreams, PluginApi, PluginApis, UpstreamRef, UpstreamResolver,
+};
+pub use ctx::{
+    BodyError, ConnFacts, Consumer, Owner, PendingBody, PluginCtx, RequestBody, RequestGuards,
+    RequestHead,
+    RequestState, ResponseHeaders, RouteInfo, UpstreamEdits,
+};
+pub use def::{CheckCtx, PluginDef, PluginKind, RunPolicy, Scope};
+pub use exit::Exit;
+pub use http_client::{HttpClient, HttpError};
+pub use key::{KeySpec, KeyValue};
+pub use keyed::{KeyRef, Keyed, OwnedKey, Slot};
+pub use log::{union_var_names, LogCtx, LogNeeds, LogVars, ResponseSource, VarNames};
+pub use plugin::{Flow, PhaseFuture, Phases, Plugin, Step};
+pub use response::{BodyChunk, BodyEdits, BodyFilter, BodyFilters, ResponseHead, WholeBody};
+pub use services::{Clock, Executor, PluginServices, SharedState};
+pub use state::{Lease, Retain, StateMap};
+pub use stats::{ConnStats, ConnTotals};
+pub use template::Template;
+pub use vars::RequestVars;

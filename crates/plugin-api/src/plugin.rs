@@ -1,0 +1,132 @@
+//! The plugin interface: APISIX's phases as trait methods.
+//!
+//! A plugin instance is compiled once per snapshot for one configuration on one route; the
+//! request path only calls its phase methods. Phases that run before the response (`rewrite`,
+//! `access`, `before_proxy`) may end the request with an [`Exit`] and may wait on I/O: they
+//! answer [`Step::Done`] when they finished synchronously (the common case, which costs no
+//! allocation) or [`Step::Wait`] with a boxed future (a Redis round trip, a body read).
+//! `header_filter` runs on the response head of whatever answer ends the request and may
+//! install body filters; `log` runs once the response is over, from an owned [`LogCtx`].
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::ctx::PluginCtx;
+use crate::exit::Exit;
+use crate::log::{LogCtx, LogNeeds};
+use crate::response::ResponseHead;
+
+/// A set of phases, as a bit set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Phases(u8);
+
+impl Phases {
+    pub const NONE: Phases = Phases(0);
+    pub const REWRITE: Phases = Phases(1);
+    pub const ACCESS: Phases = Phases(1 << 1);
+    pub const BEFORE_PROXY: Phases = Phases(1 << 2);
+    /// `header_filter`, which is also where body filters are installed.
+    pub const HEADER_FILTER: Phases = Phases(1 << 3);
+    pub const LOG: Phases = Phases(1 << 5);
+
+    pub const fn union(self, other: Phases) -> Phases {
+        Phases(self.0 | other.0)
+    }
+
+    pub const fn contains(self, other: Phases) -> bool {
+        self.0 & other.0 == other.0 && other.0 != 0
+    }
+
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl std::ops::BitOr for Phases {
+    type Output = Phases;
+    fn bitor(self, rhs: Phases) -> Phases {
+        self.union(rhs)
+    }
+}
+
+/// What a phase decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    Exit(Exit),
+}
+
+/// A phase that may still be waiting on I/O.
+pub type PhaseFuture<'a> = Pin<Box<dyn Future<Output = Flow> + Send + 'a>>;
+
+/// The answer of a request phase: done now, or a future to await.
+pub enum Step<'a> {
+    Done(Flow),
+    Wait(PhaseFuture<'a>),
+}
+
+impl Step<'_> {
+    pub const CONTINUE: Step<'static> = Step::Done(Flow::Continue);
+
+    /// An exit, decided now.
+    pub fn exit(exit: Exit) -> Step<'static> {
+        Step::Done(Flow::Exit(exit))
+    }
+}
+
+impl fmt::Debug for Step<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::Done(flow) => f.debug_tuple("Done").field(flow).finish(),
+            Step::Wait(_) => f.write_str("Wait(..)"),
+        }
+    }
+}
+
+/// One plugin configuration compiled for one route. Every phase has a no-op default; a plugin
+/// lists the phases it implements in [`Plugin::phases`] so chains skip the others.
+pub trait Plugin: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+
+    fn phases(&self) -> Phases;
+
+    /// What `log` reads besides the fixed facts of [`LogCtx`], fixed at compile time so the
+    /// proxy captures just that; the default: nothing.
+    fn log_needs(&self) -> LogNeeds {
+        LogNeeds::default()
+    }
+
+    fn rewrite<'a>(&'a self, _ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
+        Step::CONTINUE
+    }
+
+    fn access<'a>(&'a self, _ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
+        Step::CONTINUE
+    }
+
+    /// After the upstream node is picked, before the request goes to it (`before_proxy`).
+    fn before_proxy<'a>(&'a self, _ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
+        Step::CONTINUE
+    }
+
+    /// The response head is known (the upstream's, an exit's or the gateway's own answer):
+    /// its status and headers may be changed, its body replaced or filtered.
+    fn header_filter(&self, _ctx: &mut PluginCtx<'_>, _resp: &mut ResponseHead<'_>) {}
+
+    fn log(&self, _ctx: &LogCtx) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_sets() {
+        let p = Phases::ACCESS | Phases::LOG;
+        assert!(p.contains(Phases::ACCESS));
+        assert!(p.contains(Phases::LOG));
+        assert!(!p.contains(Phases::REWRITE));
+        assert!(!Phases::NONE.contains(Phases::NONE));
+    }
+}

@@ -1,0 +1,241 @@
+//! The services shared by every plugin of one gateway, made once (by the binary) and passed
+//! down: never globals, so two gateways in one process share nothing.
+//!
+//! - a [`Clock`] (monotonic and wall milliseconds; a manual one for tests),
+//! - an [`Executor`] for background tasks (Redis connections, batch processors, probes): no
+//!   crate starts a thread or runtime of its own,
+//! - an [`HttpClient`] for plugins that call out (plain HTTP for now),
+//! - the connection statistics the proxy core writes and prometheus reads ([`ConnStats`]),
+//! - `plugin_attr` from `config.yaml`,
+//! - typed shared states ([`SharedState`]): one value per type and gateway, made on first use
+//!   (the Redis pools, the metrics registry, the counter spaces of the limit plugins).
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use ferrisix_config::settings::PluginAttr;
+
+use crate::http_client::HttpClient;
+use crate::stats::ConnStats;
+
+/// Milliseconds on a monotonic clock and on the wall clock.
+#[derive(Clone, Debug)]
+pub struct Clock(Arc<ClockSource>);
+
+#[derive(Debug)]
+enum ClockSource {
+    System { base: Instant },
+    Manual { mono: AtomicU64, epoch: AtomicU64 },
+}
+
+/// Monotonic readings start here, so 0 never looks like a live deadline.
+const MONO_START_MS: u64 = 1000;
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock::system()
+    }
+}
+
+impl Clock {
+    /// The system clocks (`clock_gettime` through the vDSO: tens of nanoseconds a reading).
+    pub fn system() -> Clock {
+        Clock(Arc::new(ClockSource::System {
+            base: Instant::now(),
+        }))
+    }
+
+    /// A clock that moves only when told to ([`Clock::advance`]), starting at `epoch_ms`.
+    pub fn manual(epoch_ms: u64) -> Clock {
+        Clock(Arc::new(ClockSource::Manual {
+            mono: AtomicU64::new(MONO_START_MS),
+            epoch: AtomicU64::new(epoch_ms),
+        }))
+    }
+
+    /// Monotonic milliseconds (windows and expiries: immune to wall-clock jumps).
+    pub fn mono_ms(&self) -> u64 {
+        match &*self.0 {
+            ClockSource::System { base } => base.elapsed().as_millis() as u64 + MONO_START_MS,
+            ClockSource::Manual { mono, .. } => mono.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Milliseconds since the epoch (windows aligned to wall-clock multiples, as APISIX's
+    /// `ngx.now()`).
+    pub fn epoch_ms(&self) -> u64 {
+        match &*self.0 {
+            ClockSource::System { .. } => SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            ClockSource::Manual { epoch, .. } => epoch.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Moves a manual clock forward; a system clock ignores it.
+    pub fn advance(&self, ms: u64) {
+        if let ClockSource::Manual { mono, epoch } = &*self.0 {
+            mono.fetch_add(ms, Ordering::Relaxed);
+            epoch.fetch_add(ms, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Where background tasks run: a runtime handle the binary passes in, or (tests, tools) the
+/// runtime of whoever spawns.
+#[derive(Clone, Debug, Default)]
+pub struct Executor(Option<tokio::runtime::Handle>);
+
+impl Executor {
+    pub fn new(handle: tokio::runtime::Handle) -> Executor {
+        Executor(Some(handle))
+    }
+
+    /// Spawns on the caller's runtime.
+    pub fn current() -> Executor {
+        Executor(None)
+    }
+
+    /// Runs `fut` detached from the caller: it completes even if the caller goes away.
+    pub fn spawn<F>(&self, fut: F) -> Result<tokio::task::JoinHandle<F::Output>, String>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match &self.0 {
+            Some(h) => Ok(h.spawn(fut)),
+            None => tokio::runtime::Handle::try_current()
+                .map(|h| h.spawn(fut))
+                .map_err(|_| "no runtime to run background tasks on".to_string()),
+        }
+    }
+}
+
+/// A value shared by every plugin of one gateway, one per type, made on first use.
+pub trait SharedState: Any + Send + Sync {
+    fn create(services: &PluginServices) -> Self;
+}
+
+/// The services of one gateway.
+pub struct PluginServices {
+    clock: Clock,
+    executor: Executor,
+    http: HttpClient,
+    conn_stats: Arc<ConnStats>,
+    attr: PluginAttr,
+    shared: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+}
+
+impl std::fmt::Debug for PluginServices {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginServices")
+            .field("executor", &self.executor)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for PluginServices {
+    /// Default `plugin_attr`, the system clock, tasks on the caller's runtime.
+    fn default() -> Self {
+        PluginServices::new(PluginAttr::default(), Executor::current(), Clock::system())
+    }
+}
+
+impl PluginServices {
+    pub fn new(attr: PluginAttr, executor: Executor, clock: Clock) -> PluginServices {
+        PluginServices {
+            http: HttpClient::new(executor.clone()),
+            clock,
+            executor,
+            conn_stats: Arc::new(ConnStats::new()),
+            attr,
+            shared: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    pub fn executor(&self) -> &Executor {
+        &self.executor
+    }
+
+    pub fn http(&self) -> &HttpClient {
+        &self.http
+    }
+
+    /// Connection and request counters (written by the proxy core).
+    pub fn conn_stats(&self) -> &Arc<ConnStats> {
+        &self.conn_stats
+    }
+
+    /// `plugin_attr` of `config.yaml`.
+    pub fn plugin_attr(&self) -> &PluginAttr {
+        &self.attr
+    }
+
+    /// This gateway's `T`, made on first use.
+    pub fn shared<T: SharedState>(&self) -> Arc<T> {
+        let id = TypeId::of::<T>();
+        let lock = || self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = lock().get(&id) {
+            if let Ok(v) = v.clone().downcast::<T>() {
+                return v;
+            }
+        }
+        // Made without the lock held: `create` may ask for other shared states.
+        let made: Arc<dyn Any + Send + Sync> = Arc::new(T::create(self));
+        let v = lock().entry(id).or_insert(made).clone();
+        v.downcast::<T>().expect("stored under its own type id")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    static MADE: AtomicUsize = AtomicUsize::new(0);
+
+    struct Counter(AtomicU64);
+
+    impl SharedState for Counter {
+        fn create(_: &PluginServices) -> Self {
+            MADE.fetch_add(1, Ordering::Relaxed);
+            Counter(AtomicU64::new(0))
+        }
+    }
+
+    #[test]
+    fn shared_state_is_per_services_value() {
+        let a = PluginServices::default();
+        let b = PluginServices::default();
+        a.shared::<Counter>().0.fetch_add(1, Ordering::Relaxed);
+        assert_eq!(a.shared::<Counter>().0.load(Ordering::Relaxed), 1);
+        assert_eq!(b.shared::<Counter>().0.load(Ordering::Relaxed), 0);
+        assert_eq!(MADE.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn manual_clock() {
+        let c = Clock::manual(5_000);
+        assert_eq!((c.mono_ms(), c.epoch_ms()), (1000, 5000));
+        c.advance(250);
+        assert_eq!((c.mono_ms(), c.epoch_ms()), (1250, 5250));
+        let s = Clock::system();
+        assert!(s.mono_ms() >= 1000 && s.epoch_ms() > 1_600_000_000_000);
+    }
+
+    #[tokio::test]
+    async fn executor_runs_detached_tasks() {
+        assert_eq!(Executor::current().spawn(async { 7 }).unwrap().await.unwrap(), 7);
+        let handle = tokio::runtime::Handle::current();
+        assert_eq!(Executor::new(handle).spawn(async { 8 }).unwrap().await.unwrap(), 8);
+    }
+}

@@ -1,0 +1,139 @@
+//! Connection and request counters: nginx's `stub_status` numbers as ferrisix keeps them,
+//! written by the proxy core and read by prometheus (`apisix_nginx_http_current_connections`,
+//! `apisix_http_requests_total`).
+//!
+//! The counters are bumped on every accept, close and request, from every worker thread; each
+//! thread writes its own cache-line-padded shard, so the bumps never contend. Reading sums the
+//! shards. One value per gateway ([`crate::PluginServices::conn_stats`]).
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+const SHARDS: usize = 64;
+
+#[derive(Default)]
+#[repr(align(128))]
+struct Shard {
+    accepted: AtomicU64,
+    closed: AtomicU64,
+    requests: AtomicU64,
+    finished: AtomicU64,
+}
+
+/// Connection and request counters (`apisix_nginx_http_current_connections`,
+/// `apisix_http_requests_total`).
+pub struct ConnStats {
+    shards: Box<[Shard]>,
+}
+
+impl std::fmt::Debug for ConnStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnStats")
+            .field("totals", &self.read())
+            .finish()
+    }
+}
+
+/// The summed counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnTotals {
+    pub accepted: u64,
+    pub handled: u64,
+    pub active: u64,
+    pub reading: u64,
+    pub writing: u64,
+    pub waiting: u64,
+    pub requests: u64,
+}
+
+fn shard_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    }
+    INDEX.with(|i| *i)
+}
+
+impl Default for ConnStats {
+    fn default() -> Self {
+        ConnStats::new()
+    }
+}
+
+impl ConnStats {
+    pub fn new() -> ConnStats {
+        ConnStats {
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+        }
+    }
+
+    fn shard(&self) -> &Shard {
+        &self.shards[shard_index()]
+    }
+
+    /// A client connection was accepted.
+    pub fn connection_opened(&self) {
+        self.shard().accepted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A client connection was closed.
+    pub fn connection_closed(&self) {
+        self.shard().closed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request arrived (nginx counts it in `requests` and in `writing` until it is answered).
+    pub fn request_started(&self) {
+        self.shard().requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request's response is complete (or the client went away).
+    pub fn request_finished(&self) {
+        self.shard().finished.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn read(&self) -> ConnTotals {
+        let mut accepted = 0u64;
+        let mut closed = 0u64;
+        let mut requests = 0u64;
+        let mut finished = 0u64;
+        for s in self.shards.iter() {
+            accepted += s.accepted.load(Ordering::Relaxed);
+            closed += s.closed.load(Ordering::Relaxed);
+            requests += s.requests.load(Ordering::Relaxed);
+            finished += s.finished.load(Ordering::Relaxed);
+        }
+        let active = accepted.saturating_sub(closed);
+        let writing = requests.saturating_sub(finished).min(active.max(1));
+        ConnTotals {
+            accepted,
+            handled: accepted,
+            active,
+            // hyper reads request heads without telling; nginx's `reading` is rarely non-zero.
+            reading: 0,
+            writing,
+            waiting: active.saturating_sub(writing),
+            requests,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn totals() {
+        let s = ConnStats::new();
+        s.connection_opened();
+        s.connection_opened();
+        s.request_started();
+        let t = s.read();
+        assert_eq!(
+            (t.accepted, t.active, t.writing, t.waiting, t.requests),
+            (2, 2, 1, 1, 1)
+        );
+        s.request_finished();
+        s.connection_closed();
+        let t = s.read();
+        assert_eq!((t.active, t.writing, t.waiting, t.handled), (1, 0, 1, 2));
+    }
+}

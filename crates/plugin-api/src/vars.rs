@@ -1,0 +1,172 @@
+//! Request variables as nginx and APISIX name them (`uri`, `host`, `http_x_foo`, `arg_a`,
+//! `cookie_c`, `remote_addr` ...), read lazily: for route `vars` conditions before any plugin
+//! runs, and behind [`crate::PluginCtx`]'s variables afterwards.
+
+use std::borrow::Cow;
+use std::net::IpAddr;
+
+use ferrisix_router::VarSource;
+use http::HeaderMap;
+use percent_encoding::percent_decode_str;
+
+use crate::ctx::RequestHead;
+
+/// The variables of one request head.
+#[derive(Clone, Copy)]
+pub struct RequestVars<'r> {
+    pub head: &'r RequestHead<'r>,
+    pub headers: &'r HeaderMap,
+    /// `$remote_addr` after the realip rewrite (and any plugin's).
+    pub remote_addr: IpAddr,
+}
+
+impl<'r> RequestVars<'r> {
+    /// `http_x_foo`: the header `x-foo`, repeated values joined as nginx joins them.
+    pub fn header(&self, name: &str) -> Option<Cow<'r, str>> {
+        header_var(self.headers, name)
+    }
+
+    /// `arg_name`: the first query argument `name`, `+` and percent-escapes decoded.
+    pub fn arg(&self, name: &str) -> Option<Cow<'r, str>> {
+        query_arg(self.head.uri.query()?, name)
+    }
+
+    pub fn cookie(&self, name: &str) -> Option<Cow<'r, str>> {
+        for header in self.headers.get_all(http::header::COOKIE) {
+            let Ok(text) = header.to_str() else { continue };
+            for pair in text.split(';') {
+                let (k, v) = pair.trim().split_once('=').unwrap_or((pair.trim(), ""));
+                if k == name {
+                    return Some(Cow::Owned(v.to_string()));
+                }
+            }
+        }
+        None
+    }
+}
+
+/// `http_<name>` over a header map (`_` stands for `-`).
+pub fn header_var<'h>(headers: &'h HeaderMap, name: &str) -> Option<Cow<'h, str>> {
+    let wanted: Cow<'_, str> = if name.contains('_') {
+        Cow::Owned(name.replace('_', "-"))
+    } else {
+        Cow::Borrowed(name)
+    };
+    let mut values = headers.get_all(wanted.as_ref()).iter();
+    let first = values.next()?;
+    let first = String::from_utf8_lossy(first.as_bytes());
+    match values.next() {
+        None => Some(first),
+        // nginx joins repeated headers (cookies with "; ", others with ", ").
+        Some(_) => {
+            let sep = if wanted == "cookie" { "; " } else { ", " };
+            let all: Vec<String> = headers
+                .get_all(wanted.as_ref())
+                .iter()
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .collect();
+            Some(Cow::Owned(all.join(sep)))
+        }
+    }
+}
+
+/// The first argument `name` of a query string, decoded as nginx's `$arg_` is not but
+/// APISIX's `ctx.var.arg_` is (`+` is a space, `%xx` escapes).
+pub fn query_arg<'q>(query: &'q str, name: &str) -> Option<Cow<'q, str>> {
+    for pair in query.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if k == name {
+            let v = v.replace('+', " ");
+            return Some(Cow::Owned(
+                percent_decode_str(&v).decode_utf8_lossy().into_owned(),
+            ));
+        }
+    }
+    None
+}
+
+impl VarSource for RequestVars<'_> {
+    fn var(&self, name: &str) -> Option<Cow<'_, str>> {
+        self.get(name)
+    }
+}
+
+impl<'r> RequestVars<'r> {
+    /// A variable, borrowing the request where it can.
+    pub fn get(&self, name: &str) -> Option<Cow<'r, str>> {
+        if let Some(h) = name.strip_prefix("http_") {
+            return self.header(h);
+        }
+        if let Some(a) = name.strip_prefix("arg_") {
+            return self.arg(a);
+        }
+        if let Some(c) = name.strip_prefix("cookie_") {
+            return self.cookie(c);
+        }
+        let head = self.head;
+        Some(match name {
+            "uri" => Cow::Borrowed(head.path),
+            "request_uri" => Cow::Borrowed(head.uri.path_and_query().map_or("/", |p| p.as_str())),
+            "host" => Cow::Borrowed(head.host?),
+            "remote_addr" => Cow::Owned(self.remote_addr.to_string()),
+            "remote_port" => Cow::Owned(head.conn.peer.port().to_string()),
+            "realip_remote_addr" => Cow::Owned(head.conn.peer.ip().to_string()),
+            "server_addr" => Cow::Owned(head.conn.local.ip().to_string()),
+            "server_port" => Cow::Owned(head.conn.local.port().to_string()),
+            "scheme" => Cow::Borrowed("http"),
+            "request_method" => Cow::Borrowed(head.method.as_str()),
+            "args" | "query_string" => Cow::Borrowed(head.uri.query()?),
+            "is_args" => Cow::Borrowed(if head.uri.query().is_some() { "?" } else { "" }),
+            "server_protocol" => Cow::Owned(format!("{:?}", head.version)),
+            "content_type" => return self.header("content_type"),
+            "content_length" => return self.header("content_length"),
+            _ => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{HeaderValue, Method, Uri, Version};
+
+    use super::*;
+    use crate::ctx::ConnFacts;
+
+    #[test]
+    fn nginx_variables() {
+        let conn = ConnFacts {
+            peer: "10.0.0.1:5555".parse().unwrap(),
+            local: "127.0.0.1:9080".parse().unwrap(),
+        };
+        let uri: Uri = "/a%20b?x=1+2&y=%41".parse().unwrap();
+        let head = RequestHead {
+            method: &Method::POST,
+            uri: &uri,
+            version: Version::HTTP_11,
+            path: "/a b",
+            host: Some("example.com"),
+            conn: &conn,
+        };
+        let mut headers = HeaderMap::new();
+        headers.append("x-a", HeaderValue::from_static("1"));
+        headers.append("x-a", HeaderValue::from_static("2"));
+        headers.append("cookie", HeaderValue::from_static("c=3; d=4"));
+        let vars = RequestVars {
+            head: &head,
+            headers: &headers,
+            remote_addr: "1.2.3.4".parse().unwrap(),
+        };
+        let v = |n: &str| vars.var(n).map(Cow::into_owned);
+        assert_eq!(v("http_x_a").as_deref(), Some("1, 2"));
+        assert_eq!(v("arg_x").as_deref(), Some("1 2"));
+        assert_eq!(v("arg_y").as_deref(), Some("A"));
+        assert_eq!(v("cookie_d").as_deref(), Some("4"));
+        assert_eq!(v("uri").as_deref(), Some("/a b"));
+        assert_eq!(v("request_uri").as_deref(), Some("/a%20b?x=1+2&y=%41"));
+        assert_eq!(v("remote_addr").as_deref(), Some("1.2.3.4"));
+        assert_eq!(v("realip_remote_addr").as_deref(), Some("10.0.0.1"));
+        assert_eq!(v("server_port").as_deref(), Some("9080"));
+        assert_eq!(v("is_args").as_deref(), Some("?"));
+        assert_eq!(v("nope"), None);
+    }
+}

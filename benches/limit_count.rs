@@ -1,6 +1,6 @@
 //! limit-count's access-phase cost (spec data-plane §6), the plugin called directly as the
-//! request path calls it: one `LimitCount::access` with a fresh `PluginCtx`, counting one
-//! request and setting the three `X-RateLimit-*` headers. The conf is benchmark scenario 2's
+//! request path calls it: one `access` with a fresh request state, counting one request and
+//! setting the three `X-RateLimit-*` headers. The conf is benchmark scenario 2's
 //! (`count` 2e12, `time_window` 60, `key: remote_addr`: never rejects).
 //!
 //! - `limit_count/local`: the in-process counters, one client address (one hot counter) and
@@ -15,23 +15,19 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use std::cell::RefCell;
+use std::sync::Arc;
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use ferrisix_config::model::ResourceKind;
-use ferrisix_plugins::limit_count::LimitCount;
-use ferrisix_plugins::{Flow, Owner, Plugin, PluginCtx, Step};
-use ferrisix_router::VarSource;
+use ferrisix_plugin_api::testing::TestRequest;
+use ferrisix_plugin_api::{Flow, Owner, Plugin, RequestState, Step};
+use ferrisix_plugins::PluginRegistry;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use http::{HeaderMap, Method};
 use serde_json::{json, Value};
 
-/// The conf needs no variables besides `remote_addr`, which the context carries.
-struct NoVars;
-
-impl VarSource for NoVars {
-    fn var(&self, _name: &str) -> Option<std::borrow::Cow<'_, str>> {
-        None
-    }
-}
+/// The compiled conf is a plugin object of the registry.
+type LimitCount = Arc<dyn Plugin>;
 
 /// Benchmark scenario 2's limit-count conf, plus `extra` fields.
 fn conf(extra: Value) -> Value {
@@ -43,13 +39,16 @@ fn conf(extra: Value) -> Value {
 }
 
 fn compile(conf: &Value, route_id: &str) -> LimitCount {
-    LimitCount::compile(
-        conf,
-        &Owner::new(ResourceKind::Routes, route_id),
-        None,
-        ferrisix_plugins::runtime(),
-    )
-    .expect("limit-count conf")
+    let registry = PluginRegistry::builtin();
+    let owner = Owner::new(ResourceKind::Routes, route_id);
+    registry
+        .compile_one("limit-count", conf, &owner, None, None)
+        .expect("limit-count conf")
+}
+
+thread_local! {
+    /// The request whose context each access gets (its state fresh every time).
+    static REQUEST: RefCell<TestRequest> = RefCell::new(TestRequest::get("/hello"));
 }
 
 fn ip(i: u32) -> IpAddr {
@@ -57,33 +56,36 @@ fn ip(i: u32) -> IpAddr {
 }
 
 /// One access phase with the local policy.
-fn access_local(lc: &LimitCount, method: &Method, headers: &HeaderMap, addr: IpAddr) -> usize {
-    let mut ctx = PluginCtx::new(method, "/hello", headers, addr, &NoVars);
-    let Step::Done(flow) = lc.access(&mut ctx) else {
-        panic!("the local policy does not wait")
-    };
-    debug_assert_eq!(flow, Flow::Continue);
-    ctx.response_headers.len()
+fn access_local(lc: &LimitCount, addr: IpAddr) -> usize {
+    REQUEST.with(|r| {
+        let mut req = r.borrow_mut();
+        req.state = RequestState::new(addr);
+        let mut ctx = req.ctx();
+        let Step::Done(flow) = lc.access(&mut ctx) else {
+            panic!("the local policy does not wait")
+        };
+        debug_assert_eq!(flow, Flow::Continue);
+        ctx.response_headers().len()
+    })
 }
 
 fn local(c: &mut Criterion) {
     let lc = compile(&conf(json!({})), "bench-local");
-    let (method, headers) = (Method::GET, HeaderMap::new());
-    assert_eq!(access_local(&lc, &method, &headers, ip(0)), 3);
+    assert_eq!(access_local(&lc, ip(0)), 3);
     let mut g = c.benchmark_group("limit_count/local");
     g.bench_function("one_key", |b| {
-        b.iter(|| access_local(&lc, &method, &headers, black_box(ip(1))))
+        b.iter(|| access_local(&lc, black_box(ip(1))))
     });
     const KEYS: u32 = 10_000;
     // Every counter exists before measuring.
     for i in 0..KEYS {
-        access_local(&lc, &method, &headers, ip(i));
+        access_local(&lc, ip(i));
     }
     let mut next = 0;
     g.bench_function(BenchmarkId::new("keys", KEYS), |b| {
         b.iter(|| {
             next = (next + 1) % KEYS;
-            access_local(&lc, &method, &headers, black_box(ip(next)))
+            access_local(&lc, black_box(ip(next)))
         })
     });
     g.finish();
@@ -130,8 +132,10 @@ impl RedisServer {
 }
 
 /// One access phase with a remote policy.
-async fn access_remote(lc: &LimitCount, method: &Method, headers: &HeaderMap, addr: IpAddr) {
-    let mut ctx = PluginCtx::new(method, "/hello", headers, addr, &NoVars);
+async fn access_remote(lc: &LimitCount, addr: IpAddr) {
+    let mut req = TestRequest::get("/hello");
+    req.state = RequestState::new(addr);
+    let mut ctx = req.ctx();
     let Step::Wait(fut) = lc.access(&mut ctx) else {
         panic!("the redis policy waits")
     };
@@ -151,21 +155,20 @@ fn redis(c: &mut Criterion) {
         &conf(json!({"policy": "redis", "redis_host": "127.0.0.1", "redis_port": server.port})),
         "bench-redis",
     );
-    let (method, headers) = (Method::GET, HeaderMap::new());
     // The request path's runtime: one single-threaded runtime (a worker's).
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     // Connects and loads the script before measuring.
-    rt.block_on(access_remote(&lc, &method, &headers, ip(1)));
+    rt.block_on(access_remote(&lc, ip(1)));
     let mut g = c.benchmark_group("limit_count/redis");
     g.bench_function("sequential", |b| {
         b.iter_custom(|iters| {
             rt.block_on(async {
                 let started = Instant::now();
                 for _ in 0..iters {
-                    access_remote(&lc, &method, &headers, black_box(ip(1))).await;
+                    access_remote(&lc, black_box(ip(1))).await;
                 }
                 started.elapsed()
             })
@@ -180,13 +183,13 @@ fn redis(c: &mut Criterion) {
                 let mut pending = FuturesUnordered::new();
                 let mut issued = 0;
                 while issued < iters.min(IN_FLIGHT) {
-                    pending.push(access_remote(&lc, &method, &headers, ip(issued as u32)));
+                    pending.push(access_remote(&lc, ip(issued as u32)));
                     issued += 1;
                 }
                 while pending.next().await.is_some() {
                     if issued < iters {
                         let addr = ip((issued % IN_FLIGHT) as u32);
-                        pending.push(access_remote(&lc, &method, &headers, addr));
+                        pending.push(access_remote(&lc, addr));
                         issued += 1;
                     }
                 }

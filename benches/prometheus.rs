@@ -21,9 +21,11 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::borrow::Cow;
 
+use std::sync::Arc;
+
 use ferrisix_config::settings::{ExtraLabel, MetricAttr, PrometheusAttr, PrometheusMetrics};
-use ferrisix_plugins::prometheus::{Metrics, Prometheus};
-use ferrisix_plugins::{LogCtx, LogVars, Plugin, ResponseSource, RouteInfo};
+use ferrisix_plugin_api::{Clock, ConnStats, LogCtx, LogVars, Plugin, ResponseSource, RouteInfo};
+use ferrisix_plugins::observe::prometheus::{Metrics, Prometheus};
 use ferrisix_router::VarSource;
 use serde_json::json;
 
@@ -32,8 +34,16 @@ use serde_json::json;
 const SERIES_PER_ROUTE: usize = 4 + 3 * 18 + 2;
 const STATUS_CODES: [u16; 4] = [200, 404, 429, 503];
 
-fn metrics() -> &'static Metrics {
-    Box::leak(Box::new(Metrics::new(&PrometheusAttr::default())))
+fn metrics_of(attr: &PrometheusAttr) -> Arc<Metrics> {
+    Arc::new(Metrics::new(
+        attr,
+        Arc::new(ConnStats::new()),
+        Clock::system(),
+    ))
+}
+
+fn metrics() -> Arc<Metrics> {
+    metrics_of(&PrometheusAttr::default())
 }
 
 fn route(id: usize) -> RouteInfo {
@@ -56,7 +66,7 @@ fn request(status: u16) -> LogCtx {
         request_time: Duration::from_micros(1500),
         upstream_time: Some(Duration::from_micros(1200)),
         response_source: ResponseSource::Upstream,
-        vars: Default::default(),
+        ..Default::default()
     }
 }
 
@@ -90,7 +100,7 @@ fn log_extra_labels(c: &mut Criterion) {
         expire: 60.0,
         extra_labels: labels.iter().map(|l| label(l)).collect(),
     };
-    let m: &'static Metrics = Box::leak(Box::new(Metrics::new(&PrometheusAttr {
+    let m = metrics_of(&PrometheusAttr {
         metrics: PrometheusMetrics {
             http_status: attr(&["upstream_addr", "upstream_status"]),
             http_latency: attr(&["upstream_addr"]),
@@ -98,10 +108,10 @@ fn log_extra_labels(c: &mut Criterion) {
             ..Default::default()
         },
         ..Default::default()
-    })));
+    });
     let p = Prometheus::compile(&json!({}), Some(&route(1)), m);
     let mut ctx = request(200);
-    ctx.vars = LogVars::capture(p.log_vars().unwrap().clone(), &Upstream);
+    ctx.vars = LogVars::capture(p.log_needs().vars.unwrap(), &Upstream);
     let mut g = c.benchmark_group("prometheus");
     g.bench_function("log_extra_labels", |b| b.iter(|| p.log(black_box(&ctx))));
     g.finish();
@@ -113,10 +123,10 @@ fn render(c: &mut Criterion) {
     for target in [1_000, 10_000] {
         let m = metrics();
         let routes = target / SERIES_PER_ROUTE;
-        // The compiled plugins must stay alive: a group nothing references is swept.
+        // The compiled plugins must stay alive: a group nothing leases is released.
         let plugins: Vec<Prometheus> = (0..routes)
             .map(|i| {
-                let p = Prometheus::compile(&json!({}), Some(&route(i)), m);
+                let p = Prometheus::compile(&json!({}), Some(&route(i)), m.clone());
                 for code in STATUS_CODES {
                     p.log(&request(code));
                 }

@@ -12,11 +12,13 @@ mod proxy;
 /// Scenario 1's route, exactly as run.sh PUTs it (`UPSTREAM_PORT` is filled in).
 const ROUTE: &str = r#"{"uri": "/hello", "plugins": {}, "upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:UPSTREAM_PORT": 1}}}"#;
 
-/// The answer came through the gateway, and no plugin touched it.
-fn verify(answer: &proxy::Answer) {
+/// The answer came through the gateway, no plugin touched it, and the gateway counted the
+/// probes in its own statistics.
+fn verify(gateway: &proxy::Proxy, answer: &proxy::Answer) {
     let has = |name: &str| answer.headers.iter().any(|(k, _)| k == name);
     assert!(has("server"), "no Server header: {:?}", answer.headers);
     assert!(!has("x-ratelimit-remaining"), "a plugin ran");
+    assert!(gateway.services.conn_stats().read().requests >= 2);
 }
 
 fn single_upstream(c: &mut Criterion) {

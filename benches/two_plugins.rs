@@ -13,7 +13,7 @@ mod proxy;
 const ROUTE: &str = r#"{"uri": "/hello", "plugins": {"limit-count": {"count": 2000000000000, "time_window": 60, "rejected_code": 503, "key": "remote_addr"}, "prometheus": {}}, "upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:UPSTREAM_PORT": 1}}}"#;
 
 /// Both plugins ran: limit-count's headers are on the answer and prometheus counted route 1.
-fn verify(answer: &proxy::Answer) {
+fn verify(gateway: &proxy::Proxy, answer: &proxy::Answer) {
     assert!(
         answer
             .headers
@@ -22,7 +22,10 @@ fn verify(answer: &proxy::Answer) {
         "no limit-count headers: {:?}",
         answer.headers
     );
-    let text = ferrisix_plugins::runtime().metrics.render();
+    let text = gateway
+        .services
+        .shared::<ferrisix_plugins::observe::prometheus::Metrics>()
+        .render();
     assert!(
         text.contains("apisix_http_status{code=\"200\",route=\"1\""),
         "prometheus did not record the probe:\n{text}"

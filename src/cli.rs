@@ -11,6 +11,8 @@ use ferrisix_config::provider::parse_standalone;
 use ferrisix_config::settings::{AccessLogTarget, HttpRouter, Settings};
 use ferrisix_config::state::ConfigState;
 use ferrisix_config::validate;
+use ferrisix_plugin_api::PluginServices;
+use ferrisix_plugins::observe::prometheus::Metrics;
 use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::access_log::{AccessLog, LogSink};
 use ferrisix_proxy::{
@@ -122,7 +124,12 @@ pub fn compile_options(settings: &Settings) -> CompileOptions {
     }
 }
 
-pub fn gateway(settings: &Settings, snapshot: SnapshotHandle) -> Gateway {
+/// The data plane's gateway; `stats` are the plugins' services' connection statistics.
+pub fn gateway(
+    settings: &Settings,
+    snapshot: SnapshotHandle,
+    stats: Arc<ferrisix_plugin_api::ConnStats>,
+) -> Gateway {
     let http = &settings.nginx_config.http;
     let server_header = if settings.apisix.enable_server_tokens {
         HeaderValue::from_static(concat!("ferrisix/", env!("CARGO_PKG_VERSION")))
@@ -150,6 +157,7 @@ pub fn gateway(settings: &Settings, snapshot: SnapshotHandle) -> Gateway {
         },
         show_upstream_status: settings.apisix.show_upstream_status_in_response_header,
         access_log: Arc::new(AccessLog::new(sink, &http.access_log_format)),
+        stats,
         legacy_admin: None,
         client_body_timeout: http.client_body_timeout,
     }
@@ -199,22 +207,16 @@ pub async fn wait_for_signal() {
     }
 }
 
-/// Hands `plugin_attr` to the plugins; must run before the first snapshot is compiled.
-/// `health` answers `apisix_etcd_reachable`; `states` (a store's, `None` for the standalone
-/// file, which has no modify indexes) answers `apisix_etcd_modify_indexes`.
+/// Tells prometheus where the store's health and modify indexes come from: `health`
+/// answers `apisix_etcd_reachable`; `states` (a store's, `None` for the standalone file,
+/// which has no modify indexes) answers `apisix_etcd_modify_indexes`.
 pub fn configure_plugins(
-    settings: &Settings,
+    services: &PluginServices,
     health: ferrisix_proxy::control::HealthProbe,
     states: Option<watch::Receiver<Arc<ConfigState>>>,
 ) {
-    let plugin_settings = ferrisix_plugins::PluginSettings {
-        prometheus: settings.plugin_attr.prometheus.clone(),
-    };
-    if let Err(e) = ferrisix_plugins::configure(plugin_settings) {
-        tracing::warn!("{e}");
-    }
-    ferrisix_plugins::runtime()
-        .metrics
+    services
+        .shared::<Metrics>()
         .set_node_source(Box::new(StoreSource { health, states }));
 }
 
@@ -223,7 +225,7 @@ struct StoreSource {
     states: Option<watch::Receiver<Arc<ConfigState>>>,
 }
 
-impl ferrisix_plugins::prometheus::node::NodeSource for StoreSource {
+impl ferrisix_plugins::observe::prometheus::NodeSource for StoreSource {
     fn etcd_reachable(&self) -> Option<bool> {
         Some((self.health)().reachable)
     }
@@ -273,6 +275,7 @@ fn modify_indexes(state: &ConfigState) -> Vec<(String, i64)> {
 /// serves `export_uri` on the data port instead, as in APISIX.
 pub fn start_prometheus_export(
     settings: &Settings,
+    services: &PluginServices,
     rt: &tokio::runtime::Runtime,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), String> {
@@ -285,9 +288,9 @@ pub fn start_prometheus_export(
     let listener = rt
         .block_on(tokio::net::TcpListener::bind(addr))
         .map_err(|e| format!("cannot listen on {addr} for prometheus metrics: {e}"))?;
-    rt.spawn(ferrisix_plugins::prometheus::server::serve(
+    rt.spawn(ferrisix_plugins::observe::prometheus::server::serve(
         listener,
-        &ferrisix_plugins::runtime().metrics,
+        services.shared::<Metrics>(),
         conn_limits(settings),
         shutdown,
     ));

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use ferrisix_config::settings::{Role, Settings};
+use ferrisix_plugin_api::{Clock, Executor, PluginServices};
 use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::snapshot;
 
@@ -67,6 +68,19 @@ fn run(mut settings: Settings) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the control runtime: {e}"))?;
+    // The plugins' background tasks (Redis connections, their releases) run here, off the
+    // workers and off the control thread's compiles.
+    let background = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("ferrisix-background")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the background runtime: {e}"))?;
+    let services = Arc::new(PluginServices::new(
+        settings.plugin_attr.clone(),
+        Executor::new(background.handle().clone()),
+        Clock::system(),
+    ));
     let options = cli::compile_options(&settings);
     let handle = snapshot::new_handle(options);
 
@@ -76,20 +90,20 @@ fn run(mut settings: Settings) -> Result<(), String> {
 
     // Compile the first state before accepting traffic, so the first request sees the routes.
     let first = states.borrow().clone();
-    let (registry, unknown) = PluginRegistry::enabled(settings.plugins.as_deref());
+    let (registry, unknown) = PluginRegistry::new(services.clone(), settings.plugins.as_deref());
     for name in unknown {
         tracing::warn!(plugin = %name, "config.yaml enables a plugin ferrisix does not have; ignored");
     }
     // Standalone files have no modify indexes to report.
     let store_states = source.store.as_ref().map(|_| states.clone());
-    cli::configure_plugins(&settings, health.clone(), store_states);
+    cli::configure_plugins(&services, health.clone(), store_states);
     let prometheus_enabled = registry.get("prometheus").is_some();
     let plugins = Arc::new(registry.clone());
     handle.store(Arc::new(snapshot::Snapshot::compile(
         &first,
         &handle.load(),
         options,
-        plugins.as_ref(),
+        &plugins,
     )));
     control.spawn(snapshot::follow(states, handle.clone(), options, plugins));
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
@@ -129,7 +143,7 @@ fn run(mut settings: Settings) -> Result<(), String> {
     }
 
     if prometheus_enabled {
-        cli::start_prometheus_export(&settings, &control, shutdown_rx.clone())?;
+        cli::start_prometheus_export(&settings, &services, &control, shutdown_rx.clone())?;
     }
 
     // A control_plane node serves only the Admin API, as in APISIX.
@@ -137,7 +151,7 @@ fn run(mut settings: Settings) -> Result<(), String> {
         tracing::info!("control_plane role: Admin API only, no data-plane listeners");
         None
     } else {
-        let mut gateway = cli::gateway(&settings, handle);
+        let mut gateway = cli::gateway(&settings, handle, services.conn_stats().clone());
         if settings.ferrisix.admin_on_data_port {
             match admin.clone() {
                 Some(api) => {

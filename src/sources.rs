@@ -231,11 +231,12 @@ pub async fn start_admin(
     let mut options = AdminOptions::from_settings(&settings.deployment.admin);
     options.key_guard = settings.ferrisix.admin_key_guard.clone();
     let config_path = settings.source.clone();
+    let services = plugins.services().clone();
     let hook: ferrisix_admin::ReloadHook = Arc::new(move || {
         // `PUT /plugins/reload` re-reads the plugin list from config.yaml, as APISIX does.
         let path = config_path.as_ref()?;
         let (s, _) = Settings::load(path).ok()?;
-        Some(PluginRegistry::enabled(s.plugins.as_deref()).0)
+        Some(PluginRegistry::new(services.clone(), s.plugins.as_deref()).0)
     });
     let api = Arc::new(AdminApi::new(options, store, plugins).with_reload_hook(hook));
     if let Err(e) = api.publish_plugin_list().await {
@@ -253,7 +254,7 @@ pub async fn start_admin(
 }
 
 /// The data port's `/apisix/admin` handler for `ferrisix.admin_on_data_port`.
-pub fn legacy_admin(api: Arc<AdminApi>) -> ferrisix_proxy::handler::LegacyAdmin {
+pub fn legacy_admin(api: Arc<AdminApi>) -> ferrisix_proxy::LegacyAdmin {
     Arc::new(move |req, peer| {
         let api = api.clone();
         Box::pin(async move {

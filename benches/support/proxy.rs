@@ -22,6 +22,7 @@ use criterion::{BenchmarkId, Criterion, Throughput};
 use ferrisix_config::model::ResourceKind;
 use ferrisix_config::settings::Settings;
 use ferrisix_config::state::{ConfigState, StoredItem};
+use ferrisix_plugin_api::PluginServices;
 use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::access_log::{AccessLog, LogSink};
 use ferrisix_proxy::snapshot::{self, Snapshot};
@@ -91,6 +92,8 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 /// A running gateway; stopped (gracefully) when dropped.
 pub struct Proxy {
     pub port: u16,
+    /// Its plugins' services (the metrics registry among their shared states).
+    pub services: Arc<PluginServices>,
     shutdown: tokio::sync::watch::Sender<bool>,
     server: Option<ServerHandle>,
 }
@@ -107,10 +110,8 @@ impl Drop for Proxy {
 /// Starts the gateway serving one route, `route_json` with `UPSTREAM_PORT` replaced by the
 /// upstream's port, stored as route `1` (as `PUT /apisix/admin/routes/1` would).
 pub fn start_proxy(route_json: &str, upstream_port: u16) -> Proxy {
-    // What src/cli.rs does before the first compile (default plugin_attr).
-    if let Err(e) = ferrisix_plugins::configure(ferrisix_plugins::PluginSettings::default()) {
-        eprintln!("note: {e}");
-    }
+    // What src/main.rs makes before the first compile (default plugin_attr).
+    let services = Arc::new(PluginServices::default());
     let route: serde_json::Value =
         serde_json::from_str(&route_json.replace("UPSTREAM_PORT", &upstream_port.to_string()))
             .expect("route JSON");
@@ -137,7 +138,7 @@ pub fn start_proxy(route_json: &str, upstream_port: u16) -> Proxy {
     let options = CompileOptions {
         router: RouterKind::HostUri,
     };
-    let (registry, _) = PluginRegistry::enabled(settings.plugins.as_deref());
+    let (registry, _) = PluginRegistry::new(services.clone(), settings.plugins.as_deref());
     let handle = snapshot::new_handle(options);
     let compiled = Snapshot::compile(&state, &handle.load(), options, &registry);
     assert!(
@@ -162,6 +163,7 @@ pub fn start_proxy(route_json: &str, upstream_port: u16) -> Proxy {
         show_upstream_status: false,
         // Off: the benches measure the request path, not the disk.
         access_log: Arc::new(AccessLog::new(LogSink::Off, &http.access_log_format)),
+        stats: services.conn_stats().clone(),
     });
 
     // A free port can be taken between the probe and the bind: try a few.
@@ -188,6 +190,7 @@ pub fn start_proxy(route_json: &str, upstream_port: u16) -> Proxy {
             Ok(server) => {
                 return Proxy {
                     port,
+                    services,
                     shutdown,
                     server: Some(server),
                 }
@@ -336,7 +339,12 @@ pub fn config() -> Criterion {
 /// The group `name`: the scenario's route behind a fresh gateway, measured at each of
 /// [`CONNECTIONS`]. Two probe requests go first; `verify` checks the second's answer (by then
 /// the first one's log phase has run: a connection's requests are served in order).
-pub fn bench_scenario(c: &mut Criterion, name: &str, route_json: &str, verify: fn(&Answer)) {
+pub fn bench_scenario(
+    c: &mut Criterion,
+    name: &str,
+    route_json: &str,
+    verify: fn(&Proxy, &Answer),
+) {
     let upstream = start_upstream();
     let proxy = start_proxy(route_json, upstream);
     let mut g = c.benchmark_group(name);
@@ -347,7 +355,7 @@ pub fn bench_scenario(c: &mut Criterion, name: &str, route_json: &str, verify: f
         let answer = clients.probe();
         assert_eq!(answer.status, 200);
         assert_eq!(answer.body, b"1234567890");
-        verify(&answer);
+        verify(&proxy, &answer);
         g.bench_with_input(BenchmarkId::new("connections", n), &n, |b, _| {
             b.iter_custom(|iters| clients.run(iters))
         });

@@ -145,7 +145,9 @@ pub struct CompileCtx<'a> {
 impl CompileCtx<'_> {
     /// The conf as an object.
     pub fn object(&self) -> Result<&Map<String, Value>, String> {
-        self.conf.as_object().ok_or_else(|| "conf is not an object".into())
+        self.conf
+            .as_object()
+            .ok_or_else(|| "conf is not an object".into())
     }
 
     /// The conf with the schema's defaults filled in, as APISIX holds it.

@@ -139,7 +139,9 @@ impl fmt::Display for BodyError {
         match self {
             BodyError::Broken(e) => write!(f, "failed to read the request body: {e}"),
             BodyError::Timeout => f.write_str("client timed out sending the request body"),
-            BodyError::TooLarge(n) => write!(f, "request body larger than the limit ({n} bytes read)"),
+            BodyError::TooLarge(n) => {
+                write!(f, "request body larger than the limit ({n} bytes read)")
+            }
         }
     }
 }
@@ -160,7 +162,10 @@ pub enum RequestBody {
     /// Read completely.
     Buffered(Bytes),
     /// Read up to a limit; the rest follows from the client.
-    Partial { read: Bytes, rest: PendingBody },
+    Partial {
+        read: Bytes,
+        rest: PendingBody,
+    },
     /// Reading failed; the proxy answers for it.
     Failed(BodyError),
 }
@@ -181,15 +186,16 @@ impl fmt::Debug for RequestBody {
 const BODY_READ_GAP: Duration = Duration::from_secs(60);
 
 impl RequestBody {
-    /// Reads the body up to `limit` bytes, once; later calls answer what was read.
-    pub async fn read(&mut self, limit: usize) -> Result<&Bytes, BodyError> {
+    /// Reads the body up to `limit` bytes, once, waiting at most `gap` between two reads;
+    /// later calls answer what was read.
+    pub async fn read(&mut self, limit: usize, gap: Duration) -> Result<&Bytes, BodyError> {
         if let RequestBody::Unread(_) = self {
             let RequestBody::Unread(mut body) = std::mem::take(self) else {
                 unreachable!("checked above")
             };
             let mut buf = BytesMut::new();
             *self = loop {
-                match tokio::time::timeout(BODY_READ_GAP, body.frame()).await {
+                match tokio::time::timeout(gap, body.frame()).await {
                     Ok(Some(Ok(frame))) => {
                         if let Ok(data) = frame.into_data() {
                             buf.extend_from_slice(&data);
@@ -357,6 +363,7 @@ pub struct RequestState {
     private: PrivateState,
     guards: RequestGuards,
     upstream_node: Option<SocketAddr>,
+    body_timeout: Duration,
 }
 
 impl fmt::Debug for RequestState {
@@ -385,7 +392,17 @@ impl RequestState {
             private: PrivateState::default(),
             guards: RequestGuards::default(),
             upstream_node: None,
+            body_timeout: BODY_READ_GAP,
         }
+    }
+
+    /// nginx's `client_body_timeout` for the plugins' body reads.
+    pub fn set_body_timeout(&mut self, timeout: Duration) {
+        self.body_timeout = timeout;
+    }
+
+    pub fn body_timeout(&self) -> Duration {
+        self.body_timeout
     }
 
     /// Which of the route's `uris` and `hosts` matched (indexes into [`RouteInfo`]).
@@ -412,6 +429,10 @@ impl RequestState {
 
     pub fn body(&self) -> &RequestBody {
         &self.body
+    }
+
+    pub fn body_mut(&mut self) -> &mut RequestBody {
+        &mut self.body
     }
 
     pub fn upstream_edits(&self) -> &UpstreamEdits {
@@ -620,7 +641,8 @@ impl<'r> PluginCtx<'r> {
 
     /// Reads the request body up to `limit` bytes (once; it is still forwarded upstream).
     pub async fn read_body(&mut self, limit: usize) -> Result<&Bytes, BodyError> {
-        self.state.body.read(limit).await
+        let gap = self.state.body_timeout;
+        self.state.body.read(limit, gap).await
     }
 
     /// The body, when some plugin read it completely already.
@@ -700,5 +722,138 @@ impl VarSource for PluginCtx<'_> {
             "matched_uri" => Some(Cow::Borrowed(self.matched_uri())),
             _ => self.request_vars().get(name),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderName;
+
+    use super::*;
+    use crate::testing::TestRequest;
+
+    #[test]
+    fn owner_keys() {
+        assert_eq!(
+            Owner::new(ResourceKind::Routes, "1").key,
+            "/apisix/routes/1"
+        );
+        assert_eq!(
+            Owner::new(ResourceKind::GlobalRules, "g").key,
+            "/apisix/global_rules/g"
+        );
+    }
+
+    #[test]
+    fn edits_are_seen_by_later_plugins() {
+        let route = RouteInfo {
+            id: "r1".into(),
+            service_id: Some("s1".into()),
+            uris: vec!["/a/*".into()],
+            ..Default::default()
+        };
+        let mut req = TestRequest::get("/a/b?x=1").route(route);
+        req.state.set_matched(Some(0), None);
+        let mut ctx = req.ctx();
+        assert_eq!(ctx.var("route_id").as_deref(), Some("r1"));
+        assert_eq!(ctx.var("service_id").as_deref(), Some("s1"));
+        assert_eq!(ctx.matched_uri(), "/a/*");
+        assert_eq!(ctx.var("upstream_uri").as_deref(), Some("/a/b?x=1"));
+        ctx.headers_mut().insert(
+            HeaderName::from_static("x-added"),
+            HeaderValue::from_static("v"),
+        );
+        assert_eq!(ctx.var("http_x_added").as_deref(), Some("v"));
+        ctx.set_remote_addr("10.1.1.1".parse().unwrap());
+        assert_eq!(ctx.var("remote_addr").as_deref(), Some("10.1.1.1"));
+        ctx.set_upstream_path("/b".into());
+        assert_eq!(ctx.upstream_uri(), "/b?x=1");
+        ctx.set_upstream_query(None);
+        assert_eq!(ctx.upstream_uri(), "/b");
+        assert_eq!(ctx.var("consumer_name"), None);
+        ctx.attach_consumer(Arc::new(Consumer {
+            username: "jack".into(),
+            group_id: Some("g".into()),
+            ..Default::default()
+        }));
+        assert_eq!(ctx.var("consumer_name").as_deref(), Some("jack"));
+        assert_eq!(ctx.var("consumer_group_id").as_deref(), Some("g"));
+        // Per-request plugin state by type.
+        #[derive(Debug, PartialEq)]
+        struct Origin(&'static str);
+        assert_eq!(ctx.get::<Origin>(), None);
+        ctx.insert(Origin("a"));
+        ctx.insert(Origin("b"));
+        assert_eq!(ctx.get::<Origin>(), Some(&Origin("b")));
+        ctx.response_headers_mut().insert(
+            HeaderName::from_static("x-r"),
+            HeaderValue::from_static("1"),
+        );
+        ctx.set_max_body_size(10);
+        drop(ctx);
+        assert_eq!(req.state.max_body_size(), Some(10));
+        assert_eq!(req.state.upstream_edits().path.as_deref(), Some("/b"));
+        assert_eq!(req.state.take_response_headers().len(), 1);
+        assert_eq!(
+            req.state.remote_addr(),
+            "10.1.1.1".parse::<IpAddr>().unwrap()
+        );
+    }
+
+    /// A body of ready chunks.
+    struct Chunks(std::collections::VecDeque<Bytes>);
+
+    impl http_body::Body for Chunks {
+        type Data = Bytes;
+        type Error = BodyError;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BodyError>>> {
+            std::task::Poll::Ready(
+                self.get_mut()
+                    .0
+                    .pop_front()
+                    .map(|b| Ok(http_body::Frame::data(b))),
+            )
+        }
+    }
+
+    fn pending(chunks: &[&'static str]) -> PendingBody {
+        Box::pin(Chunks(
+            chunks
+                .iter()
+                .map(|c| Bytes::from_static(c.as_bytes()))
+                .collect(),
+        ))
+    }
+
+    #[tokio::test]
+    async fn body_is_read_once_up_to_a_limit() {
+        let mut body = RequestBody::Unread(pending(&["ab", "cd"]));
+        assert_eq!(body.read(10, BODY_READ_GAP).await.unwrap(), "abcd");
+        assert_eq!(
+            body.read(10, BODY_READ_GAP).await.unwrap(),
+            "abcd",
+            "read once"
+        );
+        assert_eq!(
+            body.read(3, BODY_READ_GAP).await,
+            Err(BodyError::TooLarge(4))
+        );
+        let mut big = RequestBody::Unread(pending(&["abc", "def", "ghi"]));
+        assert_eq!(
+            big.read(4, BODY_READ_GAP).await,
+            Err(BodyError::TooLarge(6))
+        );
+        let RequestBody::Partial { read, mut rest } = big else {
+            panic!("the rest still follows")
+        };
+        assert_eq!(read, "abcdef");
+        let tail = rest.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(tail, "ghi");
+        let mut empty = RequestBody::Empty;
+        assert_eq!(empty.read(0, BODY_READ_GAP).await.unwrap(), "");
     }
 }

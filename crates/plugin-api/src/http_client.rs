@@ -134,7 +134,10 @@ impl HttpClient {
         let host = uri
             .host()
             .ok_or_else(|| HttpError::InvalidUri(uri.to_string()))?;
-        let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
         let port = uri.port_u16().unwrap_or(80);
         let authority = format!("{host}:{port}");
         parts.uri = uri
@@ -166,7 +169,9 @@ impl HttpClient {
             .collect()
             .await
             .map_err(|e| {
-                if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                if e.downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some()
+                {
                     HttpError::BodyTooLarge
                 } else {
                     HttpError::Protocol(e.to_string())
@@ -229,7 +234,9 @@ mod tests {
             assert_eq!(resp.body(), "ok");
         }
         assert_eq!(accepted.load(std::sync::atomic::Ordering::Relaxed), 1);
-        let https = Request::get("https://127.0.0.1/").body(Bytes::new()).unwrap();
+        let https = Request::get("https://127.0.0.1/")
+            .body(Bytes::new())
+            .unwrap();
         assert!(matches!(
             client.send(https, Duration::from_secs(1)).await,
             Err(HttpError::Unsupported(_))

@@ -80,9 +80,18 @@ mod tests {
         let mut req = TestRequest::get("/").header("x-user", "alice");
         let ctx = req.ctx();
         let text = |k: KeyValue<'_>| k.into_text();
-        assert_eq!(text(KeySpec::new("var", "remote_addr").resolve(&ctx)), "127.0.0.1");
-        assert_eq!(text(KeySpec::new("var", "http_x_user").resolve(&ctx)), "alice");
-        assert_eq!(text(KeySpec::new("var", "http_x_none").resolve(&ctx)), "127.0.0.1");
+        assert_eq!(
+            text(KeySpec::new("var", "remote_addr").resolve(&ctx)),
+            "127.0.0.1"
+        );
+        assert_eq!(
+            text(KeySpec::new("var", "http_x_user").resolve(&ctx)),
+            "alice"
+        );
+        assert_eq!(
+            text(KeySpec::new("var", "http_x_none").resolve(&ctx)),
+            "127.0.0.1"
+        );
         assert_eq!(text(KeySpec::new("constant", "k").resolve(&ctx)), "k");
         assert_eq!(
             text(KeySpec::new("var_combination", "$http_x_user-$nope").resolve(&ctx)),

@@ -42,8 +42,7 @@ pub use compile::{
 };
 pub use ctx::{
     BodyError, ConnFacts, Consumer, Owner, PendingBody, PluginCtx, RequestBody, RequestGuards,
-    RequestHead,
-    RequestState, ResponseHeaders, RouteInfo, UpstreamEdits,
+    RequestHead, RequestState, ResponseHeaders, RouteInfo, UpstreamEdits,
 };
 pub use def::{CheckCtx, PluginDef, PluginKind, RunPolicy, Scope};
 pub use exit::Exit;

@@ -11,7 +11,7 @@
 //!   (the Redis pools, the metrics registry, the counter spaces of the limit plugins).
 
 use std::any::{Any, TypeId};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -128,6 +128,7 @@ pub struct PluginServices {
     conn_stats: Arc<ConnStats>,
     attr: PluginAttr,
     shared: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+    texts: Mutex<HashSet<&'static str>>,
 }
 
 impl std::fmt::Debug for PluginServices {
@@ -154,6 +155,7 @@ impl PluginServices {
             conn_stats: Arc::new(ConnStats::new()),
             attr,
             shared: Mutex::new(HashMap::new()),
+            texts: Mutex::new(HashSet::new()),
         }
     }
 
@@ -177,6 +179,20 @@ impl PluginServices {
     /// `plugin_attr` of `config.yaml`.
     pub fn plugin_attr(&self) -> &PluginAttr {
         &self.attr
+    }
+
+    /// A copy of `text` that lives as long as the process, made once per gateway and text: for
+    /// header names and values that every request clones, since a static header clones
+    /// without touching a reference count all worker threads would contend on. Bounded by the
+    /// distinct texts configured.
+    pub fn static_text(&self, text: &str) -> &'static str {
+        let mut texts = self.texts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = texts.get(text) {
+            return s;
+        }
+        let s: &'static str = Box::leak(text.to_owned().into_boxed_str());
+        texts.insert(s);
+        s
     }
 
     /// This gateway's `T`, made on first use.
@@ -234,8 +250,22 @@ mod tests {
 
     #[tokio::test]
     async fn executor_runs_detached_tasks() {
-        assert_eq!(Executor::current().spawn(async { 7 }).unwrap().await.unwrap(), 7);
+        assert_eq!(
+            Executor::current()
+                .spawn(async { 7 })
+                .unwrap()
+                .await
+                .unwrap(),
+            7
+        );
         let handle = tokio::runtime::Handle::current();
-        assert_eq!(Executor::new(handle).spawn(async { 8 }).unwrap().await.unwrap(), 8);
+        assert_eq!(
+            Executor::new(handle)
+                .spawn(async { 8 })
+                .unwrap()
+                .await
+                .unwrap(),
+            8
+        );
     }
 }

@@ -56,6 +56,13 @@ impl<S: Retain> Default for StateMap<S> {
     }
 }
 
+/// One map per gateway and state type, as a shared state of [`crate::PluginServices`].
+impl<S: Retain + Send + Sync + 'static> crate::SharedState for StateMap<S> {
+    fn create(_: &crate::PluginServices) -> Self {
+        StateMap::default()
+    }
+}
+
 impl<S: Retain + Send + Sync + 'static> std::fmt::Debug for StateMap<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "StateMap({})", self.len())
@@ -150,9 +157,7 @@ fn prune<S: Retain>(inner: &mut Inner<S>, now: bool, released: &mut Vec<Arc<S>>)
     if inner.lingering == 0 {
         return;
     }
-    let due = inner
-        .last_prune
-        .is_none_or(|t| t.elapsed() >= PRUNE_EVERY);
+    let due = inner.last_prune.is_none_or(|t| t.elapsed() >= PRUNE_EVERY);
     if !now && !due {
         return;
     }

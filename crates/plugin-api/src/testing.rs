@@ -73,6 +73,11 @@ impl TestRequest {
             host: self.host.as_deref(),
             conn: &self.conn,
         };
-        PluginCtx::new(head, &mut self.headers, self.route.as_ref(), &mut self.state)
+        PluginCtx::new(
+            head,
+            &mut self.headers,
+            self.route.as_ref(),
+            &mut self.state,
+        )
     }
 }

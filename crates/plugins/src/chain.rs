@@ -7,18 +7,18 @@
 //! "prefer_route"`. Running a phase then only walks the plugins that implement it.
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use ferrisix_config::model::ResourceKind;
 use ferrisix_config::vars::compile_vars;
+use ferrisix_plugin_api::{
+    CompileCtx, Flow, LogCtx, LogNeeds, Owner, Phases, Plugin, PluginCtx, ResponseHead, RouteInfo,
+    RunPolicy, Step, UpstreamResolver,
+};
 use ferrisix_router::Expr;
-use http::{HeaderMap, StatusCode};
 use serde_json::{Map, Value};
 
-use crate::plugin::{
-    union_var_names, Flow, LogCtx, Owner, Phases, Plugin, PluginCtx, RouteInfo, Step, VarNames,
-};
 use crate::registry::PluginRegistry;
 
 /// One plugin configuration and where it comes from.
@@ -30,10 +30,22 @@ pub struct PluginSource<'a> {
 }
 
 /// What compiling a plugin may read besides its configuration.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct CompileEnv<'a> {
     /// `plugin_metadata` documents by plugin name.
     pub metadata: &'a HashMap<String, Value>,
+    /// The enabled plugins and the services they compile against.
+    pub registry: &'a PluginRegistry,
+    /// The upstreams of the snapshot being compiled (traffic-split's choices).
+    pub upstreams: &'a dyn UpstreamResolver,
+}
+
+impl std::fmt::Debug for CompileEnv<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompileEnv")
+            .field("metadata", &self.metadata.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Clone)]
@@ -51,8 +63,8 @@ struct ChainEntry {
 pub struct PluginChain {
     entries: Box<[ChainEntry]>,
     phases: Phases,
-    /// What the plugins' log phases read ([`Plugin::log_vars`]).
-    log_vars: Option<VarNames>,
+    /// What the plugins' log phases read ([`Plugin::log_needs`]).
+    log_needs: LogNeeds,
 }
 
 impl std::fmt::Debug for PluginChain {
@@ -76,7 +88,7 @@ pub fn is_disabled(conf: &Value) -> bool {
 }
 
 impl ChainEntry {
-    /// `None`: left out (disabled, or not implemented).
+    /// `None`: left out (disabled, or not a plugin of this registry).
     fn compile(
         src: &PluginSource<'_>,
         route: Option<&RouteInfo>,
@@ -85,20 +97,23 @@ impl ChainEntry {
         if !src.conf.is_object() || is_disabled(src.conf) {
             return Ok(None);
         }
-        let registry = PluginRegistry::builtin_shared();
-        let Some(info) = registry.get(src.name) else {
+        let Some(info) = env.registry.get(src.name) else {
             tracing::warn!(plugin = src.name, "unknown plugin left out of the chain");
             return Ok(None);
         };
-        let Some(plugin) = crate::factory::compile(info.name, src.conf, src.owner, route, env)
-            .map_err(|e| format!("failed to load plugin {}: {e}", src.name))?
-        else {
-            tracing::warn!(
-                plugin = src.name,
-                "plugin has no implementation yet; not run"
-            );
-            return Ok(None);
+        let cx = CompileCtx {
+            name: info.name,
+            conf: src.conf,
+            owner: src.owner,
+            route,
+            metadata: env.metadata.get(info.name),
+            services: env.registry.services(),
+            upstreams: env.upstreams,
+            apis: env.registry.apis(),
+            schema: &info.schema,
         };
+        let plugin = (info.def.compile)(&cx)
+            .map_err(|e| format!("failed to load plugin {}: {e}", src.name))?;
         let meta = meta(src.conf);
         let priority = meta
             .and_then(|m| m.get("priority"))
@@ -128,17 +143,13 @@ impl ChainEntry {
 }
 
 impl PluginChain {
-    /// A shared empty chain.
+    /// An empty chain.
     pub fn empty() -> Arc<PluginChain> {
-        static EMPTY: OnceLock<Arc<PluginChain>> = OnceLock::new();
-        EMPTY
-            .get_or_init(|| Arc::new(PluginChain::default()))
-            .clone()
+        Arc::new(PluginChain::default())
     }
 
     /// Compiles `sources` for `route` (`None`: requests that matched no route). Fails with the
-    /// first plugin that cannot be compiled; plugins ferrisix knows the schema of but does not
-    /// implement are skipped with a warning.
+    /// first plugin that cannot be compiled.
     pub fn compile(
         sources: &[PluginSource<'_>],
         route: Option<&RouteInfo>,
@@ -157,13 +168,14 @@ impl PluginChain {
         let phases = entries
             .iter()
             .fold(Phases::NONE, |p, e| p | e.plugin.phases());
-        let log_vars = entries.iter().fold(None, |names, e| {
-            union_var_names(names.as_ref(), e.plugin.log_vars())
-        });
+        let log_needs = entries
+            .iter()
+            .filter(|e| e.plugin.phases().contains(Phases::LOG))
+            .fold(LogNeeds::default(), |n, e| n.union(&e.plugin.log_needs()));
         PluginChain {
             entries: entries.into_boxed_slice(),
             phases,
-            log_vars,
+            log_needs,
         }
     }
 
@@ -180,9 +192,9 @@ impl PluginChain {
         self.phases.contains(phase)
     }
 
-    /// The request variables this chain's log phase reads; `None`: none.
-    pub fn log_vars(&self) -> Option<&VarNames> {
-        self.log_vars.as_ref()
+    /// What this chain's log phase reads.
+    pub fn log_needs(&self) -> &LogNeeds {
+        &self.log_needs
     }
 
     /// Plugin names in run order.
@@ -257,13 +269,18 @@ impl PluginChain {
     }
 
     /// `header_filter`: the response head is final except for what plugins change here.
-    pub fn header_filter(&self, status: StatusCode, headers: &mut HeaderMap, verdicts: Verdicts) {
+    pub fn header_filter(
+        &self,
+        ctx: &mut PluginCtx<'_>,
+        resp: &mut ResponseHead<'_>,
+        verdicts: Verdicts,
+    ) {
         if !self.phases.contains(Phases::HEADER_FILTER) {
             return;
         }
         for (i, e) in self.entries.iter().enumerate() {
             if e.plugin.phases().contains(Phases::HEADER_FILTER) && verdicts.allows(i) {
-                e.plugin.header_filter(status, headers);
+                e.plugin.header_filter(ctx, resp);
             }
         }
     }
@@ -340,8 +357,13 @@ impl GlobalRules {
     pub fn prepare(&self, env: CompileEnv<'_>) -> GlobalChains {
         let mut shared = Vec::new();
         let mut per_route = Vec::new();
+        let mut prefer_route = Vec::new();
         for (name, conf, owner) in &self.plugins {
-            if crate::factory::depends_on_route(name) {
+            let def = env.registry.get(name).map(|i| i.def);
+            if def.is_some_and(|d| d.run_policy == RunPolicy::PreferRoute) {
+                prefer_route.push(name.clone());
+            }
+            if def.is_some_and(|d| d.per_route) {
                 per_route.push((name.clone(), conf.clone(), owner.clone()));
                 continue;
             }
@@ -358,6 +380,7 @@ impl GlobalRules {
             shared_chain: Arc::new(PluginChain::from_entries(shared.clone())),
             shared,
             per_route,
+            prefer_route,
         };
         chains.unmatched = chains.build(None, env);
         chains
@@ -371,6 +394,8 @@ pub struct GlobalChains {
     shared_chain: Arc<PluginChain>,
     /// Plugins compiled per route (prometheus: its labels are the route's).
     per_route: Vec<(String, Value, Owner)>,
+    /// Names of the plugins with `run_policy = "prefer_route"`.
+    prefer_route: Vec<String>,
     unmatched: Arc<PluginChain>,
 }
 
@@ -380,6 +405,7 @@ impl Default for GlobalChains {
             shared: Vec::new(),
             shared_chain: PluginChain::empty(),
             per_route: Vec::new(),
+            prefer_route: Vec::new(),
             unmatched: PluginChain::empty(),
         }
     }
@@ -408,7 +434,7 @@ impl GlobalChains {
             let Some((_, route_plugins)) = route else {
                 return false;
             };
-            crate::factory::prefers_route(name)
+            self.prefer_route.iter().any(|n| n == name)
                 && route_plugins
                     .get(name)
                     .is_some_and(|c| c.is_object() && !is_disabled(c))
@@ -453,13 +479,20 @@ impl GlobalChains {
 mod tests {
     use serde_json::json;
 
-    use super::*;
-    use crate::plugin::Exit;
+    use ferrisix_plugin_api::testing::TestRequest;
+    use ferrisix_plugin_api::{Exit, NoUpstreams};
+    use http::StatusCode;
 
+    use super::*;
+
+    /// A compile environment of its own (fresh services: no state shared between tests).
     fn env() -> CompileEnv<'static> {
-        static META: OnceLock<HashMap<String, Value>> = OnceLock::new();
+        let metadata: &'static HashMap<String, Value> = Box::leak(Box::default());
+        let registry: &'static PluginRegistry = Box::leak(Box::new(PluginRegistry::builtin()));
         CompileEnv {
-            metadata: META.get_or_init(HashMap::new),
+            metadata,
+            registry,
+            upstreams: &NoUpstreams,
         }
     }
 
@@ -550,18 +583,16 @@ mod tests {
             owner: &owner,
         }];
         let c = PluginChain::compile(&srcs, None, env()).unwrap();
-        let headers = HeaderMap::new();
-        let method = http::Method::GET;
-        let vars = ();
-        let mut ctx = PluginCtx::new(&method, "/", &headers, "127.0.0.1".parse().unwrap(), &vars);
-        assert_eq!(c.access(&mut ctx).await, Flow::Continue);
-        let mut ctx = PluginCtx::new(&method, "/", &headers, "127.0.0.1".parse().unwrap(), &vars);
+        let mut req = TestRequest::get("/");
+        assert_eq!(c.access(&mut req.ctx()).await, Flow::Continue);
+        let mut req = TestRequest::get("/");
+        let mut ctx = req.ctx();
         let Flow::Exit(exit) = c.access(&mut ctx).await else {
             panic!("not rejected")
         };
         assert_eq!(exit.status, 503);
         assert_eq!(exit.body.unwrap(), "{\"message\":\"slow down\"}\n");
-        assert_eq!(ctx.response_headers["x-ratelimit-remaining"], "0");
+        assert_eq!(ctx.response_headers()["x-ratelimit-remaining"], "0");
     }
 
     #[test]
@@ -574,12 +605,9 @@ mod tests {
             owner: &owner,
         }];
         let c = PluginChain::compile(&srcs, None, env()).unwrap();
-        let (headers, method, vars) = (HeaderMap::new(), http::Method::GET, ());
-        let ip = "127.0.0.1".parse().unwrap();
-        let yes = PluginCtx::new(&method, "/yes", &headers, ip, &vars);
-        let no = PluginCtx::new(&method, "/no", &headers, ip, &vars);
-        assert!(c.verdicts(&yes).allows(0));
-        assert!(!c.verdicts(&no).allows(0));
+        let (mut yes, mut no) = (TestRequest::get("/yes"), TestRequest::get("/no"));
+        assert!(c.verdicts(&yes.ctx()).allows(0));
+        assert!(!c.verdicts(&no.ctx()).allows(0));
     }
 
     /// The cost of benchmark scenario 2's plugins per request (`cargo test --release -p
@@ -608,7 +636,6 @@ mod tests {
             ..Default::default()
         };
         let c = PluginChain::compile(&srcs, Some(&route), env()).unwrap();
-        let (headers, method, vars) = (HeaderMap::new(), http::Method::GET, ());
         let ip = "127.0.0.1".parse().unwrap();
         let log = LogCtx {
             status: 200,
@@ -618,7 +645,7 @@ mod tests {
             bytes_sent: 200,
             request_time: std::time::Duration::from_micros(300),
             upstream_time: Some(std::time::Duration::from_micros(200)),
-            response_source: crate::plugin::ResponseSource::Upstream,
+            response_source: ferrisix_plugin_api::ResponseSource::Upstream,
             ..Default::default()
         };
         let n = 1_000_000u32;
@@ -628,8 +655,8 @@ mod tests {
         ] {
             let start = std::time::Instant::now();
             for _ in 0..n {
-                let mut ctx = PluginCtx::new(&method, "/hello", &headers, ip, &vars);
-                ctx.route = Some(&route);
+                let mut req = TestRequest::get("/hello").route(route.clone());
+                let mut ctx = req.ctx();
                 assert_eq!(c.access(&mut ctx).await, Flow::Continue);
                 let v = c.verdicts(&ctx);
                 if with_log {

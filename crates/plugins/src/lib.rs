@@ -1,34 +1,43 @@
-//! ferrisix plugins: the registry of every plugin ferrisix implements (names, priorities and
-//! APISIX's schemas, used by the Admin API and by validation), the plugin interface with
-//! APISIX's phases, the chains the proxy runs, and the plugins themselves (limit-count,
-//! limit-req, limit-conn, prometheus, public-api).
+//! The plugins ferrisix implements, in families (`limit/`, `observe/`, `transform/`), each a
+//! [`PluginDef`] built on the plugin API (`ferrisix-plugin-api`) and registered by one line in
+//! its family's list; plus the [`PluginRegistry`] every consumer of plugins derives from (the
+//! Admin API's listing and schemas, validation, compilation) and the [`PluginChain`]s the proxy
+//! runs.
 //!
-//! The registry answers what APISIX's `plugin.lua` answers: which plugins are enabled, their
-//! run order (priority, highest first), and whether a configuration passes a plugin's schema
-//! with APISIX's exact messages. The proxy compiles each route's plugins into a
-//! [`PluginChain`] once per snapshot and calls its phases on the request path; state that must
-//! outlive a snapshot (counters, metric series, Redis pools) lives in the process-wide
-//! [`runtime::Runtime`].
+//! Plugin modules import the plugin API and the shared support modules ([`support`]), never
+//! each other. Adding a plugin is one file in its family's folder and its name in the family's
+//! `family!` list.
 #![forbid(unsafe_code)]
 
+/// Declares a family's plugin modules (`<family>/<name>.rs`, each with a `pub static DEF`)
+/// and the family's list of definitions, in one place.
+macro_rules! family {
+    ($($plugin:ident),* $(,)?) => {
+        $(pub mod $plugin;)*
+
+        /// The definitions of this family's plugins.
+        pub(crate) static PLUGINS: &[&ferrisix_plugin_api::PluginDef] = &[$(&$plugin::DEF),*];
+    };
+}
+
 pub mod chain;
-pub mod factory;
-pub mod keyed;
-pub mod limit_conn;
-pub mod limit_count;
-pub mod limit_req;
-pub mod plugin;
-pub mod prometheus;
-pub mod public_api;
-pub mod redis_client;
 pub mod registry;
-pub mod runtime;
-pub mod template;
+pub mod support;
+#[cfg(test)]
+mod testing;
+
+pub mod limit;
+pub mod observe;
+pub mod transform;
 
 pub use chain::{CompileEnv, GlobalChains, GlobalRules, PluginChain, PluginSource, Verdicts};
-pub use plugin::{
-    union_var_names, Exit, Flow, LogCtx, LogVars, Owner, Phases, Plugin, PluginCtx, RequestGuards,
-    ResponseHeaders, ResponseSource, RouteInfo, Step, VarNames,
-};
+pub use ferrisix_plugin_api::PluginDef;
 pub use registry::{PluginInfo, PluginRegistry, SchemaType};
-pub use runtime::{configure, runtime, PluginSettings};
+
+/// Every plugin ferrisix implements, family by family.
+pub fn builtin() -> impl Iterator<Item = &'static PluginDef> {
+    [limit::PLUGINS, observe::PLUGINS, transform::PLUGINS]
+        .into_iter()
+        .flatten()
+        .copied()
+}

@@ -1,10 +1,18 @@
-//! The plugin registry: metadata and schemas of every plugin, and the enabled set.
+//! The plugin registry: every enabled plugin's definition, with what APISIX's `_meta`-injected
+//! plugin module exposes (schemas, priority, version, scope, type), and the gateway's services
+//! the plugins compile against. The Admin API's `/plugins/list`, `/plugins/<name>` and
+//! `/schema/plugins/<name>`, validation ([`PluginCheck`]) and compilation all read it.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use ferrisix_config::schema;
 use ferrisix_config::validate::PluginCheck;
-use serde_json::{json, Value};
+use ferrisix_plugin_api::{
+    CheckCtx, CompileCtx, NoUpstreams, Owner, Plugin, PluginApis, PluginDef, PluginKind,
+    PluginServices, RouteInfo, Scope,
+};
+use serde_json::Value;
 
 /// Which of a plugin's schemas a caller wants (`GET /apisix/admin/plugins/<name>?schema_type=`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -14,7 +22,7 @@ pub enum SchemaType {
     Metadata,
 }
 
-/// What APISIX's `_meta`-injected plugin module exposes.
+/// What APISIX's `_meta`-injected plugin module exposes, derived from the plugin's definition.
 #[derive(Clone, Debug)]
 pub struct PluginInfo {
     pub name: &'static str,
@@ -27,21 +35,27 @@ pub struct PluginInfo {
     pub metadata_schema: Option<Value>,
     /// `global` for plugins that may only run as global rules; `None` otherwise.
     pub scope: Option<&'static str>,
+    /// `auth` for authentication plugins (the only ones a consumer credential may carry).
+    pub plugin_type: Option<&'static str>,
+    pub def: &'static PluginDef,
 }
 
 impl PluginInfo {
-    fn new(name: &'static str, priority: i64, mut schema: Value) -> PluginInfo {
+    fn new(def: &'static PluginDef) -> PluginInfo {
+        let mut schema = (def.schema)();
         if let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) {
             props.insert("_meta".into(), schema::plugin_meta_schema().clone());
         }
         PluginInfo {
-            name,
-            priority,
-            version: 0.1,
+            name: def.name,
+            priority: def.priority,
+            version: def.version,
             schema,
-            consumer_schema: None,
-            metadata_schema: None,
-            scope: None,
+            consumer_schema: def.consumer_schema.map(|f| f()),
+            metadata_schema: def.metadata_schema.map(|f| f()),
+            scope: (def.scope == Scope::Global).then_some("global"),
+            plugin_type: (def.kind == PluginKind::Auth).then_some("auth"),
+            def,
         }
     }
 
@@ -54,53 +68,66 @@ impl PluginInfo {
     }
 }
 
-/// The enabled plugins, sorted by priority (highest first).
-#[derive(Clone, Debug)]
+/// The enabled plugins, sorted by priority (highest first), and the services they share.
+#[derive(Clone)]
 pub struct PluginRegistry {
     plugins: Arc<Vec<PluginInfo>>,
+    services: Arc<PluginServices>,
+    apis: PluginApis,
+}
+
+impl std::fmt::Debug for PluginRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.plugins.iter().map(|p| p.name))
+            .finish()
+    }
 }
 
 impl PluginRegistry {
-    /// The built-in registry, built once (for compilation, which needs priorities and schemas
-    /// on every snapshot).
-    pub fn builtin_shared() -> &'static PluginRegistry {
-        static SHARED: std::sync::OnceLock<PluginRegistry> = std::sync::OnceLock::new();
-        SHARED.get_or_init(PluginRegistry::builtin)
-    }
-
-    /// Every plugin ferrisix implements.
-    pub fn builtin() -> PluginRegistry {
-        let mut plugins = builtin_plugins();
-        plugins.sort_by_key(|p| std::cmp::Reverse(p.priority));
-        PluginRegistry {
-            plugins: Arc::new(plugins),
-        }
-    }
-
-    /// The subset named by config.yaml's `plugins` list (`None` = all). Unknown names are
-    /// returned so the caller can warn about them.
-    pub fn enabled(names: Option<&[String]>) -> (PluginRegistry, Vec<String>) {
-        let all = Self::builtin();
-        let Some(names) = names else {
-            return (all, Vec::new());
-        };
+    /// The plugins named by config.yaml's `plugins` list (`None` = all), compiling against
+    /// `services`. Unknown names are returned so the caller can warn about them.
+    pub fn new(
+        services: Arc<PluginServices>,
+        names: Option<&[String]>,
+    ) -> (PluginRegistry, Vec<String>) {
+        let known = |n: &String| crate::builtin().any(|d| d.name == n);
         let unknown = names
-            .iter()
-            .filter(|n| all.get(n).is_none())
+            .into_iter()
+            .flatten()
+            .filter(|n| !known(n))
             .cloned()
             .collect();
-        let plugins = all
-            .plugins
-            .iter()
-            .filter(|p| names.iter().any(|n| n == p.name))
-            .cloned()
+        let mut plugins: Vec<PluginInfo> = crate::builtin()
+            .filter(|d| names.is_none_or(|names| names.iter().any(|n| n == d.name)))
+            .map(PluginInfo::new)
             .collect();
+        plugins.sort_by_key(|p| std::cmp::Reverse(p.priority));
+        let apis = PluginApis::new(
+            plugins
+                .iter()
+                .filter_map(|p| p.def.apis)
+                .flat_map(|apis| apis(&services))
+                .collect(),
+        );
         (
             PluginRegistry {
                 plugins: Arc::new(plugins),
+                services,
+                apis,
             },
             unknown,
         )
+    }
+
+    /// Every plugin ferrisix implements, with services of its own (tools and tests).
+    pub fn builtin() -> PluginRegistry {
+        Self::new(Arc::new(PluginServices::default()), None).0
+    }
+
+    /// [`PluginRegistry::new`] with services of its own (tools and tests).
+    pub fn enabled(names: Option<&[String]>) -> (PluginRegistry, Vec<String>) {
+        Self::new(Arc::new(PluginServices::default()), names)
     }
 
     /// Enabled plugins, highest priority first.
@@ -111,6 +138,46 @@ impl PluginRegistry {
     pub fn get(&self, name: &str) -> Option<&PluginInfo> {
         self.plugins.iter().find(|p| p.name == name)
     }
+
+    /// The services plugins compile against.
+    pub fn services(&self) -> &Arc<PluginServices> {
+        &self.services
+    }
+
+    /// The APIs the enabled plugins answer themselves.
+    pub fn apis(&self) -> &PluginApis {
+        &self.apis
+    }
+
+    /// Compiles one conf of plugin `name`, held by `owner`, outside a snapshot (benches and
+    /// tools; no upstream can be chosen).
+    pub fn compile_one(
+        &self,
+        name: &str,
+        conf: &Value,
+        owner: &Owner,
+        route: Option<&RouteInfo>,
+        metadata: Option<&Value>,
+    ) -> Result<Arc<dyn Plugin>, String> {
+        let info = self
+            .get(name)
+            .ok_or_else(|| format!("unknown plugin [{name}]"))?;
+        (info.def.compile)(&CompileCtx {
+            name: info.name,
+            conf,
+            owner,
+            route,
+            metadata,
+            services: &self.services,
+            upstreams: &NoUpstreams,
+            apis: &self.apis,
+            schema: &info.schema,
+        })
+    }
+}
+
+fn check_failed(name: &str, e: String) -> String {
+    format!("failed to check the configuration of plugin {name} err: {e}")
 }
 
 impl PluginCheck for PluginRegistry {
@@ -118,27 +185,18 @@ impl PluginCheck for PluginRegistry {
         let info = self
             .get(name)
             .ok_or_else(|| format!("unknown plugin [{name}]"))?;
-        let fail =
-            |e: String| format!("failed to check the configuration of plugin {name} err: {e}");
-        if let Err(e) = schema::validate(&info.schema, conf) {
-            // APISIX words the count/rules conflict itself instead of the oneOf failure.
-            if name == crate::limit_count::NAME && e.contains("value should match only one schema")
-            {
-                crate::limit_count::check_conf(conf).map_err(fail)?;
-            }
-            return Err(fail(e));
+        let schema_result = schema::validate(&info.schema, conf);
+        match info.def.check {
+            None => schema_result,
+            Some(check) => check(&CheckCtx {
+                conf,
+                schema: &info.schema,
+                schema_result,
+                services: &self.services,
+                now: Instant::now(),
+            }),
         }
-        if name == crate::limit_count::NAME {
-            crate::limit_count::check_conf(conf).map_err(fail)?;
-            if conf.get("group").is_some() {
-                // Compared with the schema's defaults filled in, as APISIX's check_schema sees it.
-                let mut filled = conf.clone();
-                schema::validate_and_fill(&info.schema, &mut filled).map_err(fail)?;
-                crate::limit_count::check_group(&filled, std::time::Instant::now())
-                    .map_err(fail)?;
-            }
-        }
-        Ok(())
+        .map_err(|e| check_failed(name, e))
     }
 
     fn check_consumer(&self, name: &str, conf: &Value) -> Result<(), String> {
@@ -146,8 +204,7 @@ impl PluginCheck for PluginRegistry {
             .get(name)
             .ok_or_else(|| format!("unknown plugin [{name}]"))?;
         let schema = info.schema_of(SchemaType::Consumer).unwrap_or(&info.schema);
-        schema::validate(schema, conf)
-            .map_err(|e| format!("failed to check the configuration of plugin {name} err: {e}"))
+        schema::validate(schema, conf).map_err(|e| check_failed(name, e))
     }
 
     fn check_metadata(&self, name: &str, conf: &Value) -> Result<(), String> {
@@ -161,261 +218,10 @@ impl PluginCheck for PluginRegistry {
     }
 }
 
-fn builtin_plugins() -> Vec<PluginInfo> {
-    let mut limit_count = PluginInfo::new("limit-count", 1002, limit_count_schema());
-    limit_count.version = 0.5;
-    limit_count.metadata_schema = Some(json!({
-        "type": "object",
-        "properties": {
-            "limit_header": {"type": "string", "default": "X-RateLimit-Limit"},
-            "remaining_header": {"type": "string", "default": "X-RateLimit-Remaining"},
-            "reset_header": {"type": "string", "default": "X-RateLimit-Reset"}
-        }
-    }));
-    let mut prometheus = PluginInfo::new(
-        "prometheus",
-        500,
-        json!({"type": "object", "properties": {"prefer_name": {"type": "boolean", "default": false}}}),
-    );
-    prometheus.version = 0.2;
-    prometheus.metadata_schema = Some(prometheus_metadata_schema());
-    let limit_req = PluginInfo::new("limit-req", 1001, limit_req_schema());
-    let limit_conn = PluginInfo::new("limit-conn", 1003, limit_conn_schema());
-    let public_api = PluginInfo::new(
-        crate::public_api::NAME,
-        501,
-        json!({"type": "object", "properties": {"uri": {"type": "string"}}}),
-    );
-    vec![limit_count, limit_req, limit_conn, prometheus, public_api]
-}
-
-/// The `redis` / `redis-cluster` policy clauses of limit-req and limit-conn (their `policy`
-/// enum has no sentinel).
-fn redis_policy_clauses() -> Value {
-    let (redis, cluster, _) = redis_policy_schemas();
-    json!({
-        "if": {"properties": {"policy": {"enum": ["redis"]}}},
-        "then": redis,
-        "else": {
-            "if": {"properties": {"policy": {"enum": ["redis-cluster"]}}},
-            "then": cluster
-        }
-    })
-}
-
-fn with_policy_clauses(mut schema: Value) -> Value {
-    if let (Some(m), Value::Object(clauses)) = (schema.as_object_mut(), redis_policy_clauses()) {
-        m.extend(clauses);
-    }
-    schema
-}
-
-/// apisix/plugins/limit-req.lua.
-fn limit_req_schema() -> Value {
-    with_policy_clauses(json!({
-        "type": "object",
-        "properties": {
-            "rate": {"type": "number", "exclusiveMinimum": 0},
-            "burst": {"type": "number", "minimum": 0},
-            "key": {"type": "string"},
-            "key_type": {"type": "string", "enum": ["var", "var_combination"], "default": "var"},
-            "policy": {"type": "string", "enum": ["redis", "redis-cluster", "local"], "default": "local"},
-            "rejected_code": {"type": "integer", "minimum": 200, "maximum": 599, "default": 503},
-            "rejected_msg": {"type": "string", "minLength": 1},
-            "nodelay": {"type": "boolean", "default": false},
-            "allow_degradation": {"type": "boolean", "default": false}
-        },
-        "required": ["rate", "burst", "key"]
-    }))
-}
-
-/// apisix/plugins/limit-conn.lua.
-fn limit_conn_schema() -> Value {
-    let mut schema = with_policy_clauses(json!({
-        "type": "object",
-        "properties": {
-            "conn": {"type": "integer", "exclusiveMinimum": 0},
-            "burst": {"type": "integer", "minimum": 0},
-            "default_conn_delay": {"type": "number", "exclusiveMinimum": 0},
-            "only_use_default_delay": {"type": "boolean", "default": false},
-            "key": {"type": "string"},
-            "key_type": {"type": "string", "enum": ["var", "var_combination"], "default": "var"},
-            "policy": {"type": "string", "enum": ["redis", "redis-cluster", "local"], "default": "local"},
-            "rejected_code": {"type": "integer", "minimum": 200, "maximum": 599, "default": 503},
-            "rejected_msg": {"type": "string", "minLength": 1},
-            "allow_degradation": {"type": "boolean", "default": false}
-        },
-        "required": ["conn", "burst", "default_conn_delay", "key"]
-    }));
-    // Both redis clauses add `key_ttl` (redis-schema.lua's `limit_conn_redis_schema`).
-    let key_ttl = json!({"type": "integer", "default": 3600});
-    schema["then"]["properties"]["key_ttl"] = key_ttl.clone();
-    schema["else"]["then"]["properties"]["key_ttl"] = key_ttl;
-    schema
-}
-
-/// `disabled_labels` per metric (3.18); a metric's identity labels (`code`, `type`) cannot be
-/// disabled.
-fn prometheus_metadata_schema() -> Value {
-    let common = [
-        "route",
-        "service",
-        "consumer",
-        "node",
-        "request_type",
-        "request_llm_model",
-        "llm_model",
-    ];
-    let list =
-        |labels: &[&str]| json!({"type": "array", "items": {"type": "string", "enum": labels}});
-    let status = [
-        "route",
-        "matched_uri",
-        "matched_host",
-        "service",
-        "consumer",
-        "node",
-        "request_type",
-        "request_llm_model",
-        "llm_model",
-        "response_source",
-    ];
-    json!({
-        "type": "object",
-        "properties": {
-            "disabled_labels": {
-                "type": "object",
-                "properties": {
-                    "http_status": list(&status),
-                    "http_latency": list(&common),
-                    "bandwidth": list(&common)
-                },
-                "additionalProperties": false
-            }
-        }
-    })
-}
-
-/// The extra properties of the `redis`, `redis-cluster` and `redis-sentinel` policies
-/// (apisix/utils/redis-schema.lua, limit-count/init.lua).
-fn redis_policy_schemas() -> (Value, Value, Value) {
-    let keepalive = json!({
-        "redis_keepalive_timeout": {"type": "integer", "minimum": 1000, "default": 10000},
-        "redis_keepalive_pool": {"type": "integer", "minimum": 1, "default": 100}
-    });
-    let with_keepalive = |mut v: Value| {
-        if let (Some(m), Some(k)) = (v.as_object_mut(), keepalive.as_object()) {
-            m.extend(k.clone());
-        }
-        v
-    };
-    let redis = with_keepalive(json!({
-        "redis_host": {"type": "string", "minLength": 2},
-        "redis_port": {"type": "integer", "minimum": 1, "default": 6379},
-        "redis_username": {"type": "string", "minLength": 1},
-        "redis_password": {"type": "string", "minLength": 0},
-        "redis_database": {"type": "integer", "minimum": 0, "default": 0},
-        "redis_timeout": {"type": "integer", "minimum": 1, "default": 1000},
-        "redis_ssl": {"type": "boolean", "default": false},
-        "redis_ssl_verify": {"type": "boolean", "default": false}
-    }));
-    let cluster = with_keepalive(json!({
-        "redis_cluster_nodes": {
-            "type": "array",
-            "minItems": 1,
-            "items": {"type": "string", "minLength": 2, "maxLength": 100}
-        },
-        "redis_password": {"type": "string", "minLength": 0},
-        "redis_timeout": {"type": "integer", "minimum": 1, "default": 1000},
-        "redis_cluster_name": {"type": "string"},
-        "redis_cluster_ssl": {"type": "boolean", "default": false},
-        "redis_cluster_ssl_verify": {"type": "boolean", "default": false}
-    }));
-    let sentinel = json!({
-        "properties": {
-            "redis_sentinels": {
-                "type": "array",
-                "minItems": 1,
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "host": {"type": "string", "minLength": 2},
-                        "port": {"type": "integer", "minimum": 1, "maximum": 65535}
-                    },
-                    "required": ["host", "port"],
-                    "additionalProperties": false
-                }
-            },
-            "redis_master_name": {"type": "string", "minLength": 1},
-            "redis_role": {"type": "string", "enum": ["master", "slave"], "default": "master"},
-            "redis_connect_timeout": {"type": "integer", "minimum": 1, "default": 1000},
-            "redis_read_timeout": {"type": "integer", "minimum": 1, "default": 1000},
-            "redis_keepalive_timeout": {"type": "integer", "minimum": 1, "default": 60000},
-            "redis_database": {"type": "integer", "minimum": 0, "default": 0},
-            "redis_username": {"type": "string", "minLength": 1},
-            "redis_password": {"type": "string", "minLength": 0},
-            "sentinel_username": {"type": "string", "minLength": 1},
-            "sentinel_password": {"type": "string", "minLength": 0}
-        },
-        "required": ["redis_sentinels", "redis_master_name"]
-    });
-    (
-        json!({"properties": redis, "required": ["redis_host"]}),
-        json!({"properties": cluster, "required": ["redis_cluster_nodes", "redis_cluster_name"]}),
-        sentinel,
-    )
-}
-
-/// limit-count's schema as of APISIX 3.18 (spec data-plane §6.1).
-fn limit_count_schema() -> Value {
-    let (redis, cluster, sentinel) = redis_policy_schemas();
-    let count_like =
-        json!({"oneOf": [{"type": "integer", "exclusiveMinimum": 0}, {"type": "string"}]});
-    json!({
-        "type": "object",
-        "properties": {
-            "count": count_like,
-            "time_window": count_like,
-            "window_type": {"type": "string", "enum": ["fixed", "sliding"], "default": "fixed"},
-            "rules": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "count": count_like,
-                        "time_window": count_like,
-                        "key": {"type": "string"},
-                        "header_prefix": {"type": "string"}
-                    },
-                    "required": ["count", "time_window", "key"]
-                }
-            },
-            "group": {"type": "string"},
-            "key": {"type": "string", "default": "remote_addr"},
-            "key_type": {"type": "string", "enum": ["var", "var_combination", "constant"], "default": "var"},
-            "rejected_code": {"type": "integer", "minimum": 200, "maximum": 599, "default": 503},
-            "rejected_msg": {"type": "string", "minLength": 1},
-            "policy": {"type": "string", "enum": ["local", "redis", "redis-cluster", "redis-sentinel"], "default": "local"},
-            "allow_degradation": {"type": "boolean", "default": false},
-            "show_limit_quota_header": {"type": "boolean", "default": true},
-            "sync_interval": {"type": "number", "default": -1}
-        },
-        "oneOf": [{"required": ["count", "time_window"]}, {"required": ["rules"]}],
-        "if": {"properties": {"policy": {"enum": ["redis"]}}},
-        "then": redis,
-        "else": {
-            "if": {"properties": {"policy": {"enum": ["redis-cluster"]}}},
-            "then": cluster,
-            "else": {
-                "if": {"properties": {"policy": {"enum": ["redis-sentinel"]}}},
-                "then": sentinel
-            }
-        }
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]

@@ -10,13 +10,15 @@ use std::cell::RefCell;
 use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderValue, Method, Uri, Version};
 use smallvec::SmallVec;
+
+use crate::record::UpstreamRecord;
 
 const FLUSH_BYTES: usize = 32 * 1024;
 const FLUSH_AFTER: Duration = Duration::from_secs(1);
@@ -75,10 +77,10 @@ pub struct AccessLog {
     headers: Vec<http::HeaderName>,
 }
 
-/// What one request leaves for its log line.
+/// What one request leaves for its log line (what happened upstream is in its
+/// [`UpstreamRecord`]).
 #[derive(Debug)]
 pub struct LogRecord {
-    pub log: Arc<AccessLog>,
     pub start: Instant,
     pub start_wall: SystemTime,
     pub remote_addr: IpAddr,
@@ -91,10 +93,6 @@ pub struct LogRecord {
     pub request_length: u64,
     pub body_bytes_sent: u64,
     pub route_id: Option<Arc<str>>,
-    pub upstream_addrs: SmallVec<[SocketAddr; 2]>,
-    pub upstream_statuses: SmallVec<[u16; 2]>,
-    pub upstream_start: Option<Instant>,
-    pub upstream_host: Option<HeaderValue>,
 }
 
 impl AccessLog {
@@ -183,11 +181,11 @@ impl AccessLog {
         &self.headers
     }
 
-    fn format(&self, r: &LogRecord, out: &mut String) {
+    fn format(&self, r: &LogRecord, up: &UpstreamRecord, out: &mut String) {
         for seg in &self.segments {
             match seg {
                 Segment::Literal(s) => out.push_str(s),
-                Segment::Var(v) => r.write_var(v, out),
+                Segment::Var(v) => r.write_var(v, up, out),
             }
         }
         out.push('\n');
@@ -213,7 +211,7 @@ fn push_or_dash(out: &mut String, v: Option<&HeaderValue>) {
 }
 
 impl LogRecord {
-    fn write_var(&self, v: &Var, out: &mut String) {
+    fn write_var(&self, v: &Var, up: &UpstreamRecord, out: &mut String) {
         match v {
             Var::RemoteAddr => {
                 let _ = write!(out, "{}", self.remote_addr);
@@ -256,16 +254,16 @@ impl LogRecord {
                 let _ = write!(out, "{}", self.request_length);
             }
             Var::Header(i) => push_or_dash(out, self.headers.get(*i).and_then(Option::as_ref)),
-            Var::UpstreamAddr => join_or_dash(out, &self.upstream_addrs),
-            Var::UpstreamStatus => join_or_dash(out, &self.upstream_statuses),
-            Var::UpstreamResponseTime => match self.upstream_start {
+            Var::UpstreamAddr => join_or_dash(out, &up.addrs),
+            Var::UpstreamStatus => join_or_dash(out, &up.statuses),
+            Var::UpstreamResponseTime => match up.start {
                 Some(s) => {
                     let _ = write!(out, "{:.3}", s.elapsed().as_secs_f64());
                 }
                 None => out.push('-'),
             },
             Var::UpstreamScheme | Var::Scheme => out.push_str("http"),
-            Var::UpstreamHost => push_or_dash(out, self.upstream_host.as_ref()),
+            Var::UpstreamHost => push_or_dash(out, up.host.as_ref()),
             Var::ServerPort => {
                 let _ = write!(out, "{}", self.server_port);
             }
@@ -277,8 +275,7 @@ impl LogRecord {
     }
 
     /// Formats the line into this worker's buffer.
-    pub fn finish(&mut self) {
-        let log = self.log.clone();
+    pub fn finish(&self, log: &Arc<AccessLog>, up: &UpstreamRecord) {
         if !log.enabled() {
             return;
         }
@@ -286,8 +283,8 @@ impl LogRecord {
             let mut b = b.borrow_mut();
             let mut line = std::mem::take(&mut b.scratch);
             line.clear();
-            log.format(self, &mut line);
-            b.push(&log, line.as_bytes());
+            log.format(self, up, &mut line);
+            b.push(log, line.as_bytes());
             b.scratch = line;
         });
     }
@@ -331,7 +328,9 @@ thread_local! {
 
 impl WorkerBuffer {
     fn push(&mut self, log: &Arc<AccessLog>, line: &[u8]) {
-        self.sink = Some(log.clone());
+        if !self.sink.as_ref().is_some_and(|s| Arc::ptr_eq(s, log)) {
+            self.sink = Some(log.clone());
+        }
         self.data.extend_from_slice(line);
         if self.data.len() >= FLUSH_BYTES || self.last_flush.elapsed() >= FLUSH_AFTER {
             self.flush();
@@ -469,7 +468,6 @@ mod tests {
             })
             .collect();
         let r = LogRecord {
-            log: log.clone(),
             start: Instant::now(),
             start_wall: UNIX_EPOCH + Duration::from_secs(1_796_001_828),
             remote_addr: "127.0.0.1".parse().unwrap(),
@@ -482,13 +480,14 @@ mod tests {
             request_length: 0,
             body_bytes_sent: 12,
             route_id: None,
-            upstream_addrs: smallvec::smallvec!["127.0.0.1:1980".parse().unwrap()],
-            upstream_statuses: smallvec::smallvec![200],
-            upstream_start: None,
-            upstream_host: None,
+        };
+        let up = UpstreamRecord {
+            addrs: smallvec::smallvec!["127.0.0.1:1980".parse().unwrap()],
+            statuses: smallvec::smallvec![200],
+            ..Default::default()
         };
         let mut out = String::new();
-        log.format(&r, &mut out);
+        log.format(&r, &up, &mut out);
         assert_eq!(
             out,
             "127.0.0.1 - - [30/Nov/2026:01:23:48 +0000] a.com \"GET /hello?a=1 HTTP/1.1\" 200 12 \"-\" 127.0.0.1:1980 200\n"

@@ -1,9 +1,10 @@
 //! The response body sent to clients: a complete buffer, or an upstream body relayed frame by
-//! frame.
+//! frame, through the plugins' body filters when a `header_filter` installed some.
 //!
 //! Relaying returns the upstream connection to its pool once the body ended cleanly, enforces
-//! the read timeout between two upstream reads, counts the bytes sent, and writes the access
-//! log line when the response is over (whether it completed or the client went away).
+//! the read timeout between two upstream reads, counts the bytes sent, and carries the
+//! request's log phase, which runs when the body is dropped (the response completed or the
+//! client went away).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -11,14 +12,14 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use ferrisix_plugin_api::BodyFilters;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
-use crate::access_log::LogRecord;
 use crate::client::PooledConn;
-use crate::phases::PendingLog;
+use crate::log::LogPhase;
 
 /// Errors while relaying: the upstream broke off or stalled mid-body.
 #[derive(Debug)]
@@ -75,34 +76,12 @@ pin_project! {
     pub struct ResponseBody {
         #[pin]
         kind: Kind,
-        log: LogOnDrop,
-    }
-}
-
-/// Writes the access log line when the response is dropped: after the last frame, or when the
-/// client disconnects early.
-#[derive(Default)]
-struct LogOnDrop {
-    record: Option<Box<LogRecord>>,
-    bytes: u64,
-    /// The plugins' log phase (prometheus ...).
-    plugin_log: Option<Box<PendingLog>>,
-    /// Counts the request as finished in the connection statistics.
-    count_request: bool,
-}
-
-impl Drop for LogOnDrop {
-    fn drop(&mut self) {
-        if let Some(mut log) = self.plugin_log.take() {
-            log.run(self.bytes);
-        }
-        if self.count_request {
-            ferrisix_plugins::prometheus::node::conn_stats().request_finished();
-        }
-        if let Some(mut record) = self.record.take() {
-            record.body_bytes_sent = self.bytes;
-            record.finish();
-        }
+        // The plugins' body filters; `None` without any.
+        filters: Option<Box<BodyFilters>>,
+        // The filters ended the body (their last chunk went out).
+        filtered_end: bool,
+        // The request's log phase, run when this body is dropped.
+        log: Option<LogPhase>,
     }
 }
 
@@ -112,7 +91,9 @@ impl ResponseBody {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
             },
-            log: LogOnDrop::default(),
+            filters: None,
+            filtered_end: false,
+            log: None,
         }
     }
 
@@ -123,27 +104,34 @@ impl ResponseBody {
     pub fn upstream(body: UpstreamResponse) -> ResponseBody {
         ResponseBody {
             kind: Kind::Upstream { body },
-            log: LogOnDrop::default(),
+            filters: None,
+            filtered_end: false,
+            log: None,
         }
     }
 
-    /// Attaches the access log record written when this body is done.
-    pub fn set_log(&mut self, record: Box<LogRecord>) {
-        self.log.record = Some(record);
+    /// Hands the request's log phase to this body: it runs when the body is done.
+    pub fn set_log(&mut self, log: LogPhase) {
+        self.log = Some(log);
     }
 
-    /// Attaches the plugins' log phase, run when this body is done.
-    pub fn set_plugin_log(&mut self, log: Box<PendingLog>) {
-        self.log.plugin_log = Some(log);
+    pub fn log_mut(&mut self) -> Option<&mut LogPhase> {
+        self.log.as_mut()
     }
 
-    /// Makes the end of this body count as the end of a request (`writing` connections).
-    pub fn count_request(&mut self) {
-        self.log.count_request = true;
+    /// Runs the body through `filters` on its way out.
+    pub fn set_filters(&mut self, filters: BodyFilters) {
+        if !filters.is_empty() {
+            self.filters = Some(Box::new(filters));
+        }
     }
 
-    pub fn log_mut(&mut self) -> Option<&mut LogRecord> {
-        self.log.record.as_deref_mut()
+    /// Replaces the body with `data` (an upstream body is dropped unread, its connection
+    /// closed).
+    pub fn replace(&mut self, data: Bytes) {
+        self.kind = Kind::Full {
+            data: (!data.is_empty()).then_some(data),
+        };
     }
 }
 
@@ -155,8 +143,95 @@ impl Body for ResponseBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
-        let this = self.project();
-        let polled = match this.kind.project() {
+        let mut this = self.project();
+        if *this.filtered_end {
+            return Poll::Ready(None);
+        }
+        loop {
+            let polled = poll_kind(this.kind.as_mut(), cx);
+            let Some(filters) = this.filters.as_deref_mut() else {
+                if let Poll::Ready(Some(Ok(frame))) = &polled {
+                    if let (Some(d), Some(log)) = (frame.data_ref(), this.log.as_mut()) {
+                        log.sent(d);
+                    }
+                }
+                return polled;
+            };
+            // Through the filters: each data chunk, then the end of the stream once.
+            let (data, end) = match polled {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        let end = this.kind.as_ref().is_end();
+                        (data, end)
+                    }
+                    // Trailers go as they are.
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+                Poll::Ready(None) => (Bytes::new(), true),
+                other => return other,
+            };
+            let chunk = filters.run(data, end);
+            if chunk.end {
+                *this.filtered_end = true;
+                // A filter may end the body early: what the upstream still sends is dropped,
+                // and so is its connection.
+                this.kind.as_mut().abandon();
+            }
+            if !chunk.data.is_empty() {
+                if let Some(log) = this.log.as_mut() {
+                    log.sent(&chunk.data);
+                }
+                return Poll::Ready(Some(Ok(Frame::data(chunk.data))));
+            }
+            if chunk.end {
+                return Poll::Ready(None);
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        if self.filters.is_some() {
+            return self.filtered_end;
+        }
+        self.kind.is_end()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.filters.is_some() {
+            // Filters may change the length: unknown until the end.
+            return SizeHint::default();
+        }
+        match &self.kind {
+            Kind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            Kind::Upstream { body } => body.inner.size_hint(),
+        }
+    }
+}
+
+impl Kind {
+    fn is_end(&self) -> bool {
+        match self {
+            Kind::Full { data } => data.is_none(),
+            Kind::Upstream { body } => body.inner.is_end_stream(),
+        }
+    }
+
+    /// Stops reading: an upstream connection whose body was not read to its end is closed.
+    fn abandon(self: Pin<&mut Self>) {
+        if let KindProj::Upstream { body } = self.project() {
+            body.project().conn.take();
+        }
+    }
+}
+
+fn poll_kind(
+    kind: Pin<&mut Kind>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
+    {
+        match kind.project() {
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             KindProj::Upstream { body } => {
                 let up = body.project();
@@ -192,28 +267,6 @@ impl Body for ResponseBody {
                     },
                 }
             }
-        };
-        if let Poll::Ready(Some(Ok(frame))) = &polled {
-            if let Some(d) = frame.data_ref() {
-                this.log.bytes += d.len() as u64;
-            }
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match &self.kind {
-            Kind::Full { data } => data.is_none(),
-            Kind::Upstream { body } => body.inner.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.kind {
-            Kind::Full { data } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
-            Kind::Upstream { body } => body.inner.size_hint(),
         }
     }
 }

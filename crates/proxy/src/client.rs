@@ -17,10 +17,10 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-pub use body::{SendProgress, UpstreamBody};
+pub use body::{SendProgress, StreamSource, UpstreamBody};
 pub use pool::{evict_expired as evict_expired_idle, PoolKey, PoolLimits, PooledConn};
 
-use crate::error::UpstreamFailure;
+use crate::error::{ErrorKind, ProxyError};
 
 /// Per-try timeouts (`timeout.connect/send/read`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -47,9 +47,9 @@ pub async fn connect(
     key: PoolKey,
     limits: PoolLimits,
     timeout: Duration,
-) -> Result<PooledConn, UpstreamFailure> {
+) -> Result<PooledConn, ProxyError> {
     let stream = match tokio::time::timeout(timeout, TcpStream::connect(key.addr)).await {
-        Err(_) => return Err(UpstreamFailure::ConnectTimeout),
+        Err(_) => return Err(ErrorKind::ConnectTimeout.into()),
         Ok(Err(e)) => {
             tracing::debug!(addr = %key.addr, error = %e, "upstream connect failed");
             return Err(classify_connect_error(&e));
@@ -60,7 +60,7 @@ pub async fn connect(
     let (sender, conn) = http1::Builder::new()
         .handshake(TokioIo::new(stream))
         .await
-        .map_err(|_| UpstreamFailure::ConnectRefused)?;
+        .map_err(|_| ProxyError::new(ErrorKind::ConnectRefused))?;
     tokio::spawn(async move {
         // Upgrades let a 101 answer turn into a websocket tunnel.
         if let Err(e) = conn.with_upgrades().await {
@@ -70,10 +70,10 @@ pub async fn connect(
     Ok(PooledConn::new(key, limits, sender))
 }
 
-fn classify_connect_error(e: &io::Error) -> UpstreamFailure {
+fn classify_connect_error(e: &io::Error) -> ProxyError {
     match e.kind() {
-        io::ErrorKind::TimedOut => UpstreamFailure::ConnectTimeout,
-        _ => UpstreamFailure::ConnectRefused,
+        io::ErrorKind::TimedOut => ErrorKind::ConnectTimeout.into(),
+        _ => ErrorKind::ConnectRefused.into(),
     }
 }
 
@@ -81,8 +81,8 @@ fn classify_connect_error(e: &io::Error) -> UpstreamFailure {
 pub enum SendOutcome {
     Response(Response<Incoming>),
     /// The connection failed before the request was written: it can be sent elsewhere as is.
-    NotSent(Request<UpstreamBody>, UpstreamFailure),
-    Failed(UpstreamFailure),
+    NotSent(Request<UpstreamBody>, ProxyError),
+    Failed(ProxyError),
 }
 
 /// Sends `req` on `conn` and waits for the response head within the timeouts.
@@ -97,13 +97,13 @@ pub async fn send(
 ) -> SendOutcome {
     let progress = req.body().progress();
     if conn.ready().await.is_err() {
-        return SendOutcome::NotSent(req, UpstreamFailure::ConnectionBroken);
+        return SendOutcome::NotSent(req, ErrorKind::ConnectionBroken.into());
     }
     let fut = conn.sender().try_send_request(req);
-    let result = match progress {
+    let result = match &progress {
         None => match tokio::time::timeout(timeouts.read, fut).await {
             Ok(r) => r,
-            Err(_) => return SendOutcome::Failed(UpstreamFailure::ReadTimeout),
+            Err(_) => return SendOutcome::Failed(ErrorKind::ReadTimeout.into()),
         },
         Some(progress) => {
             let mut fut = std::pin::pin!(fut);
@@ -125,10 +125,13 @@ pub async fn send(
     match result {
         Ok(resp) => SendOutcome::Response(resp),
         Err(mut e) => {
-            let failure = if e.error().is_parse() {
-                UpstreamFailure::InvalidResponse
+            let failure = if progress.as_ref().is_some_and(SendProgress::too_large) {
+                // The client's body passed the route's limit: its fault, no other try.
+                ErrorKind::BodyTooLarge.into()
+            } else if e.error().is_parse() {
+                ProxyError::new(ErrorKind::InvalidResponse)
             } else {
-                UpstreamFailure::ConnectionBroken
+                ProxyError::new(ErrorKind::ConnectionBroken)
             };
             match e.take_message() {
                 Some(req) => SendOutcome::NotSent(req, failure),
@@ -143,7 +146,7 @@ pub async fn checkout(
     key: PoolKey,
     limits: PoolLimits,
     connect_timeout: Duration,
-) -> Result<PooledConn, UpstreamFailure> {
+) -> Result<PooledConn, ProxyError> {
     match pool::take_idle(key) {
         Some(conn) => Ok(conn),
         None => connect(key, limits, connect_timeout).await,
@@ -151,13 +154,14 @@ pub async fn checkout(
 }
 
 /// Resolves a node's host and port to one socket address (IP literals skip the resolver).
-pub async fn resolve(host: &str, port: u16) -> Result<SocketAddr, UpstreamFailure> {
+pub async fn resolve(host: &str, port: u16) -> Result<SocketAddr, ProxyError> {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     if let Ok(ip) = bare.parse() {
         return Ok(SocketAddr::new(ip, port));
     }
+    let refused = ProxyError::new(ErrorKind::ConnectRefused);
     match tokio::net::lookup_host((bare, port)).await {
-        Ok(mut addrs) => addrs.next().ok_or(UpstreamFailure::ConnectRefused),
-        Err(_) => Err(UpstreamFailure::ConnectRefused),
+        Ok(mut addrs) => addrs.next().ok_or(refused),
+        Err(_) => Err(refused),
     }
 }

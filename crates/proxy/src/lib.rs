@@ -5,6 +5,12 @@
 //! cleartext HTTP/2 with APISIX's proxy semantics: routing, roundrobin with priority groups,
 //! retries, timeouts, forwarded headers, websocket tunnelling, a buffered access log, and
 //! graceful shutdown. The request path reads only the snapshot: no locks, no store calls.
+//!
+//! One context per request (`ctx`) goes through the steps in order: head checks (`head`),
+//! routing (`routing`), the plugins' request phases (`phases`), the upstream tries
+//! (`upstream`, with the headers of `forwarded` and the answers of `relay`), the plugins'
+//! response phases, and the log phase ([`log`]) handed to the response body ([`body`]).
+//! Errors carry who is at fault and whether a retry is allowed ([`error`]).
 #![forbid(unsafe_code)]
 
 pub mod access_log;
@@ -12,16 +18,25 @@ pub mod balancer;
 pub mod body;
 pub mod client;
 pub mod control;
+mod ctx;
 pub mod error;
-pub mod handler;
-pub mod phases;
+mod forwarded;
+pub mod gateway;
+mod handler;
+mod head;
+pub mod log;
+mod phases;
+pub mod record;
+mod relay;
 mod request_head;
 pub mod responses;
+mod routing;
 pub mod server;
 pub mod snapshot;
-mod vars;
+mod upstream;
 mod websocket;
 
-pub use handler::{ConnInfo, Gateway, RealIpConfig};
+pub use forwarded::RealIpConfig;
+pub use gateway::{ConnInfo, Gateway, LegacyAdmin};
 pub use server::{ServerHandle, ServerOptions, WorkerModel};
 pub use snapshot::{CompileOptions, Snapshot, SnapshotHandle};

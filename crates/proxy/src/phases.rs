@@ -1,25 +1,26 @@
 //! Running the plugin phases of a request (spec data-plane §1): global rules' and the route's
-//! `rewrite` and `access` before proxying, `header_filter` on the response head, and `log` once
-//! the response is over (from the response body's drop, see [`crate::body`]).
+//! `rewrite` and `access` before proxying (and `before_proxy` when proxying), `header_filter`
+//! on the response head of whatever answer ends the request (installing its body filters),
+//! and the plugins' side of the log phase, which [`crate::log`] runs once the response is over.
 //!
 //! Nothing here runs for a request whose route and global rules have no plugins; the request
 //! path then costs what it cost before plugins existed.
 
-use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Instant;
 
-use ferrisix_plugins::{
-    union_var_names, Exit, Flow, LogCtx, LogVars, PluginChain, PluginCtx, RequestGuards,
-    ResponseHeaders, ResponseSource, VarNames, Verdicts,
+use bytes::Bytes;
+use ferrisix_plugin_api::{
+    BodyEdits, BodyError, Exit, Flow, LogCtx, LogNeeds, LogVars, Phases, RequestBody, RequestState,
+    ResponseHead, ResponseSource,
 };
-use ferrisix_router::VarSource;
-use http::request::Parts;
-use http::{HeaderValue, Response};
-use smallvec::SmallVec;
+use ferrisix_plugins::{PluginChain, Verdicts};
+use http::{HeaderMap, Response};
+use http_body::Body as _;
 
 use crate::body::ResponseBody;
-use crate::responses;
+use crate::ctx::{plugin_view, ClientHead, RequestCtx};
+use crate::log::PendingLog;
+use crate::record::tries;
 use crate::snapshot::CompiledRoute;
 
 /// The plugin side of one request, from routing to the log phase.
@@ -27,80 +28,163 @@ pub struct PluginRun {
     global: Arc<PluginChain>,
     /// `None` for a request that matched no route (or whose route ends before its plugins).
     route: Option<Arc<PluginChain>>,
-    response_headers: ResponseHeaders,
-    /// Request-scoped plugin state (limit-conn's in-flight count), dropped after the log
-    /// phase, or with this run if the request is abandoned before its response.
-    guards: RequestGuards,
-    matched_uri: Option<u16>,
-    matched_host: Option<u16>,
+    /// Whether the request phases run (not for a route APISIX ends before its plugins).
+    runs: bool,
+    /// What the plugins keep and change of the request.
+    pub state: RequestState,
     /// The gateway answered itself (exit, 404, no upstream).
     own_answer: bool,
     /// `_meta.filter` verdicts for the phases after the response head.
-    global_verdicts: Verdicts,
-    route_verdicts: Verdicts,
+    verdicts: (Verdicts, Verdicts),
     /// The request variables the log phase asked for, read while the request was at hand;
     /// empty (no allocation) when no plugin asked.
     log_vars: LogVars,
+    /// The request body as read for the log phase, when a plugin asked for it.
+    request_body: Option<Bytes>,
 }
 
-/// What the proxy did upstream, for the log phase.
-#[derive(Clone, Debug, Default)]
-pub struct UpstreamTrace {
-    /// The last node tried.
-    pub addr: Option<SocketAddr>,
-    /// When the first try started.
-    pub start: Option<Instant>,
-    /// An upstream sent a response head.
-    pub responded: bool,
-    /// Keep every try's address and status (`$upstream_addr`, `$upstream_status`): set only
-    /// when a log-phase plugin reads variables.
-    pub detailed: bool,
-    pub addrs: SmallVec<[SocketAddr; 2]>,
-    pub statuses: SmallVec<[u16; 2]>,
-}
-
-/// nginx's list of tries, `a, b`; `None` (unset) without any.
-fn tries<T: std::fmt::Display>(items: &[T]) -> Option<String> {
-    if items.is_empty() {
-        return None;
-    }
-    use std::fmt::Write as _;
-    let mut s = String::new();
-    for (i, item) in items.iter().enumerate() {
-        if i > 0 {
-            s.push_str(", ");
+impl PluginRun {
+    /// Global rules for a request that matched no route: `rewrite` and `access` run before
+    /// the 404 (and may answer instead).
+    pub fn unmatched(global: Arc<PluginChain>, remote_addr: std::net::IpAddr) -> PluginRun {
+        PluginRun {
+            global,
+            route: None,
+            runs: true,
+            state: RequestState::new(remote_addr),
+            own_answer: true,
+            verdicts: (Verdicts::ALL, Verdicts::ALL),
+            log_vars: LogVars::default(),
+            request_body: None,
         }
-        let _ = write!(s, "{item}");
     }
-    Some(s)
+
+    /// The plugins of a matched route; `uri` and `host` index the patterns that matched.
+    pub fn matched(
+        route: &CompiledRoute,
+        uri: Option<u16>,
+        host: Option<u16>,
+        remote_addr: std::net::IpAddr,
+    ) -> PluginRun {
+        let mut state = RequestState::new(remote_addr);
+        state.set_matched(uri, host);
+        PluginRun {
+            global: route.global_chain.clone(),
+            route: route.plugins_run.then(|| route.chain.clone()),
+            runs: route.plugins_run,
+            state,
+            own_answer: !matches!(route.target, crate::snapshot::RouteTarget::Upstream(_)),
+            verdicts: (Verdicts::ALL, Verdicts::ALL),
+            log_vars: LogVars::default(),
+            request_body: None,
+        }
+    }
+
+    fn chains(&self) -> impl Iterator<Item = &PluginChain> {
+        std::iter::once(&*self.global).chain(self.route.as_deref())
+    }
+
+    fn has(&self, phase: Phases) -> bool {
+        self.chains().any(|c| c.has(phase))
+    }
+
+    /// What the chains' log phases read.
+    fn log_needs(&self) -> LogNeeds {
+        match &self.route {
+            Some(r) => self.global.log_needs().union(r.log_needs()),
+            None => self.global.log_needs().clone(),
+        }
+    }
 }
 
-/// Reads the variables the chains' log phases want, if any.
-fn capture_vars(
-    global: Option<&VarNames>,
-    route: Option<&VarNames>,
-    ctx: &PluginCtx<'_>,
-) -> LogVars {
-    match union_var_names(global, route) {
-        Some(names) => LogVars::capture(names, ctx),
-        None => LogVars::default(),
+/// The request phases: 3.17+ order, global rewrite, route rewrite, global access, route
+/// access, then (when proxying) `before_proxy`. Answers the exit that ends the request, if
+/// any.
+pub async fn request_phases(ctx: &mut RequestCtx<'_>, proxying: bool) -> Option<Exit> {
+    let run = ctx.plugins.as_mut()?;
+    let route_info = ctx.route.as_deref().map(|r| &r.info);
+    run.state
+        .set_body_timeout(ctx.conn.gateway.client_body_timeout);
+    if let Some(body) = ctx.body.take() {
+        if body.is_end_stream() {
+            ctx.body = Some(body);
+        } else {
+            // Plugins may read the body (once; it is still forwarded from here).
+            run.state.set_body(RequestBody::Unread(Box::pin(
+                http_body_util::BodyExt::map_err(body, |e| BodyError::Broken(e.to_string())),
+            )));
+        }
+    }
+    let PluginRun {
+        global,
+        route,
+        runs,
+        state,
+        ..
+    } = run;
+    let mut view = plugin_view(
+        &ctx.head,
+        &ctx.conn.facts,
+        &mut ctx.headers,
+        route_info,
+        state,
+    );
+    let mut flow = Flow::Continue;
+    if *runs {
+        flow = run_phases(global, route.as_deref(), &mut view).await;
+        if flow == Flow::Continue && proxying {
+            flow = global.before_proxy(&mut view).await;
+            if flow == Flow::Continue {
+                if let Some(r) = route {
+                    flow = r.before_proxy(&mut view).await;
+                }
+            }
+        }
+    }
+    let verdicts = (
+        global.verdicts(&view),
+        route.as_ref().map_or(Verdicts::ALL, |r| r.verdicts(&view)),
+    );
+    drop(view);
+    run.verdicts = verdicts;
+    // Plugins may have changed who the client is (real-ip): the upstream hears it too.
+    ctx.remote_addr = run.state.remote_addr();
+    let needs = run.log_needs();
+    if let Some(names) = needs.vars {
+        let view = plugin_view(
+            &ctx.head,
+            &ctx.conn.facts,
+            &mut ctx.headers,
+            route_info,
+            &mut run.state,
+        );
+        run.log_vars = LogVars::capture(names, &view);
+    }
+    if let (Some(limit), Flow::Continue) = (needs.request_body, &flow) {
+        // Read before proxying, as APISIX's log-util reads it, and still forwarded.
+        let gap = run.state.body_timeout();
+        let body = run.state.body_mut();
+        let _ = body.read(limit, gap).await;
+        run.request_body = match body {
+            RequestBody::Buffered(b) => Some(b.slice(..b.len().min(limit))),
+            RequestBody::Partial { read, .. } => Some(read.slice(..read.len().min(limit))),
+            _ => None,
+        };
+    }
+    match flow {
+        Flow::Exit(e) => {
+            run.own_answer = true;
+            Some(e)
+        }
+        Flow::Continue => None,
     }
 }
 
-/// The answer for a plugin's exit.
-pub fn exit_response(exit: Exit, server: &HeaderValue) -> Response<ResponseBody> {
-    match exit.body {
-        Some(body) => responses::text_response(exit.status, body, server),
-        None => responses::error_page(exit.status, server),
-    }
-}
-
-async fn run_request_phases(
+async fn run_phases(
     global: &PluginChain,
     route: Option<&PluginChain>,
-    ctx: &mut PluginCtx<'_>,
+    ctx: &mut ferrisix_plugin_api::PluginCtx<'_>,
 ) -> Flow {
-    // 3.17+: global rewrite, route rewrite, global access, route access.
     if let Flow::Exit(e) = global.rewrite(ctx).await {
         return Flow::Exit(e);
     }
@@ -120,109 +204,21 @@ async fn run_request_phases(
     Flow::Continue
 }
 
-/// Global rules for a request that matched no route: `rewrite` and `access` run before the
-/// 404 (and may answer instead).
-pub async fn unmatched(
-    global: Arc<PluginChain>,
-    parts: &Parts,
-    path: &str,
-    remote_addr: IpAddr,
-    vars: &(dyn VarSource + Sync),
-) -> (PluginRun, Option<Exit>) {
-    let mut ctx = PluginCtx::new(&parts.method, path, &parts.headers, remote_addr, vars);
-    let flow = run_request_phases(&global, None, &mut ctx).await;
-    let run = PluginRun {
-        log_vars: capture_vars(global.log_vars(), None, &ctx),
-        global_verdicts: global.verdicts(&ctx),
-        route_verdicts: Verdicts::ALL,
-        global,
-        route: None,
-        response_headers: ctx.response_headers,
-        guards: ctx.guards,
-        matched_uri: None,
-        matched_host: None,
-        own_answer: true,
-    };
-    match flow {
-        Flow::Exit(e) => (run, Some(e)),
-        Flow::Continue => (run, None),
-    }
-}
-
-/// The plugins of a matched route.
-#[allow(clippy::too_many_arguments)]
-pub async fn matched(
-    route: &Arc<CompiledRoute>,
-    matched_uri: &str,
-    matched_host: Option<&str>,
-    proxying: bool,
-    parts: &Parts,
-    path: &str,
-    remote_addr: IpAddr,
-    vars: &(dyn VarSource + Sync),
-) -> (PluginRun, Option<Exit>) {
-    let info = &route.info;
-    let uri_idx = info.uri_index(matched_uri);
-    let host_idx = matched_host.and_then(|h| info.host_index(h));
-    let mut ctx = PluginCtx::new(&parts.method, path, &parts.headers, remote_addr, vars);
-    ctx.route = Some(info);
-    ctx.matched_uri = uri_idx.map_or("", |i| info.uris[i].as_str());
-    ctx.matched_host = host_idx.map_or("", |i| info.hosts[i].as_str());
-    let mut flow = Flow::Continue;
-    if route.plugins_run {
-        flow = run_request_phases(&route.global_chain, Some(&route.chain), &mut ctx).await;
-        if flow == Flow::Continue && proxying {
-            flow = route.global_chain.before_proxy(&mut ctx).await;
-            if flow == Flow::Continue {
-                flow = route.chain.before_proxy(&mut ctx).await;
-            }
-        }
-    }
-    let run = PluginRun {
-        log_vars: capture_vars(
-            route.global_chain.log_vars(),
-            route.chain.log_vars().filter(|_| route.plugins_run),
-            &ctx,
-        ),
-        global_verdicts: route.global_chain.verdicts(&ctx),
-        route_verdicts: route.chain.verdicts(&ctx),
-        global: route.global_chain.clone(),
-        route: route.plugins_run.then(|| route.chain.clone()),
-        response_headers: ctx.response_headers,
-        guards: ctx.guards,
-        matched_uri: uri_idx.map(|i| i as u16),
-        matched_host: host_idx.map(|i| i as u16),
-        own_answer: !proxying,
-    };
-    match flow {
-        Flow::Exit(e) => (
-            PluginRun {
-                own_answer: true,
-                ..run
-            },
-            Some(e),
-        ),
-        Flow::Continue => (run, None),
-    }
-}
-
 /// nginx's `$request_length`: request line, headers and body.
-pub fn request_length(parts: &Parts) -> u64 {
-    let line = parts.method.as_str().len()
-        + parts.uri.path_and_query().map_or(1, |p| p.as_str().len())
+pub fn request_length(head: &ClientHead, headers: &HeaderMap) -> u64 {
+    let line = head.method.as_str().len()
+        + head.uri.path_and_query().map_or(1, |p| p.as_str().len())
         + " HTTP/1.1\r\n".len()
         + 1;
-    let headers: usize = parts
-        .headers
+    let header_bytes: usize = headers
         .iter()
         .map(|(k, v)| k.as_str().len() + v.len() + 4)
         .sum();
-    let body: u64 = parts
-        .headers
+    let body: u64 = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse().ok())
         .unwrap_or(0);
-    (line + headers + 2) as u64 + body
+    (line + header_bytes + 2) as u64 + body
 }
 
 /// The response head's size on the wire, as well as it can be known before hyper writes it
@@ -242,104 +238,100 @@ fn head_length<B: http_body::Body>(resp: &Response<B>) -> u64 {
     n as u64
 }
 
-impl PluginRun {
-    /// Whether the log phase reads variables, so the proxy should keep every upstream try.
-    pub fn wants_upstream_detail(&self) -> bool {
-        !self.log_vars.is_empty()
+/// The response phases: what the plugins set on the response goes on it, `header_filter`
+/// runs (its body edits applied), and the plugins' log phase joins the request's.
+pub fn response_phases(ctx: &mut RequestCtx<'_>, resp: &mut Response<ResponseBody>) {
+    let Some(mut run) = ctx.plugins.take() else {
+        return;
+    };
+    run.state.take_response_headers().apply(resp.headers_mut());
+    let proxied = ctx.log.upstream.proxied() && !run.own_answer;
+    if run.has(Phases::HEADER_FILTER) {
+        let route_info = ctx.route.as_deref().map(|r| &r.info);
+        let taken = std::mem::replace(resp, Response::new(ResponseBody::empty()));
+        let (mut head, mut body) = taken.into_parts();
+        let mut edits = BodyEdits::default();
+        {
+            let from_upstream = proxied && ctx.log.upstream.responded;
+            let mut response = ResponseHead::new(
+                &mut head.status,
+                &mut head.headers,
+                from_upstream,
+                &mut edits,
+            );
+            let mut view = plugin_view(
+                &ctx.head,
+                &ctx.conn.facts,
+                &mut ctx.headers,
+                route_info,
+                &mut run.state,
+            );
+            run.global
+                .header_filter(&mut view, &mut response, run.verdicts.0);
+            if let Some(r) = &run.route {
+                r.header_filter(&mut view, &mut response, run.verdicts.1);
+            }
+        }
+        if let Some(replacement) = edits.replacement {
+            body.replace(replacement);
+        }
+        body.set_filters(edits.filters);
+        *resp = Response::from_parts(head, body);
     }
-
-    /// Applies what the plugins set on the response, runs `header_filter`, and hands the log
-    /// phase to the response body, which runs it when the response is over.
-    pub fn finish(
-        mut self,
-        resp: &mut Response<ResponseBody>,
-        start: Instant,
-        request_length: u64,
-        trace: &UpstreamTrace,
-    ) {
-        std::mem::take(&mut self.response_headers).apply(resp.headers_mut());
-        let status = resp.status();
-        self.global
-            .header_filter(status, resp.headers_mut(), self.global_verdicts);
-        if let Some(r) = &self.route {
-            r.header_filter(status, resp.headers_mut(), self.route_verdicts);
-        }
-        let has_log = self.global.has(ferrisix_plugins::Phases::LOG)
-            || self
-                .route
-                .as_ref()
-                .is_some_and(|r| r.has(ferrisix_plugins::Phases::LOG));
-        if !has_log && self.guards.is_empty() {
-            return;
-        }
-        let proxied = trace.start.is_some() && !self.own_answer;
-        let mut vars = std::mem::take(&mut self.log_vars);
-        if !vars.is_empty() {
-            vars.set("upstream_addr", || tries(&trace.addrs));
-            vars.set("upstream_status", || tries(&trace.statuses));
-        }
-        let ctx = LogCtx {
-            status: status.as_u16(),
-            matched_uri: self.matched_uri,
-            matched_host: self.matched_host,
-            node: if proxied {
-                trace.addr.map(|a| a.ip())
-            } else {
-                None
-            },
-            request_length,
-            bytes_sent: head_length(resp),
-            request_time: Default::default(),
-            upstream_time: None,
-            response_source: if !proxied {
-                ResponseSource::Apisix
-            } else if trace.responded {
-                ResponseSource::Upstream
-            } else {
-                ResponseSource::Nginx
-            },
-            vars,
-        };
-        resp.body_mut().set_plugin_log(Box::new(PendingLog {
-            global: self.global,
-            route: self.route,
-            verdicts: (self.global_verdicts, self.route_verdicts),
-            _guards: self.guards,
-            ctx,
-            start,
-            upstream_start: if proxied { trace.start } else { None },
-        }));
+    if !run.has(Phases::LOG) && !run.state.has_guards() {
+        return;
     }
-}
-
-/// The log phase, waiting for the response to end.
-pub struct PendingLog {
-    global: Arc<PluginChain>,
-    route: Option<Arc<PluginChain>>,
-    verdicts: (Verdicts, Verdicts),
-    /// Dropped with this (after [`PendingLog::run`]): limit-conn decrements here.
-    _guards: RequestGuards,
-    ctx: LogCtx,
-    start: Instant,
-    upstream_start: Option<Instant>,
-}
-
-impl PendingLog {
-    /// Runs the log phase: global rules first, then the route's plugins.
-    pub fn run(&mut self, body_bytes: u64) {
-        self.ctx.bytes_sent += body_bytes;
-        self.ctx.request_time = self.start.elapsed();
-        self.ctx.upstream_time = self.upstream_start.map(|s| s.elapsed());
-        self.global.log(&self.ctx, self.verdicts.0);
-        if let Some(r) = &self.route {
-            r.log(&self.ctx, self.verdicts.1);
-        }
+    let needs = run.log_needs();
+    let record = &ctx.log.upstream;
+    let mut vars = std::mem::take(&mut run.log_vars);
+    if !vars.is_empty() {
+        vars.set("upstream_addr", || tries(&record.addrs));
+        vars.set("upstream_status", || tries(&record.statuses));
     }
+    let (matched_uri, matched_host) = run.state.matched();
+    let log = LogCtx {
+        status: resp.status().as_u16(),
+        matched_uri,
+        matched_host,
+        node: if proxied {
+            record.last_addr().map(|a| a.ip())
+        } else {
+            None
+        },
+        request_length: request_length(&ctx.head, &ctx.headers),
+        bytes_sent: head_length(resp),
+        request_time: Default::default(),
+        upstream_time: None,
+        response_source: if !proxied {
+            ResponseSource::Apisix
+        } else if record.responded {
+            ResponseSource::Upstream
+        } else {
+            ResponseSource::Nginx
+        },
+        consumer: run.state.consumer().cloned(),
+        vars,
+        request_headers: needs.request_headers.then(|| ctx.headers.clone()),
+        response_headers: needs.response_headers.then(|| resp.headers().clone()),
+        request_body: run.request_body.take(),
+        response_body: None,
+    };
+    ctx.log.plugins = Some(Box::new(PendingLog {
+        global: run.global,
+        route: run.route,
+        verdicts: run.verdicts,
+        guards: run.state.take_guards(),
+        ctx: log,
+        start: ctx.started,
+        body_limit: needs.response_body,
+        body: Default::default(),
+    }));
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ctx::HostName;
 
     #[test]
     fn request_length_counts_line_headers_and_body() {
@@ -351,18 +343,15 @@ mod tests {
             .body(())
             .unwrap();
         let (parts, _) = req.into_parts();
+        let head = ClientHead {
+            method: parts.method,
+            uri: parts.uri,
+            version: parts.version,
+            path: None,
+            host: HostName::Absent,
+            host_value: None,
+        };
         // "POST /a?b=1 HTTP/1.1\r\n" + "host: x\r\n" + "content-length: 5\r\n" + "\r\n" + 5
-        assert_eq!(request_length(&parts), 22 + 9 + 19 + 2 + 5);
-    }
-
-    #[test]
-    fn tries_are_listed_as_nginx_does() {
-        let addrs: [SocketAddr; 2] = [
-            "127.0.0.1:1980".parse().unwrap(),
-            "[::1]:81".parse().unwrap(),
-        ];
-        assert_eq!(tries(&addrs).as_deref(), Some("127.0.0.1:1980, [::1]:81"));
-        assert_eq!(tries(&[502u16, 200]).as_deref(), Some("502, 200"));
-        assert_eq!(tries::<u16>(&[]), None);
+        assert_eq!(request_length(&head, &parts.headers), 22 + 9 + 19 + 2 + 5);
     }
 }

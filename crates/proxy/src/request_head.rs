@@ -5,13 +5,23 @@
 //! and a standard method costs one comparison.
 
 use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+#[cfg(test)]
 use http::request::Parts;
-use http::{Method, StatusCode, Version};
+use http::{HeaderMap, Method, StatusCode, Version};
+
+/// [`check_head`] on a whole head (tests).
+#[cfg(test)]
+pub fn check(parts: &Parts) -> Result<(), StatusCode> {
+    check_head(&parts.method, parts.version, &parts.headers)
+}
 
 /// `Err(status)` when nginx would refuse the head before any location (or Lua) runs.
-pub fn check(parts: &Parts) -> Result<(), StatusCode> {
-    check_method(&parts.method)?;
-    let headers = &parts.headers;
+pub fn check_head(
+    method: &Method,
+    version: Version,
+    headers: &HeaderMap,
+) -> Result<(), StatusCode> {
+    check_method(method)?;
 
     // "client sent duplicate host header" / "client sent invalid host header" (an empty value
     // has no host in it).
@@ -31,7 +41,7 @@ pub fn check(parts: &Parts) -> Result<(), StatusCode> {
 
     let mut codings = headers.get_all(TRANSFER_ENCODING).iter();
     if let Some(coding) = codings.next() {
-        if codings.next().is_some() || parts.version < Version::HTTP_11 {
+        if codings.next().is_some() || version < Version::HTTP_11 {
             // A duplicate header line; "client sent HTTP/1.0 request with Transfer-Encoding".
             return Err(StatusCode::BAD_REQUEST);
         }

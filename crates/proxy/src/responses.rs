@@ -1,10 +1,12 @@
 //! Answers the gateway produces itself: APISIX's JSON error line and nginx's HTML error pages.
 
 use bytes::Bytes;
+use ferrisix_plugin_api::Exit;
 use http::header::{CONTENT_TYPE, SERVER};
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::body::ResponseBody;
+use crate::error::ProxyError;
 
 /// `{"error_msg":"404 Route Not Found"}\n`, sent as text/plain as APISIX does (nginx's
 /// `default_type` with `charset utf-8`), not as JSON.
@@ -45,6 +47,30 @@ fn nginx_reason(status: StatusCode) -> &'static str {
     }
 }
 
+/// The answer for a plugin's exit: its body as text (or nginx's page without one), then its
+/// headers, each replacing the gateway's own.
+pub fn exit_response(exit: Exit, server: &HeaderValue) -> Response<ResponseBody> {
+    let mut resp = match exit.body {
+        Some(body) => text_response(exit.status, body, server),
+        None => error_page(exit.status, server),
+    };
+    let mut set: Vec<&http::HeaderName> = Vec::new();
+    for (name, value) in &exit.headers {
+        if set.contains(&name) {
+            resp.headers_mut().append(name.clone(), value.clone());
+        } else {
+            set.push(name);
+            resp.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    resp
+}
+
+/// nginx's page for a request that ends in `error`.
+pub fn error_response(error: ProxyError, server: &HeaderValue) -> Response<ResponseBody> {
+    error_page(error.status(), server)
+}
+
 /// nginx's HTML error page for `status`.
 pub fn error_page(status: StatusCode, server: &HeaderValue) -> Response<ResponseBody> {
     let reason = nginx_reason(status);
@@ -77,6 +103,26 @@ mod tests {
         assert_eq!(resp.headers()[CONTENT_TYPE], "text/plain; charset=utf-8");
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(body.len(), 36);
+    }
+
+    #[tokio::test]
+    async fn exits_carry_their_headers() {
+        let server = HeaderValue::from_static("ferrisix");
+        let exit = Exit::body(StatusCode::OK, "{}")
+            .with_header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .with_header(
+                http::HeaderName::from_static("x-a"),
+                HeaderValue::from_static("1"),
+            )
+            .with_header(
+                http::HeaderName::from_static("x-a"),
+                HeaderValue::from_static("2"),
+            );
+        let resp = exit_response(exit, &server);
+        assert_eq!(resp.headers()[CONTENT_TYPE], "application/json");
+        assert_eq!(resp.headers().get_all("x-a").iter().count(), 2);
+        let resp = exit_response(Exit::status(StatusCode::FORBIDDEN), &server);
+        assert_eq!(resp.headers()[CONTENT_TYPE], "text/html; charset=utf-8");
     }
 
     #[tokio::test]

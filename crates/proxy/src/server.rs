@@ -22,7 +22,7 @@ use tokio::sync::watch;
 
 use crate::access_log;
 use crate::client;
-use crate::handler::{ConnInfo, Gateway};
+use crate::gateway::{ConnInfo, Gateway};
 
 /// How request handling is spread over threads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -188,7 +188,8 @@ async fn serve(
                     (stream, peer) = acceptor.accept() => {
                         let local = local.or_else(|| stream.local_addr().ok());
                         let Some(local) = local else { continue };
-                        serve_connection(&builder, &graceful, &limits, gateway.clone(), stream, ConnInfo::new(peer, local));
+                        let conn = ConnInfo::new(gateway.clone(), peer, local);
+                        serve_connection(&builder, &graceful, &limits, stream, conn);
                     }
                 }
             }
@@ -220,18 +221,19 @@ fn serve_connection(
     builder: &auto::Builder<TokioExecutor>,
     graceful: &GracefulShutdown,
     limits: &ConnLimits,
-    gateway: Arc<Gateway>,
     stream: TcpStream,
     conn: ConnInfo,
 ) {
     let (io, conn_watch) = ferrisix_net::wrap(stream, limits);
+    // nginx's stub_status counters (prometheus' apisix_nginx_http_current_connections).
+    let stats = conn.gateway.stats.clone();
     // One shared value per connection: each request clones a single Arc.
-    let ctx = Arc::new((gateway, conn, conn_watch.clone()));
+    let ctx = Arc::new((conn, conn_watch.clone()));
     let service = service_fn(move |req| {
         let ctx = ctx.clone();
-        let in_flight = ctx.2.begin();
+        let in_flight = ctx.1.begin();
         async move {
-            let resp = ctx.0.handle(req, &ctx.1).await;
+            let resp = ctx.0.handle(req).await;
             Ok::<_, Infallible>(Tracked::response(resp, in_flight))
         }
     });
@@ -239,8 +241,6 @@ fn serve_connection(
         .serve_connection_with_upgrades(io, service)
         .into_owned();
     let connection = graceful.watch(connection);
-    // nginx's stub_status counters (prometheus' apisix_nginx_http_current_connections).
-    let stats = ferrisix_plugins::prometheus::node::conn_stats();
     stats.connection_opened();
     tokio::spawn(async move {
         // Closed early (None) when client_header_timeout or keepalive_timeout passes.

@@ -16,10 +16,11 @@ use ferrisix_config::model::{
     Upstream,
 };
 use ferrisix_config::state::{ConfigState, StoredItem};
-use ferrisix_config::validate::{self, PluginCheck};
+use ferrisix_config::validate;
 use ferrisix_config::vars::compile_vars;
+use ferrisix_plugin_api::{Owner, RouteInfo, UpstreamRef, UpstreamResolver};
 use ferrisix_plugins::{
-    CompileEnv, GlobalChains, GlobalRules, Owner, PluginChain, PluginSource, RouteInfo,
+    CompileEnv, GlobalChains, GlobalRules, PluginChain, PluginRegistry, PluginSource,
 };
 use ferrisix_router::{Expr, MethodSet, RouteEntry, RouteTable, RouterKind};
 use http::{HeaderValue, StatusCode};
@@ -270,12 +271,13 @@ impl Snapshot {
         }
     }
 
-    /// Compiles `state`, reusing what `previous` already compiled.
+    /// Compiles `state`, reusing what `previous` already compiled (which is still alive
+    /// meanwhile: unchanged plugin confs lease the same state again).
     pub fn compile(
         state: &ConfigState,
         previous: &Snapshot,
         options: CompileOptions,
-        plugins: &dyn PluginCheck,
+        plugins: &PluginRegistry,
     ) -> Snapshot {
         let mut quarantine = Vec::new();
         let prev = &previous.cache;
@@ -316,24 +318,6 @@ impl Snapshot {
             .items(ResourceKind::PluginMetadata)
             .map(|i| (i.id.clone(), (*i.value).clone()))
             .collect();
-        // prometheus' `disabled_labels` apply to the whole exposition, not to one route.
-        ferrisix_plugins::runtime()
-            .metrics
-            .set_metadata(metadata.get(ferrisix_plugins::prometheus::NAME));
-        let plugin_env = CompileEnv {
-            metadata: &metadata,
-        };
-        let globals = {
-            let mut rules: Vec<&StoredItem> = state.items(ResourceKind::GlobalRules).collect();
-            rules.sort_by_key(|i| i.seq);
-            GlobalRules::merge(
-                rules
-                    .iter()
-                    .filter_map(|i| cache.global_rules.get(&i.id))
-                    .map(|acc| (acc.typed.id.as_str(), &acc.typed.plugins)),
-            )
-            .prepare(plugin_env)
-        };
         cache.routes = accept_all(
             state,
             ResourceKind::Routes,
@@ -395,6 +379,27 @@ impl Snapshot {
                 Err(e) => quarantine.push(q(ResourceKind::Services, id, e)),
             }
         }
+
+        // Plugins compile against the upstreams compiled so far (traffic-split's choices).
+        let resolver = CompiledUpstreams {
+            by_id: &cache.compiled_upstreams,
+        };
+        let plugin_env = CompileEnv {
+            metadata: &metadata,
+            registry: plugins,
+            upstreams: &resolver,
+        };
+        let globals = {
+            let mut rules: Vec<&StoredItem> = state.items(ResourceKind::GlobalRules).collect();
+            rules.sort_by_key(|i| i.seq);
+            GlobalRules::merge(
+                rules
+                    .iter()
+                    .filter_map(|i| cache.global_rules.get(&i.id))
+                    .map(|acc| (acc.typed.id.as_str(), &acc.typed.plugins)),
+            )
+            .prepare(plugin_env)
+        };
 
         let mut order: Vec<(&str, u64)> = state
             .items(ResourceKind::Routes)
@@ -478,8 +483,6 @@ impl Snapshot {
                 item.error
             );
         }
-        // Counters and metric series only the replaced snapshot still used can go now.
-        ferrisix_plugins::runtime().sweep();
         Snapshot {
             revision: state.revision,
             router,
@@ -488,6 +491,25 @@ impl Snapshot {
             global_chain: globals.unmatched(),
             cache,
         }
+    }
+}
+
+/// The upstreams plugins may send requests to, as compiled for the snapshot being built.
+struct CompiledUpstreams<'a> {
+    by_id: &'a HashMap<String, Arc<CompiledUpstream>>,
+}
+
+impl UpstreamResolver for CompiledUpstreams<'_> {
+    fn upstream_by_id(&self, id: &str) -> Result<UpstreamRef, String> {
+        self.by_id
+            .get(id)
+            .map(|u| UpstreamRef::new(u.clone()))
+            .ok_or_else(|| format!("failed to find upstream by id: {id}"))
+    }
+
+    fn compile_inline_upstream(&self, conf: &Value) -> Result<UpstreamRef, String> {
+        let up = validate::upstream_from_value(None, conf).map_err(|e| e.message)?;
+        Ok(UpstreamRef::new(Arc::new(CompiledUpstream::compile(&up)?)))
     }
 }
 
@@ -757,13 +779,13 @@ pub async fn follow(
     mut rx: tokio::sync::watch::Receiver<Arc<ConfigState>>,
     handle: SnapshotHandle,
     options: CompileOptions,
-    plugins: Arc<dyn PluginCheck + Send + Sync>,
+    plugins: Arc<PluginRegistry>,
 ) {
     loop {
         let state = rx.borrow_and_update().clone();
         let previous = handle.load_full();
         let started = std::time::Instant::now();
-        let snapshot = Snapshot::compile(&state, &previous, options, plugins.as_ref());
+        let snapshot = Snapshot::compile(&state, &previous, options, &plugins);
         tracing::info!(
             revision = snapshot.revision,
             routes = snapshot.router.len(),

@@ -12,11 +12,15 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use ferrisix_plugin_api::{BodyError, PendingBody};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::error::UpstreamFailure;
+use crate::error::{ErrorKind, ProxyError};
+
+/// What a streamed body fails with (the client's body broke, or passed the limit).
+pub type StreamError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Tracks how far a streamed request body got, so the send timeout measures the gap between
 /// two writes rather than the whole upload.
@@ -28,6 +32,8 @@ struct ProgressInner {
     base: Instant,
     last_ms: AtomicU64,
     done: AtomicBool,
+    /// The body passed the route's size limit while it streamed.
+    too_large: AtomicBool,
 }
 
 impl SendProgress {
@@ -36,6 +42,7 @@ impl SendProgress {
             base: Instant::now(),
             last_ms: AtomicU64::new(0),
             done: AtomicBool::new(false),
+            too_large: AtomicBool::new(false),
         }))
     }
 
@@ -50,12 +57,63 @@ impl SendProgress {
     }
 
     /// When the current phase times out, and which failure that is.
-    pub fn deadline(&self, send: Duration, read: Duration) -> (Instant, UpstreamFailure) {
+    pub fn deadline(&self, send: Duration, read: Duration) -> (Instant, ProxyError) {
         let last = self.0.base + Duration::from_millis(self.0.last_ms.load(Ordering::Relaxed));
         if self.0.done.load(Ordering::Relaxed) {
-            (last + read, UpstreamFailure::ReadTimeout)
+            (last + read, ErrorKind::ReadTimeout.into())
         } else {
-            (last + send, UpstreamFailure::SendTimeout)
+            (last + send, ErrorKind::SendTimeout.into())
+        }
+    }
+
+    /// Whether the body was cut off at the route's size limit.
+    pub fn too_large(&self) -> bool {
+        self.0.too_large.load(Ordering::Relaxed)
+    }
+}
+
+/// Where a streamed body comes from.
+pub enum StreamSource {
+    /// The client's body, untouched by plugins.
+    Client(Incoming),
+    /// The rest of a body the request phases started to read.
+    Pending(PendingBody),
+}
+
+impl std::fmt::Debug for StreamSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StreamSource::Client(_) => "Client",
+            StreamSource::Pending(_) => "Pending",
+        })
+    }
+}
+
+impl Body for StreamSource {
+    type Data = Bytes;
+    type Error = StreamError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, StreamError>>> {
+        match self.get_mut() {
+            StreamSource::Client(b) => Pin::new(b).poll_frame(cx).map_err(|e| e.into()),
+            StreamSource::Pending(b) => b.as_mut().poll_frame(cx).map_err(|e| e.into()),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            StreamSource::Client(b) => b.is_end_stream(),
+            StreamSource::Pending(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            StreamSource::Client(b) => b.size_hint(),
+            StreamSource::Pending(b) => b.size_hint(),
         }
     }
 }
@@ -69,10 +127,12 @@ pub enum UpstreamBody {
     Stream {
         /// What was read before deciding to stream (sent first).
         prefix: Option<Bytes>,
-        inner: Incoming,
+        inner: StreamSource,
         progress: SendProgress,
         /// Whether any frame was taken from the client yet (after that, no replay).
         started: bool,
+        /// Bytes left before the route's size limit; `None`: no limit.
+        left: Option<u64>,
     },
 }
 
@@ -86,17 +146,28 @@ impl UpstreamBody {
     }
 
     pub fn stream(inner: Incoming) -> UpstreamBody {
-        Self::stream_after(None, inner)
+        Self::stream_after(None, StreamSource::Client(inner))
     }
 
     /// Streams `inner` after sending `prefix`, the part already read from the client.
-    pub fn stream_after(prefix: Option<Bytes>, inner: Incoming) -> UpstreamBody {
+    pub fn stream_after(prefix: Option<Bytes>, inner: StreamSource) -> UpstreamBody {
         UpstreamBody::Stream {
             prefix: prefix.filter(|p| !p.is_empty()),
             inner,
             progress: SendProgress::new(),
             started: false,
+            left: None,
         }
+    }
+
+    /// Cuts a streamed body off after `limit` bytes in all (the limit of a buffered one is
+    /// checked before it is sent).
+    pub fn limit(mut self, limit: u64) -> UpstreamBody {
+        if let UpstreamBody::Stream { prefix, left, .. } = &mut self {
+            let sent = prefix.as_ref().map_or(0, |p| p.len() as u64);
+            *left = Some(limit.saturating_sub(sent));
+        }
+        self
     }
 
     /// A copy for another try, when the body can be replayed.
@@ -122,12 +193,12 @@ impl UpstreamBody {
 
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = StreamError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, StreamError>>> {
         match self.get_mut() {
             UpstreamBody::Empty => Poll::Ready(None),
             UpstreamBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
@@ -136,17 +207,31 @@ impl Body for UpstreamBody {
                 inner,
                 progress,
                 started,
+                left,
             } => {
                 if let Some(p) = prefix.take() {
                     *started = true;
                     progress.touch();
                     return Poll::Ready(Some(Ok(Frame::data(p))));
                 }
-                let polled = Pin::new(inner).poll_frame(cx);
+                let polled = Pin::new(&mut *inner).poll_frame(cx);
                 match &polled {
-                    Poll::Ready(Some(_)) => {
+                    Poll::Ready(Some(frame)) => {
                         *started = true;
                         progress.touch();
+                        let len = frame
+                            .as_ref()
+                            .ok()
+                            .and_then(Frame::data_ref)
+                            .map_or(0, |d| d.len() as u64);
+                        if let Some(left) = left {
+                            if len > *left {
+                                progress.0.too_large.store(true, Ordering::Relaxed);
+                                let error = BodyError::TooLarge(len as usize);
+                                return Poll::Ready(Some(Err(error.into())));
+                            }
+                            *left -= len;
+                        }
                     }
                     Poll::Ready(None) => progress.finish(),
                     Poll::Pending => {}

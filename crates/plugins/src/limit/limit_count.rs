@@ -7,22 +7,30 @@
 //! the counter space or Redis pool) is prepared when the plugin is compiled.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use ferrisix_plugin_api::{
+    CheckCtx, Clock, CompileCtx, Exit, Flow, KeyRef, KeySpec, KeyValue, Lease, Phases, Plugin,
+    PluginCtx, PluginDef, PluginServices, SharedState, Step, Template,
+};
 use http::{HeaderName, HeaderValue, StatusCode};
-use serde_json::{Map, Value};
-
-use crate::plugin::{Exit, Flow, Owner, Phases, Plugin, PluginCtx, Step};
-use crate::template::Template;
+use serde_json::{json, Map, Value};
 
 pub mod local;
 pub mod redis;
 
-use crate::redis_client::{Remote, Target};
-use local::{KeyRef, Outcome, Space};
+use crate::support::redis::{self as redis_support, RedisPools, Remote, Target};
+use local::{Outcome, Space, Spaces};
 
 pub const NAME: &str = "limit-count";
+
+pub static DEF: PluginDef = PluginDef {
+    version: 0.5,
+    metadata_schema: Some(metadata_schema),
+    check: Some(check),
+    ..PluginDef::new(NAME, 1002, schema, compile)
+};
 
 /// `count` / `time_window`: a number, or (3.16+) a string resolved from request variables.
 #[derive(Clone, Debug)]
@@ -72,80 +80,6 @@ impl Quota {
     }
 }
 
-/// How the per-request key is found.
-#[derive(Clone, Debug)]
-pub(crate) enum KeySpec {
-    /// `key_type: var` with `remote_addr` (the default): no formatting at all.
-    RemoteAddr,
-    Var(String),
-    Combination(Template),
-    Constant(String),
-}
-
-impl KeySpec {
-    pub(crate) fn new(key_type: &str, key: &str) -> KeySpec {
-        match key_type {
-            "constant" => KeySpec::Constant(key.to_owned()),
-            "var_combination" => KeySpec::Combination(Template::parse(key)),
-            _ if key == "remote_addr" => KeySpec::RemoteAddr,
-            _ => KeySpec::Var(key.to_owned()),
-        }
-    }
-}
-
-/// A key value: borrowed when possible.
-pub(crate) enum KeyValue<'a> {
-    Ip(std::net::IpAddr),
-    Text(std::borrow::Cow<'a, str>),
-}
-
-impl KeyValue<'_> {
-    pub(crate) fn as_ref(&self) -> KeyRef<'_> {
-        match self {
-            KeyValue::Ip(ip) => KeyRef::Ip(*ip),
-            KeyValue::Text(t) => KeyRef::Text(t),
-        }
-    }
-}
-
-pub(crate) fn resolve_key<'a>(spec: &'a KeySpec, ctx: &'a PluginCtx<'_>) -> KeyValue<'a> {
-    use ferrisix_router::VarSource;
-    let found = match spec {
-        KeySpec::RemoteAddr => None,
-        KeySpec::Constant(k) => Some(KeyValue::Text(std::borrow::Cow::Borrowed(k.as_str()))),
-        KeySpec::Var(name) => ctx.var(name).map(KeyValue::Text),
-        KeySpec::Combination(t) => {
-            let r = t.resolve(ctx);
-            (r.resolved > 0).then_some(KeyValue::Text(std::borrow::Cow::Owned(r.text)))
-        }
-    };
-    // A missing key falls back to the client address.
-    found.unwrap_or(KeyValue::Ip(ctx.remote_addr))
-}
-
-/// A process-wide copy of `text` that lives forever, for header names and values that every
-/// request clones: a static header clones without touching a shared reference count (which
-/// all worker threads would contend on). Bounded by the distinct texts configured.
-fn intern(text: &str) -> &'static str {
-    type Set = std::sync::Mutex<std::collections::HashSet<&'static str>>;
-    static SET: std::sync::OnceLock<Set> = std::sync::OnceLock::new();
-    let mut set = SET
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    if let Some(s) = set.get(text) {
-        return s;
-    }
-    let s: &'static str = Box::leak(text.to_owned().into_boxed_str());
-    set.insert(s);
-    s
-}
-
-/// A number as a header value that clones for free (see [`intern`]).
-fn static_number(n: u64) -> HeaderValue {
-    HeaderValue::from_static(intern(&n.to_string()))
-}
-
 /// The three response headers of one rule.
 #[derive(Clone, Debug)]
 struct HeaderNames {
@@ -157,7 +91,11 @@ struct HeaderNames {
 impl HeaderNames {
     /// The names from plugin metadata (or the defaults), with `<prefix>-` inserted before the
     /// first `RateLimit-` for a rule's prefix.
-    fn new(metadata: Option<&Value>, prefix: Option<&str>) -> Result<HeaderNames, String> {
+    fn new(
+        services: &PluginServices,
+        metadata: Option<&Value>,
+        prefix: Option<&str>,
+    ) -> Result<HeaderNames, String> {
         let get = |field: &str, default: &str| -> Result<HeaderName, String> {
             let base = metadata
                 .and_then(|m| m.get(field))
@@ -169,7 +107,9 @@ impl HeaderNames {
             };
             HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| format!("invalid header name {name}"))?;
-            Ok(HeaderName::from_static(intern(&name.to_ascii_lowercase())))
+            Ok(HeaderName::from_static(
+                services.static_text(&name.to_ascii_lowercase()),
+            ))
         };
         Ok(HeaderNames {
             limit: get("limit_header", "X-RateLimit-Limit")?,
@@ -192,7 +132,7 @@ struct Rule {
 
 /// Where the counters live.
 enum Backend {
-    Local(Arc<Space>),
+    Local(Lease<Space>),
     Remote(Remote),
 }
 
@@ -208,6 +148,7 @@ pub struct LimitCount {
     show_headers: bool,
     allow_degradation: bool,
     rejection: Exit,
+    clock: Clock,
 }
 
 fn str_field<'a>(conf: &'a Map<String, Value>, name: &str) -> Option<&'a str> {
@@ -218,56 +159,11 @@ fn bool_field(conf: &Map<String, Value>, name: &str, default: bool) -> bool {
     conf.get(name).and_then(Value::as_bool).unwrap_or(default)
 }
 
-fn u64_field(conf: &Map<String, Value>, name: &str, default: u64) -> u64 {
-    conf.get(name).and_then(Value::as_u64).unwrap_or(default)
-}
-
-/// The conf with the schema's defaults filled in, as APISIX holds it, minus `_meta`; its
-/// stable encoding is what the version hash covers.
-fn canonical(name: &str, conf: &Value) -> String {
-    fn sorted(v: &Value) -> Value {
-        match v {
-            Value::Object(m) => {
-                let mut keys: Vec<&String> = m.keys().collect();
-                keys.sort();
-                Value::Object(
-                    keys.into_iter()
-                        .map(|k| (k.clone(), sorted(&m[k])))
-                        .collect(),
-                )
-            }
-            Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
-            other => other.clone(),
-        }
-    }
-    let mut filled = conf.clone();
-    if let Some(info) = crate::registry::PluginRegistry::builtin_shared().get(name) {
-        let _ = ferrisix_config::schema::validate_and_fill(&info.schema, &mut filled);
-    }
-    if let Some(m) = filled.as_object_mut() {
-        m.remove("_meta");
-    }
-    sorted(&filled).to_string()
-}
-
-/// `plugin.conf_version`: crc32 of the conf's stable encoding.
-pub fn conf_version(conf: &Value) -> u32 {
-    conf_version_of(NAME, conf)
-}
-
-/// The same version for plugin `name`'s conf (its schema's defaults filled in).
-pub(crate) fn conf_version_of(name: &str, conf: &Value) -> u32 {
-    crc32fast::hash(canonical(name, conf).as_bytes())
-}
-
 impl LimitCount {
-    pub fn compile(
-        conf: &Value,
-        owner: &Owner,
-        metadata: Option<&Value>,
-        runtime: &crate::runtime::Runtime,
-    ) -> Result<LimitCount, String> {
-        let c = conf.as_object().ok_or("conf is not an object")?;
+    pub fn compile(cx: &CompileCtx<'_>) -> Result<LimitCount, String> {
+        let c = cx.object()?;
+        let (services, metadata) = (&**cx.services, cx.metadata);
+        let static_number = |n: u64| HeaderValue::from_static(services.static_text(&n.to_string()));
         let key_type = str_field(c, "key_type").unwrap_or("var");
         let key = str_field(c, "key").unwrap_or("remote_addr");
         let (single, rules) = match c.get("rules").and_then(Value::as_array) {
@@ -282,7 +178,7 @@ impl LimitCount {
                         Template::parse(r.get("key").and_then(Value::as_str).unwrap_or("")),
                         Quota::parse(r.get("count"), "count")?,
                         Quota::parse(r.get("time_window"), "time_window")?,
-                        HeaderNames::new(metadata, Some(&prefix))?,
+                        HeaderNames::new(services, metadata, Some(&prefix))?,
                     ));
                 }
                 (None, rules)
@@ -300,7 +196,7 @@ impl LimitCount {
                     count,
                     window,
                     key: KeySpec::new(key_type, key),
-                    headers: HeaderNames::new(metadata, None)?,
+                    headers: HeaderNames::new(services, metadata, None)?,
                     fixed_values,
                 };
                 (Some(rule), Vec::new())
@@ -308,21 +204,19 @@ impl LimitCount {
         };
         let prefix: Arc<str> = match str_field(c, "group") {
             Some(g) => g.into(),
-            None => format!("{}:{}", owner.key, conf_version(conf)).into(),
+            None => cx.state_key().into(),
         };
         let policy = str_field(c, "policy").unwrap_or("local");
         let backend = match (policy, Target::from_conf(policy, c)?) {
-            ("local", _) => Backend::Local(runtime.counters.get(&prefix)),
-            (_, Some(target)) => Backend::Remote(runtime.remotes.get(target)?),
+            ("local", _) => {
+                let clock = services.clock().clone();
+                Backend::Local(services.shared::<Spaces>().lease(&prefix, || Space::new(clock)))
+            }
+            (_, Some(target)) => Backend::Remote(services.shared::<RedisPools>().get(target)?),
             // The schema's enum refuses any other policy before this.
             (other, None) => return Err(format!("unknown policy {other}")),
         };
-        let rejected_code = StatusCode::from_u16(u64_field(c, "rejected_code", 503) as u16)
-            .map_err(|_| "invalid rejected_code")?;
-        let rejection = match str_field(c, "rejected_msg") {
-            Some(msg) => Exit::error_msg(rejected_code, msg),
-            None => Exit::status(rejected_code),
-        };
+        let rejection = Exit::rejection(c, 503)?;
         Ok(LimitCount {
             single,
             rules,
@@ -332,6 +226,7 @@ impl LimitCount {
             show_headers: bool_field(c, "show_limit_quota_header", true),
             allow_degradation: bool_field(c, "allow_degradation", false),
             rejection,
+            clock: services.clock().clone(),
         })
     }
 
@@ -371,7 +266,7 @@ impl LimitCount {
                 _ => reset_value(o.reset_centis),
             };
             let remaining = if o.rejected { 0 } else { o.remaining };
-            let h = &mut ctx.response_headers;
+            let h = ctx.response_headers_mut();
             h.insert(names.limit.clone(), limit_value);
             h.insert(names.remaining.clone(), number_value(remaining));
             h.insert(names.reset.clone(), reset);
@@ -392,7 +287,7 @@ impl LimitCount {
             let limit = rule.count.resolve(ctx)?;
             let window = rule.window.resolve(ctx)?;
             return Ok(vec![(
-                resolve_key(&rule.key, ctx),
+                rule.key.resolve(ctx),
                 limit,
                 window,
                 &rule.headers,
@@ -430,7 +325,7 @@ impl LimitCount {
             fixed_values: Some((limit_value, window_value)),
         }) = &self.single
         {
-            let k = resolve_key(key, ctx);
+            let k = key.resolve(ctx);
             let o = self.count_local(space, k.as_ref(), *limit, *window);
             drop(k);
             let fixed = Some((limit_value, window_value, *window));
@@ -451,7 +346,7 @@ impl LimitCount {
         };
         for (key, is_ip, limit, window, names) in resolved {
             let k = if is_ip {
-                KeyRef::Ip(key.parse().unwrap_or(ctx.remote_addr))
+                KeyRef::Ip(key.parse().unwrap_or(ctx.remote_addr()))
             } else {
                 KeyRef::Text(&key)
             };
@@ -496,6 +391,7 @@ impl LimitCount {
                         limit,
                         window,
                         1,
+                        self.clock.epoch_ms(),
                     )
                     .await
             } else {
@@ -569,63 +465,156 @@ impl Plugin for LimitCount {
     }
 }
 
-/// Checks APISIX runs after the schema (`limit-count/init.lua` `check_schema`).
 /// APISIX's `group_conf_lru`: the first conf seen for a group is remembered (a plugin-type
 /// lrucache: 8 groups, 5 minutes from when it was cached) and every conf of that group checked
 /// meanwhile must equal it field by field, or it is refused with "group conf mismatched".
-/// APISIX keeps this per worker process; ferrisix keeps one for the process, whose Admin API
-/// and data plane share it as APISIX's worker does.
-pub fn check_group(conf: &Value, now: std::time::Instant) -> Result<(), String> {
-    const GROUPS: usize = 8;
-    const TTL: std::time::Duration = std::time::Duration::from_secs(5 * 60);
-    struct Cached {
-        group: String,
-        conf: Value,
-        since: std::time::Instant,
+/// APISIX keeps this per worker process; ferrisix keeps one per gateway, whose Admin API and
+/// data plane share it as APISIX's worker does.
+#[derive(Default)]
+pub struct GroupConfs(Mutex<Vec<CachedGroup>>);
+
+struct CachedGroup {
+    group: String,
+    conf: Value,
+    since: Instant,
+}
+
+impl SharedState for GroupConfs {
+    fn create(_: &PluginServices) -> Self {
+        GroupConfs::default()
     }
-    static CACHE: std::sync::Mutex<Vec<Cached>> = std::sync::Mutex::new(Vec::new());
-    let Some(group) = conf.get("group").and_then(Value::as_str) else {
-        return Ok(());
-    };
-    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    cache.retain(|c| now.duration_since(c.since) < TTL);
-    // Most recently used last.
-    let prev = match cache.iter().position(|c| c.group == group) {
-        Some(i) => cache.remove(i),
-        None => Cached {
-            group: group.to_owned(),
-            conf: conf.clone(),
-            since: now,
+}
+
+impl GroupConfs {
+    /// Checks `conf` (its defaults filled in) against its group's first conf at `now`.
+    pub fn check(&self, conf: &Value, now: Instant) -> Result<(), String> {
+        const GROUPS: usize = 8;
+        const TTL: Duration = Duration::from_secs(5 * 60);
+        let Some(group) = conf.get("group").and_then(Value::as_str) else {
+            return Ok(());
+        };
+        let mut cache = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        cache.retain(|c| now.duration_since(c.since) < TTL);
+        // Most recently used last.
+        let prev = match cache.iter().position(|c| c.group == group) {
+            Some(i) => cache.remove(i),
+            None => CachedGroup {
+                group: group.to_owned(),
+                conf: conf.clone(),
+                since: now,
+            },
+        };
+        // Fields injected by APISIX itself (`_meta`, `_vid`) are not part of the comparison.
+        let fields = |v: &Value| -> Vec<(String, Value)> {
+            v.as_object()
+                .map(|m| {
+                    let mut f: Vec<_> = m
+                        .iter()
+                        .filter(|(k, _)| !k.starts_with('_'))
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect();
+                    f.sort_by(|a, b| a.0.cmp(&b.0));
+                    f
+                })
+                .unwrap_or_default()
+        };
+        let same = fields(&prev.conf) == fields(conf);
+        cache.push(prev);
+        if cache.len() > GROUPS {
+            cache.remove(0);
+        }
+        if same {
+            Ok(())
+        } else {
+            tracing::error!(
+                group,
+                "limit-count group conf mismatched with the group's first conf"
+            );
+            Err("group conf mismatched".into())
+        }
+    }
+}
+
+/// The checks APISIX runs after the schema (`limit-count/init.lua` `check_schema`), worded as
+/// APISIX words them.
+fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
+    if let Err(e) = &cx.schema_result {
+        // APISIX words the count/rules conflict itself instead of the oneOf failure.
+        if e.contains("value should match only one schema") {
+            check_conf(cx.conf)?;
+        }
+        return Err(e.clone());
+    }
+    check_conf(cx.conf)?;
+    if cx.conf.get("group").is_some() {
+        // Compared with the schema's defaults filled in, as APISIX's check_schema sees it.
+        let filled = cx.filled()?;
+        cx.services.shared::<GroupConfs>().check(&filled, cx.now)?;
+    }
+    Ok(())
+}
+
+fn metadata_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "limit_header": {"type": "string", "default": "X-RateLimit-Limit"},
+            "remaining_header": {"type": "string", "default": "X-RateLimit-Remaining"},
+            "reset_header": {"type": "string", "default": "X-RateLimit-Reset"}
+        }
+    })
+}
+
+/// limit-count's schema as of APISIX 3.18 (spec data-plane §6.1).
+fn schema() -> Value {
+    let (redis, cluster, sentinel) = redis_support::policy_schemas();
+    let count_like =
+        json!({"oneOf": [{"type": "integer", "exclusiveMinimum": 0}, {"type": "string"}]});
+    json!({
+        "type": "object",
+        "properties": {
+            "count": count_like,
+            "time_window": count_like,
+            "window_type": {"type": "string", "enum": ["fixed", "sliding"], "default": "fixed"},
+            "rules": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "count": count_like,
+                        "time_window": count_like,
+                        "key": {"type": "string"},
+                        "header_prefix": {"type": "string"}
+                    },
+                    "required": ["count", "time_window", "key"]
+                }
+            },
+            "group": {"type": "string"},
+            "key": {"type": "string", "default": "remote_addr"},
+            "key_type": {"type": "string", "enum": ["var", "var_combination", "constant"], "default": "var"},
+            "rejected_code": {"type": "integer", "minimum": 200, "maximum": 599, "default": 503},
+            "rejected_msg": {"type": "string", "minLength": 1},
+            "policy": {"type": "string", "enum": ["local", "redis", "redis-cluster", "redis-sentinel"], "default": "local"},
+            "allow_degradation": {"type": "boolean", "default": false},
+            "show_limit_quota_header": {"type": "boolean", "default": true},
+            "sync_interval": {"type": "number", "default": -1}
         },
-    };
-    // Fields injected by APISIX itself (`_meta`, `_vid`) are not part of the comparison.
-    let fields = |v: &Value| -> Vec<(String, Value)> {
-        v.as_object()
-            .map(|m| {
-                let mut f: Vec<_> = m
-                    .iter()
-                    .filter(|(k, _)| !k.starts_with('_'))
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect();
-                f.sort_by(|a, b| a.0.cmp(&b.0));
-                f
-            })
-            .unwrap_or_default()
-    };
-    let same = fields(&prev.conf) == fields(conf);
-    cache.push(prev);
-    if cache.len() > GROUPS {
-        cache.remove(0);
-    }
-    if same {
-        Ok(())
-    } else {
-        tracing::error!(
-            group,
-            "limit-count group conf mismatched with the group's first conf"
-        );
-        Err("group conf mismatched".into())
-    }
+        "oneOf": [{"required": ["count", "time_window"]}, {"required": ["rules"]}],
+        "if": {"properties": {"policy": {"enum": ["redis"]}}},
+        "then": redis,
+        "else": {
+            "if": {"properties": {"policy": {"enum": ["redis-cluster"]}}},
+            "then": cluster,
+            "else": {
+                "if": {"properties": {"policy": {"enum": ["redis-sentinel"]}}},
+                "then": sentinel
+            }
+        }
+    })
+}
+
+fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
+    Ok(Arc::new(LimitCount::compile(cx)?))
 }
 
 pub fn check_conf(conf: &Value) -> Result<(), String> {
@@ -671,49 +660,37 @@ pub fn check_conf(conf: &Value) -> Result<(), String> {
     Ok(())
 }
 
-/// An exit body for tests and callers that want the text.
-pub fn exit_body(e: &Exit) -> Option<Bytes> {
-    e.body.clone()
-}
-
 #[cfg(test)]
 mod tests {
-    use std::borrow::Cow;
+    use std::sync::OnceLock;
 
-    use ferrisix_config::model::ResourceKind;
-    use ferrisix_router::VarSource;
-    use http::{HeaderMap, Method};
-    use serde_json::json;
+    use ferrisix_plugin_api::ResponseHeaders;
 
     use super::*;
+    use crate::testing::{request, Compiler};
 
+    /// Request variables (`http_*` only: they travel as headers).
     struct Vars(Vec<(&'static str, &'static str)>);
-    impl VarSource for Vars {
-        fn var(&self, name: &str) -> Option<Cow<'_, str>> {
-            self.0
-                .iter()
-                .find(|(k, _)| *k == name)
-                .map(|(_, v)| Cow::Borrowed(*v))
-        }
+
+    /// One gateway for the module's tests, as the process-wide runtime was; every test uses
+    /// owners of its own.
+    fn compiler() -> &'static Compiler {
+        static C: OnceLock<Compiler> = OnceLock::new();
+        C.get_or_init(Compiler::new)
     }
 
     fn compile(conf: Value, owner: &str) -> LimitCount {
-        LimitCount::compile(
-            &conf,
-            &Owner::new(ResourceKind::Routes, owner),
-            None,
-            crate::runtime::runtime(),
-        )
-        .unwrap()
+        LimitCount::compile(&compiler().cx(NAME, &conf, owner, None)).unwrap()
     }
 
-    fn run(lc: &LimitCount, ip: &str, vars: &Vars) -> (Flow, crate::plugin::ResponseHeaders) {
-        let (method, headers) = (Method::GET, HeaderMap::new());
-        let mut ctx = PluginCtx::new(&method, "/", &headers, ip.parse().unwrap(), vars);
+    fn run(lc: &LimitCount, ip: &str, vars: &Vars) -> (Flow, ResponseHeaders) {
+        let mut req = request(ip, &vars.0);
+        let mut ctx = req.ctx();
         let Step::Done(flow) = lc.access(&mut ctx) else {
             panic!("local is synchronous")
         };
-        (flow, ctx.response_headers)
+        drop(ctx);
+        (flow, req.state.take_response_headers())
     }
 
     #[test]
@@ -812,6 +789,8 @@ mod tests {
 
     #[test]
     fn group_confs_must_match_the_first_one_for_five_minutes() {
+        let groups = GroupConfs::default();
+        let check_group = |conf: &Value, now| groups.check(conf, now);
         let t0 = std::time::Instant::now();
         let a = json!({"count": 1, "time_window": 60, "group": "lc-grp-check", "_meta": {"x": 1}});
         assert_eq!(check_group(&a, t0), Ok(()));
@@ -865,13 +844,8 @@ mod tests {
     #[test]
     fn metadata_renames_headers_and_quota_header_off() {
         let meta = json!({"limit_header": "X-Limit", "remaining_header": "X-Remaining", "reset_header": "X-Reset"});
-        let lc = LimitCount::compile(
-            &json!({"count": 3, "time_window": 60}),
-            &Owner::new(ResourceKind::Routes, "lc-t8"),
-            Some(&meta),
-            crate::runtime::runtime(),
-        )
-        .unwrap();
+        let conf = json!({"count": 3, "time_window": 60});
+        let lc = LimitCount::compile(&compiler().cx(NAME, &conf, "lc-t8", Some(&meta))).unwrap();
         let (_, h) = run(&lc, "1.1.1.1", &Vars(vec![]));
         assert_eq!(h["x-limit"], "3");
         assert_eq!(h["x-reset"], "60");
@@ -917,11 +891,10 @@ mod tests {
         let base = json!({"count": 1, "time_window": 60, "policy": "redis", "redis_host": "127.0.0.1", "redis_port": port, "redis_timeout": 200});
         let mut degrade = base.clone();
         degrade["allow_degradation"] = json!(true);
-        let v = Vars(vec![]);
-        let (method, headers) = (Method::GET, HeaderMap::new());
         for (conf, expect_pass) in [(base, false), (degrade, true)] {
             let lc = compile(conf, "lc-t10");
-            let mut ctx = PluginCtx::new(&method, "/", &headers, "1.1.1.1".parse().unwrap(), &v);
+            let mut req = request("1.1.1.1", &[]);
+            let mut ctx = req.ctx();
             let Step::Wait(fut) = lc.access(&mut ctx) else {
                 panic!("redis waits")
             };
@@ -936,7 +909,7 @@ mod tests {
                     "{\"error_msg\":\"failed to limit count\"}\n"
                 );
             }
-            assert!(ctx.response_headers.is_empty());
+            assert!(ctx.response_headers().is_empty());
         }
     }
 }

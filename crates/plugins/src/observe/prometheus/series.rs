@@ -23,7 +23,6 @@ use std::hash::Hash;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, RwLock};
-use std::time::Instant;
 
 use smallvec::SmallVec;
 
@@ -31,13 +30,6 @@ const TABLE_SLOTS: usize = 16;
 /// Series sharing one tuple of extra-label values differ only in the request-time labels
 /// (status, node ...), so their tables are smaller; the overflow map takes the rest.
 const EXTRA_TABLE_SLOTS: usize = 4;
-
-/// Milliseconds on a process-wide monotonic clock, starting at 1: a stamp of 0 marks a series
-/// that is not live (never stamped yet, or expired).
-pub fn now_ms() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
-}
 
 /// `expire` of each HTTP metric, in milliseconds; 0 = never.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -55,7 +47,8 @@ impl Expire {
 
 struct Slot<V> {
     key: AtomicU64,
-    /// [`now_ms`] of the last update when the metric expires, else unused (0).
+    /// The monotonic milliseconds (the gateway clock's, never 0: a stamp of 0 marks a series
+    /// that is not live) of the last update when the metric expires, else unused (0).
     touched: AtomicU64,
     value: OnceLock<V>,
 }
@@ -629,7 +622,7 @@ impl SeriesGroup {
     }
 
     /// Counts one request. `extra`: the packed extra-label values when the metric has extra
-    /// labels; `now`: [`now_ms`] when any metric expires (else unused).
+    /// labels; `now`: the clock's monotonic milliseconds when any metric expires (else unused).
     pub fn count_status(&self, labels: StatusLabels, extra: Option<&[u8]>, now: u64) {
         let now = stamp(now, self.expire.status);
         let record = |f: &StatusFamily| f.record(labels.pack(), labels, 1, now, 0);
@@ -689,7 +682,7 @@ impl SeriesGroup {
         }
     }
 
-    /// The live series at `now` ([`now_ms`]); expired ones are dropped on the way.
+    /// The live series at `now` (monotonic milliseconds); expired ones are dropped on the way.
     pub fn read(&self, now: u64) -> GroupValues {
         let mut v = GroupValues {
             uris: lock(&self.uris).clone(),

@@ -1,5 +1,5 @@
 //! The `redis` and `redis-cluster` policies: one script round trip per request (the
-//! connections are [`crate::redis_client`]'s).
+//! connections are [`crate::support::redis`]'s).
 //!
 //! The fixed-window script takes the counter key (`plugin-limit-count:v1:<counter key>`), the
 //! window and the cost: a key without a TTL is (re)created with the cost and the window as its
@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use redis::Script;
 
 use super::local::{sliding_decide, Outcome};
-use crate::redis_client::Remote;
+use crate::support::redis::Remote;
 
 fn fixed_script() -> &'static Script {
     static S: OnceLock<Script> = OnceLock::new();
@@ -92,8 +92,8 @@ impl Remote {
         limit: u64,
         window_s: u64,
         cost: u64,
+        now: u64,
     ) -> Result<Outcome, String> {
-        let now = super::local::epoch_ms();
         let window_ms = window_s.max(1) * 1000;
         let wid = now / window_ms;
         let remaining_ms = window_ms - now % window_ms;

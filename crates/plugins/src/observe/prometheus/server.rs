@@ -46,11 +46,10 @@ pub fn answer(metrics: &Metrics, method: &Method, path: &str) -> Response<Full<B
 /// silent, idle and non-reading clients as on the data port.
 pub async fn serve(
     listener: TcpListener,
-    metrics: &'static Metrics,
+    metrics: Arc<Metrics>,
     limits: ConnLimits,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let metrics = Arc::new(metrics);
     let builder = Arc::new(ferrisix_net::http_builder(&limits).http1_only());
     let mut acceptor = Acceptor::new(listener, "prometheus export");
     loop {
@@ -84,8 +83,9 @@ mod tests {
 
     #[tokio::test]
     async fn only_get_on_the_uri() {
-        let m = crate::runtime::runtime();
-        let r = answer(&m.metrics, &Method::GET, "/apisix/prometheus/metrics");
+        let services = ferrisix_plugin_api::PluginServices::default();
+        let m = services.shared::<Metrics>();
+        let r = answer(&m, &Method::GET, "/apisix/prometheus/metrics");
         assert_eq!(r.status(), 200);
         assert_eq!(r.headers()[header::CONTENT_TYPE], "text/plain");
         let body = r.into_body().collect().await.unwrap().to_bytes();
@@ -93,9 +93,9 @@ mod tests {
             .unwrap()
             .contains("apisix_node_info{"));
         assert_eq!(
-            answer(&m.metrics, &Method::POST, "/apisix/prometheus/metrics").status(),
+            answer(&m, &Method::POST, "/apisix/prometheus/metrics").status(),
             404
         );
-        assert_eq!(answer(&m.metrics, &Method::GET, "/other").status(), 404);
+        assert_eq!(answer(&m, &Method::GET, "/other").status(), 404);
     }
 }

@@ -6,7 +6,7 @@
 //! rejected (and the count goes back down); above `conn` it is delayed by
 //! `unit_delay * floor((count - 1) / conn)` seconds, `unit_delay` starting at
 //! `default_conn_delay`. APISIX decrements in the log phase; here the increment is owned by a
-//! [`ConnGuard`] put in the request's [`crate::plugin::RequestGuards`], which the proxy drops
+//! [`ConnGuard`] put in the request's guards ([`PluginCtx::add_guard`]), which the proxy drops
 //! right after the log phase (when the response body is dropped: completed or the client went
 //! away) or with the request if it is abandoned earlier, so the decrement happens exactly
 //! once. Unless `only_use_default_delay`, leaving also averages the request's latency into
@@ -28,20 +28,60 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use ferrisix_plugin_api::{
+    Clock, CompileCtx, Exit, Flow, KeyRef, KeySpec, Keyed, Lease, OwnedKey, Phases, Plugin,
+    PluginCtx, PluginDef, Retain, Slot, StateMap, Step,
+};
+use http::StatusCode;
+use serde_json::{json, Value};
 
-use crate::keyed::{Keyed, OwnedKey, SpaceMap};
-use crate::limit_count::local::{epoch_ms, mono_ms, KeyRef};
-use crate::limit_count::{resolve_key, KeySpec};
-use crate::limit_req::{backend_failure, key_text, rejection, remote_of};
-use crate::plugin::{Exit, Flow, Owner, Phases, Plugin, PluginCtx, Step};
-use crate::redis_client::{self, Remote, RemoteError};
+use crate::support::redis::{self as redis_support, Remote, RemoteError};
 
 pub const NAME: &str = "limit-conn";
+
+pub static DEF: PluginDef = PluginDef::new(NAME, 1003, schema, compile);
+
+/// apisix/plugins/limit-conn.lua.
+fn schema() -> Value {
+    let mut schema = redis_support::with_policy_clauses(json!({
+        "type": "object",
+        "properties": {
+            "conn": {"type": "integer", "exclusiveMinimum": 0},
+            "burst": {"type": "integer", "minimum": 0},
+            "default_conn_delay": {"type": "number", "exclusiveMinimum": 0},
+            "only_use_default_delay": {"type": "boolean", "default": false},
+            "key": {"type": "string"},
+            "key_type": {"type": "string", "enum": ["var", "var_combination"], "default": "var"},
+            "policy": {"type": "string", "enum": ["redis", "redis-cluster", "local"], "default": "local"},
+            "rejected_code": {"type": "integer", "minimum": 200, "maximum": 599, "default": 503},
+            "rejected_msg": {"type": "string", "minLength": 1},
+            "allow_degradation": {"type": "boolean", "default": false}
+        },
+        "required": ["conn", "burst", "default_conn_delay", "key"]
+    }));
+    // Both redis clauses add `key_ttl` (redis-schema.lua's `limit_conn_redis_schema`).
+    let key_ttl = json!({"type": "integer", "default": 3600});
+    schema["then"]["properties"]["key_ttl"] = key_ttl.clone();
+    schema["else"]["then"]["properties"]["key_ttl"] = key_ttl;
+    schema
+}
+
+fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
+    Ok(Arc::new(LimitConn::compile(cx)?))
+}
+
+/// After a Redis error: pass with `allow_degradation`, else 500 (`return 500`: nginx's page).
+fn backend_failure(allow_degradation: bool) -> Flow {
+    if allow_degradation {
+        return Flow::Continue;
+    }
+    Flow::Exit(Exit::status(StatusCode::INTERNAL_SERVER_ERROR))
+}
 
 /// The in-flight counts of one configuration, and its current unit delay.
 pub struct ConnSpace {
     counts: Keyed<u64>,
+    clock: Clock,
     /// Seconds, as `f64` bits (lua-resty-limit-traffic's `self.unit_delay`).
     unit_delay: AtomicU64,
 }
@@ -53,9 +93,10 @@ impl std::fmt::Debug for ConnSpace {
 }
 
 impl ConnSpace {
-    pub fn new(default_delay: f64) -> ConnSpace {
+    pub fn new(default_delay: f64, clock: Clock) -> ConnSpace {
         ConnSpace {
             counts: Keyed::default(),
+            clock,
             unit_delay: AtomicU64::new(default_delay.to_bits()),
         }
     }
@@ -69,16 +110,16 @@ impl ConnSpace {
     pub fn incoming(&self, key: KeyRef<'_>, max: u64) -> Option<u64> {
         self.counts.update(
             key,
-            mono_ms(),
+            self.clock.mono_ms(),
             |_| false,
-            |prev| {
-                let prev = prev.copied().unwrap_or(0);
-                let conn = prev + 1;
-                if conn > max {
-                    (Some(prev).filter(|n| *n > 0), None)
-                } else {
-                    (Some(conn), Some(conn))
+            |prev| match prev {
+                Some(n) if *n >= max => (Slot::Keep, None),
+                Some(n) => {
+                    *n += 1;
+                    (Slot::Keep, Some(*n))
                 }
+                None if max == 0 => (Slot::Keep, None),
+                None => (Slot::Insert(1), Some(1)),
             },
         )
     }
@@ -87,11 +128,15 @@ impl ConnSpace {
     pub fn leaving(&self, key: KeyRef<'_>) {
         self.counts.update(
             key,
-            mono_ms(),
+            self.clock.mono_ms(),
             |_| false,
-            |prev| {
-                let n = prev.copied().unwrap_or(0).saturating_sub(1);
-                ((n > 0).then_some(n), ())
+            |prev| match prev {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    (Slot::Keep, ())
+                }
+                Some(_) => (Slot::Remove, ()),
+                None => (Slot::Keep, ()),
             },
         );
     }
@@ -101,9 +146,9 @@ impl ConnSpace {
         self.counts
             .update(
                 key,
-                mono_ms(),
+                self.clock.mono_ms(),
                 |_| false,
-                |prev| (prev.copied(), prev.copied()),
+                |prev| (Slot::Keep, prev.copied()),
             )
             .unwrap_or(0)
     }
@@ -123,8 +168,15 @@ impl ConnSpace {
     }
 }
 
-/// Every limit-conn space.
-pub type ConnSpaces = SpaceMap<ConnSpace>;
+impl Retain for ConnSpace {
+    /// A request still in flight keeps its space (it decrements it when it ends).
+    fn retain(&self) -> bool {
+        self.live()
+    }
+}
+
+/// The limit-conn spaces of one gateway.
+pub type ConnSpaces = StateMap<ConnSpace>;
 
 /// The increment script (`apisix/plugins/limit-conn/util.lua`). KEYS[1]: the sorted set;
 /// ARGV: the most requests in flight (`conn + burst`), `key_ttl` (s), now (epoch s), this
@@ -192,7 +244,7 @@ impl Drop for RemoteSlot {
                 tracing::error!("failed to record the connection leaving request: {e}");
             }
         };
-        if let Err(e) = redis_client::spawn(release) {
+        if let Err(e) = self.remote.spawn(release) {
             tracing::error!("failed to record the connection leaving request: {e}");
         }
     }
@@ -213,7 +265,7 @@ pub async fn remote_incoming(
         key,
         member: request_id(),
     };
-    let job = redis_client::spawn(async move {
+    let job = remote.spawn(async move {
         let answer = slot
             .remote
             .invoke::<(i64, i64)>(
@@ -254,7 +306,7 @@ pub async fn remote_incoming(
 }
 
 /// Where one request's slot is held.
-enum Slot {
+enum Held {
     Local(OwnedKey),
     /// Released by its own drop.
     Remote {
@@ -265,7 +317,7 @@ enum Slot {
 /// One request counted in flight; dropping it is APISIX's `decrease` (log phase).
 pub struct ConnGuard {
     space: Arc<ConnSpace>,
-    slot: Slot,
+    slot: Held,
     start: Instant,
     /// The delay this request was given, subtracted from its latency.
     delay: f64,
@@ -274,7 +326,7 @@ pub struct ConnGuard {
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
-        if let Slot::Local(key) = &self.slot {
+        if let Held::Local(key) = &self.slot {
             self.space.leaving(key.as_ref());
         }
         if self.adapt {
@@ -297,7 +349,7 @@ struct RemoteConn {
 /// One compiled limit-conn configuration.
 pub struct LimitConn {
     /// The local counts (unused with a redis policy) and the unit delay (both policies).
-    space: Arc<ConnSpace>,
+    space: Lease<ConnSpace>,
     remote: Option<RemoteConn>,
     conn: u64,
     burst: u64,
@@ -305,15 +357,12 @@ pub struct LimitConn {
     only_default_delay: bool,
     allow_degradation: bool,
     rejection: Exit,
+    clock: Clock,
 }
 
 impl LimitConn {
-    pub fn compile(
-        conf: &Value,
-        owner: &Owner,
-        runtime: &crate::runtime::Runtime,
-    ) -> Result<LimitConn, String> {
-        let c = conf.as_object().ok_or("conf is not an object")?;
+    pub fn compile(cx: &CompileCtx<'_>) -> Result<LimitConn, String> {
+        let c = cx.object()?;
         let conn = c
             .get("conn")
             .and_then(Value::as_u64)
@@ -333,18 +382,17 @@ impl LimitConn {
             .and_then(Value::as_str)
             .ok_or("key is missing")?;
         let key_type = c.get("key_type").and_then(Value::as_str).unwrap_or("var");
-        let prefix = format!(
-            "{}:{}",
-            owner.key,
-            crate::limit_count::conf_version_of(NAME, conf)
-        );
-        let remote = remote_of(NAME, c, runtime)?.map(|remote| RemoteConn {
+        let prefix = cx.state_key();
+        let services = cx.services;
+        let remote = redis_support::policy_remote(NAME, c, services)?.map(|remote| RemoteConn {
             remote,
             prefix: prefix.as_str().into(),
             key_ttl: c.get("key_ttl").and_then(Value::as_i64).unwrap_or(3600),
         });
         Ok(LimitConn {
-            space: runtime.conn.get(&prefix, || ConnSpace::new(default_delay)),
+            space: services
+                .shared::<ConnSpaces>()
+                .lease(&prefix, || ConnSpace::new(default_delay, services.clock().clone())),
             remote,
             conn,
             burst,
@@ -352,7 +400,8 @@ impl LimitConn {
             only_default_delay: c.get("only_use_default_delay").and_then(Value::as_bool)
                 == Some(true),
             allow_degradation: c.get("allow_degradation").and_then(Value::as_bool) == Some(true),
-            rejection: rejection(c)?,
+            rejection: Exit::rejection(c, 503)?,
+            clock: services.clock().clone(),
         })
     }
 
@@ -365,9 +414,9 @@ impl LimitConn {
         }
     }
 
-    fn guard(&self, slot: Slot, delay: f64) -> Box<ConnGuard> {
+    fn guard(&self, slot: Held, delay: f64) -> Box<ConnGuard> {
         Box::new(ConnGuard {
-            space: self.space.clone(),
+            space: self.space.state().clone(),
             slot,
             start: Instant::now(),
             delay,
@@ -378,12 +427,11 @@ impl LimitConn {
     async fn run_remote(&self, r: &RemoteConn, key: String, ctx: &mut PluginCtx<'_>) -> Flow {
         let key = format!("limit_conn:{}:{key}", r.prefix);
         let max = self.conn.saturating_add(self.burst);
-        let now_s = epoch_ms() / 1000;
+        let now_s = self.clock.epoch_ms() / 1000;
         match remote_incoming(&r.remote, key, max, r.key_ttl, now_s).await {
             Ok(Some((count, slot))) => {
                 let delay = self.delay_for(count);
-                ctx.guards
-                    .push(self.guard(Slot::Remote { _release: slot }, delay));
+                ctx.add_guard(self.guard(Held::Remote { _release: slot }, delay));
                 if delay >= 0.001 {
                     tokio::time::sleep(Duration::from_secs_f64(delay)).await;
                 }
@@ -398,7 +446,7 @@ impl LimitConn {
     }
 
     pub fn space(&self) -> &Arc<ConnSpace> {
-        &self.space
+        self.space.state()
     }
 }
 
@@ -414,10 +462,10 @@ impl Plugin for LimitConn {
 
     fn access<'a>(&'a self, ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
         if let Some(r) = &self.remote {
-            let key = key_text(resolve_key(&self.key, ctx));
+            let key = self.key.resolve(ctx).into_text();
             return Step::Wait(Box::pin(self.run_remote(r, key, ctx)));
         }
-        let key = OwnedKey::from_ref(resolve_key(&self.key, ctx).as_ref());
+        let key = OwnedKey::from_ref(self.key.resolve(ctx).as_ref());
         let Some(count) = self
             .space
             .incoming(key.as_ref(), self.conn.saturating_add(self.burst))
@@ -425,7 +473,7 @@ impl Plugin for LimitConn {
             return Step::Done(Flow::Exit(self.rejection.clone()));
         };
         let delay = self.delay_for(count);
-        ctx.guards.push(self.guard(Slot::Local(key), delay));
+        ctx.add_guard(self.guard(Held::Local(key), delay));
         if delay >= 0.001 {
             return Step::Wait(Box::pin(async move {
                 tokio::time::sleep(Duration::from_secs_f64(delay)).await;
@@ -438,41 +486,33 @@ impl Plugin for LimitConn {
 
 #[cfg(test)]
 mod tests {
-    use std::borrow::Cow;
+    use std::sync::OnceLock;
 
-    use ferrisix_config::model::ResourceKind;
-    use ferrisix_router::VarSource;
-    use http::{HeaderMap, Method, StatusCode};
-    use serde_json::json;
+    use ferrisix_plugin_api::{Executor, RequestGuards};
 
     use super::*;
-    use crate::plugin::RequestGuards;
+    use crate::support::redis::{test_server, RedisPools, Target};
+    use crate::testing::{request, Compiler};
 
-    struct NoVars;
-    impl VarSource for NoVars {
-        fn var(&self, _: &str) -> Option<Cow<'_, str>> {
-            None
-        }
+    fn compiler() -> &'static Compiler {
+        static C: OnceLock<Compiler> = OnceLock::new();
+        C.get_or_init(Compiler::new)
     }
 
     fn compile(conf: Value, owner: &str) -> LimitConn {
-        LimitConn::compile(
-            &conf,
-            &Owner::new(ResourceKind::Routes, owner),
-            crate::runtime::runtime(),
-        )
-        .unwrap()
+        LimitConn::compile(&compiler().cx(NAME, &conf, owner, None)).unwrap()
     }
 
     /// Runs access for client `ip`; answers the flow (delays are not awaited) and the guards.
     fn run(lc: &LimitConn, ip: &str) -> (Flow, bool, RequestGuards) {
-        let (method, headers) = (Method::GET, HeaderMap::new());
-        let mut ctx = PluginCtx::new(&method, "/", &headers, ip.parse().unwrap(), &NoVars);
+        let mut req = request(ip, &[]);
+        let mut ctx = req.ctx();
         let (flow, delayed) = match lc.access(&mut ctx) {
             Step::Done(f) => (f, false),
             Step::Wait(_) => (Flow::Continue, true),
         };
-        (flow, delayed, std::mem::take(&mut ctx.guards))
+        drop(ctx);
+        (flow, delayed, req.state.take_guards())
     }
 
     #[test]
@@ -512,7 +552,7 @@ mod tests {
 
     #[test]
     fn delay_scales_with_count_and_adapts() {
-        let s = ConnSpace::new(0.5);
+        let s = ConnSpace::new(0.5, Clock::system());
         let k = KeyRef::Text("k");
         let counts: Vec<_> = (0..5).map(|_| s.incoming(k, 2 + 10)).collect();
         assert_eq!(counts, [Some(1), Some(2), Some(3), Some(4), Some(5)]);
@@ -525,7 +565,7 @@ mod tests {
 
     #[test]
     fn concurrent_counts_with_threads() {
-        let s = Arc::new(ConnSpace::new(0.1));
+        let s = Arc::new(ConnSpace::new(0.1, Clock::system()));
         let admitted = Arc::new(AtomicU64::new(0));
         let threads: Vec<_> = (0..4)
             .map(|_| {
@@ -574,9 +614,8 @@ mod tests {
         {
             // The second request waits 30 s; the client goes away during the delay: the
             // request's future and context (with its guard) are dropped.
-            let (method, headers) = (Method::GET, HeaderMap::new());
-            let mut ctx =
-                PluginCtx::new(&method, "/", &headers, "10.0.0.9".parse().unwrap(), &NoVars);
+            let mut req = request("10.0.0.9", &[]);
+            let mut ctx = req.ctx();
             let Step::Wait(fut) = lc.access(&mut ctx) else {
                 panic!("delayed")
             };
@@ -605,13 +644,14 @@ mod tests {
 
     /// Runs access for `ip`, awaiting any future (delays included); answers the flow and guards.
     async fn run_async(lc: &LimitConn, ip: &str) -> (Flow, RequestGuards) {
-        let (method, headers) = (Method::GET, HeaderMap::new());
-        let mut ctx = PluginCtx::new(&method, "/", &headers, ip.parse().unwrap(), &NoVars);
+        let mut req = request(ip, &[]);
+        let mut ctx = req.ctx();
         let flow = match lc.access(&mut ctx) {
             Step::Done(f) => f,
             Step::Wait(fut) => fut.await,
         };
-        (flow, std::mem::take(&mut ctx.guards))
+        drop(ctx);
+        (flow, req.state.take_guards())
     }
 
     #[tokio::test]
@@ -643,10 +683,10 @@ mod tests {
 
     fn remote(port: u16) -> Remote {
         let c = json!({"redis_host": "127.0.0.1", "redis_port": port});
-        let t = crate::redis_client::Target::from_conf("redis", c.as_object().unwrap())
+        let t = Target::from_conf("redis", c.as_object().unwrap())
             .unwrap()
             .unwrap();
-        crate::runtime::runtime().remotes.get(t).unwrap()
+        RedisPools::new(Executor::current()).get(t).unwrap()
     }
 
     async fn zcard(r: &Remote, key: &str) -> u64 {
@@ -666,7 +706,7 @@ mod tests {
 
     #[tokio::test]
     async fn redis_counts_delays_rejects_and_releases() {
-        let Some(server) = crate::redis_client::test_server::TestRedis::start() else {
+        let Some(server) = test_server::TestRedis::start() else {
             return;
         };
         let conf = json!({"conn": 1, "burst": 1, "default_conn_delay": 0.01, "key": "remote_addr",
@@ -677,7 +717,7 @@ mod tests {
         let b = compile(conf.clone(), "lcn-t4");
         let key = format!(
             "limit_conn:/apisix/routes/lcn-t4:{}:10.0.0.1",
-            crate::limit_count::conf_version_of(NAME, &conf)
+            compiler().cx(NAME, &conf, "lcn-t4", None).conf_version()
         );
         let r = remote(server.port);
         let (f1, g1) = run_async(&a, "10.0.0.1").await;
@@ -708,13 +748,13 @@ mod tests {
 
     #[tokio::test]
     async fn redis_increment_of_an_abandoned_request_is_released() {
-        let Some(server) = crate::redis_client::test_server::TestRedis::start() else {
+        let Some(server) = test_server::TestRedis::start() else {
             return;
         };
         let r = remote(server.port);
         let key = "limit_conn:t:abandoned".to_string();
         {
-            let fut = std::pin::pin!(remote_incoming(&r, key.clone(), 5, 3600, epoch_ms() / 1000));
+            let fut = std::pin::pin!(remote_incoming(&r, key.clone(), 5, 3600, Clock::system().epoch_ms() / 1000));
             // Polled once (the increment is under way on the Redis thread), then dropped.
             assert!(futures_poll_once(fut).is_none());
         }
@@ -742,7 +782,7 @@ mod tests {
 
     #[tokio::test]
     async fn redis_slots_of_a_lost_gateway_lapse_after_key_ttl() {
-        let Some(server) = crate::redis_client::test_server::TestRedis::start() else {
+        let Some(server) = test_server::TestRedis::start() else {
             return;
         };
         let lc = compile(

@@ -1,39 +1,150 @@
 //! prometheus (spec data-plane §7): HTTP metrics recorded in the log phase, node metrics, and
 //! the text exposition APISIX's exporter produces.
 //!
-//! Each compiled plugin instance holds the [`series::SeriesGroup`] of its `(route, service)`
-//! labels, resolved at compile time, plus the interned ids of the route's uris and hosts, so
-//! recording a request touches only atomics. Groups are shared through [`Metrics`] by label
-//! pair, so counts survive recompiles; a group no instance references any more (its route was
-//! deleted) is dropped at the next sweep and its series disappear from the output.
+//! Each compiled plugin instance holds a lease on the [`series::SeriesGroup`] of its
+//! `(route, service)` labels, resolved at compile time, plus the interned ids of the route's
+//! uris and hosts, so recording a request touches only atomics. Groups are leased from the
+//! gateway's [`Metrics`] by label pair, so counts survive recompiles; a group no snapshot uses
+//! any more (its route was deleted) is released with the last one and its series disappear
+//! from the output. The connection and request counters come from the gateway's
+//! [`ConnStats`], which the proxy core writes.
 //!
 //! `plugin_attr.prometheus.metrics.<name>.extra_labels` add labels whose values are request
 //! variables read at log time (the plugin asks the proxy for just those variables through
 //! [`Plugin::log_vars`]); `.expire` drops series not updated for that many seconds. Both cost
 //! nothing when they are not configured.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwapOption;
+use bytes::Bytes;
+use ferrisix_config::schema::lua;
 use ferrisix_config::settings::{MetricAttr, PrometheusAttr};
+use ferrisix_plugin_api::{
+    ApiAnswer, Clock, CompileCtx, ConnStats, Lease, LogCtx, LogNeeds, Phases, Plugin, PluginApi,
+    PluginDef, PluginServices, ResponseSource, Retain, RouteInfo, RunPolicy, SharedState,
+    StateMap, VarNames,
+};
 use ferrisix_router::VarSource;
-use serde_json::Value;
+use http::{HeaderValue, Method, StatusCode};
+use serde_json::{json, Value};
 
-use crate::plugin::{LogCtx, Phases, Plugin, ResponseSource, RouteInfo, VarNames};
-
-pub mod node;
 pub mod series;
 pub mod server;
 
-use node::{conn_stats, NodeSource};
 use series::{
-    now_ms, push_extra_value, Direction, Expire, ExtraKey, GroupValues, LatencyType, SeriesGroup,
+    push_extra_value, Direction, Expire, ExtraKey, GroupValues, LatencyType, SeriesGroup,
     StatusLabels,
 };
 
 pub const NAME: &str = "prometheus";
+
+pub static DEF: PluginDef = PluginDef {
+    version: 0.2,
+    metadata_schema: Some(metadata_schema),
+    run_policy: RunPolicy::PreferRoute,
+    // Its labels are the route's: global rules compile it per route.
+    per_route: true,
+    apis: Some(apis),
+    ..PluginDef::new(NAME, 500, schema, compile)
+};
+
+fn schema() -> Value {
+    json!({"type": "object", "properties": {"prefer_name": {"type": "boolean", "default": false}}})
+}
+
+/// `disabled_labels` per metric (3.18); a metric's identity labels (`code`, `type`) cannot be
+/// disabled.
+fn metadata_schema() -> Value {
+    let common = [
+        "route",
+        "service",
+        "consumer",
+        "node",
+        "request_type",
+        "request_llm_model",
+        "llm_model",
+    ];
+    let list =
+        |labels: &[&str]| json!({"type": "array", "items": {"type": "string", "enum": labels}});
+    let status = [
+        "route",
+        "matched_uri",
+        "matched_host",
+        "service",
+        "consumer",
+        "node",
+        "request_type",
+        "request_llm_model",
+        "llm_model",
+        "response_source",
+    ];
+    json!({
+        "type": "object",
+        "properties": {
+            "disabled_labels": {
+                "type": "object",
+                "properties": {
+                    "http_status": list(&status),
+                    "http_latency": list(&common),
+                    "bandwidth": list(&common)
+                },
+                "additionalProperties": false
+            }
+        }
+    })
+}
+
+fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
+    let metrics = cx.services.shared::<Metrics>();
+    // `disabled_labels` apply to the whole exposition, not to one route.
+    metrics.set_metadata(cx.metadata);
+    Ok(Arc::new(Prometheus::compile(cx.conf, cx.route, metrics)))
+}
+
+/// The metrics text at `export_uri`, served by `public-api` on a data-plane route when there
+/// is no export server (as APISIX's `get_api`).
+fn apis(services: &PluginServices) -> Vec<PluginApi> {
+    let attr = &services.plugin_attr().prometheus;
+    if attr.enable_export_server {
+        return Vec::new();
+    }
+    let metrics = services.shared::<Metrics>();
+    vec![PluginApi {
+        methods: &[Method::GET],
+        uri: attr.export_uri.clone(),
+        handler: Arc::new(move |_: &Method, _: &str| ApiAnswer {
+            status: StatusCode::OK,
+            // APISIX's handler sets `content_type: text/plain` before answering the text.
+            content_type: HeaderValue::from_static("text/plain"),
+            body: Bytes::from(metrics.render()),
+        }),
+    }]
+}
+
+/// What the configuration store says, for `apisix_etcd_reachable` and
+/// `apisix_etcd_modify_indexes`.
+pub trait NodeSource: Send + Sync {
+    /// `None`: not applicable (reported as reachable, as a file provider always is).
+    fn etcd_reachable(&self) -> Option<bool> {
+        None
+    }
+
+    /// `(key, index)` pairs (`routes`, `services`, ..., `max_modify_index`); empty when the
+    /// store has no such indexes (standalone files).
+    fn modify_indexes(&self) -> Vec<(String, i64)> {
+        Vec::new()
+    }
+}
+
+/// The local host name (`apisix_node_info{hostname}`).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
 
 /// `DEFAULT_BUCKETS` of APISIX's exporter, in milliseconds.
 pub const DEFAULT_BUCKETS: [f64; 15] = [
@@ -41,7 +152,7 @@ pub const DEFAULT_BUCKETS: [f64; 15] = [
     60000.0,
 ];
 
-/// The process' metrics.
+/// The metrics of one gateway.
 pub struct Metrics {
     prefix: String,
     export_uri: String,
@@ -49,7 +160,9 @@ pub struct Metrics {
     /// `le` label texts in sortable (zero-padded) and printed forms.
     le_sort: Vec<String>,
     le_print: Vec<String>,
-    groups: Mutex<HashMap<(String, String), Arc<SeriesGroup>>>,
+    groups: StateMap<SeriesGroup>,
+    conn_stats: Arc<ConnStats>,
+    clock: Clock,
     node_source: ArcSwapOption<Box<dyn NodeSource>>,
     hostname: String,
     /// `plugin_metadata/prometheus` `disabled_labels`.
@@ -169,28 +282,6 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
-/// Lua's `tostring` of a number: integers without a fraction, others with 14 significant
-/// digits and no trailing zeros.
-pub fn lua_number(x: f64) -> String {
-    if x.is_finite() && x.fract() == 0.0 && x.abs() < 1e15 {
-        return format!("{}", x as i64);
-    }
-    if !x.is_finite() {
-        return if x.is_nan() {
-            "nan".into()
-        } else if x > 0.0 {
-            "inf".into()
-        } else {
-            "-inf".into()
-        };
-    }
-    let magnitude = x.abs().log10().floor() as i32;
-    let decimals = (13 - magnitude).clamp(0, 20) as usize;
-    let s = format!("{x:.decimals$}");
-    let s = s.trim_end_matches('0').trim_end_matches('.');
-    s.to_owned()
-}
-
 /// nginx-lua-prometheus' `construct_bucket_format`: enough leading zeros and decimals for
 /// every bucket so that the texts sort in numeric order.
 fn bucket_format(buckets: &[f64]) -> (usize, usize) {
@@ -302,8 +393,20 @@ fn node_text(node: Option<std::net::IpAddr>) -> String {
     node.map(|n| n.to_string()).unwrap_or_default()
 }
 
+impl SharedState for Metrics {
+    fn create(services: &PluginServices) -> Self {
+        Metrics::new(
+            &services.plugin_attr().prometheus,
+            services.conn_stats().clone(),
+            services.clock().clone(),
+        )
+    }
+}
+
+impl Retain for SeriesGroup {}
+
 impl Metrics {
-    pub fn new(attr: &PrometheusAttr) -> Metrics {
+    pub fn new(attr: &PrometheusAttr, conn_stats: Arc<ConnStats>, clock: Clock) -> Metrics {
         let buckets = attr
             .default_buckets
             .clone()
@@ -331,11 +434,13 @@ impl Metrics {
                 .iter()
                 .map(|b| format!("{b:0width$.precision$}"))
                 .collect(),
-            le_print: buckets.iter().map(|b| lua_number(*b)).collect(),
+            le_print: buckets.iter().map(|b| lua::number(*b)).collect(),
             buckets,
-            groups: Mutex::new(HashMap::new()),
+            groups: StateMap::default(),
+            conn_stats,
+            clock,
             node_source: ArcSwapOption::empty(),
-            hostname: node::hostname(),
+            hostname: hostname(),
             disabled: ArcSwapOption::empty(),
             log_vars: (!vars.is_empty()).then(|| VarNames::from(vars)),
             extra_status,
@@ -371,26 +476,23 @@ impl Metrics {
         self.node_source.store(Some(Arc::new(source)));
     }
 
-    /// The group of a label pair, shared with earlier compiles of the same labels.
-    pub fn group(&self, route: &str, service: &str) -> Arc<SeriesGroup> {
-        let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
-        groups
-            .entry((route.to_owned(), service.to_owned()))
-            .or_insert_with(|| {
-                Arc::new(SeriesGroup::new(
-                    route.to_owned(),
-                    service.to_owned(),
-                    self.buckets.len(),
-                    self.expire,
-                ))
-            })
-            .clone()
+    /// A lease on the group of a label pair, shared with earlier compiles of the same labels.
+    pub fn group(&self, route: &str, service: &str) -> Lease<SeriesGroup> {
+        // A route id cannot hold a NUL, so the pair is unambiguous.
+        let key = format!("{route}\0{service}");
+        self.groups.lease(&key, || {
+            SeriesGroup::new(
+                route.to_owned(),
+                service.to_owned(),
+                self.buckets.len(),
+                self.expire,
+            )
+        })
     }
 
-    /// Forgets groups that no compiled plugin references: their routes are gone.
-    pub fn sweep(&self) {
-        let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
-        groups.retain(|_, g| Arc::strong_count(g) > 1);
+    /// The groups some snapshot still uses.
+    pub fn group_count(&self) -> usize {
+        self.groups.len()
     }
 
     /// The bucket index of a latency in microseconds (`buckets.len()` for `+Inf`).
@@ -488,7 +590,7 @@ impl Metrics {
             ));
             out.push((
                 series_key("http_latency_sum", &[&labels, extra_latency]),
-                lua_number(h.sum_micros as f64 / 1000.0),
+                lua::number(h.sum_micros as f64 / 1000.0),
             ));
         }
         for ((dir, node), n) in &v.bandwidth {
@@ -523,20 +625,14 @@ impl Metrics {
     /// The exposition text: every sample sorted by its key, each family preceded by its
     /// `# HELP` and `# TYPE` lines (nginx-lua-prometheus' `metric_data`).
     pub fn render(&self) -> String {
-        self.render_at(now_ms())
+        self.render_at(self.clock.mono_ms())
     }
 
     /// [`Metrics::render`] at `now` ([`series::now_ms`]), which decides what expired.
     fn render_at(&self, now: u64) -> String {
         let _one_at_a_time = self.render_lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.sweep();
-        let groups: Vec<Arc<SeriesGroup>> = self
-            .groups
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let groups: Vec<Arc<SeriesGroup>> =
+            self.groups.states().into_iter().map(|(_, g)| g).collect();
         let mut lines: Vec<(String, String)> = Vec::new();
         let disabled = self.disabled.load_full();
         for g in &groups {
@@ -544,7 +640,7 @@ impl Metrics {
             self.group_lines(g, &v, &v, disabled.as_deref(), [&[], &[], &[]], &mut lines);
         }
 
-        let c = conn_stats().read();
+        let c = self.conn_stats.read();
         for (state, n) in [
             ("active", c.active),
             ("accepted", c.accepted),
@@ -597,7 +693,7 @@ impl Metrics {
                 }
                 let sum =
                     kept.1.parse::<f64>().unwrap_or(0.0) + later.1.parse::<f64>().unwrap_or(0.0);
-                kept.1 = lua_number(sum);
+                kept.1 = lua::number(sum);
                 true
             });
         }
@@ -645,18 +741,14 @@ impl Metrics {
 
 /// One compiled prometheus configuration for one route (or for unmatched requests).
 pub struct Prometheus {
-    metrics: &'static Metrics,
-    group: Arc<SeriesGroup>,
+    metrics: Arc<Metrics>,
+    group: Lease<SeriesGroup>,
     uri_ids: Box<[u16]>,
     host_ids: Box<[u16]>,
 }
 
 impl Prometheus {
-    pub fn compile(
-        conf: &Value,
-        route: Option<&RouteInfo>,
-        metrics: &'static Metrics,
-    ) -> Prometheus {
+    pub fn compile(conf: &Value, route: Option<&RouteInfo>, metrics: Arc<Metrics>) -> Prometheus {
         let prefer_name = conf.get("prefer_name").and_then(Value::as_bool) == Some(true);
         let (route_label, service_label) = match route {
             None => (String::new(), String::new()),
@@ -695,7 +787,7 @@ impl Prometheus {
 impl Prometheus {
     /// Records one request; `now`: [`series::now_ms`] when a metric expires.
     fn record(&self, ctx: &LogCtx, now: u64) {
-        let m = self.metrics;
+        let m = &*self.metrics;
         let pick =
             |ids: &[u16], i: Option<u16>| i.and_then(|i| ids.get(i as usize)).copied().unwrap_or(0);
         let source = match ctx.response_source {
@@ -778,13 +870,16 @@ impl Plugin for Prometheus {
         Phases::LOG
     }
 
-    fn log_vars(&self) -> Option<&VarNames> {
-        self.metrics.log_vars.as_ref()
+    fn log_needs(&self) -> LogNeeds {
+        LogNeeds {
+            vars: self.metrics.log_vars.clone(),
+            ..LogNeeds::default()
+        }
     }
 
     fn log(&self, ctx: &LogCtx) {
         let now = if self.metrics.expire.any() {
-            now_ms()
+            self.metrics.clock.mono_ms()
         } else {
             0
         };
@@ -800,13 +895,21 @@ mod tests {
 
     use super::*;
 
-    fn metrics() -> &'static Metrics {
-        Box::leak(Box::new(Metrics::new(&PrometheusAttr::default())))
+    fn metrics_of(attr: &PrometheusAttr) -> Arc<Metrics> {
+        Arc::new(Metrics::new(
+            attr,
+            Arc::new(ConnStats::new()),
+            Clock::system(),
+        ))
     }
 
-    fn metrics_with(yaml: &str) -> &'static Metrics {
+    fn metrics() -> Arc<Metrics> {
+        metrics_of(&PrometheusAttr::default())
+    }
+
+    fn metrics_with(yaml: &str) -> Arc<Metrics> {
         let (settings, _) = ferrisix_config::settings::Settings::from_yaml_str(yaml).unwrap();
-        Box::leak(Box::new(Metrics::new(&settings.plugin_attr.prometheus)))
+        metrics_of(&settings.plugin_attr.prometheus)
     }
 
     /// Variables as the proxy would capture them.
@@ -832,8 +935,9 @@ mod tests {
             upstream_time: Some(Duration::from_micros(3000)),
             response_source: ResponseSource::Upstream,
             vars: p
-                .log_vars()
-                .map(|n| crate::plugin::LogVars::capture(n.clone(), &vars))
+                .log_needs()
+                .vars
+                .map(|n| ferrisix_plugin_api::LogVars::capture(n, &vars))
                 .unwrap_or_default(),
             ..Default::default()
         }
@@ -869,9 +973,10 @@ plugin_attr:
             uris: vec!["/x".into()],
             ..Default::default()
         };
-        let p = Prometheus::compile(&json!({}), Some(&route), m);
+        let p = Prometheus::compile(&json!({}), Some(&route), m.clone());
         assert_eq!(
-            p.log_vars()
+            p.log_needs()
+                .vars
                 .unwrap()
                 .iter()
                 .map(|n| &**n)
@@ -923,8 +1028,8 @@ plugin_attr:
     #[test]
     fn without_extra_labels_nothing_is_captured() {
         let m = metrics();
-        let p = Prometheus::compile(&json!({}), None, m);
-        assert!(p.log_vars().is_none());
+        let p = Prometheus::compile(&json!({}), None, m.clone());
+        assert!(p.log_needs().is_empty());
         assert!(m.extra_status.key(&LogCtx::default()).is_none());
         assert!(!m.expire.any());
     }
@@ -947,7 +1052,7 @@ plugin_attr:
             uris: vec!["/e".into()],
             ..Default::default()
         };
-        let p = Prometheus::compile(&json!({}), Some(&route), m);
+        let p = Prometheus::compile(&json!({}), Some(&route), m.clone());
         let ctx = proxied(&p, Vars(&[]));
         p.record(&ctx, 10_000);
         p.record(&ctx, 10_000);
@@ -983,12 +1088,14 @@ plugin_attr:
 
     #[test]
     fn number_and_bucket_texts() {
-        assert_eq!(lua_number(3.0), "3");
-        assert_eq!(lua_number(2.5), "2.5");
-        assert_eq!(lua_number(0.123), "0.123");
+        // Lua's `tostring` (the one of `ferrisix_config`): no truncation of large values.
+        assert_eq!(lua::number(1e15), "1e+15");
+        assert_eq!(lua::number(3.0), "3");
+        assert_eq!(lua::number(2.5), "2.5");
+        assert_eq!(lua::number(0.123), "0.123");
         assert_eq!(bucket_format(&DEFAULT_BUCKETS), (7, 1));
         assert_eq!(bucket_format(&[0.005, 10.0]), (6, 3));
-        let m = Metrics::new(&PrometheusAttr::default());
+        let m = metrics();
         assert_eq!(m.le_sort[0], "00001.0");
         assert_eq!(m.le_print[14], "60000");
         assert_eq!(m.bucket(1000), 0);
@@ -1005,7 +1112,7 @@ plugin_attr:
             uris: vec!["/hello".into()],
             ..Default::default()
         };
-        let p = Prometheus::compile(&json!({}), Some(&route), m);
+        let p = Prometheus::compile(&json!({}), Some(&route), m.clone());
         let ctx = LogCtx {
             status: 200,
             matched_uri: Some(0),
@@ -1050,7 +1157,7 @@ plugin_attr:
         );
 
         // prefer_name, and the series go when the route's instances are gone.
-        let named = Prometheus::compile(&json!({"prefer_name": true}), Some(&route), m);
+        let named = Prometheus::compile(&json!({"prefer_name": true}), Some(&route), m.clone());
         named.log(&ctx);
         assert!(m.render().contains("route=\"named\""));
         drop(p);
@@ -1067,7 +1174,7 @@ plugin_attr:
             uris: vec!["/a".into()],
             ..Default::default()
         };
-        let p = Prometheus::compile(&json!({}), Some(&route), m);
+        let p = Prometheus::compile(&json!({}), Some(&route), m.clone());
         for node in ["10.0.0.1", "10.0.0.2"] {
             p.log(&LogCtx {
                 status: 200,

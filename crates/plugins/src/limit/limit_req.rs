@@ -19,16 +19,41 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferrisix_plugin_api::{
+    Clock, CompileCtx, Exit, Flow, KeyRef, KeySpec, Keyed, Lease, Phases, Plugin, PluginCtx,
+    PluginDef, Retain, Slot, StateMap, Step,
+};
 use http::StatusCode;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
-use crate::keyed::{Keyed, SpaceMap};
-use crate::limit_count::local::{epoch_ms, mono_ms};
-use crate::limit_count::{resolve_key, KeySpec, KeyValue};
-use crate::plugin::{Exit, Flow, Owner, Phases, Plugin, PluginCtx, Step};
-use crate::redis_client::{Remote, RemoteError, Target};
+use crate::support::redis::{self as redis_support, Remote, RemoteError};
 
 pub const NAME: &str = "limit-req";
+
+pub static DEF: PluginDef = PluginDef::new(NAME, 1001, schema, compile);
+
+/// apisix/plugins/limit-req.lua.
+fn schema() -> Value {
+    redis_support::with_policy_clauses(json!({
+        "type": "object",
+        "properties": {
+            "rate": {"type": "number", "exclusiveMinimum": 0},
+            "burst": {"type": "number", "minimum": 0},
+            "key": {"type": "string"},
+            "key_type": {"type": "string", "enum": ["var", "var_combination"], "default": "var"},
+            "policy": {"type": "string", "enum": ["redis", "redis-cluster", "local"], "default": "local"},
+            "rejected_code": {"type": "integer", "minimum": 200, "maximum": 599, "default": 503},
+            "rejected_msg": {"type": "string", "minLength": 1},
+            "nodelay": {"type": "boolean", "default": false},
+            "allow_degradation": {"type": "boolean", "default": false}
+        },
+        "required": ["rate", "burst", "key"]
+    }))
+}
+
+fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
+    Ok(Arc::new(LimitReq::compile(cx)?))
+}
 
 /// One key's bucket, in lua-resty-limit-traffic's units (requests × 1000, milliseconds).
 #[derive(Clone, Copy, Debug)]
@@ -42,6 +67,7 @@ pub struct ReqSpace {
     buckets: Keyed<Bucket>,
     /// `rate * 1000`, to know when a bucket has drained (sweeping).
     rate: f64,
+    clock: Clock,
 }
 
 impl std::fmt::Debug for ReqSpace {
@@ -59,10 +85,11 @@ pub enum Decision {
 }
 
 impl ReqSpace {
-    pub fn new(rate: f64) -> ReqSpace {
+    pub fn new(rate: f64, clock: Clock) -> ReqSpace {
         ReqSpace {
             buckets: Keyed::default(),
             rate: rate * 1000.0,
+            clock,
         }
     }
 
@@ -74,43 +101,42 @@ impl ReqSpace {
     }
 
     /// `resty.limit.req`'s `incoming(key, true)` at `now_ms`.
-    pub fn incoming(
-        &self,
-        key: crate::limit_count::local::KeyRef<'_>,
-        burst: f64,
-        now_ms: u64,
-    ) -> Decision {
+    pub fn incoming(&self, key: KeyRef<'_>, burst: f64, now_ms: u64) -> Decision {
         let rate = self.rate;
         let burst = burst * 1000.0;
+        let fresh = Bucket {
+            excess: 0.0,
+            last_ms: now_ms,
+        };
         self.buckets
-            .update(key, now_ms, Self::drained(rate, now_ms), |prev| {
-                let excess = match prev {
-                    Some(b) => {
-                        let elapsed = now_ms.abs_diff(b.last_ms) as f64;
-                        let excess = (b.excess - rate * elapsed / 1000.0 + 1000.0).max(0.0);
-                        if excess > burst {
-                            return (Some(*b), Decision::Rejected);
-                        }
-                        excess
+            .update(key, now_ms, Self::drained(rate, now_ms), |prev| match prev {
+                Some(b) => {
+                    let elapsed = now_ms.abs_diff(b.last_ms) as f64;
+                    let excess = (b.excess - rate * elapsed / 1000.0 + 1000.0).max(0.0);
+                    if excess > burst {
+                        return (Slot::Keep, Decision::Rejected);
                     }
-                    None => 0.0,
-                };
-                let keep = Bucket {
-                    excess,
-                    last_ms: now_ms,
-                };
-                (Some(keep), Decision::Accepted(excess / rate))
+                    *b = Bucket {
+                        excess,
+                        last_ms: now_ms,
+                    };
+                    (Slot::Keep, Decision::Accepted(excess / rate))
+                }
+                None => (Slot::Insert(fresh), Decision::Accepted(0.0)),
             })
-    }
-
-    /// Whether any bucket still holds excess.
-    pub fn live(&self) -> bool {
-        self.buckets.sweep(Self::drained(self.rate, mono_ms()))
     }
 }
 
-/// Every limit-req space.
-pub type ReqSpaces = SpaceMap<ReqSpace>;
+impl Retain for ReqSpace {
+    /// A bucket still holding excess outlives its configuration.
+    fn retain(&self) -> bool {
+        self.buckets
+            .sweep(Self::drained(self.rate, self.clock.mono_ms()))
+    }
+}
+
+/// The limit-req spaces of one gateway.
+pub type ReqSpaces = StateMap<ReqSpace>;
 
 /// The bucket script (`apisix/plugins/limit-req/util.lua`'s commit path). KEYS[1]: the
 /// bucket hash; ARGV: rate and burst (both × 1000), now (epoch ms), TTL (s). Answers
@@ -177,7 +203,7 @@ pub async fn remote_incoming(
 
 /// Where the buckets live.
 enum Backend {
-    Local(Arc<ReqSpace>),
+    Local(Lease<ReqSpace>),
     /// The Redis pool and `<owner>:<crc32 of the conf>`.
     Remote(Remote, Arc<str>),
 }
@@ -191,51 +217,15 @@ pub struct LimitReq {
     nodelay: bool,
     allow_degradation: bool,
     rejection: Exit,
+    clock: Clock,
 }
 
 fn field<'a>(c: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
     c.get(name)
 }
 
-/// The rejection of limit-req and limit-conn: `rejected_code` with `rejected_msg` as
-/// `{"error_msg": ...}`, or nginx's page.
-pub(crate) fn rejection(c: &Map<String, Value>) -> Result<Exit, String> {
-    let code = field(c, "rejected_code")
-        .and_then(Value::as_u64)
-        .unwrap_or(503);
-    let code = StatusCode::from_u16(code as u16).map_err(|_| "invalid rejected_code")?;
-    Ok(match field(c, "rejected_msg").and_then(Value::as_str) {
-        Some(msg) => Exit::error_msg(code, msg),
-        None => Exit::status(code),
-    })
-}
-
-/// The Redis pool of a `redis` / `redis-cluster` conf, `None` for `local`.
-pub(crate) fn remote_of(
-    plugin: &str,
-    c: &Map<String, Value>,
-    runtime: &crate::runtime::Runtime,
-) -> Result<Option<Remote>, String> {
-    let policy = field(c, "policy")
-        .and_then(Value::as_str)
-        .unwrap_or("local");
-    match Target::from_conf(policy, c)? {
-        Some(target) => runtime.remotes.get(target).map(Some),
-        None if policy == "local" => Ok(None),
-        None => Err(format!("{plugin} policy \"{policy}\" is not supported")),
-    }
-}
-
-/// A key value as the text APISIX puts in the Redis key (`remote_addr` as written).
-pub(crate) fn key_text(key: KeyValue<'_>) -> String {
-    match key {
-        KeyValue::Ip(ip) => ip.to_string(),
-        KeyValue::Text(t) => t.into_owned(),
-    }
-}
-
 /// After a Redis error: pass with `allow_degradation`, else 500 (`return 500`: nginx's page).
-pub(crate) fn backend_failure(allow_degradation: bool) -> Flow {
+fn backend_failure(allow_degradation: bool) -> Flow {
     if allow_degradation {
         return Flow::Continue;
     }
@@ -243,12 +233,8 @@ pub(crate) fn backend_failure(allow_degradation: bool) -> Flow {
 }
 
 impl LimitReq {
-    pub fn compile(
-        conf: &Value,
-        owner: &Owner,
-        runtime: &crate::runtime::Runtime,
-    ) -> Result<LimitReq, String> {
-        let c = conf.as_object().ok_or("conf is not an object")?;
+    pub fn compile(cx: &CompileCtx<'_>) -> Result<LimitReq, String> {
+        let c = cx.object()?;
         let rate = field(c, "rate")
             .and_then(Value::as_f64)
             .filter(|r| *r > 0.0)
@@ -263,14 +249,18 @@ impl LimitReq {
         let key_type = field(c, "key_type")
             .and_then(Value::as_str)
             .unwrap_or("var");
-        let prefix = format!(
-            "{}:{}",
-            owner.key,
-            crate::limit_count::conf_version_of(NAME, conf)
-        );
-        let backend = match remote_of(NAME, c, runtime)? {
+        let prefix = cx.state_key();
+        let services = cx.services;
+        let backend = match redis_support::policy_remote(NAME, c, services)? {
             Some(remote) => Backend::Remote(remote, prefix.into()),
-            None => Backend::Local(runtime.req.get(&prefix, || ReqSpace::new(rate))),
+            None => {
+                let clock = services.clock().clone();
+                Backend::Local(
+                    services
+                        .shared::<ReqSpaces>()
+                        .lease(&prefix, || ReqSpace::new(rate, clock)),
+                )
+            }
         };
         Ok(LimitReq {
             backend,
@@ -279,7 +269,8 @@ impl LimitReq {
             key: KeySpec::new(key_type, key),
             nodelay: field(c, "nodelay").and_then(Value::as_bool) == Some(true),
             allow_degradation: field(c, "allow_degradation").and_then(Value::as_bool) == Some(true),
-            rejection: rejection(c)?,
+            rejection: Exit::rejection(c, 503)?,
+            clock: services.clock().clone(),
         })
     }
 
@@ -294,7 +285,8 @@ impl LimitReq {
 
     async fn run_remote(&self, remote: &Remote, prefix: &str, key: String) -> Flow {
         let key = format!("limit_req:{prefix}:{key}");
-        match remote_incoming(remote, &key, self.rate, self.burst, epoch_ms()).await {
+        let now = self.clock.epoch_ms();
+        match remote_incoming(remote, &key, self.rate, self.burst, now).await {
             Ok(decision) => match self.decided(decision) {
                 Ok(flow) => flow,
                 Err(delay) => {
@@ -320,10 +312,11 @@ impl Plugin for LimitReq {
     }
 
     fn access<'a>(&'a self, ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
-        let key = resolve_key(&self.key, ctx);
+        let key = self.key.resolve(ctx);
         match &self.backend {
             Backend::Local(space) => {
-                match self.decided(space.incoming(key.as_ref(), self.burst, mono_ms())) {
+                let now = self.clock.mono_ms();
+                match self.decided(space.incoming(key.as_ref(), self.burst, now)) {
                     Ok(flow) => Step::Done(flow),
                     Err(delay) => Step::Wait(Box::pin(async move {
                         tokio::time::sleep(Duration::from_secs_f64(delay)).await;
@@ -332,7 +325,7 @@ impl Plugin for LimitReq {
                 }
             }
             Backend::Remote(remote, prefix) => {
-                let key = key_text(key);
+                let key = key.into_text();
                 Step::Wait(Box::pin(self.run_remote(remote, prefix, key)))
             }
         }
@@ -341,34 +334,26 @@ impl Plugin for LimitReq {
 
 #[cfg(test)]
 mod tests {
-    use std::borrow::Cow;
+    use std::sync::OnceLock;
 
-    use ferrisix_config::model::ResourceKind;
-    use ferrisix_router::VarSource;
-    use http::{HeaderMap, Method};
-    use serde_json::json;
+    use ferrisix_plugin_api::Executor;
 
     use super::*;
-    use crate::limit_count::local::KeyRef;
+    use crate::support::redis::{test_server, RedisPools, Target};
+    use crate::testing::{request, Compiler};
 
-    struct NoVars;
-    impl VarSource for NoVars {
-        fn var(&self, _: &str) -> Option<Cow<'_, str>> {
-            None
-        }
+    fn compiler() -> &'static Compiler {
+        static C: OnceLock<Compiler> = OnceLock::new();
+        C.get_or_init(Compiler::new)
     }
 
     fn compile(conf: Value, owner: &str) -> Result<LimitReq, String> {
-        LimitReq::compile(
-            &conf,
-            &Owner::new(ResourceKind::Routes, owner),
-            crate::runtime::runtime(),
-        )
+        LimitReq::compile(&compiler().cx(NAME, &conf, owner, None))
     }
 
     #[test]
     fn leaky_bucket_burst_and_delay() {
-        let s = ReqSpace::new(2.0);
+        let s = ReqSpace::new(2.0, Clock::system());
         let k = KeyRef::Text("k");
         // rate 2/s, burst 1: first passes undelayed, second has excess 1 → 0.5 s delay.
         assert_eq!(s.incoming(k, 1.0, 10_000), Decision::Accepted(0.0));
@@ -390,15 +375,14 @@ mod tests {
 
     #[test]
     fn rejection_with_and_without_message() {
-        let (method, headers) = (Method::GET, HeaderMap::new());
         let lr = compile(
             json!({"rate": 1, "burst": 0, "key": "remote_addr"}),
             "lr-t1",
         )
         .unwrap();
         let run = |lr: &LimitReq| {
-            let mut ctx =
-                PluginCtx::new(&method, "/", &headers, "10.0.0.1".parse().unwrap(), &NoVars);
+            let mut req = request("10.0.0.1", &[]);
+            let mut ctx = req.ctx();
             let step = lr.access(&mut ctx);
             match step {
                 Step::Done(f) => f,
@@ -423,15 +407,14 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn delay_vs_nodelay() {
-        let (method, headers) = (Method::GET, HeaderMap::new());
         for (nodelay, owner) in [(false, "lr-t3"), (true, "lr-t4")] {
             let lr = compile(
                 json!({"rate": 10, "burst": 5, "key": "remote_addr", "nodelay": nodelay}),
                 owner,
             )
             .unwrap();
-            let mut ctx =
-                PluginCtx::new(&method, "/", &headers, "10.0.0.1".parse().unwrap(), &NoVars);
+            let mut req = request("10.0.0.1", &[]);
+            let mut ctx = req.ctx();
             assert!(matches!(lr.access(&mut ctx), Step::Done(Flow::Continue)));
             let step = lr.access(&mut ctx);
             match step {
@@ -456,7 +439,7 @@ mod tests {
 
     fn space(lr: &LimitReq) -> &Arc<ReqSpace> {
         match &lr.backend {
-            Backend::Local(s) => s,
+            Backend::Local(s) => s.state(),
             Backend::Remote(..) => panic!("local expected"),
         }
     }
@@ -488,8 +471,8 @@ mod tests {
 
     /// Runs access once; awaits any future (delays included).
     async fn run_async(lr: &LimitReq, ip: &str) -> Flow {
-        let (method, headers) = (Method::GET, HeaderMap::new());
-        let mut ctx = PluginCtx::new(&method, "/", &headers, ip.parse().unwrap(), &NoVars);
+        let mut req = request(ip, &[]);
+        let mut ctx = req.ctx();
         let step = lr.access(&mut ctx);
         let flow = match step {
             Step::Done(f) => f,
@@ -531,17 +514,17 @@ mod tests {
         let t = Target::from_conf("redis", c.as_object().unwrap())
             .unwrap()
             .unwrap();
-        crate::runtime::runtime().remotes.get(t).unwrap()
+        RedisPools::new(Executor::current()).get(t).unwrap()
     }
 
     /// The script makes the local policy's decisions, step for step.
     #[tokio::test]
     async fn redis_bucket_decides_as_the_local_one() {
-        let Some(server) = crate::redis_client::test_server::TestRedis::start() else {
+        let Some(server) = test_server::TestRedis::start() else {
             return;
         };
         let r = remote(server.port);
-        let local = ReqSpace::new(2.0);
+        let local = ReqSpace::new(2.0, Clock::system());
         let steps = [
             ("k", 10_000),
             ("k", 10_000),
@@ -575,7 +558,7 @@ mod tests {
 
     #[tokio::test]
     async fn redis_policy_end_to_end_in_process() {
-        let Some(server) = crate::redis_client::test_server::TestRedis::start() else {
+        let Some(server) = test_server::TestRedis::start() else {
             return;
         };
         let conf = json!({"rate": 0.001, "burst": 1, "key": "remote_addr", "nodelay": true,
@@ -594,7 +577,7 @@ mod tests {
         // APISIX's key: limit_req:<owner>:<conf version>:<key>, with an expiry.
         let key = format!(
             "limit_req:/apisix/routes/lr-t8:{}:10.0.0.1",
-            crate::limit_count::conf_version_of(NAME, &conf)
+            compiler().cx(NAME, &conf, "lr-t8", None).conf_version()
         );
         let r = remote(server.port);
         let (excess, ttl): (Option<f64>, i64) = (
@@ -614,7 +597,7 @@ mod tests {
     #[test]
     fn shared_across_threads() {
         // rate tiny, burst 99: exactly 100 requests get through whatever the interleaving.
-        let s = Arc::new(ReqSpace::new(0.000_001));
+        let s = Arc::new(ReqSpace::new(0.000_001, Clock::system()));
         let passed = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let threads: Vec<_> = (0..4)
             .map(|_| {

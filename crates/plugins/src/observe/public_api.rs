@@ -1,0 +1,105 @@
+//! `public-api`: serves the plugins' own APIs (APISIX's `api_router`) on a data-plane route.
+//!
+//! A plugin API is a method set and a URI that the plugin answers itself. APISIX lists them from
+//! each plugin's `api()` and matches them only when a route carrying `public-api` was matched
+//! first, so an operator decides where (and behind which auth plugins) an API is exposed. The
+//! plugin looks up its `uri` setting, or the request's `$uri`, among the APIs of the enabled
+//! plugins ([`PluginDef::apis`], collected by the registry) and answers with that API, or 404
+//! when none matches.
+//!
+//! The one API ferrisix has is prometheus' metrics text at `plugin_attr.prometheus.export_uri`,
+//! listed only when `enable_export_server` is false (as APISIX's `get_api`).
+
+use std::sync::Arc;
+
+use ferrisix_plugin_api::{
+    CompileCtx, Exit, Phases, Plugin, PluginApis, PluginCtx, PluginDef, Step,
+};
+use http::{header, StatusCode};
+use serde_json::{json, Value};
+
+pub const NAME: &str = "public-api";
+
+pub static DEF: PluginDef = PluginDef::new(NAME, 501, schema, compile);
+
+fn schema() -> Value {
+    json!({"type": "object", "properties": {"uri": {"type": "string"}}})
+}
+
+fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
+    Ok(Arc::new(PublicApi {
+        uri: cx.conf.get("uri").and_then(Value::as_str).map(str::to_owned),
+        apis: cx.apis.clone(),
+    }))
+}
+
+/// `public-api` compiled for one route.
+#[derive(Debug)]
+pub struct PublicApi {
+    /// `uri`: the API to serve, whatever path matched the route.
+    uri: Option<String>,
+    apis: PluginApis,
+}
+
+impl Plugin for PublicApi {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn phases(&self) -> Phases {
+        Phases::ACCESS
+    }
+
+    fn access<'a>(&'a self, ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
+        let uri = self.uri.as_deref().unwrap_or(ctx.uri());
+        let exit = match self.apis.answer(ctx.method(), uri) {
+            Some(answer) => Exit::body(answer.status, answer.body)
+                .with_header(header::CONTENT_TYPE, answer.content_type),
+            // No API at this path (or not for this method): APISIX's `return 404`.
+            None => Exit::status(StatusCode::NOT_FOUND),
+        };
+        Step::exit(exit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ferrisix_config::settings::PluginAttr;
+    use ferrisix_plugin_api::testing::TestRequest;
+    use ferrisix_plugin_api::{Executor, Flow, PluginServices};
+    use http::Method;
+
+    use super::*;
+    use crate::testing::Compiler;
+
+    fn answer(c: &Compiler, method: Method, uri: &str) -> Exit {
+        let conf = json!({});
+        let plugin = (DEF.compile)(&c.cx(NAME, &conf, "pa", None)).unwrap();
+        let mut req = TestRequest::new(method, uri);
+        let Step::Done(Flow::Exit(e)) = plugin.access(&mut req.ctx()) else {
+            panic!("public-api always answers")
+        };
+        e
+    }
+
+    #[test]
+    fn prometheus_api_only_without_export_server() {
+        let with_server = Compiler::new();
+        assert!(with_server.registry.apis().is_empty());
+        assert_eq!(answer(&with_server, Method::GET, "/metrics").status, 404);
+
+        let mut attr = PluginAttr::default();
+        attr.prometheus.enable_export_server = false;
+        attr.prometheus.export_uri = "/metrics".to_owned();
+        let services = PluginServices::new(attr, Executor::current(), Default::default());
+        let c = Compiler::with(Arc::new(services));
+        let e = answer(&c, Method::GET, "/metrics");
+        assert_eq!(e.status, StatusCode::OK);
+        assert_eq!(e.headers[0].1, "text/plain");
+        assert!(std::str::from_utf8(e.body.as_deref().unwrap())
+            .unwrap()
+            .contains("apisix_node_info{"));
+        assert_eq!(answer(&c, Method::POST, "/metrics").status, 404);
+        assert_eq!(answer(&c, Method::GET, "/metrics/x").status, 404);
+    }
+}

@@ -1,0 +1,4 @@
+//! Support shared by several plugin families: the Redis connections of the limit plugins'
+//! `redis`, `redis-cluster` and `redis-sentinel` policies.
+
+pub mod redis;

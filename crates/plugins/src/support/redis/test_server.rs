@@ -1,0 +1,101 @@
+//! A throwaway `redis-server` for unit tests: started on a free port when the binary is on the
+//! PATH, killed on drop. The end-to-end tests install it; unit tests skip without it.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct TestRedis {
+    child: Child,
+    pub port: u16,
+}
+
+impl Drop for TestRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl TestRedis {
+    /// `None` (after saying so) when there is no `redis-server` to run.
+    pub fn start() -> Option<TestRedis> {
+        for _ in 0..3 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .ok()?
+                .local_addr()
+                .ok()?
+                .port();
+            let Ok(child) = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+            else {
+                eprintln!("SKIPPED: no redis-server on the PATH");
+                return None;
+            };
+            let mut r = TestRedis { child, port };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return Some(r);
+                }
+                if let Ok(Some(_)) = r.child.try_wait() {
+                    // The port was taken meanwhile: try another.
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        panic!("redis-server did not start");
+    }
+}
+/// A `redis-server --sentinel` watching the master at `master_port` under the name `m`,
+/// killed (and its config file removed) on drop.
+pub struct TestSentinel {
+    child: Child,
+    pub port: u16,
+    conf: std::path::PathBuf,
+}
+
+impl Drop for TestSentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.conf);
+    }
+}
+
+impl TestSentinel {
+    pub fn start(master_port: u16) -> TestSentinel {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        // Sentinel rewrites its config file, so each one needs its own.
+        let conf = std::env::temp_dir().join(format!(
+            "ferrisix-sentinel-{}-{port}.conf",
+            std::process::id()
+        ));
+        std::fs::write(
+            &conf,
+            format!("port {port}\nbind 127.0.0.1\nsentinel monitor m 127.0.0.1 {master_port} 1\n"),
+        )
+        .expect("sentinel config");
+        let child = Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server --sentinel");
+        let s = TestSentinel { child, port, conf };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "sentinel did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s
+    }
+}

@@ -1,0 +1,3 @@
+//! Plugins that transform the request or the response on their way through.
+
+family! {}

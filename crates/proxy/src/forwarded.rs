@@ -1,0 +1,215 @@
+//! Who the client is and what the upstream is told about it: nginx's realip module
+//! (`real_ip_header`, `real_ip_from`, `real_ip_recursive`), and the request headers sent
+//! upstream (spec data-plane §3.2): hop-by-hop headers dropped, `X-Real-IP`,
+//! `X-Forwarded-For`, `-Proto`, `-Host` and `-Port` set.
+
+use std::net::IpAddr;
+
+use http::header::{self, HeaderName, HeaderValue};
+use http::HeaderMap;
+use ipnet::IpNet;
+
+use crate::gateway::ConnInfo;
+
+/// `real_ip_header`, `real_ip_from`, `real_ip_recursive`.
+#[derive(Clone, Debug)]
+pub struct RealIpConfig {
+    pub header: HeaderName,
+    pub trusted: Vec<IpNet>,
+    pub recursive: bool,
+}
+
+impl RealIpConfig {
+    fn trusts(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|n| n.contains(&ip))
+    }
+
+    /// nginx's realip module: a trusted peer may name the client in the configured header.
+    pub fn client_addr(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        if !self.trusts(peer) {
+            return peer;
+        }
+        let Some(value) = headers.get(&self.header).and_then(|v| v.to_str().ok()) else {
+            return peer;
+        };
+        let mut candidates = value.rsplit(',').map(str::trim);
+        if !self.recursive {
+            // Without recursion nginx takes the last address of the header.
+            return candidates
+                .next()
+                .and_then(|a| a.parse().ok())
+                .unwrap_or(peer);
+        }
+        let mut found = peer;
+        for c in candidates {
+            match c.parse::<IpAddr>() {
+                Ok(ip) => {
+                    found = ip;
+                    if !self.trusts(ip) {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        found
+    }
+}
+
+/// Headers nginx never forwards upstream (hop-by-hop, and what it recomputes).
+fn is_dropped_request_header(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "expect"
+            | "content-length"
+            | "host"
+            | "x-real-ip"
+            | "x-forwarded-for"
+            | "x-forwarded-proto"
+            | "x-forwarded-host"
+            | "x-forwarded-port"
+            | "forwarded"
+    )
+}
+
+/// The port of a Host header value, if it names one.
+pub fn port_of_host(raw: &str) -> Option<&str> {
+    let after = if raw.starts_with('[') {
+        &raw[raw.find(']')? + 1..]
+    } else {
+        raw
+    };
+    after
+        .rsplit_once(':')
+        .map(|(_, p)| p)
+        .filter(|p| !p.is_empty())
+}
+
+/// An address as a header value, formatted on the stack.
+pub fn ip_header(ip: IpAddr) -> HeaderValue {
+    let mut buf = [0u8; 48];
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    let _ = std::io::Write::write_fmt(&mut cursor, format_args!("{ip}"));
+    let n = cursor.position() as usize;
+    HeaderValue::from_bytes(&buf[..n]).unwrap_or_else(|_| HeaderValue::from_static("-"))
+}
+
+/// The headers sent upstream, Host excepted (set per try).
+pub fn upstream_headers(
+    headers: &HeaderMap,
+    remote_addr: IpAddr,
+    host_value: Option<&HeaderValue>,
+    conn: &ConnInfo,
+    websocket: bool,
+) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(headers.len() + 6);
+    for (name, value) in headers {
+        if !is_dropped_request_header(name) {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    if websocket {
+        for h in [header::UPGRADE, header::CONNECTION] {
+            if let Some(v) = headers.get(&h) {
+                out.insert(h, v.clone());
+            }
+        }
+    }
+    let remote = if remote_addr == conn.peer().ip() {
+        conn.peer_ip_value.clone()
+    } else {
+        ip_header(remote_addr)
+    };
+    out.insert(HeaderName::from_static("x-real-ip"), remote.clone());
+    let xff = match headers.get(HeaderName::from_static("x-forwarded-for")) {
+        Some(prev) => {
+            let mut v = Vec::with_capacity(prev.len() + 2 + 39);
+            v.extend_from_slice(prev.as_bytes());
+            v.extend_from_slice(b", ");
+            v.extend_from_slice(remote.as_bytes());
+            HeaderValue::from_bytes(&v).unwrap_or(remote)
+        }
+        None => remote,
+    };
+    out.insert(HeaderName::from_static("x-forwarded-for"), xff);
+    out.insert(
+        HeaderName::from_static("x-forwarded-proto"),
+        HeaderValue::from_static("http"),
+    );
+    let host_raw = host_value.and_then(|h| h.to_str().ok());
+    if let Some(h) = host_value {
+        out.insert(HeaderName::from_static("x-forwarded-host"), h.clone());
+    }
+    let port = match host_raw.and_then(port_of_host) {
+        Some(p) if p.as_bytes() != conn.local_port_value.as_bytes() => {
+            HeaderValue::from_str(p).unwrap_or_else(|_| conn.local_port_value.clone())
+        }
+        _ => conn.local_port_value.clone(),
+    };
+    out.insert(HeaderName::from_static("x-forwarded-port"), port);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_of_hosts() {
+        assert_eq!(port_of_host("a.com:8080"), Some("8080"));
+        assert_eq!(port_of_host("a.com"), None);
+        assert_eq!(port_of_host("[::1]:81"), Some("81"));
+    }
+
+    #[test]
+    fn real_ip_from_trusted_peer_only() {
+        let cfg = RealIpConfig {
+            header: HeaderName::from_static("x-real-ip"),
+            trusted: vec!["127.0.0.1/32".parse().unwrap()],
+            recursive: false,
+        };
+        let mut h = HeaderMap::new();
+        h.insert("x-real-ip", HeaderValue::from_static("10.1.1.1"));
+        assert_eq!(
+            cfg.client_addr("127.0.0.1".parse().unwrap(), &h),
+            "10.1.1.1".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            cfg.client_addr("127.0.0.2".parse().unwrap(), &h),
+            "127.0.0.2".parse::<IpAddr>().unwrap()
+        );
+        h.insert("x-real-ip", HeaderValue::from_static("garbage"));
+        assert_eq!(
+            cfg.client_addr("127.0.0.1".parse().unwrap(), &h),
+            "127.0.0.1".parse::<IpAddr>().unwrap()
+        );
+    }
+
+    #[test]
+    fn recursive_xff_skips_trusted_hops() {
+        let cfg = RealIpConfig {
+            header: HeaderName::from_static("x-forwarded-for"),
+            trusted: vec![
+                "127.0.0.0/8".parse().unwrap(),
+                "10.0.0.0/8".parse().unwrap(),
+            ],
+            recursive: true,
+        };
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-forwarded-for",
+            HeaderValue::from_static("1.2.3.4, 10.0.0.2, 127.0.0.5"),
+        );
+        assert_eq!(
+            cfg.client_addr("127.0.0.1".parse().unwrap(), &h),
+            "1.2.3.4".parse::<IpAddr>().unwrap()
+        );
+    }
+}

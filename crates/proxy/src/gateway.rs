@@ -1,0 +1,90 @@
+//! The gateway (everything the request path needs besides the snapshot) and the connection a
+//! request arrived on.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use ferrisix_plugin_api::{ConnFacts, ConnStats};
+use http::{HeaderValue, Request, Response};
+use hyper::body::Incoming;
+
+use crate::access_log::AccessLog;
+use crate::body::ResponseBody;
+use crate::forwarded::{ip_header, RealIpConfig};
+use crate::log::LogSinks;
+use crate::snapshot::SnapshotHandle;
+
+/// Everything the request path needs besides the snapshot.
+pub struct Gateway {
+    pub snapshot: SnapshotHandle,
+    pub server_header: HeaderValue,
+    pub real_ip: RealIpConfig,
+    pub show_upstream_status: bool,
+    pub access_log: Arc<AccessLog>,
+    /// Connection and request counters (`stub_status`), the plugins' services' own: written
+    /// here, read by prometheus.
+    pub stats: Arc<ConnStats>,
+    /// APISIX 2.x compatibility: `/apisix/admin` on the data port, for loopback clients only.
+    pub legacy_admin: Option<LegacyAdmin>,
+    /// nginx's `client_body_timeout`: the longest wait for the next part of a request body
+    /// while it is read before proxying (408 then).
+    pub client_body_timeout: std::time::Duration,
+}
+
+/// Answers `/apisix/admin/...` requests that arrive on the data port (APISIX 2.x served its
+/// Admin API there). The binary plugs the Admin API in; the data plane only forwards to it.
+pub type LegacyAdmin = Arc<
+    dyn Fn(
+            Request<Incoming>,
+            IpAddr,
+        )
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = Response<ResponseBody>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// The connection a request arrived on, with what every request on it needs built once per
+/// connection rather than once per request.
+pub struct ConnInfo {
+    pub gateway: Arc<Gateway>,
+    pub facts: ConnFacts,
+    /// The peer's IP (`X-Real-IP`, `X-Forwarded-For` when the realip rewrite kept it).
+    pub(crate) peer_ip_value: HeaderValue,
+    /// The local port (`X-Forwarded-Port` when the Host header names no other).
+    pub(crate) local_port_value: HeaderValue,
+    /// Where the log phases of this connection's requests go.
+    pub(crate) log: Arc<LogSinks>,
+}
+
+impl std::fmt::Debug for ConnInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnInfo")
+            .field("peer", &self.facts.peer)
+            .field("local", &self.facts.local)
+            .finish()
+    }
+}
+
+impl ConnInfo {
+    pub fn new(gateway: Arc<Gateway>, peer: SocketAddr, local: SocketAddr) -> ConnInfo {
+        let log = Arc::new(LogSinks {
+            stats: gateway.stats.clone(),
+            access_log: gateway.access_log.clone(),
+        });
+        ConnInfo {
+            facts: ConnFacts { peer, local },
+            peer_ip_value: ip_header(peer.ip()),
+            local_port_value: HeaderValue::from(local.port()),
+            log,
+            gateway,
+        }
+    }
+
+    pub fn peer(&self) -> SocketAddr {
+        self.facts.peer
+    }
+
+    pub fn local(&self) -> SocketAddr {
+        self.facts.local
+    }
+}

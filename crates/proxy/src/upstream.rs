@@ -1,0 +1,400 @@
+//! Sending the request upstream: the body made ready (buffered when small enough to be
+//! replayed, streamed otherwise), then tries on the nodes the balancer picks until one answers
+//! or the error and retry rules end it (spec data-plane §3), every try recorded once in the
+//! request's [`crate::record::UpstreamRecord`].
+
+use std::time::{Duration, Instant};
+
+use ferrisix_config::model::PassHost;
+use ferrisix_plugin_api::{BodyError, RequestBody};
+use http::header::{self, HeaderValue};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
+use http_body::Body as _;
+use http_body_util::BodyExt;
+use smallvec::SmallVec;
+
+use crate::body::ResponseBody;
+use crate::client::{self, PoolKey, SendOutcome, StreamSource, TryTimeouts, UpstreamBody};
+use crate::ctx::RequestCtx;
+use crate::error::{ErrorKind, ProxyError};
+use crate::forwarded::upstream_headers;
+use crate::relay;
+use crate::responses;
+use crate::snapshot::CompiledUpstream;
+use crate::websocket;
+
+/// Bodies up to this size (with a known length) are read before proxying so that a failed
+/// try can be replayed; larger ones stream.
+const BUFFERED_BODY_LIMIT: u64 = 64 * 1024;
+
+fn body_error(e: &BodyError) -> ProxyError {
+    match e {
+        BodyError::Broken(_) => ErrorKind::BodyBroken.into(),
+        BodyError::Timeout => ErrorKind::BodyTimeout.into(),
+        BodyError::TooLarge(_) => ErrorKind::BodyTooLarge.into(),
+    }
+}
+
+/// Reads a body of unknown length until it ends (a complete, replayable body) or passes
+/// `limit` bytes (a stream that first sends what was read).
+async fn read_up_to(
+    mut body: StreamSource,
+    limit: usize,
+    between_reads: Duration,
+) -> Result<UpstreamBody, ProxyError> {
+    let mut buf = bytes::BytesMut::new();
+    loop {
+        match tokio::time::timeout(between_reads, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    buf.extend_from_slice(&data);
+                    if buf.len() > limit {
+                        return Ok(UpstreamBody::stream_after(Some(buf.freeze()), body));
+                    }
+                }
+            }
+            Ok(None) => return Ok(UpstreamBody::full(buf.freeze())),
+            // The client went away mid-body (nginx: 400) or stalled (408).
+            Ok(Some(Err(_))) => return Err(ErrorKind::BodyBroken.into()),
+            Err(_) => return Err(ErrorKind::BodyTimeout.into()),
+        }
+    }
+}
+
+/// Buffers small known-length bodies (replayable) and streams the rest; `timeout`: nginx's
+/// `client_body_timeout`.
+async fn unread_body(body: StreamSource, timeout: Duration) -> Result<UpstreamBody, ProxyError> {
+    if body.is_end_stream() {
+        return Ok(UpstreamBody::Empty);
+    }
+    match body.size_hint().exact() {
+        Some(n) if n <= BUFFERED_BODY_LIMIT => {
+            match tokio::time::timeout(timeout, body.collect()).await {
+                Ok(Ok(collected)) => Ok(UpstreamBody::full(collected.to_bytes())),
+                // The client went away or stalled (nginx logs 400/408).
+                Ok(Err(_)) => Err(ErrorKind::BodyBroken.into()),
+                Err(_) => Err(ErrorKind::BodyTimeout.into()),
+            }
+        }
+        Some(_) => Ok(UpstreamBody::stream_after(None, body)),
+        // Unknown length (chunked): nginx reads the whole body and sends it with
+        // Content-Length. Do the same up to the buffering limit; past it, stream what was
+        // read followed by the rest, so a huge upload never sits in memory.
+        None => read_up_to(body, BUFFERED_BODY_LIMIT as usize, timeout).await,
+    }
+}
+
+/// The request body as it goes upstream: the client's own, or what the plugins left of it;
+/// a route's body size limit refuses a larger one (413) or cuts a stream off at it.
+async fn prepare_body(ctx: &mut RequestCtx<'_>) -> Result<UpstreamBody, ProxyError> {
+    let (body, limit) = match ctx.plugins.as_mut() {
+        Some(run) => {
+            let limit = run.state.max_body_size();
+            let body = match run.state.take_body() {
+                RequestBody::Empty => match ctx.body.take() {
+                    Some(b) => StreamBody::Unread(StreamSource::Client(b)),
+                    None => StreamBody::Ready(UpstreamBody::Empty),
+                },
+                RequestBody::Unread(b) => StreamBody::Unread(StreamSource::Pending(b)),
+                RequestBody::Buffered(b) => StreamBody::Ready(UpstreamBody::full(b)),
+                RequestBody::Partial { read, rest } => StreamBody::Ready(
+                    UpstreamBody::stream_after(Some(read), StreamSource::Pending(rest)),
+                ),
+                RequestBody::Failed(e) => return Err(body_error(&e)),
+            };
+            (body, limit)
+        }
+        None => match ctx.body.take() {
+            Some(b) => (StreamBody::Unread(StreamSource::Client(b)), None),
+            None => (StreamBody::Ready(UpstreamBody::Empty), None),
+        },
+    };
+    if let Some(max) = limit {
+        let declared = ctx
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > max) {
+            return Err(ErrorKind::BodyTooLarge.into());
+        }
+    }
+    let body = match body {
+        StreamBody::Ready(b) => b,
+        StreamBody::Unread(b) => unread_body(b, ctx.conn.gateway.client_body_timeout).await?,
+    };
+    Ok(match limit {
+        Some(max) if body.size_hint().exact().is_some_and(|n| n > max) && body.is_replayable() => {
+            return Err(ErrorKind::BodyTooLarge.into())
+        }
+        Some(max) => body.limit(max),
+        None => body,
+    })
+}
+
+enum StreamBody {
+    Unread(StreamSource),
+    Ready(UpstreamBody),
+}
+
+fn build_request(
+    method: &Method,
+    uri: &Uri,
+    headers: HeaderMap,
+    body: UpstreamBody,
+) -> Request<UpstreamBody> {
+    let mut req = Request::new(body);
+    *req.method_mut() = method.clone();
+    *req.uri_mut() = uri.clone();
+    *req.version_mut() = Version::HTTP_11;
+    *req.headers_mut() = headers;
+    req
+}
+
+/// The upstream's request target: the client's raw path and query, or what plugins changed.
+fn upstream_uri(ctx: &RequestCtx<'_>) -> Uri {
+    let uri = &ctx.head.uri;
+    if let Some(edits) = ctx.plugins.as_ref().map(|r| r.state.upstream_edits()) {
+        if edits.path.is_some() || edits.query.is_some() {
+            let path = edits.path.as_deref().unwrap_or(uri.path());
+            let query = match &edits.query {
+                Some(q) => q.as_deref(),
+                None => uri.query(),
+            };
+            let target = match query {
+                Some(q) => format!("{path}?{q}"),
+                None => path.to_owned(),
+            };
+            if let Ok(u) = target.parse() {
+                return u;
+            }
+            tracing::warn!(uri = %target, "invalid upstream uri set by a plugin; the client's is sent");
+        }
+    }
+    // An origin-form URI is exactly that (cloning it copies a pointer); an absolute-form one
+    // loses its scheme and host.
+    if uri.scheme().is_none() && uri.authority().is_none() {
+        uri.clone()
+    } else {
+        uri.path_and_query()
+            .map_or("/", |p| p.as_str())
+            .parse()
+            .unwrap_or_else(|_| Uri::from_static("/"))
+    }
+}
+
+/// Proxies the request to `upstream`; `route_timeouts` replace the upstream's.
+pub async fn proxy(
+    ctx: &mut RequestCtx<'_>,
+    upstream: &CompiledUpstream,
+    route_timeouts: Option<TryTimeouts>,
+    websocket: bool,
+) -> Response<ResponseBody> {
+    let conn = ctx.conn;
+    let gateway = &*conn.gateway;
+    let timeouts = route_timeouts.unwrap_or(upstream.timeouts);
+    let edits = ctx.plugins.as_ref().map(|r| r.state.upstream_edits());
+    let method = edits
+        .and_then(|e| e.method.clone())
+        .unwrap_or_else(|| ctx.head.method.clone());
+    let host_edit = edits.and_then(|e| e.host.clone());
+    let idempotent = !matches!(method, Method::POST | Method::PATCH) && method.as_str() != "LOCK";
+
+    let mut pending_body = match prepare_body(ctx).await {
+        Ok(b) => Some(b),
+        Err(e) => return responses::error_response(e, &gateway.server_header),
+    };
+    let replayable = pending_body
+        .as_ref()
+        .is_some_and(UpstreamBody::is_replayable);
+    if let Some(r) = ctx.log.record.as_deref_mut() {
+        r.request_length = ctx
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(0);
+    }
+
+    let upgrade = if websocket {
+        ctx.extensions.remove::<hyper::upgrade::OnUpgrade>()
+    } else {
+        None
+    };
+    let mut headers = Some(upstream_headers(
+        &ctx.headers,
+        ctx.remote_addr,
+        ctx.head.host_value.as_ref(),
+        conn,
+        websocket,
+    ));
+    let uri = upstream_uri(ctx);
+
+    let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
+    let mut last_failure = ProxyError::new(ErrorKind::ConnectRefused);
+    let first_try = Instant::now();
+    let record = &mut ctx.log.upstream;
+    record.start = Some(first_try);
+
+    // Set when APISIX's balancer phase would end a retry itself with `core.response.exit(502)`
+    // (spec data-plane §3.5): `retry_timeout` passed, or no untried node is left while the
+    // try budget is not spent. The answer is then 502, not the last try's status (a 504
+    // after timeouts).
+    let mut balancer_refused = false;
+    while tried.len() < upstream.max_tries {
+        if let Some(limit) = upstream.retry_timeout {
+            if !tried.is_empty() && first_try.elapsed() > limit {
+                balancer_refused = true;
+                break;
+            }
+        }
+        let Some(node_idx) = upstream.picker.pick(&tried) else {
+            balancer_refused = !tried.is_empty();
+            break;
+        };
+        tried.push(node_idx);
+        let node = &upstream.nodes[node_idx];
+        let addr = match node.addr {
+            Some(a) => a,
+            None => match client::resolve(&node.host, node.port).await {
+                Ok(a) => a,
+                Err(f) => {
+                    record.statuses.push(f.status().as_u16());
+                    last_failure = f;
+                    continue;
+                }
+            },
+        };
+        record.addrs.push(addr);
+        let more_tries_left = tried.len() < upstream.max_tries;
+        let Some(mut req_headers) = headers.take() else {
+            break;
+        };
+        let upstream_host: Option<HeaderValue> = match &host_edit {
+            Some(h) => Some(h.clone()),
+            None => match upstream.pass_host {
+                // `$http_host` verbatim (port and case kept); HTTP/2 takes :authority. An
+                // HTTP/1.0 request may come without one; it still goes upstream as HTTP/1.1,
+                // which needs a Host: the node's, as nginx's default `$proxy_host`.
+                PassHost::Pass => ctx
+                    .head
+                    .host_value
+                    .clone()
+                    .or_else(|| Some(node.host_header.clone())),
+                PassHost::Node => Some(node.host_header.clone()),
+                PassHost::Rewrite => upstream.upstream_host.clone(),
+            },
+        };
+        match &upstream_host {
+            Some(h) => {
+                if ctx.head.host_value.is_none() {
+                    // No host from the client: X-Forwarded-Host names the one the upstream
+                    // is asked for (nginx's `$host` falls back to the server's name).
+                    req_headers.insert(
+                        http::header::HeaderName::from_static("x-forwarded-host"),
+                        h.clone(),
+                    );
+                }
+                req_headers.insert(header::HOST, h.clone());
+            }
+            None => {
+                req_headers.remove(header::HOST);
+            }
+        }
+        record.host = upstream_host;
+        // Keep a copy when a failed try could still be replayed on another node.
+        let spare = (more_tries_left && replayable).then(|| req_headers.clone());
+        let Some(req_body) = pending_body.take() else {
+            break;
+        };
+        let spare_body = if more_tries_left {
+            req_body.try_clone()
+        } else {
+            None
+        };
+
+        let key = PoolKey { addr };
+        let mut attempt = Some(build_request(&method, &uri, req_headers, req_body));
+        let mut fresh_retry_used = false;
+        let outcome = loop {
+            let mut conn = match client::checkout(key, upstream.pool, timeouts.connect).await {
+                Ok(c) => c,
+                Err(f) => break Err((f, attempt.take())),
+            };
+            let reused = conn.is_reused();
+            let Some(req) = attempt.take() else {
+                break Err((ErrorKind::ConnectionBroken.into(), None));
+            };
+            match client::send(&mut conn, req, timeouts).await {
+                SendOutcome::Response(resp) => break Ok((resp, conn)),
+                SendOutcome::NotSent(req, f) => {
+                    // A stale keep-alive connection: open a fresh one to the same node,
+                    // without spending a try, as the request never left.
+                    if reused && !fresh_retry_used {
+                        fresh_retry_used = true;
+                        attempt = Some(req);
+                        continue;
+                    }
+                    break Err((f, Some(req)));
+                }
+                SendOutcome::Failed(f) => break Err((f, None)),
+            }
+        };
+        match outcome {
+            Ok((mut resp, conn)) => {
+                record.responded = true;
+                record.statuses.push(resp.status().as_u16());
+                if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+                    if let Some(client_upgrade) = upgrade {
+                        let upstream_upgrade = hyper::upgrade::on(&mut resp);
+                        websocket::tunnel(client_upgrade, upstream_upgrade);
+                    }
+                    drop(conn);
+                    return relay::relay_head(
+                        gateway,
+                        resp,
+                        None,
+                        &record.statuses,
+                        timeouts,
+                        true,
+                    );
+                }
+                return relay::relay_head(
+                    gateway,
+                    resp,
+                    Some(conn),
+                    &record.statuses,
+                    timeouts,
+                    false,
+                );
+            }
+            Err((failure, returned)) => {
+                if failure.kind == ErrorKind::BodyTooLarge {
+                    // The client's fault, found while its body streamed: no other try.
+                    return responses::error_response(failure, &gateway.server_header);
+                }
+                tracing::warn!(upstream = %addr, "{failure} while proxying");
+                record.statuses.push(failure.status().as_u16());
+                last_failure = failure;
+                // Recover what the next try needs.
+                match returned {
+                    Some(req) => {
+                        let (p, b) = req.into_parts();
+                        headers = Some(p.headers);
+                        pending_body = Some(b);
+                    }
+                    None => {
+                        headers = spare;
+                        pending_body = spare_body;
+                        if !failure.may_retry(idempotent, replayable) {
+                            break;
+                        }
+                    }
+                }
+                if headers.is_none() || pending_body.is_none() {
+                    break;
+                }
+            }
+        }
+    }
+    let error = relay::final_error(last_failure, !record.statuses.is_empty(), balancer_refused);
+    relay::failed(gateway, error, &record.statuses)
+}

@@ -1,3 +1,5 @@
 //! Plugins that transform the request or the response on their way through.
 
-family! {}
+family! {
+    // One line per plugin: its module's name.
+}

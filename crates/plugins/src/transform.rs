@@ -2,4 +2,5 @@
 
 family! {
     // One line per plugin: its module's name.
+    echo,
 }

@@ -73,6 +73,9 @@ pub struct ApiAnswer {
     pub body: Bytes,
 }
 
+/// What answers a plugin API request (method, URI).
+pub type ApiHandler = Arc<dyn Fn(&Method, &str) -> ApiAnswer + Send + Sync>;
+
 /// One plugin API: a method set and a URI its plugin answers itself (APISIX's `api_router`),
 /// served on a data-plane route through `public-api`.
 #[derive(Clone)]
@@ -80,7 +83,7 @@ pub struct PluginApi {
     pub methods: &'static [Method],
     /// An exact path, or a prefix when it ends with `*` (APISIX's radixtree paths).
     pub uri: String,
-    pub handler: Arc<dyn Fn(&Method, &str) -> ApiAnswer + Send + Sync>,
+    pub handler: ApiHandler,
 }
 
 impl fmt::Debug for PluginApi {

@@ -790,7 +790,6 @@ mod tests {
             HeaderValue::from_static("1"),
         );
         ctx.set_max_body_size(10);
-        drop(ctx);
         assert_eq!(req.state.max_body_size(), Some(10));
         assert_eq!(req.state.upstream_edits().path.as_deref(), Some("/b"));
         assert_eq!(req.state.take_response_headers().len(), 1);

@@ -56,6 +56,9 @@ impl CheckCtx<'_> {
 /// How a plugin compiles one configuration.
 pub type CompileFn = fn(&CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String>;
 
+/// A plugin's own check after its schema.
+pub type CheckFn = fn(&CheckCtx<'_>) -> Result<(), String>;
+
 /// A plugin, defined once. Built in a `static` with [`PluginDef::new`] and struct update.
 pub struct PluginDef {
     pub name: &'static str,
@@ -74,7 +77,7 @@ pub struct PluginDef {
     pub metadata_schema: Option<fn() -> Value>,
     /// A check after the schema, whose error replaces the schema's (the registry prefixes
     /// both with APISIX's `failed to check the configuration of plugin <name> err: `).
-    pub check: Option<fn(&CheckCtx<'_>) -> Result<(), String>>,
+    pub check: Option<CheckFn>,
     /// Fields of the conf stored encrypted (`apisix.data_encryption`), as dotted paths.
     pub encrypt_fields: &'static [&'static str],
     /// The APIs the plugin answers itself (`public-api` serves them).

@@ -145,7 +145,6 @@ pub async fn request_phases(ctx: &mut RequestCtx<'_>, proxying: bool) -> Option<
         global.verdicts(&view),
         route.as_ref().map_or(Verdicts::ALL, |r| r.verdicts(&view)),
     );
-    drop(view);
     run.verdicts = verdicts;
     // Plugins may have changed who the client is (real-ip): the upstream hears it too.
     ctx.remote_addr = run.state.remote_addr();

@@ -511,7 +511,6 @@ mod tests {
             Step::Done(f) => (f, false),
             Step::Wait(_) => (Flow::Continue, true),
         };
-        drop(ctx);
         (flow, delayed, req.state.take_guards())
     }
 
@@ -650,7 +649,6 @@ mod tests {
             Step::Done(f) => f,
             Step::Wait(fut) => fut.await,
         };
-        drop(ctx);
         (flow, req.state.take_guards())
     }
 

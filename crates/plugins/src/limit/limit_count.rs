@@ -689,7 +689,6 @@ mod tests {
         let Step::Done(flow) = lc.access(&mut ctx) else {
             panic!("local is synchronous")
         };
-        drop(ctx);
         (flow, req.state.take_response_headers())
     }
 

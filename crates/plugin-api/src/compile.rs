@@ -2,7 +2,6 @@
 //! the plugin's metadata, the shared services, the upstreams it may send requests to, and the
 //! plugin APIs of the enabled plugins.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -12,58 +11,7 @@ use serde_json::{Map, Value};
 
 use crate::ctx::{Owner, RouteInfo};
 use crate::services::PluginServices;
-
-/// An upstream chosen at compile time, opaque to plugins: the proxy makes it and reads it back
-/// when a plugin sends a request there ([`crate::PluginCtx::choose_upstream`]).
-#[derive(Clone)]
-pub struct UpstreamRef(Arc<dyn Any + Send + Sync>);
-
-impl UpstreamRef {
-    /// The proxy's side: wraps its compiled upstream.
-    pub fn new<T: Any + Send + Sync>(upstream: Arc<T>) -> UpstreamRef {
-        UpstreamRef(upstream)
-    }
-
-    /// The proxy's side: its compiled upstream back.
-    pub fn get<T: Any + Send + Sync>(&self) -> Option<&T> {
-        self.0.downcast_ref()
-    }
-
-    /// Whether both name the same compiled upstream.
-    pub fn same(&self, other: &UpstreamRef) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl fmt::Debug for UpstreamRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("UpstreamRef(..)")
-    }
-}
-
-/// The upstreams a plugin may choose, offered by the proxy while it compiles a snapshot.
-pub trait UpstreamResolver {
-    /// The upstream `/apisix/upstreams/<id>` of the snapshot being compiled.
-    fn upstream_by_id(&self, id: &str) -> Result<UpstreamRef, String>;
-
-    /// An inline upstream definition (traffic-split's `weighted_upstreams[].upstream`),
-    /// validated and compiled as a route's own upstream is.
-    fn compile_inline_upstream(&self, conf: &Value) -> Result<UpstreamRef, String>;
-}
-
-/// A resolver with no upstreams at all (tests, and compiles outside a snapshot).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct NoUpstreams;
-
-impl UpstreamResolver for NoUpstreams {
-    fn upstream_by_id(&self, id: &str) -> Result<UpstreamRef, String> {
-        Err(format!("failed to find upstream by id: {id}"))
-    }
-
-    fn compile_inline_upstream(&self, _conf: &Value) -> Result<UpstreamRef, String> {
-        Err("no upstreams can be compiled here".into())
-    }
-}
+use crate::upstream::UpstreamResolver;
 
 /// What a plugin API answers (APISIX's `api()` handlers).
 #[derive(Clone, Debug)]
@@ -203,6 +151,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::upstream::NoUpstreams;
 
     #[test]
     fn versions_ignore_defaults_order_and_meta() {

@@ -19,36 +19,14 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use ferrisix_config::model::ResourceKind;
 use ferrisix_router::VarSource;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use http_body_util::BodyExt;
 use serde_json::{Map, Value};
 use smallvec::SmallVec;
 
-use crate::compile::UpstreamRef;
+use crate::head::RequestHead;
+use crate::upstream::UpstreamRef;
 use crate::vars::RequestVars;
-
-/// The connection a request arrived on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConnFacts {
-    /// The TCP peer (`$realip_remote_addr`, `$remote_port`).
-    pub peer: SocketAddr,
-    /// The local address (`$server_addr`, `$server_port`).
-    pub local: SocketAddr,
-}
-
-/// The client's request head, as it arrived (its headers are separate: plugins edit them).
-#[derive(Clone, Copy, Debug)]
-pub struct RequestHead<'r> {
-    pub method: &'r Method,
-    /// The raw request target (`$request_uri`, the query).
-    pub uri: &'r Uri,
-    pub version: Version,
-    /// The normalised path (`$uri`).
-    pub path: &'r str,
-    /// `$host`: lower-cased, without the port.
-    pub host: Option<&'r str>,
-    pub conn: &'r ConnFacts,
-}
 
 /// The matched route as plugins see it, built once per snapshot by the proxy.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

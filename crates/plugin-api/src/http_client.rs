@@ -15,7 +15,7 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::services::Executor;
+use crate::exec::Executor;
 
 /// Idle connections kept per `host:port`.
 const IDLE_PER_HOST: usize = 8;

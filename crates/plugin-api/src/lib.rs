@@ -20,10 +20,13 @@
 //! dropped.
 #![forbid(unsafe_code)]
 
+pub mod clock;
 pub mod compile;
 pub mod ctx;
 pub mod def;
+pub mod exec;
 pub mod exit;
+pub mod head;
 pub mod http_client;
 pub mod key;
 pub mod keyed;
@@ -35,25 +38,28 @@ pub mod state;
 pub mod stats;
 pub mod template;
 pub mod testing;
+pub mod upstream;
 pub mod vars;
 
-pub use compile::{
-    ApiAnswer, CompileCtx, NoUpstreams, PluginApi, PluginApis, UpstreamRef, UpstreamResolver,
-};
+pub use clock::Clock;
+pub use compile::{ApiAnswer, ApiHandler, CompileCtx, PluginApi, PluginApis};
 pub use ctx::{
-    BodyError, ConnFacts, Consumer, Owner, PendingBody, PluginCtx, RequestBody, RequestGuards,
-    RequestHead, RequestState, ResponseHeaders, RouteInfo, UpstreamEdits,
+    BodyError, Consumer, Owner, PendingBody, PluginCtx, RequestBody, RequestGuards, RequestState,
+    ResponseHeaders, RouteInfo, UpstreamEdits,
 };
-pub use def::{CheckCtx, PluginDef, PluginKind, RunPolicy, Scope};
+pub use def::{CheckCtx, CheckFn, CompileFn, PluginDef, PluginKind, RunPolicy, Scope};
+pub use exec::Executor;
 pub use exit::Exit;
+pub use head::{ConnFacts, RequestHead};
 pub use http_client::{HttpClient, HttpError};
 pub use key::{KeySpec, KeyValue};
 pub use keyed::{KeyRef, Keyed, OwnedKey, Slot};
 pub use log::{union_var_names, LogCtx, LogNeeds, LogVars, ResponseSource, VarNames};
 pub use plugin::{Flow, PhaseFuture, Phases, Plugin, Step};
 pub use response::{BodyChunk, BodyEdits, BodyFilter, BodyFilters, ResponseHead, WholeBody};
-pub use services::{Clock, Executor, PluginServices, SharedState};
+pub use services::{PluginServices, SharedState};
 pub use state::{Lease, Retain, StateMap};
 pub use stats::{ConnStats, ConnTotals};
 pub use template::Template;
+pub use upstream::{NoUpstreams, UpstreamRef, UpstreamResolver};
 pub use vars::RequestVars;

@@ -12,108 +12,14 @@
 
 use std::any::{Any, TypeId};
 use std::collections::{HashMap, HashSet};
-use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use ferrisix_config::settings::PluginAttr;
 
+use crate::clock::Clock;
+use crate::exec::Executor;
 use crate::http_client::HttpClient;
 use crate::stats::ConnStats;
-
-/// Milliseconds on a monotonic clock and on the wall clock.
-#[derive(Clone, Debug)]
-pub struct Clock(Arc<ClockSource>);
-
-#[derive(Debug)]
-enum ClockSource {
-    System { base: Instant },
-    Manual { mono: AtomicU64, epoch: AtomicU64 },
-}
-
-/// Monotonic readings start here, so 0 never looks like a live deadline.
-const MONO_START_MS: u64 = 1000;
-
-impl Default for Clock {
-    fn default() -> Self {
-        Clock::system()
-    }
-}
-
-impl Clock {
-    /// The system clocks (`clock_gettime` through the vDSO: tens of nanoseconds a reading).
-    pub fn system() -> Clock {
-        Clock(Arc::new(ClockSource::System {
-            base: Instant::now(),
-        }))
-    }
-
-    /// A clock that moves only when told to ([`Clock::advance`]), starting at `epoch_ms`.
-    pub fn manual(epoch_ms: u64) -> Clock {
-        Clock(Arc::new(ClockSource::Manual {
-            mono: AtomicU64::new(MONO_START_MS),
-            epoch: AtomicU64::new(epoch_ms),
-        }))
-    }
-
-    /// Monotonic milliseconds (windows and expiries: immune to wall-clock jumps).
-    pub fn mono_ms(&self) -> u64 {
-        match &*self.0 {
-            ClockSource::System { base } => base.elapsed().as_millis() as u64 + MONO_START_MS,
-            ClockSource::Manual { mono, .. } => mono.load(Ordering::Relaxed),
-        }
-    }
-
-    /// Milliseconds since the epoch (windows aligned to wall-clock multiples, as APISIX's
-    /// `ngx.now()`).
-    pub fn epoch_ms(&self) -> u64 {
-        match &*self.0 {
-            ClockSource::System { .. } => SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
-            ClockSource::Manual { epoch, .. } => epoch.load(Ordering::Relaxed),
-        }
-    }
-
-    /// Moves a manual clock forward; a system clock ignores it.
-    pub fn advance(&self, ms: u64) {
-        if let ClockSource::Manual { mono, epoch } = &*self.0 {
-            mono.fetch_add(ms, Ordering::Relaxed);
-            epoch.fetch_add(ms, Ordering::Relaxed);
-        }
-    }
-}
-
-/// Where background tasks run: a runtime handle the binary passes in, or (tests, tools) the
-/// runtime of whoever spawns.
-#[derive(Clone, Debug, Default)]
-pub struct Executor(Option<tokio::runtime::Handle>);
-
-impl Executor {
-    pub fn new(handle: tokio::runtime::Handle) -> Executor {
-        Executor(Some(handle))
-    }
-
-    /// Spawns on the caller's runtime.
-    pub fn current() -> Executor {
-        Executor(None)
-    }
-
-    /// Runs `fut` detached from the caller: it completes even if the caller goes away.
-    pub fn spawn<F>(&self, fut: F) -> Result<tokio::task::JoinHandle<F::Output>, String>
-    where
-        F: Future + Send + 'static,
-        F::Output: Send + 'static,
-    {
-        match &self.0 {
-            Some(h) => Ok(h.spawn(fut)),
-            None => tokio::runtime::Handle::try_current()
-                .map(|h| h.spawn(fut))
-                .map_err(|_| "no runtime to run background tasks on".to_string()),
-        }
-    }
-}
 
 /// A value shared by every plugin of one gateway, one per type, made on first use.
 pub trait SharedState: Any + Send + Sync {
@@ -213,7 +119,7 @@ impl PluginServices {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
     use super::*;
 

@@ -5,7 +5,8 @@ use std::net::IpAddr;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
 
-use crate::ctx::{ConnFacts, PluginCtx, RequestHead, RequestState, RouteInfo};
+use crate::ctx::{PluginCtx, RequestState, RouteInfo};
+use crate::head::{ConnFacts, RequestHead};
 
 /// A request as the proxy would hold it.
 pub struct TestRequest {

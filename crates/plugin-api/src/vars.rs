@@ -9,7 +9,7 @@ use ferrisix_router::VarSource;
 use http::HeaderMap;
 use percent_encoding::percent_decode_str;
 
-use crate::ctx::RequestHead;
+use crate::head::RequestHead;
 
 /// The variables of one request head.
 #[derive(Clone, Copy)]
@@ -130,7 +130,7 @@ mod tests {
     use http::{HeaderValue, Method, Uri, Version};
 
     use super::*;
-    use crate::ctx::ConnFacts;
+    use crate::head::ConnFacts;
 
     #[test]
     fn nginx_variables() {

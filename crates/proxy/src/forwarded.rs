@@ -9,8 +9,6 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::HeaderMap;
 use ipnet::IpNet;
 
-use crate::gateway::ConnInfo;
-
 /// `real_ip_header`, `real_ip_from`, `real_ip_recursive`.
 #[derive(Clone, Debug)]
 pub struct RealIpConfig {
@@ -101,12 +99,33 @@ pub fn ip_header(ip: IpAddr) -> HeaderValue {
     HeaderValue::from_bytes(&buf[..n]).unwrap_or_else(|_| HeaderValue::from_static("-"))
 }
 
+/// The header values every request of one connection sends upstream, built once per
+/// connection rather than once per request.
+#[derive(Clone, Debug)]
+pub struct ForwardedValues {
+    peer_ip: IpAddr,
+    /// The peer's IP (`X-Real-IP`, `X-Forwarded-For` when the realip rewrite kept it).
+    peer_ip_value: HeaderValue,
+    /// The local port (`X-Forwarded-Port` when the Host header names no other).
+    local_port_value: HeaderValue,
+}
+
+impl ForwardedValues {
+    pub fn new(peer: std::net::SocketAddr, local: std::net::SocketAddr) -> ForwardedValues {
+        ForwardedValues {
+            peer_ip: peer.ip(),
+            peer_ip_value: ip_header(peer.ip()),
+            local_port_value: HeaderValue::from(local.port()),
+        }
+    }
+}
+
 /// The headers sent upstream, Host excepted (set per try).
 pub fn upstream_headers(
     headers: &HeaderMap,
     remote_addr: IpAddr,
     host_value: Option<&HeaderValue>,
-    conn: &ConnInfo,
+    conn: &ForwardedValues,
     websocket: bool,
 ) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(headers.len() + 6);
@@ -122,7 +141,7 @@ pub fn upstream_headers(
             }
         }
     }
-    let remote = if remote_addr == conn.peer().ip() {
+    let remote = if remote_addr == conn.peer_ip {
         conn.peer_ip_value.clone()
     } else {
         ip_header(remote_addr)

@@ -10,7 +10,7 @@ use hyper::body::Incoming;
 
 use crate::access_log::AccessLog;
 use crate::body::ResponseBody;
-use crate::forwarded::{ip_header, RealIpConfig};
+use crate::forwarded::{ForwardedValues, RealIpConfig};
 use crate::log::LogSinks;
 use crate::snapshot::SnapshotHandle;
 
@@ -48,10 +48,8 @@ pub type LegacyAdmin = Arc<
 pub struct ConnInfo {
     pub gateway: Arc<Gateway>,
     pub facts: ConnFacts,
-    /// The peer's IP (`X-Real-IP`, `X-Forwarded-For` when the realip rewrite kept it).
-    pub(crate) peer_ip_value: HeaderValue,
-    /// The local port (`X-Forwarded-Port` when the Host header names no other).
-    pub(crate) local_port_value: HeaderValue,
+    /// What its requests send upstream about it.
+    pub(crate) forwarded: ForwardedValues,
     /// Where the log phases of this connection's requests go.
     pub(crate) log: Arc<LogSinks>,
 }
@@ -73,8 +71,7 @@ impl ConnInfo {
         });
         ConnInfo {
             facts: ConnFacts { peer, local },
-            peer_ip_value: ip_header(peer.ip()),
-            local_port_value: HeaderValue::from(local.port()),
+            forwarded: ForwardedValues::new(peer, local),
             log,
             gateway,
         }

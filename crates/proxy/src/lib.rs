@@ -31,6 +31,7 @@ mod relay;
 mod request_head;
 pub mod responses;
 mod routing;
+mod run;
 pub mod server;
 pub mod snapshot;
 mod upstream;

@@ -6,12 +6,9 @@
 //! Nothing here runs for a request whose route and global rules have no plugins; the request
 //! path then costs what it cost before plugins existed.
 
-use std::sync::Arc;
-
-use bytes::Bytes;
 use ferrisix_plugin_api::{
-    BodyEdits, BodyError, Exit, Flow, LogCtx, LogNeeds, LogVars, Phases, RequestBody, RequestState,
-    ResponseHead, ResponseSource,
+    BodyEdits, BodyError, Exit, Flow, LogCtx, LogVars, Phases, RequestBody, ResponseHead,
+    ResponseSource,
 };
 use ferrisix_plugins::{PluginChain, Verdicts};
 use http::{HeaderMap, Response};
@@ -21,81 +18,7 @@ use crate::body::ResponseBody;
 use crate::ctx::{plugin_view, ClientHead, RequestCtx};
 use crate::log::PendingLog;
 use crate::record::tries;
-use crate::snapshot::CompiledRoute;
-
-/// The plugin side of one request, from routing to the log phase.
-pub struct PluginRun {
-    global: Arc<PluginChain>,
-    /// `None` for a request that matched no route (or whose route ends before its plugins).
-    route: Option<Arc<PluginChain>>,
-    /// Whether the request phases run (not for a route APISIX ends before its plugins).
-    runs: bool,
-    /// What the plugins keep and change of the request.
-    pub state: RequestState,
-    /// The gateway answered itself (exit, 404, no upstream).
-    own_answer: bool,
-    /// `_meta.filter` verdicts for the phases after the response head.
-    verdicts: (Verdicts, Verdicts),
-    /// The request variables the log phase asked for, read while the request was at hand;
-    /// empty (no allocation) when no plugin asked.
-    log_vars: LogVars,
-    /// The request body as read for the log phase, when a plugin asked for it.
-    request_body: Option<Bytes>,
-}
-
-impl PluginRun {
-    /// Global rules for a request that matched no route: `rewrite` and `access` run before
-    /// the 404 (and may answer instead).
-    pub fn unmatched(global: Arc<PluginChain>, remote_addr: std::net::IpAddr) -> PluginRun {
-        PluginRun {
-            global,
-            route: None,
-            runs: true,
-            state: RequestState::new(remote_addr),
-            own_answer: true,
-            verdicts: (Verdicts::ALL, Verdicts::ALL),
-            log_vars: LogVars::default(),
-            request_body: None,
-        }
-    }
-
-    /// The plugins of a matched route; `uri` and `host` index the patterns that matched.
-    pub fn matched(
-        route: &CompiledRoute,
-        uri: Option<u16>,
-        host: Option<u16>,
-        remote_addr: std::net::IpAddr,
-    ) -> PluginRun {
-        let mut state = RequestState::new(remote_addr);
-        state.set_matched(uri, host);
-        PluginRun {
-            global: route.global_chain.clone(),
-            route: route.plugins_run.then(|| route.chain.clone()),
-            runs: route.plugins_run,
-            state,
-            own_answer: !matches!(route.target, crate::snapshot::RouteTarget::Upstream(_)),
-            verdicts: (Verdicts::ALL, Verdicts::ALL),
-            log_vars: LogVars::default(),
-            request_body: None,
-        }
-    }
-
-    fn chains(&self) -> impl Iterator<Item = &PluginChain> {
-        std::iter::once(&*self.global).chain(self.route.as_deref())
-    }
-
-    fn has(&self, phase: Phases) -> bool {
-        self.chains().any(|c| c.has(phase))
-    }
-
-    /// What the chains' log phases read.
-    fn log_needs(&self) -> LogNeeds {
-        match &self.route {
-            Some(r) => self.global.log_needs().union(r.log_needs()),
-            None => self.global.log_needs().clone(),
-        }
-    }
-}
+use crate::run::PluginRun;
 
 /// The request phases: 3.17+ order, global rewrite, route rewrite, global access, route
 /// access, then (when proxying) `before_proxy`. Answers the exit that ends the request, if

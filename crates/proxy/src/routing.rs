@@ -6,7 +6,7 @@ use ferrisix_router::{Method as RouteMethod, RequestInfo};
 
 use crate::client::TryTimeouts;
 use crate::ctx::RequestCtx;
-use crate::phases::PluginRun;
+use crate::run::PluginRun;
 use crate::snapshot::RouteTarget;
 
 /// Where a matched route sends the request.

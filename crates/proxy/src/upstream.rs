@@ -223,7 +223,7 @@ pub async fn proxy(
         &ctx.headers,
         ctx.remote_addr,
         ctx.head.host_value.as_ref(),
-        conn,
+        &conn.forwarded,
         websocket,
     ));
     let uri = upstream_uri(ctx);

@@ -1,0 +1,84 @@
+//! The plugin side of one request: the chains that run for it, the plugins' request state, and
+//! what the response and log phases need of the request phases.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ferrisix_plugin_api::{LogNeeds, LogVars, Phases, RequestState};
+use ferrisix_plugins::{PluginChain, Verdicts};
+
+use crate::snapshot::{CompiledRoute, RouteTarget};
+
+/// The plugin side of one request, from routing to the log phase.
+pub struct PluginRun {
+    pub global: Arc<PluginChain>,
+    /// `None` for a request that matched no route (or whose route ends before its plugins).
+    pub route: Option<Arc<PluginChain>>,
+    /// Whether the request phases run (not for a route APISIX ends before its plugins).
+    pub runs: bool,
+    /// What the plugins keep and change of the request.
+    pub state: RequestState,
+    /// The gateway answered itself (exit, 404, no upstream).
+    pub own_answer: bool,
+    /// `_meta.filter` verdicts for the phases after the response head.
+    pub verdicts: (Verdicts, Verdicts),
+    /// The request variables the log phase asked for, read while the request was at hand;
+    /// empty (no allocation) when no plugin asked.
+    pub log_vars: LogVars,
+    /// The request body as read for the log phase, when a plugin asked for it.
+    pub request_body: Option<Bytes>,
+}
+
+impl PluginRun {
+    /// Global rules for a request that matched no route: `rewrite` and `access` run before
+    /// the 404 (and may answer instead).
+    pub fn unmatched(global: Arc<PluginChain>, remote_addr: std::net::IpAddr) -> PluginRun {
+        PluginRun {
+            global,
+            route: None,
+            runs: true,
+            state: RequestState::new(remote_addr),
+            own_answer: true,
+            verdicts: (Verdicts::ALL, Verdicts::ALL),
+            log_vars: LogVars::default(),
+            request_body: None,
+        }
+    }
+
+    /// The plugins of a matched route; `uri` and `host` index the patterns that matched.
+    pub fn matched(
+        route: &CompiledRoute,
+        uri: Option<u16>,
+        host: Option<u16>,
+        remote_addr: std::net::IpAddr,
+    ) -> PluginRun {
+        let mut state = RequestState::new(remote_addr);
+        state.set_matched(uri, host);
+        PluginRun {
+            global: route.global_chain.clone(),
+            route: route.plugins_run.then(|| route.chain.clone()),
+            runs: route.plugins_run,
+            state,
+            own_answer: !matches!(route.target, RouteTarget::Upstream(_)),
+            verdicts: (Verdicts::ALL, Verdicts::ALL),
+            log_vars: LogVars::default(),
+            request_body: None,
+        }
+    }
+
+    pub fn chains(&self) -> impl Iterator<Item = &PluginChain> {
+        std::iter::once(&*self.global).chain(self.route.as_deref())
+    }
+
+    pub fn has(&self, phase: Phases) -> bool {
+        self.chains().any(|c| c.has(phase))
+    }
+
+    /// What the chains' log phases read.
+    pub fn log_needs(&self) -> LogNeeds {
+        match &self.route {
+            Some(r) => self.global.log_needs().union(r.log_needs()),
+            None => self.global.log_needs().clone(),
+        }
+    }
+}

@@ -98,10 +98,17 @@ impl PluginRegistry {
             .filter(|n| !known(n))
             .cloned()
             .collect();
-        let mut plugins: Vec<PluginInfo> = crate::builtin()
-            .filter(|d| names.is_none_or(|names| names.iter().any(|n| n == d.name)))
-            .map(PluginInfo::new)
-            .collect();
+        let defs = crate::builtin()
+            .filter(|d| names.is_none_or(|names| names.iter().any(|n| n == d.name)));
+        (Self::from_defs(services, defs), unknown)
+    }
+
+    /// A registry of exactly `defs` (plugins of an embedder, test plugins of the API).
+    pub fn from_defs(
+        services: Arc<PluginServices>,
+        defs: impl IntoIterator<Item = &'static PluginDef>,
+    ) -> PluginRegistry {
+        let mut plugins: Vec<PluginInfo> = defs.into_iter().map(PluginInfo::new).collect();
         plugins.sort_by_key(|p| std::cmp::Reverse(p.priority));
         let apis = PluginApis::new(
             plugins
@@ -110,14 +117,11 @@ impl PluginRegistry {
                 .flat_map(|apis| apis(&services))
                 .collect(),
         );
-        (
-            PluginRegistry {
-                plugins: Arc::new(plugins),
-                services,
-                apis,
-            },
-            unknown,
-        )
+        PluginRegistry {
+            plugins: Arc::new(plugins),
+            services,
+            apis,
+        }
     }
 
     /// Every plugin ferrisix implements, with services of its own (tools and tests).
@@ -292,7 +296,11 @@ mod tests {
             "public-api",
             "prometheus",
         ];
-        let seen: Vec<_> = names.iter().filter(|n| known.contains(n)).copied().collect();
+        let seen: Vec<_> = names
+            .iter()
+            .filter(|n| known.contains(n))
+            .copied()
+            .collect();
         assert_eq!(seen, known);
         let priorities: Vec<i64> = r.list().map(|p| p.priority).collect();
         assert!(priorities.windows(2).all(|w| w[0] >= w[1]), "{names:?}");

@@ -270,3 +270,73 @@ fn poll_kind(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use ferrisix_plugin_api::{BodyChunk, BodyFilter};
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    /// Wraps the body and, with `stop`, ends it at the first chunk.
+    struct Wrap {
+        stop: bool,
+        started: bool,
+    }
+
+    impl BodyFilter for Wrap {
+        fn filter(&mut self, chunk: &mut BodyChunk) {
+            let mut out = Vec::new();
+            if !self.started {
+                out.extend_from_slice(b"<");
+                self.started = true;
+            }
+            out.extend_from_slice(&chunk.data);
+            if self.stop {
+                chunk.end = true;
+            }
+            if chunk.end {
+                out.extend_from_slice(b">");
+            }
+            chunk.data = Bytes::from(out);
+        }
+    }
+
+    fn filtered(body: &'static str, stop: bool) -> ResponseBody {
+        let mut b = ResponseBody::full(Bytes::from_static(body.as_bytes()));
+        let mut filters = BodyFilters::default();
+        filters.push(Box::new(Wrap {
+            stop,
+            started: false,
+        }));
+        b.set_filters(filters);
+        b
+    }
+
+    #[tokio::test]
+    async fn filters_run_on_the_way_out() {
+        let b = filtered("abc", false);
+        assert_eq!(b.size_hint().exact(), None, "the length may change");
+        assert_eq!(b.collect().await.unwrap().to_bytes(), "<abc>");
+        // An empty body still gets the end of the stream through the filters.
+        assert_eq!(
+            filtered("", false).collect().await.unwrap().to_bytes(),
+            "<>"
+        );
+        assert_eq!(
+            filtered("abc", true).collect().await.unwrap().to_bytes(),
+            "<abc>"
+        );
+        // Replacing the body: the filters see the replacement.
+        let mut b = filtered("abc", false);
+        b.replace(Bytes::from_static(b"xyz"));
+        assert_eq!(b.collect().await.unwrap().to_bytes(), "<xyz>");
+        // Without filters the length is known.
+        assert_eq!(
+            ResponseBody::full(Bytes::from_static(b"abc"))
+                .size_hint()
+                .exact(),
+            Some(3)
+        );
+    }
+}

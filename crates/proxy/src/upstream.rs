@@ -122,13 +122,10 @@ async fn prepare_body(ctx: &mut RequestCtx<'_>) -> Result<UpstreamBody, ProxyErr
         StreamBody::Ready(b) => b,
         StreamBody::Unread(b) => unread_body(b, ctx.conn.gateway.client_body_timeout).await?,
     };
-    Ok(match limit {
-        Some(max) if body.size_hint().exact().is_some_and(|n| n > max) && body.is_replayable() => {
-            return Err(ErrorKind::BodyTooLarge.into())
-        }
+    match limit {
         Some(max) => body.limit(max),
-        None => body,
-    })
+        None => Ok(body),
+    }
 }
 
 enum StreamBody {

@@ -160,14 +160,21 @@ impl UpstreamBody {
         }
     }
 
-    /// Cuts a streamed body off after `limit` bytes in all (the limit of a buffered one is
-    /// checked before it is sent).
-    pub fn limit(mut self, limit: u64) -> UpstreamBody {
-        if let UpstreamBody::Stream { prefix, left, .. } = &mut self {
-            let sent = prefix.as_ref().map_or(0, |p| p.len() as u64);
-            *left = Some(limit.saturating_sub(sent));
+    /// Holds the body to `limit` bytes in all: what is already read is checked now, the rest
+    /// of a stream is cut off when it passes the limit.
+    pub fn limit(mut self, limit: u64) -> Result<UpstreamBody, ProxyError> {
+        let read = match &self {
+            UpstreamBody::Empty => 0,
+            UpstreamBody::Full(b) => b.as_ref().map_or(0, |b| b.len() as u64),
+            UpstreamBody::Stream { prefix, .. } => prefix.as_ref().map_or(0, |p| p.len() as u64),
+        };
+        if read > limit {
+            return Err(ErrorKind::BodyTooLarge.into());
         }
-        self
+        if let UpstreamBody::Stream { left, .. } = &mut self {
+            *left = Some(limit - read);
+        }
+        Ok(self)
     }
 
     /// A copy for another try, when the body can be replayed.
@@ -264,5 +271,60 @@ impl Body for UpstreamBody {
                 hint
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    /// A client body of ready chunks.
+    struct Chunks(std::collections::VecDeque<Bytes>);
+
+    impl Body for Chunks {
+        type Data = Bytes;
+        type Error = BodyError;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+            Poll::Ready(self.get_mut().0.pop_front().map(|b| Ok(Frame::data(b))))
+        }
+    }
+
+    fn stream(prefix: &'static str, chunks: &[&'static str]) -> UpstreamBody {
+        let body: PendingBody = Box::pin(Chunks(
+            chunks
+                .iter()
+                .map(|c| Bytes::from_static(c.as_bytes()))
+                .collect(),
+        ));
+        UpstreamBody::stream_after(
+            Some(Bytes::from_static(prefix.as_bytes())),
+            StreamSource::Pending(body),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_limit_cuts_a_stream_off_and_says_so() {
+        let body = stream("ab", &["cd", "ef"]).limit(6).unwrap();
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "abcdef");
+
+        let body = stream("ab", &["cd", "ef"]).limit(5).unwrap();
+        let progress = body.progress().unwrap();
+        assert!(body.collect().await.is_err());
+        assert!(progress.too_large());
+
+        // What was read already is checked at once.
+        assert!(stream("abcdef", &[]).limit(5).is_err());
+        assert!(UpstreamBody::full(Bytes::from_static(b"abcdef"))
+            .limit(5)
+            .is_err());
+        assert!(UpstreamBody::full(Bytes::from_static(b"abc"))
+            .limit(5)
+            .is_ok());
     }
 }

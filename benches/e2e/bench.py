@@ -9,8 +9,13 @@ nginx proxy_pass (1 worker, upstream keepalive, buffered access log) each proxy 
 For every run it reads req/s and latency from wrk and the proxy's CPU time (user+sys of all its
 processes, from /proc) and reports medians and ratios against nginx as a markdown table and JSON.
 
+With --baseline BINARY a second ferrisix (another build, e.g. the commit before a change)
+runs beside the first on ports 9082/9182 and is measured interleaved with it in the same
+rounds: the A/B figures come from one run.
+
 Usage: benches/e2e/bench.py [--rounds 3] [--duration 5] [--connections 16] [--threads 2]
                             [--scenarios s1,s2] [--json out.json] [--markdown out.md]
+                            [--baseline BINARY]
                             [--apisix URL --apisix-admin URL --apisix-key KEY]
 """
 
@@ -35,6 +40,8 @@ UPSTREAM_PORT = 1980
 FERRISIX_PORT = 9080
 FERRISIX_ADMIN = 9180
 NGINX_PROXY_PORT = 9081
+BASELINE_PORT = 9082
+BASELINE_ADMIN = 9182
 
 S2_PLUGINS = {
     "limit-count": {
@@ -160,20 +167,22 @@ http {{
     return p
 
 
-def start_ferrisix(work, cores, binary):
+def start_ferrisix(work, cores, binary, port=FERRISIX_PORT, admin=FERRISIX_ADMIN, name="ferrisix"):
+    work = os.path.join(work, name)
+    os.makedirs(work, exist_ok=True)
     conf = os.path.join(work, "config.yaml")
     with open(conf, "w") as f:
         f.write(f"""
 apisix:
   node_listen:
     - ip: 127.0.0.1
-      port: {FERRISIX_PORT}
+      port: {port}
 deployment:
   role: traditional
   role_traditional:
     config_provider: embedded
   admin:
-    admin_listen: {{ip: 127.0.0.1, port: {FERRISIX_ADMIN}}}
+    admin_listen: {{ip: 127.0.0.1, port: {admin}}}
     admin_key:
       - name: admin
         key: benchmark-admin-key
@@ -187,8 +196,8 @@ ferrisix:
 """)
     p = subprocess.Popen(taskset_prefix(cores) + [binary, "-c", conf], cwd=work,
                          stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "ferrisix.log"), "w"))
-    wait_port(FERRISIX_PORT)
-    wait_port(FERRISIX_ADMIN)
+    wait_port(port)
+    wait_port(admin)
     return p
 
 
@@ -259,6 +268,7 @@ def main():
     ap.add_argument("--binary", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")),
                                                      "release", "ferrisix"))
     ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--baseline", help="a second ferrisix binary measured interleaved with the first (A/B)")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     ap.add_argument("--apisix", help="data URL of a running APISIX to add as a third target")
@@ -289,11 +299,19 @@ def main():
         idle_rss = rss_kib(fx.pid)
         admin = f"http://127.0.0.1:{FERRISIX_ADMIN}"
         targets = [("nginx", NGINX_PROXY_PORT, ngx_pids), ("ferrisix", FERRISIX_PORT, [fx.pid])]
+        admins = [admin]
+        if args.baseline:
+            fb = start_ferrisix(work, cores["proxy"], args.baseline, BASELINE_PORT, BASELINE_ADMIN,
+                                "ferrisix-baseline")
+            procs.append(fb)
+            targets.append(("ferrisix-baseline", BASELINE_PORT, [fb.pid]))
+            admins.append(f"http://127.0.0.1:{BASELINE_ADMIN}")
 
         results = {}
         for scenario in args.scenarios.split(","):
             plugins = {} if scenario == "s1" else S2_PLUGINS
-            put_route(admin, "benchmark-admin-key", plugins)
+            for a in admins:
+                put_route(a, "benchmark-admin-key", plugins)
             if args.apisix and args.apisix_admin and args.apisix_key:
                 put_route(args.apisix_admin, args.apisix_key, plugins)
             time.sleep(1 if scenario == "s1" else 3)
@@ -377,6 +395,11 @@ def render_markdown(report):
     if s1 and s2:
         lines.append("")
         lines.append(f"s2 / s1 CPU per request (ferrisix): {s2['cpu_us_per_req'] / s1['cpu_us_per_req']:.2f}×")
+    for scenario, targets in res.items():
+        a, b = targets.get("ferrisix"), targets.get("ferrisix-baseline")
+        if a and b:
+            lines.append(f"{scenario} A/B CPU per request: {a['cpu_us_per_req']:.2f} vs baseline "
+                         f"{b['cpu_us_per_req']:.2f} µs ({(a['cpu_us_per_req'] / b['cpu_us_per_req'] - 1) * 100:+.1f}%)")
     return "\n".join(lines) + "\n"
 
 

@@ -45,6 +45,8 @@ pub struct ConnTotals {
     pub requests: u64,
 }
 
+/// This thread's shard: threads are spread over the shards in the order they first count
+/// (only the spreading is process-wide; every gateway's counts are its own).
 fn shard_index() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {

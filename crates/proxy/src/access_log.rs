@@ -12,7 +12,8 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderValue, Method, Uri, Version};
@@ -75,6 +76,8 @@ pub struct AccessLog {
     segments: Vec<Segment>,
     /// Header names the format reads, in capture order.
     headers: Vec<http::HeaderName>,
+    /// A failed write was reported (once per log, not once per line).
+    warned: AtomicBool,
 }
 
 /// What one request leaves for its log line (what happened upstream is in its
@@ -169,6 +172,7 @@ impl AccessLog {
             sink,
             segments,
             headers,
+            warned: AtomicBool::new(false),
         }
     }
 
@@ -358,8 +362,7 @@ impl WorkerBuffer {
             }
         };
         if let Err(e) = result {
-            static WARNED: OnceLock<()> = OnceLock::new();
-            if WARNED.set(()).is_ok() {
+            if !log.warned.swap(true, Ordering::Relaxed) {
                 tracing::warn!(error = %e, "access log write failed");
             }
         }

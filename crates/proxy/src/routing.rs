@@ -25,16 +25,17 @@ pub fn route(ctx: &mut RequestCtx<'_>) -> Option<Matched> {
     let snapshot = ctx.conn.gateway.snapshot.load();
     let wants_id = ctx.log.record.is_some();
     let found = {
-        let vars = RequestVars {
-            head: &ctx.head.as_request_head(&ctx.conn.facts),
-            headers: &ctx.headers,
-            remote_addr: ctx.remote_addr,
-        };
+        let head = ctx.head.as_request_head(&ctx.conn.facts);
         let info = RequestInfo {
-            path: ctx.head.path(),
-            host: ctx.head.host(),
+            path: head.path,
+            host: head.host,
             host_header: ctx.head.host_value.as_ref().and_then(|v| v.to_str().ok()),
             method: RouteMethod::from_bytes(ctx.head.method.as_str().as_bytes()),
+            remote_addr: ctx.remote_addr,
+        };
+        let vars = RequestVars {
+            head: &head,
+            headers: &ctx.headers,
             remote_addr: ctx.remote_addr,
         };
         // Only what the rest of the request needs is taken from the match: a route without

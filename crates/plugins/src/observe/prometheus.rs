@@ -11,7 +11,7 @@
 //!
 //! `plugin_attr.prometheus.metrics.<name>.extra_labels` add labels whose values are request
 //! variables read at log time (the plugin asks the proxy for just those variables through
-//! [`Plugin::log_vars`]); `.expire` drops series not updated for that many seconds. Both cost
+//! [`Plugin::log_needs`]); `.expire` drops series not updated for that many seconds. Both cost
 //! nothing when they are not configured.
 
 use std::fmt::Write as _;

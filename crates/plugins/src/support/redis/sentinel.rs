@@ -116,7 +116,7 @@ pub(crate) fn not_run(e: &redis::RedisError) -> bool {
 }
 
 /// The connections of a `redis-sentinel` target: a [`SinglePool`] to the address the sentinels
-/// named, kept until it fails as [`master_lost`] says, then resolved again.
+/// named, kept until it fails as `master_lost` says, then resolved again.
 /// APISIX asks the sentinels on every request; ferrisix keeps the answer until a failure shows
 /// it stale, which follows a failover the same way without a sentinel round trip per request.
 pub struct SentinelPool {

@@ -87,8 +87,6 @@ impl fmt::Debug for Step<'_> {
 /// One plugin configuration compiled for one route. Every phase has a no-op default; a plugin
 /// lists the phases it implements in [`Plugin::phases`] so chains skip the others.
 pub trait Plugin: Send + Sync + 'static {
-    fn name(&self) -> &'static str;
-
     fn phases(&self) -> Phases;
 
     /// What `log` reads besides the fixed facts of [`LogCtx`], fixed at compile time so the

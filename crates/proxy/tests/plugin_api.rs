@@ -41,10 +41,6 @@ fn schema() -> Value {
 struct Edit;
 
 impl Plugin for Edit {
-    fn name(&self) -> &'static str {
-        "t-edit"
-    }
-
     fn phases(&self) -> Phases {
         Phases::REWRITE
     }
@@ -69,10 +65,6 @@ static EDIT: PluginDef = PluginDef::new("t-edit", 3000, schema, |_| Ok(Arc::new(
 struct ReadBody;
 
 impl Plugin for ReadBody {
-    fn name(&self) -> &'static str {
-        "t-body"
-    }
-
     fn phases(&self) -> Phases {
         Phases::ACCESS
     }
@@ -97,10 +89,6 @@ static READ_BODY: PluginDef = PluginDef::new("t-body", 2900, schema, |_| Ok(Arc:
 struct Limit(u64);
 
 impl Plugin for Limit {
-    fn name(&self) -> &'static str {
-        "t-limit"
-    }
-
     fn phases(&self) -> Phases {
         Phases::ACCESS
     }
@@ -120,10 +108,6 @@ static LIMIT: PluginDef = PluginDef::new("t-limit", 2800, schema, |cx| {
 struct Choose(UpstreamRef);
 
 impl Plugin for Choose {
-    fn name(&self) -> &'static str {
-        "t-choose"
-    }
-
     fn phases(&self) -> Phases {
         Phases::ACCESS
     }
@@ -146,10 +130,6 @@ static CHOOSE: PluginDef = PluginDef::new("t-choose", 2700, schema, compile_choo
 struct ExitWith;
 
 impl Plugin for ExitWith {
-    fn name(&self) -> &'static str {
-        "t-exit"
-    }
-
     fn phases(&self) -> Phases {
         Phases::ACCESS
     }
@@ -182,10 +162,6 @@ impl BodyFilter for Upper {
 struct Filter;
 
 impl Plugin for Filter {
-    fn name(&self) -> &'static str {
-        "t-filter"
-    }
-
     fn phases(&self) -> Phases {
         Phases::HEADER_FILTER
     }
@@ -211,10 +187,6 @@ static LOGGED: Mutex<Vec<LogCtx>> = Mutex::new(Vec::new());
 struct Log;
 
 impl Plugin for Log {
-    fn name(&self) -> &'static str {
-        "t-log"
-    }
-
     fn phases(&self) -> Phases {
         Phases::LOG
     }

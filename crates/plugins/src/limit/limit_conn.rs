@@ -451,10 +451,6 @@ impl LimitConn {
 }
 
 impl Plugin for LimitConn {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
     /// `log` is the guard's drop (see the module docs), so only `access` is run by chains.
     fn phases(&self) -> Phases {
         Phases::ACCESS

@@ -449,10 +449,6 @@ fn number_value(n: u64) -> HeaderValue {
 }
 
 impl Plugin for LimitCount {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
     fn phases(&self) -> Phases {
         Phases::ACCESS
     }

@@ -303,10 +303,6 @@ impl LimitReq {
 }
 
 impl Plugin for LimitReq {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
     fn phases(&self) -> Phases {
         Phases::ACCESS
     }

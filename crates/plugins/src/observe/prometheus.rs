@@ -862,10 +862,6 @@ impl Prometheus {
 }
 
 impl Plugin for Prometheus {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
     fn phases(&self) -> Phases {
         Phases::LOG
     }

@@ -42,10 +42,6 @@ pub struct PublicApi {
 }
 
 impl Plugin for PublicApi {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
     fn phases(&self) -> Phases {
         Phases::ACCESS
     }

@@ -120,10 +120,6 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
 }
 
 impl Plugin for Echo {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
     fn phases(&self) -> Phases {
         Phases::HEADER_FILTER
     }

@@ -100,6 +100,9 @@ impl AdminApi {
                 if let Some(scope) = p.scope {
                     info.insert("scope".into(), json!(scope));
                 }
+                if let Some(kind) = p.plugin_type {
+                    info.insert("type".into(), json!(kind));
+                }
                 all.insert(p.name.to_string(), lua_view(Value::Object(info)));
             }
             return Reply::json(StatusCode::OK, Value::Object(all));

@@ -167,7 +167,8 @@ http {{
     return p
 
 
-def start_ferrisix(work, cores, binary, port=FERRISIX_PORT, admin=FERRISIX_ADMIN, name="ferrisix"):
+def start_ferrisix(work, cores, binary, port=FERRISIX_PORT, admin=FERRISIX_ADMIN, name="ferrisix",
+                   aside=False):
     work = os.path.join(work, name)
     os.makedirs(work, exist_ok=True)
     conf = os.path.join(work, "config.yaml")
@@ -177,6 +178,7 @@ apisix:
   node_listen:
     - ip: 127.0.0.1
       port: {port}
+{"  enable_control: false" if aside else ""}
 deployment:
   role: traditional
   role_traditional:
@@ -193,6 +195,7 @@ nginx_config:
     access_log: {work}/ferrisix-access.log
 ferrisix:
   data_dir: {work}/data
+{"plugin_attr: {prometheus: {export_addr: {ip: 127.0.0.1, port: 9093}}}" if aside else ""}
 """)
     p = subprocess.Popen(taskset_prefix(cores) + [binary, "-c", conf], cwd=work,
                          stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "ferrisix.log"), "w"))
@@ -301,8 +304,9 @@ def main():
         targets = [("nginx", NGINX_PROXY_PORT, ngx_pids), ("ferrisix", FERRISIX_PORT, [fx.pid])]
         admins = [admin]
         if args.baseline:
+            # Its control API and metrics export move aside so both can run at once.
             fb = start_ferrisix(work, cores["proxy"], args.baseline, BASELINE_PORT, BASELINE_ADMIN,
-                                "ferrisix-baseline")
+                                "ferrisix-baseline", aside=True)
             procs.append(fb)
             targets.append(("ferrisix-baseline", BASELINE_PORT, [fb.pid]))
             admins.append(f"http://127.0.0.1:{BASELINE_ADMIN}")

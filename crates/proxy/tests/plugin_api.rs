@@ -323,6 +323,7 @@ fn start(routes: Vec<Value>, upstreams: Vec<Value>) -> Running {
         access_log: Arc::new(AccessLog::new(LogSink::Off, "")),
         stats: services.conn_stats().clone(),
         legacy_admin: None,
+        client_body_timeout: Duration::from_secs(60),
     });
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -338,7 +339,11 @@ fn start(routes: Vec<Value>, upstreams: Vec<Value>) -> Running {
             workers: 1,
             model: WorkerModel::PerCore,
             shutdown_timeout: Duration::from_secs(1),
-            header_timeout: Duration::from_secs(5),
+            limits: ferrisix_net::ConnLimits {
+                header_timeout: Duration::from_secs(5),
+                keepalive_timeout: Duration::from_secs(60),
+                send_timeout: Duration::from_secs(60),
+            },
         },
         rx,
     )

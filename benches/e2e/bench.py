@@ -219,6 +219,8 @@ def put_route(admin, key, plugins):
 def parse_wrk(text):
     def dur(v):
         m = re.match(r"([\d.]+)(us|ms|s|m)", v)
+        if not m:
+            return None  # wrk prints `-nan` and the like when a run has no sample
         n, unit = float(m.group(1)), m.group(2)
         # Rounded to the microsecond, so 827us is 0.827 ms rather than 0.8270000000000001.
         return round(n * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit], 3)
@@ -334,7 +336,7 @@ def main():
                     r = measure(name, port, pids, args, cores["wrk"])
                     runs[name].append(r)
                     print(f"{scenario} round {rnd + 1} {name}: {r['rps']:.0f} req/s, "
-                          f"{r['cpu_us_per_req']:.1f} us CPU/req, mean {r['mean_ms']:.3f} ms, "
+                          f"{r['cpu_us_per_req']:.1f} us CPU/req, mean {r['mean_ms'] or 0:.3f} ms, "
                           f"p99 {r['p99_ms']} ms, non-2xx {r['non2xx']}", file=sys.stderr)
                     time.sleep(1)
             results[scenario] = {

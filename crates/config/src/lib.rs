@@ -6,7 +6,9 @@
 //! that fails validation is reported on its own and never blocks the others.
 #![forbid(unsafe_code)]
 
+pub mod encrypt;
 pub mod model;
+pub mod pem;
 pub mod provider;
 pub mod schema;
 pub mod settings;

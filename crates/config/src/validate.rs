@@ -25,7 +25,7 @@ mod convert;
 
 pub use convert::{
     global_rule_from_value, plugin_config_from_value, route_from_value, service_from_value,
-    upstream_from_value,
+    ssl_from_value, upstream_from_value,
 };
 
 /// Checks one plugin's configuration. Implementations return APISIX's full message:
@@ -263,6 +263,21 @@ fn truthy(v: Option<&Value>) -> bool {
     !matches!(v, None | Some(Value::Bool(false)))
 }
 
+/// `$secret://...` and `$env://...` references are resolved at use, not checked on write.
+fn is_secret_ref(s: &str) -> bool {
+    s.starts_with("$secret://") || s.to_ascii_uppercase().starts_with("$ENV://")
+}
+
+/// APISIX's `apisix_ssl.validate(cert, key)`. A key that is not PEM is taken as encrypted
+/// with the keyring (APISIX decrypts it first); it is parsed when the data plane decrypts it.
+fn check_pem_pair(cert: &str, key: Option<&str>) -> Result<(), String> {
+    crate::pem::parse_certs(cert).map_err(|e| format!("failed to parse cert: {e}"))?;
+    if let Some(key) = key.filter(|k| k.starts_with("---")) {
+        crate::pem::parse_key(key).map_err(|e| format!("failed to parse key: {e}"))?;
+    }
+    Ok(())
+}
+
 /// An id as Lua's string concatenation prints it.
 pub(crate) fn id_text(v: &Value) -> String {
     match v {
@@ -373,7 +388,12 @@ impl Checker<'_> {
             return Err("`upstream_host` can't be empty when `pass_host` is `rewrite`".to_string());
         }
 
-        // The client certificate and key are not parsed here; they are used as written.
+        if let Some(tls) = conf.get("tls") {
+            if let Some(Value::String(cert)) = tls.get("client_cert") {
+                let key = tls.get("client_key").and_then(Value::as_str);
+                check_pem_pair(cert, key)?;
+            }
+        }
 
         if conf.get("type").and_then(Value::as_str) != Some("chash") {
             return Ok(());
@@ -414,19 +434,41 @@ impl Checker<'_> {
         Ok(())
     }
 
+    /// APISIX's `check_ssl_conf`: the schema, the certificate and key, then the extra pairs
+    /// (numbered from 1) and the client CA. A key that does not belong to its certificate is
+    /// accepted, as APISIX accepts it; the handshake fails later (and says so in the log).
     fn ssl(&self, conf: &mut Value) -> Result<(), String> {
         schema_check(schema::resource_schema(ResourceKind::Ssls), conf)?;
-        // Certificates and keys are not parsed here (no TLS library in this crate).
+        let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_owned);
+        if let Some(cert) = text(conf.get("cert")) {
+            let key = text(conf.get("key"));
+            if !is_secret_ref(&cert) && !key.as_deref().is_some_and(is_secret_ref) {
+                check_pem_pair(&cert, key.as_deref())?;
+            }
+        }
         if conf.get("type").and_then(Value::as_str) == Some("client") {
             return Ok(());
         }
-        let count = |field: &str| {
+        let list = |field: &str| -> Vec<String> {
             conf.get(field)
                 .and_then(Value::as_array)
-                .map_or(0, Vec::len)
+                .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+                .unwrap_or_default()
         };
-        if count("certs") != count("keys") {
+        let (certs, keys) = (list("certs"), list("keys"));
+        if certs.len() != keys.len() {
             return Err("mismatched number of certs and keys".to_string());
+        }
+        for (i, (cert, key)) in certs.iter().zip(&keys).enumerate() {
+            if !is_secret_ref(cert) && !is_secret_ref(key) {
+                check_pem_pair(cert, Some(key))
+                    .map_err(|e| format!("failed to handle cert-key pair[{}]: {e}", i + 1))?;
+            }
+        }
+        if let Some(ca) = text(conf.get("client").and_then(|c| c.get("ca"))) {
+            if !is_secret_ref(&ca) {
+                check_pem_pair(&ca, None).map_err(|e| format!("failed to validate client_cert: {e}"))?;
+            }
         }
         Ok(())
     }

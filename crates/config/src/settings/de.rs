@@ -123,6 +123,20 @@ impl<'de> Deserialize<'de> for ListenEntry {
     }
 }
 
+/// A string or a list of strings (APISIX accepts `keyring: key` for `keyring: [key]`).
+pub(crate) fn string_or_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
+}
+
 /// `apisix.node_listen`: one port, or a list of ports / `"ip:port"` / maps.
 pub(crate) fn node_listen<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ListenAddr>, D::Error> {
     struct V;

@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 use super::{check_in_place, id_text, PluginCheck, ValidationError};
 use crate::model::{
     GlobalRule, KeepalivePool, LbType, Node, PassHost, PluginConfig, ResourceKind, Route, Scheme,
-    Service, Timeout, Upstream,
+    Service, Ssl, SslClient, SslType, Timeout, Upstream,
 };
 use crate::schema::lua;
 
@@ -103,6 +103,64 @@ pub fn global_rule_from_value(
     Ok(GlobalRule {
         id: id.to_string(),
         plugins: object(conf.get("plugins")),
+    })
+}
+
+/// Decrypts a stored ssl's keys with `keyring`, validates it (the certificate and keys must
+/// parse) and converts it. A key that does not belong to its certificate passes, as in APISIX.
+pub fn ssl_from_value(
+    id: &str,
+    v: &Value,
+    keyring: &crate::encrypt::Keyring,
+) -> Result<Ssl, ValidationError> {
+    let mut plain = v.clone();
+    keyring
+        .decrypt_ssl(&mut plain)
+        .map_err(|e| ValidationError::from(format!("failed to decrypt previous encrypted key: {e}")))?;
+    let conf = checked(ResourceKind::Ssls, None, &plain, &super::AcceptAnyPlugin)?;
+    let text = |k: &str| conf.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+    let list = |k: &str| -> Vec<String> {
+        conf.get(k)
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+            .unwrap_or_default()
+    };
+    // APISIX's ssl_filter: a trailing dot goes, names are lower-cased.
+    let norm = |s: &str| s.strip_suffix('.').unwrap_or(s).to_ascii_lowercase();
+    let (snis, sni_list) = match conf.get("snis").and_then(Value::as_array) {
+        Some(a) if !a.is_empty() => (
+            a.iter().filter_map(Value::as_str).map(norm).collect(),
+            true,
+        ),
+        _ => (
+            conf.get("sni").and_then(Value::as_str).map(norm).into_iter().collect(),
+            false,
+        ),
+    };
+    let client = conf.get("client").filter(|c| c.is_object()).map(|c| SslClient {
+        ca: c.get("ca").and_then(Value::as_str).unwrap_or("").to_owned(),
+        depth: c.get("depth").and_then(Value::as_u64).unwrap_or(1) as u32,
+        skip_mtls_uri_regex: c
+            .get("skip_mtls_uri_regex")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+            .unwrap_or_default(),
+    });
+    Ok(Ssl {
+        id: id.to_string(),
+        ssl_type: match conf.get("type").and_then(Value::as_str) {
+            Some("client") => SslType::Client,
+            _ => SslType::Server,
+        },
+        cert: text("cert"),
+        key: text("key"),
+        certs: list("certs"),
+        keys: list("keys"),
+        snis,
+        sni_list,
+        client,
+        enabled: conf.get("status").and_then(Value::as_i64) != Some(0),
+        ssl_protocols: conf.get("ssl_protocols").map(|_| list("ssl_protocols")),
     })
 }
 

@@ -13,6 +13,7 @@ use ferrisix_config::state::ConfigState;
 use ferrisix_config::validate;
 use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::access_log::{AccessLog, LogSink};
+use ferrisix_proxy::server::{Http2Limits, TlsListen};
 use ferrisix_proxy::{
     CompileOptions, Gateway, RealIpConfig, ServerOptions, SnapshotHandle, WorkerModel,
 };
@@ -71,6 +72,10 @@ pub fn load_settings(args: &Args) -> Result<Settings, String> {
 /// `ferrisix -t`: like `nginx -t`, reports every problem and exits 0 or 1.
 pub fn check(settings: &Settings) -> ExitCode {
     let mut failed = false;
+    if let Err(e) = ferrisix_tls::TlsSettings::new(&settings.apisix.ssl, &settings.config_dir()) {
+        eprintln!("ferrisix: {e}");
+        failed = true;
+    }
     if let Some(format) = settings.provider().file_format() {
         let path = settings.standalone_file();
         match std::fs::read_to_string(&path)
@@ -112,14 +117,21 @@ pub fn check(settings: &Settings) -> ExitCode {
     }
 }
 
-pub fn compile_options(settings: &Settings) -> CompileOptions {
-    CompileOptions {
+/// Fails when `apisix.ssl` cannot be used (an unknown cipher name, an unreadable
+/// `ssl_trusted_certificate` ...), with the key's name.
+pub fn compile_options(settings: &Settings) -> Result<CompileOptions, String> {
+    let tls = ferrisix_tls::TlsSettings::new(&settings.apisix.ssl, &settings.config_dir())?;
+    Ok(CompileOptions {
         router: match settings.apisix.router.http {
             HttpRouter::RadixtreeHostUri => RouterKind::HostUri,
             HttpRouter::RadixtreeUri => RouterKind::Uri,
             HttpRouter::RadixtreeUriWithParameter => RouterKind::UriWithParameter,
         },
-    }
+        tls: Arc::new(ferrisix_tls::TlsContext::new(
+            tls,
+            settings.apisix.data_encryption.keyring(),
+        )),
+    })
 }
 
 pub fn gateway(settings: &Settings, snapshot: SnapshotHandle) -> Gateway {
@@ -170,6 +182,30 @@ pub fn server_options(settings: &Settings) -> ServerOptions {
         model,
         shutdown_timeout: settings.nginx_config.worker_shutdown_timeout,
         header_timeout: settings.nginx_config.http.client_header_timeout,
+        tls_listen: if settings.apisix.ssl.enable {
+            settings
+                .apisix
+                .ssl
+                .listen
+                .iter()
+                .map(|l| TlsListen {
+                    addr: SocketAddr::new(l.ip, l.port),
+                    http2: l.enable_http2,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        },
+        http2: {
+            let h = settings.ferrisix.http2;
+            Http2Limits {
+                max_concurrent_streams: h.max_concurrent_streams,
+                max_header_list_size: h.max_header_list_size,
+                initial_stream_window_size: h.initial_stream_window_size,
+                initial_connection_window_size: h.initial_connection_window_size,
+                max_frame_size: h.max_frame_size,
+            }
+        },
     }
 }
 

@@ -67,8 +67,8 @@ fn run(mut settings: Settings) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the control runtime: {e}"))?;
-    let options = cli::compile_options(&settings);
-    let handle = snapshot::new_handle(options);
+    let options = cli::compile_options(&settings)?;
+    let handle = snapshot::new_handle(&options);
 
     let source = control.block_on(sources::open(&settings))?;
     let states = source.states.clone();
@@ -88,7 +88,7 @@ fn run(mut settings: Settings) -> Result<(), String> {
     handle.store(Arc::new(snapshot::Snapshot::compile(
         &first,
         &handle.load(),
-        options,
+        &options,
         plugins.as_ref(),
     )));
     control.spawn(snapshot::follow(states, handle.clone(), options, plugins));

@@ -228,7 +228,8 @@ pub async fn start_admin(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("cannot listen on {addr} for the Admin API: {e}"))?;
-    let options = AdminOptions::from_settings(&settings.deployment.admin);
+    let mut options = AdminOptions::from_settings(&settings.deployment.admin);
+    options.keyring = settings.apisix.data_encryption.keyring();
     let config_path = settings.source.clone();
     let hook: ferrisix_admin::ReloadHook = Arc::new(move || {
         // `PUT /plugins/reload` re-reads the plugin list from config.yaml, as APISIX does.

@@ -136,10 +136,11 @@ pub fn start_proxy(route_json: &str, upstream_port: u16) -> Proxy {
     let settings = Settings::default();
     let options = CompileOptions {
         router: RouterKind::HostUri,
+        ..CompileOptions::default()
     };
     let (registry, _) = PluginRegistry::enabled(settings.plugins.as_deref());
-    let handle = snapshot::new_handle(options);
-    let compiled = Snapshot::compile(&state, &handle.load(), options, &registry);
+    let handle = snapshot::new_handle(&options);
+    let compiled = Snapshot::compile(&state, &handle.load(), &options, &registry);
     assert!(
         compiled.quarantine.is_empty() && compiled.router.len() == 1,
         "route refused: {:?}",
@@ -178,6 +179,8 @@ pub fn start_proxy(route_json: &str, upstream_port: u16) -> Proxy {
             model: WorkerModel::PerCore,
             shutdown_timeout: Duration::from_secs(1),
             header_timeout: http.client_header_timeout,
+            tls_listen: Vec::new(),
+            http2: Default::default(),
         };
         match ferrisix_proxy::server::start(gateway.clone(), options, shutdown_rx) {
             Ok(server) => {

@@ -53,6 +53,9 @@ pub struct AdminOptions {
     pub server: String,
     /// `apisix.proxy_mode` includes `stream`: stream routes may be managed.
     pub stream_mode: bool,
+    /// `apisix.data_encryption.keyring`: ssl keys and upstream client keys are stored
+    /// encrypted with it, as APISIX stores them.
+    pub keyring: ferrisix_config::encrypt::Keyring,
 }
 
 impl Default for AdminOptions {
@@ -71,6 +74,7 @@ impl AdminOptions {
             body_limit: MAX_BODY,
             server: concat!("ferrisix/", env!("CARGO_PKG_VERSION")).to_string(),
             stream_mode: false,
+            keyring: ferrisix_config::encrypt::Keyring::apisix_default(),
         }
     }
 }

@@ -112,6 +112,8 @@ pub struct ConnInfo {
     peer_ip_value: HeaderValue,
     /// The local port (`X-Forwarded-Port` when the Host header names no other).
     local_port_value: HeaderValue,
+    /// The TLS session, on the HTTPS listeners (`$scheme` is then `https`).
+    pub tls: Option<Arc<ferrisix_tls::TlsConnInfo>>,
 }
 
 impl ConnInfo {
@@ -121,6 +123,22 @@ impl ConnInfo {
             local,
             peer_ip_value: ip_header(peer.ip()),
             local_port_value: HeaderValue::from(local.port()),
+            tls: None,
+        }
+    }
+
+    /// A connection that arrived over TLS.
+    pub fn with_tls(mut self, tls: ferrisix_tls::TlsConnInfo) -> ConnInfo {
+        self.tls = Some(Arc::new(tls));
+        self
+    }
+
+    /// `$scheme`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
         }
     }
 }
@@ -317,6 +335,15 @@ impl Gateway {
         };
 
         let snapshot = self.snapshot.load();
+        if let Some(tls) = &conn.tls {
+            // APISIX's verify_https_client runs before routing and answers 400.
+            if let Err(reason) =
+                ferrisix_tls::mtls::check_request(tls, &snapshot.tls, &path, host.as_deref())
+            {
+                tracing::error!(client = %conn.peer, "{reason}");
+                return responses::error_page(StatusCode::BAD_REQUEST, server);
+            }
+        }
         let vars = RequestVars {
             parts,
             uri: &path,
@@ -549,7 +576,7 @@ impl Gateway {
                 }
             }
             if let Some(r) = record.as_deref_mut() {
-                r.upstream_host = upstream_host;
+                r.upstream_host = upstream_host.clone();
             }
             // Keep a copy when a failed try could still be replayed on another node.
             let spare = (more_tries_left && replayable).then(|| req_headers.clone());
@@ -562,11 +589,31 @@ impl Gateway {
                 None
             };
 
-            let key = PoolKey { addr };
-            let mut attempt = Some(build_request(&parts.method, &uri, req_headers, req_body));
+            let key = PoolKey {
+                addr,
+                tls: upstream.tls.as_ref().map_or(0, |t| t.fingerprint),
+                // proxy_ssl_name $upstream_host: the Host sent, without its port (none for an
+                // address, which `server_name` turns into no SNI).
+                sni: upstream.tls.as_ref().map(|_| {
+                    let h = upstream_host
+                        .as_ref()
+                        .and_then(|h| h.to_str().ok())
+                        .and_then(host_without_port)
+                        .map(|h| h.into_owned())
+                        .unwrap_or_else(|| node.host.clone());
+                    Arc::from(h.trim_start_matches('[').trim_end_matches(']'))
+                }),
+                h2: upstream.h2,
+            };
+            let req = if upstream.h2 {
+                h2_request(&parts.method, &uri, req_headers, req_body, upstream, upstream_host.as_ref(), &node.host_header)
+            } else {
+                build_request(&parts.method, &uri, req_headers, req_body)
+            };
+            let mut attempt = Some(req);
             let mut fresh_retry_used = false;
             let outcome = loop {
-                let mut conn = match client::checkout(key, upstream.pool, timeouts.connect).await {
+                let mut conn = match client::checkout(&key, upstream.pool, timeouts.connect, upstream.tls.as_ref()).await {
                     Ok(c) => c,
                     Err(f) => break Err((f, attempt.take())),
                 };
@@ -646,7 +693,11 @@ impl Gateway {
         } else {
             last_failure.status()
         };
-        let mut resp = responses::error_page(status, server);
+        let mut resp = if upstream.h2 && is_grpc(&parts.headers) {
+            responses::grpc_error(status, server)
+        } else {
+            responses::error_page(status, server)
+        };
         if !statuses.is_empty() {
             resp.headers_mut().insert(
                 HeaderName::from_static("x-apisix-upstream-status"),
@@ -738,7 +789,7 @@ impl Gateway {
         out.insert(HeaderName::from_static("x-forwarded-for"), xff);
         out.insert(
             HeaderName::from_static("x-forwarded-proto"),
-            HeaderValue::from_static("http"),
+            HeaderValue::from_static(conn.scheme()),
         );
         let host_raw = host_value.and_then(|h| h.to_str().ok());
         if let Some(h) = host_value {
@@ -798,6 +849,44 @@ async fn read_up_to(mut body: Incoming, limit: usize) -> Result<UpstreamBody, St
             Err(_) => return Err(StatusCode::REQUEST_TIMEOUT),
         }
     }
+}
+
+fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// A request for an HTTP/2 upstream: `:scheme` and `:authority` in the URI (the `Host` it
+/// would have had: `$upstream_host`), and for gRPC `te: trailers` and `content-type`, as
+/// APISIX's `@grpc_pass` location sets them.
+fn h2_request(
+    method: &Method,
+    uri: &http::Uri,
+    mut headers: HeaderMap,
+    body: UpstreamBody,
+    upstream: &CompiledUpstream,
+    upstream_host: Option<&HeaderValue>,
+    node_host: &HeaderValue,
+) -> Request<UpstreamBody> {
+    let authority = upstream_host.unwrap_or(node_host);
+    let scheme = if upstream.tls.is_some() { "https" } else { "http" };
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let full = authority
+        .to_str()
+        .ok()
+        .and_then(|a| format!("{scheme}://{a}{path}").parse::<http::Uri>().ok())
+        .unwrap_or_else(|| uri.clone());
+    headers.remove(header::HOST);
+    if is_grpc(&headers) {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+    let mut req = Request::new(body);
+    *req.method_mut() = method.clone();
+    *req.uri_mut() = full;
+    *req.version_mut() = Version::HTTP_2;
+    *req.headers_mut() = headers;
+    req
 }
 
 fn build_request(

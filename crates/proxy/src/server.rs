@@ -17,6 +17,23 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpStream};
+
+/// Disables Nagle on the socket under a connection.
+trait SetNoDelay {
+    fn set_nodelay(&self);
+}
+
+impl SetNoDelay for TcpStream {
+    fn set_nodelay(&self) {
+        let _ = TcpStream::set_nodelay(self, true);
+    }
+}
+
+impl SetNoDelay for tokio_rustls::server::TlsStream<TcpStream> {
+    fn set_nodelay(&self) {
+        // Already set before the handshake.
+    }
+}
 use tokio::sync::watch;
 
 use crate::access_log;
@@ -41,7 +58,56 @@ pub struct ServerOptions {
     /// How long in-flight requests may run after a shutdown signal.
     pub shutdown_timeout: Duration,
     /// nginx's `client_header_timeout` / `keepalive_timeout`: an idle or slow client is closed.
+    /// It also bounds a TLS handshake, as nginx's does.
     pub header_timeout: Duration,
+    /// HTTPS listeners (`apisix.ssl.listen`), certificates from the snapshot's `ssls`.
+    pub tls_listen: Vec<TlsListen>,
+    /// HTTP/2 limits for every listener.
+    pub http2: Http2Limits,
+}
+
+/// One HTTPS listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TlsListen {
+    pub addr: SocketAddr,
+    /// `h2` offered by ALPN.
+    pub http2: bool,
+}
+
+/// nginx's HTTP/2 limits (`http2_max_concurrent_streams` 128, header list 32 KiB ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Http2Limits {
+    pub max_concurrent_streams: u32,
+    pub max_header_list_size: u32,
+    pub initial_stream_window_size: u32,
+    pub initial_connection_window_size: u32,
+    pub max_frame_size: u32,
+}
+
+impl Default for Http2Limits {
+    fn default() -> Self {
+        Http2Limits {
+            max_concurrent_streams: 128,
+            max_header_list_size: 32 * 1024,
+            initial_stream_window_size: 64 * 1024,
+            initial_connection_window_size: 1024 * 1024,
+            max_frame_size: 16 * 1024,
+        }
+    }
+}
+
+/// A bound socket and, for HTTPS, whether it offers h2.
+type Bound = (std::net::TcpListener, Option<bool>);
+
+fn bind_all(options: &ServerOptions, reuse_port: bool) -> io::Result<Vec<Bound>> {
+    let mut out = Vec::new();
+    for a in &options.listen {
+        out.push((bind(*a, reuse_port)?, None));
+    }
+    for t in &options.tls_listen {
+        out.push((bind(t.addr, reuse_port)?, Some(t.http2)));
+    }
+    Ok(out)
 }
 
 /// A running server; `wait` returns when every worker has stopped.
@@ -88,12 +154,7 @@ pub fn start(
             // Bind all sockets first so a busy port fails the start, not a worker.
             let mut per_worker = Vec::with_capacity(workers);
             for _ in 0..workers {
-                let listeners = options
-                    .listen
-                    .iter()
-                    .map(|a| bind(*a, true))
-                    .collect::<io::Result<Vec<_>>>()?;
-                per_worker.push(listeners);
+                per_worker.push(bind_all(&options, true)?);
             }
             for (i, listeners) in per_worker.into_iter().enumerate() {
                 let gateway = gateway.clone();
@@ -119,11 +180,7 @@ pub fn start(
             }
         }
         WorkerModel::Shared => {
-            let listeners = options
-                .listen
-                .iter()
-                .map(|a| bind(*a, false))
-                .collect::<io::Result<Vec<_>>>()?;
+            let listeners = bind_all(&options, false)?;
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(workers)
                 .thread_name("ferrisix-worker")
@@ -143,7 +200,7 @@ pub fn start(
 
 async fn serve(
     gateway: Arc<Gateway>,
-    listeners: Vec<std::net::TcpListener>,
+    listeners: Vec<Bound>,
     options: ServerOptions,
     mut shutdown: watch::Receiver<bool>,
     per_core: bool,
@@ -156,7 +213,15 @@ async fn serve(
         .header_read_timeout(options.header_timeout)
         // Headers past 64 KiB get 431 rather than exhausting memory.
         .max_buf_size(64 * 1024);
-    builder.http2().timer(TokioTimer::new());
+    let h2 = options.http2;
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(h2.max_concurrent_streams)
+        .max_header_list_size(h2.max_header_list_size)
+        .initial_stream_window_size(h2.initial_stream_window_size)
+        .initial_connection_window_size(h2.initial_connection_window_size)
+        .max_frame_size(h2.max_frame_size);
     let graceful = Arc::new(GracefulShutdown::new());
 
     // Per-worker housekeeping: log buffers out every second, expired pool entries dropped.
@@ -173,7 +238,7 @@ async fn serve(
 
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut accept_tasks = Vec::new();
-    for std_listener in listeners {
+    for (std_listener, tls) in listeners {
         let listener = match TcpListener::from_std(std_listener) {
             Ok(l) => l,
             Err(e) => {
@@ -185,6 +250,7 @@ async fn serve(
         let builder = builder.clone();
         let graceful = graceful.clone();
         let mut stop = stop_tx.subscribe();
+        let handshake_timeout = options.header_timeout;
         accept_tasks.push(tokio::spawn(async move {
             let local = listener.local_addr().ok();
             loop {
@@ -194,7 +260,26 @@ async fn serve(
                         Ok((stream, peer)) => {
                             let local = local.or_else(|| stream.local_addr().ok());
                             let Some(local) = local else { continue };
-                            serve_connection(&builder, &graceful, gateway.clone(), stream, ConnInfo::new(peer, local));
+                            let info = ConnInfo::new(peer, local);
+                            match tls {
+                                None => serve_connection(&builder, &graceful, gateway.clone(), stream, info),
+                                Some(http2) => {
+                                    let builder = builder.clone();
+                                    let graceful = graceful.clone();
+                                    let gateway = gateway.clone();
+                                    tokio::spawn(async move {
+                                        let _ = stream.set_nodelay(true);
+                                        let snapshot = gateway.snapshot.clone();
+                                        match ferrisix_tls::accept(stream, move || snapshot.load().tls.clone(), http2, handshake_timeout).await {
+                                            Ok((tls_stream, conn)) => serve_connection(&builder, &graceful, gateway, tls_stream, info.with_tls(conn)),
+                                            Err(e @ (ferrisix_tls::AcceptError::NoCertificate(_) | ferrisix_tls::AcceptError::Unusable(_))) => {
+                                                tracing::error!(client = %peer, "{e}");
+                                            }
+                                            Err(e) => tracing::info!(client = %peer, "{e}"),
+                                        }
+                                    });
+                                }
+                            }
                         }
                         Err(e) => {
                             // Out of file descriptors and similar: back off instead of spinning.
@@ -228,14 +313,16 @@ async fn serve(
     access_log::flush_worker();
 }
 
-fn serve_connection(
+fn serve_connection<IO>(
     builder: &auto::Builder<TokioExecutor>,
     graceful: &GracefulShutdown,
     gateway: Arc<Gateway>,
-    stream: TcpStream,
+    stream: IO,
     conn: ConnInfo,
-) {
-    let _ = stream.set_nodelay(true);
+) where
+    IO: SetNoDelay + tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    stream.set_nodelay();
     // One shared value per connection: each request clones a single Arc.
     let ctx = Arc::new((gateway, conn));
     let service = service_fn(move |req| {

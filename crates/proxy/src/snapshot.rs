@@ -26,8 +26,12 @@ use http::{HeaderValue, StatusCode};
 use ipnet::IpNet;
 use serde_json::{Map, Value};
 
+use ferrisix_tls::{CertStore, TlsContext, UpstreamTls};
+
 use crate::balancer::{NodeWeight, UpstreamPicker};
 use crate::client::{PoolLimits, TryTimeouts};
+
+mod ssls;
 
 /// The published, immutable serving state.
 pub struct Snapshot {
@@ -37,6 +41,8 @@ pub struct Snapshot {
     pub quarantine: Vec<Quarantined>,
     /// The global rules' plugins for requests that match no route.
     pub global_chain: Arc<PluginChain>,
+    /// The certificates of the `ssls`, published with the routes they serve.
+    pub tls: Arc<CertStore>,
     cache: CompileCache,
 }
 
@@ -108,18 +114,89 @@ pub struct CompiledUpstream {
     pub pass_host: PassHost,
     pub upstream_host: Option<HeaderValue>,
     pub pool: PoolLimits,
+    pub scheme: Scheme,
+    /// The client config for `https`/`grpcs`.
+    pub tls: Option<UpstreamTls>,
+    /// HTTP/2 to the upstream (`grpc`, `grpcs`).
+    pub h2: bool,
+    /// The fingerprint of the `tls.client_cert_id` certificate it was compiled with.
+    client_cert_fp: u64,
     source: Upstream,
 }
 
-impl CompiledUpstream {
-    fn compile(up: &Upstream) -> Result<CompiledUpstream, String> {
-        if up.scheme != Scheme::Http {
-            // TLS, gRPC and L4 upstreams need the TLS and stream work that comes later.
-            return Err(format!(
-                "upstream scheme {:?} is not supported yet",
-                up.scheme
-            ));
+/// What compiling TLS upstreams needs: the settings and keyring, and the snapshot's ssls
+/// (for `tls.client_cert_id`).
+#[derive(Clone, Copy)]
+struct UpstreamEnv<'a> {
+    ctx: &'a TlsContext,
+    store: &'a CertStore,
+}
+
+impl UpstreamEnv<'_> {
+    fn client_cert_fp(&self, up: &Upstream) -> u64 {
+        client_cert_id(up)
+            .and_then(|id| self.store.client_identity(&id))
+            .map_or(0, |c| c.fingerprint)
+    }
+
+    /// Whether `c` still is what compiling `up` would give.
+    fn reusable(&self, c: &CompiledUpstream, up: &Upstream) -> bool {
+        c.source == *up && c.client_cert_fp == self.client_cert_fp(up)
+    }
+}
+
+fn client_cert_id(up: &Upstream) -> Option<String> {
+    up.tls
+        .as_ref()
+        .and_then(|t| t.get("client_cert_id"))
+        .map(|v| match v {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+}
+
+/// The upstream's TLS client config (`https`, `grpcs`), with the client certificate from
+/// `tls.client_cert`/`client_key` or from the ssl named by `tls.client_cert_id`.
+fn upstream_tls(up: &Upstream, env: UpstreamEnv<'_>, h2: bool) -> Result<UpstreamTls, String> {
+    let tls = up.tls.as_ref();
+    let field = |k: &str| tls.and_then(|t| t.get(k)).and_then(Value::as_str);
+    let verify = tls
+        .and_then(|t| t.get("verify"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let identity = if let Some(id) = client_cert_id(up) {
+        match env.store.client_identity(&id) {
+            Some(c) => Some((c.key.clone(), c.fingerprint)),
+            None => return Err(format!("failed to fetch ssl info by ssl id [{id}], not found or not a usable client certificate")),
         }
+    } else if let (Some(cert), Some(key)) = (field("client_cert"), field("client_key")) {
+        let key = env
+            .ctx
+            .keyring
+            .decrypt_pkey(key)
+            .map_err(|e| format!("failed to decrypt tls.client_key: {e}"))?;
+        Some(UpstreamTls::identity_from_pem(cert, &key, &env.ctx.settings)?)
+    } else {
+        None
+    };
+    let alpn: &[&[u8]] = if h2 { &[b"h2"] } else { &[b"http/1.1"] };
+    UpstreamTls::new(&env.ctx.settings, verify, identity, alpn)
+}
+
+impl CompiledUpstream {
+    fn compile(up: &Upstream, env: UpstreamEnv<'_>) -> Result<CompiledUpstream, String> {
+        let (tls, h2) = match up.scheme {
+            Scheme::Http => (None, false),
+            Scheme::Https => (Some(upstream_tls(up, env, false)?), false),
+            Scheme::Grpc => (None, true),
+            Scheme::Grpcs => (Some(upstream_tls(up, env, true)?), true),
+            // L4 schemes belong to stream routes, which ferrisix does not have.
+            other => {
+                return Err(format!(
+                    "upstream scheme {other:?} is for stream routes, which are not supported"
+                ))
+            }
+        };
         if up.lb_type != LbType::RoundRobin {
             // Said out loud rather than hidden: only roundrobin is built so far.
             tracing::warn!(
@@ -189,6 +266,10 @@ impl CompiledUpstream {
                 idle_timeout: secs(up.keepalive_pool.idle_timeout),
                 max_requests: up.keepalive_pool.requests,
             },
+            scheme: up.scheme,
+            tls,
+            h2,
+            client_cert_fp: env.client_cert_fp(up),
             source: up.clone(),
         })
     }
@@ -236,9 +317,11 @@ impl<T> Clone for Accepted<T> {
 }
 
 /// Options that shape compilation.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct CompileOptions {
     pub router: RouterKind,
+    /// `apisix.ssl` and the keyring, for `ssls` and TLS upstreams.
+    pub tls: Arc<TlsContext>,
 }
 
 impl Snapshot {
@@ -259,13 +342,14 @@ impl Snapshot {
         }
     }
 
-    pub fn empty(options: CompileOptions) -> Snapshot {
+    pub fn empty(options: &CompileOptions) -> Snapshot {
         Snapshot {
             revision: 0,
             router: RouteTable::new(options.router, Vec::new()).0,
             upstreams: HashMap::new(),
             quarantine: Vec::new(),
             global_chain: PluginChain::empty(),
+            tls: Arc::new(CertStore::default()),
             cache: CompileCache::default(),
         }
     }
@@ -274,11 +358,16 @@ impl Snapshot {
     pub fn compile(
         state: &ConfigState,
         previous: &Snapshot,
-        options: CompileOptions,
+        options: &CompileOptions,
         plugins: &dyn PluginCheck,
     ) -> Snapshot {
         let mut quarantine = Vec::new();
         let prev = &previous.cache;
+        let tls = ssls::compile(state, &previous.tls, &options.tls, &mut quarantine);
+        let env = UpstreamEnv {
+            ctx: &options.tls,
+            store: &tls,
+        };
         let upstreams = accept_all(
             state,
             ResourceKind::Upstreams,
@@ -354,11 +443,11 @@ impl Snapshot {
             let reuse = prev
                 .compiled_upstreams
                 .get(id)
-                .filter(|c| c.source == *acc.typed)
+                .filter(|c| env.reusable(c, &acc.typed))
                 .cloned();
             let compiled = match reuse {
                 Some(c) => Some(c),
-                None => match CompiledUpstream::compile(&acc.typed) {
+                None => match CompiledUpstream::compile(&acc.typed, env) {
                     Ok(c) => Some(Arc::new(c)),
                     Err(e) => {
                         quarantine.push(Quarantined {
@@ -383,11 +472,11 @@ impl Snapshot {
             let reuse = prev
                 .service_upstreams
                 .get(id)
-                .filter(|c| c.source == *up)
+                .filter(|c| env.reusable(c, up))
                 .cloned();
             match reuse
                 .map(Ok)
-                .unwrap_or_else(|| CompiledUpstream::compile(up).map(Arc::new))
+                .unwrap_or_else(|| CompiledUpstream::compile(up, env).map(Arc::new))
             {
                 Ok(c) => {
                     cache.service_upstreams.insert(id.clone(), c);
@@ -411,7 +500,7 @@ impl Snapshot {
             if !route.enabled {
                 continue;
             }
-            let compiled = compile_route(route, &cache, prev, options).and_then(|(c, h, i)| {
+            let compiled = compile_route(route, &cache, prev, env).and_then(|(c, h, i)| {
                 let c = attach_plugins(route, c, &h, &cache, &globals, plugin_env)?;
                 Ok((c, h, i))
             });
@@ -486,6 +575,7 @@ impl Snapshot {
             upstreams: cache.compiled_upstreams.clone(),
             quarantine,
             global_chain: globals.unmatched(),
+            tls,
             cache,
         }
     }
@@ -561,7 +651,7 @@ fn compile_route(
     route: &Route,
     cache: &CompileCache,
     prev: &CompileCache,
-    _options: CompileOptions,
+    env: UpstreamEnv<'_>,
 ) -> Result<CompiledParts, String> {
     let service = match &route.service_id {
         Some(sid) => match cache.services.get(sid) {
@@ -604,11 +694,11 @@ fn compile_route(
         let reuse = prev
             .inline_upstreams
             .get(&route.id)
-            .filter(|c| c.source == *up)
+            .filter(|c| env.reusable(c, up))
             .cloned();
         let compiled = match reuse {
             Some(c) => c,
-            None => Arc::new(CompiledUpstream::compile(up)?),
+            None => Arc::new(CompiledUpstream::compile(up, env)?),
         };
         inline = Some(compiled.clone());
         RouteTarget::Upstream(compiled)
@@ -748,7 +838,7 @@ fn failing_route(route: &Route, status: StatusCode) -> CompiledRoute {
 /// The published snapshot, swapped atomically; readers never lock.
 pub type SnapshotHandle = Arc<ArcSwap<Snapshot>>;
 
-pub fn new_handle(options: CompileOptions) -> SnapshotHandle {
+pub fn new_handle(options: &CompileOptions) -> SnapshotHandle {
     Arc::new(ArcSwap::from_pointee(Snapshot::empty(options)))
 }
 
@@ -763,7 +853,7 @@ pub async fn follow(
         let state = rx.borrow_and_update().clone();
         let previous = handle.load_full();
         let started = std::time::Instant::now();
-        let snapshot = Snapshot::compile(&state, &previous, options, plugins.as_ref());
+        let snapshot = Snapshot::compile(&state, &previous, &options, plugins.as_ref());
         tracing::info!(
             revision = snapshot.revision,
             routes = snapshot.router.len(),

@@ -59,11 +59,23 @@ impl Gateway {
         extra_config: &str,
         workers: usize,
     ) -> Gateway {
+        Self::start_tuned(apisix_yaml, apisix_keys, extra_config, workers, "")
+    }
+
+    /// Like [`Gateway::start_workers`], with `http_keys` added inside `nginx_config.http`
+    /// (unindented lines, e.g. `"client_header_timeout: 1s"`).
+    pub fn start_tuned(
+        apisix_yaml: &str,
+        apisix_keys: &str,
+        extra_config: &str,
+        workers: usize,
+        http_keys: &str,
+    ) -> Gateway {
         // A port from `free_port` can be taken by a parallel test before the gateway binds it,
         // and the gateway then exits: start again on fresh ports.
         let mut failures = Vec::new();
         for _ in 0..3 {
-            match Self::spawn(apisix_yaml, apisix_keys, extra_config, workers) {
+            match Self::spawn(apisix_yaml, apisix_keys, extra_config, workers, http_keys) {
                 Ok(gw) => return gw,
                 Err(e) => failures.push(e),
             }
@@ -76,8 +88,14 @@ impl Gateway {
         apisix_keys: &str,
         extra_config: &str,
         workers: usize,
+        http_keys: &str,
     ) -> Result<Gateway, String> {
         let dir = tempfile::tempdir().unwrap();
+        let http_keys: String = http_keys
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| format!("    {l}\n"))
+            .collect();
         let port = free_port();
         let apisix_keys: String = apisix_keys
             .lines()
@@ -97,7 +115,7 @@ impl Gateway {
         let config = format!(
             "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: false\n  enable_control: false\n{apisix_keys}\
              deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n\
-             nginx_config:\n  worker_processes: {workers}\n  worker_shutdown_timeout: 10s\n  http:\n    access_log: {}\n{extra_config}",
+             nginx_config:\n  worker_processes: {workers}\n  worker_shutdown_timeout: 10s\n  http:\n    access_log: {}\n{http_keys}{extra_config}",
             dir.path().join("access.log").display()
         );
         std::fs::write(dir.path().join("config.yaml"), config).unwrap();

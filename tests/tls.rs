@@ -115,8 +115,17 @@ fn s_client(port: u16, args: &[&str]) -> String {
 
 fn s_client_cn(port: u16, sni: &str) -> Option<String> {
     let out = s_client(port, &["-servername", sni]);
-    let line = out.lines().find(|l| l.trim_start().starts_with("subject="))?;
-    Some(line.split("CN = ").nth(1)?.split(',').next()?.trim().to_owned())
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("subject="))?;
+    Some(
+        line.split("CN = ")
+            .nth(1)?
+            .split(',')
+            .next()?
+            .trim()
+            .to_owned(),
+    )
 }
 
 #[test]
@@ -161,18 +170,36 @@ fn rsa_and_ecdsa_pairs_follow_the_client() {
     let t = start(&ssls, &route("1", "/t", &up.node()));
     let rsa = s_client(
         t.tls_port,
-        &["-servername", "dual.local", "-tls1_2", "-cipher", "ECDHE-RSA-AES128-GCM-SHA256"],
+        &[
+            "-servername",
+            "dual.local",
+            "-tls1_2",
+            "-cipher",
+            "ECDHE-RSA-AES128-GCM-SHA256",
+        ],
     );
     assert!(rsa.contains("Server public key is 2048 bit"), "{rsa}");
     let ec = s_client(
         t.tls_port,
-        &["-servername", "dual.local", "-tls1_2", "-cipher", "ECDHE-ECDSA-AES128-GCM-SHA256"],
+        &[
+            "-servername",
+            "dual.local",
+            "-tls1_2",
+            "-cipher",
+            "ECDHE-ECDSA-AES128-GCM-SHA256",
+        ],
     );
     assert!(ec.contains("Server public key is 256 bit"), "{ec}");
     // TLS 1.3 with ECDSA signature schemes only.
     let ec13 = s_client(
         t.tls_port,
-        &["-servername", "dual.local", "-tls1_3", "-sigalgs", "ECDSA+SHA256"],
+        &[
+            "-servername",
+            "dual.local",
+            "-tls1_3",
+            "-sigalgs",
+            "ECDSA+SHA256",
+        ],
     );
     assert!(ec13.contains("Server public key is 256 bit"), "{ec13}");
 }
@@ -180,10 +207,18 @@ fn rsa_and_ecdsa_pairs_follow_the_client() {
 #[test]
 fn client_certificates_verified_in_the_handshake() {
     let up = Upstream::start("a", Behaviour::Echo);
-    let client = format!("\n    client:\n      ca: {}", block(&pem("client-ca.crt"), 8));
+    let client = format!(
+        "\n    client:\n      ca: {}",
+        block(&pem("client-ca.crt"), 8)
+    );
     let ssls = ssl_yaml("1", "server.local", "server.crt", "server.key", &client);
     let t = start(&ssls, &route("1", "/t", &up.node()));
-    let (code, _, err) = curl(&t, "server.local", "/t", &["--cert", "client.crt", "--key", "client.key"]);
+    let (code, _, err) = curl(
+        &t,
+        "server.local",
+        "/t",
+        &["--cert", "client.crt", "--key", "client.key"],
+    );
     assert_eq!(code, 0, "{err}");
     for (cert, key) in [
         (None, None),
@@ -209,14 +244,27 @@ fn skip_mtls_uri_regex_answers_400_elsewhere() {
     let ssls = ssl_yaml("1", "server.local", "server.crt", "server.key", &client);
     let t = start(&ssls, &route("1", "/*", &up.node()));
     let status = |path: &str, args: &[&str]| {
-        let mut a = vec!["-o", "/dev/null", "-w", "%{http_code}", "-H", "Host: server.local"];
+        let mut a = vec![
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-H",
+            "Host: server.local",
+        ];
         a.extend_from_slice(args);
         curl(&t, "server.local", path, &a).1
     };
     assert_eq!(status("/open/1", &[]), "200");
     assert_eq!(status("/closed", &[]), "400");
-    assert_eq!(status("/closed", &["--cert", "rogue.crt", "--key", "rogue.key"]), "400");
-    assert_eq!(status("/closed", &["--cert", "client.crt", "--key", "client.key"]), "200");
+    assert_eq!(
+        status("/closed", &["--cert", "rogue.crt", "--key", "rogue.key"]),
+        "400"
+    );
+    assert_eq!(
+        status("/closed", &["--cert", "client.crt", "--key", "client.key"]),
+        "200"
+    );
 }
 
 #[test]
@@ -224,12 +272,29 @@ fn h2_by_alpn_and_h2c_with_prior_knowledge() {
     let up = Upstream::start("a", Behaviour::Echo);
     let ssls = ssl_yaml("1", "server.local", "server.crt", "server.key", "\n");
     let t = start(&ssls, &route("1", "/t", &up.node()));
-    let (_, v, err) = curl(&t, "server.local", "/t", &["--http2", "-o", "/dev/null", "-w", "%{http_version}"]);
+    let (_, v, err) = curl(
+        &t,
+        "server.local",
+        "/t",
+        &["--http2", "-o", "/dev/null", "-w", "%{http_version}"],
+    );
     assert_eq!(v, "2", "{err}");
-    let (_, v, _) = curl(&t, "server.local", "/t", &["--http1.1", "-o", "/dev/null", "-w", "%{http_version}"]);
+    let (_, v, _) = curl(
+        &t,
+        "server.local",
+        "/t",
+        &["--http1.1", "-o", "/dev/null", "-w", "%{http_version}"],
+    );
     assert_eq!(v, "1.1");
     let out = Command::new("curl")
-        .args(["-s", "--http2-prior-knowledge", "-o", "/dev/null", "-w", "%{http_version} %{http_code}"])
+        .args([
+            "-s",
+            "--http2-prior-knowledge",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_version} %{http_code}",
+        ])
         .arg(format!("http://127.0.0.1:{}/t", t.gw.port))
         .output()
         .unwrap();
@@ -240,10 +305,19 @@ fn h2_by_alpn_and_h2c_with_prior_knowledge() {
 fn certificate_swap_applies_to_new_handshakes_and_keeps_open_connections() {
     let up = Upstream::start("a", Behaviour::Echo);
     let routes = route("1", "/t", &up.node());
-    let t = start(&ssl_yaml("1", "server.local", "server.crt", "server.key", "\n"), &routes);
+    let t = start(
+        &ssl_yaml("1", "server.local", "server.crt", "server.key", "\n"),
+        &routes,
+    );
     // An open connection, through openssl's client, kept across the change.
     let mut held = Command::new("openssl")
-        .args(["s_client", "-quiet", "-servername", "server.local", "-connect"])
+        .args([
+            "s_client",
+            "-quiet",
+            "-servername",
+            "server.local",
+            "-connect",
+        ])
         .arg(format!("127.0.0.1:{}", t.tls_port))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -275,7 +349,10 @@ fn certificate_swap_applies_to_new_handshakes_and_keeps_open_connections() {
     };
     stdin.write_all(req).unwrap();
     assert!(read_answer(&rx).starts_with("HTTP/1.1 200"));
-    assert_eq!(s_client_cn(t.tls_port, "server.local").as_deref(), Some("server.local"));
+    assert_eq!(
+        s_client_cn(t.tls_port, "server.local").as_deref(),
+        Some("server.local")
+    );
 
     // The same SNI now served by another certificate.
     t.gw.rewrite_routes(&format!(
@@ -288,7 +365,10 @@ fn certificate_swap_applies_to_new_handshakes_and_keeps_open_connections() {
     assert!(swapped.is_some(), "new handshakes see the new certificate");
     stdin.write_all(req).unwrap();
     let second = read_answer(&rx);
-    assert!(second.starts_with("HTTP/1.1 200"), "the open connection still serves: {second:?}");
+    assert!(
+        second.starts_with("HTTP/1.1 200"),
+        "the open connection still serves: {second:?}"
+    );
     let _ = held.kill();
     let _ = held.wait();
 }
@@ -331,15 +411,26 @@ fn bad_input_on_the_tls_port() {
     assert!(text.contains("The plain HTTP request was sent to HTTPS port"));
 
     // Garbage, and a client that stalls after connecting: cut off.
-    for send in [&b"\x01\x02\x03garbage"[..], &b""[..], &b"\x16\x03\x01\x00"[..]] {
+    for send in [
+        &b"\x01\x02\x03garbage"[..],
+        &b""[..],
+        &b"\x16\x03\x01\x00"[..],
+    ] {
         let mut s = TcpStream::connect(("127.0.0.1", t.tls_port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         s.write_all(send).unwrap();
         let started = std::time::Instant::now();
         let mut buf = [0u8; 64];
         let n = s.read(&mut buf).unwrap_or(0);
-        assert!(n == 0 || buf[0] == 0x15, "closed or a TLS alert: {:?}", &buf[..n]);
-        assert!(started.elapsed() < Duration::from_secs(4), "cut off by the handshake timeout");
+        assert!(
+            n == 0 || buf[0] == 0x15,
+            "closed or a TLS alert: {:?}",
+            &buf[..n]
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "cut off by the handshake timeout"
+        );
     }
 
     // An oversized ClientHello (a 70 KB extension) is refused, and the server stays up.
@@ -349,7 +440,11 @@ fn bad_input_on_the_tls_port() {
     let mut hello = vec![0x16, 0x03, 0x01];
     hello.extend_from_slice(&(16_000u16).to_be_bytes());
     hello.push(0x01);
-    hello.extend_from_slice(&[(body_len >> 16) as u8, (body_len >> 8) as u8, body_len as u8]);
+    hello.extend_from_slice(&[
+        (body_len >> 16) as u8,
+        (body_len >> 8) as u8,
+        body_len as u8,
+    ]);
     hello.resize(5 + 16_000, 0);
     let _ = s.write_all(&hello);
     let mut buf = [0u8; 64];
@@ -361,7 +456,14 @@ fn bad_input_on_the_tls_port() {
     // TLS 1.2 renegotiation is refused: rustls answers a no_renegotiation alert and never
     // starts a second handshake.
     let reneg = Command::new("openssl")
-        .args(["s_client", "-state", "-tls1_2", "-servername", "server.local", "-connect"])
+        .args([
+            "s_client",
+            "-state",
+            "-tls1_2",
+            "-servername",
+            "server.local",
+            "-connect",
+        ])
         .arg(format!("127.0.0.1:{}", t.tls_port))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

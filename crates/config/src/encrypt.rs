@@ -104,7 +104,9 @@ impl Keyring {
     pub fn encrypt(&self, value: &str) -> String {
         match self.ciphers.first() {
             None => value.to_owned(),
-            Some(c) => base64::engine::general_purpose::STANDARD.encode(c.encrypt(value.as_bytes())),
+            Some(c) => {
+                base64::engine::general_purpose::STANDARD.encode(c.encrypt(value.as_bytes()))
+            }
         }
     }
 
@@ -321,7 +323,8 @@ mod tests {
             "base64 decode ssl key failed"
         );
         assert_eq!(
-            k.decrypt("AAAAAAAAAAAAAAAAAAAAAA==", "ssl key").unwrap_err(),
+            k.decrypt("AAAAAAAAAAAAAAAAAAAAAA==", "ssl key")
+                .unwrap_err(),
             "decrypt ssl key failed"
         );
         assert_eq!(Keyring::default().encrypt("x"), "x");
@@ -353,7 +356,13 @@ mod tests {
             "other": "kept"
         });
         let mut conf = original.clone();
-        let paths = ["password", "auth.headers", "auth.list", "nodes.secret", "absent.x"];
+        let paths = [
+            "password",
+            "auth.headers",
+            "auth.list",
+            "nodes.secret",
+            "absent.x",
+        ];
         assert!(process_fields(&k, &mut conf, &paths, FieldOp::Encrypt).is_empty());
         assert_ne!(conf["password"], "p");
         assert_ne!(conf["auth"]["headers"]["a"], "x");

@@ -1165,7 +1165,10 @@ fn check(s: &Settings, errors: &mut Vec<String>) {
         errors.push(e);
     }
     for p in s.apisix.ssl.ssl_protocols.split_whitespace() {
-        if !matches!(p, "TLSv1" | "TLSv1.1" | "TLSv1.2" | "TLSv1.3" | "SSLv2" | "SSLv3") {
+        if !matches!(
+            p,
+            "TLSv1" | "TLSv1.1" | "TLSv1.2" | "TLSv1.3" | "SSLv2" | "SSLv3"
+        ) {
             errors.push(format!(
                 "apisix.ssl.ssl_protocols: invalid value: string {p:?}, expected TLSv1.2 or TLSv1.3"
             ));

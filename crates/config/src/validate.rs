@@ -452,7 +452,11 @@ impl Checker<'_> {
         let list = |field: &str| -> Vec<String> {
             conf.get(field)
                 .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect()
+                })
                 .unwrap_or_default()
         };
         let (certs, keys) = (list("certs"), list("keys"));
@@ -467,7 +471,8 @@ impl Checker<'_> {
         }
         if let Some(ca) = text(conf.get("client").and_then(|c| c.get("ca"))) {
             if !is_secret_ref(&ca) {
-                check_pem_pair(&ca, None).map_err(|e| format!("failed to validate client_cert: {e}"))?;
+                check_pem_pair(&ca, None)
+                    .map_err(|e| format!("failed to validate client_cert: {e}"))?;
             }
         }
         Ok(())

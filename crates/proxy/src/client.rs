@@ -11,17 +11,17 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use ferrisix_tls::UpstreamTls;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use ferrisix_tls::UpstreamTls;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 
 pub use body::{SendProgress, UpstreamBody};
-pub use pool::{evict_expired as evict_expired_idle, PoolKey, PoolLimits, PooledConn};
 use pool::Sender;
+pub use pool::{evict_expired as evict_expired_idle, PoolKey, PoolLimits, PooledConn};
 
 use crate::error::UpstreamFailure;
 
@@ -72,7 +72,9 @@ pub async fn connect(
                 .and_then(ferrisix_tls::upstream::server_name)
                 .unwrap_or_else(|| ServerName::IpAddress(key.addr.ip().into()));
             let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
-            let stream = match tokio::time::timeout_at(deadline, connector.connect(name, stream)).await {
+            let stream = match tokio::time::timeout_at(deadline, connector.connect(name, stream))
+                .await
+            {
                 Err(_) => return Err(UpstreamFailure::ConnectTimeout),
                 Ok(Err(e)) => {
                     // nginx: "SSL_do_handshake() failed ... while SSL handshaking to upstream".

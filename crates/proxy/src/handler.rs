@@ -447,7 +447,14 @@ impl Gateway {
         trace: &mut UpstreamTrace,
     ) -> Response<ResponseBody> {
         let server = &self.server_header;
-        let timeouts = route_timeouts.unwrap_or(upstream.timeouts);
+        let mut timeouts = route_timeouts.unwrap_or(upstream.timeouts);
+        if upstream.h2 {
+            // A gRPC deadline bounds the wait for the upstream's answer.
+            if let Some(deadline) = parts.headers.get("grpc-timeout").and_then(grpc_timeout) {
+                timeouts.read = timeouts.read.min(deadline);
+                timeouts.connect = timeouts.connect.min(deadline);
+            }
+        }
         let idempotent = !matches!(parts.method, Method::POST | Method::PATCH)
             && parts.method.as_str() != "LOCK";
 
@@ -606,14 +613,29 @@ impl Gateway {
                 h2: upstream.h2,
             };
             let req = if upstream.h2 {
-                h2_request(&parts.method, &uri, req_headers, req_body, upstream, upstream_host.as_ref(), &node.host_header)
+                h2_request(
+                    &parts.method,
+                    &uri,
+                    req_headers,
+                    req_body,
+                    upstream,
+                    upstream_host.as_ref(),
+                    &node.host_header,
+                )
             } else {
                 build_request(&parts.method, &uri, req_headers, req_body)
             };
             let mut attempt = Some(req);
             let mut fresh_retry_used = false;
             let outcome = loop {
-                let mut conn = match client::checkout(&key, upstream.pool, timeouts.connect, upstream.tls.as_ref()).await {
+                let mut conn = match client::checkout(
+                    &key,
+                    upstream.pool,
+                    timeouts.connect,
+                    upstream.tls.as_ref(),
+                )
+                .await
+                {
                     Ok(c) => c,
                     Err(f) => break Err((f, attempt.take())),
                 };
@@ -851,6 +873,26 @@ async fn read_up_to(mut body: Incoming, limit: usize) -> Result<UpstreamBody, St
     }
 }
 
+/// `grpc-timeout: 100m` (at most 8 digits, then H, M, S, m, u or n).
+fn grpc_timeout(v: &HeaderValue) -> Option<std::time::Duration> {
+    use std::time::Duration;
+    let s = v.to_str().ok()?;
+    let (digits, unit) = s.split_at(s.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
 fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
@@ -870,7 +912,11 @@ fn h2_request(
     node_host: &HeaderValue,
 ) -> Request<UpstreamBody> {
     let authority = upstream_host.unwrap_or(node_host);
-    let scheme = if upstream.tls.is_some() { "https" } else { "http" };
+    let scheme = if upstream.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
     let full = authority
         .to_str()
@@ -966,6 +1012,17 @@ mod tests {
             cfg.client_addr("127.0.0.1".parse().unwrap(), &h),
             "1.2.3.4".parse::<IpAddr>().unwrap()
         );
+    }
+
+    #[test]
+    fn grpc_timeouts() {
+        let t = |s: &'static str| grpc_timeout(&HeaderValue::from_static(s));
+        assert_eq!(t("100m"), Some(std::time::Duration::from_millis(100)));
+        assert_eq!(t("2S"), Some(std::time::Duration::from_secs(2)));
+        assert_eq!(t("1H"), Some(std::time::Duration::from_secs(3600)));
+        assert_eq!(t("123456789S"), None);
+        assert_eq!(t("5x"), None);
+        assert_eq!(t("S"), None);
     }
 
     #[test]

@@ -175,7 +175,11 @@ fn upstream_tls(up: &Upstream, env: UpstreamEnv<'_>, h2: bool) -> Result<Upstrea
             .keyring
             .decrypt_pkey(key)
             .map_err(|e| format!("failed to decrypt tls.client_key: {e}"))?;
-        Some(UpstreamTls::identity_from_pem(cert, &key, &env.ctx.settings)?)
+        Some(UpstreamTls::identity_from_pem(
+            cert,
+            &key,
+            &env.ctx.settings,
+        )?)
     } else {
         None
     };

@@ -253,7 +253,9 @@ mod tests {
         assert!(ecdsa[3..].iter().all(is_ecdsa));
         assert_eq!(parse("ECDHE+AESGCM").unwrap().len(), 3 + 4);
         assert_eq!(
-            parse("TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256").unwrap().len(),
+            parse("TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256")
+                .unwrap()
+                .len(),
             4
         );
     }

@@ -24,7 +24,9 @@ pub fn check_request(
                 ClientVerify::Success => {}
                 ClientVerify::None => return Err("client certificate was not present".into()),
                 ClientVerify::Failed(e) => {
-                    return Err(format!("client certificate verification is not passed: {e}"))
+                    return Err(format!(
+                        "client certificate verification is not passed: {e}"
+                    ))
                 }
             }
         }

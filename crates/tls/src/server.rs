@@ -10,7 +10,9 @@ use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
-use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme};
+use rustls::{
+    DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
+};
 
 use crate::settings::{protocol_versions, TlsSettings};
 
@@ -57,7 +59,8 @@ pub fn certified_key(
 ) -> Result<CertifiedKey, KeyError> {
     let chain = pem::parse_certs(cert)
         .map_err(|e| KeyError::Invalid(format!("failed to parse cert: {e}")))?;
-    let der = pem::parse_key(key).map_err(|e| KeyError::Invalid(format!("failed to parse key: {e}")))?;
+    let der =
+        pem::parse_key(key).map_err(|e| KeyError::Invalid(format!("failed to parse key: {e}")))?;
     let signing = settings
         .provider
         .key_provider
@@ -151,7 +154,9 @@ impl ClientCertVerifier for StrictVerifier {
             Ok(()) => Ok(ClientCertVerified::assertion()),
             Err(e) => {
                 tracing::info!("client certificate verification failed in handshake: {e}");
-                self.0.inner.verify_client_cert(end_entity, intermediates, now)?;
+                self.0
+                    .inner
+                    .verify_client_cert(end_entity, intermediates, now)?;
                 Err(rustls::Error::InvalidCertificate(
                     rustls::CertificateError::ApplicationVerificationFailure,
                 ))
@@ -219,17 +224,18 @@ fn client_policy(
     client: &SslClient,
     settings: &TlsSettings,
 ) -> Result<(ClientPolicy, Arc<dyn ClientCertVerifier>), String> {
-    let cas = pem::parse_certs(&client.ca)
-        .map_err(|e| format!("failed to parse client cert: {e}"))?;
+    let cas =
+        pem::parse_certs(&client.ca).map_err(|e| format!("failed to parse client cert: {e}"))?;
     let mut roots = RootCertStore::empty();
     for ca in &cas {
         roots
             .add(ca.clone())
             .map_err(|e| format!("failed to parse client cert: {e}"))?;
     }
-    let inner = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), settings.provider.clone())
-        .build()
-        .map_err(|e| format!("failed to set client certificate verification: {e}"))?;
+    let inner =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), settings.provider.clone())
+            .build()
+            .map_err(|e| format!("failed to set client certificate verification: {e}"))?;
     let depth = Arc::new(DepthVerifier {
         inner,
         depth: client.depth,
@@ -238,7 +244,9 @@ fn client_policy(
     let skip_uri = client
         .skip_mtls_uri_regex
         .iter()
-        .map(|r| regex::Regex::new(r).map_err(|e| format!("invalid skip_mtls_uri_regex {r:?}: {e}")))
+        .map(|r| {
+            regex::Regex::new(r).map_err(|e| format!("invalid skip_mtls_uri_regex {r:?}: {e}"))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let verifier: Arc<dyn ClientCertVerifier> = if skip_uri.is_empty() {
         Arc::new(StrictVerifier(depth.clone()))
@@ -270,7 +278,9 @@ pub fn build(ssl: &Ssl, settings: &TlsSettings) -> Result<ServerSsl, String> {
         match certified_key(cert, key, settings) {
             Ok(ck) => keys.push(Arc::new(ck)),
             Err(KeyError::Invalid(e)) if i == 0 => return Err(e),
-            Err(KeyError::Invalid(e)) => return Err(format!("failed to handle cert-key pair[{i}]: {e}")),
+            Err(KeyError::Invalid(e)) => {
+                return Err(format!("failed to handle cert-key pair[{i}]: {e}"))
+            }
             Err(KeyError::Mismatch(e)) => {
                 let what = if i == 0 {
                     String::from("cert/key")

@@ -89,10 +89,16 @@ impl TlsSettings {
                     base_dir.join(path)
                 };
                 let text = std::fs::read_to_string(&path).map_err(|e| {
-                    format!("apisix.ssl.ssl_trusted_certificate: cannot read {}: {e}", path.display())
+                    format!(
+                        "apisix.ssl.ssl_trusted_certificate: cannot read {}: {e}",
+                        path.display()
+                    )
                 })?;
                 let certs = ferrisix_config::pem::parse_certs(&text).map_err(|e| {
-                    format!("apisix.ssl.ssl_trusted_certificate: {}: {e}", path.display())
+                    format!(
+                        "apisix.ssl.ssl_trusted_certificate: {}: {e}",
+                        path.display()
+                    )
                 })?;
                 let mut roots = RootCertStore::empty();
                 roots.add_parsable_certificates(certs);

@@ -65,7 +65,9 @@ pub struct ClientIdentity {
 
 impl std::fmt::Debug for ClientIdentity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientIdentity").field("id", &self.id).finish()
+        f.debug_struct("ClientIdentity")
+            .field("id", &self.id)
+            .finish()
     }
 }
 
@@ -134,7 +136,8 @@ impl CertStore {
                     }
                     match server::certified_key(&ssl.cert, &ssl.key, &ctx.settings) {
                         Ok(key) => {
-                            let fingerprint = fingerprint(&[ssl.cert.as_bytes(), ssl.key.as_bytes()]);
+                            let fingerprint =
+                                fingerprint(&[ssl.cert.as_bytes(), ssl.key.as_bytes()]);
                             store.clients.insert(
                                 ssl.id.clone(),
                                 Arc::new(ClientIdentity {
@@ -170,7 +173,11 @@ impl CertStore {
                                 }
                                 Arc::new(SslEntry {
                                     id: ssl.id.clone(),
-                                    snis_rev: ssl.snis.iter().map(|s| s.chars().rev().collect()).collect(),
+                                    snis_rev: ssl
+                                        .snis
+                                        .iter()
+                                        .map(|s| s.chars().rev().collect())
+                                        .collect(),
                                     sni_list: ssl.sni_list,
                                     configs: built.configs,
                                     client: built.client,
@@ -226,14 +233,24 @@ impl CertStore {
         if let Some(&i) = self.exact.get(&rev) {
             return self.entries.get(i);
         }
-        let &(ref prefix, i) = self.prefixes.iter().find(|(p, _)| rev.starts_with(p.as_str()))?;
+        let &(ref prefix, i) = self
+            .prefixes
+            .iter()
+            .find(|(p, _)| rev.starts_with(p.as_str()))?;
         let entry = self.entries.get(i)?;
         let _ = prefix;
         // The post-match check of radixtree_sni.lua, on the reversed name: from the position
         // of the matched SNI's last character on there must be no further dot.
-        let no_dot_from = |len: usize| !rev.as_bytes().get(len.saturating_sub(1)..).is_some_and(|r| r.contains(&b'.'));
+        let no_dot_from = |len: usize| {
+            !rev.as_bytes()
+                .get(len.saturating_sub(1)..)
+                .is_some_and(|r| r.contains(&b'.'))
+        };
         let ok = if entry.sni_list {
-            entry.snis_rev.iter().any(|m| *m == rev || no_dot_from(m.len()))
+            entry
+                .snis_rev
+                .iter()
+                .any(|m| *m == rev || no_dot_from(m.len()))
         } else {
             let m = &entry.snis_rev[0];
             m == "*" || no_dot_from(m.len())
@@ -299,12 +316,24 @@ mod tests {
             ssl("t", &["test.com"], false),
             ssl("t2", &["test.com"], false),
         ]);
-        assert_eq!(hit(&s, "test.com").as_deref(), Some("t"), "first stored wins");
+        assert_eq!(
+            hit(&s, "test.com").as_deref(),
+            Some("t"),
+            "first stored wins"
+        );
         assert_eq!(hit(&s, "exact.wild.test").as_deref(), Some("e"));
         assert_eq!(hit(&s, "x.wild.test").as_deref(), Some("w"));
         assert_eq!(hit(&s, "b.wild.test").as_deref(), Some("w"));
-        assert_eq!(hit(&s, "x.b.wild.test").as_deref(), Some("b"), "longest wildcard");
-        assert_eq!(hit(&s, "y.x.b.wild.test"), None, "one label only, no fallback");
+        assert_eq!(
+            hit(&s, "x.b.wild.test").as_deref(),
+            Some("b"),
+            "longest wildcard"
+        );
+        assert_eq!(
+            hit(&s, "y.x.b.wild.test"),
+            None,
+            "one label only, no fallback"
+        );
         assert_eq!(hit(&s, "wild.test"), None);
         assert_eq!(hit(&s, "nothing.test"), None);
     }

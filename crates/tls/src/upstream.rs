@@ -113,9 +113,12 @@ impl UpstreamTls {
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?;
         let builder = if verify {
-            let v = WebPkiServerVerifier::builder_with_provider(settings.trusted.clone(), provider.clone())
-                .build()
-                .map_err(|e| format!("tls.verify: {e}"))?;
+            let v = WebPkiServerVerifier::builder_with_provider(
+                settings.trusted.clone(),
+                provider.clone(),
+            )
+            .build()
+            .map_err(|e| format!("tls.verify: {e}"))?;
             builder.with_webpki_verifier(v)
         } else {
             builder

@@ -114,38 +114,50 @@ pub fn ssl_from_value(
     keyring: &crate::encrypt::Keyring,
 ) -> Result<Ssl, ValidationError> {
     let mut plain = v.clone();
-    keyring
-        .decrypt_ssl(&mut plain)
-        .map_err(|e| ValidationError::from(format!("failed to decrypt previous encrypted key: {e}")))?;
+    keyring.decrypt_ssl(&mut plain).map_err(|e| {
+        ValidationError::from(format!("failed to decrypt previous encrypted key: {e}"))
+    })?;
     let conf = checked(ResourceKind::Ssls, None, &plain, &super::AcceptAnyPlugin)?;
     let text = |k: &str| conf.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
     let list = |k: &str| -> Vec<String> {
         conf.get(k)
             .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
             .unwrap_or_default()
     };
     // APISIX's ssl_filter: a trailing dot goes, names are lower-cased.
     let norm = |s: &str| s.strip_suffix('.').unwrap_or(s).to_ascii_lowercase();
     let (snis, sni_list) = match conf.get("snis").and_then(Value::as_array) {
-        Some(a) if !a.is_empty() => (
-            a.iter().filter_map(Value::as_str).map(norm).collect(),
-            true,
-        ),
+        Some(a) if !a.is_empty() => (a.iter().filter_map(Value::as_str).map(norm).collect(), true),
         _ => (
-            conf.get("sni").and_then(Value::as_str).map(norm).into_iter().collect(),
+            conf.get("sni")
+                .and_then(Value::as_str)
+                .map(norm)
+                .into_iter()
+                .collect(),
             false,
         ),
     };
-    let client = conf.get("client").filter(|c| c.is_object()).map(|c| SslClient {
-        ca: c.get("ca").and_then(Value::as_str).unwrap_or("").to_owned(),
-        depth: c.get("depth").and_then(Value::as_u64).unwrap_or(1) as u32,
-        skip_mtls_uri_regex: c
-            .get("skip_mtls_uri_regex")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
-            .unwrap_or_default(),
-    });
+    let client = conf
+        .get("client")
+        .filter(|c| c.is_object())
+        .map(|c| SslClient {
+            ca: c.get("ca").and_then(Value::as_str).unwrap_or("").to_owned(),
+            depth: c.get("depth").and_then(Value::as_u64).unwrap_or(1) as u32,
+            skip_mtls_uri_regex: c
+                .get("skip_mtls_uri_regex")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        });
     Ok(Ssl {
         id: id.to_string(),
         ssl_type: match conf.get("type").and_then(Value::as_str) {

@@ -493,8 +493,11 @@ fn other_resources() {
     .unwrap();
     let bad_cert = cert.replace("MII", "XXX");
     assert_eq!(
-        check(ResourceKind::Ssls, json!({"cert": bad_cert, "key": key, "sni": "a.com"}))
-            .unwrap_err(),
+        check(
+            ResourceKind::Ssls,
+            json!({"cert": bad_cert, "key": key, "sni": "a.com"})
+        )
+        .unwrap_err(),
         "failed to parse cert: PEM_read_bio_X509_AUX() failed"
     );
     assert_eq!(

@@ -51,7 +51,10 @@ pub enum Sender {
 type SendFuture = std::pin::Pin<
     Box<
         dyn std::future::Future<
-                Output = Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<UpstreamBody>>>,
+                Output = Result<
+                    Response<Incoming>,
+                    hyper::client::conn::TrySendError<Request<UpstreamBody>>,
+                >,
             > + Send,
     >,
 >;

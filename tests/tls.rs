@@ -490,3 +490,133 @@ fn bad_input_on_the_tls_port() {
         "the server never answers a renegotiation: {text}"
     );
 }
+
+/// nginx as an HTTPS upstream: it reports the SNI it got and the client certificate shown.
+struct NginxTls {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for NginxTls {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn nginx_tls_upstream() -> NginxTls {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let d = dir.path().display();
+    let c = cert_dir();
+    let c = c.display();
+    let conf = format!(
+        "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log;
+events {{}}
+http {{
+  access_log off;
+  client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d}; uwsgi_temp_path {d}; scgi_temp_path {d};
+  server {{
+    listen 127.0.0.1:{port} ssl;
+    ssl_certificate {c}/server.crt; ssl_certificate_key {c}/server.key;
+    ssl_client_certificate {c}/client-ca.crt; ssl_verify_client optional;
+    location / {{ return 200 \"sni=$ssl_server_name verify=$ssl_client_verify dn=$ssl_client_s_dn host=$http_host\"; }}
+  }}
+}}
+"
+    );
+    std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
+    let child = Command::new("nginx")
+        .arg("-p")
+        .arg(dir.path())
+        .arg("-c")
+        .arg(dir.path().join("nginx.conf"))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nginx is installed");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "nginx did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    NginxTls {
+        child,
+        port,
+        _dir: dir,
+    }
+}
+
+fn https_route(id: &str, uri: &str, node: &str, tls: &str) -> String {
+    format!(
+        "  - id: \"{id}\"\n    uri: \"{uri}\"\n    upstream:\n      type: roundrobin\n      scheme: https\n      nodes:\n        \"{node}\": 1\n{tls}"
+    )
+}
+
+#[test]
+fn https_upstreams_sni_client_certificates_and_verification() {
+    let up = nginx_tls_upstream();
+    let node = format!("127.0.0.1:{}", up.port);
+    let inline_cert = format!(
+        "      tls:\n        client_cert: {}        client_key: {}",
+        block(&pem("client.crt"), 10),
+        block(&pem("client.key"), 10)
+    );
+    let client_ssl = format!(
+        "  - id: \"c\"\n    type: client\n    cert: {}    key: {}",
+        block(&pem("client.crt"), 6),
+        block(&pem("client.key"), 6)
+    );
+    let routes = https_route("1", "/plain", &node, "")
+        + &https_route("2", "/cert", &node, &inline_cert)
+        + &https_route(
+            "3",
+            "/by-id",
+            &node,
+            "      tls:\n        client_cert_id: \"c\"\n",
+        )
+        + &https_route(
+            "4",
+            "/verified",
+            &node,
+            "      tls:\n        verify: true\n",
+        );
+    let tls_port = free_port();
+    let gw = Gateway::start_full(
+        &format!("ssls:\n{client_ssl}\nroutes:\n{routes}"),
+        &format!(
+            "ssl:\n  listen:\n    - ip: 127.0.0.1\n      port: {tls_port}\n  ssl_trusted_certificate: {}/ca.crt",
+            cert_dir().display()
+        ),
+        "",
+    );
+    let get = |path: &str, host: &str| {
+        let r = support::get_host(gw.addr(), path, host);
+        (r.status, r.text())
+    };
+    let (status, text) = get("/plain", "server.local");
+    assert_eq!(status, 200, "{text}");
+    assert!(text.starts_with("sni=server.local verify=NONE"), "{text}");
+    assert!(text.ends_with("host=server.local"), "{text}");
+    let (_, text) = get("/plain", "server.local:8443");
+    assert!(
+        text.starts_with("sni=server.local "),
+        "the port is not part of the SNI: {text}"
+    );
+    // Alternating between client certificates on one node: pools are keyed by certificate.
+    for _ in 0..2 {
+        let (_, text) = get("/cert", "server.local");
+        assert!(
+            text.contains("verify=SUCCESS dn=O=ferrisix-test,CN=client"),
+            "{text}"
+        );
+        let (_, text) = get("/plain", "server.local");
+        assert!(text.contains("verify=NONE"), "{text}");
+        let (_, text) = get("/by-id", "server.local");
+        assert!(text.contains("verify=SUCCESS"), "{text}");
+    }
+    // tls.verify checks the upstream's certificate against ssl_trusted_certificate and the SNI.
+    assert_eq!(get("/verified", "server.local").0, 200);
+    assert_eq!(get("/verified", "localhost").0, 200);
+    assert_eq!(get("/verified", "wrong.local").0, 502);
+}

@@ -761,6 +761,7 @@ pub enum StoreKind {
 pub struct StoreGatewayBuilder {
     store: StoreKind,
     etcd_keys: Vec<String>,
+    apisix_keys: Vec<String>,
     workers: usize,
     log_filter: String,
 }
@@ -781,6 +782,7 @@ impl StoreGatewayBuilder {
             // Short enough that a test never waits 30 s on a dead peer; long enough for a
             // loaded CI machine.
             etcd_keys: vec!["timeout: 5".into()],
+            apisix_keys: Vec::new(),
             workers: 1,
             log_filter: "warn".into(),
         }
@@ -789,6 +791,13 @@ impl StoreGatewayBuilder {
     /// Adds a `key: value` line under `deployment.etcd` (a later line for the same key wins).
     pub fn etcd_key(mut self, line: &str) -> StoreGatewayBuilder {
         self.etcd_keys.push(line.to_owned());
+        self
+    }
+
+    /// Adds lines (unindented) under `apisix:`, e.g. an `ssl:` block.
+    pub fn apisix_key(mut self, lines: &str) -> StoreGatewayBuilder {
+        self.apisix_keys
+            .extend(lines.lines().map(|l| format!("  {l}\n")));
         self
     }
 
@@ -847,8 +856,10 @@ impl StoreGatewayBuilder {
             .map(|l| format!("    {l}\n"))
             .collect();
         let dir = gw.dir.path();
+        let apisix_keys: String = self.apisix_keys.concat();
         format!(
             "apisix:\n\
+             {apisix_keys}\
              \x20 node_listen:\n\
              \x20   - ip: 127.0.0.1\n\
              \x20     port: {data}\n\

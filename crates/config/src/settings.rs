@@ -1112,7 +1112,7 @@ fn apply_ssl_listen_defaults(settings: &mut Settings, value: &serde_yaml::Value)
         .and_then(|l| l.as_sequence());
     for (i, addr) in settings.apisix.ssl.listen.iter_mut().enumerate() {
         let entry = entries.and_then(|s| s.get(i));
-        if !entry.is_some_and(|e| e.get("enable_http2").is_some()) {
+        if entry.is_none_or(|e| e.get("enable_http2").is_none()) {
             addr.enable_http2 = global;
         }
         if entry.is_some_and(|e| e.is_mapping() && e.get("port").is_none()) {

@@ -197,7 +197,7 @@ impl CertStore {
                 }
             }
         }
-        store.prefixes.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+        store.prefixes.sort_by_key(|p| std::cmp::Reverse(p.0.len()));
         (store, refused)
     }
 
@@ -299,7 +299,7 @@ mod tests {
                 source: ssl.clone(),
             }));
         }
-        s.prefixes.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+        s.prefixes.sort_by_key(|p| std::cmp::Reverse(p.0.len()));
         s
     }
 

@@ -102,6 +102,13 @@ impl Gateway {
             .filter(|l| !l.trim().is_empty())
             .map(|l| format!("  {l}\n"))
             .collect();
+        // APISIX's default opens the TLS port 9443 on every address; parallel test gateways
+        // must not share it, so a test that wants TLS names its own listener.
+        let apisix_keys = if apisix_keys.contains("  ssl:") {
+            apisix_keys
+        } else {
+            format!("{apisix_keys}  ssl:\n    enable: false\n")
+        };
         // Every gateway gets its own metrics port, so parallel tests do not fight over 9091.
         let metrics_port = free_port();
         let plugin_attr = if extra_config.contains("plugin_attr:") {
@@ -856,7 +863,11 @@ impl StoreGatewayBuilder {
             .map(|l| format!("    {l}\n"))
             .collect();
         let dir = gw.dir.path();
-        let apisix_keys: String = self.apisix_keys.concat();
+        let mut apisix_keys: String = self.apisix_keys.concat();
+        // No shared default TLS port 9443 between parallel test nodes.
+        if !apisix_keys.contains("  ssl:") {
+            apisix_keys.push_str("  ssl:\n    enable: false\n");
+        }
         format!(
             "apisix:\n\
              {apisix_keys}\

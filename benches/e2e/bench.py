@@ -186,13 +186,16 @@ http {{
     }}
   }}
   server {{
-    listen 127.0.0.1:{NGINX_TLS_PORT} ssl reuseport;
-    http2 on;
+    # `listen ... http2` works on every nginx (`http2 on;` needs 1.25.1+).
+    listen 127.0.0.1:{NGINX_TLS_PORT} ssl http2 reuseport;
     ssl_certificate {crt};
     ssl_certificate_key {key};
     ssl_protocols TLSv1.2 TLSv1.3;
     ssl_session_cache shared:SSL:20m;
     ssl_session_tickets off;
+    # nginx closes an h2 connection after keepalive_requests (1000) requests, which ends
+    # h2load's single connection; ferrisix sets no such limit.
+    keepalive_requests 1000000;
     location / {{
       proxy_http_version 1.1;
       proxy_set_header Connection "";

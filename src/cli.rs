@@ -163,6 +163,7 @@ pub fn gateway(settings: &Settings, snapshot: SnapshotHandle) -> Gateway {
         show_upstream_status: settings.apisix.show_upstream_status_in_response_header,
         access_log: Arc::new(AccessLog::new(sink, &http.access_log_format)),
         legacy_admin: None,
+        client_body_timeout: http.client_body_timeout,
     }
 }
 
@@ -181,7 +182,7 @@ pub fn server_options(settings: &Settings) -> ServerOptions {
         workers: settings.nginx_config.worker_processes.resolve(),
         model,
         shutdown_timeout: settings.nginx_config.worker_shutdown_timeout,
-        header_timeout: settings.nginx_config.http.client_header_timeout,
+        limits: conn_limits(settings),
         tls_listen: if settings.apisix.ssl.enable {
             settings
                 .apisix
@@ -206,6 +207,16 @@ pub fn server_options(settings: &Settings) -> ServerOptions {
                 max_frame_size: h.max_frame_size,
             }
         },
+    }
+}
+
+/// nginx's per-connection timers (`nginx_config.http`), for every listener.
+pub fn conn_limits(settings: &Settings) -> ferrisix_net::ConnLimits {
+    let http = &settings.nginx_config.http;
+    ferrisix_net::ConnLimits {
+        header_timeout: http.client_header_timeout,
+        keepalive_timeout: http.keepalive_timeout,
+        send_timeout: http.send_timeout,
     }
 }
 
@@ -313,6 +324,7 @@ pub fn start_prometheus_export(
     rt.spawn(ferrisix_plugins::prometheus::server::serve(
         listener,
         &ferrisix_plugins::runtime().metrics,
+        conn_limits(settings),
         shutdown,
     ));
     tracing::info!(%addr, uri = %attr.export_uri, "prometheus metrics exported");

@@ -107,6 +107,7 @@ fn run(mut settings: Settings) -> Result<(), String> {
         control.spawn(ferrisix_proxy::control::serve(
             listener,
             api,
+            cli::conn_limits(&settings),
             shutdown_rx.clone(),
         ));
     }

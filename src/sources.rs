@@ -230,6 +230,7 @@ pub async fn start_admin(
         .map_err(|e| format!("cannot listen on {addr} for the Admin API: {e}"))?;
     let mut options = AdminOptions::from_settings(&settings.deployment.admin);
     options.keyring = settings.apisix.data_encryption.keyring();
+    options.key_guard = settings.ferrisix.admin_key_guard.clone();
     let config_path = settings.source.clone();
     let hook: ferrisix_admin::ReloadHook = Arc::new(move || {
         // `PUT /plugins/reload` re-reads the plugin list from config.yaml, as APISIX does.
@@ -242,7 +243,13 @@ pub async fn start_admin(
         tracing::warn!("could not publish the plugin list to the store: {e}");
     }
     tracing::info!(%addr, "Admin API listening");
-    tokio::spawn(ferrisix_admin::serve(listener, api.clone(), shutdown));
+    let limits = crate::cli::conn_limits(settings);
+    tokio::spawn(ferrisix_admin::serve(
+        listener,
+        api.clone(),
+        limits,
+        shutdown,
+    ));
     Ok(api)
 }
 

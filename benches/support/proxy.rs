@@ -151,6 +151,7 @@ pub fn start_proxy(route_json: &str, upstream_port: u16) -> Proxy {
     let http = &settings.nginx_config.http;
     let gateway = Arc::new(Gateway {
         legacy_admin: None,
+        client_body_timeout: http.client_body_timeout,
         snapshot: handle,
         server_header: HeaderValue::from_static(concat!("ferrisix/", env!("CARGO_PKG_VERSION"))),
         real_ip: RealIpConfig {
@@ -178,7 +179,11 @@ pub fn start_proxy(route_json: &str, upstream_port: u16) -> Proxy {
             workers: 1,
             model: WorkerModel::PerCore,
             shutdown_timeout: Duration::from_secs(1),
-            header_timeout: http.client_header_timeout,
+            limits: ferrisix_net::ConnLimits {
+                header_timeout: http.client_header_timeout,
+                keepalive_timeout: http.keepalive_timeout,
+                send_timeout: http.send_timeout,
+            },
             tls_listen: Vec::new(),
             http2: Default::default(),
         };

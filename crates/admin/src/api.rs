@@ -10,7 +10,7 @@ use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 use ferrisix_config::schema::lua;
-use ferrisix_config::settings::{AdminKey, AdminSettings};
+use ferrisix_config::settings::{AdminKey, AdminKeyGuard, AdminSettings};
 use ferrisix_config::store::Store;
 use ferrisix_plugins::PluginRegistry;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, SERVER};
@@ -23,6 +23,7 @@ use serde_json::{json, Value};
 
 use crate::args::Args;
 use crate::body::read_limited;
+use crate::guard::AuthGuard;
 use crate::resources::{self, Resource};
 use crate::response::{nginx_page, Reply};
 use crate::{auth, cjson, path};
@@ -39,7 +40,8 @@ const PREFIX: &str = "/apisix/admin";
 /// How the Admin API is set up (`deployment.admin` plus what the process knows).
 #[derive(Clone, Debug)]
 pub struct AdminOptions {
-    /// `admin_key`: empty means no key is configured, and then no key is asked for.
+    /// `admin_key`. An empty list matches no key, so every request is refused with 401, as
+    /// APISIX's `check_token` does; only `key_required: false` turns the check off.
     pub keys: Vec<AdminKey>,
     /// `admin_key_required: false` skips the key check entirely.
     pub key_required: bool,
@@ -56,6 +58,8 @@ pub struct AdminOptions {
     /// `apisix.data_encryption.keyring`: ssl keys and upstream client keys are stored
     /// encrypted with it, as APISIX stores them.
     pub keyring: ferrisix_config::encrypt::Keyring,
+    /// `ferrisix.admin_key_guard`: failed authentications per client address.
+    pub key_guard: AdminKeyGuard,
 }
 
 impl Default for AdminOptions {
@@ -75,6 +79,7 @@ impl AdminOptions {
             server: concat!("ferrisix/", env!("CARGO_PKG_VERSION")).to_string(),
             stream_mode: false,
             keyring: ferrisix_config::encrypt::Keyring::apisix_default(),
+            key_guard: AdminKeyGuard::default(),
         }
     }
 }
@@ -90,6 +95,7 @@ pub struct AdminApi {
     store: Arc<dyn Store>,
     plugins: RwLock<PluginRegistry>,
     reload: Option<ReloadHook>,
+    guard: Option<AuthGuard>,
 }
 
 impl std::fmt::Debug for AdminApi {
@@ -113,19 +119,20 @@ pub(crate) struct Call {
 
 impl AdminApi {
     pub fn new(options: AdminOptions, store: Arc<dyn Store>, plugins: PluginRegistry) -> AdminApi {
-        if !options.key_required {
-            tracing::warn!(
-                "Admin key is bypassed! If you are deploying in a production environment, enable `admin_key_required` and set a secure admin key!"
-            );
-        }
         let server = HeaderValue::from_str(&options.server)
             .unwrap_or_else(|_| HeaderValue::from_static("ferrisix"));
+        let g = &options.key_guard;
+        let guard = g
+            .enabled
+            .then(|| AuthGuard::new(g.burst, g.per_minute))
+            .flatten();
         AdminApi {
             options,
             server,
             store,
             plugins: RwLock::new(plugins),
             reload: None,
+            guard,
         }
     }
 
@@ -170,7 +177,7 @@ impl AdminApi {
         if !uri.starts_with(PREFIX) {
             return self.page(StatusCode::NOT_FOUND, false);
         }
-        let reply = self.dispatch(&parts, &uri, body).await;
+        let reply = self.dispatch(&parts, &uri, body, peer.to_canonical()).await;
         self.finish(reply)
     }
 
@@ -256,7 +263,7 @@ impl AdminApi {
     }
 
     /// The admin router (`apisix/admin/init.lua`'s `uri_route`).
-    async fn dispatch<B>(&self, parts: &Parts, uri: &str, body: B) -> Reply
+    async fn dispatch<B>(&self, parts: &Parts, uri: &str, body: B, peer: IpAddr) -> Reply
     where
         B: Body,
         B::Error: Display,
@@ -281,19 +288,19 @@ impl AdminApi {
             };
         }
         if uri == "/apisix/admin/configs/validate" && method == Method::POST {
-            if let Err(r) = self.auth(parts) {
+            if let Err(r) = self.auth(parts, peer) {
                 return r;
             }
             return self.validate_configs(parts, body).await;
         }
         if uri == "/apisix/admin/plugins/list" && method == Method::GET {
-            if let Err(r) = self.auth(parts) {
+            if let Err(r) = self.auth(parts, peer) {
                 return r;
             }
             return self.plugin_list(&Args::parse(parts.uri.query()));
         }
         if uri == "/apisix/admin/plugins/reload" && resource_method {
-            if let Err(r) = self.auth(parts) {
+            if let Err(r) = self.auth(parts, peer) {
                 return r;
             }
             if method == Method::PUT {
@@ -307,25 +314,45 @@ impl AdminApi {
             );
         }
         if method == Method::POST && uri.starts_with("/apisix/admin/schema/validate/") {
-            if let Err(r) = self.auth(parts) {
+            if let Err(r) = self.auth(parts, peer) {
                 return r;
             }
             return self.schema_validate(parts, uri, body).await;
         }
         if resource_method && uri.starts_with("/apisix/admin/") {
-            return self.run(parts, uri, body).await;
+            return self.run(parts, uri, body, peer).await;
         }
         Reply::Page(StatusCode::NOT_FOUND)
     }
 
-    /// `check_token`: 401 with APISIX's description, no `X-API-VERSION`.
-    fn auth(&self, parts: &Parts) -> Result<(), Reply> {
-        if !self.options.key_required || self.options.keys.is_empty() {
+    /// `check_token`: 401 with APISIX's description, no `X-API-VERSION`. The log line names
+    /// the client, and wrong keys count against its address ([`AuthGuard`]): past the burst,
+    /// 429 before any key is compared.
+    fn auth(&self, parts: &Parts, peer: IpAddr) -> Result<(), Reply> {
+        if !self.options.key_required {
             return Ok(());
+        }
+        let too_many = |wait: std::time::Duration| {
+            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            tracing::warn!(client = %peer, retry_in_s = secs, "failed to check token: too many wrong keys from this client");
+            Reply::early(
+                StatusCode::TOO_MANY_REQUESTS,
+                json!({"error_msg": format!(
+                    "too many failed authentications from {peer}, retry in {secs} seconds"
+                )}),
+            )
+        };
+        if let Some(wait) = self.guard.as_ref().and_then(|g| g.locked_out(peer)) {
+            return Err(too_many(wait));
         }
         let presented = auth::presented_key(parts.uri.query(), &parts.headers);
         auth::check(&self.options.keys, presented, &parts.method).map_err(|refusal| {
-            tracing::warn!(reason = refusal.description(), "failed to check token");
+            if refusal == auth::Refusal::Wrong {
+                if let Some(wait) = self.guard.as_ref().and_then(|g| g.failed(peer)) {
+                    return too_many(wait);
+                }
+            }
+            tracing::warn!(client = %peer, reason = refusal.description(), "failed to check token");
             Reply::early(
                 StatusCode::UNAUTHORIZED,
                 json!({"error_msg": "failed to check token", "description": refusal.description()}),
@@ -366,12 +393,12 @@ impl AdminApi {
     }
 
     /// `run()`: everything under `/apisix/admin/*` that is not one of the fixed routes.
-    async fn run<B>(&self, parts: &Parts, uri: &str, body: B) -> Reply
+    async fn run<B>(&self, parts: &Parts, uri: &str, body: B, peer: IpAddr) -> Reply
     where
         B: Body,
         B::Error: Display,
     {
-        if let Err(r) = self.auth(parts) {
+        if let Err(r) = self.auth(parts, peer) {
             return r;
         }
         let segs = path::segments(uri);

@@ -335,11 +335,24 @@ impl Parser<'_> {
                 }
             }
         }
+        let end = self.pos;
         self.pos += 1;
         let s = match String::from_utf8(out) {
             Ok(s) => s,
-            // Lua strings are bytes; JSON values here must be UTF-8.
-            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+            // Lua strings are bytes and lua-cjson copies them as they are; here values are
+            // JSON text, and replacing the bytes with U+FFFD would store something the client
+            // did not send. Refused as lua-cjson refuses any other bad token, at the first
+            // byte that is not UTF-8 (escapes are ASCII, so the raw slice tells where).
+            Err(_) => {
+                let raw = &self.data[start + 1..end];
+                let bad = std::str::from_utf8(raw)
+                    .err()
+                    .map_or(0, |e| e.valid_up_to());
+                return Token {
+                    kind: Kind::Error("invalid token"),
+                    index: start + 1 + bad,
+                };
+            }
         };
         Token {
             kind: Kind::Str(s),

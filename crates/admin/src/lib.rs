@@ -14,6 +14,7 @@ mod args;
 mod auth;
 mod body;
 mod cjson;
+mod guard;
 mod list;
 pub mod memory;
 mod merge;

@@ -4,9 +4,8 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferrisix_net::{Acceptor, ConnLimits, Tracked};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -17,21 +16,16 @@ use crate::api::AdminApi;
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Serves `admin` on `listener` until `shutdown` turns true, then lets in-flight requests
-/// finish (for up to ten seconds).
+/// finish (for up to ten seconds). `limits` bounds silent, idle and non-reading clients as on
+/// the data port.
 pub async fn serve(
     listener: TcpListener,
     admin: Arc<AdminApi>,
+    limits: ConnLimits,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .keep_alive(true)
-        // A client that never finishes its headers is dropped rather than held forever.
-        .header_read_timeout(Duration::from_secs(60))
-        .max_buf_size(64 * 1024);
-    builder.http2().timer(TokioTimer::new());
+    let builder = ferrisix_net::http_builder(&limits);
+    let mut acceptor = Acceptor::new(listener, "admin");
     let graceful = GracefulShutdown::new();
     // A closed channel counts as a stop signal too.
     let stop = async move {
@@ -42,27 +36,25 @@ pub async fn serve(
     loop {
         tokio::select! {
             () = &mut stop => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let _ = stream.set_nodelay(true);
+            (stream, peer) = acceptor.accept() => {
+                let (io, conn_watch) = ferrisix_net::wrap(stream, &limits);
+                let admin = admin.clone();
+                let requests = conn_watch.clone();
+                let service = service_fn(move |req| {
                     let admin = admin.clone();
-                    let service = service_fn(move |req| {
-                        let admin = admin.clone();
-                        async move { Ok::<_, Infallible>(admin.handle(req, peer.ip()).await) }
-                    });
-                    let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-                    let conn = graceful.watch(conn);
-                    tokio::spawn(async move {
-                        if let Err(e) = conn.await {
-                            tracing::debug!(error = %e, "admin connection ended with an error");
-                        }
-                    });
-                }
-                Err(e) => {
-                    // Out of file descriptors and similar: back off instead of spinning.
-                    tracing::warn!(error = %e, "admin accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+                    let in_flight = requests.begin();
+                    async move {
+                        let resp = admin.handle(req, peer.ip()).await;
+                        Ok::<_, Infallible>(Tracked::response(resp, in_flight))
+                    }
+                });
+                let conn = builder.serve_connection(io, service).into_owned();
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Some(Err(e)) = conn_watch.run(conn).await {
+                        tracing::debug!(error = %e, "admin connection ended with an error");
+                    }
+                });
             }
         }
     }

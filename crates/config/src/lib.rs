@@ -8,6 +8,7 @@
 
 pub mod encrypt;
 pub mod model;
+pub mod nesting;
 pub mod pem;
 pub mod provider;
 pub mod schema;

@@ -90,6 +90,7 @@ pub fn parse_standalone_with(
             // Substituted before parsing, as APISIX does, so quoting decides the type:
             // `"${{PORT}}"` stays a string, `${{PORT}}` becomes a number.
             let text = env::substitute_text(text, env).map_err(|e| e.join("; "))?;
+            crate::nesting::check_yaml_depth(&text).map_err(|e| format!("invalid YAML: {e}"))?;
             serde_yaml::from_str::<Value>(&text).map_err(|e| format!("invalid YAML: {e}"))?
         }
         Format::Json => {

@@ -507,7 +507,7 @@ impl Default for AdminSettings {
                 role: AdminRole::Admin,
             }],
             admin_key_required: true,
-            allow_admin: Some(vec!["127.0.0.0/24".parse().expect("static CIDR")]),
+            allow_admin: Some(vec![loopback_admin_net()]),
             enable_admin_cors: true,
             admin_api_version: AdminApiVersion::V3,
         }
@@ -765,10 +765,33 @@ impl Default for ExportAddr {
     }
 }
 
+/// `ferrisix.admin_key_guard`: a per-client-address limit on failed Admin API
+/// authentications (wrong keys), ferrisix's own (APISIX has none). GCRA: `burst` failures at
+/// once, then `per_minute`; past that the address gets 429 without its key being compared.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct AdminKeyGuard {
+    pub enabled: bool,
+    pub burst: u32,
+    pub per_minute: u32,
+}
+
+impl Default for AdminKeyGuard {
+    fn default() -> Self {
+        AdminKeyGuard {
+            enabled: true,
+            burst: 10,
+            per_minute: 10,
+        }
+    }
+}
+
 /// The `ferrisix:` section: keys APISIX does not have.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(default)]
 pub struct FerrisixSettings {
+    /// Failed Admin API authentications per client address.
+    pub admin_key_guard: AdminKeyGuard,
     /// The standalone file (`yaml`/`json` providers) instead of `apisix.yaml`/`apisix.json`
     /// beside config.yaml. Relative paths resolve against config.yaml's directory.
     pub config_file: Option<PathBuf>,
@@ -958,6 +981,10 @@ impl Settings {
         origin: &str,
         env: env::EnvLookup<'_>,
     ) -> Result<(Settings, Vec<String>), SettingsError> {
+        crate::nesting::check_yaml_depth(text).map_err(|message| SettingsError::Syntax {
+            origin: origin.to_owned(),
+            message,
+        })?;
         let mut value: serde_yaml::Value =
             serde_yaml::from_str(text).map_err(|e| SettingsError::Syntax {
                 origin: origin.to_owned(),
@@ -990,6 +1017,7 @@ impl Settings {
         apply_listener_http2_default(&mut settings, &value);
         apply_ssl_listen_defaults(&mut settings, &value);
         check(&settings, &mut errors);
+        admin_key_checks(&settings, &mut errors, &mut warnings);
         prometheus_warnings(&settings, &mut warnings);
         if errors.is_empty() {
             Ok((settings, warnings))
@@ -1150,6 +1178,14 @@ fn check(s: &Settings, errors: &mut Vec<String>) {
             ));
         }
     }
+    let guard = &s.ferrisix.admin_key_guard;
+    if guard.enabled && (guard.burst == 0 || guard.per_minute == 0) {
+        errors.push(
+            "ferrisix.admin_key_guard: burst and per_minute must be at least 1 (enabled: false \
+             turns the guard off)"
+                .into(),
+        );
+    }
     if d.etcd.timeout == 0 {
         errors.push("deployment.etcd.timeout: invalid value: 0, expected at least 1".into());
     }
@@ -1174,6 +1210,48 @@ fn check(s: &Settings, errors: &mut Vec<String>) {
             ));
         }
     }
+}
+
+/// APISIX's CLI checks of the Admin API token (`apisix/cli/ops.lua`), run at start and by
+/// `ferrisix -t`. An empty `admin_key` list refuses every Admin request with 401 at run time
+/// (as `check_token` does); the CLI refuses such a file unless the Admin API is reachable from
+/// loopback only, and there it only warns. `admin_key_required: false` turns the check off,
+/// loudly.
+fn admin_key_checks(s: &Settings, errors: &mut Vec<String>, warnings: &mut Vec<String>) {
+    if !s.admin_enabled() {
+        return;
+    }
+    let admin = &s.deployment.admin;
+    if !admin.admin_key_required {
+        warnings.push(
+            "Warning! Admin key is bypassed! deployment.admin.admin_key_required is false:              anyone allowed by allow_admin can change the configuration. If you are deploying              in a production environment, enable `admin_key_required` and set a secure admin key!"
+                .into(),
+        );
+        return;
+    }
+    if !admin.admin_key.is_empty() {
+        return;
+    }
+    let loopback_only = admin
+        .allow_admin
+        .as_deref()
+        .is_some_and(|nets| nets.len() == 1 && nets[0] == loopback_admin_net());
+    if loopback_only {
+        warnings.push(
+            "deployment.admin.admin_key is empty: every Admin API request is refused with 401              until a key is set"
+                .into(),
+        );
+    } else {
+        errors.push(
+            "deployment.admin.admin_key: ERROR: missing valid Admin API token. Please modify              \"admin_key\" in conf/config.yaml (an empty list refuses every Admin API request;              admin_key_required: false turns authentication off)"
+                .into(),
+        );
+    }
+}
+
+/// `127.0.0.0/24`: APISIX's default `allow_admin`, the one its CLI trusts without a key check.
+fn loopback_admin_net() -> IpNet {
+    IpNet::V4(ipnet::Ipv4Net::new(std::net::Ipv4Addr::new(127, 0, 0, 0), 24).expect("static CIDR"))
 }
 
 /// The HTTP metrics with their settings and built-in labels.

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use ferrisix_config::model::ResourceKind;
 use ferrisix_config::store::StoreHealth;
+use ferrisix_net::{Acceptor, ConnLimits, Tracked};
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -118,26 +118,31 @@ impl ControlApi {
     }
 }
 
-/// Serves the control API until `shutdown` turns true.
+/// Serves the control API until `shutdown` turns true. `limits` bounds silent, idle and
+/// non-reading clients as on the data port.
 pub async fn serve(
     listener: TcpListener,
     api: Arc<ControlApi>,
+    limits: ConnLimits,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let builder = Arc::new(ferrisix_net::http_builder(&limits));
+    let mut acceptor = Acceptor::new(listener, "control");
     loop {
         tokio::select! {
             _ = shutdown.wait_for(|s| *s) => return,
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+            (stream, _) = acceptor.accept() => {
                 let api = api.clone();
+                let builder = builder.clone();
                 tokio::spawn(async move {
+                    let (io, conn_watch) = ferrisix_net::wrap(stream, &limits);
+                    let requests = conn_watch.clone();
                     let service = service_fn(move |req: Request<Incoming>| {
+                        let in_flight = requests.begin();
                         let resp = api.handle(req.method(), req.uri().path());
-                        async move { Ok::<_, Infallible>(resp) }
+                        async move { Ok::<_, Infallible>(Tracked::response(resp, in_flight)) }
                     });
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    let _ = conn_watch.run(builder.serve_connection(io, service)).await;
                 });
             }
         }

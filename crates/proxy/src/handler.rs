@@ -23,6 +23,7 @@ use crate::body::{ResponseBody, UpstreamResponse};
 use crate::client::{self, PoolKey, SendOutcome, TryTimeouts, UpstreamBody};
 use crate::error::{may_retry, UpstreamFailure};
 use crate::phases::{self, PluginRun, UpstreamTrace};
+use crate::request_head;
 use crate::responses;
 use crate::snapshot::{CompiledRoute, CompiledUpstream, RouteTarget, SnapshotHandle};
 use crate::vars::RequestVars;
@@ -88,6 +89,9 @@ pub struct Gateway {
     pub access_log: Arc<AccessLog>,
     /// APISIX 2.x compatibility: `/apisix/admin` on the data port, for loopback clients only.
     pub legacy_admin: Option<LegacyAdmin>,
+    /// nginx's `client_body_timeout`: the longest wait for the next part of a request body
+    /// while it is read before proxying (408 then).
+    pub client_body_timeout: std::time::Duration,
 }
 
 /// Answers `/apisix/admin/...` requests that arrive on the data port (APISIX 2.x served its
@@ -304,20 +308,28 @@ impl Gateway {
         trace: &mut UpstreamTrace,
     ) -> Response<ResponseBody> {
         let server = &self.server_header;
+        if let Err(status) = request_head::check(parts) {
+            return responses::error_page(status, server);
+        }
         let raw_uri_len = parts.uri.path_and_query().map_or(0, |p| p.as_str().len());
         if raw_uri_len > MAX_REQUEST_URI {
             return responses::error_page(StatusCode::URI_TOO_LONG, server);
         }
         // HTTP/2 carries the host in :authority; an absolute-form request line overrides Host.
+        let host_header = match parts.headers.get(header::HOST).map(HeaderValue::to_str) {
+            Some(Ok(h)) => Some(h),
+            Some(Err(_)) => return responses::error_page(StatusCode::BAD_REQUEST, server),
+            None => None,
+        };
         let host_raw: Option<&str> = match parts.uri.authority() {
-            Some(a) => Some(a.as_str()),
-            None => match parts.headers.get(header::HOST) {
-                Some(h) => match h.to_str() {
-                    Ok(s) => Some(s),
-                    Err(_) => return responses::error_page(StatusCode::BAD_REQUEST, server),
-                },
-                None => None,
-            },
+            Some(a) => {
+                // nginx validates the Host header even when the request line names the host.
+                if host_header.is_some_and(|h| host_without_port(h).is_none()) {
+                    return responses::error_page(StatusCode::BAD_REQUEST, server);
+                }
+                Some(a.as_str())
+            }
+            None => host_header,
         };
         if host_raw.is_none() && parts.version == Version::HTTP_11 {
             // nginx: "client sent HTTP/1.1 request without "Host" header".
@@ -464,9 +476,7 @@ impl Gateway {
         } else {
             match body.size_hint().exact() {
                 Some(n) if n <= BUFFERED_BODY_LIMIT => {
-                    match tokio::time::timeout(std::time::Duration::from_secs(60), body.collect())
-                        .await
-                    {
+                    match tokio::time::timeout(self.client_body_timeout, body.collect()).await {
                         Ok(Ok(collected)) => Some(UpstreamBody::full(collected.to_bytes())),
                         // The client went away or stalled (nginx logs 400/408).
                         Ok(Err(_)) => {
@@ -481,10 +491,14 @@ impl Gateway {
                 // Unknown length (chunked): nginx reads the whole body and sends it with
                 // Content-Length. Do the same up to the buffering limit; past it, stream what
                 // was read followed by the rest, so a huge upload never sits in memory.
-                None => match read_up_to(body, BUFFERED_BODY_LIMIT as usize).await {
-                    Ok(b) => Some(b),
-                    Err(status) => return responses::error_page(status, server),
-                },
+                None => {
+                    match read_up_to(body, BUFFERED_BODY_LIMIT as usize, self.client_body_timeout)
+                        .await
+                    {
+                        Ok(b) => Some(b),
+                        Err(status) => return responses::error_page(status, server),
+                    }
+                }
             }
         };
         let replayable = pending_body
@@ -569,13 +583,22 @@ impl Gateway {
                 None => break,
             };
             let upstream_host = match upstream.pass_host {
-                // `$http_host` verbatim (port and case kept); HTTP/2 takes :authority.
-                PassHost::Pass => host_value.clone(),
+                // `$http_host` verbatim (port and case kept); HTTP/2 takes :authority. An
+                // HTTP/1.0 request may come without one; it still goes upstream as HTTP/1.1,
+                // which needs a Host: the node's, as nginx's default `$proxy_host`.
+                PassHost::Pass => host_value
+                    .clone()
+                    .or_else(|| Some(node.host_header.clone())),
                 PassHost::Node => Some(node.host_header.clone()),
                 PassHost::Rewrite => upstream.upstream_host.clone(),
             };
             match &upstream_host {
                 Some(h) => {
+                    if host_value.is_none() {
+                        // No host from the client: X-Forwarded-Host names the one the upstream
+                        // is asked for (nginx's `$host` falls back to the server's name).
+                        req_headers.insert(HeaderName::from_static("x-forwarded-host"), h.clone());
+                    }
                     req_headers.insert(header::HOST, h.clone());
                 }
                 None => {
@@ -853,10 +876,14 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
 
 /// Reads a body of unknown length until it ends (a complete, replayable body) or passes
 /// `limit` bytes (a stream that first sends what was read).
-async fn read_up_to(mut body: Incoming, limit: usize) -> Result<UpstreamBody, StatusCode> {
+async fn read_up_to(
+    mut body: Incoming,
+    limit: usize,
+    between_reads: std::time::Duration,
+) -> Result<UpstreamBody, StatusCode> {
     let mut buf = bytes::BytesMut::new();
     loop {
-        match tokio::time::timeout(std::time::Duration::from_secs(60), body.frame()).await {
+        match tokio::time::timeout(between_reads, body.frame()).await {
             Ok(Some(Ok(frame))) => {
                 if let Ok(data) = frame.into_data() {
                     buf.extend_from_slice(&data);

@@ -15,6 +15,7 @@ pub mod control;
 pub mod error;
 pub mod handler;
 pub mod phases;
+mod request_head;
 pub mod responses;
 pub mod server;
 pub mod snapshot;

@@ -12,28 +12,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferrisix_net::{Acceptor, ConnLimits, Tracked};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioExecutor;
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::{TcpListener, TcpStream};
-
-/// Disables Nagle on the socket under a connection.
-trait SetNoDelay {
-    fn set_nodelay(&self);
-}
-
-impl SetNoDelay for TcpStream {
-    fn set_nodelay(&self) {
-        let _ = TcpStream::set_nodelay(self, true);
-    }
-}
-
-impl SetNoDelay for tokio_rustls::server::TlsStream<TcpStream> {
-    fn set_nodelay(&self) {
-        // Already set before the handshake.
-    }
-}
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::access_log;
@@ -57,10 +41,10 @@ pub struct ServerOptions {
     pub model: WorkerModel,
     /// How long in-flight requests may run after a shutdown signal.
     pub shutdown_timeout: Duration,
-    /// nginx's `client_header_timeout` / `keepalive_timeout`: an idle or slow client is closed.
-    /// It also bounds a TLS handshake, as nginx's does.
-    pub header_timeout: Duration,
-    /// HTTPS listeners (`apisix.ssl.listen`), certificates from the snapshot's `ssls`.
+    /// nginx's `client_header_timeout`, `keepalive_timeout` and `send_timeout`.
+    pub limits: ConnLimits,
+    /// HTTPS listeners (`apisix.ssl.listen`), certificates from the snapshot's `ssls`. Their
+    /// handshakes are bounded by `client_header_timeout`, as nginx bounds them.
     pub tls_listen: Vec<TlsListen>,
     /// HTTP/2 limits for every listener.
     pub http2: Http2Limits,
@@ -205,23 +189,16 @@ async fn serve(
     mut shutdown: watch::Receiver<bool>,
     per_core: bool,
 ) {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .keep_alive(true)
-        .header_read_timeout(options.header_timeout)
-        // Headers past 64 KiB get 431 rather than exhausting memory.
-        .max_buf_size(64 * 1024);
+    let mut builder = ferrisix_net::http_builder(&options.limits);
     let h2 = options.http2;
     builder
         .http2()
-        .timer(TokioTimer::new())
         .max_concurrent_streams(h2.max_concurrent_streams)
         .max_header_list_size(h2.max_header_list_size)
         .initial_stream_window_size(h2.initial_stream_window_size)
         .initial_connection_window_size(h2.initial_connection_window_size)
         .max_frame_size(h2.max_frame_size);
+    let limits = options.limits;
     let graceful = Arc::new(GracefulShutdown::new());
 
     // Per-worker housekeeping: log buffers out every second, expired pool entries dropped.
@@ -250,42 +227,36 @@ async fn serve(
         let builder = builder.clone();
         let graceful = graceful.clone();
         let mut stop = stop_tx.subscribe();
-        let handshake_timeout = options.header_timeout;
         accept_tasks.push(tokio::spawn(async move {
             let local = listener.local_addr().ok();
+            let mut acceptor = Acceptor::new(listener, "data");
             loop {
                 tokio::select! {
                     _ = stop.recv() => break,
-                    accepted = listener.accept() => match accepted {
-                        Ok((stream, peer)) => {
-                            let local = local.or_else(|| stream.local_addr().ok());
-                            let Some(local) = local else { continue };
-                            let info = ConnInfo::new(peer, local);
-                            match tls {
-                                None => serve_connection(&builder, &graceful, gateway.clone(), stream, info),
-                                Some(http2) => {
-                                    let builder = builder.clone();
-                                    let graceful = graceful.clone();
-                                    let gateway = gateway.clone();
-                                    tokio::spawn(async move {
-                                        let _ = stream.set_nodelay(true);
-                                        let snapshot = gateway.snapshot.clone();
-                                        match ferrisix_tls::accept(stream, move || snapshot.load().tls.clone(), http2, handshake_timeout).await {
-                                            Ok((tls_stream, conn)) => serve_connection(&builder, &graceful, gateway, tls_stream, info.with_tls(conn)),
-                                            Err(e @ (ferrisix_tls::AcceptError::NoCertificate(_) | ferrisix_tls::AcceptError::Unusable(_))) => {
-                                                tracing::error!(client = %peer, "{e}");
-                                            }
-                                            Err(e) => tracing::info!(client = %peer, "{e}"),
-                                        }
-                                    });
+                    (stream, peer) = acceptor.accept() => {
+                        let local = local.or_else(|| stream.local_addr().ok());
+                        let Some(local) = local else { continue };
+                        let info = ConnInfo::new(peer, local);
+                        let Some(http2) = tls else {
+                            let _ = stream.set_nodelay(true);
+                            serve_connection(&builder, &graceful, &limits, gateway.clone(), stream, info);
+                            continue;
+                        };
+                        let builder = builder.clone();
+                        let graceful = graceful.clone();
+                        let gateway = gateway.clone();
+                        tokio::spawn(async move {
+                            let _ = stream.set_nodelay(true);
+                            let snapshot = gateway.snapshot.clone();
+                            let store = move || snapshot.load().tls.clone();
+                            match ferrisix_tls::accept(stream, store, http2, limits.header_timeout).await {
+                                Ok((tls_stream, conn)) => serve_connection(&builder, &graceful, &limits, gateway, tls_stream, info.with_tls(conn)),
+                                Err(e @ (ferrisix_tls::AcceptError::NoCertificate(_) | ferrisix_tls::AcceptError::Unusable(_))) => {
+                                    tracing::error!(client = %peer, "{e}");
                                 }
+                                Err(e) => tracing::info!(client = %peer, "{e}"),
                             }
-                        }
-                        Err(e) => {
-                            // Out of file descriptors and similar: back off instead of spinning.
-                            tracing::warn!(error = %e, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
+                        });
                     }
                 }
             }
@@ -316,28 +287,37 @@ async fn serve(
 fn serve_connection<IO>(
     builder: &auto::Builder<TokioExecutor>,
     graceful: &GracefulShutdown,
+    limits: &ConnLimits,
     gateway: Arc<Gateway>,
     stream: IO,
     conn: ConnInfo,
 ) where
-    IO: SetNoDelay + tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    stream.set_nodelay();
+    // What ferrisix_net::wrap does for TCP, for any stream (TLS too; nodelay is set on the
+    // socket at accept).
+    let io = hyper_util::rt::TokioIo::new(ferrisix_net::TimedIo::new(stream, limits.send_timeout));
+    let conn_watch = ferrisix_net::ConnWatch::new(*limits);
     // One shared value per connection: each request clones a single Arc.
-    let ctx = Arc::new((gateway, conn));
+    let ctx = Arc::new((gateway, conn, conn_watch.clone()));
     let service = service_fn(move |req| {
         let ctx = ctx.clone();
-        async move { Ok::<_, Infallible>(ctx.0.handle(req, &ctx.1).await) }
+        let in_flight = ctx.2.begin();
+        async move {
+            let resp = ctx.0.handle(req, &ctx.1).await;
+            Ok::<_, Infallible>(Tracked::response(resp, in_flight))
+        }
     });
     let connection = builder
-        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+        .serve_connection_with_upgrades(io, service)
         .into_owned();
     let connection = graceful.watch(connection);
     // nginx's stub_status counters (prometheus' apisix_nginx_http_current_connections).
     let stats = ferrisix_plugins::prometheus::node::conn_stats();
     stats.connection_opened();
     tokio::spawn(async move {
-        if let Err(e) = connection.await {
+        // Closed early (None) when client_header_timeout or keepalive_timeout passes.
+        if let Some(Err(e)) = conn_watch.run(connection).await {
             tracing::debug!(error = %e, "client connection ended with an error");
         }
         stats.connection_closed();

@@ -133,3 +133,18 @@ fn deep_nesting_is_refused_without_recursion() {
         .unwrap_err()
         .starts_with("Found too many nested data structures (1001)"));
 }
+
+/// Issue 8, finding 10: invalid UTF-8 is refused like any bad token, not stored as U+FFFD.
+#[test]
+fn invalid_utf8_is_refused_where_it_starts() {
+    assert_eq!(
+        decode(b"{\"uri\":\"/a\xff\"}").unwrap_err(),
+        "Expected value but found invalid token at character 11"
+    );
+    assert_eq!(
+        decode(b"{\"u\\n\xc3\x28\":1}").unwrap_err(),
+        "Expected object key string but found invalid token at character 6"
+    );
+    // Valid multi-byte text is kept.
+    assert_eq!(decode("\"é€😀\"".as_bytes()).unwrap(), json!("é€😀"));
+}

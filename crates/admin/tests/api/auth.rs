@@ -146,13 +146,65 @@ async fn key_not_required() {
         .expect(200, json!({"value": {"uri": "/a"}}));
 }
 
+/// Issue 8, finding 1: `admin_key: []` is not "no authentication". APISIX's `check_token`
+/// finds no matching row and answers 401; only `admin_key_required: false` opens the API.
 #[tokio::test]
-async fn no_keys_configured() {
+async fn empty_key_list_refuses_everything() {
     let a = Admin::with(|o| o.keys.clear());
     a.send(
         req("GET", "/apisix/admin/routes").body(body("")).unwrap(),
         local(),
     )
     .await
-    .expect(200, json!({"total": 0}));
+    .expect(401, missing());
+    let put = req("PUT", "/apisix/admin/routes/pwn");
+    a.send(put.body(body(&route("/pwn").to_string())).unwrap(), local())
+        .await
+        .expect(401, missing());
+    for key in ["", "anything", KEY] {
+        let put = req("PUT", "/apisix/admin/routes/pwn").header("X-API-KEY", key);
+        a.send(put.body(body(&route("/pwn").to_string())).unwrap(), local())
+            .await
+            .expect(401, wrong());
+    }
+    let stored = ferrisix_config::store::Store::get(a.store.as_ref(), "/apisix/routes/pwn").await;
+    assert!(stored.unwrap().is_none());
+}
+
+/// Issue 8, finding 11: wrong keys are limited per client address (ferrisix's own guard):
+/// past the burst even the right key gets 429, other addresses are not affected, and
+/// `enabled: false` turns it off.
+#[tokio::test]
+async fn wrong_keys_are_throttled_per_address() {
+    let a = Admin::with(|o| {
+        o.key_guard.burst = 5;
+        o.key_guard.per_minute = 1;
+    });
+    let attacker: std::net::IpAddr = "127.0.0.9".parse().unwrap();
+    let get = |key: &str| {
+        req("GET", "/apisix/admin/routes")
+            .header("X-API-KEY", key)
+            .body(body(""))
+            .unwrap()
+    };
+    for _ in 0..5 {
+        a.send(get("guess"), attacker).await.expect(401, wrong());
+    }
+    let r = a.send(get("guess"), attacker).await;
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    assert_eq!(r.status, 429, "{text}");
+    assert!(text.contains("too many failed authentications"), "{text}");
+    let r = a.send(get(KEY), attacker).await;
+    assert_eq!(
+        r.status, 429,
+        "the right key is not compared while locked out"
+    );
+    a.send(get(KEY), local())
+        .await
+        .expect(200, json!({"total": 0}));
+
+    let off = Admin::with(|o| o.key_guard.enabled = false);
+    for _ in 0..50 {
+        off.send(get("guess"), attacker).await.expect(401, wrong());
+    }
 }

@@ -464,3 +464,20 @@ async fn stream_routes_need_stream_mode() {
         .await
         .expect(400, json!({"error_msg": "can not delete this service directly, stream_route [2] is still using it now"}));
 }
+
+/// Issue 8, finding 10: `PUT /routes/a/b`. APISIX's router passes `b` as the sub path, which
+/// only PATCH (and secrets) read: the PUT writes route `a`, as here. Kept on purpose.
+#[tokio::test]
+async fn put_with_extra_segments_writes_the_first_id_as_apisix() {
+    let a = Admin::new();
+    a.call(
+        "PUT",
+        "/apisix/admin/routes/a/b",
+        Some(&route("/ab").to_string()),
+    )
+    .await
+    .expect(201, json!({"key": "/apisix/routes/a"}));
+    a.call("GET", "/apisix/admin/routes/a/b", None)
+        .await
+        .expect(200, json!({"key": "/apisix/routes/a"}));
+}

@@ -25,7 +25,12 @@ async fn serves_and_stops() {
     let store = Arc::new(MemoryStore::new("/apisix"));
     let api = Arc::new(AdminApi::new(options(), store, PluginRegistry::builtin()));
     let (tx, rx) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(serve(listener, api, rx));
+    let task = tokio::spawn(serve(
+        listener,
+        api,
+        ferrisix_net::ConnLimits::default(),
+        rx,
+    ));
 
     let body = route("/a").to_string();
     let put = format!(
@@ -54,4 +59,28 @@ async fn serves_and_stops() {
         .unwrap()
         .unwrap();
     assert!(TcpStream::connect(addr).await.is_err() || exchange(addr, &get).await.is_empty());
+}
+
+/// Issue 8, finding 2: the Admin listener closes a connection that sends nothing, or only part
+/// of the HTTP/2 preface, at client_header_timeout.
+#[tokio::test]
+async fn silent_and_half_preface_connections_are_closed() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let store = Arc::new(MemoryStore::new("/apisix"));
+    let api = Arc::new(AdminApi::new(options(), store, PluginRegistry::builtin()));
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    let limits = ferrisix_net::ConnLimits {
+        header_timeout: Duration::from_millis(300),
+        ..ferrisix_net::ConnLimits::default()
+    };
+    tokio::spawn(serve(listener, api, limits, rx));
+    for sent in [&b""[..], b"PRI * HTTP/2.0\r\n"] {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(sent).await.unwrap();
+        let mut out = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+        assert!(read.is_ok(), "still open after 10 s having sent {sent:?}");
+        assert!(out.is_empty());
+    }
 }

@@ -430,3 +430,13 @@ fn file_provider_needs_a_runtime() {
     let err = FileProvider::start("/nonexistent/apisix.yaml", Format::Yaml).unwrap_err();
     assert_eq!(err, "FileProvider must be started inside a Tokio runtime");
 }
+
+/// Issue 8, finding 9: a standalone file nested 100k deep is refused at once.
+#[test]
+fn deeply_nested_standalone_file_is_refused_quickly() {
+    let started = std::time::Instant::now();
+    let text = format!("routes: {}\n#END\n", "[".repeat(100_000));
+    let err = parse_standalone_with(&text, Format::Yaml, 1, &no_env).unwrap_err();
+    assert!(err.contains("nested deeper than 256 levels"), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+}

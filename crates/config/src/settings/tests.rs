@@ -342,7 +342,7 @@ fn allow_admin_keeps_null_and_empty_apart() {
 
 #[test]
 fn deployment_admin_and_etcd() {
-    let s = parse(
+    let (s, _bypass_warning) = with_warnings(
         r#"
 deployment:
   role: traditional
@@ -877,4 +877,65 @@ fn shipped_example_config_is_a_yaml_data_plane() {
         s.deployment.role_traditional.config_provider;
     defaults.source = s.source.clone();
     assert_eq!(s, defaults);
+}
+
+fn with_warnings(text: &str) -> (Settings, Vec<String>) {
+    Settings::from_yaml_str_with_env(text, &no_env).unwrap()
+}
+
+/// Issue 8, finding 1: an empty key list is refused (APISIX's CLI dies on it) unless the
+/// Admin API is loopback-only, where it is only warned about; the run-time check then refuses
+/// every request.
+#[test]
+fn empty_admin_key_list_is_refused_or_warned() {
+    let e = errors("deployment:\n  admin:\n    admin_key: []\n    allow_admin: [0.0.0.0/0]\n");
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with("deployment.admin.admin_key: ERROR: missing valid Admin API token"),
+        "{e:?}"
+    );
+    // `allow_admin: ~` lets everyone in: refused too.
+    assert_eq!(
+        errors("deployment:\n  admin:\n    admin_key: []\n    allow_admin: ~\n").len(),
+        1
+    );
+    let (s, w) = with_warnings("deployment:\n  admin:\n    admin_key: []\n");
+    assert!(s.deployment.admin.admin_key.is_empty());
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].contains("every Admin API request is refused with 401"),
+        "{w:?}"
+    );
+    // No Admin API, nothing to say.
+    let (_, w) = with_warnings(
+        "apisix:\n  enable_admin: false\ndeployment:\n  admin:\n    admin_key: []\n    allow_admin: ~\n",
+    );
+    assert!(w.is_empty(), "{w:?}");
+}
+
+#[test]
+fn admin_key_not_required_is_warned_about() {
+    let (s, w) = with_warnings(
+        "deployment:\n  admin:\n    admin_key: []\n    admin_key_required: false\n    allow_admin: ~\n",
+    );
+    assert!(!s.deployment.admin.admin_key_required);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].contains("Admin key is bypassed"), "{w:?}");
+}
+
+/// Issue 8, finding 9: config.yaml nested 100k deep is refused at once with a clear message.
+#[test]
+fn deeply_nested_config_is_refused_quickly() {
+    let started = std::time::Instant::now();
+    let text = format!("apisix:\n  node_listen: {}\n", "[".repeat(100_000));
+    match Settings::from_yaml_str_with_env(&text, &no_env) {
+        Err(SettingsError::Syntax { message, .. }) => {
+            assert!(
+                message.contains("nested deeper than 256 levels"),
+                "{message}"
+            )
+        }
+        other => panic!("expected Syntax, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
 }

@@ -8,11 +8,11 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use ferrisix_net::{Acceptor, ConnLimits, Tracked};
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -42,37 +42,34 @@ pub fn answer(metrics: &Metrics, method: &Method, path: &str) -> Response<Full<B
     r
 }
 
-/// Serves the export endpoint on `listener` until `shutdown` turns true.
+/// Serves the export endpoint on `listener` until `shutdown` turns true. `limits` bounds
+/// silent, idle and non-reading clients as on the data port.
 pub async fn serve(
     listener: TcpListener,
     metrics: &'static Metrics,
+    limits: ConnLimits,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let metrics = Arc::new(metrics);
+    let builder = Arc::new(ferrisix_net::http_builder(&limits).http1_only());
+    let mut acceptor = Acceptor::new(listener, "prometheus export");
     loop {
-        let accepted = tokio::select! {
+        let (stream, _) = tokio::select! {
             _ = shutdown.wait_for(|s| *s) => return,
-            a = listener.accept() => a,
-        };
-        let (stream, _) = match accepted {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "prometheus export: accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
+            a = acceptor.accept() => a,
         };
         let metrics = metrics.clone();
+        let builder = builder.clone();
         tokio::spawn(async move {
+            let (io, conn_watch) = ferrisix_net::wrap(stream, &limits);
+            let requests = conn_watch.clone();
             let service = service_fn(move |req: Request<Incoming>| {
                 let metrics = metrics.clone();
-                async move { Ok::<_, Infallible>(answer(&metrics, req.method(), req.uri().path())) }
+                let in_flight = requests.begin();
+                let resp = answer(&metrics, req.method(), req.uri().path());
+                async move { Ok::<_, Infallible>(Tracked::response(resp, in_flight)) }
             });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(std::time::Duration::from_secs(60))
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = conn.await {
+            if let Some(Err(e)) = conn_watch.run(builder.serve_connection(io, service)).await {
                 tracing::debug!(error = %e, "prometheus export connection ended with an error");
             }
         });

@@ -1,0 +1,71 @@
+//! Connection lifetime for every ferrisix listener (data plane, Admin API, control API,
+//! metrics): what nginx bounds per connection, in one place so each listener gets the same
+//! rules.
+//!
+//! * [`Acceptor`]: an accept loop that backs off when the process runs out of file descriptors
+//!   (nginx disables accepting for `accept_mutex_delay` and keeps serving the open
+//!   connections) instead of spinning, and logs that at most once a second.
+//! * [`ConnLimits`] with [`ConnWatch`]: a connection must complete its first request head
+//!   within `client_header_timeout` of being accepted (a silent client, a partial HTTP/2
+//!   preface), and one with no request in flight is closed after `keepalive_timeout` (HTTP/1.1
+//!   keep-alive and idle HTTP/2 sessions alike).
+//! * [`TimedIo`]: nginx's `send_timeout`: a client that stops reading the response is cut off
+//!   after that long without progress, which releases whatever the response was holding (an
+//!   upstream connection).
+#![forbid(unsafe_code)]
+
+mod accept;
+mod io;
+mod lifetime;
+
+pub use accept::Acceptor;
+pub use io::TimedIo;
+pub use lifetime::{ConnLimits, ConnWatch, InFlight, Tracked};
+
+/// Wraps an accepted stream for hyper: `send_timeout` on writes, and the watch that bounds
+/// the connection's header and idle time. Serve the returned I/O, call
+/// [`ConnWatch::begin`] in the service for each request, and run the connection future
+/// through [`ConnWatch::run`].
+pub fn wrap(
+    stream: tokio::net::TcpStream,
+    limits: &ConnLimits,
+) -> (
+    hyper_util::rt::TokioIo<TimedIo<tokio::net::TcpStream>>,
+    ConnWatch,
+) {
+    let _ = stream.set_nodelay(true);
+    (
+        hyper_util::rt::TokioIo::new(TimedIo::new(stream, limits.send_timeout)),
+        ConnWatch::new(*limits),
+    )
+}
+
+/// A hyper server builder (HTTP/1.1 and cleartext HTTP/2) with `limits` applied: HTTP/1.1
+/// keep-alive unless `keepalive_timeout` is 0 (nginx: 0 disables it), hyper's own header
+/// timer as a backstop, nginx's header-count model, and a 64 KiB head limit.
+pub fn http_builder(
+    limits: &ConnLimits,
+) -> hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor> {
+    use hyper_util::rt::{TokioExecutor, TokioTimer};
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .keep_alive(!limits.keepalive_timeout.is_zero())
+        // hyper arms this timer from the end of each response, so it counts the idle time
+        // before the next request too; [`ConnWatch`] enforces both limits exactly, this only
+        // catches what it cannot see (a head that starts and never ends on a later request).
+        .header_read_timeout(limits.header_timeout.max(limits.keepalive_timeout))
+        .max_headers(MAX_HEADERS)
+        // Heads past 64 KiB get 431 rather than exhausting memory.
+        .max_buf_size(64 * 1024);
+    builder.http2().timer(TokioTimer::new());
+    builder
+}
+
+/// How many header fields a request head may have. nginx has no count: a head must fit
+/// `large_client_header_buffers` (4 buffers of 8 KiB, so at most 32 KiB), which holds ~500
+/// header lines of a typical 64 bytes. hyper's default is 100 (its parser's stack array);
+/// above that it allocates the array per request, so the count is kept near what nginx's
+/// buffers hold rather than at the bytes' theoretical maximum.
+pub const MAX_HEADERS: usize = 512;

@@ -1,0 +1,280 @@
+//! How long a connection may wait for its first request and sit idle between requests.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http_body::{Body, Frame, SizeHint};
+use tokio::time::Instant;
+
+/// nginx's per-connection timers, under APISIX's names (`nginx_config.http.*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnLimits {
+    /// `client_header_timeout`: from accept to the end of the first request head. A client
+    /// that sends nothing, or only part of the HTTP/2 preface, is closed then.
+    pub header_timeout: Duration,
+    /// `keepalive_timeout`: a connection with no request in flight is closed after this long
+    /// (HTTP/1.1 keep-alive and idle HTTP/2 sessions). 0 turns HTTP/1.1 keep-alive off.
+    pub keepalive_timeout: Duration,
+    /// `send_timeout`: see [`crate::TimedIo`].
+    pub send_timeout: Duration,
+}
+
+impl Default for ConnLimits {
+    /// APISIX's defaults (`conf/config.yaml.example`).
+    fn default() -> Self {
+        ConnLimits {
+            header_timeout: Duration::from_secs(60),
+            keepalive_timeout: Duration::from_secs(60),
+            send_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Activity {
+    born: Instant,
+    started: AtomicBool,
+    /// Signalled once, by the first request: ends the wait for it.
+    first_request: tokio::sync::Notify,
+    in_flight: AtomicUsize,
+    /// Milliseconds after `born` when the last request in flight finished.
+    last_end_ms: AtomicU64,
+}
+
+/// One connection's request activity, shared by its service (which reports each request)
+/// and [`ConnWatch::run`] (which closes the connection when a limit passes). Checking is lazy:
+/// the watcher wakes at the earliest moment a limit could have passed and looks, so a request
+/// costs two atomic updates and a clock read, and no wake-up.
+#[derive(Clone, Debug)]
+pub struct ConnWatch {
+    activity: Arc<Activity>,
+    limits: ConnLimits,
+}
+
+impl ConnWatch {
+    pub fn new(limits: ConnLimits) -> ConnWatch {
+        ConnWatch {
+            activity: Arc::new(Activity {
+                born: Instant::now(),
+                started: AtomicBool::new(false),
+                first_request: tokio::sync::Notify::new(),
+                in_flight: AtomicUsize::new(0),
+                last_end_ms: AtomicU64::new(0),
+            }),
+            limits,
+        }
+    }
+
+    /// A request head has arrived: the connection is busy until the returned guard (moved
+    /// into the response body with [`Tracked`]) is dropped.
+    pub fn begin(&self) -> InFlight {
+        let a = &self.activity;
+        a.in_flight.fetch_add(1, Ordering::Relaxed);
+        if !a.started.load(Ordering::Relaxed) {
+            a.started.store(true, Ordering::Relaxed);
+            a.first_request.notify_one();
+        }
+        InFlight {
+            activity: self.activity.clone(),
+        }
+    }
+
+    /// Drives `conn` (a hyper connection future) until it ends, or drops it (closing the
+    /// socket) when a limit passes: `None` then.
+    pub async fn run<F: Future>(&self, conn: F) -> Option<F::Output> {
+        tokio::select! {
+            out = conn => Some(out),
+            reason = self.expired() => {
+                tracing::debug!("closing connection: {reason}");
+                None
+            }
+        }
+    }
+
+    /// Resolves when the connection should be closed, with the reason.
+    async fn expired(&self) -> &'static str {
+        let a = &self.activity;
+        let first = tokio::time::timeout_at(
+            a.born + self.limits.header_timeout,
+            a.first_request.notified(),
+        );
+        if first.await.is_err() && !a.started.load(Ordering::Relaxed) {
+            // nginx: "client timed out" while waiting for the request (or h2 preface).
+            return "client_header_timeout before the first request";
+        }
+        let idle = self.limits.keepalive_timeout;
+        if idle.is_zero() {
+            return std::future::pending().await;
+        }
+        loop {
+            let now = Instant::now();
+            let next = if a.in_flight.load(Ordering::Acquire) > 0
+                || !a.started.load(Ordering::Relaxed)
+            {
+                // Busy: look again one period later.
+                now + idle
+            } else {
+                let since = a.born + Duration::from_millis(a.last_end_ms.load(Ordering::Acquire));
+                let deadline = since + idle;
+                if deadline <= now {
+                    return "keepalive_timeout with no request in flight";
+                }
+                deadline
+            };
+            tokio::time::sleep_until(next).await;
+        }
+    }
+}
+
+/// A request in flight on a watched connection (see [`ConnWatch::begin`]).
+#[derive(Debug)]
+pub struct InFlight {
+    activity: Arc<Activity>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let a = &self.activity;
+        let ms = a.born.elapsed().as_millis() as u64;
+        a.last_end_ms.fetch_max(ms, Ordering::Release);
+        a.in_flight.fetch_sub(1, Ordering::Release);
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that keeps its request [`InFlight`] until the body is done or dropped.
+    #[derive(Debug)]
+    pub struct Tracked<B> {
+        #[pin]
+        body: B,
+        in_flight: Option<InFlight>,
+    }
+}
+
+impl<B> Tracked<B> {
+    pub fn new(body: B, in_flight: InFlight) -> Tracked<B> {
+        Tracked {
+            body,
+            in_flight: Some(in_flight),
+        }
+    }
+
+    /// Wraps `resp`'s body.
+    pub fn response(resp: http::Response<B>, in_flight: InFlight) -> http::Response<Tracked<B>> {
+        resp.map(|body| Tracked::new(body, in_flight))
+    }
+}
+
+impl<B: Body> Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let polled = this.body.poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            // Done: the connection is idle from now, even if hyper keeps the body a while.
+            this.in_flight.take();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(header: u64, idle: u64) -> ConnLimits {
+        ConnLimits {
+            header_timeout: Duration::from_secs(header),
+            keepalive_timeout: Duration::from_secs(idle),
+            send_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Issue 8, finding 2: a connection with no request is closed at client_header_timeout.
+    #[tokio::test(start_paused = true)]
+    async fn silent_connection_is_closed_at_the_header_timeout() {
+        let watch = ConnWatch::new(limits(60, 75));
+        let started = Instant::now();
+        assert!(watch.run(std::future::pending::<()>()).await.is_none());
+        assert_eq!(started.elapsed(), Duration::from_secs(60));
+    }
+
+    /// An idle connection (HTTP/2 session or keep-alive) is closed keepalive_timeout after
+    /// its last request finished; one with a request in flight is not.
+    #[tokio::test(start_paused = true)]
+    async fn idle_is_counted_from_the_last_request() {
+        let watch = ConnWatch::new(limits(60, 75));
+        let w = watch.clone();
+        let started = Instant::now();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let long = w.begin();
+            tokio::time::sleep(Duration::from_secs(200)).await;
+            drop(long);
+        });
+        assert!(watch.run(std::future::pending::<()>()).await.is_none());
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_secs(201 + 75) && took <= Duration::from_secs(201 + 76),
+            "{took:?}"
+        );
+    }
+
+    /// The idle limit runs from the first request's end even when it is shorter than the
+    /// header limit.
+    #[tokio::test(start_paused = true)]
+    async fn short_idle_limit_is_not_held_up_by_the_header_limit() {
+        let watch = ConnWatch::new(limits(60, 5));
+        let w = watch.clone();
+        let started = Instant::now();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let r = w.begin();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            drop(r);
+        });
+        assert!(watch.run(std::future::pending::<()>()).await.is_none());
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_secs(7) && took <= Duration::from_secs(8),
+            "{took:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_finished_connection_is_not_cut() {
+        let watch = ConnWatch::new(limits(60, 75));
+        assert_eq!(watch.run(async { 7 }).await, Some(7));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tracked_body_ends_the_request_when_done() {
+        use http_body_util::BodyExt;
+        let watch = ConnWatch::new(limits(60, 75));
+        let body = Tracked::new(
+            http_body_util::Full::new(bytes::Bytes::from("x")),
+            watch.begin(),
+        );
+        assert_eq!(watch.activity.in_flight.load(Ordering::Relaxed), 1);
+        let mut body = Box::pin(body);
+        while body.frame().await.is_some() {}
+        assert_eq!(watch.activity.in_flight.load(Ordering::Relaxed), 0);
+    }
+}

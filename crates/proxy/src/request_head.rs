@@ -1,0 +1,183 @@
+//! nginx's checks of a request head that hyper lets through, answered as nginx answers them
+//! (`ngx_http_parse_request_line`, `ngx_http_process_request_header`).
+//!
+//! Each check is a lookup of one header (no pass over the whole map) or a look at the method,
+//! and a standard method costs one comparison.
+
+use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::request::Parts;
+use http::{Method, StatusCode, Version};
+
+/// `Err(status)` when nginx would refuse the head before any location (or Lua) runs.
+pub fn check(parts: &Parts) -> Result<(), StatusCode> {
+    check_method(&parts.method)?;
+    let headers = &parts.headers;
+
+    // "client sent duplicate host header" / "client sent invalid host header" (an empty value
+    // has no host in it).
+    let mut hosts = headers.get_all(HOST).iter();
+    if let Some(host) = hosts.next() {
+        if hosts.next().is_some() || host.is_empty() {
+            return Err(StatusCode::BAD_REQUEST);
+        }
+    }
+
+    let mut lengths = headers.get_all(CONTENT_LENGTH).iter();
+    let has_length = lengths.next().is_some();
+    if has_length && lengths.next().is_some() {
+        // "client sent duplicate header line" (hyper accepts repeated equal values).
+        return Err(StatusCode::BAD_REQUEST);
+    }
+
+    let mut codings = headers.get_all(TRANSFER_ENCODING).iter();
+    if let Some(coding) = codings.next() {
+        if codings.next().is_some() || parts.version < Version::HTTP_11 {
+            // A duplicate header line; "client sent HTTP/1.0 request with Transfer-Encoding".
+            return Err(StatusCode::BAD_REQUEST);
+        }
+        if !coding.as_bytes().eq_ignore_ascii_case(b"chunked") {
+            // "client sent unknown Transfer-Encoding": hyper would decode `gzip, chunked` as
+            // chunked and silently drop the gzip coding.
+            return Err(StatusCode::NOT_IMPLEMENTED);
+        }
+        if has_length {
+            // "client sent Content-Length and Transfer-Encoding headers at the same time".
+            return Err(StatusCode::BAD_REQUEST);
+        }
+    }
+    Ok(())
+}
+
+/// nginx parses a method as upper-case letters, `_` and `-` (anything else is "client sent
+/// invalid method", 400) and refuses TRACE and CONNECT with 405. Other upper-case tokens
+/// (WebDAV's, made-up ones) are proxied.
+fn check_method(method: &Method) -> Result<(), StatusCode> {
+    if *method == Method::GET || *method == Method::POST {
+        return Ok(());
+    }
+    if *method == Method::TRACE || *method == Method::CONNECT {
+        return Err(StatusCode::METHOD_NOT_ALLOWED);
+    }
+    let valid = method
+        .as_str()
+        .bytes()
+        .all(|b| b.is_ascii_uppercase() || b == b'_' || b == b'-');
+    if valid {
+        Ok(())
+    } else {
+        Err(StatusCode::BAD_REQUEST)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(raw: &[(&str, &str)], method: &str, version: Version) -> Parts {
+        let mut b = http::Request::builder()
+            .method(method)
+            .uri("/")
+            .version(version);
+        for (k, v) in raw {
+            b = b.header(*k, *v);
+        }
+        b.body(()).unwrap().into_parts().0
+    }
+
+    fn status(raw: &[(&str, &str)]) -> Result<(), StatusCode> {
+        check(&head(raw, "GET", Version::HTTP_11))
+    }
+
+    /// Issue 8, finding 10: TRACE is 405, lower-case and non-token methods are 400.
+    #[test]
+    fn methods_as_nginx() {
+        let m = |name: &str| check(&head(&[("host", "a")], name, Version::HTTP_11));
+        for ok in [
+            "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "PROPFIND", "MY_VERB",
+            "X-Y",
+        ] {
+            assert_eq!(m(ok), Ok(()), "{ok}");
+        }
+        assert_eq!(m("TRACE"), Err(StatusCode::METHOD_NOT_ALLOWED));
+        assert_eq!(m("CONNECT"), Err(StatusCode::METHOD_NOT_ALLOWED));
+        for bad in ["get", "Get", "G.T", "GET1", "PO!ST"] {
+            assert_eq!(m(bad), Err(StatusCode::BAD_REQUEST), "{bad}");
+        }
+    }
+
+    /// Issue 8, finding 6: a duplicate or empty Host is 400.
+    #[test]
+    fn host_must_be_one_non_empty_value() {
+        assert_eq!(status(&[("host", "a.com")]), Ok(()));
+        assert_eq!(
+            status(&[]),
+            Ok(()),
+            "HTTP/1.1 without Host is refused by the handler"
+        );
+        assert_eq!(
+            status(&[("host", "a.com"), ("host", "a.com")]),
+            Err(StatusCode::BAD_REQUEST)
+        );
+        assert_eq!(
+            status(&[("host", "a.com"), ("host", "b.com")]),
+            Err(StatusCode::BAD_REQUEST)
+        );
+        assert_eq!(status(&[("host", "")]), Err(StatusCode::BAD_REQUEST));
+    }
+
+    /// Issue 8, finding 8: only `chunked` is a known transfer coding.
+    #[test]
+    fn transfer_codings_other_than_chunked_are_501() {
+        assert_eq!(
+            status(&[("host", "a"), ("transfer-encoding", "chunked")]),
+            Ok(())
+        );
+        assert_eq!(
+            status(&[("host", "a"), ("transfer-encoding", "Chunked")]),
+            Ok(())
+        );
+        for coding in [
+            "gzip, chunked",
+            "gzip",
+            "chunked, chunked",
+            "identity",
+            "deflate,chunked",
+        ] {
+            assert_eq!(
+                status(&[("host", "a"), ("transfer-encoding", coding)]),
+                Err(StatusCode::NOT_IMPLEMENTED),
+                "{coding}"
+            );
+        }
+        assert_eq!(
+            status(&[
+                ("host", "a"),
+                ("transfer-encoding", "chunked"),
+                ("transfer-encoding", "chunked")
+            ]),
+            Err(StatusCode::BAD_REQUEST)
+        );
+        assert_eq!(
+            status(&[
+                ("host", "a"),
+                ("transfer-encoding", "chunked"),
+                ("content-length", "3")
+            ]),
+            Err(StatusCode::BAD_REQUEST)
+        );
+        let http10 = head(
+            &[("transfer-encoding", "chunked")],
+            "POST",
+            Version::HTTP_10,
+        );
+        assert_eq!(check(&http10), Err(StatusCode::BAD_REQUEST));
+        assert_eq!(
+            status(&[
+                ("host", "a"),
+                ("content-length", "3"),
+                ("content-length", "3")
+            ]),
+            Err(StatusCode::BAD_REQUEST)
+        );
+    }
+}

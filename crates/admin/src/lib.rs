@@ -16,7 +16,6 @@ mod body;
 mod cjson;
 mod guard;
 mod list;
-pub mod memory;
 mod merge;
 mod path;
 mod resources;
@@ -24,5 +23,4 @@ mod response;
 mod server;
 
 pub use api::{AdminApi, AdminOptions, ReloadHook, MAX_BODY};
-pub use memory::MemoryStore;
 pub use server::serve;

@@ -15,5 +15,7 @@ pub mod schema;
 pub mod settings;
 pub mod state;
 pub mod store;
+#[cfg(feature = "test-support")]
+pub mod test_support;
 pub mod validate;
 pub mod vars;

@@ -407,6 +407,11 @@ impl EtcdStore {
         let timeout = self.shared.config.timeout;
         match tokio::time::timeout(timeout, request).await {
             Ok(Ok(v)) => Ok(v),
+            // gRPC INVALID_ARGUMENT (3): etcd refused the request itself ("etcdserver: request
+            // is too large"), which no retry or other endpoint changes.
+            Ok(Err(etcd_client::Error::GRpcStatus(status))) if status.code() as i32 == 3 => {
+                Err(StoreError::Invalid(status.message().to_owned()))
+            }
             Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
             Err(_) => Err(StoreError::Unavailable(format!(
                 "etcd request timed out after {}s",

@@ -116,7 +116,10 @@ fn run(mut settings: Settings) -> Result<(), String> {
     if settings.admin_enabled() {
         match source.store.clone() {
             Some(store) => {
-                sources::ensure_admin_keys(&mut settings)?;
+                for notice in ferrisix_admin::keys::ensure_admin_keys(&mut settings) {
+                    // Printed whatever the log filter: this is how the operator learns the key.
+                    eprintln!("ferrisix: {notice}");
+                }
                 admin = Some(control.block_on(sources::start_admin(
                     &settings,
                     store,

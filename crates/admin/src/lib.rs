@@ -4,7 +4,8 @@
 //! writes only through a [`ferrisix_config::store::Store`]; the data plane follows the store,
 //! so the Admin API never talks to it.
 //!
-//! Wiring: build an [`AdminApi`] from [`AdminOptions`], a store and the enabled
+//! Wiring: fill empty admin keys with [`keys::ensure_admin_keys`] (which saves them into
+//! config.yaml), build an [`AdminApi`] from [`AdminOptions`], a store and the enabled
 //! [`ferrisix_plugins::PluginRegistry`], call [`AdminApi::publish_plugin_list`] once, then run
 //! [`serve`] on the admin listener. [`AdminApi::handle`] answers one request without a socket.
 #![forbid(unsafe_code)]
@@ -15,6 +16,7 @@ mod auth;
 mod body;
 mod cjson;
 mod guard;
+pub mod keys;
 mod list;
 mod merge;
 mod path;

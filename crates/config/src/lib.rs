@@ -6,7 +6,9 @@
 //! that fails validation is reported on its own and never blocks the others.
 #![forbid(unsafe_code)]
 
+pub mod check;
 pub mod encrypt;
+pub mod env;
 pub mod model;
 pub mod nesting;
 pub mod pem;

@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::env;
 use crate::model::ResourceKind;
-use crate::settings::env;
 use crate::state::{ConfigState, StoredItem};
 
 pub use file::FileProvider;

@@ -10,7 +10,7 @@
 //! default, so an empty file is a complete configuration.
 
 mod de;
-pub mod env;
+pub mod save;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -20,6 +20,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use serde::Deserialize;
 
+use crate::env;
 use crate::provider::Format;
 
 /// Most errors one load reports; each retry removes the key that failed, so this only bounds a

@@ -9,7 +9,7 @@ use ferrisix_config::state::ConfigState;
 use ferrisix_config::validate;
 use ferrisix_tls::{CertStore, TlsContext};
 
-use super::Quarantined;
+use super::accept::Quarantined;
 
 pub(super) fn compile(
     state: &ConfigState,

@@ -11,6 +11,7 @@
 
 mod de;
 pub mod save;
+mod values;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -22,6 +23,8 @@ use serde::Deserialize;
 
 use crate::env;
 use crate::provider::Format;
+
+pub use values::{ExtraLabel, ListenAddr, RealIpFrom, WorkerProcesses};
 
 /// Most errors one load reports; each retry removes the key that failed, so this only bounds a
 /// pathological file.
@@ -193,25 +196,6 @@ impl Default for ApisixSettings {
     }
 }
 
-/// One data-plane listener.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ListenAddr {
-    pub ip: IpAddr,
-    pub port: u16,
-    pub enable_http2: bool,
-}
-
-impl ListenAddr {
-    /// `port` on every IPv4 address, HTTP/2 on (APISIX's defaults).
-    pub fn port(port: u16) -> ListenAddr {
-        ListenAddr {
-            ip: IpAddr::from([0, 0, 0, 0]),
-            port,
-            enable_http2: true,
-        }
-    }
-}
-
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct RouterSettings {
@@ -257,24 +241,6 @@ impl Default for NginxConfig {
             worker_processes: WorkerProcesses::Auto,
             worker_shutdown_timeout: Duration::from_secs(240),
             http: NginxHttp::default(),
-        }
-    }
-}
-
-/// `nginx_config.worker_processes`: `auto` or a count.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum WorkerProcesses {
-    #[default]
-    Auto,
-    Count(usize),
-}
-
-impl WorkerProcesses {
-    /// The number of workers to run: `auto` is one per available CPU.
-    pub fn resolve(&self) -> usize {
-        match *self {
-            WorkerProcesses::Auto => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            WorkerProcesses::Count(n) => n.max(1),
         }
     }
 }
@@ -328,29 +294,6 @@ impl Default for NginxHttp {
             client_max_body_size: 0,
             upstream: UpstreamKeepalive::default(),
         }
-    }
-}
-
-/// `real_ip_from`, parsed: the trusted networks, and whether `"unix:"` (peers on a Unix
-/// socket) was listed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RealIpFrom {
-    pub nets: Vec<IpNet>,
-    pub unix: bool,
-}
-
-impl Default for RealIpFrom {
-    fn default() -> Self {
-        RealIpFrom {
-            nets: vec![IpNet::from(IpAddr::from([127, 0, 0, 1]))],
-            unix: true,
-        }
-    }
-}
-
-impl RealIpFrom {
-    pub fn trusts(&self, ip: IpAddr) -> bool {
-        self.nets.iter().any(|n| n.contains(&ip))
     }
 }
 
@@ -686,25 +629,6 @@ pub struct MetricAttr {
 pub struct UpstreamStatusAttr {
     #[serde(deserialize_with = "de::expire")]
     pub expire: f64,
-}
-
-/// One `- label: $variable` entry of `extra_labels`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ExtraLabel {
-    /// The label name.
-    pub name: String,
-    /// The value as written (`$upstream_addr`).
-    pub value: String,
-}
-
-impl ExtraLabel {
-    /// The variable whose value the label takes: APISIX drops the first character of the
-    /// value (`v:sub(2)`), whatever it is, so `upstream_addr` (no `$`) names `pstream_addr`.
-    pub fn variable(&self) -> &str {
-        let mut chars = self.value.chars();
-        chars.next();
-        chars.as_str()
-    }
 }
 
 /// The built-in labels of the HTTP metrics (APISIX 3.18's `metric_label_map`), in output

@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{carry_revisions, parse_standalone_with, Format, Standalone};
+use super::standalone::{carry_revisions, parse_standalone_with, Format, Standalone};
 use crate::env;
 use crate::state::ConfigState;
 

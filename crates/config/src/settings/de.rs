@@ -14,7 +14,7 @@ use ipnet::IpNet;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Unexpected, Visitor};
 use serde::Deserialize;
 
-use super::{ExtraLabel, ListenAddr, RealIpFrom, WorkerProcesses};
+use super::values::{ExtraLabel, ListenAddr, RealIpFrom, WorkerProcesses};
 
 /// APISIX's port for a `node_listen` map entry without `port`.
 const DEFAULT_NODE_PORT: u16 = 9080;

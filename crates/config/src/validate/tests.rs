@@ -2,12 +2,15 @@
 //! the conformance cases (`cases/admin/validate-*.json`).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
-use serde_json::json;
+use serde_json::{json, Value};
 
-use super::convert::parse_addr;
+use super::addr::parse_addr;
 use super::*;
-use crate::model::{KeepalivePool, LbType, PassHost, Scheme, Timeout};
+use crate::model::{KeepalivePool, LbType, PassHost, ResourceKind, Scheme, Timeout};
+use crate::schema;
+use crate::state::ConfigState;
 use crate::state::StoredItem;
 
 /// A plugin registry with real schemas for a few plugins, shaped like APISIX's (`_meta`

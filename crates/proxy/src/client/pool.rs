@@ -14,7 +14,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 
-use super::UpstreamBody;
+use super::body::UpstreamBody;
 
 /// What a pooled connection is keyed by (APISIX: `scheme#host#port`, plus the SNI and the
 /// client certificate): a connection is reused only for requests it is right for.

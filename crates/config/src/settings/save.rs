@@ -357,8 +357,7 @@ fn block_items(lines: &[Line<'_>], parent: usize) -> Vec<(usize, usize)> {
     let parent_indent = lines[parent].indent;
     let mut items: Vec<(usize, usize)> = Vec::new();
     let mut dash_indent = None;
-    for i in parent + 1..lines.len() {
-        let l = &lines[i];
+    for (i, l) in lines.iter().enumerate().skip(parent + 1) {
         if !l.is_content() {
             continue;
         }

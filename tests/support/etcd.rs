@@ -4,4 +4,4 @@
 
 // Each test binary compiles this module; not every one uses every name.
 #[allow(unused_imports)]
-pub use ferrisix_config::test_support::etcd::{Etcd, EtcdKv, StoredKey};
+pub use ferrisix_config::test_support::etcd::{Etcd, EtcdKv};

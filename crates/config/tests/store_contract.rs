@@ -349,31 +349,20 @@ async fn ttl_expires_keys(subject: Subject) {
     let store = subject.store.as_ref();
     let mut states = store.subscribe();
     let start = Instant::now();
-    store
-        .put(
-            "/apisix/routes/t",
-            route("/ttl"),
-            Some(Duration::from_secs(1)),
-        )
-        .await
-        .unwrap();
-    store
-        .put("/apisix/routes/keep", route("/keep"), None)
-        .await
-        .unwrap();
-    // Overwriting without a TTL detaches the key from its TTL, as a put without lease in etcd.
-    store
-        .put(
-            "/apisix/routes/detached",
-            route("/d"),
-            Some(Duration::from_secs(1)),
-        )
-        .await
-        .unwrap();
-    store
-        .put("/apisix/routes/detached", route("/d"), None)
-        .await
-        .unwrap();
+    let ttl = Some(Duration::from_secs(1));
+    // The last write of `detached` has no TTL: that detaches the key from its TTL, as a put
+    // without lease does in etcd.
+    for (id, uri, ttl) in [
+        ("t", "/ttl", ttl),
+        ("keep", "/keep", None),
+        ("detached", "/d", ttl),
+        ("detached", "/d", None),
+    ] {
+        store
+            .put(&format!("/apisix/routes/{id}"), route(uri), ttl)
+            .await
+            .unwrap();
+    }
     assert!(store.get("/apisix/routes/t").await.unwrap().is_some());
     published(&mut states, "the TTL route", |s| {
         s.get(ResourceKind::Routes, "t").is_some()

@@ -651,10 +651,19 @@ mod tests {
             .collect()
     }
 
-    fn save(text: &str) -> (tempfile::TempDir, PathBuf, Result<PathBuf, SaveError>) {
+    /// A block-style list whose one admin entry has no key.
+    const BLOCK: &str = "deployment:\n  admin:\n    admin_key:\n      - name: admin\n        key: ''\n        role: admin\n";
+
+    /// `config.yaml` with `text` in a new directory.
+    fn config_file(text: &str) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("config.yaml");
         fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    fn save(text: &str) -> (tempfile::TempDir, PathBuf, Result<PathBuf, SaveError>) {
+        let (dir, path) = config_file(text);
         let saved = save_admin_keys(&path, &[admin(0)]);
         (dir, path, saved)
     }
@@ -671,14 +680,10 @@ mod tests {
 
     #[test]
     fn empty_keys_are_written_back_in_place() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("config.yaml");
-        fs::write(
-            &path,
+        let (dir, path, saved) = save(
             "deployment:\n  admin:\n    admin_key:\n      - name: admin\n        key: ''   # generated\n        role: admin\n      - name: viewer\n        key: abc\n        role: viewer\n# end\n",
-        )
-        .unwrap();
-        save_admin_keys(&path, &[admin(0)]).unwrap();
+        );
+        saved.unwrap();
         let text = fs::read_to_string(&path).unwrap();
         assert!(text.contains(&format!("        key: {KEY}\n")), "{text}");
         assert!(text.contains("key: abc"));
@@ -690,13 +695,7 @@ mod tests {
 
     #[test]
     fn the_mode_is_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("config.yaml");
-        fs::write(
-            &path,
-            "deployment:\n  admin:\n    admin_key:\n      - name: admin\n        key: ''\n        role: admin\n",
-        )
-        .unwrap();
+        let (_dir, path) = config_file(BLOCK);
         fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
         save_admin_keys(&path, &[admin(0)]).unwrap();
         let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o7777;

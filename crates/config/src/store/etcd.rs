@@ -479,7 +479,7 @@ fn header_revision(header: Option<&etcd_client::ResponseHeader>) -> i64 {
     header.map_or(0, |h| h.revision())
 }
 
-fn kv_of(kv: &etcd_client::KeyValue) -> KeyValue {
+pub(crate) fn kv_of(kv: &etcd_client::KeyValue) -> KeyValue {
     KeyValue {
         key: String::from_utf8_lossy(kv.key()).into_owned(),
         value: kv.value().to_vec(),

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use super::debian::{apt_get, which};
 use super::free_port;
+use crate::store::etcd::kv_of;
+use crate::store::KeyValue;
 
 /// The `etcd` binary, installing Debian's `etcd-server` with apt-get (through `sudo -n` when
 /// not root) if it is missing. `None`, after saying so loudly, only where there is no apt-get:
@@ -130,14 +132,6 @@ pub struct Etcd {
     /// Serve clients over TLS, requiring a client certificate.
     tls: Option<TlsFiles>,
     child: Option<Child>,
-}
-
-impl std::fmt::Debug for Etcd {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Etcd")
-            .field("endpoint", &self.endpoint())
-            .finish_non_exhaustive()
-    }
 }
 
 impl Etcd {
@@ -318,16 +312,8 @@ impl Drop for Etcd {
     }
 }
 
-/// One stored key, as etcd returns it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StoredKey {
-    pub key: String,
-    pub value: Vec<u8>,
-    pub create_revision: i64,
-    pub mod_revision: i64,
-}
-
-impl StoredKey {
+impl KeyValue {
+    /// The value as JSON (test support: panics, naming the key, when it is not JSON).
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.value).unwrap_or_else(|e| {
             panic!(
@@ -343,14 +329,6 @@ impl StoredKey {
 pub struct EtcdKv {
     endpoint: String,
     runtime: tokio::runtime::Runtime,
-}
-
-impl std::fmt::Debug for EtcdKv {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdKv")
-            .field("endpoint", &self.endpoint)
-            .finish_non_exhaustive()
-    }
 }
 
 impl EtcdKv {
@@ -379,21 +357,21 @@ impl EtcdKv {
             .map_or(0, |h| h.revision())
     }
 
-    pub fn get(&self, key: &str) -> Option<StoredKey> {
+    pub fn get(&self, key: &str) -> Option<KeyValue> {
         self.call(async |c| c.get(key, None).await)
             .kvs()
             .first()
-            .map(stored)
+            .map(kv_of)
     }
 
     /// Every key starting with `prefix`, in key order, and the revision of the read.
-    pub fn list(&self, prefix: &str) -> (Vec<StoredKey>, i64) {
+    pub fn list(&self, prefix: &str) -> (Vec<KeyValue>, i64) {
         let response = self.call(async |c| {
             c.get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
                 .await
         });
         (
-            response.kvs().iter().map(stored).collect(),
+            response.kvs().iter().map(kv_of).collect(),
             response.header().map_or(0, |h| h.revision()),
         )
     }
@@ -421,14 +399,5 @@ impl EtcdKv {
             )
             .await
         });
-    }
-}
-
-fn stored(kv: &etcd_client::KeyValue) -> StoredKey {
-    StoredKey {
-        key: String::from_utf8_lossy(kv.key()).into_owned(),
-        value: kv.value().to_vec(),
-        create_revision: kv.create_revision(),
-        mod_revision: kv.mod_revision(),
     }
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs APISIX's conformance cases (../shared/conformance) against a freshly started ferrisix:
-# data port 9080, Admin API 9180, prometheus on 127.0.0.1:9091, embedded store in a temp dir.
+# data port 9080, TLS port 9443 (certificates from ssls), Admin API 9180, prometheus on
+# 127.0.0.1:9091, embedded store in a temp dir.
 # Usage: scripts/conformance.sh [--min N] [--etcd] [run.py args...]
 #   --etcd  use a real etcd (Debian's etcd-server, installed when missing, started on random
 #           ports with a temporary data dir) instead of the embedded store
@@ -50,6 +51,11 @@ apisix:
     - ip: 127.0.0.1
       port: 9080
   enable_control: false
+  ssl:
+    enable: true
+    listen:
+      - ip: 127.0.0.1
+        port: 9443
 deployment:
   role: traditional
 $PROVIDER_YAML
@@ -90,8 +96,9 @@ done
 
 set +e
 python3 "$SHARED/conformance/run.py" --admin http://127.0.0.1:9180 --key "$KEY" \
-  --data http://127.0.0.1:9080 --metrics http://127.0.0.1:9091 "$@" \
-  "$SHARED/conformance/cases/admin" "$SHARED/conformance/cases/dataplane" | tee "$WORK/conformance.out"
+  --data http://127.0.0.1:9080 --metrics http://127.0.0.1:9091 --tls https://127.0.0.1:9443 "$@" \
+  "$SHARED/conformance/cases/admin" "$SHARED/conformance/cases/dataplane" \
+  "$SHARED/conformance/cases/tls" | tee "$WORK/conformance.out"
 set -e
 SUMMARY=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$WORK/conformance.out" | tail -1 || true)
 PASSED=${SUMMARY%% passed*}

@@ -6,15 +6,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use ferrisix_config::model::ResourceKind;
-use ferrisix_config::provider::parse_standalone;
 use ferrisix_config::settings::{AccessLogTarget, HttpRouter, Settings};
 use ferrisix_config::state::ConfigState;
-use ferrisix_config::validate;
 use ferrisix_plugin_api::PluginServices;
 use ferrisix_plugins::observe::prometheus::Metrics;
 use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::access_log::{AccessLog, LogSink};
+use ferrisix_proxy::server::{Http2Limits, TlsListen};
 use ferrisix_proxy::{
     CompileOptions, Gateway, RealIpConfig, ServerOptions, SnapshotHandle, WorkerModel,
 };
@@ -72,56 +70,50 @@ pub fn load_settings(args: &Args) -> Result<Settings, String> {
 
 /// `ferrisix -t`: like `nginx -t`, reports every problem and exits 0 or 1.
 pub fn check(settings: &Settings) -> ExitCode {
-    let mut failed = false;
-    if let Some(format) = settings.provider().file_format() {
-        let path = settings.standalone_file();
-        match std::fs::read_to_string(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|text| parse_standalone(&text, format, 1))
-        {
-            Err(e) => {
-                eprintln!("ferrisix: {}: {e}", path.display());
-                failed = true;
-            }
-            Ok(state) => {
-                let (registry, unknown) = PluginRegistry::enabled(settings.plugins.as_deref());
-                for name in unknown {
-                    eprintln!("ferrisix: plugins: unknown plugin {name}");
-                    failed = true;
-                }
-                for kind in ResourceKind::ALL {
-                    for item in state.items(kind) {
-                        if let Err(e) = validate::check_resource(kind, &item.value, &registry) {
-                            eprintln!(
-                                "ferrisix: {}: {} {}: {e}",
-                                path.display(),
-                                kind.noun(),
-                                item.id
-                            );
-                            failed = true;
-                        }
-                    }
-                }
-            }
-        }
+    let mut problems = Vec::new();
+    if let Err(e) = ferrisix_tls::TlsSettings::new(&settings.apisix.ssl, &settings.config_dir()) {
+        problems.push(e.to_string());
     }
-    if failed {
-        eprintln!("ferrisix: configuration test failed");
-        ExitCode::FAILURE
-    } else {
+    // Only a standalone file holds resources to check; a store's are checked as they are
+    // written.
+    if settings.provider().file_format().is_some() {
+        let (registry, unknown) = PluginRegistry::enabled(settings.plugins.as_deref());
+        problems.extend(
+            unknown
+                .iter()
+                .map(|n| format!("plugins: unknown plugin {n}")),
+        );
+        problems.extend(ferrisix_config::check::standalone_problems(
+            settings, &registry,
+        ));
+    }
+    for p in &problems {
+        eprintln!("ferrisix: {p}");
+    }
+    if problems.is_empty() {
         eprintln!("ferrisix: configuration test is successful");
         ExitCode::SUCCESS
+    } else {
+        eprintln!("ferrisix: configuration test failed");
+        ExitCode::FAILURE
     }
 }
 
-pub fn compile_options(settings: &Settings) -> CompileOptions {
-    CompileOptions {
+/// Fails when `apisix.ssl` cannot be used (an unknown cipher name, an unreadable
+/// `ssl_trusted_certificate` ...), with the key's name.
+pub fn compile_options(settings: &Settings) -> Result<CompileOptions, String> {
+    let tls = ferrisix_tls::TlsSettings::new(&settings.apisix.ssl, &settings.config_dir())?;
+    Ok(CompileOptions {
         router: match settings.apisix.router.http {
             HttpRouter::RadixtreeHostUri => RouterKind::HostUri,
             HttpRouter::RadixtreeUri => RouterKind::Uri,
             HttpRouter::RadixtreeUriWithParameter => RouterKind::UriWithParameter,
         },
-    }
+        tls: Arc::new(ferrisix_tls::TlsContext::new(
+            tls,
+            settings.apisix.data_encryption.keyring(),
+        )),
+    })
 }
 
 /// The data plane's gateway; `stats` are the plugins' services' connection statistics.
@@ -179,6 +171,30 @@ pub fn server_options(settings: &Settings) -> ServerOptions {
         model,
         shutdown_timeout: settings.nginx_config.worker_shutdown_timeout,
         limits: conn_limits(settings),
+        tls_listen: if settings.apisix.ssl.enable {
+            settings
+                .apisix
+                .ssl
+                .listen
+                .iter()
+                .map(|l| TlsListen {
+                    addr: SocketAddr::new(l.ip, l.port),
+                    http2: l.enable_http2,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        },
+        http2: {
+            let h = settings.ferrisix.http2;
+            Http2Limits {
+                max_concurrent_streams: h.max_concurrent_streams,
+                max_header_list_size: h.max_header_list_size,
+                initial_stream_window_size: h.initial_stream_window_size,
+                initial_connection_window_size: h.initial_connection_window_size,
+                max_frame_size: h.max_frame_size,
+            }
+        },
     }
 }
 
@@ -232,42 +248,10 @@ impl ferrisix_plugins::observe::prometheus::NodeSource for StoreSource {
 
     fn modify_indexes(&self) -> Vec<(String, i64)> {
         match &self.states {
-            Some(states) => modify_indexes(&states.borrow()),
+            Some(states) => states.borrow().modify_indexes(),
             None => Vec::new(),
         }
     }
-}
-
-/// APISIX's `etcd_modify_index()`: per resource directory, the highest modify index of its
-/// items (0 when empty), their maximum, and the store's current revision (`x_etcd_index`,
-/// which APISIX reads from etcd's `X-Etcd-Index` header).
-fn modify_indexes(state: &ConfigState) -> Vec<(String, i64)> {
-    let mut out = Vec::with_capacity(11);
-    let mut max = 0;
-    // APISIX's order; stream_routes and protos are resources ferrisix does not load.
-    for (key, kind) in [
-        ("routes", Some(ResourceKind::Routes)),
-        ("services", Some(ResourceKind::Services)),
-        ("ssls", Some(ResourceKind::Ssls)),
-        ("consumers", Some(ResourceKind::Consumers)),
-        ("global_rules", Some(ResourceKind::GlobalRules)),
-        ("upstreams", Some(ResourceKind::Upstreams)),
-        ("stream_routes", None),
-        ("protos", None),
-    ] {
-        let idx = kind
-            .and_then(|k| state.items(k).map(|i| i.mod_revision).max())
-            .unwrap_or(0);
-        max = max.max(idx);
-        out.push((key.to_owned(), idx));
-        if key == "global_rules" && state.items(ResourceKind::GlobalRules).next().is_some() {
-            // APISIX's global_rules config `prev_index`: the store revision its watch has seen.
-            out.push(("prev_index".to_owned(), state.revision));
-        }
-    }
-    out.push(("max_modify_index".to_owned(), max));
-    out.push(("x_etcd_index".to_owned(), state.revision));
-    out
 }
 
 /// The prometheus export server on `plugin_attr.prometheus.export_addr`, serving `export_uri`.

@@ -81,8 +81,8 @@ fn run(mut settings: Settings) -> Result<(), String> {
         Executor::new(background.handle().clone()),
         Clock::system(),
     ));
-    let options = cli::compile_options(&settings);
-    let handle = snapshot::new_handle(options);
+    let options = cli::compile_options(&settings)?;
+    let handle = snapshot::new_handle(&options);
 
     let source = control.block_on(sources::open(&settings))?;
     let states = source.states.clone();
@@ -102,7 +102,7 @@ fn run(mut settings: Settings) -> Result<(), String> {
     handle.store(Arc::new(snapshot::Snapshot::compile(
         &first,
         &handle.load(),
-        options,
+        &options,
         &plugins,
     )));
     control.spawn(snapshot::follow(states, handle.clone(), options, plugins));
@@ -130,7 +130,10 @@ fn run(mut settings: Settings) -> Result<(), String> {
     if settings.admin_enabled() {
         match source.store.clone() {
             Some(store) => {
-                sources::ensure_admin_keys(&mut settings)?;
+                for notice in ferrisix_admin::keys::ensure_admin_keys(&mut settings) {
+                    // Printed whatever the log filter: this is how the operator learns the key.
+                    eprintln!("ferrisix: {notice}");
+                }
                 admin = Some(control.block_on(sources::start_admin(
                     &settings,
                     store,

@@ -6,15 +6,18 @@ nginx proxy_pass (1 worker, upstream keepalive, buffered access log) each proxy 
 `wrk -c 16 -d 5` loads each target in turn, interleaved over rounds, for each scenario:
   s1  route /hello, no plugins
   s2  route /hello with limit-count (count 2e12, window 60, 503, key remote_addr) + prometheus
+  tls     s1 over TLS 1.3 with keep-alive (one ECDSA P-256 certificate, the same file for both)
+  tls-hs  s1 over TLS with a new connection (a full handshake) per request: handshakes/s
+  h2      s1 over TLS h2, 16 streams on one connection (h2load from Debian's nghttp2-client)
 For every run it reads req/s and latency from wrk and the proxy's CPU time (user+sys of all its
 processes, from /proc) and reports medians and ratios against nginx as a markdown table and JSON.
 
 With --baseline BINARY a second ferrisix (another build, e.g. the commit before a change)
 runs beside the first on ports 9082/9182 and is measured interleaved with it in the same
-rounds: the A/B figures come from one run.
+rounds of the plain scenarios (s1, s2): the A/B figures come from one run.
 
 Usage: benches/e2e/bench.py [--rounds 3] [--duration 5] [--connections 16] [--threads 2]
-                            [--scenarios s1,s2] [--json out.json] [--markdown out.md]
+                            [--scenarios s1,s2,tls,tls-hs,h2] [--json out.json] [--markdown out.md]
                             [--baseline BINARY]
                             [--apisix URL --apisix-admin URL --apisix-key KEY]
 """
@@ -40,6 +43,9 @@ UPSTREAM_PORT = 1980
 FERRISIX_PORT = 9080
 FERRISIX_ADMIN = 9180
 NGINX_PROXY_PORT = 9081
+FERRISIX_TLS_PORT = 9443
+NGINX_TLS_PORT = 9444
+TLS_SCENARIOS = ("tls", "tls-hs", "h2")
 BASELINE_PORT = 9082
 BASELINE_ADMIN = 9182
 
@@ -61,6 +67,33 @@ def ensure_tools():
         subprocess.run(["apt-get", "update", "-qq"], check=False)
         subprocess.run(["apt-get", "install", "-y", "-qq"] + missing, check=True,
                        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+
+
+def ensure_h2load():
+    if shutil.which("h2load") is None:
+        print("installing nghttp2-client (h2load) from Debian", file=sys.stderr)
+        subprocess.run(["apt-get", "update", "-qq"], check=False)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "nghttp2-client"], check=True,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+
+
+def make_certificate(work):
+    """One ECDSA P-256 certificate for bench.local, served by both proxies."""
+    crt, key = os.path.join(work, "bench.crt"), os.path.join(work, "bench.key")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                    "-nodes", "-days", "30", "-subj", "/CN=bench.local", "-addext",
+                    "subjectAltName=DNS:bench.local", "-keyout", key, "-out", crt],
+                   check=True, capture_output=True)
+    return crt, key
+
+
+def put_ssl(admin, key, crt_path, key_path):
+    body = json.dumps({"sni": "bench.local", "cert": open(crt_path).read(),
+                       "key": open(key_path).read()}).encode()
+    req = urllib.request.Request(f"{admin}/apisix/admin/ssls/1", data=body, method="PUT",
+                                 headers={"X-API-KEY": key})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        r.read()
 
 
 def nginx_bin():
@@ -133,7 +166,7 @@ http {{
     return p
 
 
-def start_nginx_proxy(work, cores):
+def start_nginx_proxy(work, cores, crt, key):
     conf = os.path.join(work, "proxy.conf")
     with open(conf, "w") as f:
         f.write(f"""
@@ -159,6 +192,27 @@ http {{
       proxy_pass http://backend;
     }}
   }}
+  server {{
+    # `listen ... http2` works on every nginx (`http2 on;` needs 1.25.1+).
+    listen 127.0.0.1:{NGINX_TLS_PORT} ssl http2 reuseport;
+    ssl_certificate {crt};
+    ssl_certificate_key {key};
+    ssl_protocols TLSv1.2 TLSv1.3;
+    ssl_session_cache shared:SSL:20m;
+    ssl_session_tickets off;
+    # nginx closes an h2 connection after keepalive_requests (1000) requests, which ends
+    # h2load's single connection; ferrisix sets no such limit.
+    keepalive_requests 1000000;
+    location / {{
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host $http_host;
+      proxy_set_header X-Real-IP $remote_addr;
+      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+      proxy_set_header X-Forwarded-Proto $scheme;
+      proxy_pass http://backend;
+    }}
+  }}
 }}
 """)
     p = subprocess.Popen(taskset_prefix(cores) + [nginx_bin(), "-c", conf, "-p", work],
@@ -167,10 +221,22 @@ http {{
     return p
 
 
-def start_ferrisix(work, cores, binary, port=FERRISIX_PORT, admin=FERRISIX_ADMIN, name="ferrisix",
-                   aside=False):
-    work = os.path.join(work, name)
-    os.makedirs(work, exist_ok=True)
+def start_ferrisix(work, cores, binary, baseline=False):
+    """With `baseline`: the A/B's second gateway, on its own ports, without TLS, control API or
+    metrics export (they would clash with the first's)."""
+    port, admin = (BASELINE_PORT, BASELINE_ADMIN) if baseline else (FERRISIX_PORT, FERRISIX_ADMIN)
+    if baseline:
+        work = os.path.join(work, "baseline")
+        os.makedirs(work, exist_ok=True)
+        ssl = ("  enable_control: false\nplugin_attr:\n  prometheus:\n"
+               "    export_addr: {ip: 127.0.0.1, port: 9093}")
+    else:
+        ssl = f"""  ssl:
+    listen:
+      - ip: 127.0.0.1
+        port: {FERRISIX_TLS_PORT}
+    # wrk and h2load connect to an address and send no SNI.
+    fallback_sni: bench.local"""
     conf = os.path.join(work, "config.yaml")
     with open(conf, "w") as f:
         f.write(f"""
@@ -178,7 +244,7 @@ apisix:
   node_listen:
     - ip: 127.0.0.1
       port: {port}
-{"  enable_control: false" if aside else ""}
+{ssl}
 deployment:
   role: traditional
   role_traditional:
@@ -195,7 +261,6 @@ nginx_config:
     access_log: {work}/ferrisix-access.log
 ferrisix:
   data_dir: {work}/data
-{"plugin_attr: {prometheus: {export_addr: {ip: 127.0.0.1, port: 9093}}}" if aside else ""}
 """)
     p = subprocess.Popen(taskset_prefix(cores) + [binary, "-c", conf], cwd=work,
                          stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "ferrisix.log"), "w"))
@@ -240,17 +305,40 @@ def parse_wrk(text):
     }
 
 
-def run_wrk(port, args, cores):
+def run_wrk(port, args, cores, scenario="s1"):
+    scheme = "https" if scenario in TLS_SCENARIOS else "http"
+    extra = ["-H", "Connection: close"] if scenario == "tls-hs" else []
     cmd = taskset_prefix(cores) + ["wrk", "-t", str(args.threads), "-c", str(args.connections),
-                                   "-d", f"{args.duration}s", "--latency", f"http://127.0.0.1:{port}/hello"]
+                                   "-d", f"{args.duration}s", "--latency"] + extra + \
+        [f"{scheme}://127.0.0.1:{port}/hello"]
     return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
 
-def measure(name, port, pids, args, cores):
+def run_h2load(port, args, cores):
+    cmd = taskset_prefix(cores) + ["h2load", "-c", "1", "-m", "16", "-t", "1", "-D", str(args.duration),
+                                   f"https://127.0.0.1:{port}/hello"]
+    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+
+def parse_h2load(text):
+    rps = float(re.search(r"finished in [\d.]+\w+, ([\d.]+) req/s", text).group(1))
+    m = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded", text)
+    mean = re.search(r"time for request:\s+\S+\s+\S+\s+(\S+)", text)
+    def ms(v):
+        n, unit = re.match(r"([\d.]+)(us|ms|s)", v).groups()
+        return round(float(n) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit], 3)
+    done, ok = int(m.group(1)), int(m.group(2))
+    return {"rps": rps, "requests": done, "mean_ms": ms(mean.group(1)) if mean else None,
+            "p99_ms": None, "non2xx": done - ok, "socket_errors": ""}
+
+
+def measure(name, port, pids, args, cores, scenario="s1"):
     before = cpu_ticks(pids)
-    out = run_wrk(port, args, cores)
+    if scenario == "h2":
+        r = parse_h2load(run_h2load(port, args, cores))
+    else:
+        r = parse_wrk(run_wrk(port, args, cores, scenario))
     after = cpu_ticks(pids)
-    r = parse_wrk(out)
     cpu_s = (after - before) / CLK_TCK
     r["cpu_s"] = cpu_s
     r["cpu_us_per_req"] = cpu_s * 1e6 / max(r["requests"], 1)
@@ -282,6 +370,8 @@ def main():
     args = ap.parse_args()
 
     ensure_tools()
+    if "h2" in args.scenarios.split(","):
+        ensure_h2load()
     if not args.no_build:
         subprocess.run(["bash", "-c", ". scripts/build-deps.sh && cargo build --release --locked --bin ferrisix"],
                        cwd=ROOT, check=True)
@@ -295,7 +385,8 @@ def main():
     procs = []
     try:
         procs.append(start_upstream(work, cores["upstream"]))
-        ngx = start_nginx_proxy(work, cores["proxy"])
+        crt, key = make_certificate(work)
+        ngx = start_nginx_proxy(work, cores["proxy"], crt, key)
         procs.append(ngx)
         fx = start_ferrisix(work, cores["proxy"], args.binary)
         procs.append(fx)
@@ -303,27 +394,30 @@ def main():
         ngx_pids = [ngx.pid] + children(ngx.pid)
         idle_rss = rss_kib(fx.pid)
         admin = f"http://127.0.0.1:{FERRISIX_ADMIN}"
-        targets = [("nginx", NGINX_PROXY_PORT, ngx_pids), ("ferrisix", FERRISIX_PORT, [fx.pid])]
+        put_ssl(admin, "benchmark-admin-key", crt, key)
+        plain_targets = [("nginx", NGINX_PROXY_PORT, ngx_pids), ("ferrisix", FERRISIX_PORT, [fx.pid])]
         admins = [admin]
         if args.baseline:
-            # Its control API and metrics export move aside so both can run at once.
-            fb = start_ferrisix(work, cores["proxy"], args.baseline, BASELINE_PORT, BASELINE_ADMIN,
-                                "ferrisix-baseline", aside=True)
+            fb = start_ferrisix(work, cores["proxy"], args.baseline, baseline=True)
             procs.append(fb)
-            targets.append(("ferrisix-baseline", BASELINE_PORT, [fb.pid]))
+            plain_targets.append(("ferrisix-baseline", BASELINE_PORT, [fb.pid]))
             admins.append(f"http://127.0.0.1:{BASELINE_ADMIN}")
+        tls_targets = [("nginx", NGINX_TLS_PORT, ngx_pids), ("ferrisix", FERRISIX_TLS_PORT, [fx.pid])]
 
         results = {}
         for scenario in args.scenarios.split(","):
-            plugins = {} if scenario == "s1" else S2_PLUGINS
-            for a in admins:
+            tls = scenario in TLS_SCENARIOS
+            targets = tls_targets if tls else plain_targets
+            plugins = S2_PLUGINS if scenario == "s2" else {}
+            for a in (admins if not tls else [admin]):
                 put_route(a, "benchmark-admin-key", plugins)
             if args.apisix and args.apisix_admin and args.apisix_key:
                 put_route(args.apisix_admin, args.apisix_key, plugins)
-            time.sleep(1 if scenario == "s1" else 3)
+            time.sleep(3 if scenario == "s2" else 1)
             # Warm-up: connections and pools, not measured.
             for _, port, _ in targets:
-                subprocess.run(["wrk", "-t", "1", "-c", "4", "-d", "1s", f"http://127.0.0.1:{port}/hello"],
+                scheme = "https" if tls else "http"
+                subprocess.run(["wrk", "-t", "1", "-c", "4", "-d", "1s", f"{scheme}://127.0.0.1:{port}/hello"],
                                capture_output=True)
             runs = {name: [] for name, _, _ in targets}
             if args.apisix:
@@ -333,7 +427,7 @@ def main():
                 for name, port, pids in order:
                     if scenario == "s2" and name == "nginx":
                         continue  # nginx has no equivalent of the plugins; s2 compares with s1
-                    r = measure(name, port, pids, args, cores["wrk"])
+                    r = measure(name, port, pids, args, cores["wrk"], scenario)
                     runs[name].append(r)
                     print(f"{scenario} round {rnd + 1} {name}: {r['rps']:.0f} req/s, "
                           f"{r['cpu_us_per_req']:.1f} us CPU/req, mean {r['mean_ms'] or 0:.3f} ms, "

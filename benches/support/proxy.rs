@@ -137,10 +137,11 @@ pub fn start_proxy(route_json: &str, upstream_port: u16) -> Proxy {
     let settings = Settings::default();
     let options = CompileOptions {
         router: RouterKind::HostUri,
+        ..CompileOptions::default()
     };
     let (registry, _) = PluginRegistry::new(services.clone(), settings.plugins.as_deref());
-    let handle = snapshot::new_handle(options);
-    let compiled = Snapshot::compile(&state, &handle.load(), options, &registry);
+    let handle = snapshot::new_handle(&options);
+    let compiled = Snapshot::compile(&state, &handle.load(), &options, &registry);
     assert!(
         compiled.quarantine.is_empty() && compiled.router.len() == 1,
         "route refused: {:?}",
@@ -185,6 +186,8 @@ pub fn start_proxy(route_json: &str, upstream_port: u16) -> Proxy {
                 keepalive_timeout: http.keepalive_timeout,
                 send_timeout: http.send_timeout,
             },
+            tls_listen: Vec::new(),
+            http2: Default::default(),
         };
         match ferrisix_proxy::server::start(gateway.clone(), options, shutdown_rx) {
             Ok(server) => {

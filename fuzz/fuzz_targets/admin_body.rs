@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ferrisix_admin::{AdminApi, AdminOptions, MemoryStore};
+use ferrisix_admin::{AdminApi, AdminOptions};
+use ferrisix_config::store::memory::MemoryStore;
 use http_body_util::Full;
 use libfuzzer_sys::fuzz_target;
 

@@ -59,11 +59,23 @@ impl Gateway {
         extra_config: &str,
         workers: usize,
     ) -> Gateway {
+        Self::start_tuned(apisix_yaml, apisix_keys, extra_config, workers, "")
+    }
+
+    /// Like [`Gateway::start_workers`], with `http_keys` added inside `nginx_config.http`
+    /// (unindented lines, e.g. `"client_header_timeout: 1s"`).
+    pub fn start_tuned(
+        apisix_yaml: &str,
+        apisix_keys: &str,
+        extra_config: &str,
+        workers: usize,
+        http_keys: &str,
+    ) -> Gateway {
         // A port from `free_port` can be taken by a parallel test before the gateway binds it,
         // and the gateway then exits: start again on fresh ports.
         let mut failures = Vec::new();
         for _ in 0..3 {
-            match Self::spawn(apisix_yaml, apisix_keys, extra_config, workers) {
+            match Self::spawn(apisix_yaml, apisix_keys, extra_config, workers, http_keys) {
                 Ok(gw) => return gw,
                 Err(e) => failures.push(e),
             }
@@ -76,14 +88,27 @@ impl Gateway {
         apisix_keys: &str,
         extra_config: &str,
         workers: usize,
+        http_keys: &str,
     ) -> Result<Gateway, String> {
         let dir = tempfile::tempdir().unwrap();
+        let http_keys: String = http_keys
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| format!("    {l}\n"))
+            .collect();
         let port = free_port();
         let apisix_keys: String = apisix_keys
             .lines()
             .filter(|l| !l.trim().is_empty())
             .map(|l| format!("  {l}\n"))
             .collect();
+        // APISIX's default opens the TLS port 9443 on every address; parallel test gateways
+        // must not share it, so a test that wants TLS names its own listener.
+        let apisix_keys = if apisix_keys.contains("  ssl:") {
+            apisix_keys
+        } else {
+            format!("{apisix_keys}  ssl:\n    enable: false\n")
+        };
         // Every gateway gets its own metrics port, so parallel tests do not fight over 9091.
         let metrics_port = free_port();
         let plugin_attr = if extra_config.contains("plugin_attr:") {
@@ -97,7 +122,7 @@ impl Gateway {
         let config = format!(
             "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: false\n  enable_control: false\n{apisix_keys}\
              deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n\
-             nginx_config:\n  worker_processes: {workers}\n  worker_shutdown_timeout: 10s\n  http:\n    access_log: {}\n{extra_config}",
+             nginx_config:\n  worker_processes: {workers}\n  worker_shutdown_timeout: 10s\n  http:\n    access_log: {}\n{http_keys}{extra_config}",
             dir.path().join("access.log").display()
         );
         std::fs::write(dir.path().join("config.yaml"), config).unwrap();
@@ -743,6 +768,7 @@ pub enum StoreKind {
 pub struct StoreGatewayBuilder {
     store: StoreKind,
     etcd_keys: Vec<String>,
+    apisix_keys: Vec<String>,
     workers: usize,
     log_filter: String,
 }
@@ -763,6 +789,7 @@ impl StoreGatewayBuilder {
             // Short enough that a test never waits 30 s on a dead peer; long enough for a
             // loaded CI machine.
             etcd_keys: vec!["timeout: 5".into()],
+            apisix_keys: Vec::new(),
             workers: 1,
             log_filter: "warn".into(),
         }
@@ -771,6 +798,13 @@ impl StoreGatewayBuilder {
     /// Adds a `key: value` line under `deployment.etcd` (a later line for the same key wins).
     pub fn etcd_key(mut self, line: &str) -> StoreGatewayBuilder {
         self.etcd_keys.push(line.to_owned());
+        self
+    }
+
+    /// Adds lines (unindented) under `apisix:`, e.g. an `ssl:` block.
+    pub fn apisix_key(mut self, lines: &str) -> StoreGatewayBuilder {
+        self.apisix_keys
+            .extend(lines.lines().map(|l| format!("  {l}\n")));
         self
     }
 
@@ -829,8 +863,14 @@ impl StoreGatewayBuilder {
             .map(|l| format!("    {l}\n"))
             .collect();
         let dir = gw.dir.path();
+        let mut apisix_keys: String = self.apisix_keys.concat();
+        // No shared default TLS port 9443 between parallel test nodes.
+        if !apisix_keys.contains("  ssl:") {
+            apisix_keys.push_str("  ssl:\n    enable: false\n");
+        }
         format!(
             "apisix:\n\
+             {apisix_keys}\
              \x20 node_listen:\n\
              \x20   - ip: 127.0.0.1\n\
              \x20     port: {data}\n\

@@ -55,6 +55,9 @@ pub struct AdminOptions {
     pub server: String,
     /// `apisix.proxy_mode` includes `stream`: stream routes may be managed.
     pub stream_mode: bool,
+    /// `apisix.data_encryption.keyring`: ssl keys and upstream client keys are stored
+    /// encrypted with it, as APISIX stores them.
+    pub keyring: ferrisix_config::encrypt::Keyring,
     /// `ferrisix.admin_key_guard`: failed authentications per client address.
     pub key_guard: AdminKeyGuard,
 }
@@ -75,6 +78,7 @@ impl AdminOptions {
             body_limit: MAX_BODY,
             server: concat!("ferrisix/", env!("CARGO_PKG_VERSION")).to_string(),
             stream_mode: false,
+            keyring: ferrisix_config::encrypt::Keyring::apisix_default(),
             key_guard: AdminKeyGuard::default(),
         }
     }

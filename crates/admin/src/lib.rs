@@ -4,7 +4,8 @@
 //! writes only through a [`ferrisix_config::store::Store`]; the data plane follows the store,
 //! so the Admin API never talks to it.
 //!
-//! Wiring: build an [`AdminApi`] from [`AdminOptions`], a store and the enabled
+//! Wiring: fill empty admin keys with [`keys::ensure_admin_keys`] (which saves them into
+//! config.yaml), build an [`AdminApi`] from [`AdminOptions`], a store and the enabled
 //! [`ferrisix_plugins::PluginRegistry`], call [`AdminApi::publish_plugin_list`] once, then run
 //! [`serve`] on the admin listener. [`AdminApi::handle`] answers one request without a socket.
 #![forbid(unsafe_code)]
@@ -15,8 +16,8 @@ mod auth;
 mod body;
 mod cjson;
 mod guard;
+pub mod keys;
 mod list;
-pub mod memory;
 mod merge;
 mod path;
 mod resources;
@@ -24,5 +25,4 @@ mod response;
 mod server;
 
 pub use api::{AdminApi, AdminOptions, ReloadHook, MAX_BODY};
-pub use memory::MemoryStore;
 pub use server::serve;

@@ -6,8 +6,9 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ferrisix_admin::{AdminApi, AdminOptions, MemoryStore};
+use ferrisix_admin::{AdminApi, AdminOptions};
 use ferrisix_config::settings::{AdminKey, AdminRole};
+use ferrisix_config::store::memory::MemoryStore;
 use ferrisix_plugins::PluginRegistry;
 use http::Request;
 use http_body_util::Full;

@@ -6,12 +6,18 @@
 //! that fails validation is reported on its own and never blocks the others.
 #![forbid(unsafe_code)]
 
+pub mod check;
+pub mod encrypt;
+pub mod env;
 pub mod model;
 pub mod nesting;
+pub mod pem;
 pub mod provider;
 pub mod schema;
 pub mod settings;
 pub mod state;
 pub mod store;
+#[cfg(feature = "test-support")]
+pub mod test_support;
 pub mod validate;
 pub mod vars;

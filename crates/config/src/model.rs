@@ -236,3 +236,42 @@ pub struct GlobalRule {
     pub id: String,
     pub plugins: Map<String, Value>,
 }
+
+/// `ssls/<id>`: `server` certificates are served to clients chosen by SNI; `client` ones are
+/// presented to upstreams (`tls.client_cert_id`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SslType {
+    #[default]
+    Server,
+    Client,
+}
+
+/// `ssls/<id>.client`: client-certificate verification.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SslClient {
+    /// The CA bundle (PEM) client certificates must chain to.
+    pub ca: String,
+    /// nginx `ssl_verify_depth` (default 1).
+    pub depth: u32,
+    /// URIs (regexes) that are served without a verified client certificate.
+    pub skip_mtls_uri_regex: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ssl {
+    pub id: String,
+    pub ssl_type: SslType,
+    pub cert: String,
+    /// PEM, decrypted (the stored value may be encrypted with the keyring).
+    pub key: String,
+    pub certs: Vec<String>,
+    pub keys: Vec<String>,
+    /// `sni` or `snis`, lower-cased, a trailing dot removed (APISIX's `ssl_filter`).
+    pub snis: Vec<String>,
+    /// Whether `snis` (a list) was given rather than `sni`: APISIX checks matches differently.
+    pub sni_list: bool,
+    pub client: Option<SslClient>,
+    /// `status: 0` takes the ssl out of the handshakes.
+    pub enabled: bool,
+    pub ssl_protocols: Option<Vec<String>>,
+}

@@ -43,8 +43,6 @@ schema_static! {
     ID => defs::id(),
     HOST => defs::host(),
     METHOD => defs::method(),
-    TIMEOUT => defs::timeout(),
-    LABELS => defs::labels(),
     LABEL_VALUE => defs::label_value(),
     IP_ALTERNATIVES => defs::ip_alternatives(),
     NODES => defs::nodes(),
@@ -102,16 +100,6 @@ pub fn schema_by_name(name: &str) -> Option<&'static Value> {
         "upstream_hash_vars_combinations_schema" => &HASH_VARS_COMBINATIONS,
         _ => return None,
     })
-}
-
-/// The timeout object schema (`{connect, send, read}`), for plugins that embed it.
-pub fn timeout_schema() -> &'static Value {
-    &TIMEOUT
-}
-
-/// The labels schema, for plugins and resources that embed it.
-pub fn labels_schema() -> &'static Value {
-    &LABELS
 }
 
 /// The `_meta` schema every plugin schema accepts as a property (`disable`, `error_response`,

@@ -10,7 +10,8 @@
 //! default, so an empty file is a complete configuration.
 
 mod de;
-pub mod env;
+pub mod save;
+mod values;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -20,7 +21,10 @@ use std::time::Duration;
 use ipnet::IpNet;
 use serde::Deserialize;
 
+use crate::env;
 use crate::provider::Format;
+
+pub use values::{ExtraLabel, ListenAddr, RealIpFrom, WorkerProcesses};
 
 /// Most errors one load reports; each retry removes the key that failed, so this only bounds a
 /// pathological file.
@@ -83,6 +87,76 @@ pub struct ApisixSettings {
     /// The control API (readiness, applied revision, dumps).
     pub enable_control: bool,
     pub control: ControlListen,
+    /// The TLS data-plane listener.
+    pub ssl: SslSettings,
+    /// Encryption of stored secrets (ssl keys, plugins' `encrypt_fields`).
+    pub data_encryption: DataEncryption,
+}
+
+/// `apisix.ssl`: the HTTPS listeners and their TLS settings. Certificates come from `ssls`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct SslSettings {
+    pub enable: bool,
+    /// Ports, `"ip:port"` strings or `{ip, port, enable_http2}` maps (default 9443).
+    #[serde(deserialize_with = "de::node_listen")]
+    pub listen: Vec<ListenAddr>,
+    /// `TLSv1.2 TLSv1.3` (space separated, nginx's `ssl_protocols`).
+    pub ssl_protocols: String,
+    /// nginx/OpenSSL cipher names, `:` separated; they shape TLS 1.2 only, as in nginx.
+    pub ssl_ciphers: String,
+    pub ssl_session_tickets: bool,
+    /// CA bundle for verifying upstreams (`tls.verify`): a PEM file, or `system`.
+    pub ssl_trusted_certificate: Option<String>,
+    /// The SNI assumed when a client sends none.
+    pub fallback_sni: Option<String>,
+}
+
+/// APISIX's default `ssl_ciphers` (conf/config.yaml.example).
+pub const DEFAULT_SSL_CIPHERS: &str = "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305:DHE-RSA-AES128-GCM-SHA256:DHE-RSA-AES256-GCM-SHA384";
+
+impl Default for SslSettings {
+    fn default() -> Self {
+        SslSettings {
+            enable: true,
+            listen: vec![ListenAddr::port(9443)],
+            ssl_protocols: "TLSv1.2 TLSv1.3".to_owned(),
+            ssl_ciphers: DEFAULT_SSL_CIPHERS.to_owned(),
+            ssl_session_tickets: false,
+            ssl_trusted_certificate: None,
+            fallback_sni: None,
+        }
+    }
+}
+
+/// `apisix.data_encryption`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct DataEncryption {
+    /// Encrypt the fields plugins list in `encrypt_fields` (ssl keys are encrypted whenever
+    /// the keyring is not empty, as in APISIX).
+    pub enable_encrypt_fields: bool,
+    /// 16- or 32-byte keys; the first encrypts, all are tried to decrypt.
+    #[serde(deserialize_with = "de::string_or_list")]
+    pub keyring: Vec<String>,
+}
+
+impl Default for DataEncryption {
+    fn default() -> Self {
+        DataEncryption {
+            enable_encrypt_fields: true,
+            keyring: crate::encrypt::DEFAULT_KEYRING
+                .iter()
+                .map(|k| (*k).to_owned())
+                .collect(),
+        }
+    }
+}
+
+impl DataEncryption {
+    pub fn keyring(&self) -> crate::encrypt::Keyring {
+        crate::encrypt::Keyring::new(&self.keyring).unwrap_or_default()
+    }
 }
 
 /// `apisix.control`: where the control API listens (APISIX's default 127.0.0.1:9090).
@@ -116,25 +190,8 @@ impl Default for ApisixSettings {
             proxy_mode: ProxyMode::Http,
             enable_control: true,
             control: ControlListen::default(),
-        }
-    }
-}
-
-/// One data-plane listener.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ListenAddr {
-    pub ip: IpAddr,
-    pub port: u16,
-    pub enable_http2: bool,
-}
-
-impl ListenAddr {
-    /// `port` on every IPv4 address, HTTP/2 on (APISIX's defaults).
-    pub fn port(port: u16) -> ListenAddr {
-        ListenAddr {
-            ip: IpAddr::from([0, 0, 0, 0]),
-            port,
-            enable_http2: true,
+            ssl: SslSettings::default(),
+            data_encryption: DataEncryption::default(),
         }
     }
 }
@@ -188,24 +245,6 @@ impl Default for NginxConfig {
     }
 }
 
-/// `nginx_config.worker_processes`: `auto` or a count.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum WorkerProcesses {
-    #[default]
-    Auto,
-    Count(usize),
-}
-
-impl WorkerProcesses {
-    /// The number of workers to run: `auto` is one per available CPU.
-    pub fn resolve(&self) -> usize {
-        match *self {
-            WorkerProcesses::Auto => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            WorkerProcesses::Count(n) => n.max(1),
-        }
-    }
-}
-
 /// `nginx_config.http`.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default)]
@@ -255,29 +294,6 @@ impl Default for NginxHttp {
             client_max_body_size: 0,
             upstream: UpstreamKeepalive::default(),
         }
-    }
-}
-
-/// `real_ip_from`, parsed: the trusted networks, and whether `"unix:"` (peers on a Unix
-/// socket) was listed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RealIpFrom {
-    pub nets: Vec<IpNet>,
-    pub unix: bool,
-}
-
-impl Default for RealIpFrom {
-    fn default() -> Self {
-        RealIpFrom {
-            nets: vec![IpNet::from(IpAddr::from([127, 0, 0, 1]))],
-            unix: true,
-        }
-    }
-}
-
-impl RealIpFrom {
-    pub fn trusts(&self, ip: IpAddr) -> bool {
-        self.nets.iter().any(|n| n.contains(&ip))
     }
 }
 
@@ -615,25 +631,6 @@ pub struct UpstreamStatusAttr {
     pub expire: f64,
 }
 
-/// One `- label: $variable` entry of `extra_labels`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ExtraLabel {
-    /// The label name.
-    pub name: String,
-    /// The value as written (`$upstream_addr`).
-    pub value: String,
-}
-
-impl ExtraLabel {
-    /// The variable whose value the label takes: APISIX drops the first character of the
-    /// value (`v:sub(2)`), whatever it is, so `upstream_addr` (no `$`) names `pstream_addr`.
-    pub fn variable(&self) -> &str {
-        let mut chars = self.value.chars();
-        chars.next();
-        chars.as_str()
-    }
-}
-
 /// The built-in labels of the HTTP metrics (APISIX 3.18's `metric_label_map`), in output
 /// order; extra labels come after them.
 pub const HTTP_STATUS_LABELS: [&str; 11] = [
@@ -729,6 +726,36 @@ pub struct FerrisixSettings {
     /// APISIX 2.x compatibility: also answer `/apisix/admin` on the data port (loopback
     /// clients only), so 2.x scripts that PUT to :9080 work as written.
     pub admin_on_data_port: bool,
+    /// HTTP/2 limits of the data-plane listeners (nginx's defaults).
+    pub http2: Http2Settings,
+}
+
+/// `ferrisix.http2`: the limits nginx applies to HTTP/2 clients, under nginx's defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct Http2Settings {
+    /// nginx `http2_max_concurrent_streams` (128).
+    pub max_concurrent_streams: u32,
+    /// Bytes of request header list (nginx: `large_client_header_buffers 4 8k`).
+    pub max_header_list_size: u32,
+    /// Initial per-stream receive window (nginx `http2_body_preread_size` 64k).
+    pub initial_stream_window_size: u32,
+    /// Initial connection receive window.
+    pub initial_connection_window_size: u32,
+    /// Largest frame payload accepted (the protocol's default, which nginx keeps).
+    pub max_frame_size: u32,
+}
+
+impl Default for Http2Settings {
+    fn default() -> Self {
+        Http2Settings {
+            max_concurrent_streams: 128,
+            max_header_list_size: 32 * 1024,
+            initial_stream_window_size: 64 * 1024,
+            initial_connection_window_size: 1024 * 1024,
+            max_frame_size: 16 * 1024,
+        }
+    }
 }
 
 /// Where resources come from.
@@ -913,6 +940,7 @@ impl Settings {
         let mut warnings = Vec::new();
         let mut settings = deserialize_collecting(&mut value, &mut errors, &mut warnings);
         apply_listener_http2_default(&mut settings, &value);
+        apply_ssl_listen_defaults(&mut settings, &value);
         check(&settings, &mut errors);
         admin_key_checks(&settings, &mut errors, &mut warnings);
         prometheus_warnings(&settings, &mut warnings);
@@ -1026,6 +1054,26 @@ fn apply_listener_http2_default(settings: &mut Settings, value: &serde_yaml::Val
     }
 }
 
+/// `apisix.ssl.listen` entries follow `apisix.enable_http2` unless they say otherwise, and a
+/// map without a port takes 9443 (the plain listener's 9080 default does not apply).
+fn apply_ssl_listen_defaults(settings: &mut Settings, value: &serde_yaml::Value) {
+    let global = settings.apisix.enable_http2;
+    let entries = value
+        .get("apisix")
+        .and_then(|a| a.get("ssl"))
+        .and_then(|s| s.get("listen"))
+        .and_then(|l| l.as_sequence());
+    for (i, addr) in settings.apisix.ssl.listen.iter_mut().enumerate() {
+        let entry = entries.and_then(|s| s.get(i));
+        if entry.is_none_or(|e| e.get("enable_http2").is_none()) {
+            addr.enable_http2 = global;
+        }
+        if entry.is_some_and(|e| e.is_mapping() && e.get("port").is_none()) {
+            addr.port = 9443;
+        }
+    }
+}
+
 /// Rules across keys that types cannot express; APISIX's schema checks the same.
 fn check(s: &Settings, errors: &mut Vec<String>) {
     let d = &s.deployment;
@@ -1074,6 +1122,19 @@ fn check(s: &Settings, errors: &mut Vec<String>) {
         ));
     }
     check_extra_labels(&s.plugin_attr.prometheus.metrics, errors);
+    if let Err(e) = crate::encrypt::Keyring::new(&s.apisix.data_encryption.keyring) {
+        errors.push(e);
+    }
+    for p in s.apisix.ssl.ssl_protocols.split_whitespace() {
+        if !matches!(
+            p,
+            "TLSv1" | "TLSv1.1" | "TLSv1.2" | "TLSv1.3" | "SSLv2" | "SSLv3"
+        ) {
+            errors.push(format!(
+                "apisix.ssl.ssl_protocols: invalid value: string {p:?}, expected TLSv1.2 or TLSv1.3"
+            ));
+        }
+    }
 }
 
 /// APISIX's CLI checks of the Admin API token (`apisix/cli/ops.lua`), run at start and by

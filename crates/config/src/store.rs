@@ -21,6 +21,8 @@ use crate::state::{ConfigState, StoredItem};
 
 pub mod embedded;
 pub mod etcd;
+#[cfg(feature = "test-support")]
+pub mod memory;
 
 /// One stored key.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -12,6 +12,19 @@ pub struct ConnFacts {
     pub peer: SocketAddr,
     /// The local address (`$server_addr`, `$server_port`).
     pub local: SocketAddr,
+    /// The connection is TLS (`$scheme` is `https`).
+    pub tls: bool,
+}
+
+impl ConnFacts {
+    /// `$scheme`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls {
+            "https"
+        } else {
+            "http"
+        }
+    }
 }
 
 /// The client's request head, as it arrived (its headers are separate: plugins edit them).

@@ -31,6 +31,7 @@ impl TestRequest {
         let conn = ConnFacts {
             peer: "127.0.0.1:40000".parse().expect("address"),
             local: "127.0.0.1:9080".parse().expect("address"),
+            tls: false,
         };
         TestRequest {
             method,

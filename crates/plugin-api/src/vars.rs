@@ -113,7 +113,7 @@ impl<'r> RequestVars<'r> {
             "realip_remote_addr" => Cow::Owned(head.conn.peer.ip().to_string()),
             "server_addr" => Cow::Owned(head.conn.local.ip().to_string()),
             "server_port" => Cow::Owned(head.conn.local.port().to_string()),
-            "scheme" => Cow::Borrowed("http"),
+            "scheme" => Cow::Borrowed(head.conn.scheme()),
             "request_method" => Cow::Borrowed(head.method.as_str()),
             "args" | "query_string" => Cow::Borrowed(head.uri.query()?),
             "is_args" => Cow::Borrowed(if head.uri.query().is_some() { "?" } else { "" }),
@@ -137,6 +137,7 @@ mod tests {
         let conn = ConnFacts {
             peer: "10.0.0.1:5555".parse().unwrap(),
             local: "127.0.0.1:9080".parse().unwrap(),
+            tls: false,
         };
         let uri: Uri = "/a%20b?x=1+2&y=%41".parse().unwrap();
         let head = RequestHead {

@@ -1,4 +1,4 @@
-//! The upstream HTTP/1.1 client: connect with a timeout, keep-alive pools per node, and request
+//! The upstream client (HTTP/1.1, HTTP/2, over TCP or TLS): connect with a timeout, keep-alive pools per node, and request
 //! bodies that are either replayable (buffered) or streamed.
 //!
 //! Pools are per worker thread, as nginx's `keepalive` cache is per worker: a worker never
@@ -11,13 +11,16 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use ferrisix_tls::UpstreamTls;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 
 pub use body::{SendProgress, StreamSource, UpstreamBody};
+use pool::Sender;
 pub use pool::{evict_expired as evict_expired_idle, PoolKey, PoolLimits, PooledConn};
 
 use crate::error::{ErrorKind, ProxyError};
@@ -42,13 +45,16 @@ impl Default for TryTimeouts {
     }
 }
 
-/// Opens a new connection to `addr` and performs the HTTP/1.1 handshake.
+/// Opens a new connection for `key` and performs the HTTP/1.1 or HTTP/2 handshake; with `tls`
+/// the TLS handshake comes first, sending `key.sni` (none for an address), all within `timeout`.
 pub async fn connect(
     key: PoolKey,
     limits: PoolLimits,
     timeout: Duration,
+    tls: Option<&UpstreamTls>,
 ) -> Result<PooledConn, ProxyError> {
-    let stream = match tokio::time::timeout(timeout, TcpStream::connect(key.addr)).await {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let stream = match tokio::time::timeout_at(deadline, TcpStream::connect(key.addr)).await {
         Err(_) => return Err(ErrorKind::ConnectTimeout.into()),
         Ok(Err(e)) => {
             tracing::debug!(addr = %key.addr, error = %e, "upstream connect failed");
@@ -57,8 +63,51 @@ pub async fn connect(
         Ok(Ok(s)) => s,
     };
     let _ = stream.set_nodelay(true);
+    let sender = match tls {
+        None => handshake(TokioIo::new(stream), key.h2).await?,
+        Some(tls) => {
+            let name = key
+                .sni
+                .as_deref()
+                .and_then(ferrisix_tls::upstream::server_name)
+                .unwrap_or_else(|| ServerName::IpAddress(key.addr.ip().into()));
+            let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
+            let stream = match tokio::time::timeout_at(deadline, connector.connect(name, stream))
+                .await
+            {
+                Err(_) => return Err(ProxyError::new(ErrorKind::ConnectTimeout)),
+                Ok(Err(e)) => {
+                    // nginx: "SSL_do_handshake() failed ... while SSL handshaking to upstream".
+                    tracing::error!(addr = %key.addr, sni = ?key.sni, error = %e, "SSL handshake with upstream failed");
+                    return Err(ProxyError::new(ErrorKind::ConnectRefused));
+                }
+                Ok(Ok(s)) => s,
+            };
+            handshake(TokioIo::new(stream), key.h2).await?
+        }
+    };
+    Ok(PooledConn::new(key, limits, sender))
+}
+
+async fn handshake<IO>(io: TokioIo<IO>, h2: bool) -> Result<Sender, ProxyError>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    if h2 {
+        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .handshake(io)
+            .await
+            .map_err(|_| ProxyError::new(ErrorKind::ConnectRefused))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::trace!(error = %e, "upstream h2 connection ended");
+            }
+        });
+        return Ok(Sender::H2(sender));
+    }
     let (sender, conn) = http1::Builder::new()
-        .handshake(TokioIo::new(stream))
+        .handshake(io)
         .await
         .map_err(|_| ProxyError::new(ErrorKind::ConnectRefused))?;
     tokio::spawn(async move {
@@ -67,7 +116,7 @@ pub async fn connect(
             tracing::trace!(error = %e, "upstream connection ended");
         }
     });
-    Ok(PooledConn::new(key, limits, sender))
+    Ok(Sender::H1(sender))
 }
 
 fn classify_connect_error(e: &io::Error) -> ProxyError {
@@ -99,7 +148,7 @@ pub async fn send(
     if conn.ready().await.is_err() {
         return SendOutcome::NotSent(req, ErrorKind::ConnectionBroken.into());
     }
-    let fut = conn.sender().try_send_request(req);
+    let fut = conn.sender().send(req);
     let result = match &progress {
         None => match tokio::time::timeout(timeouts.read, fut).await {
             Ok(r) => r,
@@ -143,13 +192,14 @@ pub async fn send(
 
 /// Takes an idle pooled connection for `key`, or opens one.
 pub async fn checkout(
-    key: PoolKey,
+    key: &PoolKey,
     limits: PoolLimits,
     connect_timeout: Duration,
+    tls: Option<&UpstreamTls>,
 ) -> Result<PooledConn, ProxyError> {
     match pool::take_idle(key) {
         Some(conn) => Ok(conn),
-        None => connect(key, limits, connect_timeout).await,
+        None => connect(key.clone(), limits, connect_timeout, tls).await,
     }
 }
 

@@ -108,14 +108,21 @@ pub struct ForwardedValues {
     peer_ip_value: HeaderValue,
     /// The local port (`X-Forwarded-Port` when the Host header names no other).
     local_port_value: HeaderValue,
+    /// `X-Forwarded-Proto`: `https` on the TLS listeners.
+    scheme: &'static str,
 }
 
 impl ForwardedValues {
-    pub fn new(peer: std::net::SocketAddr, local: std::net::SocketAddr) -> ForwardedValues {
+    pub fn new(
+        peer: std::net::SocketAddr,
+        local: std::net::SocketAddr,
+        scheme: &'static str,
+    ) -> ForwardedValues {
         ForwardedValues {
             peer_ip: peer.ip(),
             peer_ip_value: ip_header(peer.ip()),
             local_port_value: HeaderValue::from(local.port()),
+            scheme,
         }
     }
 }
@@ -160,7 +167,7 @@ pub fn upstream_headers(
     out.insert(HeaderName::from_static("x-forwarded-for"), xff);
     out.insert(
         HeaderName::from_static("x-forwarded-proto"),
-        HeaderValue::from_static("http"),
+        HeaderValue::from_static(conn.scheme),
     );
     let host_raw = host_value.and_then(|h| h.to_str().ok());
     if let Some(h) = host_value {

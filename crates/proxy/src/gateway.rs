@@ -52,6 +52,8 @@ pub struct ConnInfo {
     pub(crate) forwarded: ForwardedValues,
     /// Where the log phases of this connection's requests go.
     pub(crate) log: Arc<LogSinks>,
+    /// The TLS session, on the HTTPS listeners (`$scheme` is then `https`).
+    pub tls: Option<Arc<ferrisix_tls::TlsConnInfo>>,
 }
 
 impl std::fmt::Debug for ConnInfo {
@@ -70,11 +72,29 @@ impl ConnInfo {
             access_log: gateway.access_log.clone(),
         });
         ConnInfo {
-            facts: ConnFacts { peer, local },
-            forwarded: ForwardedValues::new(peer, local),
+            facts: ConnFacts {
+                peer,
+                local,
+                tls: false,
+            },
+            forwarded: ForwardedValues::new(peer, local, "http"),
             log,
             gateway,
+            tls: None,
         }
+    }
+
+    /// A connection that arrived over TLS.
+    pub fn with_tls(mut self, tls: ferrisix_tls::TlsConnInfo) -> ConnInfo {
+        self.tls = Some(Arc::new(tls));
+        self.facts.tls = true;
+        self.forwarded = ForwardedValues::new(self.facts.peer, self.facts.local, "https");
+        self
+    }
+
+    /// `$scheme`.
+    pub fn scheme(&self) -> &'static str {
+        self.facts.scheme()
     }
 
     pub fn peer(&self) -> SocketAddr {

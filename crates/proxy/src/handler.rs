@@ -74,7 +74,11 @@ impl ConnInfo {
 async fn serve(ctx: &mut RequestCtx<'_>) -> Response<ResponseBody> {
     let conn = ctx.conn;
     let server = &conn.gateway.server_header;
-    let Some(matched) = routing::route(ctx) else {
+    let routed = match routing::route(ctx) {
+        Ok(routed) => routed,
+        Err(e) => return responses::error_response(e, server),
+    };
+    let Some(matched) = routed else {
         if let Some(exit) = phases::request_phases(ctx, false).await {
             return responses::exit_response(exit, server);
         }

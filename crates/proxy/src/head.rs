@@ -16,7 +16,7 @@ use crate::request_head;
 const MAX_REQUEST_URI: usize = 8192;
 
 /// The host part of a Host header value, lower-cased, without the port; `None` if invalid.
-fn host_without_port(raw: &str) -> Option<Cow<'_, str>> {
+pub fn host_without_port(raw: &str) -> Option<Cow<'_, str>> {
     let host = if raw.starts_with('[') {
         let end = raw.find(']')?;
         let rest = &raw[end + 1..];

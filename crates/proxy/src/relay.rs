@@ -78,10 +78,19 @@ pub fn relay_head(
     Response::from_parts(head, body)
 }
 
-/// The answer after every try failed (or none could be made): nginx's page for the error,
-/// with the tries' statuses.
-pub fn failed(gateway: &Gateway, error: ProxyError, statuses: &[u16]) -> Response<ResponseBody> {
-    let mut resp = responses::error_page(error.status(), &gateway.server_header);
+/// The answer after every try failed (or none could be made): nginx's page for the error (a
+/// gRPC error to a gRPC client), with the tries' statuses.
+pub fn failed(
+    gateway: &Gateway,
+    error: ProxyError,
+    statuses: &[u16],
+    grpc: bool,
+) -> Response<ResponseBody> {
+    let mut resp = if grpc {
+        responses::grpc_error(error.status(), &gateway.server_header)
+    } else {
+        responses::error_page(error.status(), &gateway.server_header)
+    };
     if !statuses.is_empty() {
         resp.headers_mut()
             .insert(upstream_status_header(), status_list(statuses));

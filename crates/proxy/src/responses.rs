@@ -90,6 +90,28 @@ pub fn error_page(status: StatusCode, server: &HeaderValue) -> Response<Response
     resp
 }
 
+/// A gateway error to a gRPC client: APISIX's status (502, 504 ...) with `grpc-status` and
+/// `grpc-message` in the headers (a trailers-only answer), which gRPC clients read before the
+/// HTTP status: 14 UNAVAILABLE for a failed upstream, 4 DEADLINE_EXCEEDED for a timeout.
+pub fn grpc_error(status: StatusCode, server: &HeaderValue) -> Response<ResponseBody> {
+    let (code, message) = match status.as_u16() {
+        504 => ("4", "upstream timed out"),
+        429 => ("8", "too many requests"),
+        401 => ("16", "unauthenticated"),
+        403 => ("7", "permission denied"),
+        404 => ("12", "not found"),
+        _ => ("14", "upstream unavailable"),
+    };
+    let mut resp = Response::new(ResponseBody::full(Bytes::new()));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    h.insert("grpc-status", HeaderValue::from_static(code));
+    h.insert("grpc-message", HeaderValue::from_static(message));
+    h.insert(SERVER, server.clone());
+    resp
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

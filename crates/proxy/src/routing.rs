@@ -6,6 +6,7 @@ use ferrisix_router::{Method as RouteMethod, RequestInfo};
 
 use crate::client::TryTimeouts;
 use crate::ctx::RequestCtx;
+use crate::error::{ErrorKind, ProxyError};
 use crate::run::PluginRun;
 use crate::snapshot::RouteTarget;
 
@@ -20,9 +21,19 @@ pub struct Matched {
 
 /// Looks the request up. A match records the route for the access log and, when any plugin
 /// runs for it, keeps the route and starts the request's plugin side; so does a request that
-/// matched no route when global rules exist (`None` is returned then).
-pub fn route(ctx: &mut RequestCtx<'_>) -> Option<Matched> {
+/// matched no route when global rules exist (`Ok(None)` is returned then). On a TLS
+/// connection, a client certificate policy may refuse the request first (400).
+pub fn route(ctx: &mut RequestCtx<'_>) -> Result<Option<Matched>, ProxyError> {
     let snapshot = ctx.conn.gateway.snapshot.load();
+    if let Some(tls) = &ctx.conn.tls {
+        // APISIX's verify_https_client runs before routing and answers 400.
+        if let Err(reason) =
+            ferrisix_tls::mtls::check_request(tls, &snapshot.tls, ctx.head.path(), ctx.head.host())
+        {
+            tracing::error!(client = %ctx.conn.peer(), "{reason}");
+            return Err(ErrorKind::BadRequest.into());
+        }
+    }
     let wants_id = ctx.log.record.is_some();
     let found = {
         let head = ctx.head.as_request_head(&ctx.conn.facts);
@@ -67,7 +78,7 @@ pub fn route(ctx: &mut RequestCtx<'_>) -> Option<Matched> {
                 ctx.remote_addr,
             ));
         }
-        return None;
+        return Ok(None);
     };
     drop(snapshot);
     matched.websocket &= ctx.headers.contains_key(http::header::UPGRADE);
@@ -79,5 +90,5 @@ pub fn route(ctx: &mut RequestCtx<'_>) -> Option<Matched> {
         // The route outlives the snapshot while its plugins may wait on I/O.
         ctx.route = Some(route);
     }
-    Some(matched)
+    Ok(Some(matched))
 }

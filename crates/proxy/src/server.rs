@@ -17,7 +17,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioExecutor;
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::access_log;
@@ -43,6 +43,55 @@ pub struct ServerOptions {
     pub shutdown_timeout: Duration,
     /// nginx's `client_header_timeout`, `keepalive_timeout` and `send_timeout`.
     pub limits: ConnLimits,
+    /// HTTPS listeners (`apisix.ssl.listen`), certificates from the snapshot's `ssls`. Their
+    /// handshakes are bounded by `client_header_timeout`, as nginx bounds them.
+    pub tls_listen: Vec<TlsListen>,
+    /// HTTP/2 limits for every listener.
+    pub http2: Http2Limits,
+}
+
+/// One HTTPS listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TlsListen {
+    pub addr: SocketAddr,
+    /// `h2` offered by ALPN.
+    pub http2: bool,
+}
+
+/// nginx's HTTP/2 limits (`http2_max_concurrent_streams` 128, header list 32 KiB ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Http2Limits {
+    pub max_concurrent_streams: u32,
+    pub max_header_list_size: u32,
+    pub initial_stream_window_size: u32,
+    pub initial_connection_window_size: u32,
+    pub max_frame_size: u32,
+}
+
+impl Default for Http2Limits {
+    fn default() -> Self {
+        Http2Limits {
+            max_concurrent_streams: 128,
+            max_header_list_size: 32 * 1024,
+            initial_stream_window_size: 64 * 1024,
+            initial_connection_window_size: 1024 * 1024,
+            max_frame_size: 16 * 1024,
+        }
+    }
+}
+
+/// A bound socket and, for HTTPS, whether it offers h2.
+type Bound = (std::net::TcpListener, Option<bool>);
+
+fn bind_all(options: &ServerOptions, reuse_port: bool) -> io::Result<Vec<Bound>> {
+    let mut out = Vec::new();
+    for a in &options.listen {
+        out.push((bind(*a, reuse_port)?, None));
+    }
+    for t in &options.tls_listen {
+        out.push((bind(t.addr, reuse_port)?, Some(t.http2)));
+    }
+    Ok(out)
 }
 
 /// A running server; `wait` returns when every worker has stopped.
@@ -89,12 +138,7 @@ pub fn start(
             // Bind all sockets first so a busy port fails the start, not a worker.
             let mut per_worker = Vec::with_capacity(workers);
             for _ in 0..workers {
-                let listeners = options
-                    .listen
-                    .iter()
-                    .map(|a| bind(*a, true))
-                    .collect::<io::Result<Vec<_>>>()?;
-                per_worker.push(listeners);
+                per_worker.push(bind_all(&options, true)?);
             }
             for (i, listeners) in per_worker.into_iter().enumerate() {
                 let gateway = gateway.clone();
@@ -120,11 +164,7 @@ pub fn start(
             }
         }
         WorkerModel::Shared => {
-            let listeners = options
-                .listen
-                .iter()
-                .map(|a| bind(*a, false))
-                .collect::<io::Result<Vec<_>>>()?;
+            let listeners = bind_all(&options, false)?;
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(workers)
                 .thread_name("ferrisix-worker")
@@ -144,12 +184,20 @@ pub fn start(
 
 async fn serve(
     gateway: Arc<Gateway>,
-    listeners: Vec<std::net::TcpListener>,
+    listeners: Vec<Bound>,
     options: ServerOptions,
     mut shutdown: watch::Receiver<bool>,
     per_core: bool,
 ) {
-    let builder = ferrisix_net::http_builder(&options.limits);
+    let mut builder = ferrisix_net::http_builder(&options.limits);
+    let h2 = options.http2;
+    builder
+        .http2()
+        .max_concurrent_streams(h2.max_concurrent_streams)
+        .max_header_list_size(h2.max_header_list_size)
+        .initial_stream_window_size(h2.initial_stream_window_size)
+        .initial_connection_window_size(h2.initial_connection_window_size)
+        .max_frame_size(h2.max_frame_size);
     let limits = options.limits;
     let graceful = Arc::new(GracefulShutdown::new());
 
@@ -167,7 +215,7 @@ async fn serve(
 
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut accept_tasks = Vec::new();
-    for std_listener in listeners {
+    for (std_listener, tls) in listeners {
         let listener = match TcpListener::from_std(std_listener) {
             Ok(l) => l,
             Err(e) => {
@@ -188,8 +236,27 @@ async fn serve(
                     (stream, peer) = acceptor.accept() => {
                         let local = local.or_else(|| stream.local_addr().ok());
                         let Some(local) = local else { continue };
-                        let conn = ConnInfo::new(gateway.clone(), peer, local);
-                        serve_connection(&builder, &graceful, &limits, stream, conn);
+                        let info = ConnInfo::new(gateway.clone(), peer, local);
+                        let Some(http2) = tls else {
+                            let _ = stream.set_nodelay(true);
+                            serve_connection(&builder, &graceful, &limits, stream, info);
+                            continue;
+                        };
+                        let builder = builder.clone();
+                        let graceful = graceful.clone();
+                        let gateway = gateway.clone();
+                        tokio::spawn(async move {
+                            let _ = stream.set_nodelay(true);
+                            let snapshot = gateway.snapshot.clone();
+                            let store = move || snapshot.load().tls.clone();
+                            match ferrisix_tls::accept(stream, store, http2, limits.header_timeout).await {
+                                Ok((tls_stream, conn)) => serve_connection(&builder, &graceful, &limits, tls_stream, info.with_tls(conn)),
+                                Err(e @ (ferrisix_tls::AcceptError::NoCertificate(_) | ferrisix_tls::AcceptError::Unusable(_))) => {
+                                    tracing::error!(client = %peer, "{e}");
+                                }
+                                Err(e) => tracing::info!(client = %peer, "{e}"),
+                            }
+                        });
                     }
                 }
             }
@@ -217,14 +284,19 @@ async fn serve(
     access_log::flush_worker();
 }
 
-fn serve_connection(
+fn serve_connection<IO>(
     builder: &auto::Builder<TokioExecutor>,
     graceful: &GracefulShutdown,
     limits: &ConnLimits,
-    stream: TcpStream,
+    stream: IO,
     conn: ConnInfo,
-) {
-    let (io, conn_watch) = ferrisix_net::wrap(stream, limits);
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    // What ferrisix_net::wrap does for TCP, for any stream (TLS too; nodelay is set on the
+    // socket at accept).
+    let io = hyper_util::rt::TokioIo::new(ferrisix_net::TimedIo::new(stream, limits.send_timeout));
+    let conn_watch = ferrisix_net::ConnWatch::new(*limits);
     // nginx's stub_status counters (prometheus' apisix_nginx_http_current_connections).
     let stats = conn.gateway.stats.clone();
     // One shared value per connection: each request clones a single Arc.

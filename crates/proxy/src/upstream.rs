@@ -3,6 +3,7 @@
 //! or the error and retry rules end it (spec data-plane §3), every try recorded once in the
 //! request's [`crate::record::UpstreamRecord`].
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferrisix_config::model::PassHost;
@@ -18,6 +19,7 @@ use crate::client::{self, PoolKey, SendOutcome, StreamSource, TryTimeouts, Upstr
 use crate::ctx::RequestCtx;
 use crate::error::{ErrorKind, ProxyError};
 use crate::forwarded::upstream_headers;
+use crate::head::host_without_port;
 use crate::relay;
 use crate::responses;
 use crate::snapshot::CompiledUpstream;
@@ -133,6 +135,72 @@ enum StreamBody {
     Ready(UpstreamBody),
 }
 
+/// `grpc-timeout: 100m` (at most 8 digits, then H, M, S, m, u or n).
+fn grpc_timeout(v: &HeaderValue) -> Option<Duration> {
+    let s = v.to_str().ok()?;
+    let (digits, unit) = s.split_at(s.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// Where an HTTP/2 request goes: the upstream (its scheme), the `Host` it would have had
+/// (`$upstream_host`) and the node's, when there is none.
+struct H2Target<'a> {
+    upstream: &'a CompiledUpstream,
+    host: Option<&'a HeaderValue>,
+    node_host: &'a HeaderValue,
+}
+
+/// A request for an HTTP/2 upstream: `:scheme` and `:authority` in the URI, and for gRPC
+/// `te: trailers`, as APISIX's `@grpc_pass` location sets them.
+fn h2_request(
+    target: H2Target<'_>,
+    method: &Method,
+    uri: &Uri,
+    mut headers: HeaderMap,
+    body: UpstreamBody,
+) -> Request<UpstreamBody> {
+    let authority = target.host.unwrap_or(target.node_host);
+    let scheme = if target.upstream.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let full = authority
+        .to_str()
+        .ok()
+        .and_then(|a| format!("{scheme}://{a}{path}").parse::<Uri>().ok())
+        .unwrap_or_else(|| uri.clone());
+    headers.remove(header::HOST);
+    if is_grpc(&headers) {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+    let mut req = Request::new(body);
+    *req.method_mut() = method.clone();
+    *req.uri_mut() = full;
+    *req.version_mut() = Version::HTTP_2;
+    *req.headers_mut() = headers;
+    req
+}
+
 fn build_request(
     method: &Method,
     uri: &Uri,
@@ -188,7 +256,14 @@ pub async fn proxy(
 ) -> Response<ResponseBody> {
     let conn = ctx.conn;
     let gateway = &*conn.gateway;
-    let timeouts = route_timeouts.unwrap_or(upstream.timeouts);
+    let mut timeouts = route_timeouts.unwrap_or(upstream.timeouts);
+    if upstream.h2 {
+        // A gRPC deadline bounds the wait for the upstream's answer.
+        if let Some(deadline) = ctx.headers.get("grpc-timeout").and_then(grpc_timeout) {
+            timeouts.read = timeouts.read.min(deadline);
+            timeouts.connect = timeouts.connect.min(deadline);
+        }
+    }
     let edits = ctx.plugins.as_ref().map(|r| r.state.upstream_edits());
     let method = edits
         .and_then(|e| e.method.clone())
@@ -296,7 +371,7 @@ pub async fn proxy(
                 req_headers.remove(header::HOST);
             }
         }
-        record.host = upstream_host;
+        record.host = upstream_host.clone();
         // Keep a copy when a failed try could still be replayed on another node.
         let spare = (more_tries_left && replayable).then(|| req_headers.clone());
         let Some(req_body) = pending_body.take() else {
@@ -308,11 +383,43 @@ pub async fn proxy(
             None
         };
 
-        let key = PoolKey { addr };
-        let mut attempt = Some(build_request(&method, &uri, req_headers, req_body));
+        let key = PoolKey {
+            addr,
+            tls: upstream.tls.as_ref().map_or(0, |t| t.fingerprint),
+            // proxy_ssl_name $upstream_host: the Host sent, without its port (none for an
+            // address, which `server_name` turns into no SNI).
+            sni: upstream.tls.as_ref().map(|_| {
+                let h = upstream_host
+                    .as_ref()
+                    .and_then(|h| h.to_str().ok())
+                    .and_then(host_without_port)
+                    .map(|h| h.into_owned())
+                    .unwrap_or_else(|| node.host.clone());
+                Arc::from(h.trim_start_matches('[').trim_end_matches(']'))
+            }),
+            h2: upstream.h2,
+        };
+        let req = if upstream.h2 {
+            h2_request(
+                H2Target {
+                    upstream,
+                    host: upstream_host.as_ref(),
+                    node_host: &node.host_header,
+                },
+                &method,
+                &uri,
+                req_headers,
+                req_body,
+            )
+        } else {
+            build_request(&method, &uri, req_headers, req_body)
+        };
+        let mut attempt = Some(req);
         let mut fresh_retry_used = false;
         let outcome = loop {
-            let mut conn = match client::checkout(key, upstream.pool, timeouts.connect).await {
+            let tls = upstream.tls.as_ref();
+            let mut conn = match client::checkout(&key, upstream.pool, timeouts.connect, tls).await
+            {
                 Ok(c) => c,
                 Err(f) => break Err((f, attempt.take())),
             };
@@ -393,5 +500,22 @@ pub async fn proxy(
         }
     }
     let error = relay::final_error(last_failure, !record.statuses.is_empty(), balancer_refused);
-    relay::failed(gateway, error, &record.statuses)
+    let grpc = upstream.h2 && is_grpc(&ctx.headers);
+    relay::failed(gateway, error, &record.statuses, grpc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts() {
+        let t = |s: &'static str| grpc_timeout(&HeaderValue::from_static(s));
+        assert_eq!(t("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(t("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(t("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(t("123456789S"), None);
+        assert_eq!(t("5x"), None);
+        assert_eq!(t("S"), None);
+    }
 }

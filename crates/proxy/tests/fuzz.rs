@@ -60,7 +60,7 @@ proptest! {
             read: Duration::from_secs(2),
         };
         rt.block_on(async {
-            let mut conn = client::checkout(PoolKey { addr }, PoolLimits::default(), timeouts.connect)
+            let mut conn = client::checkout(&PoolKey::plain(addr), PoolLimits::default(), timeouts.connect, None)
                 .await
                 .expect("connect");
             let req = http::Request::get("/fuzz")

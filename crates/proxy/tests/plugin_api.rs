@@ -307,8 +307,8 @@ fn start(routes: Vec<Value>, upstreams: Vec<Value>) -> Running {
         }
     }
     let options = CompileOptions::default();
-    let handle = snapshot::new_handle(options);
-    let compiled = Snapshot::compile(&state, &handle.load(), options, &registry);
+    let handle = snapshot::new_handle(&options);
+    let compiled = Snapshot::compile(&state, &handle.load(), &options, &registry);
     assert!(compiled.quarantine.is_empty(), "{:?}", compiled.quarantine);
     handle.store(Arc::new(compiled));
     let gateway = Arc::new(Gateway {
@@ -344,6 +344,8 @@ fn start(routes: Vec<Value>, upstreams: Vec<Value>) -> Running {
                 keepalive_timeout: Duration::from_secs(60),
                 send_timeout: Duration::from_secs(60),
             },
+            tls_listen: Vec::new(),
+            http2: Default::default(),
         },
         rx,
     )

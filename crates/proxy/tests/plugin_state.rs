@@ -60,11 +60,11 @@ fn state_goes_with_the_last_snapshot_that_uses_it() {
     let spaces = services.shared::<Spaces>();
     let metrics = services.shared::<Metrics>();
 
-    let empty = Snapshot::empty(options);
+    let empty = Snapshot::empty(&options);
     let a = Snapshot::compile(
         &state(&[route("1", plugins.clone())]),
         &empty,
-        options,
+        &options,
         &registry,
     );
     assert!(a.quarantine.is_empty(), "{:?}", a.quarantine);
@@ -75,7 +75,7 @@ fn state_goes_with_the_last_snapshot_that_uses_it() {
     let b = Snapshot::compile(
         &state(&[route("1", plugins.clone()), route("2", json!({}))]),
         &a,
-        options,
+        &options,
         &registry,
     );
     drop(a);
@@ -87,7 +87,7 @@ fn state_goes_with_the_last_snapshot_that_uses_it() {
     drop(first);
 
     // Route 1 deleted: its state stays exactly as long as a snapshot that uses it.
-    let c = Snapshot::compile(&state(&[route("2", json!({}))]), &b, options, &registry);
+    let c = Snapshot::compile(&state(&[route("2", json!({}))]), &b, &options, &registry);
     assert_eq!(
         (spaces.len(), metrics.group_count()),
         (1, 1),
@@ -101,9 +101,9 @@ fn state_goes_with_the_last_snapshot_that_uses_it() {
     );
 
     // A changed conf is new state; the old one goes with the old snapshot.
-    let d = Snapshot::compile(&state(&[route("1", plugins)]), &c, options, &registry);
+    let d = Snapshot::compile(&state(&[route("1", plugins)]), &c, &options, &registry);
     let changed = json!({"limit-count": {"count": 6, "time_window": 60}});
-    let e = Snapshot::compile(&state(&[route("1", changed)]), &d, options, &registry);
+    let e = Snapshot::compile(&state(&[route("1", changed)]), &d, &options, &registry);
     assert_eq!(spaces.len(), 2);
     drop(d);
     assert_eq!(spaces.len(), 1);
@@ -162,8 +162,8 @@ impl Drop for InProcess {
 fn start_gateway(routes: &[Value]) -> InProcess {
     let (registry, services) = registry();
     let options = CompileOptions::default();
-    let handle = snapshot::new_handle(options);
-    let compiled = Snapshot::compile(&state(routes), &handle.load(), options, &registry);
+    let handle = snapshot::new_handle(&options);
+    let compiled = Snapshot::compile(&state(routes), &handle.load(), &options, &registry);
     assert!(compiled.quarantine.is_empty(), "{:?}", compiled.quarantine);
     handle.store(Arc::new(compiled));
     let gateway = Arc::new(Gateway {
@@ -199,6 +199,8 @@ fn start_gateway(routes: &[Value]) -> InProcess {
                 keepalive_timeout: Duration::from_secs(60),
                 send_timeout: Duration::from_secs(60),
             },
+            tls_listen: Vec::new(),
+            http2: Default::default(),
         },
         rx,
     )

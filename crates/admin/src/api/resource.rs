@@ -207,6 +207,7 @@ impl AdminApi {
             }
         }
 
+        self.encrypt_secrets(call.res.name, &mut conf);
         if call.res.name == "plugin_metadata" {
             if let Value::Object(m) = &mut conf {
                 m.insert("id".to_string(), Value::String(id));
@@ -252,6 +253,7 @@ impl AdminApi {
             return Reply::bad_request("missing configurations");
         };
         stamp(&mut conf, None, false);
+        self.encrypt_secrets(call.res.name, &mut conf);
 
         // APISIX's id: the revision of a scratch write, as 20 zero-padded digits.
         let gen = match self
@@ -373,6 +375,8 @@ impl AdminApi {
         {
             return r;
         }
+        // Keys already stored are ciphertext and stay as they are; new PEM ones are encrypted.
+        self.encrypt_secrets(call.res.name, &mut node);
         match self
             .store
             .put_if_unmodified(&key, encode(&node), old.mod_revision, ttl(&call))
@@ -380,6 +384,24 @@ impl AdminApi {
         {
             Err(e) => unavailable(e),
             Ok(_) => Reply::json(StatusCode::OK, json!({"key": key, "value": lua_view(node)})),
+        }
+    }
+}
+
+impl AdminApi {
+    /// What APISIX stores encrypted: an ssl's `key`/`keys` (`aes_encrypt_pkey`) and an
+    /// upstream's `tls.client_key` (inline upstreams of routes and services too).
+    fn encrypt_secrets(&self, resource: &str, conf: &mut Value) {
+        let keyring = &self.options().keyring;
+        match resource {
+            "ssls" => keyring.encrypt_ssl(conf),
+            "upstreams" => keyring.encrypt_upstream_tls(conf),
+            "routes" | "services" => {
+                if let Some(up) = conf.get_mut("upstream") {
+                    keyring.encrypt_upstream_tls(up);
+                }
+            }
+            _ => {}
         }
     }
 }

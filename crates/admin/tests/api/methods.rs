@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use ferrisix_admin::{AdminApi, MemoryStore};
+use ferrisix_admin::AdminApi;
 use ferrisix_config::state::ConfigState;
+use ferrisix_config::store::memory::MemoryStore;
 use ferrisix_config::store::{KeyValue, PutOutcome, Store, StoreError, StoreHealth};
 use ferrisix_plugins::PluginRegistry;
 use http_body_util::{BodyExt, Full};

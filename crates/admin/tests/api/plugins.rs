@@ -195,7 +195,7 @@ async fn reload_and_plugin_list_key() {
 #[tokio::test]
 async fn reload_hook_replaces_the_registry() {
     use std::sync::Arc;
-    let store = Arc::new(ferrisix_admin::MemoryStore::new("/apisix"));
+    let store = Arc::new(ferrisix_config::store::memory::MemoryStore::new("/apisix"));
     let (only_prometheus, _) =
         ferrisix_plugins::PluginRegistry::enabled(Some(&["prometheus".to_string()]));
     let api = ferrisix_admin::AdminApi::new(

@@ -298,14 +298,8 @@ async fn plugin_metadata() {
 #[tokio::test]
 async fn ssls_hide_private_keys() {
     let a = Admin::new();
-    let cert = format!(
-        "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----",
-        "A".repeat(200)
-    );
-    let key = format!(
-        "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----",
-        "B".repeat(200)
-    );
+    let cert = include_str!("../../../../tests/data/tls/server.crt");
+    let key = include_str!("../../../../tests/data/tls/server.key");
     let ssl = json!({"cert": cert, "key": key, "snis": ["a.com"]});
     let r = a.json("PUT", "/apisix/admin/ssls/1", ssl).await;
     assert!([200, 201].contains(&r.status), "{}", r.text());
@@ -315,6 +309,28 @@ async fn ssls_hide_private_keys() {
         .absent("value.key");
     let r = a.call("GET", "/apisix/admin/ssls", None).await;
     assert!(r.json()["list"][0]["value"].get("key").is_none());
+    // Stored encrypted with the default keyring, as APISIX stores it; PUT answers with the
+    // stored value.
+    let r = a
+        .json(
+            "PUT",
+            "/apisix/admin/ssls/1",
+            json!({"cert": cert, "key": key, "snis": ["a.com"]}),
+        )
+        .await;
+    let stored = r.json()["value"]["key"].as_str().unwrap().to_owned();
+    assert!(!stored.starts_with("---"));
+    assert_eq!(
+        ferrisix_config::encrypt::Keyring::apisix_default()
+            .decrypt_pkey(&stored)
+            .unwrap(),
+        key
+    );
+    // A PATCH that does not touch the key leaves the ciphertext as it is.
+    let r = a
+        .json("PATCH", "/apisix/admin/ssls/1", json!({"status": 0}))
+        .await;
+    assert_eq!(r.json()["value"]["key"], stored.as_str());
 }
 
 #[tokio::test]

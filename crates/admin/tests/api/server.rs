@@ -3,7 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrisix_admin::{serve, AdminApi, MemoryStore};
+use ferrisix_admin::{serve, AdminApi};
+use ferrisix_config::store::memory::MemoryStore;
 use ferrisix_plugins::PluginRegistry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

@@ -4,8 +4,9 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ferrisix_admin::{AdminApi, AdminOptions, MemoryStore};
+use ferrisix_admin::{AdminApi, AdminOptions};
 use ferrisix_config::settings::{AdminKey, AdminRole};
+use ferrisix_config::store::memory::MemoryStore;
 use ferrisix_config::store::Store;
 use ferrisix_plugins::PluginRegistry;
 use http::{HeaderMap, Method, Request};

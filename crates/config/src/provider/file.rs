@@ -16,8 +16,8 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{carry_revisions, parse_standalone_with, Format, Standalone};
-use crate::settings::env;
+use super::standalone::{carry_revisions, parse_standalone_with, Format, Standalone};
+use crate::env;
 use crate::state::ConfigState;
 
 /// Re-read a file this recently modified even when length and mtime look unchanged.

@@ -8,7 +8,10 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::sync::watch;
 
+use super::standalone::carry_revisions;
 use super::*;
+use crate::model::ResourceKind;
+use crate::state::ConfigState;
 
 fn no_env(_: &str) -> Option<String> {
     None

@@ -14,7 +14,7 @@ use ipnet::IpNet;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Unexpected, Visitor};
 use serde::Deserialize;
 
-use super::{ExtraLabel, ListenAddr, RealIpFrom, WorkerProcesses};
+use super::values::{ExtraLabel, ListenAddr, RealIpFrom, WorkerProcesses};
 
 /// APISIX's port for a `node_listen` map entry without `port`.
 const DEFAULT_NODE_PORT: u16 = 9080;
@@ -121,6 +121,20 @@ impl<'de> Deserialize<'de> for ListenEntry {
         }
         d.deserialize_any(V)
     }
+}
+
+/// A string or a list of strings (APISIX accepts `keyring: key` for `keyring: [key]`).
+pub(crate) fn string_or_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
 }
 
 /// `apisix.node_listen`: one port, or a list of ports / `"ip:port"` / maps.

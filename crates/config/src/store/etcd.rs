@@ -407,6 +407,11 @@ impl EtcdStore {
         let timeout = self.shared.config.timeout;
         match tokio::time::timeout(timeout, request).await {
             Ok(Ok(v)) => Ok(v),
+            // gRPC INVALID_ARGUMENT (3): etcd refused the request itself ("etcdserver: request
+            // is too large"), which no retry or other endpoint changes.
+            Ok(Err(etcd_client::Error::GRpcStatus(status))) if status.code() as i32 == 3 => {
+                Err(StoreError::Invalid(status.message().to_owned()))
+            }
             Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
             Err(_) => Err(StoreError::Unavailable(format!(
                 "etcd request timed out after {}s",
@@ -474,7 +479,7 @@ fn header_revision(header: Option<&etcd_client::ResponseHeader>) -> i64 {
     header.map_or(0, |h| h.revision())
 }
 
-fn kv_of(kv: &etcd_client::KeyValue) -> KeyValue {
+pub(crate) fn kv_of(kv: &etcd_client::KeyValue) -> KeyValue {
     KeyValue {
         key: String::from_utf8_lossy(kv.key()).into_owned(),
         value: kv.value().to_vec(),

@@ -10,12 +10,12 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
-use super::{check_in_place, id_text, PluginCheck, ValidationError};
+use super::addr::parse_addr;
+use super::checks::{check_in_place, id_text, AcceptAnyPlugin, PluginCheck, ValidationError};
 use crate::model::{
     GlobalRule, KeepalivePool, LbType, Node, PassHost, PluginConfig, ResourceKind, Route, Scheme,
-    Service, Timeout, Upstream,
+    Service, Ssl, SslClient, SslType, Timeout, Upstream,
 };
-use crate::schema::lua;
 
 /// Validates a route (as [`super::check_resource`]) and converts it. `id` is the key's id; it is
 /// also written into the checked copy when the document has none, as the Admin API does.
@@ -57,7 +57,7 @@ pub fn route_from_value(
 /// Validates a stored upstream and converts it; `id` is `None` for an upstream that is not
 /// stored on its own.
 pub fn upstream_from_value(id: Option<&str>, v: &Value) -> Result<Upstream, ValidationError> {
-    let conf = checked(ResourceKind::Upstreams, id, v, &super::AcceptAnyPlugin)?;
+    let conf = checked(ResourceKind::Upstreams, id, v, &AcceptAnyPlugin)?;
     Ok(build_upstream(id.map(str::to_string), &conf))
 }
 
@@ -103,6 +103,76 @@ pub fn global_rule_from_value(
     Ok(GlobalRule {
         id: id.to_string(),
         plugins: object(conf.get("plugins")),
+    })
+}
+
+/// Decrypts a stored ssl's keys with `keyring`, validates it (the certificate and keys must
+/// parse) and converts it. A key that does not belong to its certificate passes, as in APISIX.
+pub fn ssl_from_value(
+    id: &str,
+    v: &Value,
+    keyring: &crate::encrypt::Keyring,
+) -> Result<Ssl, ValidationError> {
+    let mut plain = v.clone();
+    keyring.decrypt_ssl(&mut plain).map_err(|e| {
+        ValidationError::from(format!("failed to decrypt previous encrypted key: {e}"))
+    })?;
+    let conf = checked(ResourceKind::Ssls, None, &plain, &AcceptAnyPlugin)?;
+    let text = |k: &str| conf.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+    let list = |k: &str| -> Vec<String> {
+        conf.get(k)
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // APISIX's ssl_filter: a trailing dot goes, names are lower-cased.
+    let norm = |s: &str| s.strip_suffix('.').unwrap_or(s).to_ascii_lowercase();
+    let (snis, sni_list) = match conf.get("snis").and_then(Value::as_array) {
+        Some(a) if !a.is_empty() => (a.iter().filter_map(Value::as_str).map(norm).collect(), true),
+        _ => (
+            conf.get("sni")
+                .and_then(Value::as_str)
+                .map(norm)
+                .into_iter()
+                .collect(),
+            false,
+        ),
+    };
+    let client = conf
+        .get("client")
+        .filter(|c| c.is_object())
+        .map(|c| SslClient {
+            ca: c.get("ca").and_then(Value::as_str).unwrap_or("").to_owned(),
+            depth: c.get("depth").and_then(Value::as_u64).unwrap_or(1) as u32,
+            skip_mtls_uri_regex: c
+                .get("skip_mtls_uri_regex")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        });
+    Ok(Ssl {
+        id: id.to_string(),
+        ssl_type: match conf.get("type").and_then(Value::as_str) {
+            Some("client") => SslType::Client,
+            _ => SslType::Server,
+        },
+        cert: text("cert"),
+        key: text("key"),
+        certs: list("certs"),
+        keys: list("keys"),
+        snis,
+        sni_list,
+        client,
+        enabled: conf.get("status").and_then(Value::as_i64) != Some(0),
+        ssl_protocols: conf.get("ssl_protocols").map(|_| list("ssl_protocols")),
     })
 }
 
@@ -232,47 +302,6 @@ fn bracket_ipv6(host: &str) -> String {
         format!("[{host}]")
     } else {
         host.to_string()
-    }
-}
-
-/// APISIX's `core.utils.parse_addr`: splits `host:port`, keeping IPv6 brackets; an address
-/// with two or more colons and no brackets is an IPv6 literal without a port. The port is Lua's
-/// `tonumber` of the text after the last colon (`None` when that is not a number).
-pub(crate) fn parse_addr(addr: &str) -> (&str, Option<f64>) {
-    // The last colon, searching from the second-to-last byte backwards (a trailing colon is
-    // part of the host).
-    let last_colon = |s: &str| {
-        let b = s.as_bytes();
-        (0..b.len().saturating_sub(1)).rev().find(|&i| b[i] == b':')
-    };
-    fn split(s: &str, at: usize) -> (&str, Option<f64>) {
-        (&s[..at], lua::tonumber(&s[at + 1..]))
-    }
-    if addr.starts_with('[') {
-        if addr.ends_with(']') {
-            return (addr, None);
-        }
-        return match last_colon(addr) {
-            Some(pos) if pos > 0 && addr.as_bytes()[pos - 1] == b']' => split(addr, pos),
-            _ => (addr, None),
-        };
-    }
-    let mut colons = 0;
-    for b in addr.bytes() {
-        match b {
-            b'.' => break,
-            b':' => {
-                colons += 1;
-                if colons == 2 {
-                    return (addr, None);
-                }
-            }
-            _ => {}
-        }
-    }
-    match last_colon(addr) {
-        Some(pos) => split(addr, pos),
-        None => (addr, None),
     }
 }
 

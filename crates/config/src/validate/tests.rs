@@ -2,12 +2,15 @@
 //! the conformance cases (`cases/admin/validate-*.json`).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
-use serde_json::json;
+use serde_json::{json, Value};
 
-use super::convert::parse_addr;
+use super::addr::parse_addr;
 use super::*;
-use crate::model::{KeepalivePool, LbType, PassHost, Scheme, Timeout};
+use crate::model::{KeepalivePool, LbType, PassHost, ResourceKind, Scheme, Timeout};
+use crate::schema;
+use crate::state::ConfigState;
 use crate::state::StoredItem;
 
 /// A plugin registry with real schemas for a few plugins, shaped like APISIX's (`_meta`
@@ -477,13 +480,45 @@ fn other_resources() {
         check(ResourceKind::Consumers, json!({"plugins": {}})).unwrap_err(),
         "invalid configuration: property \"username\" is required"
     );
-    let cert = "c".repeat(128);
-    let key = "k".repeat(64);
+    let cert = include_str!("../../../../tests/data/tls/server.crt");
+    let key = include_str!("../../../../tests/data/tls/server.key");
     check(
         ResourceKind::Ssls,
         json!({"cert": cert, "key": key, "sni": "a.com"}),
     )
     .unwrap();
+    // A key of another certificate is stored (APISIX checks the pair at handshake time).
+    let other_key = include_str!("../../../../tests/data/tls/other.key");
+    check(
+        ResourceKind::Ssls,
+        json!({"cert": cert, "key": other_key, "sni": "a.com"}),
+    )
+    .unwrap();
+    let bad_cert = cert.replace("MII", "XXX");
+    assert_eq!(
+        check(
+            ResourceKind::Ssls,
+            json!({"cert": bad_cert, "key": key, "sni": "a.com"})
+        )
+        .unwrap_err(),
+        "failed to parse cert: PEM_read_bio_X509_AUX() failed"
+    );
+    assert_eq!(
+        check(
+            ResourceKind::Ssls,
+            json!({"cert": cert, "key": key, "sni": "a.com", "certs": [cert], "keys": [cert]})
+        )
+        .unwrap_err(),
+        "failed to handle cert-key pair[1]: failed to parse key: PEM_read_bio_PrivateKey() failed"
+    );
+    assert_eq!(
+        check(
+            ResourceKind::Ssls,
+            json!({"cert": cert, "key": key, "sni": "a.com", "client": {"ca": key}})
+        )
+        .unwrap_err(),
+        "failed to validate client_cert: failed to parse cert: PEM_read_bio_X509_AUX() failed"
+    );
     assert_eq!(
         check(
             ResourceKind::Ssls,

@@ -8,14 +8,78 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use hyper::client::conn::http1::SendRequest;
+use std::sync::Arc;
 
-use super::UpstreamBody;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::client::conn::{http1, http2};
 
-/// What a pooled connection is keyed by (`scheme#host#port` in APISIX; plain HTTP only here).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+use super::body::UpstreamBody;
+
+/// What a pooled connection is keyed by (APISIX: `scheme#host#port`, plus the SNI and the
+/// client certificate): a connection is reused only for requests it is right for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PoolKey {
     pub addr: SocketAddr,
+    /// 0 for plain TCP, else the fingerprint of the TLS client config (verification, client
+    /// certificate, ALPN).
+    pub tls: u64,
+    /// The SNI sent (TLS only).
+    pub sni: Option<Arc<str>>,
+    /// HTTP/2 (gRPC and h2 upstreams).
+    pub h2: bool,
+}
+
+impl PoolKey {
+    /// A plain HTTP/1.1 connection to `addr`.
+    pub fn plain(addr: SocketAddr) -> PoolKey {
+        PoolKey {
+            addr,
+            tls: 0,
+            sni: None,
+            h2: false,
+        }
+    }
+}
+
+/// The request half of a connection.
+pub enum Sender {
+    H1(http1::SendRequest<UpstreamBody>),
+    H2(http2::SendRequest<UpstreamBody>),
+}
+
+type SendFuture = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = Result<
+                    Response<Incoming>,
+                    hyper::client::conn::TrySendError<Request<UpstreamBody>>,
+                >,
+            > + Send,
+    >,
+>;
+
+impl Sender {
+    pub(crate) fn is_closed(&self) -> bool {
+        match self {
+            Sender::H1(s) => s.is_closed(),
+            Sender::H2(s) => s.is_closed(),
+        }
+    }
+
+    async fn ready(&mut self) -> Result<(), hyper::Error> {
+        match self {
+            Sender::H1(s) => s.ready().await,
+            Sender::H2(s) => s.ready().await,
+        }
+    }
+
+    pub(crate) fn send(&mut self, req: Request<UpstreamBody>) -> SendFuture {
+        match self {
+            Sender::H1(s) => Box::pin(s.try_send_request(req)),
+            Sender::H2(s) => Box::pin(s.try_send_request(req)),
+        }
+    }
 }
 
 /// `keepalive_pool {size, idle_timeout, requests}` of an upstream.
@@ -40,13 +104,13 @@ impl Default for PoolLimits {
 pub struct PooledConn {
     key: PoolKey,
     limits: PoolLimits,
-    sender: SendRequest<UpstreamBody>,
+    sender: Sender,
     served: u32,
     reused: bool,
 }
 
 struct Idle {
-    sender: SendRequest<UpstreamBody>,
+    sender: Sender,
     since: Instant,
     served: u32,
     limits: PoolLimits,
@@ -57,7 +121,7 @@ thread_local! {
 }
 
 impl PooledConn {
-    pub(super) fn new(key: PoolKey, limits: PoolLimits, sender: SendRequest<UpstreamBody>) -> Self {
+    pub(super) fn new(key: PoolKey, limits: PoolLimits, sender: Sender) -> Self {
         PooledConn {
             key,
             limits,
@@ -67,7 +131,7 @@ impl PooledConn {
         }
     }
 
-    pub(super) fn sender(&mut self) -> &mut SendRequest<UpstreamBody> {
+    pub(super) fn sender(&mut self) -> &mut Sender {
         &mut self.sender
     }
 
@@ -81,8 +145,8 @@ impl PooledConn {
         self.reused
     }
 
-    pub fn key(&self) -> PoolKey {
-        self.key
+    pub fn key(&self) -> &PoolKey {
+        &self.key
     }
 
     /// Returns the connection to this worker's pool after a complete response.
@@ -110,10 +174,10 @@ impl PooledConn {
 }
 
 /// Takes the most recently used live idle connection for `key`.
-pub(super) fn take_idle(key: PoolKey) -> Option<PooledConn> {
+pub(super) fn take_idle(key: &PoolKey) -> Option<PooledConn> {
     POOL.with(|pool| {
         let mut pool = pool.borrow_mut();
-        let list = pool.get_mut(&key)?;
+        let list = pool.get_mut(key)?;
         let now = Instant::now();
         while let Some(idle) = list.pop() {
             if idle.sender.is_closed() || now.duration_since(idle.since) > idle.limits.idle_timeout
@@ -121,7 +185,7 @@ pub(super) fn take_idle(key: PoolKey) -> Option<PooledConn> {
                 continue;
             }
             return Some(PooledConn {
-                key,
+                key: key.clone(),
                 limits: idle.limits,
                 sender: idle.sender,
                 served: idle.served,

@@ -20,7 +20,7 @@
 
 use regex::Regex;
 
-use super::Params;
+use super::params::Params;
 
 /// Most named segments the inline matcher tracks; longer patterns use the regex.
 const MAX_SLOTS: usize = 8;

@@ -1,16 +1,20 @@
-//! An in-memory [`Store`]: etcd's semantics (one revision counter, create/mod revisions,
-//! compare-and-swap, leases as expiry times) without persistence. The Admin API's tests run on
-//! it; it also serves a gateway that needs no durable configuration. Expired leases are removed
-//! (and published as deletes) at the next call on the store, not by a timer.
+//! An in-memory [`Store`] for tests (feature `test-support`): etcd's semantics (one revision
+//! counter, create/mod revisions, compare-and-swap, leases as expiry times, etcd's request size
+//! limit) without persistence. The Admin API's tests run on it, and the store contract suite
+//! (`tests/store_contract.rs`) holds it to the same cases as the embedded store and etcd.
+//! Expired leases are removed (and published as deletes) at the next call on the store, not by
+//! a timer; TTLs are exact (no etcd minimum), so tests of lease handling stay fast.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use ferrisix_config::state::ConfigState;
-use ferrisix_config::store::{KeyValue, PutOutcome, StateBuilder, Store, StoreError, StoreHealth};
 use tokio::sync::watch;
+
+use crate::state::ConfigState;
+use crate::store::embedded::MAX_VALUE_BYTES;
+use crate::store::{KeyValue, PutOutcome, StateBuilder, Store, StoreError, StoreHealth};
 
 #[derive(Clone, Debug)]
 struct Entry {
@@ -90,16 +94,35 @@ impl MemoryStore {
         if !expired.is_empty() {
             inner.revision += 1;
             let rev = inner.revision;
+            let mut changed = false;
             for key in expired {
                 inner.keys.remove(&key);
-                inner.builder.apply(&key, None, rev);
+                changed |= inner.builder.apply(&key, None, rev);
             }
-            self.publish(&inner);
+            self.publish(&inner, changed);
         }
         Ok(inner)
     }
 
-    fn publish(&self, inner: &Inner) {
+    /// What etcd refuses before writing anything.
+    fn check_write(key: &str, value: &[u8]) -> Result<(), StoreError> {
+        if key.is_empty() {
+            return Err(StoreError::Invalid("key is empty".into()));
+        }
+        if value.len() > MAX_VALUE_BYTES {
+            return Err(StoreError::Invalid(
+                "etcdserver: request is too large".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Publishes the state when a resource changed: keys the data plane does not compile
+    /// (`gen_id`, directory placeholders) publish nothing, as with etcd and the embedded store.
+    fn publish(&self, inner: &Inner, changed: bool) {
+        if !changed {
+            return;
+        }
         self.tx.send_replace(inner.builder.snapshot());
     }
 
@@ -120,7 +143,7 @@ impl MemoryStore {
             create_revision,
             mod_revision: rev,
         };
-        inner.builder.apply(key, Some(&kv), rev);
+        let changed = inner.builder.apply(key, Some(&kv), rev);
         inner.keys.insert(
             key.to_string(),
             Entry {
@@ -128,7 +151,7 @@ impl MemoryStore {
                 expires: ttl.map(|t| Instant::now() + t),
             },
         );
-        self.publish(inner);
+        self.publish(inner, changed);
         PutOutcome {
             previous,
             revision: rev,
@@ -164,6 +187,7 @@ impl Store for MemoryStore {
         ttl: Option<Duration>,
     ) -> Result<PutOutcome, StoreError> {
         let mut inner = self.ready()?;
+        Self::check_write(key, &value)?;
         Ok(self.write(&mut inner, key, value, ttl))
     }
 
@@ -175,6 +199,7 @@ impl Store for MemoryStore {
         ttl: Option<Duration>,
     ) -> Result<PutOutcome, StoreError> {
         let mut inner = self.ready()?;
+        Self::check_write(key, &value)?;
         // etcd compares a missing key's mod_revision as 0.
         let current = inner.keys.get(key).map_or(0, |e| e.kv.mod_revision);
         if current != expected {
@@ -190,8 +215,8 @@ impl Store for MemoryStore {
         };
         inner.revision += 1;
         let rev = inner.revision;
-        inner.builder.apply(key, None, rev);
-        self.publish(&inner);
+        let changed = inner.builder.apply(key, None, rev);
+        self.publish(&inner, changed);
         Ok(Some(old.kv))
     }
 
@@ -208,11 +233,12 @@ impl Store for MemoryStore {
         }
         inner.revision += 1;
         let rev = inner.revision;
+        let mut changed = false;
         for key in &doomed {
             inner.keys.remove(key);
-            inner.builder.apply(key, None, rev);
+            changed |= inner.builder.apply(key, None, rev);
         }
-        self.publish(&inner);
+        self.publish(&inner, changed);
         Ok(doomed.len() as u64)
     }
 
@@ -234,62 +260,6 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferrisix_config::model::ResourceKind;
-
-    #[tokio::test]
-    async fn etcd_like_revisions_and_cas() {
-        let s = MemoryStore::new("/apisix");
-        let a = s
-            .put("/apisix/routes/1", b"{}".to_vec(), None)
-            .await
-            .unwrap();
-        assert!(a.previous.is_none());
-        let b = s
-            .put("/apisix/routes/1", b"{\"a\":1}".to_vec(), None)
-            .await
-            .unwrap();
-        assert_eq!(b.previous.unwrap().mod_revision, a.revision);
-        let kv = s.get("/apisix/routes/1").await.unwrap().unwrap();
-        assert_eq!(
-            (kv.create_revision, kv.mod_revision),
-            (a.revision, b.revision)
-        );
-        assert_eq!(
-            s.put_if_unmodified("/apisix/routes/1", b"{}".to_vec(), a.revision, None)
-                .await,
-            Err(StoreError::Conflict)
-        );
-        assert!(s
-            .put_if_unmodified("/apisix/routes/1", b"{}".to_vec(), b.revision, None)
-            .await
-            .is_ok());
-        assert!(s
-            .subscribe()
-            .borrow()
-            .get(ResourceKind::Routes, "1")
-            .is_some());
-        assert_eq!(s.delete_prefix("/apisix/routes/").await.unwrap(), 1);
-        assert!(s
-            .subscribe()
-            .borrow()
-            .get(ResourceKind::Routes, "1")
-            .is_none());
-    }
-
-    #[tokio::test]
-    async fn ttl_expires() {
-        let s = MemoryStore::new("/apisix");
-        s.put(
-            "/apisix/routes/1",
-            b"{}".to_vec(),
-            Some(Duration::from_millis(20)),
-        )
-        .await
-        .unwrap();
-        assert!(s.get("/apisix/routes/1").await.unwrap().is_some());
-        tokio::time::sleep(Duration::from_millis(40)).await;
-        assert!(s.get("/apisix/routes/1").await.unwrap().is_none());
-    }
 
     #[tokio::test]
     async fn unavailable() {

@@ -1,0 +1,417 @@
+//! The compile against the previous snapshot: quarantine of a bad resource, fallback to the
+//! last good version, reuse of unchanged parts (the same `Arc`s across snapshots), rebuilding
+//! exactly what a change touches, and the diffs a snapshot publishes.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use ferrisix_config::model::ResourceKind;
+use ferrisix_config::state::ConfigState;
+use ferrisix_config::store::{KeyValue, StateBuilder};
+use ferrisix_plugins::PluginRegistry;
+use ferrisix_router::{Method, RequestInfo, VarSource};
+use serde_json::{json, Value};
+
+use super::*;
+
+/// A store's published states, written key by key.
+struct Store {
+    builder: StateBuilder,
+    revision: i64,
+}
+
+impl Store {
+    fn new() -> Store {
+        Store {
+            builder: StateBuilder::new("/apisix"),
+            revision: 1,
+        }
+    }
+
+    fn put(&mut self, key: &str, value: Value) -> &mut Store {
+        self.revision += 1;
+        let kv = KeyValue {
+            key: format!("/apisix/{key}"),
+            value: value.to_string().into_bytes(),
+            create_revision: self.revision,
+            mod_revision: self.revision,
+        };
+        self.builder
+            .apply(&kv.key.clone(), Some(&kv), self.revision);
+        self
+    }
+
+    fn delete(&mut self, key: &str) -> &mut Store {
+        self.revision += 1;
+        self.builder
+            .apply(&format!("/apisix/{key}"), None, self.revision);
+        self
+    }
+
+    fn state(&self) -> ConfigState {
+        self.builder.state().clone()
+    }
+}
+
+/// One set of options for every compile, as the binary has (compiles under other options
+/// start over).
+fn options() -> &'static CompileOptions {
+    static OPTIONS: std::sync::OnceLock<CompileOptions> = std::sync::OnceLock::new();
+    OPTIONS.get_or_init(CompileOptions::default)
+}
+
+fn compile(store: &Store, previous: &Snapshot) -> Snapshot {
+    Snapshot::compile(
+        &store.state(),
+        previous,
+        options(),
+        &PluginRegistry::builtin(),
+    )
+}
+
+fn first(store: &Store) -> Snapshot {
+    compile(store, &Snapshot::empty(options()))
+}
+
+struct NoVars;
+
+impl VarSource for NoVars {
+    fn var(&self, _name: &str) -> Option<std::borrow::Cow<'_, str>> {
+        None
+    }
+}
+
+/// The id of the route serving `GET path`, if any.
+fn serving(snapshot: &Snapshot, path: &str) -> Option<String> {
+    let req = RequestInfo {
+        path,
+        host: Some("example.com"),
+        host_header: Some("example.com"),
+        method: Some(Method::Get),
+        remote_addr: IpAddr::V4(Ipv4Addr::LOCALHOST),
+    };
+    snapshot
+        .router
+        .lookup(&req, &NoVars)
+        .map(|m| m.value.id.clone())
+}
+
+fn node(port: u16) -> Value {
+    json!({"type": "roundrobin", "nodes": {format!("127.0.0.1:{port}"): 1}})
+}
+
+fn route(uri: &str, rest: Value) -> Value {
+    let mut v = json!({"uri": uri});
+    v.as_object_mut()
+        .unwrap()
+        .extend(rest.as_object().unwrap().clone());
+    v
+}
+
+fn ids(ids: &[&str]) -> BTreeSet<String> {
+    ids.iter().map(|s| s.to_string()).collect()
+}
+
+fn same_route(a: &Snapshot, b: &Snapshot, id: &str) -> bool {
+    Arc::ptr_eq(a.route(id).unwrap(), b.route(id).unwrap())
+}
+
+fn target(s: &Snapshot, id: &str) -> Arc<CompiledUpstream> {
+    match &s.route(id).unwrap().target {
+        RouteTarget::Upstream(u) => u.clone(),
+        RouteTarget::Fail(status) => panic!("route {id} fails with {status}"),
+    }
+}
+
+/// Four routes over every kind of reference: an upstream by id, an inline upstream, a
+/// service, a plugin config.
+fn base() -> Store {
+    let mut s = Store::new();
+    s.put("upstreams/u1", node(1981))
+        .put("upstreams/u2", node(1982))
+        .put("services/s1", json!({"upstream_id": "u2"}))
+        .put(
+            "plugin_configs/pc1",
+            json!({"plugins": {"limit-count": {"count": 5, "time_window": 60}}}),
+        )
+        .put(
+            "routes/by-id",
+            route("/by-id", json!({"upstream_id": "u1"})),
+        )
+        .put(
+            "routes/inline",
+            route("/inline", json!({"upstream": node(1983)})),
+        )
+        .put(
+            "routes/service",
+            route("/service", json!({"service_id": "s1"})),
+        )
+        .put(
+            "routes/pc",
+            route(
+                "/pc",
+                json!({"plugin_config_id": "pc1", "upstream_id": "u1"}),
+            ),
+        );
+    s
+}
+
+const ALL: [&str; 4] = ["by-id", "inline", "service", "pc"];
+
+#[test]
+fn a_bad_resource_is_quarantined_on_its_own() {
+    let mut s = base();
+    s.put(
+        "routes/bad",
+        route("/bad", json!({"methods": ["FETCH"], "upstream_id": "u1"})),
+    )
+    .put(
+        "upstreams/bad-scheme",
+        json!({"scheme": "tcp", "nodes": {"127.0.0.1:1": 1}}),
+    );
+    let snap = first(&s);
+    for id in ALL {
+        assert_eq!(serving(&snap, &format!("/{id}")).as_deref(), Some(id));
+    }
+    assert_eq!(serving(&snap, "/bad"), None);
+    let mut quarantined: Vec<_> = snap
+        .quarantine
+        .iter()
+        .map(|q| (q.kind, q.id.as_str(), q.serving_previous))
+        .collect();
+    quarantined.sort();
+    assert_eq!(
+        quarantined,
+        [
+            (ResourceKind::Upstreams, "bad-scheme", false),
+            (ResourceKind::Routes, "bad", false),
+        ]
+    );
+    assert!(!snap.upstreams.contains_key("bad-scheme"));
+    assert!(snap.upstreams.contains_key("u1"));
+}
+
+#[test]
+fn the_last_good_version_keeps_serving() {
+    let mut s = base();
+    let v1 = first(&s);
+    // An invalid update of a route: the previous version still serves /by-id.
+    s.put(
+        "routes/by-id",
+        route(
+            "/by-id-v2",
+            json!({"upstream_id": "u1", "priority": "high"}),
+        ),
+    );
+    let v2 = compile(&s, &v1);
+    assert_eq!(serving(&v2, "/by-id").as_deref(), Some("by-id"));
+    assert_eq!(serving(&v2, "/by-id-v2"), None);
+    assert_eq!(v2.quarantine.len(), 1, "{:?}", v2.quarantine);
+    let q = &v2.quarantine[0];
+    assert_eq!(
+        (q.kind, q.id.as_str(), q.serving_previous),
+        (ResourceKind::Routes, "by-id", true)
+    );
+    assert!(
+        same_route(&v1, &v2, "by-id"),
+        "the held version is not rebuilt"
+    );
+    assert!(v2.diff().config.routes.is_changed("by-id"));
+    assert!(
+        v2.diff().applied.is_empty(),
+        "a refused update changes nothing served"
+    );
+    assert!(v2.diff().routes.is_empty());
+    // The stored value is the refused one; what is applied (control API) is the old one.
+    let applied = v2.applied(ResourceKind::Routes);
+    let by_id = &applied.iter().find(|(id, _)| id == "by-id").unwrap().1;
+    assert_eq!(by_id["uri"], "/by-id");
+
+    // An unrelated change later: the refused version is still reported, still not served.
+    s.put("routes/new", route("/new", json!({"upstream_id": "u1"})));
+    let v3 = compile(&s, &v2);
+    assert_eq!(v3.quarantine, v2.quarantine);
+    assert_eq!(serving(&v3, "/by-id").as_deref(), Some("by-id"));
+    assert_eq!(serving(&v3, "/new").as_deref(), Some("new"));
+
+    // A fixed version replaces it; a deleted route stops serving.
+    s.put(
+        "routes/by-id",
+        route("/by-id-v2", json!({"upstream_id": "u1"})),
+    );
+    s.delete("routes/new");
+    let v4 = compile(&s, &v3);
+    assert!(v4.quarantine.is_empty(), "{:?}", v4.quarantine);
+    assert_eq!(serving(&v4, "/by-id-v2").as_deref(), Some("by-id"));
+    assert_eq!(serving(&v4, "/by-id"), None);
+    assert_eq!(serving(&v4, "/new"), None);
+    assert_eq!(v4.diff().routes.changed, ids(&["by-id"]));
+    assert_eq!(v4.diff().routes.removed, ids(&["new"]));
+
+    // An upstream that stops validating keeps its last good version too.
+    s.put("upstreams/u1", json!({"nodes": "nope"}));
+    let v5 = compile(&s, &v4);
+    assert!(Arc::ptr_eq(&v4.upstreams["u1"], &v5.upstreams["u1"]));
+    assert!(v5
+        .quarantine
+        .iter()
+        .any(|q| q.id == "u1" && q.serving_previous));
+    assert!(same_route(&v4, &v5, "by-id"));
+}
+
+#[test]
+fn unchanged_parts_are_reused() {
+    let mut s = base();
+    let v1 = first(&s);
+    assert_eq!(v1.diff().config.routes.added, ids(&ALL));
+    assert_eq!(v1.diff().routes.added, ids(&ALL));
+    assert_eq!(v1.diff().upstreams.added, ids(&["u1", "u2"]));
+
+    // The same state again (the first compile at start, then the follow loop's): all reused.
+    let again = compile(&s, &v1);
+    for id in ALL {
+        assert!(same_route(&v1, &again, id), "{id}");
+    }
+    assert!(Arc::ptr_eq(&v1.upstreams["u1"], &again.upstreams["u1"]));
+    assert_eq!(again.diff(), &SnapshotDiff::default());
+
+    // One route changes: only it is rebuilt; its inline upstream's definition is the same, so
+    // that keeps its compiled form (and balancer) too.
+    s.put(
+        "routes/inline",
+        route(
+            "/inline",
+            json!({"upstream": node(1983), "name": "renamed"}),
+        ),
+    );
+    let v2 = compile(&s, &v1);
+    assert!(!same_route(&v1, &v2, "inline"));
+    assert!(Arc::ptr_eq(&target(&v1, "inline"), &target(&v2, "inline")));
+    for id in ["by-id", "service", "pc"] {
+        assert!(same_route(&v1, &v2, id), "{id}");
+    }
+    assert_eq!(v2.diff().config.routes.changed, ids(&["inline"]));
+    assert_eq!(v2.diff().routes.changed, ids(&["inline"]));
+    assert!(v2.diff().upstreams.is_empty());
+    assert!(Arc::ptr_eq(&v1.upstreams["u1"], &v2.upstreams["u1"]));
+}
+
+#[test]
+fn a_change_rebuilds_what_depends_on_it() {
+    let mut s = base();
+    let v1 = first(&s);
+
+    // An upstream: the routes that use it, nothing else.
+    s.put("upstreams/u1", node(1991));
+    let v2 = compile(&s, &v1);
+    assert_eq!(v2.diff().upstreams.changed, ids(&["u1"]));
+    assert_eq!(v2.diff().routes.changed, ids(&["by-id", "pc"]));
+    assert!(Arc::ptr_eq(&target(&v2, "by-id"), &v2.upstreams["u1"]));
+    assert_eq!(target(&v2, "by-id").nodes[0].port, 1991);
+    assert!(Arc::ptr_eq(&v1.upstreams["u2"], &v2.upstreams["u2"]));
+    assert!(same_route(&v1, &v2, "service") && same_route(&v1, &v2, "inline"));
+
+    // A service: its routes.
+    s.put("services/s1", json!({"upstream_id": "u2", "name": "svc"}));
+    let v3 = compile(&s, &v2);
+    assert_eq!(v3.diff().applied.services.changed, ids(&["s1"]));
+    assert_eq!(v3.diff().routes.changed, ids(&["service"]));
+    assert_eq!(
+        v3.route("service").unwrap().service_name.as_deref(),
+        Some("svc")
+    );
+
+    // A plugin config: its routes.
+    s.put(
+        "plugin_configs/pc1",
+        json!({"plugins": {"limit-count": {"count": 9, "time_window": 60}}}),
+    );
+    let v4 = compile(&s, &v3);
+    assert_eq!(v4.diff().routes.changed, ids(&["pc"]));
+
+    // Metadata of a plugin: the routes running it.
+    s.put(
+        "plugin_metadata/limit-count",
+        json!({"limit_header": "X-Limit"}),
+    );
+    let v5 = compile(&s, &v4);
+    assert_eq!(
+        v5.diff().applied.plugin_metadata.added,
+        ids(&["limit-count"])
+    );
+    assert_eq!(v5.diff().routes.changed, ids(&["pc"]));
+
+    // A global rule: every route's global chain.
+    s.put(
+        "global_rules/g1",
+        json!({"plugins": {"limit-count": {"count": 100, "time_window": 60}}}),
+    );
+    let v6 = compile(&s, &v5);
+    assert_eq!(v6.diff().routes.changed, ids(&ALL));
+    assert_eq!(v6.global_chain.len(), 1);
+    for id in ALL {
+        assert_eq!(v6.route(id).unwrap().global_chain.len(), 1, "{id}");
+    }
+
+    // Then metadata of a global rule's plugin: every route again; of a plugin nobody runs:
+    // nothing.
+    s.put(
+        "plugin_metadata/limit-count",
+        json!({"limit_header": "X-L"}),
+    );
+    let v7 = compile(&s, &v6);
+    assert_eq!(v7.diff().routes.changed, ids(&ALL));
+    s.put("plugin_metadata/prometheus", json!({}));
+    let v8 = compile(&s, &v7);
+    assert!(v8.diff().routes.is_empty());
+    assert_eq!(
+        v8.diff().applied.plugin_metadata.added,
+        ids(&["prometheus"])
+    );
+}
+
+#[test]
+fn a_missing_reference_is_followed_when_it_appears() {
+    let mut s = Store::new();
+    s.put("routes/r", route("/r", json!({"upstream_id": "later"})))
+        .put("routes/s", route("/s", json!({"service_id": "svc-later"})));
+    let v1 = first(&s);
+    let fails = |snap: &Snapshot, id: &str| match snap.route(id).unwrap().target {
+        RouteTarget::Fail(status) => status.as_u16(),
+        RouteTarget::Upstream(_) => 0,
+    };
+    assert_eq!(fails(&v1, "r"), 502);
+    assert_eq!(fails(&v1, "s"), 404);
+
+    s.put("upstreams/later", node(1984));
+    let v2 = compile(&s, &v1);
+    assert_eq!(fails(&v2, "r"), 0);
+    assert!(same_route(&v1, &v2, "s"));
+    s.put("services/svc-later", json!({"upstream_id": "later"}));
+    let v3 = compile(&s, &v2);
+    assert_eq!(fails(&v3, "s"), 0);
+    assert!(same_route(&v2, &v3, "r"));
+
+    // Gone again: the routes that used it fail again.
+    s.delete("upstreams/later");
+    let v4 = compile(&s, &v3);
+    assert_eq!(v4.diff().upstreams.removed, ids(&["later"]));
+    assert_eq!(fails(&v4, "r"), 502);
+    assert_eq!(fails(&v4, "s"), 502);
+}
+
+#[test]
+fn disabled_routes_leave_the_table() {
+    let mut s = base();
+    let v1 = first(&s);
+    s.put(
+        "routes/by-id",
+        route("/by-id", json!({"upstream_id": "u1", "status": 0})),
+    );
+    let v2 = compile(&s, &v1);
+    assert_eq!(serving(&v2, "/by-id"), None);
+    assert!(v2.route("by-id").is_none());
+    assert_eq!(v2.diff().routes.removed, ids(&["by-id"]));
+    assert_eq!(v2.router.len(), 3);
+}

@@ -1,0 +1,351 @@
+//! One rustls `ServerConfig` per ssl: its certificate pairs, its protocols, and its client
+//! certificate policy.
+
+use std::sync::Arc;
+
+use ferrisix_config::model::{Ssl, SslClient};
+use ferrisix_config::pem;
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::pki_types::{CertificateDer, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use rustls::{
+    DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
+};
+
+use crate::settings::{protocol_versions, TlsSettings};
+
+/// ALPN for listeners with HTTP/2 (`h2` preferred, as nginx's `http2 on`).
+pub const ALPN_H2: [&[u8]; 2] = [b"h2", b"http/1.1"];
+
+/// The certificate pairs of one ssl; the client's signature schemes (and, for TLS 1.2, its
+/// cipher suites) choose between an RSA and an ECDSA certificate.
+#[derive(Debug)]
+pub struct PairResolver {
+    keys: Vec<Arc<CertifiedKey>>,
+    tls13: bool,
+}
+
+impl ResolvesServerCert for PairResolver {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let schemes = hello.signature_schemes();
+        let suites = hello.cipher_suites();
+        let tls13 = self.tls13 && suites.iter().any(|s| crate::ciphers::is_tls13(*s));
+        self.keys
+            .iter()
+            .find(|ck| {
+                if ck.key.choose_scheme(schemes).is_none() {
+                    return false;
+                }
+                if tls13 {
+                    return true;
+                }
+                let ecdsa = !matches!(ck.key.algorithm(), rustls::SignatureAlgorithm::RSA);
+                suites
+                    .iter()
+                    .any(|s| crate::ciphers::tls12_auth_is_ecdsa(*s) == Some(ecdsa))
+            })
+            .cloned()
+    }
+}
+
+/// Loads one certificate chain and key. A key that does not belong to the certificate is an
+/// error of its own kind: APISIX stores such an ssl and fails its handshakes.
+pub fn certified_key(
+    cert: &str,
+    key: &str,
+    settings: &TlsSettings,
+) -> Result<CertifiedKey, KeyError> {
+    let chain = pem::parse_certs(cert)
+        .map_err(|e| KeyError::Invalid(format!("failed to parse cert: {e}")))?;
+    let der =
+        pem::parse_key(key).map_err(|e| KeyError::Invalid(format!("failed to parse key: {e}")))?;
+    let signing = settings
+        .provider
+        .key_provider
+        .load_private_key(der)
+        .map_err(|e| KeyError::Invalid(format!("failed to parse key: {e}")))?;
+    let ck = CertifiedKey::new(chain, signing);
+    match ck.keys_match() {
+        Ok(()) => Ok(ck),
+        // Keys whose public half rustls cannot derive are taken on trust.
+        Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => Ok(ck),
+        Err(_) => Err(KeyError::Mismatch(
+            "the private key does not match the certificate (X509_check_private_key failed)"
+                .to_owned(),
+        )),
+    }
+}
+
+#[derive(Debug)]
+pub enum KeyError {
+    /// Does not parse: the ssl is quarantined.
+    Invalid(String),
+    /// Parses but the key is not the certificate's: kept, every handshake fails.
+    Mismatch(String),
+}
+
+/// How client certificates are treated on a connection.
+#[derive(Debug, Clone)]
+pub struct ClientPolicy {
+    /// Verifies a presented chain (CA and depth); used after the handshake in lenient mode.
+    pub verifier: Arc<DepthVerifier>,
+    /// URIs served without a verified certificate; empty = verified in the handshake.
+    pub skip_uri: Vec<regex::Regex>,
+}
+
+/// rustls's WebPKI verifier plus nginx's `ssl_verify_depth`.
+#[derive(Debug)]
+pub struct DepthVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+    depth: u32,
+    anchors: Vec<CertificateDer<'static>>,
+}
+
+impl DepthVerifier {
+    /// The chain check alone (no signature over the handshake).
+    pub fn verify_chain(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<(), String> {
+        self.inner
+            .verify_client_cert(end_entity, intermediates, now)
+            .map_err(|e| e.to_string())?;
+        // Certificates the client sent that are themselves trusted do not lengthen the chain.
+        let between = intermediates
+            .iter()
+            .filter(|c| !self.anchors.iter().any(|a| a.as_ref() == c.as_ref()))
+            .count() as u32;
+        if between + 1 > self.depth.max(1) && !(self.depth == 0 && between == 0) {
+            return Err(format!(
+                "certificate chain too long ({} certificates, verify depth {})",
+                between + 2,
+                self.depth
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Requires a verified client certificate in the handshake (no `skip_mtls_uri_regex`).
+#[derive(Debug)]
+struct StrictVerifier(Arc<DepthVerifier>);
+
+/// Asks for a certificate but lets the handshake finish whatever comes; the request path then
+/// decides (`skip_mtls_uri_regex`). Signatures over the handshake are still checked, so a
+/// certificate presented is one the client holds the key of.
+#[derive(Debug)]
+struct LenientVerifier(Arc<DepthVerifier>);
+
+impl ClientCertVerifier for StrictVerifier {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.0.inner.root_hint_subjects()
+    }
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        match self.0.verify_chain(end_entity, intermediates, now) {
+            Ok(()) => Ok(ClientCertVerified::assertion()),
+            Err(e) => {
+                tracing::info!("client certificate verification failed in handshake: {e}");
+                self.0
+                    .inner
+                    .verify_client_cert(end_entity, intermediates, now)?;
+                Err(rustls::Error::InvalidCertificate(
+                    rustls::CertificateError::ApplicationVerificationFailure,
+                ))
+            }
+        }
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.inner.verify_tls12_signature(message, cert, dss)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.inner.verify_tls13_signature(message, cert, dss)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.inner.supported_verify_schemes()
+    }
+}
+
+impl ClientCertVerifier for LenientVerifier {
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.0.inner.root_hint_subjects()
+    }
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        Ok(ClientCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.inner.verify_tls12_signature(message, cert, dss)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.inner.verify_tls13_signature(message, cert, dss)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.inner.supported_verify_schemes()
+    }
+}
+
+fn client_policy(
+    client: &SslClient,
+    settings: &TlsSettings,
+) -> Result<(ClientPolicy, Arc<dyn ClientCertVerifier>), String> {
+    let cas =
+        pem::parse_certs(&client.ca).map_err(|e| format!("failed to parse client cert: {e}"))?;
+    let mut roots = RootCertStore::empty();
+    for ca in &cas {
+        roots
+            .add(ca.clone())
+            .map_err(|e| format!("failed to parse client cert: {e}"))?;
+    }
+    let inner =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), settings.provider.clone())
+            .build()
+            .map_err(|e| format!("failed to set client certificate verification: {e}"))?;
+    let depth = Arc::new(DepthVerifier {
+        inner,
+        depth: client.depth,
+        anchors: cas,
+    });
+    let skip_uri = client
+        .skip_mtls_uri_regex
+        .iter()
+        .map(|r| {
+            regex::Regex::new(r).map_err(|e| format!("invalid skip_mtls_uri_regex {r:?}: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let verifier: Arc<dyn ClientCertVerifier> = if skip_uri.is_empty() {
+        Arc::new(StrictVerifier(depth.clone()))
+    } else {
+        Arc::new(LenientVerifier(depth.clone()))
+    };
+    Ok((
+        ClientPolicy {
+            verifier: depth,
+            skip_uri,
+        },
+        verifier,
+    ))
+}
+
+/// A server ssl compiled: the configs for listeners with and without HTTP/2, and the client
+/// policy. `Err` in `configs` is a key mismatch: the handshake fails with that message.
+pub struct ServerSsl {
+    pub configs: Result<(Arc<ServerConfig>, Arc<ServerConfig>), String>,
+    pub client: Option<ClientPolicy>,
+}
+
+/// Builds the server side of `ssl`. `Err` quarantines it (a PEM that does not parse).
+pub fn build(ssl: &Ssl, settings: &TlsSettings) -> Result<ServerSsl, String> {
+    let mut keys = Vec::new();
+    let mut mismatch = None;
+    let pairs = std::iter::once((&ssl.cert, &ssl.key)).chain(ssl.certs.iter().zip(&ssl.keys));
+    for (i, (cert, key)) in pairs.enumerate() {
+        match certified_key(cert, key, settings) {
+            Ok(ck) => keys.push(Arc::new(ck)),
+            Err(KeyError::Invalid(e)) if i == 0 => return Err(e),
+            Err(KeyError::Invalid(e)) => {
+                return Err(format!("failed to handle cert-key pair[{i}]: {e}"))
+            }
+            Err(KeyError::Mismatch(e)) => {
+                let what = if i == 0 {
+                    String::from("cert/key")
+                } else {
+                    format!("cert-key pair[{i}]")
+                };
+                mismatch.get_or_insert(format!("{what}: {e}"));
+            }
+        }
+    }
+    let versions = match &ssl.ssl_protocols {
+        Some(names) => {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let (v, unsupported) = protocol_versions(&names);
+            if !unsupported.is_empty() {
+                tracing::warn!(ssl = %ssl.id, "ssl_protocols {unsupported:?} are not supported by rustls; left out");
+            }
+            v
+        }
+        None => settings.protocols.clone(),
+    };
+    let (client, verifier) = match &ssl.client {
+        Some(c) => {
+            let (policy, verifier) = client_policy(c, settings)?;
+            (Some(policy), Some(verifier))
+        }
+        None => (None, None),
+    };
+    if let Some(e) = mismatch {
+        return Ok(ServerSsl {
+            configs: Err(e),
+            client,
+        });
+    }
+    if versions.is_empty() {
+        return Ok(ServerSsl {
+            configs: Err(format!(
+                "ssl_protocols {:?} leave no protocol this build supports",
+                ssl.ssl_protocols.as_deref().unwrap_or_default()
+            )),
+            client,
+        });
+    }
+    let builder = ServerConfig::builder_with_provider(settings.provider.clone())
+        .with_protocol_versions(&versions)
+        .map_err(|e| format!("ssl_protocols: {e}"))?;
+    let builder = match verifier {
+        Some(v) => builder.with_client_cert_verifier(v),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(Arc::new(PairResolver {
+        keys,
+        tls13: versions.contains(&&rustls::version::TLS13),
+    }));
+    config.session_storage = settings.session_cache.clone();
+    if let Some(t) = &settings.ticketer {
+        config.ticketer = t.clone();
+    }
+    config.ignore_client_order = false;
+    config.max_early_data_size = 0;
+    let mut http1 = config.clone();
+    http1.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = ALPN_H2.iter().map(|p| p.to_vec()).collect();
+    Ok(ServerSsl {
+        configs: Ok((Arc::new(config), Arc::new(http1))),
+        client,
+    })
+}

@@ -1,0 +1,622 @@
+//! End-to-end TLS: a real ferrisix with an HTTPS listener, driven by curl and openssl's
+//! s_client (real clients, real handshakes), with certificates from tests/data/tls.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use support::{free_port, Behaviour, Gateway, Upstream};
+
+fn cert_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/tls")
+}
+
+fn pem(name: &str) -> String {
+    std::fs::read_to_string(cert_dir().join(name)).unwrap()
+}
+
+/// A YAML block scalar holding `text`, indented for a list item's field.
+fn block(text: &str, indent: usize) -> String {
+    let pad = " ".repeat(indent);
+    let mut out = String::from("|\n");
+    for line in text.lines() {
+        out.push_str(&pad);
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+fn ssl_yaml(id: &str, sni: &str, cert: &str, key: &str, extra: &str) -> String {
+    format!(
+        "  - id: \"{id}\"\n    sni: \"{sni}\"\n    cert: {}    key: {}{extra}",
+        block(&pem(cert), 6),
+        block(&pem(key), 6)
+    )
+}
+
+struct TlsGateway {
+    gw: Gateway,
+    tls_port: u16,
+}
+
+fn start(ssls: &str, routes: &str) -> TlsGateway {
+    start_with(ssls, routes, "")
+}
+
+fn start_with(ssls: &str, routes: &str, http_keys: &str) -> TlsGateway {
+    let tls_port = free_port();
+    let gw = Gateway::start_tuned(
+        &format!("ssls:\n{ssls}\nroutes:\n{routes}"),
+        &format!("ssl:\n  listen:\n    - ip: 127.0.0.1\n      port: {tls_port}"),
+        "",
+        1,
+        http_keys,
+    );
+    let t = TlsGateway { gw, tls_port };
+    // The TLS listener binds with the plain one; wait until the snapshot has the ssls.
+    std::thread::sleep(Duration::from_millis(300));
+    t
+}
+
+fn route(id: &str, uri: &str, node: &str) -> String {
+    format!(
+        "  - id: \"{id}\"\n    uri: \"{uri}\"\n    upstream:\n      type: roundrobin\n      nodes:\n        \"{node}\": 1\n"
+    )
+}
+
+/// `curl` over TLS with `sni` resolved to the gateway; returns (exit code, body, stderr).
+fn curl(t: &TlsGateway, sni: &str, path: &str, args: &[&str]) -> (i32, String, String) {
+    let url = format!("https://{sni}:{}{path}", t.tls_port);
+    let out = Command::new("curl")
+        .args(["-sk", "-v", "--max-time", "5"])
+        .arg("--resolve")
+        .arg(format!("{sni}:{}:127.0.0.1", t.tls_port))
+        .args(args)
+        .arg(url)
+        .current_dir(cert_dir())
+        .output()
+        .expect("curl is installed");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The subject CN of the certificate curl was shown.
+fn subject_cn(stderr: &str) -> Option<String> {
+    let line = stderr.lines().find(|l| l.contains("subject:"))?;
+    let cn = line.split("CN=").nth(1)?;
+    Some(cn.split([';', ',', '/']).next()?.trim().to_owned())
+}
+
+/// `openssl s_client` output for one handshake.
+fn s_client(port: u16, args: &[&str]) -> String {
+    let out = Command::new("openssl")
+        .arg("s_client")
+        .arg("-connect")
+        .arg(format!("127.0.0.1:{port}"))
+        .args(args)
+        .current_dir(cert_dir())
+        .stdin(Stdio::null())
+        .output()
+        .expect("openssl is installed");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn s_client_cn(port: u16, sni: &str) -> Option<String> {
+    let out = s_client(port, &["-servername", sni]);
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("subject="))?;
+    Some(
+        line.split("CN = ")
+            .nth(1)?
+            .split(',')
+            .next()?
+            .trim()
+            .to_owned(),
+    )
+}
+
+#[test]
+fn sni_chooses_the_certificate_exact_wildcard_and_none() {
+    let up = Upstream::start("a", Behaviour::Echo);
+    let ssls = ssl_yaml("1", "server.local", "server.crt", "server.key", "\n")
+        + &ssl_yaml("2", "*.wild.local", "wild.crt", "wild.key", "\n");
+    let t = start(&ssls, &route("1", "/t", &up.node()));
+
+    let (code, body, err) = curl(&t, "server.local", "/t", &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(subject_cn(&err).as_deref(), Some("server.local"));
+    let echo: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(echo["headers"]["x-forwarded-proto"], "https");
+
+    let (code, _, err) = curl(&t, "a.wild.local", "/t", &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(subject_cn(&err).as_deref(), Some("*.wild.local"));
+
+    // Two labels below the wildcard, an unknown name, and no SNI at all: no certificate.
+    for sni in ["a.b.wild.local", "nothing.local"] {
+        let (code, _, _) = curl(&t, sni, "/t", &[]);
+        assert_ne!(code, 0, "{sni} must fail the handshake");
+    }
+    let out = s_client(t.tls_port, &["-noservername"]);
+    assert!(!out.contains("subject="), "no SNI, no certificate: {out}");
+
+    // The plain port still says http.
+    let r = support::get(t.gw.addr(), "/t");
+    assert_eq!(r.json()["headers"]["x-forwarded-proto"], "http");
+}
+
+#[test]
+fn rsa_and_ecdsa_pairs_follow_the_client() {
+    let up = Upstream::start("a", Behaviour::Echo);
+    let extra = format!(
+        "\n    certs:\n      - {}    keys:\n      - {}",
+        block(&pem("dual-ecdsa.crt"), 8),
+        block(&pem("dual-ecdsa.key"), 8)
+    );
+    let ssls = ssl_yaml("1", "dual.local", "dual-rsa.crt", "dual-rsa.key", &extra);
+    let t = start(&ssls, &route("1", "/t", &up.node()));
+    let rsa = s_client(
+        t.tls_port,
+        &[
+            "-servername",
+            "dual.local",
+            "-tls1_2",
+            "-cipher",
+            "ECDHE-RSA-AES128-GCM-SHA256",
+        ],
+    );
+    assert!(rsa.contains("Server public key is 2048 bit"), "{rsa}");
+    let ec = s_client(
+        t.tls_port,
+        &[
+            "-servername",
+            "dual.local",
+            "-tls1_2",
+            "-cipher",
+            "ECDHE-ECDSA-AES128-GCM-SHA256",
+        ],
+    );
+    assert!(ec.contains("Server public key is 256 bit"), "{ec}");
+    // TLS 1.3 with ECDSA signature schemes only.
+    let ec13 = s_client(
+        t.tls_port,
+        &[
+            "-servername",
+            "dual.local",
+            "-tls1_3",
+            "-sigalgs",
+            "ECDSA+SHA256",
+        ],
+    );
+    assert!(ec13.contains("Server public key is 256 bit"), "{ec13}");
+}
+
+#[test]
+fn client_certificates_verified_in_the_handshake() {
+    let up = Upstream::start("a", Behaviour::Echo);
+    let client = format!(
+        "\n    client:\n      ca: {}",
+        block(&pem("client-ca.crt"), 8)
+    );
+    let ssls = ssl_yaml("1", "server.local", "server.crt", "server.key", &client);
+    let t = start(&ssls, &route("1", "/t", &up.node()));
+    let (code, _, err) = curl(
+        &t,
+        "server.local",
+        "/t",
+        &["--cert", "client.crt", "--key", "client.key"],
+    );
+    assert_eq!(code, 0, "{err}");
+    for (cert, key) in [
+        (None, None),
+        (Some("rogue.crt"), Some("rogue.key")),
+        (Some("expired-client.crt"), Some("expired-client.key")),
+    ] {
+        let mut args = vec![];
+        if let (Some(c), Some(k)) = (cert, key) {
+            args = vec!["--cert", c, "--key", k];
+        }
+        let (code, body, _) = curl(&t, "server.local", "/t", &args);
+        assert_ne!(code, 0, "{cert:?} must be refused, got {body}");
+    }
+}
+
+#[test]
+fn skip_mtls_uri_regex_answers_400_elsewhere() {
+    let up = Upstream::start("a", Behaviour::Echo);
+    let client = format!(
+        "\n    client:\n      ca: {}      skip_mtls_uri_regex:\n        - \"^/open.*\"\n",
+        block(&pem("client-ca.crt"), 8)
+    );
+    let ssls = ssl_yaml("1", "server.local", "server.crt", "server.key", &client);
+    let t = start(&ssls, &route("1", "/*", &up.node()));
+    let status = |path: &str, args: &[&str]| {
+        let mut a = vec![
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-H",
+            "Host: server.local",
+        ];
+        a.extend_from_slice(args);
+        curl(&t, "server.local", path, &a).1
+    };
+    assert_eq!(status("/open/1", &[]), "200");
+    assert_eq!(status("/closed", &[]), "400");
+    assert_eq!(
+        status("/closed", &["--cert", "rogue.crt", "--key", "rogue.key"]),
+        "400"
+    );
+    assert_eq!(
+        status("/closed", &["--cert", "client.crt", "--key", "client.key"]),
+        "200"
+    );
+}
+
+#[test]
+fn h2_by_alpn_and_h2c_with_prior_knowledge() {
+    let up = Upstream::start("a", Behaviour::Echo);
+    let ssls = ssl_yaml("1", "server.local", "server.crt", "server.key", "\n");
+    let t = start(&ssls, &route("1", "/t", &up.node()));
+    let (_, v, err) = curl(
+        &t,
+        "server.local",
+        "/t",
+        &["--http2", "-o", "/dev/null", "-w", "%{http_version}"],
+    );
+    assert_eq!(v, "2", "{err}");
+    let (_, v, _) = curl(
+        &t,
+        "server.local",
+        "/t",
+        &["--http1.1", "-o", "/dev/null", "-w", "%{http_version}"],
+    );
+    assert_eq!(v, "1.1");
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "--http2-prior-knowledge",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_version} %{http_code}",
+        ])
+        .arg(format!("http://127.0.0.1:{}/t", t.gw.port))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "2 200");
+}
+
+#[test]
+fn certificate_swap_applies_to_new_handshakes_and_keeps_open_connections() {
+    let up = Upstream::start("a", Behaviour::Echo);
+    let routes = route("1", "/t", &up.node());
+    let t = start(
+        &ssl_yaml("1", "server.local", "server.crt", "server.key", "\n"),
+        &routes,
+    );
+    // An open connection, through openssl's client, kept across the change.
+    let mut held = Command::new("openssl")
+        .args([
+            "s_client",
+            "-quiet",
+            "-servername",
+            "server.local",
+            "-connect",
+        ])
+        .arg(format!("127.0.0.1:{}", t.tls_port))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = held.stdin.take().unwrap();
+    let mut stdout = held.stdout.take().unwrap();
+    let req = b"GET /t HTTP/1.1\r\nHost: server.local\r\n\r\n";
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            let _ = tx.send(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    });
+    let read_answer = |rx: &std::sync::mpsc::Receiver<String>| {
+        let mut got = String::new();
+        while !got.contains("\"upstream\"") {
+            match rx.recv_timeout(Duration::from_secs(5)) {
+                Ok(s) => got.push_str(&s),
+                Err(_) => break,
+            }
+        }
+        got
+    };
+    stdin.write_all(req).unwrap();
+    assert!(read_answer(&rx).starts_with("HTTP/1.1 200"));
+    assert_eq!(
+        s_client_cn(t.tls_port, "server.local").as_deref(),
+        Some("server.local")
+    );
+
+    // The same SNI now served by another certificate.
+    t.gw.rewrite_routes(&format!(
+        "ssls:\n{}\nroutes:\n{routes}",
+        ssl_yaml("1", "server.local", "other.crt", "other.key", "\n")
+    ));
+    let swapped = support::poll_until(Duration::from_secs(5), || {
+        s_client_cn(t.tls_port, "server.local").as_deref() == Some("other.local")
+    });
+    assert!(swapped.is_some(), "new handshakes see the new certificate");
+    stdin.write_all(req).unwrap();
+    let second = read_answer(&rx);
+    assert!(
+        second.starts_with("HTTP/1.1 200"),
+        "the open connection still serves: {second:?}"
+    );
+    let _ = held.kill();
+    let _ = held.wait();
+}
+
+#[test]
+fn bad_certificate_is_quarantined_alone_and_mismatched_key_fails_its_handshakes() {
+    let up = Upstream::start("a", Behaviour::Echo);
+    let broken = format!(
+        "  - id: \"9\"\n    sni: \"broken.local\"\n    cert: |\n      -----BEGIN CERTIFICATE-----\n      MIIBkjCB\n      -----END CERTIFICATE-----\n    key: {}",
+        block(&pem("other.key"), 6)
+    );
+    let ssls = ssl_yaml("1", "server.local", "server.crt", "server.key", "\n")
+        + &broken
+        + &ssl_yaml("2", "*.wild.local", "wild.crt", "other.key", "\n");
+    let t = start(&ssls, &route("1", "/t", &up.node()));
+    let (code, _, err) = curl(&t, "server.local", "/t", &[]);
+    assert_eq!(code, 0, "the good ssl keeps serving: {err}");
+    let (code, _, _) = curl(&t, "broken.local", "/t", &[]);
+    assert_ne!(code, 0);
+    let (code, _, _) = curl(&t, "a.wild.local", "/t", &[]);
+    assert_ne!(code, 0, "a key of another certificate fails the handshake");
+}
+
+#[test]
+fn bad_input_on_the_tls_port() {
+    let up = Upstream::start("a", Behaviour::Echo);
+    let ssls = ssl_yaml("1", "server.local", "server.crt", "server.key", "\n");
+    let t = start_with(
+        &ssls,
+        &route("1", "/t", &up.node()),
+        "client_header_timeout: 1s",
+    );
+    // Plain HTTP: nginx's 400.
+    let mut s = TcpStream::connect(("127.0.0.1", t.tls_port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET /t HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("The plain HTTP request was sent to HTTPS port"));
+
+    // Garbage, and a client that stalls after connecting: cut off.
+    for send in [
+        &b"\x01\x02\x03garbage"[..],
+        &b""[..],
+        &b"\x16\x03\x01\x00"[..],
+    ] {
+        let mut s = TcpStream::connect(("127.0.0.1", t.tls_port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(send).unwrap();
+        let started = std::time::Instant::now();
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf).unwrap_or(0);
+        assert!(
+            n == 0 || buf[0] == 0x15,
+            "closed or a TLS alert: {:?}",
+            &buf[..n]
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "cut off by the handshake timeout"
+        );
+    }
+
+    // An oversized ClientHello (a 70 KB extension) is refused, and the server stays up.
+    let mut s = TcpStream::connect(("127.0.0.1", t.tls_port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let body_len: usize = 70_000;
+    let mut hello = vec![0x16, 0x03, 0x01];
+    hello.extend_from_slice(&(16_000u16).to_be_bytes());
+    hello.push(0x01);
+    hello.extend_from_slice(&[
+        (body_len >> 16) as u8,
+        (body_len >> 8) as u8,
+        body_len as u8,
+    ]);
+    hello.resize(5 + 16_000, 0);
+    let _ = s.write_all(&hello);
+    let mut buf = [0u8; 64];
+    let n = s.read(&mut buf).unwrap_or(0);
+    assert!(n == 0 || buf[0] == 0x15, "{:?}", &buf[..n]);
+    let (code, _, err) = curl(&t, "server.local", "/t", &[]);
+    assert_eq!(code, 0, "{err}");
+
+    // TLS 1.2 renegotiation is refused: rustls answers a no_renegotiation alert and never
+    // starts a second handshake.
+    let reneg = Command::new("openssl")
+        .args([
+            "s_client",
+            "-state",
+            "-tls1_2",
+            "-servername",
+            "server.local",
+            "-connect",
+        ])
+        .arg(format!("127.0.0.1:{}", t.tls_port))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reneg = reneg;
+    let mut stdin = reneg.stdin.take().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // s_client renegotiates on a line that is just R.
+    let _ = stdin.write_all(b"R\n");
+    std::thread::sleep(Duration::from_millis(1000));
+    let _ = reneg.kill();
+    let out = reneg.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("RENEGOTIATING"), "{text}");
+    let after = text.split("RENEGOTIATING").nth(1).unwrap_or("");
+    assert!(
+        !after.contains("read server hello"),
+        "the server never answers a renegotiation: {text}"
+    );
+}
+
+/// nginx as an HTTPS upstream: it reports the SNI it got and the client certificate shown.
+struct NginxTls {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for NginxTls {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn nginx_tls_upstream() -> NginxTls {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let d = dir.path().display();
+    let c = cert_dir();
+    let c = c.display();
+    let conf = format!(
+        "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log;
+events {{}}
+http {{
+  access_log off;
+  client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d}; uwsgi_temp_path {d}; scgi_temp_path {d};
+  server {{
+    listen 127.0.0.1:{port} ssl;
+    ssl_certificate {c}/server.crt; ssl_certificate_key {c}/server.key;
+    ssl_client_certificate {c}/client-ca.crt; ssl_verify_client optional;
+    location / {{ return 200 \"sni=$ssl_server_name verify=$ssl_client_verify dn=$ssl_client_s_dn host=$http_host\"; }}
+  }}
+}}
+"
+    );
+    std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
+    let child = Command::new("nginx")
+        .arg("-p")
+        .arg(dir.path())
+        .arg("-c")
+        .arg(dir.path().join("nginx.conf"))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nginx is installed");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "nginx did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    NginxTls {
+        child,
+        port,
+        _dir: dir,
+    }
+}
+
+fn https_route(id: &str, uri: &str, node: &str, tls: &str) -> String {
+    format!(
+        "  - id: \"{id}\"\n    uri: \"{uri}\"\n    upstream:\n      type: roundrobin\n      scheme: https\n      nodes:\n        \"{node}\": 1\n{tls}"
+    )
+}
+
+#[test]
+fn https_upstreams_sni_client_certificates_and_verification() {
+    let up = nginx_tls_upstream();
+    let node = format!("127.0.0.1:{}", up.port);
+    let inline_cert = format!(
+        "      tls:\n        client_cert: {}        client_key: {}",
+        block(&pem("client.crt"), 10),
+        block(&pem("client.key"), 10)
+    );
+    let client_ssl = format!(
+        "  - id: \"c\"\n    type: client\n    cert: {}    key: {}",
+        block(&pem("client.crt"), 6),
+        block(&pem("client.key"), 6)
+    );
+    let routes = https_route("1", "/plain", &node, "")
+        + &https_route("2", "/cert", &node, &inline_cert)
+        + &https_route(
+            "3",
+            "/by-id",
+            &node,
+            "      tls:\n        client_cert_id: \"c\"\n",
+        )
+        + &https_route(
+            "4",
+            "/verified",
+            &node,
+            "      tls:\n        verify: true\n",
+        );
+    let tls_port = free_port();
+    let gw = Gateway::start_full(
+        &format!("ssls:\n{client_ssl}\nroutes:\n{routes}"),
+        &format!(
+            "ssl:\n  listen:\n    - ip: 127.0.0.1\n      port: {tls_port}\n  ssl_trusted_certificate: {}/ca.crt",
+            cert_dir().display()
+        ),
+        "",
+    );
+    let get = |path: &str, host: &str| {
+        let r = support::get_host(gw.addr(), path, host);
+        (r.status, r.text())
+    };
+    let (status, text) = get("/plain", "server.local");
+    assert_eq!(status, 200, "{text}");
+    assert!(text.starts_with("sni=server.local verify=NONE"), "{text}");
+    assert!(text.ends_with("host=server.local"), "{text}");
+    let (_, text) = get("/plain", "server.local:8443");
+    assert!(
+        text.starts_with("sni=server.local "),
+        "the port is not part of the SNI: {text}"
+    );
+    // Alternating between client certificates on one node: pools are keyed by certificate.
+    for _ in 0..2 {
+        let (_, text) = get("/cert", "server.local");
+        assert!(
+            text.contains("verify=SUCCESS dn=O=ferrisix-test,CN=client"),
+            "{text}"
+        );
+        let (_, text) = get("/plain", "server.local");
+        assert!(text.contains("verify=NONE"), "{text}");
+        let (_, text) = get("/by-id", "server.local");
+        assert!(text.contains("verify=SUCCESS"), "{text}");
+    }
+    // tls.verify checks the upstream's certificate against ssl_trusted_certificate and the SNI.
+    assert_eq!(get("/verified", "server.local").0, 200);
+    assert_eq!(get("/verified", "localhost").0, 200);
+    assert_eq!(get("/verified", "wrong.local").0, 502);
+}

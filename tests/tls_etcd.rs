@@ -1,0 +1,161 @@
+//! etcd interop for ssls: an ssl object stored as APISIX stores it (the private key AES-128-CBC
+//! encrypted with the keyring's first key as key and IV, base64; here encrypted by the openssl
+//! CLI, an implementation independent of ferrisix's) is decrypted and served; and one written
+//! through ferrisix's Admin API lands in etcd in the same form, readable the same way.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::json;
+use support::etcd::Etcd;
+use support::{free_port, StoreGatewayBuilder};
+
+fn cert_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/tls")
+}
+
+fn pem(name: &str) -> String {
+    std::fs::read_to_string(cert_dir().join(name)).unwrap()
+}
+
+fn hex(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `openssl enc -aes-128-cbc -K key -iv key | base64`, as APISIX's resty.aes does it.
+fn openssl_encrypt(key: &str, plain: &str) -> String {
+    use std::io::Write;
+    let mut child = Command::new("openssl")
+        .args([
+            "enc",
+            "-aes-128-cbc",
+            "-a",
+            "-A",
+            "-K",
+            &hex(key),
+            "-iv",
+            &hex(key),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(plain.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+fn openssl_decrypt(key: &str, b64: &str) -> String {
+    use std::io::Write;
+    let mut child = Command::new("openssl")
+        .args([
+            "enc",
+            "-d",
+            "-aes-128-cbc",
+            "-a",
+            "-A",
+            "-K",
+            &hex(key),
+            "-iv",
+            &hex(key),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b64.as_bytes())
+        .unwrap();
+    String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap()
+}
+
+fn served_cn(port: u16, sni: &str) -> Option<String> {
+    let out = Command::new("openssl")
+        .args(["s_client", "-servername", sni, "-connect"])
+        .arg(format!("127.0.0.1:{port}"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("subject="))?;
+    Some(
+        line.split("CN = ")
+            .nth(1)?
+            .split(',')
+            .next()?
+            .trim()
+            .to_owned(),
+    )
+}
+
+#[test]
+fn ssls_encrypted_as_apisix_does_are_served_and_written_alike() {
+    let Some(etcd) = Etcd::start() else { return };
+    let kv = etcd.kv();
+    // APISIX's default keyring; the first key encrypts.
+    let first = "qeddd145sfvddff3";
+    let stored = json!({
+        "id": "1", "sni": "server.local", "type": "server", "status": 1,
+        "cert": pem("server.crt"),
+        "key": openssl_encrypt(first, &pem("server.key")),
+        "create_time": 1, "update_time": 1,
+    });
+    assert!(!stored["key"].as_str().unwrap().starts_with("---"));
+    kv.put("/apisix/ssls/1", stored.to_string());
+    // A key encrypted with the second (older) keyring entry still reads: rotation by order.
+    let rotated = json!({
+        "id": "2", "sni": "other.local",
+        "cert": pem("other.crt"),
+        "key": openssl_encrypt("edd1c9f0985e76a2", &pem("other.key")),
+    });
+    kv.put("/apisix/ssls/2", rotated.to_string());
+
+    let tls_port = free_port();
+    let gw = StoreGatewayBuilder::etcd(&etcd.endpoint())
+        .apisix_key(&format!(
+            "ssl:\n  listen:\n    - ip: 127.0.0.1\n      port: {tls_port}"
+        ))
+        .start();
+    let ok = support::poll_until(Duration::from_secs(10), || {
+        served_cn(tls_port, "server.local").as_deref() == Some("server.local")
+    });
+    assert!(ok.is_some(), "the APISIX-encrypted ssl is served");
+    assert_eq!(
+        served_cn(tls_port, "other.local").as_deref(),
+        Some("other.local")
+    );
+
+    // Written through ferrisix's Admin API: etcd holds the key encrypted the APISIX way.
+    let r = gw.admin(
+        "PUT",
+        "/apisix/admin/ssls/3",
+        &json!({"sni": "*.wild.local", "cert": pem("wild.crt"), "key": pem("wild.key")})
+            .to_string(),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let raw = kv.get("/apisix/ssls/3").expect("written to etcd");
+    let value: serde_json::Value = serde_json::from_slice(&raw.value).unwrap();
+    let key = value["key"].as_str().unwrap();
+    assert!(!key.starts_with("---"), "stored encrypted");
+    assert_eq!(openssl_decrypt(first, key), pem("wild.key"));
+    let ok = support::poll_until(Duration::from_secs(10), || {
+        served_cn(tls_port, "a.wild.local").as_deref() == Some("*.wild.local")
+    });
+    assert!(ok.is_some());
+    // The Admin API never shows the key.
+    let r = gw.admin("GET", "/apisix/admin/ssls/3", "");
+    assert!(r.json()["value"].get("key").is_none());
+}

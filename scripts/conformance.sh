@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs APISIX's conformance cases (../shared/conformance) against a freshly started ferrisix:
 # data port 9080, TLS port 9443 (certificates from ssls), Admin API 9180, prometheus on
-# 127.0.0.1:9091, embedded store in a temp dir.
+# 127.0.0.1:9091, control API on 127.0.0.1:9090, embedded store in a temp dir.
+# Every case folder runs unless CONFORMANCE_FOLDERS names some (e.g. "auth plugins").
 # Usage: scripts/conformance.sh [--min N] [--etcd] [run.py args...]
 #   --etcd  use a real etcd (Debian's etcd-server, installed when missing, started on random
 #           ports with a temporary data dir) instead of the embedded store
@@ -50,7 +51,10 @@ apisix:
   node_listen:
     - ip: 127.0.0.1
       port: 9080
-  enable_control: false
+  enable_control: true
+  control:
+    ip: 127.0.0.1
+    port: 9090
   ssl:
     enable: true
     listen:
@@ -94,11 +98,14 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 
+FOLDERS=()
+for f in ${CONFORMANCE_FOLDERS:-admin dataplane tls upstream auth plugins}; do
+  FOLDERS+=("$SHARED/conformance/cases/$f")
+done
 set +e
 python3 "$SHARED/conformance/run.py" --admin http://127.0.0.1:9180 --key "$KEY" \
-  --data http://127.0.0.1:9080 --metrics http://127.0.0.1:9091 --tls https://127.0.0.1:9443 "$@" \
-  "$SHARED/conformance/cases/admin" "$SHARED/conformance/cases/dataplane" \
-  "$SHARED/conformance/cases/tls" | tee "$WORK/conformance.out"
+  --data http://127.0.0.1:9080 --metrics http://127.0.0.1:9091 --tls https://127.0.0.1:9443 \
+  --control http://127.0.0.1:9090 "$@" "${FOLDERS[@]}" | tee "$WORK/conformance.out"
 set -e
 SUMMARY=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$WORK/conformance.out" | tail -1 || true)
 PASSED=${SUMMARY%% passed*}

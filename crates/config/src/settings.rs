@@ -54,6 +54,8 @@ pub struct Settings {
     /// Enabled HTTP plugins. `None` = APISIX's default list (every plugin ferrisix has).
     pub plugins: Option<Vec<String>>,
     pub plugin_attr: PluginAttr,
+    /// Service discovery (`discovery.dns`).
+    pub discovery: DiscoverySettings,
     /// ferrisix-only keys.
     pub ferrisix: FerrisixSettings,
     /// The file these settings came from; relative paths in them resolve against its directory.
@@ -83,6 +85,31 @@ pub struct ApisixSettings {
     /// The control API (readiness, applied revision, dumps).
     pub enable_control: bool,
     pub control: ControlListen,
+    /// Name servers (`ip` or `ip:port`) for domain nodes; empty = the system's resolv.conf.
+    pub dns_resolver: Vec<String>,
+    /// Seconds a resolved address is kept, overriding the record's TTL when set.
+    pub dns_resolver_valid: Option<u64>,
+    /// A name with only IPv6 addresses is usable (APISIX prefers IPv4 either way).
+    pub enable_ipv6: bool,
+}
+
+/// The `discovery:` section; only `dns` is built.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct DiscoverySettings {
+    pub dns: Option<DnsDiscoverySettings>,
+}
+
+/// `discovery.dns` (APISIX's `apisix/discovery/dns/schema.lua`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct DnsDiscoverySettings {
+    /// `ip:port` of the name servers.
+    pub servers: Vec<String>,
+    /// A resolv.conf to read the name servers from instead.
+    pub resolv_conf: Option<String>,
+    /// Record types tried in turn (`last`, `SRV`, `A`, `AAAA`, `CNAME`).
+    pub order: Vec<String>,
 }
 
 /// `apisix.control`: where the control API listens (APISIX's default 127.0.0.1:9090).
@@ -116,6 +143,9 @@ impl Default for ApisixSettings {
             proxy_mode: ProxyMode::Http,
             enable_control: true,
             control: ControlListen::default(),
+            dns_resolver: Vec::new(),
+            dns_resolver_valid: None,
+            enable_ipv6: true,
         }
     }
 }

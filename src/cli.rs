@@ -195,6 +195,7 @@ pub fn configure_plugins(
     settings: &Settings,
     health: ferrisix_proxy::control::HealthProbe,
     states: Option<watch::Receiver<Arc<ConfigState>>>,
+    snapshot: SnapshotHandle,
 ) {
     let plugin_settings = ferrisix_plugins::PluginSettings {
         prometheus: settings.plugin_attr.prometheus.clone(),
@@ -204,17 +205,67 @@ pub fn configure_plugins(
     }
     ferrisix_plugins::runtime()
         .metrics
-        .set_node_source(Box::new(StoreSource { health, states }));
+        .set_node_source(Box::new(StoreSource {
+            health,
+            states,
+            snapshot,
+        }));
+}
+
+/// What upstreams compile with: the health probers and the resolver on `executor`.
+pub fn upstream_env(
+    settings: &Settings,
+    executor: tokio::runtime::Handle,
+) -> Arc<ferrisix_proxy::UpstreamEnv> {
+    let dns = settings.discovery.dns.as_ref();
+    let options = ferrisix_proxy::dns::DnsOptions {
+        servers: settings.apisix.dns_resolver.clone(),
+        valid: settings
+            .apisix
+            .dns_resolver_valid
+            .map(std::time::Duration::from_secs),
+        enable_ipv6: settings.apisix.enable_ipv6,
+        discovery_servers: dns.map(|d| {
+            if d.servers.is_empty() {
+                // `resolv_conf`: the name servers it lists.
+                d.resolv_conf
+                    .as_deref()
+                    .and_then(|p| std::fs::read_to_string(p).ok())
+                    .map(|t| {
+                        t.lines()
+                            .filter_map(|l| l.trim().strip_prefix("nameserver"))
+                            .map(|s| s.trim().to_string())
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            } else {
+                d.servers.clone()
+            }
+        }),
+        discovery_order: dns.map(|d| d.order.clone()).unwrap_or_default(),
+        hosts_file: None,
+    };
+    Arc::new(ferrisix_proxy::UpstreamEnv {
+        health: ferrisix_proxy::health::HealthService::new(executor.clone()),
+        balancer: Default::default(),
+        dns: ferrisix_proxy::dns::DnsResolver::new(&options, Some(executor)),
+        prefix: settings.deployment.etcd.prefix.clone(),
+    })
 }
 
 struct StoreSource {
     health: ferrisix_proxy::control::HealthProbe,
     states: Option<watch::Receiver<Arc<ConfigState>>>,
+    snapshot: SnapshotHandle,
 }
 
 impl ferrisix_plugins::prometheus::node::NodeSource for StoreSource {
     fn etcd_reachable(&self) -> Option<bool> {
         Some((self.health)().reachable)
+    }
+
+    fn upstream_status(&self) -> Vec<(String, String, u16, bool)> {
+        ferrisix_proxy::control::upstream_statuses(&self.snapshot.load())
     }
 
     fn modify_indexes(&self) -> Vec<(String, i64)> {

@@ -68,7 +68,9 @@ fn run(mut settings: Settings) -> Result<(), String> {
         .build()
         .map_err(|e| format!("cannot start the control runtime: {e}"))?;
     let options = cli::compile_options(&settings);
-    let handle = snapshot::new_handle(options);
+    // Health probes and DNS lookups run on the control runtime, never on a worker.
+    let upstream_env = cli::upstream_env(&settings, control.handle().clone());
+    let handle = snapshot::new_handle_with(options, upstream_env);
 
     let source = control.block_on(sources::open(&settings))?;
     let states = source.states.clone();
@@ -82,7 +84,7 @@ fn run(mut settings: Settings) -> Result<(), String> {
     }
     // Standalone files have no modify indexes to report.
     let store_states = source.store.as_ref().map(|_| states.clone());
-    cli::configure_plugins(&settings, health.clone(), store_states);
+    cli::configure_plugins(&settings, health.clone(), store_states, handle.clone());
     let prometheus_enabled = registry.get("prometheus").is_some();
     let plugins = Arc::new(registry.clone());
     handle.store(Arc::new(snapshot::Snapshot::compile(

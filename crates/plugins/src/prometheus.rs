@@ -240,11 +240,16 @@ fn series_key(name: &str, parts: &[&[(&str, &str)]]) -> String {
 }
 
 /// Metric families: (name without prefix, help, type).
-const FAMILIES: [(&str, &str, &str); 9] = [
+const FAMILIES: [(&str, &str, &str); 10] = [
     (
         "bandwidth",
         "Total bandwidth in bytes consumed per service in APISIX",
         "counter",
+    ),
+    (
+        "upstream_status",
+        "Upstream status from health check",
+        "gauge",
     ),
     (
         "etcd_modify_indexes",
@@ -569,6 +574,16 @@ impl Metrics {
             if reachable { "1" } else { "0" }.into(),
         ));
         if let Some(s) = &source {
+            // exporter.lua: 1 for a healthy or mostly healthy node, 0 otherwise.
+            for (name, ip, port, up) in s.upstream_status() {
+                lines.push((
+                    series_key(
+                        "upstream_status",
+                        &[&[("name", &name), ("ip", &ip), ("port", &port.to_string())]],
+                    ),
+                    if up { "1" } else { "0" }.into(),
+                ));
+            }
             for (key, idx) in s.modify_indexes() {
                 lines.push((
                     series_key("etcd_modify_indexes", &[&[("key", &key)]]),

@@ -17,6 +17,7 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
 use crate::access_log::LogRecord;
+use crate::balancer::TryGuard;
 use crate::client::PooledConn;
 use crate::phases::PendingLog;
 
@@ -89,10 +90,14 @@ struct LogOnDrop {
     plugin_log: Option<Box<PendingLog>>,
     /// Counts the request as finished in the connection statistics.
     count_request: bool,
+    /// The upstream try this body relays (least_conn's count, ewma's timing).
+    try_guard: Option<TryGuard>,
 }
 
 impl Drop for LogOnDrop {
     fn drop(&mut self) {
+        // The try ends with the body: ewma times it to here.
+        drop(self.try_guard.take());
         if let Some(mut log) = self.plugin_log.take() {
             log.run(self.bytes);
         }
@@ -135,6 +140,11 @@ impl ResponseBody {
     /// Attaches the plugins' log phase, run when this body is done.
     pub fn set_plugin_log(&mut self, log: Box<PendingLog>) {
         self.log.plugin_log = Some(log);
+    }
+
+    /// Keeps the upstream try open until this body is done.
+    pub fn hold_try(&mut self, guard: TryGuard) {
+        self.log.try_guard = Some(guard);
     }
 
     /// Makes the end of this body count as the end of a request (`writing` connections).

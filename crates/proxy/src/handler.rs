@@ -3,6 +3,7 @@
 //! It reads only the published snapshot (one atomic load), so it never waits on configuration
 //! changes, and it allocates only what the upstream request itself needs.
 
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -19,12 +20,14 @@ use ipnet::IpNet;
 use smallvec::SmallVec;
 
 use crate::access_log::{AccessLog, LogRecord};
+use crate::balancer::PickState;
 use crate::body::{ResponseBody, UpstreamResponse};
 use crate::client::{self, PoolKey, SendOutcome, TryTimeouts, UpstreamBody};
 use crate::error::{may_retry, UpstreamFailure};
 use crate::phases::{self, PluginRun, UpstreamTrace};
 use crate::responses;
 use crate::snapshot::{CompiledRoute, CompiledUpstream, RouteTarget, SnapshotHandle};
+use crate::upstream::HealthView;
 use crate::vars::RequestVars;
 use crate::websocket;
 
@@ -384,6 +387,15 @@ impl Gateway {
             RouteTarget::Upstream(u) => u,
             RouteTarget::Fail(status) => return responses::error_page(status, server),
         };
+        // chash's key (`fetch_chash_hash_key`), read before the request parts move on. No
+        // consumer is known to the proxy yet, so `hash_on: consumer` falls back to
+        // `remote_addr` as APISIX does for an anonymous request.
+        let hash_key = upstream.hash_on.as_ref().map(|h| {
+            let var = |n: &str| {
+                ferrisix_router::VarSource::var(&vars, n).map(|v| Cow::Owned(v.into_owned()))
+            };
+            h.key(&var, None).into_owned()
+        });
         // `$http_host` as a header value: the client's own when it sent a Host header (sharing
         // its bytes costs no copy), else built from :authority or an absolute-form URI.
         let host_value = match parts.uri.authority() {
@@ -397,6 +409,7 @@ impl Gateway {
             remote_addr,
             host_value,
             &upstream,
+            hash_key,
             route_timeouts,
             websocket,
             record,
@@ -414,6 +427,7 @@ impl Gateway {
         remote_addr: IpAddr,
         host_value: Option<HeaderValue>,
         upstream: &CompiledUpstream,
+        hash_key: Option<String>,
         route_timeouts: Option<TryTimeouts>,
         websocket: bool,
         mut record: Option<&mut LogRecord>,
@@ -498,30 +512,36 @@ impl Gateway {
         // try budget is not spent. The answer is then 502, not the last try's status (a 504
         // after timeouts).
         let mut balancer_refused = false;
-        while tried.len() < upstream.max_tries {
+        // The node set as resolved now; a name whose first lookup is under way is awaited (on
+        // the resolver's tasks, the worker only waits) up to the connect timeout.
+        let set = upstream.nodes.ready(timeouts.connect).await;
+        if set.nodes.is_empty() {
+            // APISIX: "no valid upstream node".
+            return responses::error_page(StatusCode::SERVICE_UNAVAILABLE, server);
+        }
+        let max_tries = upstream.max_tries(&set);
+        let mut pick = PickState::new(Cow::Owned(hash_key.unwrap_or_default()));
+        let mut health = HealthView::default();
+        // The node of the last failed try, reported to the health checker once we know whether
+        // another try follows (APISIX reports it from the balancer, before the retry).
+        let mut failed_on: Option<usize> = None;
+        while tried.len() < max_tries {
             if let Some(limit) = upstream.retry_timeout {
                 if !tried.is_empty() && first_try.elapsed() > limit {
                     balancer_refused = true;
                     break;
                 }
             }
-            let Some(node_idx) = upstream.picker.pick(&tried) else {
+            if let Some(prev) = failed_on.take() {
+                set.report_retry(prev, last_failure);
+            }
+            let Some(node_idx) = set.pick(&mut pick, &tried, &mut health) else {
                 balancer_refused = !tried.is_empty();
                 break;
             };
             tried.push(node_idx);
-            let node = &upstream.nodes[node_idx];
-            let addr = match node.addr {
-                Some(a) => a,
-                None => match client::resolve(&node.host, node.port).await {
-                    Ok(a) => a,
-                    Err(f) => {
-                        statuses.push(f.status().as_u16());
-                        last_failure = f;
-                        continue;
-                    }
-                },
-            };
+            let node = &set.nodes[node_idx];
+            let addr = node.addr;
             if let Some(r) = record.as_deref_mut() {
                 r.upstream_addrs.push(addr);
             }
@@ -529,7 +549,7 @@ impl Gateway {
             if trace.detailed {
                 trace.addrs.push(addr);
             }
-            let more_tries_left = tried.len() < upstream.max_tries;
+            let more_tries_left = tried.len() < max_tries;
             let mut req_headers = match headers.take() {
                 Some(h) => h,
                 None => break,
@@ -562,7 +582,11 @@ impl Gateway {
                 None
             };
 
-            let key = PoolKey { addr };
+            let key = PoolKey {
+                addr,
+                epoch: set.down_epoch(node_idx),
+            };
+            let mut try_guard = set.picker.begin(node_idx);
             let mut attempt = Some(build_request(&parts.method, &uri, req_headers, req_body));
             let mut fresh_retry_used = false;
             let outcome = loop {
@@ -594,6 +618,8 @@ impl Gateway {
                     trace.responded = true;
                     let status = resp.status();
                     statuses.push(status.as_u16());
+                    try_guard.answered();
+                    set.report_final(node_idx, status.as_u16());
                     if let Some(r) = record.as_deref_mut() {
                         r.upstream_statuses = statuses.clone();
                     }
@@ -603,17 +629,22 @@ impl Gateway {
                     if status == StatusCode::SWITCHING_PROTOCOLS {
                         if let Some(client_upgrade) = upgrade {
                             let upstream_upgrade = hyper::upgrade::on(&mut resp);
-                            websocket::tunnel(client_upgrade, upstream_upgrade);
+                            // The tunnel holds the try: least_conn counts it while it is open.
+                            websocket::tunnel(client_upgrade, upstream_upgrade, try_guard);
                         }
                         drop(conn);
                         return self.relay_head(resp, None, &statuses, timeouts, true);
                     }
-                    return self.relay_head(resp, Some(conn), &statuses, timeouts, false);
+                    let mut out = self.relay_head(resp, Some(conn), &statuses, timeouts, false);
+                    out.body_mut().hold_try(try_guard);
+                    return out;
                 }
                 Err((failure, returned)) => {
                     tracing::warn!(upstream = %addr, "{failure} while proxying");
+                    drop(try_guard);
                     statuses.push(failure.status().as_u16());
                     last_failure = failure;
+                    failed_on = Some(node_idx);
                     // Recover what the next try needs.
                     match returned {
                         Some(req) => {
@@ -646,6 +677,10 @@ impl Gateway {
         } else {
             last_failure.status()
         };
+        // The log phase's passive check sees the status the client gets, on the last node.
+        if let Some(last) = tried.last() {
+            set.report_final(*last, status.as_u16());
+        }
         let mut resp = responses::error_page(status, server);
         if !statuses.is_empty() {
             resp.headers_mut().insert(

@@ -6,7 +6,7 @@
 //! previous compiled form, so a balancer keeps its position across unrelated changes.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,8 +26,10 @@ use http::{HeaderValue, StatusCode};
 use ipnet::IpNet;
 use serde_json::{Map, Value};
 
-use crate::balancer::{NodeWeight, UpstreamPicker};
+use crate::balancer::HashOn;
 use crate::client::{PoolLimits, TryTimeouts};
+use crate::health::{self, UpstreamChecker};
+use crate::upstream::{NodeSet, UpstreamEnv, UpstreamNodes};
 
 /// The published, immutable serving state.
 pub struct Snapshot {
@@ -37,7 +39,19 @@ pub struct Snapshot {
     pub quarantine: Vec<Quarantined>,
     /// The global rules' plugins for requests that match no route.
     pub global_chain: Arc<PluginChain>,
+    /// Every health checker in use, by the resource holding the upstream.
+    pub checkers: Vec<CheckerEntry>,
+    /// What upstreams compile and refresh with, handed from snapshot to snapshot.
+    pub env: Arc<UpstreamEnv>,
     cache: CompileCache,
+}
+
+/// A health checker and the resource whose upstream it checks.
+#[derive(Clone, Debug)]
+pub struct CheckerEntry {
+    pub kind: ResourceKind,
+    pub id: String,
+    pub checker: Arc<UpstreamChecker>,
 }
 
 /// A resource left out of (or held at an older version in) the snapshot.
@@ -84,25 +98,20 @@ pub struct CompiledRoute {
     pub global_chain: Arc<PluginChain>,
 }
 
-/// One upstream node, resolved as far as compile time allows.
-#[derive(Clone, Debug)]
-pub struct NodeTarget {
-    pub host: String,
-    pub port: u16,
-    /// Known when the host is an IP literal; domains are resolved at connect time.
-    pub addr: Option<SocketAddr>,
-    /// `Host` for `pass_host: node`: the node host, plus `:port` unless it is the scheme default.
-    pub host_header: HeaderValue,
-    /// `ip:port`, as `$upstream_addr` shows it.
-    pub addr_text: String,
-}
+pub use crate::upstream::NodeTarget;
 
 pub struct CompiledUpstream {
     pub id: Option<String>,
-    pub nodes: Vec<NodeTarget>,
-    pub picker: UpstreamPicker,
-    /// Total tries allowed: `retries` + 1.
-    pub max_tries: usize,
+    /// The resource's etcd key (`/apisix/upstreams/1`, `/apisix/routes/1` for an inline one),
+    /// which names its health checker.
+    pub name: String,
+    /// The nodes as resolved now, with their balancer.
+    pub nodes: Arc<UpstreamNodes>,
+    pub checker: Option<Arc<UpstreamChecker>>,
+    /// chash's key source.
+    pub hash_on: Option<HashOn>,
+    /// `None` means APISIX's default: number of nodes − 1.
+    pub retries: Option<u32>,
     pub retry_timeout: Option<Duration>,
     pub timeouts: TryTimeouts,
     pub pass_host: PassHost,
@@ -112,7 +121,23 @@ pub struct CompiledUpstream {
 }
 
 impl CompiledUpstream {
-    fn compile(up: &Upstream) -> Result<CompiledUpstream, String> {
+    /// Total tries allowed for a request on `set`: `retries` + 1.
+    pub fn max_tries(&self, set: &NodeSet) -> usize {
+        match self.retries {
+            Some(r) => r as usize + 1,
+            None => set.nodes.len().max(1),
+        }
+    }
+
+    /// `previous`: the compiled form this one replaces for the same resource, whose health
+    /// checker and balancer state carry over.
+    fn compile(
+        up: &Upstream,
+        kind: ResourceKind,
+        id: &str,
+        previous: Option<&Arc<CompiledUpstream>>,
+        env: &Arc<UpstreamEnv>,
+    ) -> Result<CompiledUpstream, String> {
         if up.scheme != Scheme::Http {
             // TLS, gRPC and L4 upstreams need the TLS and stream work that comes later.
             return Err(format!(
@@ -120,66 +145,37 @@ impl CompiledUpstream {
                 up.scheme
             ));
         }
-        if up.lb_type != LbType::RoundRobin {
-            // Said out loud rather than hidden: only roundrobin is built so far.
-            tracing::warn!(
-                upstream = up.id.as_deref().unwrap_or("(inline)"),
-                lb_type = ?up.lb_type,
-                "balancer type not supported yet; balancing roundrobin"
-            );
+        if let LbType::Other(t) = &up.lb_type {
+            return Err(format!("invalid balancer type: {t}"));
         }
-        let mut nodes = Vec::with_capacity(up.nodes.len());
-        for n in &up.nodes {
-            let bare = n.host.trim_start_matches('[').trim_end_matches(']');
-            let addr = bare
-                .parse::<IpAddr>()
-                .ok()
-                .map(|ip| SocketAddr::new(ip, n.port));
-            let host_header = if n.port == up.scheme.default_port() {
-                n.host.clone()
-            } else {
-                format!("{}:{}", n.host, n.port)
-            };
-            let host_header = HeaderValue::from_str(&host_header)
-                .map_err(|_| format!("invalid node host {}", n.host))?;
-            nodes.push(NodeTarget {
-                host: n.host.clone(),
-                port: n.port,
-                addr,
-                host_header,
-                addr_text: format!("{}:{}", n.host, n.port),
-            });
+        match up.discovery_type.as_deref() {
+            None | Some("dns") => {}
+            Some(other) => return Err(format!("discovery {other} is not supported")),
         }
-        let weights: Vec<NodeWeight> = up
-            .nodes
-            .iter()
-            .map(|n| NodeWeight {
-                weight: n.weight,
-                priority: n.priority,
-            })
-            .collect();
-        let picker = UpstreamPicker::new(&weights, |n| {
-            if n == 0 {
-                0
-            } else {
-                rand::random::<usize>() % n
-            }
-        });
-        let retries = match up.retries {
-            Some(r) => r as usize,
-            None => up.nodes.len().saturating_sub(1),
-        };
+        let name = format!("{}/{}/{}", env.prefix, kind.dir(), id);
+        // The one place a checker is made or reused (see `health::attach`).
+        let checker = health::attach(
+            &env.health,
+            &name,
+            up.checks.as_ref(),
+            previous.and_then(|p| p.checker.as_ref()),
+        );
+        let nodes = UpstreamNodes::new(up, env, checker.as_ref(), previous.map(|p| &*p.nodes))?;
         let upstream_host = match &up.upstream_host {
             Some(h) => {
                 Some(HeaderValue::from_str(h).map_err(|_| format!("invalid upstream_host {h}"))?)
             }
             None => None,
         };
+        let hash_on = (up.lb_type == LbType::Chash)
+            .then(|| HashOn::from_config(up.hash_on.as_deref(), up.key.as_deref()));
         Ok(CompiledUpstream {
             id: up.id.clone(),
+            name,
             nodes,
-            picker,
-            max_tries: retries + 1,
+            checker,
+            hash_on,
+            retries: up.retries,
             retry_timeout: (up.retry_timeout > 0.0).then(|| secs(up.retry_timeout)),
             timeouts: up.timeout.map(try_timeouts).unwrap_or_default(),
             pass_host: up.pass_host,
@@ -191,6 +187,11 @@ impl CompiledUpstream {
             },
             source: up.clone(),
         })
+    }
+
+    /// Whether the upstream can have nodes at all (a node list, or discovery).
+    fn has_nodes(&self) -> bool {
+        !self.source.nodes.is_empty() || self.source.discovery_type.is_some()
     }
 }
 
@@ -260,12 +261,19 @@ impl Snapshot {
     }
 
     pub fn empty(options: CompileOptions) -> Snapshot {
+        Snapshot::empty_with(options, Arc::new(UpstreamEnv::default()))
+    }
+
+    /// An empty snapshot whose upstreams will compile with `env` (health probes, DNS).
+    pub fn empty_with(options: CompileOptions, env: Arc<UpstreamEnv>) -> Snapshot {
         Snapshot {
             revision: 0,
             router: RouteTable::new(options.router, Vec::new()).0,
             upstreams: HashMap::new(),
             quarantine: Vec::new(),
             global_chain: PluginChain::empty(),
+            checkers: Vec::new(),
+            env,
             cache: CompileCache::default(),
         }
     }
@@ -279,6 +287,7 @@ impl Snapshot {
     ) -> Snapshot {
         let mut quarantine = Vec::new();
         let prev = &previous.cache;
+        let env = &previous.env;
         let upstreams = accept_all(
             state,
             ResourceKind::Upstreams,
@@ -358,7 +367,13 @@ impl Snapshot {
                 .cloned();
             let compiled = match reuse {
                 Some(c) => Some(c),
-                None => match CompiledUpstream::compile(&acc.typed) {
+                None => match CompiledUpstream::compile(
+                    &acc.typed,
+                    ResourceKind::Upstreams,
+                    id,
+                    prev.compiled_upstreams.get(id),
+                    env,
+                ) {
                     Ok(c) => Some(Arc::new(c)),
                     Err(e) => {
                         quarantine.push(Quarantined {
@@ -385,10 +400,16 @@ impl Snapshot {
                 .get(id)
                 .filter(|c| c.source == *up)
                 .cloned();
-            match reuse
-                .map(Ok)
-                .unwrap_or_else(|| CompiledUpstream::compile(up).map(Arc::new))
-            {
+            match reuse.map(Ok).unwrap_or_else(|| {
+                CompiledUpstream::compile(
+                    up,
+                    ResourceKind::Services,
+                    id,
+                    prev.service_upstreams.get(id),
+                    env,
+                )
+                .map(Arc::new)
+            }) {
                 Ok(c) => {
                     cache.service_upstreams.insert(id.clone(), c);
                 }
@@ -411,10 +432,11 @@ impl Snapshot {
             if !route.enabled {
                 continue;
             }
-            let compiled = compile_route(route, &cache, prev, options).and_then(|(c, h, i)| {
-                let c = attach_plugins(route, c, &h, &cache, &globals, plugin_env)?;
-                Ok((c, h, i))
-            });
+            let compiled =
+                compile_route(route, &cache, prev, env, options).and_then(|(c, h, i)| {
+                    let c = attach_plugins(route, c, &h, &cache, &globals, plugin_env)?;
+                    Ok((c, h, i))
+                });
             match compiled {
                 Ok((compiled, hosts, inline)) => {
                     if let Some(inline) = inline {
@@ -480,12 +502,32 @@ impl Snapshot {
         }
         // Counters and metric series only the replaced snapshot still used can go now.
         ferrisix_plugins::runtime().sweep();
+        let mut checkers = Vec::new();
+        for (kind, map) in [
+            (ResourceKind::Routes, &cache.inline_upstreams),
+            (ResourceKind::Services, &cache.service_upstreams),
+            (ResourceKind::Upstreams, &cache.compiled_upstreams),
+        ] {
+            let mut ids: Vec<&String> = map.keys().collect();
+            ids.sort();
+            for id in ids {
+                if let Some(c) = &map[id].checker {
+                    checkers.push(CheckerEntry {
+                        kind,
+                        id: id.clone(),
+                        checker: c.clone(),
+                    });
+                }
+            }
+        }
         Snapshot {
             revision: state.revision,
             router,
             upstreams: cache.compiled_upstreams.clone(),
             quarantine,
             global_chain: globals.unmatched(),
+            checkers,
+            env: env.clone(),
             cache,
         }
     }
@@ -561,6 +603,7 @@ fn compile_route(
     route: &Route,
     cache: &CompileCache,
     prev: &CompileCache,
+    env: &Arc<UpstreamEnv>,
     _options: CompileOptions,
 ) -> Result<CompiledParts, String> {
     let service = match &route.service_id {
@@ -608,7 +651,13 @@ fn compile_route(
             .cloned();
         let compiled = match reuse {
             Some(c) => c,
-            None => Arc::new(CompiledUpstream::compile(up)?),
+            None => Arc::new(CompiledUpstream::compile(
+                up,
+                ResourceKind::Routes,
+                &route.id,
+                prev.inline_upstreams.get(&route.id),
+                env,
+            )?),
         };
         inline = Some(compiled.clone());
         RouteTarget::Upstream(compiled)
@@ -629,7 +678,7 @@ fn compile_route(
         RouteTarget::Fail(StatusCode::SERVICE_UNAVAILABLE)
     };
     let target = match target {
-        RouteTarget::Upstream(u) if u.nodes.is_empty() => {
+        RouteTarget::Upstream(u) if !u.has_nodes() => {
             RouteTarget::Fail(StatusCode::SERVICE_UNAVAILABLE)
         }
         t => t,
@@ -750,6 +799,11 @@ pub type SnapshotHandle = Arc<ArcSwap<Snapshot>>;
 
 pub fn new_handle(options: CompileOptions) -> SnapshotHandle {
     Arc::new(ArcSwap::from_pointee(Snapshot::empty(options)))
+}
+
+/// A handle whose snapshots compile upstreams with `env` (the binary's probes and resolver).
+pub fn new_handle_with(options: CompileOptions, env: Arc<UpstreamEnv>) -> SnapshotHandle {
+    Arc::new(ArcSwap::from_pointee(Snapshot::empty_with(options, env)))
 }
 
 /// Follows a store's states, compiling and publishing each one, until the sender goes away.

@@ -112,8 +112,8 @@ impl ConnStats {
     }
 }
 
-/// What the configuration store says, for `apisix_etcd_reachable` and
-/// `apisix_etcd_modify_indexes`.
+/// What the configuration store and the data plane say, for `apisix_etcd_reachable`,
+/// `apisix_etcd_modify_indexes` and `apisix_upstream_status`.
 pub trait NodeSource: Send + Sync {
     /// `None`: not applicable (reported as reachable, as a file provider always is).
     fn etcd_reachable(&self) -> Option<bool> {
@@ -123,6 +123,12 @@ pub trait NodeSource: Send + Sync {
     /// `(key, index)` pairs (`routes`, `services`, ..., `max_modify_index`); empty when the
     /// store has no such indexes (standalone files).
     fn modify_indexes(&self) -> Vec<(String, i64)> {
+        Vec::new()
+    }
+
+    /// `apisix_upstream_status`: `(checker name, ip, port, healthy)` of every health-checked
+    /// node.
+    fn upstream_status(&self) -> Vec<(String, String, u16, bool)> {
         Vec::new()
     }
 }

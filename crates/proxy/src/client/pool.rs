@@ -16,6 +16,9 @@ use super::UpstreamBody;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PoolKey {
     pub addr: SocketAddr,
+    /// How often the node's health check marked it down: connections kept from before it went
+    /// down are never reused (they expire with the idle timeout or when the node closes them).
+    pub epoch: u32,
 }
 
 /// `keepalive_pool {size, idle_timeout, requests}` of an upstream.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs APISIX's conformance cases (../shared/conformance) against a freshly started ferrisix:
-# data port 9080, Admin API 9180, prometheus on 127.0.0.1:9091, embedded store in a temp dir.
+# data port 9080, Admin API 9180, prometheus on 127.0.0.1:9091, control API on 127.0.0.1:9090,
+# embedded store in a temp dir.
 # Usage: scripts/conformance.sh [--min N] [--etcd] [run.py args...]
 #   --etcd  use a real etcd (Debian's etcd-server, installed when missing, started on random
 #           ports with a temporary data dir) instead of the embedded store
@@ -49,7 +50,10 @@ apisix:
   node_listen:
     - ip: 127.0.0.1
       port: 9080
-  enable_control: false
+  enable_control: true
+  control:
+    ip: 127.0.0.1
+    port: 9090
 deployment:
   role: traditional
 $PROVIDER_YAML
@@ -90,8 +94,9 @@ done
 
 set +e
 python3 "$SHARED/conformance/run.py" --admin http://127.0.0.1:9180 --key "$KEY" \
-  --data http://127.0.0.1:9080 --metrics http://127.0.0.1:9091 "$@" \
-  "$SHARED/conformance/cases/admin" "$SHARED/conformance/cases/dataplane" | tee "$WORK/conformance.out"
+  --data http://127.0.0.1:9080 --metrics http://127.0.0.1:9091 --control http://127.0.0.1:9090 "$@" \
+  "$SHARED/conformance/cases/admin" "$SHARED/conformance/cases/dataplane" \
+  "$SHARED/conformance/cases/upstream" | tee "$WORK/conformance.out"
 set -e
 SUMMARY=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$WORK/conformance.out" | tail -1 || true)
 PASSED=${SUMMARY%% passed*}

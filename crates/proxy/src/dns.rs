@@ -205,7 +205,7 @@ impl DnsResolver {
     }
 
     /// The hosts file's answer: its IPv4 addresses, else (with IPv6 enabled) its IPv6 ones.
-    fn from_hosts(&self, name: &str) -> Option<Vec<Record>> {
+    fn hosts_answer(&self, name: &str) -> Option<Vec<Record>> {
         let list = self.hosts.get(&name.to_ascii_lowercase())?;
         let v4: Vec<IpAddr> = list.iter().filter(|i| i.is_ipv4()).copied().collect();
         let ips = if !v4.is_empty() {
@@ -215,13 +215,13 @@ impl DnsResolver {
         } else {
             return None;
         };
-        Some(ips.into_iter().map(|ip| plain(ip)).collect())
+        Some(ips.into_iter().map(plain).collect())
     }
 
     /// What is known now, without waiting: the hosts file, else the last good answer.
     pub fn known(&self, purpose: Purpose, name: &str) -> Option<Answer> {
         if purpose == Purpose::Node {
-            if let Some(records) = self.from_hosts(name) {
+            if let Some(records) = self.hosts_answer(name) {
                 return Some(Answer {
                     records,
                     valid_until: far_future(),

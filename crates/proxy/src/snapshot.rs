@@ -834,3 +834,82 @@ pub async fn follow(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrisix_config::state::StoredItem;
+    use serde_json::json;
+
+    fn state_with_upstream(revision: i64, upstream: Value) -> ConfigState {
+        let mut state = ConfigState {
+            revision,
+            ..ConfigState::default()
+        };
+        state
+            .resources
+            .entry(ResourceKind::Upstreams)
+            .or_default()
+            .insert(
+                "u1".into(),
+                StoredItem {
+                    id: "u1".into(),
+                    value: Arc::new(upstream),
+                    create_revision: 1,
+                    mod_revision: revision,
+                    seq: 0,
+                },
+            );
+        state
+    }
+
+    fn compile(state: &ConfigState, prev: &Snapshot) -> Snapshot {
+        Snapshot::compile(
+            state,
+            prev,
+            CompileOptions::default(),
+            &validate::AcceptAnyPlugin,
+        )
+    }
+
+    #[test]
+    fn a_node_list_change_keeps_the_checker_and_the_state_of_unchanged_nodes() {
+        let checks = json!({"active": {"unhealthy": {"tcp_failures": 1}}});
+        let first = state_with_upstream(
+            1,
+            json!({"type": "roundrobin", "checks": checks,
+                   "nodes": {"127.0.0.1:1": 1, "127.0.0.1:2": 1}}),
+        );
+        let s1 = compile(&first, &Snapshot::empty(CompileOptions::default()));
+        assert!(s1.quarantine.is_empty(), "{:?}", s1.quarantine);
+        assert_eq!(s1.checkers.len(), 1);
+        let checker = s1.checkers[0].checker.clone();
+        assert_eq!(checker.name, "/apisix/upstreams/u1");
+        let targets = checker.targets();
+        targets[1].report(false, health::Counter::Tcp, 1);
+        assert!(!targets[1].is_up());
+
+        let second = state_with_upstream(
+            2,
+            json!({"type": "roundrobin", "checks": checks,
+                   "nodes": {"127.0.0.1:2": 1, "127.0.0.1:3": 1}}),
+        );
+        let s2 = compile(&second, &s1);
+        assert!(Arc::ptr_eq(&s2.checkers[0].checker, &checker));
+        let now = s2.checkers[0].checker.targets();
+        assert_eq!(now.len(), 2);
+        assert_eq!(now[0].port, 2);
+        assert!(!now[0].is_up(), "the unchanged node lost its state");
+        assert!(now[1].is_up());
+
+        // The upstream goes: so does its checker.
+        let s3 = compile(&ConfigState::default(), &s2);
+        assert!(s3.checkers.is_empty());
+        drop((s1, s2));
+        assert_eq!(
+            Arc::strong_count(&checker),
+            1,
+            "the checker outlived its upstream"
+        );
+    }
+}

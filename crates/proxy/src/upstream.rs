@@ -133,12 +133,14 @@ fn balancer_type(up: &Upstream) -> BalancerType {
 }
 
 impl NodeSet {
-    /// Builds the set from `up` and the answers known for its names.
+    /// Builds the set from `up` and the answers known for its names. `looked_up`: every name
+    /// has had a lookup, so one without an answer is a failure, not a lookup under way.
     pub fn build(
         up: &Upstream,
         env: &UpstreamEnv,
         checker: Option<&Arc<UpstreamChecker>>,
         previous: Option<&NodeSet>,
+        looked_up: bool,
     ) -> Result<NodeSet, String> {
         let mut answers = HashMap::new();
         let mut pending = false;
@@ -147,7 +149,7 @@ impl NodeSet {
                 Some(a) => {
                     answers.insert((purpose, name), a.records);
                 }
-                None => pending = true,
+                None => pending = !looked_up,
             }
         }
         // (host as written, ip, port, weight, priority)
@@ -324,7 +326,9 @@ impl UpstreamNodes {
         previous: Option<&UpstreamNodes>,
     ) -> Result<Arc<UpstreamNodes>, String> {
         let prev = previous.map(|p| p.current.load_full());
-        let set = NodeSet::build(up, env, checker, prev.as_deref())?;
+        // Without an executor nothing will look names up: an unknown one is just missing.
+        let looked_up = env.dns.executor().is_none();
+        let set = NodeSet::build(up, env, checker, prev.as_deref(), looked_up)?;
         let nodes = Arc::new(UpstreamNodes {
             current: ArcSwap::from_pointee(set),
             changed: tokio::sync::Notify::new(),
@@ -346,9 +350,11 @@ impl UpstreamNodes {
         self.current.load_full()
     }
 
-    /// The current set, waiting up to `limit` for a first resolution when no node has an
-    /// address yet (the worker only awaits; the lookup runs on the resolver's executor).
+    /// The current set, waiting up to `limit` (at most 5 s) for a first resolution when no
+    /// node has an address yet (the worker only awaits; the lookup runs on the resolver's
+    /// executor).
     pub async fn ready(&self, limit: Duration) -> Arc<NodeSet> {
+        let limit = limit.min(Duration::from_secs(5));
         let set = self.load();
         if !(set.pending && set.nodes.is_empty()) {
             return set;
@@ -387,6 +393,7 @@ async fn refresh(nodes: Weak<UpstreamNodes>, source: Source) {
                 &source.env,
                 source.checker.as_ref(),
                 Some(&current),
+                true,
             ) {
                 Ok(set) => {
                     live.current.store(Arc::new(set));

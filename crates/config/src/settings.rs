@@ -1118,7 +1118,8 @@ fn is_label_name(name: &str) -> bool {
 
 /// What APISIX accepts but surely does not mean: an extra label value that is not a `$`
 /// reference (APISIX still drops its first character and reads the variable named by the
-/// rest), and `upstream_status` settings, which ferrisix has no metric for.
+/// rest), and `upstream_status.expire`, which ferrisix does not need: its series come and go
+/// with the health checkers.
 fn prometheus_warnings(s: &Settings, warnings: &mut Vec<String>) {
     let m = &s.plugin_attr.prometheus.metrics;
     for (metric, attr, _) in http_metrics(m) {
@@ -1136,8 +1137,8 @@ fn prometheus_warnings(s: &Settings, warnings: &mut Vec<String>) {
     }
     if m.upstream_status != UpstreamStatusAttr::default() {
         warnings.push(
-            "plugin_attr.prometheus.metrics.upstream_status ignored: ferrisix has no \
-             upstream_status metric (health checks are not built)"
+            "plugin_attr.prometheus.metrics.upstream_status.expire ignored: ferrisix's \
+             upstream_status series come and go with the health checkers"
                 .into(),
         );
     }

@@ -6,6 +6,7 @@ nginx proxy_pass (1 worker, upstream keepalive, buffered access log) each proxy 
 `wrk -c 16 -d 5` loads each target in turn, interleaved over rounds, for each scenario:
   s1  route /hello, no plugins
   s2  route /hello with limit-count (count 2e12, window 60, 503, key remote_addr) + prometheus
+  s1c s1 with a `checks` block on the upstream (active probes of /hello every second)
 For every run it reads req/s and latency from wrk and the proxy's CPU time (user+sys of all its
 processes, from /proc) and reports medians and ratios against nginx as a markdown table and JSON.
 
@@ -192,11 +193,18 @@ ferrisix:
     return p
 
 
-def put_route(admin, key, plugins):
+S1C_CHECKS = {"active": {"http_path": "/hello", "healthy": {"interval": 1},
+                         "unhealthy": {"interval": 1}}}
+
+
+def put_route(admin, key, plugins, checks=None):
+    upstream = {"type": "roundrobin", "nodes": {f"127.0.0.1:{UPSTREAM_PORT}": 1}}
+    if checks:
+        upstream["checks"] = checks
     body = json.dumps({
         "uri": "/hello",
         "plugins": plugins,
-        "upstream": {"type": "roundrobin", "nodes": {f"127.0.0.1:{UPSTREAM_PORT}": 1}},
+        "upstream": upstream,
     }).encode()
     req = urllib.request.Request(f"{admin}/apisix/admin/routes/1", data=body, method="PUT",
                                  headers={"X-API-KEY": key})
@@ -292,10 +300,11 @@ def main():
 
         results = {}
         for scenario in args.scenarios.split(","):
-            plugins = {} if scenario == "s1" else S2_PLUGINS
-            put_route(admin, "benchmark-admin-key", plugins)
+            plugins = S2_PLUGINS if scenario == "s2" else {}
+            checks = S1C_CHECKS if scenario == "s1c" else None
+            put_route(admin, "benchmark-admin-key", plugins, checks)
             if args.apisix and args.apisix_admin and args.apisix_key:
-                put_route(args.apisix_admin, args.apisix_key, plugins)
+                put_route(args.apisix_admin, args.apisix_key, plugins, checks)
             time.sleep(1 if scenario == "s1" else 3)
             # Warm-up: connections and pools, not measured.
             for _, port, _ in targets:
@@ -307,8 +316,8 @@ def main():
             for rnd in range(args.rounds):
                 order = targets if rnd % 2 == 0 else list(reversed(targets))
                 for name, port, pids in order:
-                    if scenario == "s2" and name == "nginx":
-                        continue  # nginx has no equivalent of the plugins; s2 compares with s1
+                    if scenario in ("s2", "s1c") and name == "nginx":
+                        continue  # nginx has no equivalent; s2 and s1c compare with s1
                     r = measure(name, port, pids, args, cores["wrk"])
                     runs[name].append(r)
                     print(f"{scenario} round {rnd + 1} {name}: {r['rps']:.0f} req/s, "
@@ -374,6 +383,10 @@ def render_markdown(report):
                          f"{r['cpu_us_per_req']:.1f} | {rps_ratio} | {cpu_ratio} |")
     s1 = res.get("s1", {}).get("ferrisix")
     s2 = res.get("s2", {}).get("ferrisix")
+    s1c = res.get("s1c", {}).get("ferrisix")
+    if s1 and s1c:
+        lines.append(f"s1 with checks / s1 CPU per request (ferrisix): "
+                     f"{s1c['cpu_us_per_req'] / s1['cpu_us_per_req']:.3f}×")
     if s1 and s2:
         lines.append("")
         lines.append(f"s2 / s1 CPU per request (ferrisix): {s2['cpu_us_per_req'] / s1['cpu_us_per_req']:.2f}×")

@@ -7,7 +7,7 @@ Three single-process nginx nodes answer /hello; ferrisix (4 workers) balances ov
 again. For each configuration it reports:
   errors       client-visible non-2xx answers and socket errors (wrk)
   last_try     seconds from the kill to the last try ferrisix made on the dead node (its
-               'connect() failed' log lines)
+               'while proxying' failure log lines)
   back_after   seconds from the restart to the first request the node served again
 Configurations: retries default / retries 0, each with active probes (interval 1) and with
 passive counting only (active interval 100, so only retried failures and answers count).
@@ -135,7 +135,8 @@ plugin_attr:
     last_try = None
     dead = f"127.0.0.1:{ports[2]}"
     for line in open(os.path.join(work, "ferrisix.log")):
-        if "connect() failed" in line and dead in line:
+        # Every failed try logs "... while proxying upstream=<addr>" (refused, reset, timed out).
+        if "while proxying" in line and dead in line:
             ts = datetime.datetime.fromisoformat(line.split()[0].replace("Z", "+00:00")).timestamp()
             if killed_at <= ts < back_at:
                 last_try = ts - killed_at

@@ -148,6 +148,27 @@ impl CompiledUpstream {
         if let LbType::Other(t) = &up.lb_type {
             return Err(format!("invalid balancer type: {t}"));
         }
+        if up.lb_type == LbType::Chash {
+            // resty.chash allocates 160 points per weight unit (after the gcd); a huge weight
+            // would take gigabytes, so such an upstream is refused rather than built.
+            let g = up
+                .nodes
+                .iter()
+                .map(|n| u64::from(n.weight))
+                .fold(0, gcd)
+                .max(1);
+            let points: u64 = up
+                .nodes
+                .iter()
+                .map(|n| u64::from(n.weight) / g)
+                .sum::<u64>()
+                * u64::from(crate::balancer::POINTS_PER_WEIGHT);
+            if points > MAX_CHASH_POINTS {
+                return Err(format!(
+                    "chash weights need {points} ring points, more than {MAX_CHASH_POINTS}"
+                ));
+            }
+        }
         match up.discovery_type.as_deref() {
             None | Some("dns") => {}
             Some(other) => return Err(format!("discovery {other} is not supported")),
@@ -192,6 +213,17 @@ impl CompiledUpstream {
     /// Whether the upstream can have nodes at all (a node list, or discovery).
     fn has_nodes(&self) -> bool {
         !self.source.nodes.is_empty() || self.source.discovery_type.is_some()
+    }
+}
+
+/// 16 M points (128 MiB): 100,000 nodes of equal weight fit.
+const MAX_CHASH_POINTS: u64 = 16_000_000;
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
     }
 }
 
@@ -901,6 +933,16 @@ mod tests {
         assert_eq!(now[0].port, 2);
         assert!(!now[0].is_up(), "the unchanged node lost its state");
         assert!(now[1].is_up());
+
+        // A chash ring too big to build is refused, not allocated.
+        let huge = state_with_upstream(
+            3,
+            json!({"type": "chash", "key": "uri", "checks": checks,
+                   "nodes": {"127.0.0.1:2": 1_000_000_000u64, "127.0.0.1:3": 1}}),
+        );
+        let refused = compile(&huge, &s2);
+        assert_eq!(refused.quarantine.len(), 1, "{:?}", refused.quarantine);
+        drop(refused);
 
         // The upstream goes: so does its checker.
         let s3 = compile(&ConfigState::default(), &s2);

@@ -100,8 +100,12 @@ pub fn check(settings: &Settings) -> ExitCode {
 }
 
 /// Fails when `apisix.ssl` cannot be used (an unknown cipher name, an unreadable
-/// `ssl_trusted_certificate` ...), with the key's name.
-pub fn compile_options(settings: &Settings) -> Result<CompileOptions, String> {
+/// `ssl_trusted_certificate` ...), with the key's name. `upstreams`: what upstreams compile
+/// with ([`upstream_services`]).
+pub fn compile_options(
+    settings: &Settings,
+    upstreams: Arc<ferrisix_proxy::UpstreamServices>,
+) -> Result<CompileOptions, String> {
     let tls = ferrisix_tls::TlsSettings::new(&settings.apisix.ssl, &settings.config_dir())?;
     Ok(CompileOptions {
         router: match settings.apisix.router.http {
@@ -113,6 +117,49 @@ pub fn compile_options(settings: &Settings) -> Result<CompileOptions, String> {
             tls,
             settings.apisix.data_encryption.keyring(),
         )),
+        upstreams,
+    })
+}
+
+/// What upstreams compile with: the health probers and the resolver, both running on
+/// `executor` (never on a worker), and the etcd prefix that names health checkers.
+pub fn upstream_services(
+    settings: &Settings,
+    executor: tokio::runtime::Handle,
+) -> Arc<ferrisix_proxy::UpstreamServices> {
+    let dns = settings.discovery.dns.as_ref();
+    let options = ferrisix_proxy::dns::DnsOptions {
+        servers: settings.apisix.dns_resolver.clone(),
+        valid: settings
+            .apisix
+            .dns_resolver_valid
+            .map(std::time::Duration::from_secs),
+        enable_ipv6: settings.apisix.enable_ipv6,
+        discovery_servers: dns.map(|d| {
+            if d.servers.is_empty() {
+                // `resolv_conf`: the name servers it lists.
+                d.resolv_conf
+                    .as_deref()
+                    .and_then(|p| std::fs::read_to_string(p).ok())
+                    .map(|t| {
+                        t.lines()
+                            .filter_map(|l| l.trim().strip_prefix("nameserver"))
+                            .map(|s| s.trim().to_string())
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            } else {
+                d.servers.clone()
+            }
+        }),
+        discovery_order: dns.map(|d| d.order.clone()).unwrap_or_default(),
+        hosts_file: None,
+    };
+    Arc::new(ferrisix_proxy::UpstreamServices {
+        health: ferrisix_proxy::health::HealthService::new(executor.clone()),
+        balancer: Default::default(),
+        dns: ferrisix_proxy::dns::DnsResolver::new(&options, Some(executor)),
+        prefix: settings.deployment.etcd.prefix.clone(),
     })
 }
 
@@ -230,20 +277,31 @@ pub fn configure_plugins(
     services: &PluginServices,
     health: ferrisix_proxy::control::HealthProbe,
     states: Option<watch::Receiver<Arc<ConfigState>>>,
+    snapshot: SnapshotHandle,
 ) {
     services
         .shared::<Metrics>()
-        .set_node_source(Box::new(StoreSource { health, states }));
+        .set_node_source(Box::new(StoreSource {
+            health,
+            states,
+            snapshot,
+        }));
 }
 
 struct StoreSource {
     health: ferrisix_proxy::control::HealthProbe,
     states: Option<watch::Receiver<Arc<ConfigState>>>,
+    /// The health checkers' nodes, for `apisix_upstream_status`.
+    snapshot: SnapshotHandle,
 }
 
 impl ferrisix_plugins::observe::prometheus::NodeSource for StoreSource {
     fn etcd_reachable(&self) -> Option<bool> {
         Some((self.health)().reachable)
+    }
+
+    fn upstream_status(&self) -> Vec<(String, String, u16, bool)> {
+        ferrisix_proxy::control::upstream_statuses(&self.snapshot.load())
     }
 
     fn modify_indexes(&self) -> Vec<(String, i64)> {

@@ -81,7 +81,9 @@ fn run(mut settings: Settings) -> Result<(), String> {
         Executor::new(background.handle().clone()),
         Clock::system(),
     ));
-    let options = cli::compile_options(&settings)?;
+    // Health probes and DNS lookups run on the control runtime, never on a worker.
+    let upstreams = cli::upstream_services(&settings, control.handle().clone());
+    let options = cli::compile_options(&settings, upstreams)?;
     let handle = snapshot::new_handle(&options);
 
     let source = control.block_on(sources::open(&settings))?;
@@ -96,7 +98,7 @@ fn run(mut settings: Settings) -> Result<(), String> {
     }
     // Standalone files have no modify indexes to report.
     let store_states = source.store.as_ref().map(|_| states.clone());
-    cli::configure_plugins(&services, health.clone(), store_states);
+    cli::configure_plugins(&services, health.clone(), store_states, handle.clone());
     let prometheus_enabled = registry.get("prometheus").is_some();
     let plugins = Arc::new(registry.clone());
     handle.store(Arc::new(snapshot::Snapshot::compile(

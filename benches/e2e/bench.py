@@ -9,6 +9,7 @@ nginx proxy_pass (1 worker, upstream keepalive, buffered access log) each proxy 
   tls     s1 over TLS 1.3 with keep-alive (one ECDSA P-256 certificate, the same file for both)
   tls-hs  s1 over TLS with a new connection (a full handshake) per request: handshakes/s
   h2      s1 over TLS h2, 16 streams on one connection (h2load from Debian's nghttp2-client)
+  s1c s1 with a `checks` block on the upstream (active probes of /hello every second)
 For every run it reads req/s and latency from wrk and the proxy's CPU time (user+sys of all its
 processes, from /proc) and reports medians and ratios against nginx as a markdown table and JSON.
 
@@ -269,11 +270,18 @@ ferrisix:
     return p
 
 
-def put_route(admin, key, plugins):
+S1C_CHECKS = {"active": {"http_path": "/hello", "healthy": {"interval": 1},
+                         "unhealthy": {"interval": 1}}}
+
+
+def put_route(admin, key, plugins, checks=None):
+    upstream = {"type": "roundrobin", "nodes": {f"127.0.0.1:{UPSTREAM_PORT}": 1}}
+    if checks:
+        upstream["checks"] = checks
     body = json.dumps({
         "uri": "/hello",
         "plugins": plugins,
-        "upstream": {"type": "roundrobin", "nodes": {f"127.0.0.1:{UPSTREAM_PORT}": 1}},
+        "upstream": upstream,
     }).encode()
     req = urllib.request.Request(f"{admin}/apisix/admin/routes/1", data=body, method="PUT",
                                  headers={"X-API-KEY": key})
@@ -409,11 +417,12 @@ def main():
             tls = scenario in TLS_SCENARIOS
             targets = tls_targets if tls else plain_targets
             plugins = S2_PLUGINS if scenario == "s2" else {}
+            checks = S1C_CHECKS if scenario == "s1c" else None
             for a in (admins if not tls else [admin]):
-                put_route(a, "benchmark-admin-key", plugins)
+                put_route(a, "benchmark-admin-key", plugins, checks)
             if args.apisix and args.apisix_admin and args.apisix_key:
-                put_route(args.apisix_admin, args.apisix_key, plugins)
-            time.sleep(3 if scenario == "s2" else 1)
+                put_route(args.apisix_admin, args.apisix_key, plugins, checks)
+            time.sleep(1 if scenario in ("s1",) + TLS_SCENARIOS else 3)
             # Warm-up: connections and pools, not measured.
             for _, port, _ in targets:
                 scheme = "https" if tls else "http"
@@ -425,8 +434,8 @@ def main():
             for rnd in range(args.rounds):
                 order = targets if rnd % 2 == 0 else list(reversed(targets))
                 for name, port, pids in order:
-                    if scenario == "s2" and name == "nginx":
-                        continue  # nginx has no equivalent of the plugins; s2 compares with s1
+                    if scenario in ("s2", "s1c") and name == "nginx":
+                        continue  # nginx has no equivalent; s2 and s1c compare with s1
                     r = measure(name, port, pids, args, cores["wrk"], scenario)
                     runs[name].append(r)
                     print(f"{scenario} round {rnd + 1} {name}: {r['rps']:.0f} req/s, "
@@ -492,6 +501,10 @@ def render_markdown(report):
                          f"{r['cpu_us_per_req']:.1f} | {rps_ratio} | {cpu_ratio} |")
     s1 = res.get("s1", {}).get("ferrisix")
     s2 = res.get("s2", {}).get("ferrisix")
+    s1c = res.get("s1c", {}).get("ferrisix")
+    if s1 and s1c:
+        lines.append(f"s1 with checks / s1 CPU per request (ferrisix): "
+                     f"{s1c['cpu_us_per_req'] / s1['cpu_us_per_req']:.3f}×")
     if s1 and s2:
         lines.append("")
         lines.append(f"s2 / s1 CPU per request (ferrisix): {s2['cpu_us_per_req'] / s1['cpu_us_per_req']:.2f}×")

@@ -179,9 +179,12 @@ pub struct Upstream {
     pub upstream_host: Option<String>,
     pub scheme: Scheme,
     pub keepalive_pool: KeepalivePool,
-    /// Health checks and TLS settings are kept as written for now.
+    /// Health checks (`checks`) as written; the data plane reads them with APISIX's defaults.
     pub checks: Option<Value>,
     pub tls: Option<Value>,
+    /// `discovery_type` (only `dns` is built) with its `service_name`.
+    pub discovery_type: Option<String>,
+    pub service_name: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -58,6 +58,8 @@ pub struct Settings {
     /// Enabled HTTP plugins. `None` = APISIX's default list (every plugin ferrisix has).
     pub plugins: Option<Vec<String>>,
     pub plugin_attr: PluginAttr,
+    /// Service discovery (`discovery.dns`).
+    pub discovery: DiscoverySettings,
     /// ferrisix-only keys.
     pub ferrisix: FerrisixSettings,
     /// The file these settings came from; relative paths in them resolve against its directory.
@@ -91,6 +93,31 @@ pub struct ApisixSettings {
     pub ssl: SslSettings,
     /// Encryption of stored secrets (ssl keys, plugins' `encrypt_fields`).
     pub data_encryption: DataEncryption,
+    /// Name servers (`ip` or `ip:port`) for domain nodes; empty = the system's resolv.conf.
+    pub dns_resolver: Vec<String>,
+    /// Seconds a resolved address is kept, overriding the record's TTL when set.
+    pub dns_resolver_valid: Option<u64>,
+    /// A name with only IPv6 addresses is usable (APISIX prefers IPv4 either way).
+    pub enable_ipv6: bool,
+}
+
+/// The `discovery:` section; only `dns` is built.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct DiscoverySettings {
+    pub dns: Option<DnsDiscoverySettings>,
+}
+
+/// `discovery.dns` (APISIX's `apisix/discovery/dns/schema.lua`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct DnsDiscoverySettings {
+    /// `ip:port` of the name servers.
+    pub servers: Vec<String>,
+    /// A resolv.conf to read the name servers from instead.
+    pub resolv_conf: Option<String>,
+    /// Record types tried in turn (`last`, `SRV`, `A`, `AAAA`, `CNAME`).
+    pub order: Vec<String>,
 }
 
 /// `apisix.ssl`: the HTTPS listeners and their TLS settings. Certificates come from `ssls`.
@@ -192,6 +219,9 @@ impl Default for ApisixSettings {
             control: ControlListen::default(),
             ssl: SslSettings::default(),
             data_encryption: DataEncryption::default(),
+            dns_resolver: Vec::new(),
+            dns_resolver_valid: None,
+            enable_ipv6: true,
         }
     }
 }
@@ -1227,7 +1257,8 @@ fn is_label_name(name: &str) -> bool {
 
 /// What APISIX accepts but surely does not mean: an extra label value that is not a `$`
 /// reference (APISIX still drops its first character and reads the variable named by the
-/// rest), and `upstream_status` settings, which ferrisix has no metric for.
+/// rest), and `upstream_status.expire`, which ferrisix does not need: its series come and go
+/// with the health checkers.
 fn prometheus_warnings(s: &Settings, warnings: &mut Vec<String>) {
     let m = &s.plugin_attr.prometheus.metrics;
     for (metric, attr, _) in http_metrics(m) {
@@ -1245,8 +1276,8 @@ fn prometheus_warnings(s: &Settings, warnings: &mut Vec<String>) {
     }
     if m.upstream_status != UpstreamStatusAttr::default() {
         warnings.push(
-            "plugin_attr.prometheus.metrics.upstream_status ignored: ferrisix has no \
-             upstream_status metric (health checks are not built)"
+            "plugin_attr.prometheus.metrics.upstream_status.expire ignored: ferrisix's \
+             upstream_status series come and go with the health checkers"
                 .into(),
         );
     }

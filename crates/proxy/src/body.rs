@@ -18,6 +18,7 @@ use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
+use crate::balancer::TryGuard;
 use crate::client::PooledConn;
 use crate::log::LogPhase;
 
@@ -49,6 +50,9 @@ pin_project! {
         idle: Sleep,
         read_timeout: Duration,
         conn: Option<PooledConn>,
+        // The upstream try this body relays (least_conn's count, ewma's timing): it ends with
+        // the body.
+        try_guard: Option<TryGuard>,
     }
 }
 
@@ -59,6 +63,7 @@ impl UpstreamResponse {
             idle: tokio::time::sleep(read_timeout),
             read_timeout,
             conn,
+            try_guard: None,
         }
     }
 }
@@ -117,6 +122,13 @@ impl ResponseBody {
 
     pub fn log_mut(&mut self) -> Option<&mut LogPhase> {
         self.log.as_mut()
+    }
+
+    /// Keeps the upstream try open until this body is done (or dropped unread).
+    pub fn hold_try(&mut self, guard: TryGuard) {
+        if let Kind::Upstream { body } = &mut self.kind {
+            body.try_guard = Some(guard);
+        }
     }
 
     /// Runs the body through `filters` on its way out.
@@ -244,6 +256,8 @@ fn poll_kind(
                             if let Some(conn) = up.conn.take() {
                                 conn.release();
                             }
+                            // The try is over with its last frame.
+                            up.try_guard.take();
                         }
                         Poll::Ready(Some(Ok(frame)))
                     }
@@ -256,6 +270,7 @@ fn poll_kind(
                         if let Some(conn) = up.conn.take() {
                             conn.release();
                         }
+                        up.try_guard.take();
                         Poll::Ready(None)
                     }
                     Poll::Pending => match up.idle.poll(cx) {

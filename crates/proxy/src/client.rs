@@ -8,7 +8,6 @@ mod body;
 mod pool;
 
 use std::io;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use ferrisix_tls::UpstreamTls;
@@ -200,18 +199,5 @@ pub async fn checkout(
     match pool::take_idle(key) {
         Some(conn) => Ok(conn),
         None => connect(key.clone(), limits, connect_timeout, tls).await,
-    }
-}
-
-/// Resolves a node's host and port to one socket address (IP literals skip the resolver).
-pub async fn resolve(host: &str, port: u16) -> Result<SocketAddr, ProxyError> {
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    if let Ok(ip) = bare.parse() {
-        return Ok(SocketAddr::new(ip, port));
-    }
-    let refused = ProxyError::new(ErrorKind::ConnectRefused);
-    match tokio::net::lookup_host((bare, port)).await {
-        Ok(mut addrs) => addrs.next().ok_or(refused),
-        Err(_) => Err(refused),
     }
 }

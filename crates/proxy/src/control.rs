@@ -1,5 +1,6 @@
 //! The control port (127.0.0.1:9090 by default, like APISIX's control API): readiness, the
-//! applied configuration revision, quarantined resources, and dumps of what is being served.
+//! applied configuration revision, quarantined resources, dumps of what is being served, and
+//! APISIX's health-check views (`/v1/healthcheck`, `/v1/healthcheck/{type}/{id}`).
 //!
 //! It reads the published snapshot and the store's health; it never touches the request path.
 
@@ -18,7 +19,8 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::snapshot::SnapshotHandle;
+use crate::health::UpstreamChecker;
+use crate::snapshot::{Snapshot, SnapshotHandle};
 
 /// Reports the config source's health (the embedded store, etcd, or a watched file).
 pub type HealthProbe = Arc<dyn Fn() -> StoreHealth + Send + Sync>;
@@ -40,6 +42,16 @@ fn json_response(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
 
 impl ControlApi {
     pub fn handle(&self, method: &Method, path: &str) -> Response<Full<Bytes>> {
+        self.handle_with(method, path, false)
+    }
+
+    /// `accept_html`: the client's `Accept` names `text/html` (APISIX then renders a table).
+    pub fn handle_with(
+        &self,
+        method: &Method,
+        path: &str,
+        accept_html: bool,
+    ) -> Response<Full<Bytes>> {
         if method != Method::GET {
             return json_response(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -66,7 +78,8 @@ impl ControlApi {
         };
         match path {
             "/status" => json_response(StatusCode::OK, json!({"status": "ok"})),
-            "/status/ready" | "/v1/healthcheck" => {
+            "/v1/healthcheck" => self.health_checkers(&snapshot, accept_html),
+            "/status/ready" => {
                 // Ready means: serving the store's current config, not a local copy.
                 if health.synced {
                     json_response(
@@ -104,7 +117,9 @@ impl ControlApi {
             "/v1/upstreams" => json_response(StatusCode::OK, dump(ResourceKind::Upstreams)),
             "/v1/services" => json_response(StatusCode::OK, dump(ResourceKind::Services)),
             _ => {
-                if let Some(id) = path.strip_prefix("/v1/route/") {
+                if let Some(rest) = path.strip_prefix("/v1/healthcheck/") {
+                    self.health_checker(&snapshot, rest, accept_html)
+                } else if let Some(id) = path.strip_prefix("/v1/route/") {
                     one(ResourceKind::Routes, id)
                 } else if let Some(id) = path.strip_prefix("/v1/upstream/") {
                     one(ResourceKind::Upstreams, id)
@@ -116,6 +131,168 @@ impl ControlApi {
             }
         }
     }
+}
+
+impl ControlApi {
+    /// `/v1/healthcheck`: every route, service and upstream with `checks`, as APISIX lists
+    /// them (routes, then services, then upstreams).
+    fn health_checkers(&self, snapshot: &Snapshot, html: bool) -> Response<Full<Bytes>> {
+        let infos: Vec<Value> = health_infos(snapshot);
+        if html {
+            return html_response(&infos);
+        }
+        json_response(StatusCode::OK, Value::Array(infos))
+    }
+
+    /// `/v1/healthcheck/{routes|services|upstreams}/{id}`.
+    fn health_checker(&self, snapshot: &Snapshot, rest: &str, html: bool) -> Response<Full<Bytes>> {
+        let mut segs = rest.splitn(2, '/');
+        let src_type = segs.next().unwrap_or_default();
+        let src_id = segs.next().filter(|s| !s.is_empty());
+        let Some(src_id) = src_id else {
+            return json_response(
+                StatusCode::NOT_FOUND,
+                json!({"error_msg": format!("missing src id for src type {src_type}")}),
+            );
+        };
+        let kind = match src_type {
+            "routes" => ResourceKind::Routes,
+            "services" => ResourceKind::Services,
+            "upstreams" => ResourceKind::Upstreams,
+            _ => {
+                return json_response(
+                    StatusCode::BAD_REQUEST,
+                    json!({"error_msg": format!("invalid src type {src_type}")}),
+                )
+            }
+        };
+        let exists = snapshot.applied(kind).iter().any(|(id, _)| id == src_id);
+        if !exists {
+            return json_response(
+                StatusCode::NOT_FOUND,
+                json!({"error_msg": format!("{src_type}[{src_id}] not found")}),
+            );
+        }
+        match snapshot
+            .checkers
+            .iter()
+            .find(|c| c.kind == kind && c.id == src_id)
+        {
+            Some(entry) => {
+                let info = checker_info(&entry.checker);
+                if html {
+                    return html_response(&[info]);
+                }
+                json_response(StatusCode::OK, info)
+            }
+            None => json_response(
+                StatusCode::NOT_FOUND,
+                json!({"error_msg": format!("no checker for {src_type}[{src_id}]")}),
+            ),
+        }
+    }
+}
+
+/// Every checker's info, routes first, as `_get_health_checkers` collects them.
+pub fn health_infos(snapshot: &Snapshot) -> Vec<Value> {
+    snapshot
+        .checkers
+        .iter()
+        .map(|c| checker_info(&c.checker))
+        .collect()
+}
+
+/// lua-resty-healthcheck's `get_target_list` shape (3.4+), under the checker's name.
+fn checker_info(checker: &UpstreamChecker) -> Value {
+    let nodes: Vec<Value> = checker
+        .targets()
+        .iter()
+        .map(|t| {
+            let c = t.counters();
+            let mut node = json!({
+                "ip": t.ip.to_string(),
+                "port": t.port,
+                "hostname": t.hostname,
+                "status": t.health().name(),
+                "counter": {
+                    "success": c.success,
+                    "http_failure": c.http_failure,
+                    "tcp_failure": c.tcp_failure,
+                    "timeout_failure": c.timeout_failure,
+                },
+            });
+            if let Some(h) = &t.host_header {
+                node["hostheader"] = Value::String(h.clone());
+            }
+            node
+        })
+        .collect();
+    json!({"name": checker.name, "type": checker.config.type_name, "nodes": nodes})
+}
+
+/// APISIX's HTML table of the checkers (for a browser's `Accept: text/html`).
+fn html_response(infos: &[Value]) -> Response<Full<Bytes>> {
+    fn esc(v: &Value) -> String {
+        let s = match v {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        s.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+    }
+    let mut out = String::from("<html xmlns=\"http://www.w3.org/1999/xhtml\">\n<head>\n  <title>APISIX upstream check status</title>\n</head>\n<body>\n<h1>APISIX upstream check status</h1>\n<table style=\"background-color:white\" cellspacing=\"0\" cellpadding=\"3\" border=\"1\">\n  <tr bgcolor=\"#C0C0C0\">\n    <th>Index</th>\n    <th>Upstream</th>\n    <th>Check type</th>\n    <th>Host</th>\n    <th>Status</th>\n    <th>Success counts</th>\n    <th>TCP Failures</th>\n    <th>HTTP Failures</th>\n    <th>TIMEOUT Failures</th>\n  </tr>\n");
+    let mut i = 0;
+    for info in infos {
+        for node in info["nodes"].as_array().into_iter().flatten() {
+            i += 1;
+            let status = node["status"].as_str().unwrap_or_default();
+            if status == "healthy" || status == "mostly_healthy" {
+                out.push_str("  <tr>\n");
+            } else {
+                out.push_str("  <tr bgcolor=\"#FF0000\">\n");
+            }
+            let c = &node["counter"];
+            for cell in [
+                i.to_string(),
+                esc(&info["name"]),
+                esc(&info["type"]),
+                format!("{}:{}", esc(&node["ip"]), esc(&node["port"])),
+                esc(&node["status"]),
+                esc(&c["success"]),
+                esc(&c["tcp_failure"]),
+                esc(&c["http_failure"]),
+                esc(&c["timeout_failure"]),
+            ] {
+                out.push_str(&format!("    <td>{cell}</td>\n"));
+            }
+            out.push_str("  </tr>\n");
+        }
+    }
+    out.push_str("</table>\n</body>\n</html>\n");
+    let mut resp = Response::new(Full::new(Bytes::from(out)));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/html"),
+    );
+    resp
+}
+
+/// The health of every checked node as `apisix_upstream_status` reports it:
+/// `(checker name, ip, port, up)`.
+pub fn upstream_statuses(snapshot: &Snapshot) -> Vec<(String, String, u16, bool)> {
+    let mut out = Vec::new();
+    for entry in &snapshot.checkers {
+        for t in entry.checker.targets().iter() {
+            out.push((
+                entry.checker.name.clone(),
+                t.ip.to_string(),
+                t.port,
+                t.is_up(),
+            ));
+        }
+    }
+    out
 }
 
 /// Serves the control API until `shutdown` turns true. `limits` bounds silent, idle and
@@ -139,7 +316,12 @@ pub async fn serve(
                     let requests = conn_watch.clone();
                     let service = service_fn(move |req: Request<Incoming>| {
                         let in_flight = requests.begin();
-                        let resp = api.handle(req.method(), req.uri().path());
+                        let html = req
+                            .headers()
+                            .get(header::ACCEPT)
+                            .and_then(|a| a.to_str().ok())
+                            .is_some_and(|a| a.contains("text/html"));
+                        let resp = api.handle_with(req.method(), req.uri().path(), html);
                         async move { Ok::<_, Infallible>(Tracked::response(resp, in_flight)) }
                     });
                     let _ = conn_watch.run(builder.serve_connection(io, service)).await;

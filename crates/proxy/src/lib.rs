@@ -2,7 +2,9 @@
 //!
 //! It compiles a store's configuration into an immutable [`snapshot::Snapshot`] (route table,
 //! upstreams with their balancers), publishes it with `arc-swap`, and serves HTTP/1.1 and
-//! cleartext HTTP/2 with APISIX's proxy semantics: routing, roundrobin with priority groups,
+//! cleartext HTTP/2 with APISIX's proxy semantics: routing, every APISIX balancer (roundrobin,
+//! chash, least_conn, ewma) with priority groups, health checks shared by all workers
+//! ([`health`]), domain nodes and DNS discovery resolved off the workers ([`dns`], `nodes`),
 //! retries, timeouts, forwarded headers, websocket tunnelling, a buffered access log, and
 //! graceful shutdown. The request path reads only the snapshot: no locks, no store calls.
 //!
@@ -19,12 +21,15 @@ pub mod body;
 pub mod client;
 pub mod control;
 mod ctx;
+pub mod dns;
 pub mod error;
 mod forwarded;
 pub mod gateway;
 mod handler;
 mod head;
+pub mod health;
 pub mod log;
+mod nodes;
 mod phases;
 pub mod record;
 mod relay;
@@ -39,5 +44,6 @@ mod websocket;
 
 pub use forwarded::RealIpConfig;
 pub use gateway::{ConnInfo, Gateway, LegacyAdmin};
+pub use nodes::UpstreamServices;
 pub use server::{ServerHandle, ServerOptions, WorkerModel};
 pub use snapshot::{CompileOptions, Snapshot, SnapshotHandle};

@@ -25,11 +25,11 @@ mod ssls;
 mod upstreams;
 
 pub use accept::Quarantined;
-pub use compile::{CompileOptions, Snapshot};
+pub use compile::{CheckerEntry, CompileOptions, Snapshot};
 pub use diff::{ConfigDiff, Difference, SnapshotDiff};
 pub use publish::{follow, new_handle, SnapshotHandle};
 pub use routes::{CompiledRoute, RouteTarget};
-pub use upstreams::{CompiledUpstream, NodeTarget};
+pub use upstreams::CompiledUpstream;
 
 #[cfg(test)]
 mod tests;

@@ -2,7 +2,14 @@
 //! replayed, streamed otherwise), then tries on the nodes the balancer picks until one answers
 //! or the error and retry rules end it (spec data-plane §3), every try recorded once in the
 //! request's [`crate::record::UpstreamRecord`].
+//!
+//! Each try is reported to the upstream's health checker as APISIX's balancer and log phase
+//! report it: a failed try that another try follows counts as a TCP failure or a timeout
+//! (passive, even without a `passive` block), the status the last try ended with counts when
+//! `passive` is configured. A try holds its node (least_conn's count, ewma's timing) until its
+//! response body or websocket tunnel ends.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,12 +21,14 @@ use http_body::Body as _;
 use http_body_util::BodyExt;
 use smallvec::SmallVec;
 
+use crate::balancer::{HashOn, PickState};
 use crate::body::ResponseBody;
 use crate::client::{self, PoolKey, SendOutcome, StreamSource, TryTimeouts, UpstreamBody};
 use crate::ctx::RequestCtx;
 use crate::error::{ErrorKind, ProxyError};
 use crate::forwarded::upstream_headers;
 use crate::head::host_without_port;
+use crate::nodes::HealthView;
 use crate::relay;
 use crate::responses;
 use crate::snapshot::CompiledUpstream;
@@ -247,6 +256,23 @@ fn upstream_uri(ctx: &RequestCtx<'_>) -> Uri {
     }
 }
 
+/// chash's key (`fetch_chash_hash_key`) from the request's variables and the consumer an auth
+/// plugin attached.
+fn chash_key(ctx: &RequestCtx<'_>, hash_on: &HashOn) -> String {
+    let head = ctx.head.as_request_head(&ctx.conn.facts);
+    let state = ctx.plugins.as_ref().map(|r| &r.state);
+    let vars = ferrisix_plugin_api::RequestVars {
+        head: &head,
+        headers: &ctx.headers,
+        remote_addr: state.map_or(ctx.remote_addr, |s| s.remote_addr()),
+    };
+    let var = |name: &str| vars.get(name);
+    let consumer = state
+        .and_then(|s| s.consumer())
+        .map(|c| c.username.as_str());
+    hash_on.key(&var, consumer).into_owned()
+}
+
 /// Proxies the request to `upstream`; `route_timeouts` replace the upstream's.
 pub async fn proxy(
     ctx: &mut RequestCtx<'_>,
@@ -264,6 +290,7 @@ pub async fn proxy(
             timeouts.connect = timeouts.connect.min(deadline);
         }
     }
+    let hash_key = upstream.hash_on.as_ref().map(|h| chash_key(ctx, h));
     let edits = ctx.plugins.as_ref().map(|r| r.state.upstream_edits());
     let method = edits
         .and_then(|e| e.method.clone())
@@ -311,32 +338,39 @@ pub async fn proxy(
     // try budget is not spent. The answer is then 502, not the last try's status (a 504
     // after timeouts).
     let mut balancer_refused = false;
-    while tried.len() < upstream.max_tries {
+    // The node set as resolved now; a name whose first lookup is under way is awaited (on the
+    // resolver's tasks, the worker only waits) up to the connect timeout.
+    let set = upstream.nodes.ready(timeouts.connect).await;
+    if set.nodes.is_empty() {
+        // APISIX: "no valid upstream node".
+        let error = ProxyError::new(ErrorKind::Unservable(StatusCode::SERVICE_UNAVAILABLE));
+        return responses::error_response(error, &gateway.server_header);
+    }
+    let max_tries = upstream.max_tries(&set);
+    let mut pick = PickState::new(Cow::Owned(hash_key.unwrap_or_default()));
+    let mut health = HealthView::default();
+    // The node of the last failed try, reported to the health checker once it is known that
+    // another try follows (APISIX reports it from the balancer, before the retry).
+    let mut failed_on: Option<usize> = None;
+    while tried.len() < max_tries {
         if let Some(limit) = upstream.retry_timeout {
             if !tried.is_empty() && first_try.elapsed() > limit {
                 balancer_refused = true;
                 break;
             }
         }
-        let Some(node_idx) = upstream.picker.pick(&tried) else {
+        if let Some(prev) = failed_on.take() {
+            set.report_retry(prev, last_failure);
+        }
+        let Some(node_idx) = set.pick(&mut pick, &tried, &mut health) else {
             balancer_refused = !tried.is_empty();
             break;
         };
         tried.push(node_idx);
-        let node = &upstream.nodes[node_idx];
-        let addr = match node.addr {
-            Some(a) => a,
-            None => match client::resolve(&node.host, node.port).await {
-                Ok(a) => a,
-                Err(f) => {
-                    record.statuses.push(f.status().as_u16());
-                    last_failure = f;
-                    continue;
-                }
-            },
-        };
+        let node = &set.nodes[node_idx];
+        let addr = node.addr;
         record.addrs.push(addr);
-        let more_tries_left = tried.len() < upstream.max_tries;
+        let more_tries_left = tried.len() < max_tries;
         let Some(mut req_headers) = headers.take() else {
             break;
         };
@@ -398,7 +432,9 @@ pub async fn proxy(
                 Arc::from(h.trim_start_matches('[').trim_end_matches(']'))
             }),
             h2: upstream.h2,
+            epoch: set.down_epoch(node_idx),
         };
+        let mut try_guard = set.picker.begin(node_idx);
         let req = if upstream.h2 {
             h2_request(
                 H2Target {
@@ -445,11 +481,15 @@ pub async fn proxy(
         match outcome {
             Ok((mut resp, conn)) => {
                 record.responded = true;
-                record.statuses.push(resp.status().as_u16());
+                let status = resp.status().as_u16();
+                record.statuses.push(status);
+                try_guard.answered();
+                set.report_final(node_idx, status);
                 if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
                     if let Some(client_upgrade) = upgrade {
                         let upstream_upgrade = hyper::upgrade::on(&mut resp);
-                        websocket::tunnel(client_upgrade, upstream_upgrade);
+                        // The tunnel holds the try: least_conn counts it while it is open.
+                        websocket::tunnel(client_upgrade, upstream_upgrade, try_guard);
                     }
                     drop(conn);
                     return relay::relay_head(
@@ -461,16 +501,13 @@ pub async fn proxy(
                         true,
                     );
                 }
-                return relay::relay_head(
-                    gateway,
-                    resp,
-                    Some(conn),
-                    &record.statuses,
-                    timeouts,
-                    false,
-                );
+                let mut out =
+                    relay::relay_head(gateway, resp, Some(conn), &record.statuses, timeouts, false);
+                out.body_mut().hold_try(try_guard);
+                return out;
             }
             Err((failure, returned)) => {
+                drop(try_guard);
                 if failure.kind == ErrorKind::BodyTooLarge {
                     // The client's fault, found while its body streamed: no other try.
                     return responses::error_response(failure, &gateway.server_header);
@@ -478,6 +515,7 @@ pub async fn proxy(
                 tracing::warn!(upstream = %addr, "{failure} while proxying");
                 record.statuses.push(failure.status().as_u16());
                 last_failure = failure;
+                failed_on = Some(node_idx);
                 // Recover what the next try needs.
                 match returned {
                     Some(req) => {
@@ -500,6 +538,10 @@ pub async fn proxy(
         }
     }
     let error = relay::final_error(last_failure, !record.statuses.is_empty(), balancer_refused);
+    // The log phase's passive check sees the status the client gets, on the last node.
+    if let Some(last) = tried.last() {
+        set.report_final(*last, error.status().as_u16());
+    }
     let grpc = upstream.h2 && is_grpc(&ctx.headers);
     relay::failed(gateway, error, &record.statuses, grpc)
 }

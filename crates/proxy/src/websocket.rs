@@ -4,8 +4,12 @@
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 
-pub fn tunnel(client: OnUpgrade, upstream: OnUpgrade) {
+use crate::balancer::TryGuard;
+
+/// `guard` is the upstream try, held until the tunnel closes.
+pub fn tunnel(client: OnUpgrade, upstream: OnUpgrade, guard: TryGuard) {
     tokio::spawn(async move {
+        let _guard = guard;
         let (client, upstream) = match tokio::try_join!(client, upstream) {
             Ok(pair) => pair,
             Err(e) => {

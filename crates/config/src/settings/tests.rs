@@ -661,7 +661,7 @@ plugin_attr:
             "unknown or unsupported key `plugin_attr.prometheus.metrics.upstream_status.extra_labels` ignored",
             r#"plugin_attr.prometheus.metrics.http_status.extra_labels[0]: "upstream_addr" is not a $variable; as in APISIX, label "up" takes the value of variable "pstream_addr""#,
             r#"plugin_attr.prometheus.metrics.http_status.extra_labels[1]: "" is not a $variable; as in APISIX, label "empty" takes the value of variable """#,
-            "plugin_attr.prometheus.metrics.upstream_status ignored: ferrisix has no upstream_status metric (health checks are not built)",
+            "plugin_attr.prometheus.metrics.upstream_status.expire ignored: ferrisix's upstream_status series come and go with the health checkers",
         ]
     );
 }
@@ -690,12 +690,12 @@ plugin_attr:
     )
     .unwrap();
     assert_eq!(s.apisix.node_listen, vec![ListenAddr::port(9081)]);
+    assert!(!s.apisix.enable_ipv6);
     let mut warnings = warnings;
     warnings.sort();
     assert_eq!(
         warnings,
         vec![
-            "unknown or unsupported key `apisix.enable_ipv6` ignored",
             "unknown or unsupported key `apisix.node_listen[0].reuseport` ignored",
             "unknown or unsupported key `nginx_config.http.upstream.keepalive_pool` ignored",
             "unknown or unsupported key `plugin_attr.prometheus.metrics.llm_latency` ignored",

@@ -253,6 +253,8 @@ fn build_upstream(id: Option<String>, u: &Value) -> Upstream {
         keepalive_pool,
         checks: u.get("checks").cloned(),
         tls: u.get("tls").cloned(),
+        discovery_type: string(u.get("discovery_type")),
+        service_name: string(u.get("service_name")),
     }
 }
 

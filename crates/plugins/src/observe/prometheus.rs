@@ -123,8 +123,8 @@ fn apis(services: &PluginServices) -> Vec<PluginApi> {
     }]
 }
 
-/// What the configuration store says, for `apisix_etcd_reachable` and
-/// `apisix_etcd_modify_indexes`.
+/// What the configuration store and the data plane say, for `apisix_etcd_reachable`,
+/// `apisix_etcd_modify_indexes` and `apisix_upstream_status`.
 pub trait NodeSource: Send + Sync {
     /// `None`: not applicable (reported as reachable, as a file provider always is).
     fn etcd_reachable(&self) -> Option<bool> {
@@ -134,6 +134,12 @@ pub trait NodeSource: Send + Sync {
     /// `(key, index)` pairs (`routes`, `services`, ..., `max_modify_index`); empty when the
     /// store has no such indexes (standalone files).
     fn modify_indexes(&self) -> Vec<(String, i64)> {
+        Vec::new()
+    }
+
+    /// `apisix_upstream_status`: `(checker name, ip, port, healthy)` of every health-checked
+    /// node.
+    fn upstream_status(&self) -> Vec<(String, String, u16, bool)> {
         Vec::new()
     }
 }
@@ -331,11 +337,16 @@ fn series_key(name: &str, parts: &[&[(&str, &str)]]) -> String {
 }
 
 /// Metric families: (name without prefix, help, type).
-const FAMILIES: [(&str, &str, &str); 9] = [
+const FAMILIES: [(&str, &str, &str); 10] = [
     (
         "bandwidth",
         "Total bandwidth in bytes consumed per service in APISIX",
         "counter",
+    ),
+    (
+        "upstream_status",
+        "Upstream status from health check",
+        "gauge",
     ),
     (
         "etcd_modify_indexes",
@@ -665,6 +676,16 @@ impl Metrics {
             if reachable { "1" } else { "0" }.into(),
         ));
         if let Some(s) = &source {
+            // exporter.lua: 1 for a healthy or mostly healthy node, 0 otherwise.
+            for (name, ip, port, up) in s.upstream_status() {
+                lines.push((
+                    series_key(
+                        "upstream_status",
+                        &[&[("name", &name), ("ip", &ip), ("port", &port.to_string())]],
+                    ),
+                    if up { "1" } else { "0" }.into(),
+                ));
+            }
             for (key, idx) in s.modify_indexes() {
                 lines.push((
                     series_key("etcd_modify_indexes", &[&[("key", &key)]]),

@@ -28,6 +28,9 @@ pub struct PoolKey {
     pub sni: Option<Arc<str>>,
     /// HTTP/2 (gRPC and h2 upstreams).
     pub h2: bool,
+    /// How often the node's health check marked it down: connections kept from before it went
+    /// down are never reused (they expire with the idle timeout or when the node closes them).
+    pub epoch: u32,
 }
 
 impl PoolKey {
@@ -38,6 +41,7 @@ impl PoolKey {
             tls: 0,
             sni: None,
             h2: false,
+            epoch: 0,
         }
     }
 }

@@ -31,8 +31,10 @@ use super::diff::{ConfigDiff, Difference, SnapshotDiff};
 use super::routes::{compile_slot, Changes, CompiledRoute, RouteInputs, RouteSlot};
 use super::ssls;
 use super::upstreams::{
-    inline_upstream, upstreams_by_id, CompiledUpstream, CompiledUpstreams, UpstreamEnv,
+    inline_upstream, upstreams_by_id, CompiledUpstream, CompiledUpstreams, Holder, UpstreamEnv,
 };
+use crate::health::UpstreamChecker;
+use crate::nodes::UpstreamServices;
 
 /// The published, immutable serving state.
 pub struct Snapshot {
@@ -44,8 +46,19 @@ pub struct Snapshot {
     pub global_chain: Arc<PluginChain>,
     /// The certificates of the `ssls`, published with the routes they serve.
     pub tls: Arc<CertStore>,
+    /// Every health checker in use, by the resource holding the upstream: routes, then
+    /// services, then upstreams, each by id (the order of APISIX's `/v1/healthcheck`).
+    pub checkers: Vec<CheckerEntry>,
     diff: SnapshotDiff,
     cache: CompileCache,
+}
+
+/// A health checker and the resource whose upstream it checks.
+#[derive(Clone, Debug)]
+pub struct CheckerEntry {
+    pub kind: ResourceKind,
+    pub id: String,
+    pub checker: Arc<UpstreamChecker>,
 }
 
 /// Options that shape compilation.
@@ -54,13 +67,17 @@ pub struct CompileOptions {
     pub router: RouterKind,
     /// `apisix.ssl` and the keyring, for `ssls` and TLS upstreams.
     pub tls: Arc<TlsContext>,
+    /// What upstreams compile with: health probers, balancer state, the resolver.
+    pub upstreams: Arc<UpstreamServices>,
 }
 
 impl CompileOptions {
     /// Whether what was compiled with `self` is valid under `other` (the same router, the
-    /// same TLS context).
+    /// same TLS context, the same upstream services).
     fn same_as(&self, other: &CompileOptions) -> bool {
-        self.router == other.router && Arc::ptr_eq(&self.tls, &other.tls)
+        self.router == other.router
+            && Arc::ptr_eq(&self.tls, &other.tls)
+            && Arc::ptr_eq(&self.upstreams, &other.upstreams)
     }
 }
 
@@ -87,6 +104,7 @@ impl Snapshot {
             quarantine: Vec::new(),
             global_chain: PluginChain::empty(),
             tls: Arc::new(CertStore::default()),
+            checkers: Vec::new(),
             diff: SnapshotDiff::default(),
             cache: CompileCache {
                 options: options.clone(),
@@ -133,6 +151,7 @@ impl Snapshot {
         let upstream_env = UpstreamEnv {
             ctx: &options.tls,
             store: &tls,
+            services: &options.upstreams,
         };
 
         let applied = Applied::accept(state, &config, &prev.applied, plugins, &mut quarantine);
@@ -273,6 +292,7 @@ impl Snapshot {
                 item.error
             );
         }
+        let checkers = checkers(&routes, &service_upstreams, &upstreams);
         Snapshot {
             revision: state.revision,
             router,
@@ -280,6 +300,7 @@ impl Snapshot {
             quarantine,
             global_chain: globals.unmatched(),
             tls,
+            checkers,
             diff: SnapshotDiff {
                 config,
                 applied: applied_diff,
@@ -310,11 +331,47 @@ fn service_upstreams(
         let Some(up) = &acc.typed.upstream else {
             continue;
         };
-        match inline_upstream(up, prev.service_upstreams.get(id), env) {
+        let holder = Holder {
+            kind: ResourceKind::Services,
+            id,
+        };
+        match inline_upstream(up, holder, prev.service_upstreams.get(id), env) {
             Ok(c) => {
                 out.insert(id.clone(), c);
             }
             Err(e) => quarantine.push(Quarantined::new(ResourceKind::Services, id, e)),
+        }
+    }
+    out
+}
+
+/// The health checkers of the routes' and services' inline upstreams and of the upstreams, as
+/// `_get_health_checkers` lists them.
+fn checkers(
+    routes: &HashMap<String, RouteSlot>,
+    service_upstreams: &HashMap<String, Arc<CompiledUpstream>>,
+    upstreams: &HashMap<String, Arc<CompiledUpstream>>,
+) -> Vec<CheckerEntry> {
+    let inline: HashMap<&String, &Arc<CompiledUpstream>> = routes
+        .iter()
+        .filter_map(|(id, slot)| slot.inline.as_ref().map(|u| (id, u)))
+        .collect();
+    let mut out = Vec::new();
+    for (kind, map) in [
+        (ResourceKind::Routes, inline),
+        (ResourceKind::Services, service_upstreams.iter().collect()),
+        (ResourceKind::Upstreams, upstreams.iter().collect()),
+    ] {
+        let mut ids: Vec<&String> = map.keys().copied().collect();
+        ids.sort();
+        for id in ids {
+            if let Some(c) = &map[id].checker {
+                out.push(CheckerEntry {
+                    kind,
+                    id: id.clone(),
+                    checker: c.clone(),
+                });
+            }
         }
     }
     out

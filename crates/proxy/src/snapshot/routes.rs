@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 
 use super::accept::{Applied, RouteDef};
 use super::diff::{ConfigDiff, Difference};
-use super::upstreams::{inline_upstream, try_timeouts, CompiledUpstream, UpstreamEnv};
+use super::upstreams::{inline_upstream, try_timeouts, CompiledUpstream, Holder, UpstreamEnv};
 use crate::client::TryTimeouts;
 
 /// Where a matched route sends its requests.
@@ -267,7 +267,11 @@ fn merge_route(
 
     let mut inline = None;
     let target = if let Some(up) = &route.upstream {
-        let compiled = inline_upstream(up, previous_inline, inputs.upstream_env)?;
+        let holder = Holder {
+            kind: ResourceKind::Routes,
+            id: &route.id,
+        };
+        let compiled = inline_upstream(up, holder, previous_inline, inputs.upstream_env)?;
         inline = Some(compiled.clone());
         RouteTarget::Upstream(compiled)
     } else if let Some(uid) = &route.upstream_id {
@@ -287,7 +291,7 @@ fn merge_route(
         RouteTarget::Fail(StatusCode::SERVICE_UNAVAILABLE)
     };
     let target = match target {
-        RouteTarget::Upstream(u) if u.nodes.is_empty() => {
+        RouteTarget::Upstream(u) if !u.has_nodes() => {
             RouteTarget::Fail(StatusCode::SERVICE_UNAVAILABLE)
         }
         t => t,

@@ -308,7 +308,7 @@ fn a_change_rebuilds_what_depends_on_it() {
     assert_eq!(v2.diff().upstreams.changed, ids(&["u1"]));
     assert_eq!(v2.diff().routes.changed, ids(&["by-id", "pc"]));
     assert!(Arc::ptr_eq(&target(&v2, "by-id"), &v2.upstreams["u1"]));
-    assert_eq!(target(&v2, "by-id").nodes[0].port, 1991);
+    assert_eq!(target(&v2, "by-id").nodes.load().nodes[0].port, 1991);
     assert!(Arc::ptr_eq(&v1.upstreams["u2"], &v2.upstreams["u2"]));
     assert!(same_route(&v1, &v2, "service") && same_route(&v1, &v2, "inline"));
 
@@ -414,4 +414,114 @@ fn disabled_routes_leave_the_table() {
     assert!(v2.route("by-id").is_none());
     assert_eq!(v2.diff().routes.removed, ids(&["by-id"]));
     assert_eq!(v2.router.len(), 3);
+}
+
+#[test]
+fn a_node_list_change_keeps_the_checker_and_the_state_of_unchanged_nodes() {
+    let checks = json!({"active": {"unhealthy": {"tcp_failures": 1}}});
+    let mut s = Store::new();
+    s.put(
+        "upstreams/u1",
+        json!({"type": "roundrobin", "checks": checks,
+               "nodes": {"127.0.0.1:1": 1, "127.0.0.1:2": 1}}),
+    );
+    let s1 = first(&s);
+    assert!(s1.quarantine.is_empty(), "{:?}", s1.quarantine);
+    assert_eq!(s1.checkers.len(), 1);
+    let checker = s1.checkers[0].checker.clone();
+    assert_eq!(checker.name, "/apisix/upstreams/u1");
+    let targets = checker.targets();
+    targets[1].report(false, crate::health::Counter::Tcp, 1);
+    assert!(!targets[1].is_up());
+    assert!(checker.any_down());
+    drop(targets);
+
+    // Only the node list changes (through the config diff): the same checker, and the node
+    // that stays keeps its state.
+    s.put(
+        "upstreams/u1",
+        json!({"type": "roundrobin", "checks": checks,
+               "nodes": {"127.0.0.1:2": 1, "127.0.0.1:3": 1}}),
+    );
+    let s2 = compile(&s, &s1);
+    assert_eq!(s2.diff().upstreams.changed, ids(&["u1"]));
+    assert!(Arc::ptr_eq(&s2.checkers[0].checker, &checker));
+    let now = s2.checkers[0].checker.targets();
+    assert_eq!(now.len(), 2);
+    assert_eq!(now[0].port, 2);
+    assert!(!now[0].is_up(), "the unchanged node lost its state");
+    assert!(now[1].is_up());
+    drop(now);
+
+    // An unrelated change hands the upstream (and its checker) on untouched.
+    s.put("routes/r", route("/r", json!({"upstream_id": "u1"})));
+    let s3 = compile(&s, &s2);
+    assert!(Arc::ptr_eq(&s3.upstreams["u1"], &s2.upstreams["u1"]));
+    assert_eq!(s3.checkers.len(), 1);
+
+    // Changed checks: a new checker that still knows the node is down; the old one retires.
+    let other = json!({"active": {"http_path": "/other", "unhealthy": {"tcp_failures": 1}}});
+    s.put(
+        "upstreams/u1",
+        json!({"type": "roundrobin", "checks": other,
+               "nodes": {"127.0.0.1:2": 1, "127.0.0.1:3": 1}}),
+    );
+    let s4 = compile(&s, &s3);
+    let renewed = s4.checkers[0].checker.clone();
+    assert!(!Arc::ptr_eq(&renewed, &checker));
+    assert!(!renewed.targets()[0].is_up());
+    assert!(renewed.any_down());
+
+    // A chash ring too big to build is refused, not allocated; the last good version serves.
+    s.put(
+        "upstreams/u1",
+        json!({"type": "chash", "key": "uri", "checks": other,
+               "nodes": {"127.0.0.1:2": 1_000_000_000u64, "127.0.0.1:3": 1}}),
+    );
+    let refused = compile(&s, &s4);
+    assert_eq!(refused.quarantine.len(), 1, "{:?}", refused.quarantine);
+    assert!(Arc::ptr_eq(&refused.checkers[0].checker, &renewed));
+    drop(refused);
+
+    // The upstream goes: so does its checker.
+    s.delete("routes/r").delete("upstreams/u1");
+    let s5 = compile(&s, &s4);
+    assert!(s5.checkers.is_empty());
+    drop((s1, s2, s3, s4));
+    assert_eq!(
+        Arc::strong_count(&checker),
+        1,
+        "the checker outlived its upstream"
+    );
+    assert_eq!(
+        Arc::strong_count(&renewed),
+        1,
+        "the checker outlived its upstream"
+    );
+}
+
+#[test]
+fn inline_upstreams_are_checked_under_their_holder() {
+    let checks = json!({"active": {"healthy": {"interval": 100}}});
+    let mut s = Store::new();
+    s.put(
+        "services/s1",
+        json!({"upstream": {"type": "least_conn", "checks": checks,
+                            "nodes": {"127.0.0.1:1": 1}}}),
+    );
+    s.put(
+        "routes/r1",
+        route(
+            "/a",
+            json!({"upstream": {"type": "ewma", "checks": checks,
+                                          "nodes": {"127.0.0.1:2": 1}}}),
+        ),
+    );
+    let v1 = first(&s);
+    let names: Vec<&str> = v1
+        .checkers
+        .iter()
+        .map(|c| c.checker.name.as_str())
+        .collect();
+    assert_eq!(names, ["/apisix/routes/r1", "/apisix/services/s1"]);
 }

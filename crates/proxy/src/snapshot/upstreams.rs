@@ -1,10 +1,11 @@
-//! Upstreams as the request path needs them: nodes resolved as far as compile time allows, a
-//! balancer, retry and timeout settings, pool limits, and for `https`/`grpcs` the TLS client
-//! config. An upstream keeps its compiled form (and so its balancer's position) across
-//! snapshots while its definition, and the client certificate it names, are unchanged.
+//! Upstreams as the request path needs them: their node set (addresses, and names resolved off
+//! the workers) with its balancer, the health checker, retry and timeout settings, pool limits,
+//! and for `https`/`grpcs` the TLS client config. An upstream keeps its compiled form (and so
+//! its balancer's position and its checker) across snapshots while its definition, and the
+//! client certificate it names, are unchanged; one compiled again takes over its predecessor's
+//! checker (unchanged nodes keep their health) and least_conn counts.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,28 +17,23 @@ use serde_json::Value;
 
 use super::accept::{Accepted, Quarantined};
 use super::diff::Difference;
-use crate::balancer::{NodeWeight, UpstreamPicker};
+use crate::balancer::HashOn;
 use crate::client::{PoolLimits, TryTimeouts};
-
-/// One upstream node, resolved as far as compile time allows.
-#[derive(Clone, Debug)]
-pub struct NodeTarget {
-    pub host: String,
-    pub port: u16,
-    /// Known when the host is an IP literal; domains are resolved at connect time.
-    pub addr: Option<SocketAddr>,
-    /// `Host` for `pass_host: node`: the node host, plus `:port` unless it is the scheme default.
-    pub host_header: HeaderValue,
-    /// `ip:port`, as `$upstream_addr` shows it.
-    pub addr_text: String,
-}
+use crate::health::{self, ChecksConfig, ProbeType, UpstreamChecker};
+use crate::nodes::{NodeSet, UpstreamNodes, UpstreamServices};
 
 pub struct CompiledUpstream {
     pub id: Option<String>,
-    pub nodes: Vec<NodeTarget>,
-    pub picker: UpstreamPicker,
-    /// Total tries allowed: `retries` + 1.
-    pub max_tries: usize,
+    /// The resource's etcd key (`/apisix/upstreams/1`, `/apisix/routes/1` for a route's inline
+    /// upstream), which names its health checker as APISIX names it.
+    pub name: String,
+    /// The nodes as resolved now, with their balancer.
+    pub nodes: Arc<UpstreamNodes>,
+    pub checker: Option<Arc<UpstreamChecker>>,
+    /// chash's key source.
+    pub hash_on: Option<HashOn>,
+    /// `None`: APISIX's default, one try per node.
+    pub retries: Option<u32>,
     pub retry_timeout: Option<Duration>,
     pub timeouts: TryTimeouts,
     pub pass_host: PassHost,
@@ -55,12 +51,13 @@ pub struct CompiledUpstream {
     pub(super) source: Upstream,
 }
 
-/// What compiling TLS upstreams needs: the settings and keyring, and the snapshot's ssls
-/// (for `tls.client_cert_id`).
+/// What compiling upstreams needs: the TLS settings and keyring, the snapshot's ssls (for
+/// `tls.client_cert_id`), and the process' health probers, balancer state and resolver.
 #[derive(Clone, Copy)]
 pub(super) struct UpstreamEnv<'a> {
     pub ctx: &'a TlsContext,
     pub store: &'a CertStore,
+    pub services: &'a Arc<UpstreamServices>,
 }
 
 impl UpstreamEnv<'_> {
@@ -118,8 +115,51 @@ fn upstream_tls(up: &Upstream, env: UpstreamEnv<'_>, h2: bool) -> Result<Upstrea
     UpstreamTls::new(&env.ctx.settings, verify, identity, alpn)
 }
 
+/// The client config of `type: https` probes: no client certificate (resty.healthcheck sends
+/// none), verified against `ssl_trusted_certificate` when `https_verify_certificate` is on.
+fn probe_tls(config: &ChecksConfig, env: UpstreamEnv<'_>) -> Result<Option<UpstreamTls>, String> {
+    if config.active.kind != ProbeType::Https {
+        return Ok(None);
+    }
+    UpstreamTls::new(
+        &env.ctx.settings,
+        config.active.https_verify_certificate,
+        None,
+        &[b"http/1.1"],
+    )
+    .map(Some)
+    .map_err(|e| format!("checks.active (https): {e}"))
+}
+
+/// Who holds an upstream: its checker is named after the holder's key.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Holder<'a> {
+    pub kind: ResourceKind,
+    pub id: &'a str,
+}
+
 impl CompiledUpstream {
-    pub(super) fn compile(up: &Upstream, env: UpstreamEnv<'_>) -> Result<CompiledUpstream, String> {
+    /// Total tries allowed for a request on `set`: `retries` + 1, by default one per node.
+    pub fn max_tries(&self, set: &NodeSet) -> usize {
+        match self.retries {
+            Some(r) => r as usize + 1,
+            None => set.nodes.len().max(1),
+        }
+    }
+
+    /// Whether the upstream can have nodes at all (a node list, or discovery).
+    pub fn has_nodes(&self) -> bool {
+        !self.source.nodes.is_empty() || self.source.discovery_type.is_some()
+    }
+
+    /// `previous`: the compiled form this one replaces for the same holder, whose checker and
+    /// balancer state carry over.
+    pub(super) fn compile(
+        up: &Upstream,
+        holder: Holder<'_>,
+        previous: Option<&Arc<CompiledUpstream>>,
+        env: UpstreamEnv<'_>,
+    ) -> Result<CompiledUpstream, String> {
         let (tls, h2) = match up.scheme {
             Scheme::Http => (None, false),
             Scheme::Https => (Some(upstream_tls(up, env, false)?), false),
@@ -132,66 +172,67 @@ impl CompiledUpstream {
                 ))
             }
         };
-        if up.lb_type != LbType::RoundRobin {
-            // Said out loud rather than hidden: only roundrobin is built so far.
-            tracing::warn!(
-                upstream = up.id.as_deref().unwrap_or("(inline)"),
-                lb_type = ?up.lb_type,
-                "balancer type not supported yet; balancing roundrobin"
-            );
+        if let LbType::Other(t) = &up.lb_type {
+            return Err(format!("invalid balancer type: {t}"));
         }
-        let mut nodes = Vec::with_capacity(up.nodes.len());
-        for n in &up.nodes {
-            let bare = n.host.trim_start_matches('[').trim_end_matches(']');
-            let addr = bare
-                .parse::<IpAddr>()
-                .ok()
-                .map(|ip| SocketAddr::new(ip, n.port));
-            let host_header = if n.port == up.scheme.default_port() {
-                n.host.clone()
-            } else {
-                format!("{}:{}", n.host, n.port)
-            };
-            let host_header = HeaderValue::from_str(&host_header)
-                .map_err(|_| format!("invalid node host {}", n.host))?;
-            nodes.push(NodeTarget {
-                host: n.host.clone(),
-                port: n.port,
-                addr,
-                host_header,
-                addr_text: format!("{}:{}", n.host, n.port),
-            });
-        }
-        let weights: Vec<NodeWeight> = up
-            .nodes
-            .iter()
-            .map(|n| NodeWeight {
-                weight: n.weight,
-                priority: n.priority,
-            })
-            .collect();
-        let picker = UpstreamPicker::new(&weights, |n| {
-            if n == 0 {
-                0
-            } else {
-                rand::random::<usize>() % n
+        if up.lb_type == LbType::Chash {
+            // resty.chash allocates 160 points per weight unit (after the gcd); a huge weight
+            // would take gigabytes, so such an upstream is refused rather than built.
+            let g = up
+                .nodes
+                .iter()
+                .map(|n| u64::from(n.weight))
+                .fold(0, gcd)
+                .max(1);
+            let points: u64 = up
+                .nodes
+                .iter()
+                .map(|n| u64::from(n.weight) / g)
+                .sum::<u64>()
+                * u64::from(crate::balancer::POINTS_PER_WEIGHT);
+            if points > MAX_CHASH_POINTS {
+                return Err(format!(
+                    "chash weights need {points} ring points, more than {MAX_CHASH_POINTS}"
+                ));
             }
-        });
-        let retries = match up.retries {
-            Some(r) => r as usize,
-            None => up.nodes.len().saturating_sub(1),
-        };
+        }
+        match up.discovery_type.as_deref() {
+            None | Some("dns") => {}
+            Some(other) => return Err(format!("discovery {other} is not supported")),
+        }
+        let services = env.services;
+        let name = format!("{}/{}/{}", services.prefix, holder.kind.dir(), holder.id);
+        // The one place a checker is made or reused (see `health::attach`).
+        let checker = health::attach(
+            &services.health,
+            &name,
+            up.checks.as_ref(),
+            previous.and_then(|p| p.checker.as_ref()),
+            |config| probe_tls(config, env),
+        )?;
+        let nodes =
+            UpstreamNodes::new(up, services, checker.as_ref(), previous.map(|p| &*p.nodes))?;
         let upstream_host = match &up.upstream_host {
             Some(h) => {
                 Some(HeaderValue::from_str(h).map_err(|_| format!("invalid upstream_host {h}"))?)
             }
             None => None,
         };
+        // Compiled: the predecessor's checker, if this one replaces it, stops probing.
+        if let (Some(new), Some(old)) = (&checker, previous.and_then(|p| p.checker.as_ref())) {
+            if !Arc::ptr_eq(new, old) {
+                old.retire();
+            }
+        }
+        let hash_on = (up.lb_type == LbType::Chash)
+            .then(|| HashOn::from_config(up.hash_on.as_deref(), up.key.as_deref()));
         Ok(CompiledUpstream {
             id: up.id.clone(),
+            name,
             nodes,
-            picker,
-            max_tries: retries + 1,
+            checker,
+            hash_on,
+            retries: up.retries,
             retry_timeout: (up.retry_timeout > 0.0).then(|| secs(up.retry_timeout)),
             timeouts: up.timeout.map(try_timeouts).unwrap_or_default(),
             pass_host: up.pass_host,
@@ -207,6 +248,17 @@ impl CompiledUpstream {
             client_cert_fp: env.client_cert_fp(up),
             source: up.clone(),
         })
+    }
+}
+
+/// 16 M points (128 MiB): 100,000 nodes of equal weight fit.
+const MAX_CHASH_POINTS: u64 = 16_000_000;
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
     }
 }
 
@@ -240,7 +292,15 @@ pub(super) fn upstreams_by_id(
             .cloned();
         let compiled = match reuse {
             Some(c) => c,
-            None => match CompiledUpstream::compile(&acc.typed, env) {
+            None => match CompiledUpstream::compile(
+                &acc.typed,
+                Holder {
+                    kind: ResourceKind::Upstreams,
+                    id,
+                },
+                previous.get(id),
+                env,
+            ) {
                 Ok(c) => Arc::new(c),
                 Err(e) => {
                     quarantine.push(Quarantined::new(ResourceKind::Upstreams, id, e));
@@ -254,15 +314,16 @@ pub(super) fn upstreams_by_id(
 }
 
 /// An inline upstream (of a route or a service): the previous compiled form while it is still
-/// what compiling the definition would give, else a new one.
+/// what compiling the definition would give, else a new one that takes over its state.
 pub(super) fn inline_upstream(
     up: &Upstream,
+    holder: Holder<'_>,
     previous: Option<&Arc<CompiledUpstream>>,
     env: UpstreamEnv<'_>,
 ) -> Result<Arc<CompiledUpstream>, String> {
     match previous.filter(|c| env.reusable(c, up)) {
         Some(c) => Ok(c.clone()),
-        None => CompiledUpstream::compile(up, env).map(Arc::new),
+        None => CompiledUpstream::compile(up, holder, previous, env).map(Arc::new),
     }
 }
 
@@ -292,8 +353,15 @@ impl UpstreamResolver for CompiledUpstreams<'_> {
     fn compile_inline_upstream(&self, conf: &Value) -> Result<UpstreamRef, String> {
         let up =
             ferrisix_config::validate::upstream_from_value(None, conf).map_err(|e| e.message)?;
+        // A plugin's inline upstream (traffic-split's) has no resource of its own: its checker,
+        // if it has `checks`, is named after the upstreams directory and is not listed by the
+        // control API.
+        let holder = Holder {
+            kind: ResourceKind::Upstreams,
+            id: "(plugin)",
+        };
         Ok(UpstreamRef::new(Arc::new(CompiledUpstream::compile(
-            &up, self.env,
+            &up, holder, None, self.env,
         )?)))
     }
 }

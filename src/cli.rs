@@ -156,7 +156,8 @@ pub fn upstream_services(
         hosts_file: None,
     };
     Arc::new(ferrisix_proxy::UpstreamServices {
-        health: ferrisix_proxy::health::HealthService::new(executor.clone()),
+        health: ferrisix_proxy::health::HealthService::new(executor.clone())
+            .disabled(settings.apisix.disable_upstream_healthcheck),
         balancer: Default::default(),
         dns: ferrisix_proxy::dns::DnsResolver::new(&options, Some(executor)),
         prefix: settings.deployment.etcd.prefix.clone(),

@@ -304,7 +304,8 @@ fn upstream_status(gw: &Gateway, checker: &str, node: &str) -> Option<u8> {
 fn https_active_probes_handshake_verify_and_take_a_node_out() {
     let tls = nginx_tls_upstream();
     let tls_node = format!("127.0.0.1:{}", tls.port);
-    // Speaks plain HTTP: an https probe's handshake fails (a TCP failure for resty).
+    // Speaks plain HTTP: it waits for a request head and never answers a ClientHello, so the
+    // handshakes of probes and of requests time out.
     let plain = Upstream::start("plain", Behaviour::Echo);
     // `checks.active.host` is the probes' Host and SNI (the nodes are addresses).
     let https_checks = |host: &str, verify: bool| {
@@ -313,11 +314,13 @@ fn https_active_probes_handshake_verify_and_take_a_node_out() {
             "host": host,
             "https_verify_certificate": verify,
             "healthy": { "interval": 1, "successes": 1 },
-            "unhealthy": { "interval": 1, "tcp_failures": 1 }
+            "timeout": 0.5,
+            "unhealthy": { "interval": 1, "tcp_failures": 1, "timeouts": 1 }
         }})
     };
     let https = |nodes: serde_json::Value, checks: serde_json::Value| {
         json!({ "type": "roundrobin", "scheme": "https", "retries": 0,
+                "timeout": { "connect": 1, "send": 1, "read": 1 },
                 "nodes": nodes, "checks": checks })
     };
     let routes = json!({ "routes": [

@@ -99,6 +99,8 @@ pub struct ApisixSettings {
     pub dns_resolver_valid: Option<u64>,
     /// A name with only IPv6 addresses is usable (APISIX prefers IPv4 either way).
     pub enable_ipv6: bool,
+    /// The global switch off for upstream health checks (`checks` are then ignored).
+    pub disable_upstream_healthcheck: bool,
 }
 
 /// The `discovery:` section; only `dns` is built.
@@ -222,6 +224,7 @@ impl Default for ApisixSettings {
             dns_resolver: Vec::new(),
             dns_resolver_valid: None,
             enable_ipv6: true,
+            disable_upstream_healthcheck: false,
         }
     }
 }

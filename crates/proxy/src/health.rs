@@ -36,13 +36,22 @@ use crate::error::ProxyError;
 #[derive(Clone, Debug, Default)]
 pub struct HealthService {
     executor: Option<tokio::runtime::Handle>,
+    /// `apisix.disable_upstream_healthcheck`: no checker is made, `checks` are ignored.
+    disabled: bool,
 }
 
 impl HealthService {
     pub fn new(executor: tokio::runtime::Handle) -> HealthService {
         HealthService {
             executor: Some(executor),
+            disabled: false,
         }
+    }
+
+    /// APISIX's global switch: with it, upstreams with `checks` get no checker.
+    pub fn disabled(mut self, disabled: bool) -> HealthService {
+        self.disabled = disabled;
+        self
     }
 }
 
@@ -93,7 +102,7 @@ pub fn attach(
     previous: Option<&Arc<UpstreamChecker>>,
     probe_tls: impl FnOnce(&ChecksConfig) -> Result<Option<UpstreamTls>, String>,
 ) -> Result<Option<Arc<UpstreamChecker>>, String> {
-    let Some(checks) = checks else {
+    let Some(checks) = checks.filter(|_| !service.disabled) else {
         return Ok(None);
     };
     if let Some(prev) = previous {
@@ -301,6 +310,15 @@ mod tests {
         let t3 = fresh.sync_targets(&[spec(2)], None);
         assert!(!t3[0].is_up());
         assert!(attach(&svc, "x", None, Some(&fresh), no_tls)
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn the_global_switch_makes_no_checker() {
+        let svc = HealthService::default().disabled(true);
+        let checks = json!({"active": {}});
+        assert!(attach(&svc, "a", Some(&checks), None, no_tls)
             .unwrap()
             .is_none());
     }

@@ -674,6 +674,7 @@ apisix:
   node_listen:
     - {port: 9081, reuseport: true}
   enable_ipv6: false
+  disable_upstream_healthcheck: true
   ssl:
     enable: true
 nginx_config:
@@ -691,6 +692,7 @@ plugin_attr:
     .unwrap();
     assert_eq!(s.apisix.node_listen, vec![ListenAddr::port(9081)]);
     assert!(!s.apisix.enable_ipv6);
+    assert!(s.apisix.disable_upstream_healthcheck);
     let mut warnings = warnings;
     warnings.sort();
     assert_eq!(

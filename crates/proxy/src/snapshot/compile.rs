@@ -21,7 +21,9 @@ use std::sync::Arc;
 
 use ferrisix_config::model::ResourceKind;
 use ferrisix_config::state::{ConfigState, StoredItem};
-use ferrisix_plugins::{CompileEnv, GlobalChains, GlobalRules, PluginChain, PluginRegistry};
+use ferrisix_plugins::{
+    CompileEnv, ConsumerSet, GlobalChains, GlobalRules, PluginChain, PluginRegistry,
+};
 use ferrisix_router::{RouteTable, RouterKind};
 use ferrisix_tls::{CertStore, TlsContext};
 use serde_json::Value;
@@ -44,6 +46,8 @@ pub struct Snapshot {
     pub global_chain: Arc<PluginChain>,
     /// The certificates of the `ssls`, published with the routes they serve.
     pub tls: Arc<CertStore>,
+    /// The consumers (with their credentials and groups) auth plugins find.
+    pub consumers: Arc<ConsumerSet>,
     diff: SnapshotDiff,
     cache: CompileCache,
 }
@@ -87,6 +91,7 @@ impl Snapshot {
             quarantine: Vec::new(),
             global_chain: PluginChain::empty(),
             tls: Arc::new(CertStore::default()),
+            consumers: Arc::default(),
             diff: SnapshotDiff::default(),
             cache: CompileCache {
                 options: options.clone(),
@@ -186,6 +191,29 @@ impl Snapshot {
             prev.globals.clone()
         };
 
+        // The consumers are compiled again when a consumer, group or credential changed, or
+        // anything their plugins compile against (metadata, the global rules' services).
+        let consumers_changed = !applied_diff.consumers.is_empty()
+            || !applied_diff.consumer_groups.is_empty()
+            || !applied_diff.credentials.is_empty()
+            || !applied_diff.plugin_metadata.is_empty()
+            || !same_options;
+        let consumers = if consumers_changed {
+            let (set, problems) = ConsumerSet::compile(
+                &applied.raw(ResourceKind::Consumers),
+                &applied.raw(ResourceKind::ConsumerGroups),
+                &applied.raw(ResourceKind::Credentials),
+                &options.tls.keyring,
+                plugin_env,
+            );
+            for p in problems {
+                quarantine.push(Quarantined::new(p.kind, &p.id, p.error));
+            }
+            Arc::new(set)
+        } else {
+            previous.consumers.clone()
+        };
+
         let changes = Changes {
             applied: &applied_diff,
             upstreams: &upstream_diff,
@@ -280,6 +308,7 @@ impl Snapshot {
             quarantine,
             global_chain: globals.unmatched(),
             tls,
+            consumers,
             diff: SnapshotDiff {
                 config,
                 applied: applied_diff,

@@ -43,6 +43,8 @@ pub struct CheckCtx<'a> {
     /// Shared state the check may keep (limit-count's first conf per group).
     pub services: &'a PluginServices,
     pub now: Instant,
+    /// The conf is a consumer's (or a credential's), checked against the consumer schema.
+    pub consumer: bool,
 }
 
 impl CheckCtx<'_> {

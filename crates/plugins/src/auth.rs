@@ -7,5 +7,6 @@
 family! {
     basic_auth,
     consumer_restriction,
+    jwt_auth,
     key_auth,
 }

@@ -7,6 +7,7 @@
 family! {
     basic_auth,
     consumer_restriction,
+    hmac_auth,
     jwt_auth,
     key_auth,
 }

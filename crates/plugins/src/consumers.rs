@@ -275,3 +275,176 @@ fn add_credentials(
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use ferrisix_plugin_api::testing::TestRequest;
+    use ferrisix_plugin_api::{Flow, NoUpstreams, Owner, Phases, Plugin, PluginDef};
+    use serde_json::json;
+
+    use super::*;
+    use crate::chain::PluginChain;
+
+    fn env() -> CompileEnv<'static> {
+        let metadata: &'static HashMap<String, Value> = Box::leak(Box::default());
+        let registry: &'static PluginRegistry = Box::leak(Box::new(PluginRegistry::builtin()));
+        CompileEnv {
+            metadata,
+            registry,
+            upstreams: &NoUpstreams,
+        }
+    }
+
+    fn docs(items: &[(&str, Value)]) -> Vec<(String, Arc<Value>)> {
+        items
+            .iter()
+            .map(|(id, v)| ((*id).to_owned(), Arc::new(v.clone())))
+            .collect()
+    }
+
+    #[test]
+    fn consumers_credentials_and_groups() {
+        let keyring = Keyring::apisix_default();
+        let consumers = docs(&[
+            (
+                "jack",
+                json!({"username": "jack", "group_id": "g", "labels": {"custom_id": "c-1"},
+                    "plugins": {"key-auth": {"key": keyring.encrypt("jack-key")},
+                        "limit-count": {"count": 1, "time_window": 60}}}),
+            ),
+            ("rose", json!({"username": "rose"})),
+        ]);
+        let groups = docs(&[(
+            "g",
+            json!({"id": "g", "plugins": {"limit-count": {"count": 9, "time_window": 60},
+                "consumer-restriction": {"whitelist": ["jack"]}}}),
+        )]);
+        let credentials = docs(&[
+            (
+                "rose/credentials/c1",
+                json!({"id": "c1", "plugins": {"basic-auth": {"username": "r", "password": "p"}}}),
+            ),
+            (
+                "ghost/credentials/c2",
+                json!({"id": "c2", "plugins": {"key-auth": {"key": "ghost-key"}}}),
+            ),
+            (
+                "rose/credentials/bad",
+                json!({"id": "bad", "plugins": {"jwt-auth": {"key": "j", "algorithm": "RS256",
+                    "public_key": "not a key"}}}),
+            ),
+        ]);
+        let (set, problems) =
+            ConsumerSet::compile(&consumers, &groups, &credentials, &keyring, env());
+        // The stored ciphertext was decrypted before indexing.
+        let jack = set
+            .index
+            .find("key-auth", "jack-key")
+            .expect("decrypted key");
+        assert_eq!(jack.consumer.username, "jack");
+        assert_eq!(jack.consumer.group_id.as_deref(), Some("g"));
+        assert_eq!(jack.consumer.custom_id.as_deref(), Some("c-1"));
+        assert_eq!(jack.consumer.credential_id, None);
+        // Auth confs are not among the consumer's plugins (they hold secrets).
+        assert!(jack.consumer.plugins.get("key-auth").is_none());
+        assert_eq!(jack.consumer.plugins["limit-count"]["count"], 1);
+        let rose = set.index.find("basic-auth", "r").unwrap();
+        assert_eq!(rose.consumer.credential_id.as_deref(), Some("c1"));
+        assert_eq!(rose.field("password"), Some("p"));
+        assert!(set.index.find("key-auth", "ghost-key").is_none());
+        assert!(set.index.find("jwt-auth", "j").is_none());
+        let ids: Vec<&str> = problems.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(ids, ["ghost/credentials/c2", "rose/credentials/bad"]);
+        assert!(problems.iter().all(|p| !p.error.contains("not a key")));
+        // The consumer's plugins over its group's; none for rose.
+        let jack_plugins = &set.plugins["jack"];
+        let mut names: Vec<_> = jack_plugins.names().collect();
+        names.sort();
+        assert_eq!(names, ["consumer-restriction", "limit-count"]);
+        assert!(!set.plugins.contains_key("rose"));
+        assert!(set.index.consumer("rose").is_some());
+    }
+
+    /// A test plugin that marks in a header the requests whose rewrite it ran.
+    struct Mark;
+
+    impl Plugin for Mark {
+        fn phases(&self) -> Phases {
+            Phases::REWRITE
+        }
+
+        fn rewrite<'a>(
+            &'a self,
+            ctx: &'a mut ferrisix_plugin_api::PluginCtx<'_>,
+        ) -> ferrisix_plugin_api::Step<'a> {
+            ctx.headers_mut()
+                .append("x-mark", http::HeaderValue::from_static("1"));
+            ferrisix_plugin_api::Step::CONTINUE
+        }
+    }
+
+    static MARK: PluginDef = PluginDef::new(
+        "mark",
+        10,
+        || json!({"type": "object"}),
+        |_| Ok(Arc::new(Mark)),
+    );
+
+    #[tokio::test]
+    async fn merged_chain_runs_the_consumers_new_plugins_rewrite() {
+        let registry: &'static PluginRegistry = Box::leak(Box::new(PluginRegistry::from_defs(
+            Arc::new(Default::default()),
+            crate::builtin().chain([&MARK]),
+        )));
+        let metadata: &'static HashMap<String, Value> = Box::leak(Box::default());
+        let env = CompileEnv {
+            metadata,
+            registry,
+            upstreams: &NoUpstreams,
+        };
+        let owner = Owner::new(ResourceKind::Routes, "merge-1");
+        let ka = json!({});
+        let lc = json!({"count": 5, "time_window": 60});
+        let route = PluginChain::compile(
+            &[
+                PluginSource {
+                    name: "key-auth",
+                    conf: &ka,
+                    owner: &owner,
+                },
+                PluginSource {
+                    name: "limit-count",
+                    conf: &lc,
+                    owner: &owner,
+                },
+            ],
+            None,
+            env,
+        )
+        .unwrap();
+        assert!(route.needs_consumers());
+        let consumers = docs(&[(
+            "jack",
+            json!({"username": "jack", "plugins": {"key-auth": {"key": "k"}, "mark": {},
+                "limit-count": {"count": 1, "time_window": 60}}}),
+        )]);
+        let (set, problems) = ConsumerSet::compile(&consumers, &[], &[], &Keyring::default(), env);
+        assert!(problems.is_empty(), "{problems:?}");
+        let merged = route.with_consumer(&set.plugins["jack"]);
+        let mut names: Vec<_> = merged.names().collect();
+        names.sort();
+        assert_eq!(names, ["key-auth", "limit-count", "mark"]);
+        let mut req = TestRequest::get("/");
+        let mut ctx = req.ctx();
+        assert_eq!(merged.rewrite_in_consumer(&mut ctx).await, Flow::Continue);
+        // The consumer's limit-count (count 1) replaced the route's.
+        assert_eq!(merged.access(&mut ctx).await, Flow::Continue);
+        assert_eq!(ctx.response_headers()["x-ratelimit-limit"], "1");
+        assert_eq!(
+            req.headers["x-mark"], "1",
+            "the new plugin's rewrite ran once"
+        );
+    }
+}

@@ -21,6 +21,9 @@ use crate::ctx::Consumer;
 /// What a credential's conf compiles to, once per snapshot.
 pub type Prepared = Arc<dyn Any + Send + Sync>;
 
+/// Compiles one credential conf ([`AuthDef::prepare`]).
+pub type PrepareFn = fn(&Value) -> Result<Prepared, String>;
+
 /// How an auth plugin's credentials are indexed.
 #[derive(Clone, Copy, Debug)]
 pub struct AuthDef {
@@ -29,7 +32,7 @@ pub struct AuthDef {
     pub key_field: &'static str,
     /// Compiles one credential conf (decrypted, defaults filled in); an error leaves the
     /// credential out (logged without its secrets).
-    pub prepare: Option<fn(&Value) -> Result<Prepared, String>>,
+    pub prepare: Option<PrepareFn>,
 }
 
 /// One credential of one consumer for one auth plugin.

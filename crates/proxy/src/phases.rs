@@ -74,6 +74,9 @@ pub async fn request_phases(ctx: &mut RequestCtx<'_>, proxying: bool) -> Option<
     run.verdicts = verdicts;
     // Plugins may have changed who the client is (real-ip): the upstream hears it too.
     ctx.remote_addr = run.state.remote_addr();
+    if let (Some(record), Some(consumer)) = (ctx.log.record.as_deref_mut(), run.state.consumer()) {
+        record.consumer_name = Some(consumer.username.clone());
+    }
     let needs = run.log_needs();
     if let Some(names) = needs.vars {
         let view = plugin_view(

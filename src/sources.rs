@@ -94,6 +94,7 @@ pub async fn start_admin(
         .map_err(|e| format!("cannot listen on {addr} for the Admin API: {e}"))?;
     let mut options = AdminOptions::from_settings(&settings.deployment.admin);
     options.keyring = settings.apisix.data_encryption.keyring();
+    options.encrypt_fields = settings.apisix.data_encryption.enable_encrypt_fields;
     options.key_guard = settings.ferrisix.admin_key_guard.clone();
     let config_path = settings.source.clone();
     let services = plugins.services().clone();

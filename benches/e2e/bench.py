@@ -18,7 +18,7 @@ runs beside the first on ports 9082/9182 and is measured interleaved with it in 
 rounds of the plain scenarios (s1, s2): the A/B figures come from one run.
 
 Usage: benches/e2e/bench.py [--rounds 3] [--duration 5] [--connections 16] [--threads 2]
-                            [--scenarios s1,s2,tls,tls-hs,h2] [--json out.json] [--markdown out.md]
+                            [--scenarios s1,s2,tls,tls-hs,h2,key-auth,jwt] [--json out.json] [--markdown out.md]
                             [--baseline BINARY]
                             [--apisix URL --apisix-admin URL --apisix-key KEY]
 """
@@ -59,6 +59,42 @@ S2_PLUGINS = {
     },
     "prometheus": {},
 }
+
+# The auth scenarios (issue 12): s1's route with key-auth, 10,000 consumers in the store, each
+# request authenticating as one of them; and with jwt-auth (HS256), one consumer's token.
+AUTH_SCENARIOS = ("key-auth", "jwt")
+AUTH_CONSUMERS = 10000
+JWT_SECRET = "benchmark-jwt-secret"
+
+
+def hs256_token(key, secret):
+    import base64, hashlib, hmac
+    b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+    head = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    body = b64(json.dumps({"key": key, "exp": 4102444800}).encode())
+    sig = hmac.new(secret.encode(), f"{head}.{body}".encode(), hashlib.sha256).digest()
+    return f"{head}.{body}.{b64(sig)}"
+
+
+def scenario_headers(scenario):
+    if scenario == "key-auth":
+        return ["-H", f"apikey: bench-key-{AUTH_CONSUMERS // 2}"]
+    if scenario == "jwt":
+        return ["-H", f"Authorization: Bearer {hs256_token('bench-jwt', JWT_SECRET)}"]
+    return []
+
+
+def put_consumers(admin, key):
+    """10,000 key-auth consumers and one jwt-auth consumer (written once per gateway)."""
+    def put(name, plugins):
+        body = json.dumps({"username": name, "plugins": plugins}).encode()
+        req = urllib.request.Request(f"{admin}/apisix/admin/consumers/{name}", data=body, method="PUT",
+                                     headers={"X-API-KEY": key})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            r.read()
+    for i in range(AUTH_CONSUMERS):
+        put(f"bench{i}", {"key-auth": {"key": f"bench-key-{i}"}})
+    put("benchjwt", {"jwt-auth": {"key": "bench-jwt", "secret": JWT_SECRET}})
 
 
 def ensure_tools():
@@ -315,7 +351,7 @@ def parse_wrk(text):
 
 def run_wrk(port, args, cores, scenario="s1"):
     scheme = "https" if scenario in TLS_SCENARIOS else "http"
-    extra = ["-H", "Connection: close"] if scenario == "tls-hs" else []
+    extra = ["-H", "Connection: close"] if scenario == "tls-hs" else scenario_headers(scenario)
     cmd = taskset_prefix(cores) + ["wrk", "-t", str(args.threads), "-c", str(args.connections),
                                    "-d", f"{args.duration}s", "--latency"] + extra + \
         [f"{scheme}://127.0.0.1:{port}/hello"]
@@ -413,12 +449,20 @@ def main():
         tls_targets = [("nginx", NGINX_TLS_PORT, ngx_pids), ("ferrisix", FERRISIX_TLS_PORT, [fx.pid])]
 
         results = {}
+        consumers_written = set()
         for scenario in args.scenarios.split(","):
             tls = scenario in TLS_SCENARIOS
             targets = tls_targets if tls else plain_targets
             plugins = S2_PLUGINS if scenario == "s2" else {}
             checks = S1C_CHECKS if scenario == "s1c" else None
+            if scenario == "key-auth":
+                plugins = {"key-auth": {}}
+            elif scenario == "jwt":
+                plugins = {"jwt-auth": {}}
             for a in (admins if not tls else [admin]):
+                if scenario in AUTH_SCENARIOS and a not in consumers_written:
+                    put_consumers(a, "benchmark-admin-key")
+                    consumers_written.add(a)
                 put_route(a, "benchmark-admin-key", plugins, checks)
             if args.apisix and args.apisix_admin and args.apisix_key:
                 put_route(args.apisix_admin, args.apisix_key, plugins, checks)
@@ -434,8 +478,8 @@ def main():
             for rnd in range(args.rounds):
                 order = targets if rnd % 2 == 0 else list(reversed(targets))
                 for name, port, pids in order:
-                    if scenario in ("s2", "s1c") and name == "nginx":
-                        continue  # nginx has no equivalent; s2 and s1c compare with s1
+                    if (scenario in ("s2", "s1c") or scenario in AUTH_SCENARIOS) and name == "nginx":
+                        continue  # nginx has no equivalent; these compare with s1
                     r = measure(name, port, pids, args, cores["wrk"], scenario)
                     runs[name].append(r)
                     print(f"{scenario} round {rnd + 1} {name}: {r['rps']:.0f} req/s, "

@@ -29,6 +29,7 @@ use crate::response::{nginx_page, Reply};
 use crate::{auth, cjson, path};
 
 mod checks;
+mod consumers;
 mod plugins;
 mod resource;
 
@@ -58,6 +59,9 @@ pub struct AdminOptions {
     /// `apisix.data_encryption.keyring`: ssl keys and upstream client keys are stored
     /// encrypted with it, as APISIX stores them.
     pub keyring: ferrisix_config::encrypt::Keyring,
+    /// `apisix.data_encryption.enable_encrypt_fields`: the plugins' `encrypt_fields` are
+    /// stored encrypted (and shown decrypted).
+    pub encrypt_fields: bool,
     /// `ferrisix.admin_key_guard`: failed authentications per client address.
     pub key_guard: AdminKeyGuard,
 }
@@ -79,6 +83,7 @@ impl AdminOptions {
             server: concat!("ferrisix/", env!("CARGO_PKG_VERSION")).to_string(),
             stream_mode: false,
             keyring: ferrisix_config::encrypt::Keyring::apisix_default(),
+            encrypt_fields: true,
             key_guard: AdminKeyGuard::default(),
         }
     }

@@ -16,19 +16,27 @@ pub enum ResourceKind {
     Services,
     PluginConfigs,
     GlobalRules,
+    /// `consumer_groups/<id>`: plugins shared by the consumers naming the group.
+    ConsumerGroups,
     Consumers,
+    /// `consumers/<username>/credentials/<id>` (3.x): an auth plugin's credential of one
+    /// consumer. The id is `<username>/credentials/<id>`, so the key is built as for the
+    /// other kinds.
+    Credentials,
     Ssls,
     PluginMetadata,
     Routes,
 }
 
 impl ResourceKind {
-    pub const ALL: [ResourceKind; 8] = [
+    pub const ALL: [ResourceKind; 10] = [
         ResourceKind::Upstreams,
         ResourceKind::Services,
         ResourceKind::PluginConfigs,
         ResourceKind::GlobalRules,
+        ResourceKind::ConsumerGroups,
         ResourceKind::Consumers,
+        ResourceKind::Credentials,
         ResourceKind::Ssls,
         ResourceKind::PluginMetadata,
         ResourceKind::Routes,
@@ -41,15 +49,20 @@ impl ResourceKind {
             ResourceKind::Services => "services",
             ResourceKind::PluginConfigs => "plugin_configs",
             ResourceKind::GlobalRules => "global_rules",
-            ResourceKind::Consumers => "consumers",
+            ResourceKind::ConsumerGroups => "consumer_groups",
+            ResourceKind::Consumers | ResourceKind::Credentials => "consumers",
             ResourceKind::Ssls => "ssls",
             ResourceKind::PluginMetadata => "plugin_metadata",
             ResourceKind::Routes => "routes",
         }
     }
 
+    /// The kind stored directly under `dir` (`consumers` is the consumers', whose
+    /// credentials sit one level deeper: see [`crate::store::place_of`]).
     pub fn from_dir(dir: &str) -> Option<ResourceKind> {
-        ResourceKind::ALL.into_iter().find(|k| k.dir() == dir)
+        ResourceKind::ALL
+            .into_iter()
+            .find(|k| *k != ResourceKind::Credentials && k.dir() == dir)
     }
 
     /// The singular word APISIX uses in messages (`missing route id`).
@@ -59,7 +72,9 @@ impl ResourceKind {
             ResourceKind::Services => "service",
             ResourceKind::PluginConfigs => "plugin config",
             ResourceKind::GlobalRules => "global rule",
+            ResourceKind::ConsumerGroups => "consumer group",
             ResourceKind::Consumers => "consumer",
+            ResourceKind::Credentials => "credential",
             ResourceKind::Ssls => "ssl",
             ResourceKind::PluginMetadata => "plugin_metadata",
             ResourceKind::Routes => "route",

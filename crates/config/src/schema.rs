@@ -64,7 +64,9 @@ pub fn resource_schema(kind: ResourceKind) -> &'static Value {
         ResourceKind::Services => &SERVICE,
         ResourceKind::PluginConfigs => &PLUGIN_CONFIG,
         ResourceKind::GlobalRules => &GLOBAL_RULE,
+        ResourceKind::ConsumerGroups => &CONSUMER_GROUP,
         ResourceKind::Consumers => &CONSUMER,
+        ResourceKind::Credentials => &CREDENTIAL,
         ResourceKind::Ssls => &SSL,
         ResourceKind::PluginMetadata => &PLUGIN_METADATA,
     }

@@ -118,8 +118,8 @@ pub enum KeyPlace {
     Other,
 }
 
-/// Classifies `key` under `prefix`. Ids may not contain `/`, so consumer credentials
-/// (`consumers/<u>/credentials/<id>`) are not consumers.
+/// Classifies `key` under `prefix`. Ids may not contain `/`, except a credential's
+/// (`consumers/<u>/credentials/<id>`, id `<u>/credentials/<id>`), which is not a consumer.
 pub fn place_of(prefix: &str, key: &str) -> KeyPlace {
     let Some(rest) = key.strip_prefix(prefix).and_then(|r| r.strip_prefix('/')) else {
         return KeyPlace::Other;
@@ -127,6 +127,17 @@ pub fn place_of(prefix: &str, key: &str) -> KeyPlace {
     let Some((dir, id)) = rest.split_once('/') else {
         return KeyPlace::Other;
     };
+    if dir == "consumers" {
+        // `<username>/credentials/<id>`: a credential, named by its path under the directory.
+        let mut segs = id.split('/');
+        if let (Some(user), Some("credentials"), Some(cred), None) =
+            (segs.next(), segs.next(), segs.next(), segs.next())
+        {
+            if !user.is_empty() && !cred.is_empty() {
+                return KeyPlace::Resource(ResourceKind::Credentials, id.to_string());
+            }
+        }
+    }
     if id.is_empty() || id.contains('/') {
         return KeyPlace::Other;
     }
@@ -295,7 +306,19 @@ mod tests {
         assert_eq!(place_of("/apisix", "/apisix/gen_id"), KeyPlace::Other);
         assert_eq!(
             place_of("/apisix", "/apisix/consumers/u/credentials/c"),
+            KeyPlace::Resource(ResourceKind::Credentials, "u/credentials/c".into())
+        );
+        assert_eq!(
+            place_of("/apisix", "/apisix/consumers/u/credentials/"),
             KeyPlace::Other
+        );
+        assert_eq!(
+            place_of("/apisix", "/apisix/consumers/u/other/c"),
+            KeyPlace::Other
+        );
+        assert_eq!(
+            place_of("/apisix", "/apisix/consumer_groups/g"),
+            KeyPlace::Resource(ResourceKind::ConsumerGroups, "g".into())
         );
         assert_eq!(place_of("/apisix", "/other/routes/1"), KeyPlace::Other);
     }

@@ -24,6 +24,7 @@ use http_body_util::BodyExt;
 use serde_json::{Map, Value};
 use smallvec::SmallVec;
 
+use crate::consumers::{ConsumerIndex, Credential};
 use crate::head::RequestHead;
 use crate::upstream::UpstreamRef;
 use crate::vars::RequestVars;
@@ -334,6 +335,8 @@ pub struct RequestState {
     matched_host: Option<u16>,
     upstream: UpstreamEdits,
     consumer: Option<Arc<Consumer>>,
+    /// The snapshot's consumers, for routes whose plugins authenticate.
+    consumers: Option<Arc<ConsumerIndex>>,
     upstream_choice: Option<UpstreamRef>,
     body: RequestBody,
     max_body_size: Option<u64>,
@@ -363,6 +366,7 @@ impl RequestState {
             matched_host: None,
             upstream: UpstreamEdits::default(),
             consumer: None,
+            consumers: None,
             upstream_choice: None,
             body: RequestBody::Empty,
             max_body_size: None,
@@ -423,6 +427,11 @@ impl RequestState {
 
     pub fn consumer(&self) -> Option<&Arc<Consumer>> {
         self.consumer.as_ref()
+    }
+
+    /// The consumers auth plugins look credentials up in (the request's snapshot's).
+    pub fn set_consumers(&mut self, consumers: Arc<ConsumerIndex>) {
+        self.consumers = Some(consumers);
     }
 
     pub fn max_body_size(&self) -> Option<u64> {
@@ -602,8 +611,49 @@ impl<'r> PluginCtx<'r> {
         self.state.consumer.as_ref()
     }
 
+    /// APISIX's `consumer.attach_consumer`: the consumer becomes `ctx.consumer` and the
+    /// upstream hears who it is: `X-Consumer-Username`, `X-Credential-Identifier` and
+    /// `X-Consumer-Custom-ID` are set, or removed when the consumer has none (a client cannot
+    /// pass its own).
     pub fn attach_consumer(&mut self, consumer: Arc<Consumer>) {
+        fn set(headers: &mut HeaderMap, name: &'static str, value: Option<&str>) {
+            let name = HeaderName::from_static(name);
+            match value.and_then(|v| HeaderValue::from_str(v).ok()) {
+                Some(v) => {
+                    headers.insert(name, v);
+                }
+                None => {
+                    headers.remove(name);
+                }
+            }
+        }
+        set(
+            self.headers,
+            "x-consumer-username",
+            Some(consumer.username.as_str()),
+        );
+        set(
+            self.headers,
+            "x-credential-identifier",
+            consumer.credential_id.as_deref(),
+        );
+        set(
+            self.headers,
+            "x-consumer-custom-id",
+            consumer.custom_id.as_deref(),
+        );
         self.state.consumer = Some(consumer);
+    }
+
+    /// The consumers of the request's snapshot; `None` when no plugin of the request
+    /// authenticates (the proxy hands them only to routes that need them).
+    pub fn consumers(&self) -> Option<&ConsumerIndex> {
+        self.state.consumers.as_deref()
+    }
+
+    /// The credential of auth plugin `plugin` whose key is `key` (one hash lookup).
+    pub fn find_credential(&self, plugin: &str, key: &str) -> Option<&Arc<Credential>> {
+        self.consumers()?.find(plugin, key)
     }
 
     /// Sends the request to another upstream than the route's (traffic-split). The handle

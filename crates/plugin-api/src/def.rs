@@ -7,6 +7,7 @@ use std::time::Instant;
 use serde_json::Value;
 
 use crate::compile::{CompileCtx, PluginApi};
+use crate::consumers::AuthDef;
 use crate::plugin::Plugin;
 use crate::services::PluginServices;
 
@@ -42,6 +43,8 @@ pub struct CheckCtx<'a> {
     /// Shared state the check may keep (limit-count's first conf per group).
     pub services: &'a PluginServices,
     pub now: Instant,
+    /// The conf is a consumer's (or a credential's), checked against the consumer schema.
+    pub consumer: bool,
 }
 
 impl CheckCtx<'_> {
@@ -82,6 +85,9 @@ pub struct PluginDef {
     pub encrypt_fields: &'static [&'static str],
     /// The APIs the plugin answers itself (`public-api` serves them).
     pub apis: Option<fn(&PluginServices) -> Vec<PluginApi>>,
+    /// How an auth plugin's consumer credentials are indexed (`kind` is then
+    /// [`PluginKind::Auth`]); `None` for plugins that find no consumers themselves.
+    pub auth: Option<&'static AuthDef>,
     pub compile: CompileFn,
 }
 
@@ -117,6 +123,7 @@ impl PluginDef {
             check: None,
             encrypt_fields: &[],
             apis: None,
+            auth: None,
             compile,
         }
     }

@@ -6,8 +6,9 @@
 //! configuration) and the [`Plugin`] instances it compiles, once per snapshot, for one
 //! configuration on one route. The proxy carries one context per request through APISIX's
 //! phases and hands plugins a [`PluginCtx`] view of it: the request head and every variable,
-//! the edits that shape the request sent upstream, the consumer and upstream slots, the request
-//! body, per-request plugin state and the headers added to whatever answer ends the request.
+//! the edits that shape the request sent upstream, the consumer and upstream slots (with the
+//! snapshot's [`ConsumerIndex`] auth plugins find credentials in), the request body,
+//! per-request plugin state and the headers added to whatever answer ends the request.
 //! After the response head, `header_filter` sees a [`ResponseHead`] and may install streaming
 //! [`BodyFilter`]s; `log` sees a [`LogCtx`] holding only what the chain's plugins declared in
 //! their [`LogNeeds`].
@@ -22,6 +23,7 @@
 
 pub mod clock;
 pub mod compile;
+pub mod consumers;
 pub mod ctx;
 pub mod def;
 pub mod exec;
@@ -43,6 +45,7 @@ pub mod vars;
 
 pub use clock::Clock;
 pub use compile::{ApiAnswer, ApiHandler, CompileCtx, PluginApi, PluginApis};
+pub use consumers::{AuthDef, ConsumerIndex, Credential, Prepared};
 pub use ctx::{
     BodyError, Consumer, Owner, PendingBody, PluginCtx, RequestBody, RequestGuards, RequestState,
     ResponseHeaders, RouteInfo, UpstreamEdits,

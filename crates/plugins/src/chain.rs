@@ -13,8 +13,8 @@ use bytes::Bytes;
 use ferrisix_config::model::ResourceKind;
 use ferrisix_config::vars::compile_vars;
 use ferrisix_plugin_api::{
-    CompileCtx, Flow, LogCtx, LogNeeds, Owner, Phases, Plugin, PluginCtx, ResponseHead, RouteInfo,
-    RunPolicy, Step, UpstreamResolver,
+    CompileCtx, Flow, LogCtx, LogNeeds, Owner, Phases, Plugin, PluginCtx, PluginKind, ResponseHead,
+    RouteInfo, RunPolicy, Step, UpstreamResolver,
 };
 use ferrisix_router::Expr;
 use serde_json::{Map, Value};
@@ -56,6 +56,11 @@ struct ChainEntry {
     filter: Option<Expr>,
     /// `_meta.error_response`: replaces the body of any exit ≥ 400 of this plugin.
     error_response: Option<Bytes>,
+    /// An authentication plugin (`type = 'auth'`).
+    auth: bool,
+    /// Merged in from the consumer (or its group) and not on the route: APISIX's
+    /// `_from_consumer`, whose rewrite runs once the consumer is known.
+    from_consumer: bool,
 }
 
 /// The compiled plugins of one route, highest priority first.
@@ -65,6 +70,8 @@ pub struct PluginChain {
     phases: Phases,
     /// What the plugins' log phases read ([`Plugin::log_needs`]).
     log_needs: LogNeeds,
+    /// Some plugin authenticates: requests need the snapshot's consumers.
+    needs_consumers: bool,
 }
 
 impl std::fmt::Debug for PluginChain {
@@ -138,6 +145,8 @@ impl ChainEntry {
             plugin,
             filter,
             error_response,
+            auth: info.def.kind == PluginKind::Auth,
+            from_consumer: false,
         }))
     }
 }
@@ -172,11 +181,48 @@ impl PluginChain {
             .iter()
             .filter(|e| e.plugin.phases().contains(Phases::LOG))
             .fold(LogNeeds::default(), |n, e| n.union(&e.plugin.log_needs()));
+        let needs_consumers = entries.iter().any(|e| e.auth);
         PluginChain {
             entries: entries.into_boxed_slice(),
             phases,
             log_needs,
+            needs_consumers,
         }
+    }
+
+    /// Whether some plugin of the chain authenticates (and so looks up consumers).
+    pub fn needs_consumers(&self) -> bool {
+        self.needs_consumers
+    }
+
+    /// APISIX's `merge_consumer_route`: the consumer's (and its group's) plugins replace the
+    /// route's of the same name and join the others; the ones the route did not have are
+    /// marked to run their rewrite phase now ([`PluginChain::rewrite_in_consumer`]). The
+    /// consumer's plugins were compiled once per snapshot: this copies handles.
+    pub fn with_consumer(&self, consumer: &ConsumerPlugins) -> PluginChain {
+        let mut entries: Vec<ChainEntry> = Vec::with_capacity(self.entries.len() + consumer.len());
+        entries.extend(
+            self.entries
+                .iter()
+                .filter(|e| !consumer.entries.iter().any(|c| c.name == e.name))
+                .cloned(),
+        );
+        for c in consumer.entries.iter() {
+            let mut e = c.clone();
+            e.from_consumer = !self.entries.iter().any(|r| r.name == c.name);
+            entries.push(e);
+        }
+        PluginChain::from_entries(entries)
+    }
+
+    /// The `rewrite_in_consumer` phase: the rewrite of the plugins merged in from the
+    /// consumer that the route did not have, auth plugins excepted.
+    pub async fn rewrite_in_consumer(&self, ctx: &mut PluginCtx<'_>) -> Flow {
+        if !self.phases.contains(Phases::REWRITE) {
+            return Flow::Continue;
+        }
+        self.run_entries(Phases::REWRITE, ctx, |e| e.from_consumer && !e.auth)
+            .await
     }
 
     pub fn is_empty(&self) -> bool {
@@ -218,8 +264,17 @@ impl PluginChain {
         if !self.phases.contains(phase) {
             return Flow::Continue;
         }
+        self.run_entries(phase, ctx, |_| true).await
+    }
+
+    async fn run_entries(
+        &self,
+        phase: Phases,
+        ctx: &mut PluginCtx<'_>,
+        runs: impl Fn(&ChainEntry) -> bool,
+    ) -> Flow {
         for e in self.entries.iter() {
-            if !e.plugin.phases().contains(phase) {
+            if !e.plugin.phases().contains(phase) || !runs(e) {
                 continue;
             }
             if let Some(filter) = &e.filter {
@@ -294,6 +349,58 @@ impl PluginChain {
                 e.plugin.log(ctx);
             }
         }
+    }
+}
+
+/// A consumer's plugins (merged over its group's), compiled once per snapshot, to be merged
+/// over a route's chain once the consumer is known ([`PluginChain::with_consumer`]). Auth
+/// plugins are left out: their conf on a consumer is a credential, and their only phase
+/// (rewrite) has run by then (APISIX skips them in `rewrite_in_consumer` too).
+#[derive(Default)]
+pub struct ConsumerPlugins {
+    entries: Vec<ChainEntry>,
+}
+
+impl std::fmt::Debug for ConsumerPlugins {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.entries.iter().map(|e| e.name))
+            .finish()
+    }
+}
+
+impl ConsumerPlugins {
+    /// Compiles `sources` (the group's, then the consumer's replacing them by name), leaving
+    /// out auth plugins. Fails with the first plugin that cannot be compiled.
+    pub fn compile(
+        sources: &[PluginSource<'_>],
+        env: CompileEnv<'_>,
+    ) -> Result<ConsumerPlugins, String> {
+        let mut entries: Vec<ChainEntry> = Vec::new();
+        for src in sources {
+            let auth = env
+                .registry
+                .get(src.name)
+                .is_some_and(|i| i.def.kind == PluginKind::Auth);
+            if auth {
+                continue;
+            }
+            entries.retain(|e| e.name != src.name);
+            entries.extend(ChainEntry::compile(src, None, env)?);
+        }
+        Ok(ConsumerPlugins { entries })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.entries.iter().map(|e| e.name)
     }
 }
 

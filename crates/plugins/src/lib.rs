@@ -1,6 +1,6 @@
-//! The plugins ferrisix implements, in families (`limit/`, `observe/`, `transform/`), each a
-//! [`PluginDef`] built on the plugin API (`ferrisix-plugin-api`) and registered by one line in
-//! its family's list; plus the [`PluginRegistry`] every consumer of plugins derives from (the
+//! The plugins ferrisix implements, in families (`auth/`, `limit/`, `observe/`, `transform/`),
+//! each a [`PluginDef`] built on the plugin API (`ferrisix-plugin-api`) and registered by one
+//! line in its family's list; plus the [`PluginRegistry`] every consumer of plugins derives from (the
 //! Admin API's listing and schemas, validation, compilation) and the [`PluginChain`]s the proxy
 //! runs.
 //!
@@ -32,23 +32,33 @@ macro_rules! family {
 }
 
 pub mod chain;
+pub mod consumers;
 pub mod registry;
 pub mod support;
 #[cfg(test)]
 mod testing;
 
+pub mod auth;
 pub mod limit;
 pub mod observe;
 pub mod transform;
 
-pub use chain::{CompileEnv, GlobalChains, GlobalRules, PluginChain, PluginSource, Verdicts};
+pub use chain::{
+    CompileEnv, ConsumerPlugins, GlobalChains, GlobalRules, PluginChain, PluginSource, Verdicts,
+};
+pub use consumers::{ConsumerProblem, ConsumerSet};
 pub use ferrisix_plugin_api::PluginDef;
 pub use registry::{PluginInfo, PluginRegistry, SchemaType};
 
 /// Every plugin ferrisix implements, family by family.
 pub fn builtin() -> impl Iterator<Item = &'static PluginDef> {
-    [limit::PLUGINS, observe::PLUGINS, transform::PLUGINS]
-        .into_iter()
-        .flatten()
-        .copied()
+    [
+        auth::PLUGINS,
+        limit::PLUGINS,
+        observe::PLUGINS,
+        transform::PLUGINS,
+    ]
+    .into_iter()
+    .flatten()
+    .copied()
 }

@@ -198,6 +198,7 @@ impl PluginCheck for PluginRegistry {
                 schema_result,
                 services: &self.services,
                 now: Instant::now(),
+                consumer: false,
             }),
         }
         .map_err(|e| check_failed(name, e))
@@ -208,7 +209,20 @@ impl PluginCheck for PluginRegistry {
             .get(name)
             .ok_or_else(|| format!("unknown plugin [{name}]"))?;
         let schema = info.schema_of(SchemaType::Consumer).unwrap_or(&info.schema);
-        schema::validate(schema, conf).map_err(|e| check_failed(name, e))
+        let schema_result = schema::validate(schema, conf);
+        match info.def.check {
+            // Only auth plugins word their consumer confs' failures themselves.
+            Some(check) if info.def.kind == PluginKind::Auth => check(&CheckCtx {
+                conf,
+                schema,
+                schema_result,
+                services: &self.services,
+                now: Instant::now(),
+                consumer: true,
+            }),
+            _ => schema_result,
+        }
+        .map_err(|e| check_failed(name, e))
     }
 
     fn check_metadata(&self, name: &str, conf: &Value) -> Result<(), String> {

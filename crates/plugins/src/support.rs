@@ -1,4 +1,5 @@
-//! Support shared by several plugin families: the Redis connections of the limit plugins'
-//! `redis`, `redis-cluster` and `redis-sentinel` policies.
+//! Support shared by several plugins: the Redis connections of the limit plugins' `redis`,
+//! `redis-cluster` and `redis-sentinel` policies, and what the auth plugins share.
 
+pub mod auth;
 pub mod redis;

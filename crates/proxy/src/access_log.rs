@@ -66,6 +66,8 @@ enum Var {
     ServerPort,
     Scheme,
     RouteId,
+    /// `$consumer_name`: the consumer an auth plugin found.
+    ConsumerName,
     Unknown,
 }
 
@@ -96,6 +98,7 @@ pub struct LogRecord {
     pub request_length: u64,
     pub body_bytes_sent: u64,
     pub route_id: Option<Arc<str>>,
+    pub consumer_name: Option<String>,
 }
 
 impl AccessLog {
@@ -157,6 +160,7 @@ impl AccessLog {
                 "server_port" => Var::ServerPort,
                 "scheme" => Var::Scheme,
                 "route_id" => Var::RouteId,
+                "consumer_name" => Var::ConsumerName,
                 "host" => Var::Header(capture(&mut headers, "host")),
                 other => match other.strip_prefix("http_") {
                     Some(h) => Var::Header(capture(&mut headers, &h.replace('_', "-"))),
@@ -273,6 +277,10 @@ impl LogRecord {
             }
             Var::RouteId => match &self.route_id {
                 Some(id) => out.push_str(id),
+                None => out.push('-'),
+            },
+            Var::ConsumerName => match &self.consumer_name {
+                Some(name) => out.push_str(name),
                 None => out.push('-'),
             },
         }
@@ -483,6 +491,7 @@ mod tests {
             request_length: 0,
             body_bytes_sent: 12,
             route_id: None,
+            consumer_name: None,
         };
         let up = UpstreamRecord {
             addrs: smallvec::smallvec!["127.0.0.1:1980".parse().unwrap()],

@@ -54,6 +54,7 @@ impl ConnInfo {
                 request_length: 0,
                 body_bytes_sent: 0,
                 route_id: None,
+                consumer_name: None,
             })
         });
         let log = LogPhase::start(self.log.clone(), record);

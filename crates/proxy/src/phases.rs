@@ -6,11 +6,13 @@
 //! Nothing here runs for a request whose route and global rules have no plugins; the request
 //! path then costs what it cost before plugins existed.
 
+use std::sync::Arc;
+
 use ferrisix_plugin_api::{
     BodyEdits, BodyError, Exit, Flow, LogCtx, LogVars, Phases, RequestBody, ResponseHead,
     ResponseSource,
 };
-use ferrisix_plugins::{PluginChain, Verdicts};
+use ferrisix_plugins::{ConsumerSet, PluginChain, Verdicts};
 use http::{HeaderMap, Response};
 use http_body::Body as _;
 
@@ -43,6 +45,7 @@ pub async fn request_phases(ctx: &mut RequestCtx<'_>, proxying: bool) -> Option<
         route,
         runs,
         state,
+        consumers,
         ..
     } = run;
     let mut view = plugin_view(
@@ -54,7 +57,7 @@ pub async fn request_phases(ctx: &mut RequestCtx<'_>, proxying: bool) -> Option<
     );
     let mut flow = Flow::Continue;
     if *runs {
-        flow = run_phases(global, route.as_deref(), &mut view).await;
+        flow = run_phases(global, route, consumers.as_deref(), &mut view).await;
         if flow == Flow::Continue && proxying {
             flow = global.before_proxy(&mut view).await;
             if flow == Flow::Continue {
@@ -71,6 +74,9 @@ pub async fn request_phases(ctx: &mut RequestCtx<'_>, proxying: bool) -> Option<
     run.verdicts = verdicts;
     // Plugins may have changed who the client is (real-ip): the upstream hears it too.
     ctx.remote_addr = run.state.remote_addr();
+    if let (Some(record), Some(consumer)) = (ctx.log.record.as_deref_mut(), run.state.consumer()) {
+        record.consumer_name = Some(consumer.username.clone());
+    }
     let needs = run.log_needs();
     if let Some(names) = needs.vars {
         let view = plugin_view(
@@ -104,17 +110,31 @@ pub async fn request_phases(ctx: &mut RequestCtx<'_>, proxying: bool) -> Option<
 
 async fn run_phases(
     global: &PluginChain,
-    route: Option<&PluginChain>,
+    route: &mut Option<Arc<PluginChain>>,
+    consumers: Option<&ConsumerSet>,
     ctx: &mut ferrisix_plugin_api::PluginCtx<'_>,
 ) -> Flow {
     if let Flow::Exit(e) = global.rewrite(ctx).await {
         return Flow::Exit(e);
     }
-    if let Some(r) = route {
+    if let Some(r) = route.as_deref() {
         if let Flow::Exit(e) = r.rewrite(ctx).await {
             return Flow::Exit(e);
         }
     }
+    // APISIX's merge_consumer_route: once a consumer is known, its (and its group's) plugins
+    // join the route's, run their rewrite, and the merged chain runs from here to the log.
+    let consumer_plugins = consumers
+        .zip(ctx.consumer())
+        .and_then(|(set, c)| set.plugins.get(&c.username));
+    if let (Some(cp), Some(r)) = (consumer_plugins, route.as_ref()) {
+        let merged = Arc::new(r.with_consumer(cp));
+        *route = Some(merged.clone());
+        if let Flow::Exit(e) = merged.rewrite_in_consumer(ctx).await {
+            return Flow::Exit(e);
+        }
+    }
+    let route = route.as_deref();
     if let Flow::Exit(e) = global.access(ctx).await {
         return Flow::Exit(e);
     }

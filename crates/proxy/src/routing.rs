@@ -73,20 +73,28 @@ pub fn route(ctx: &mut RequestCtx<'_>) -> Result<Option<Matched>, ProxyError> {
     let Some((mut matched, log_id, plugins)) = found else {
         if !snapshot.global_chain.is_empty() {
             // Global rules run for unmatched requests too, and may answer instead of the 404.
-            ctx.plugins = Some(PluginRun::unmatched(
-                snapshot.global_chain.clone(),
-                ctx.remote_addr,
-            ));
+            let mut run = PluginRun::unmatched(snapshot.global_chain.clone(), ctx.remote_addr);
+            run.give_consumers(&snapshot.consumers);
+            ctx.plugins = Some(run);
         }
         return Ok(None);
     };
+    // Only requests whose plugins authenticate take the consumers along.
+    let consumers = plugins
+        .as_ref()
+        .filter(|(r, _, _)| r.chain.needs_consumers() || r.global_chain.needs_consumers())
+        .map(|_| snapshot.consumers.clone());
     drop(snapshot);
     matched.websocket &= ctx.headers.contains_key(http::header::UPGRADE);
     if let Some(r) = ctx.log.record.as_deref_mut() {
         r.route_id = log_id;
     }
     if let Some((route, uri, host)) = plugins {
-        ctx.plugins = Some(PluginRun::matched(&route, uri, host, ctx.remote_addr));
+        let mut run = PluginRun::matched(&route, uri, host, ctx.remote_addr);
+        if let Some(c) = &consumers {
+            run.give_consumers(c);
+        }
+        ctx.plugins = Some(run);
         // The route outlives the snapshot while its plugins may wait on I/O.
         ctx.route = Some(route);
     }

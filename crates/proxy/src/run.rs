@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use ferrisix_plugin_api::{LogNeeds, LogVars, Phases, RequestState};
-use ferrisix_plugins::{PluginChain, Verdicts};
+use ferrisix_plugins::{ConsumerSet, PluginChain, Verdicts};
 
 use crate::snapshot::{CompiledRoute, RouteTarget};
 
@@ -27,6 +27,9 @@ pub struct PluginRun {
     pub log_vars: LogVars,
     /// The request body as read for the log phase, when a plugin asked for it.
     pub request_body: Option<Bytes>,
+    /// The snapshot's consumers, when a plugin of the request authenticates: the consumer's
+    /// plugins are merged over the route's once it is known.
+    pub consumers: Option<Arc<ConsumerSet>>,
 }
 
 impl PluginRun {
@@ -42,6 +45,7 @@ impl PluginRun {
             verdicts: (Verdicts::ALL, Verdicts::ALL),
             log_vars: LogVars::default(),
             request_body: None,
+            consumers: None,
         }
     }
 
@@ -63,6 +67,17 @@ impl PluginRun {
             verdicts: (Verdicts::ALL, Verdicts::ALL),
             log_vars: LogVars::default(),
             request_body: None,
+            consumers: None,
+        }
+    }
+
+    /// Hands the snapshot's consumers to a request whose chains authenticate.
+    pub fn give_consumers(&mut self, consumers: &Arc<ConsumerSet>) {
+        let needs = self.global.needs_consumers()
+            || self.route.as_ref().is_some_and(|r| r.needs_consumers());
+        if needs {
+            self.state.set_consumers(consumers.index.clone());
+            self.consumers = Some(consumers.clone());
         }
     }
 

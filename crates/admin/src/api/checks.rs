@@ -192,6 +192,18 @@ impl AdminApi {
         }
         self.check_resource(res, id.as_ref(), conf, typ, true)
             .await?;
+        match res.name {
+            "consumers" => {
+                let username = conf.get("username").map(id_text).unwrap_or_default();
+                self.check_duplicate_key(conf.get("plugins"), &username, None)?;
+            }
+            "credentials" => {
+                let username = call.sub.first().map_or("", String::as_str);
+                let cred = id.as_ref().map(id_text);
+                self.check_duplicate_key(conf.get("plugins"), username, cred.as_deref())?;
+            }
+            _ => {}
+        }
 
         Ok(match res.name {
             "consumers" => conf.get("username").map(id_text).unwrap_or_default(),

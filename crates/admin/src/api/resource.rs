@@ -2,6 +2,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use ferrisix_config::encrypt::FieldOp;
 use ferrisix_config::schema::lua;
 use ferrisix_config::store::{KeyValue, StoreError};
 use http::{Method, StatusCode};
@@ -120,6 +121,7 @@ impl AdminApi {
                     if strip_keys {
                         strip_private_keys(&mut item.value);
                     }
+                    self.process_plugin_fields(call.res.name, &mut item.value, FieldOp::Decrypt);
                     Reply::json(StatusCode::OK, list::envelope(&item))
                 }
             };
@@ -148,10 +150,11 @@ impl AdminApi {
         if items.is_empty() && call.res.name == "credentials" {
             return Reply::key_not_found();
         }
-        if strip_keys {
-            for item in &mut items {
+        for item in &mut items {
+            if strip_keys {
                 strip_private_keys(&mut item.value);
             }
+            self.process_plugin_fields(call.res.name, &mut item.value, FieldOp::Decrypt);
         }
         match list::answer(items, &call.args, call.res.filter_fields) {
             ListAnswer::Json(v) => Reply::json(StatusCode::OK, v),
@@ -349,6 +352,9 @@ impl AdminApi {
         if !node.is_object() {
             node = json!({});
         }
+        // Stored plugin secrets are ciphertext: decrypted before the merge, so the write
+        // below encrypts each exactly once (APISIX's `decrypt_params` before patching).
+        self.process_plugin_fields(call.res.name, &mut node, FieldOp::Decrypt);
         if sub_path.is_empty() {
             let patch_sets_update_time = patch.get("update_time").is_some_and(|v| !v.is_null());
             if let Value::Object(m) = &mut node {
@@ -392,6 +398,7 @@ impl AdminApi {
     /// What APISIX stores encrypted: an ssl's `key`/`keys` (`aes_encrypt_pkey`) and an
     /// upstream's `tls.client_key` (inline upstreams of routes and services too).
     fn encrypt_secrets(&self, resource: &str, conf: &mut Value) {
+        self.process_plugin_fields(resource, conf, FieldOp::Encrypt);
         let keyring = &self.options().keyring;
         match resource {
             "ssls" => keyring.encrypt_ssl(conf),

@@ -200,14 +200,15 @@ fn ignored_and_unknown_keys_warn() {
         "stream_routes: [{id: 1}]\nprotos: []\nsecrets: []\nconsumer_groups: [{id: g}]\nroutes_conf_version: 3\nroutez: []\n#END\n",
         Format::Yaml,
     );
-    assert!(doc.state.is_empty());
+    // Consumer groups are served.
+    assert_eq!(doc.state.len(), 1);
+    assert!(doc.state.get(ResourceKind::ConsumerGroups, "g").is_some());
     assert_eq!(
         doc.warnings,
         vec![
             "`stream_routes` is not supported by ferrisix; its 1 item(s) are ignored",
             "`protos` is not supported by ferrisix; its 0 item(s) are ignored",
             "`secrets` is not supported by ferrisix; its 0 item(s) are ignored",
-            "`consumer_groups` is not supported by ferrisix; its 1 item(s) are ignored",
             "unknown top-level key `routez` ignored",
         ]
     );

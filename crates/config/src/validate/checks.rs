@@ -119,6 +119,8 @@ pub(crate) fn check_in_place(
         ResourceKind::Upstreams => checker.upstream(conf),
         ResourceKind::PluginConfigs | ResourceKind::GlobalRules => checker.plugin_set(kind, conf),
         ResourceKind::Consumers => checker.consumer(conf),
+        ResourceKind::ConsumerGroups => checker.consumer_group(conf),
+        ResourceKind::Credentials => checker.credential(conf),
         ResourceKind::Ssls => checker.ssl(conf),
         ResourceKind::PluginMetadata => checker.plugin_metadata(conf),
     }
@@ -185,6 +187,8 @@ pub fn missing_reference_message(kind: ResourceKind, id: &str) -> String {
         ResourceKind::Ssls => "ssl info by ssl",
         ResourceKind::GlobalRules => "global rule info by global rule",
         ResourceKind::Consumers => "consumer info by consumer",
+        ResourceKind::ConsumerGroups => "consumer group info by consumer group",
+        ResourceKind::Credentials => "credential info by credential",
         ResourceKind::PluginMetadata => "plugin metadata info by plugin metadata",
         ResourceKind::Routes => "route info by route",
     };
@@ -411,6 +415,25 @@ impl Checker<'_> {
 
     fn consumer(&self, conf: &mut Value) -> Result<(), String> {
         schema_check(schema::resource_schema(ResourceKind::Consumers), conf)?;
+        if let Some(plugins) = conf.get("plugins").filter(|p| truthy(Some(p))) {
+            self.plugins(plugins, true)
+                .map_err(|e| format!("invalid plugins configuration: {e}"))?;
+        }
+        Ok(())
+    }
+
+    fn consumer_group(&self, conf: &mut Value) -> Result<(), String> {
+        schema_check(schema::resource_schema(ResourceKind::ConsumerGroups), conf)?;
+        if let Some(plugins) = conf.get("plugins") {
+            self.plugins(plugins, false)?;
+        }
+        Ok(())
+    }
+
+    /// A credential's plugins are checked with their consumer schemas (only auth plugins are
+    /// allowed: the Admin API refuses others, the data plane ignores them).
+    fn credential(&self, conf: &mut Value) -> Result<(), String> {
+        schema_check(schema::resource_schema(ResourceKind::Credentials), conf)?;
         if let Some(plugins) = conf.get("plugins").filter(|p| truthy(Some(p))) {
             self.plugins(plugins, true)
                 .map_err(|e| format!("invalid plugins configuration: {e}"))?;

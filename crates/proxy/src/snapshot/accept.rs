@@ -69,6 +69,11 @@ pub(super) struct Applied {
     pub global_rules: HashMap<String, Accepted<GlobalRule>>,
     /// Plugin metadata documents by plugin name, as stored (each plugin reads its own).
     pub plugin_metadata: HashMap<String, Arc<Value>>,
+    /// Consumers by username, consumer groups by id, credentials by
+    /// `<username>/credentials/<id>`: checked, then compiled as stored (`raw`).
+    pub consumers: HashMap<String, Accepted<()>>,
+    pub consumer_groups: HashMap<String, Accepted<()>>,
+    pub credentials: HashMap<String, Accepted<()>>,
 }
 
 impl Applied {
@@ -134,6 +139,30 @@ impl Applied {
                 .items(ResourceKind::PluginMetadata)
                 .map(|i| (i.id.clone(), i.value.clone()))
                 .collect(),
+            consumers: accept_checked(
+                state,
+                ResourceKind::Consumers,
+                &diff.consumers,
+                &previous.consumers,
+                quarantine,
+                plugins,
+            ),
+            consumer_groups: accept_checked(
+                state,
+                ResourceKind::ConsumerGroups,
+                &diff.consumer_groups,
+                &previous.consumer_groups,
+                quarantine,
+                plugins,
+            ),
+            credentials: accept_checked(
+                state,
+                ResourceKind::Credentials,
+                &diff.credentials,
+                &previous.credentials,
+                quarantine,
+                plugins,
+            ),
         }
     }
 
@@ -157,8 +186,10 @@ impl Applied {
                 &current.plugin_metadata,
                 |a, b| Arc::ptr_eq(a, b) || a == b,
             ),
-            // Not compiled yet: nothing of theirs is served.
-            consumers: Difference::default(),
+            consumers: by_typed(&previous.consumers, &current.consumers),
+            consumer_groups: by_typed(&previous.consumer_groups, &current.consumer_groups),
+            credentials: by_typed(&previous.credentials, &current.credentials),
+            // Not compiled here (the certificate store diffs them itself).
             ssls: Difference::default(),
         }
     }
@@ -176,9 +207,26 @@ impl Applied {
             ResourceKind::Services => raw(&self.services),
             ResourceKind::PluginConfigs => raw(&self.plugin_configs),
             ResourceKind::GlobalRules => raw(&self.global_rules),
+            ResourceKind::Consumers => raw(&self.consumers),
+            ResourceKind::ConsumerGroups => raw(&self.consumer_groups),
+            ResourceKind::Credentials => raw(&self.credentials),
             _ => Vec::new(),
         }
     }
+}
+
+/// [`accept_kind`] for kinds compiled from their stored value once checked.
+fn accept_checked(
+    state: &ConfigState,
+    kind: ResourceKind,
+    changed: &Difference,
+    previous: &HashMap<String, Accepted<()>>,
+    quarantine: &mut Vec<Quarantined>,
+    plugins: &dyn PluginCheck,
+) -> HashMap<String, Accepted<()>> {
+    accept_kind(state, kind, changed, previous, quarantine, |_, v| {
+        validate::check_resource(kind, v, plugins).map_err(|e| e.message)
+    })
 }
 
 /// Accepts every item of one kind: unchanged ones keep their previous outcome (an older

@@ -21,7 +21,9 @@ use std::sync::Arc;
 
 use ferrisix_config::model::ResourceKind;
 use ferrisix_config::state::{ConfigState, StoredItem};
-use ferrisix_plugins::{CompileEnv, GlobalChains, GlobalRules, PluginChain, PluginRegistry};
+use ferrisix_plugins::{
+    CompileEnv, ConsumerSet, GlobalChains, GlobalRules, PluginChain, PluginRegistry,
+};
 use ferrisix_router::{RouteTable, RouterKind};
 use ferrisix_tls::{CertStore, TlsContext};
 use serde_json::Value;
@@ -49,6 +51,8 @@ pub struct Snapshot {
     /// Every health checker in use, by the resource holding the upstream: routes, then
     /// services, then upstreams, each by id (the order of APISIX's `/v1/healthcheck`).
     pub checkers: Vec<CheckerEntry>,
+    /// The consumers (with their credentials and groups) auth plugins find.
+    pub consumers: Arc<ConsumerSet>,
     diff: SnapshotDiff,
     cache: CompileCache,
 }
@@ -105,6 +109,7 @@ impl Snapshot {
             global_chain: PluginChain::empty(),
             tls: Arc::new(CertStore::default()),
             checkers: Vec::new(),
+            consumers: Arc::default(),
             diff: SnapshotDiff::default(),
             cache: CompileCache {
                 options: options.clone(),
@@ -205,6 +210,29 @@ impl Snapshot {
             prev.globals.clone()
         };
 
+        // The consumers are compiled again when a consumer, group or credential changed, or
+        // anything their plugins compile against (metadata, the global rules' services).
+        let consumers_changed = !applied_diff.consumers.is_empty()
+            || !applied_diff.consumer_groups.is_empty()
+            || !applied_diff.credentials.is_empty()
+            || !applied_diff.plugin_metadata.is_empty()
+            || !same_options;
+        let consumers = if consumers_changed {
+            let (set, problems) = ConsumerSet::compile(
+                &applied.raw(ResourceKind::Consumers),
+                &applied.raw(ResourceKind::ConsumerGroups),
+                &applied.raw(ResourceKind::Credentials),
+                &options.tls.keyring,
+                plugin_env,
+            );
+            for p in problems {
+                quarantine.push(Quarantined::new(p.kind, &p.id, p.error));
+            }
+            Arc::new(set)
+        } else {
+            previous.consumers.clone()
+        };
+
         let changes = Changes {
             applied: &applied_diff,
             upstreams: &upstream_diff,
@@ -301,6 +329,7 @@ impl Snapshot {
             global_chain: globals.unmatched(),
             tls,
             checkers,
+            consumers,
             diff: SnapshotDiff {
                 config,
                 applied: applied_diff,

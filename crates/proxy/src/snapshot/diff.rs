@@ -94,6 +94,8 @@ pub struct ConfigDiff {
     pub global_rules: Difference,
     pub plugin_metadata: Difference,
     pub consumers: Difference,
+    pub consumer_groups: Difference,
+    pub credentials: Difference,
     pub ssls: Difference,
 }
 
@@ -130,6 +132,8 @@ impl ConfigDiff {
             ResourceKind::GlobalRules => &self.global_rules,
             ResourceKind::PluginMetadata => &self.plugin_metadata,
             ResourceKind::Consumers => &self.consumers,
+            ResourceKind::ConsumerGroups => &self.consumer_groups,
+            ResourceKind::Credentials => &self.credentials,
             ResourceKind::Ssls => &self.ssls,
         }
     }
@@ -143,6 +147,8 @@ impl ConfigDiff {
             ResourceKind::GlobalRules => &mut self.global_rules,
             ResourceKind::PluginMetadata => &mut self.plugin_metadata,
             ResourceKind::Consumers => &mut self.consumers,
+            ResourceKind::ConsumerGroups => &mut self.consumer_groups,
+            ResourceKind::Credentials => &mut self.credentials,
             ResourceKind::Ssls => &mut self.ssls,
         }
     }

@@ -37,8 +37,12 @@ pub mod support;
 #[cfg(test)]
 mod testing;
 
+pub mod encode;
 pub mod limit;
 pub mod observe;
+pub mod request;
+pub mod restriction;
+pub mod security;
 pub mod transform;
 
 pub use chain::{CompileEnv, GlobalChains, GlobalRules, PluginChain, PluginSource, Verdicts};
@@ -47,8 +51,16 @@ pub use registry::{PluginInfo, PluginRegistry, SchemaType};
 
 /// Every plugin ferrisix implements, family by family.
 pub fn builtin() -> impl Iterator<Item = &'static PluginDef> {
-    [limit::PLUGINS, observe::PLUGINS, transform::PLUGINS]
-        .into_iter()
-        .flatten()
-        .copied()
+    [
+        encode::PLUGINS,
+        limit::PLUGINS,
+        observe::PLUGINS,
+        request::PLUGINS,
+        restriction::PLUGINS,
+        security::PLUGINS,
+        transform::PLUGINS,
+    ]
+    .into_iter()
+    .flatten()
+    .copied()
 }

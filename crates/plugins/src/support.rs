@@ -1,4 +1,11 @@
 //! Support shared by several plugin families: the Redis connections of the limit plugins'
-//! `redis`, `redis-cluster` and `redis-sentinel` policies.
+//! `redis`, `redis-cluster` and `redis-sentinel` policies, the regexes of plugin confs (PCRE's
+//! syntax on a linear-time engine), header edits with `$var` values, and nginx's URI escapes.
 
+pub mod encoding;
+pub mod headers;
+pub mod ip;
+pub mod pcre;
 pub mod redis;
+pub mod stream_sub;
+pub mod uri;

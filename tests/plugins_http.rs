@@ -155,7 +155,8 @@ fn streamed_100_mb_through_gzip_and_filters_keeps_memory_flat() {
     let routes = json!({"routes": [
         {"id": "gz", "uri": "/gz", "plugins": {"gzip": {"types": ["text/plain"], "http_version": 1.0}},
          "upstream": {"nodes": {up.to_string(): 1}}},
-        {"id": "rw", "uri": "/rw", "plugins": {"response-rewrite": {
+        // Past max_resp_body_size (64 MiB by default) APISIX cuts the body; allow all of it.
+        {"id": "rw", "uri": "/rw", "plugins": {"response-rewrite": {"max_resp_body_size": 2 * BODY,
             "filters": [{"regex": "needle", "replace": "pin", "scope": "global"}]}},
          "upstream": {"nodes": {up.to_string(): 1}}},
     ]});
@@ -174,7 +175,7 @@ fn streamed_100_mb_through_gzip_and_filters_keeps_memory_flat() {
     let mut filtered = Count::default();
     let head = stream_get(gw.addr(), "/rw", "", &mut filtered);
     let rw_peak = rss.stop();
-    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.starts_with("http/1.0 200"), "{head}");
     let lines = BODY / LINE.len() as u64;
     assert_eq!(filtered.needles, 0, "every needle replaced");
     assert_eq!(

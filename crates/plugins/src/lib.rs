@@ -1,4 +1,5 @@
-//! The plugins ferrisix implements, in families (`limit/`, `observe/`, `transform/`), each a
+//! The plugins ferrisix implements, in families (`encode/`, `limit/`, `observe/`, `request/`,
+//! `restriction/`, `security/`, `transform/`), each a
 //! [`PluginDef`] built on the plugin API (`ferrisix-plugin-api`) and registered by one line in
 //! its family's list; plus the [`PluginRegistry`] every consumer of plugins derives from (the
 //! Admin API's listing and schemas, validation, compilation) and the [`PluginChain`]s the proxy

@@ -6,6 +6,8 @@ nginx proxy_pass (1 worker, upstream keepalive, buffered access log) each proxy 
 `wrk -c 16 -d 5` loads each target in turn, interleaved over rounds, for each scenario:
   s1  route /hello, no plugins
   s2  route /hello with limit-count (count 2e12, window 60, 503, key remote_addr) + prometheus
+  route  a realistic route /hello: proxy-rewrite headers + cors + request-id + ip-restriction
+         (wrk sends an Origin), compared with s1 by CPU per request
   tls     s1 over TLS 1.3 with keep-alive (one ECDSA P-256 certificate, the same file for both)
   tls-hs  s1 over TLS with a new connection (a full handshake) per request: handshakes/s
   h2      s1 over TLS h2, 16 streams on one connection (h2load from Debian's nghttp2-client)
@@ -17,7 +19,7 @@ runs beside the first on ports 9082/9182 and is measured interleaved with it in 
 rounds of the plain scenarios (s1, s2): the A/B figures come from one run.
 
 Usage: benches/e2e/bench.py [--rounds 3] [--duration 5] [--connections 16] [--threads 2]
-                            [--scenarios s1,s2,tls,tls-hs,h2] [--json out.json] [--markdown out.md]
+                            [--scenarios s1,s2,route,tls,tls-hs,h2] [--json out.json] [--markdown out.md]
                             [--baseline BINARY]
                             [--apisix URL --apisix-admin URL --apisix-key KEY]
 """
@@ -58,6 +60,16 @@ S2_PLUGINS = {
     },
     "prometheus": {},
 }
+
+# The plugins nearly every APISIX route carries (issue 13's realistic route).
+ROUTE_PLUGINS = {
+    "proxy-rewrite": {"headers": {"set": {"X-Api-Version": "v2", "X-Client-Addr": "$remote_addr"},
+                                  "remove": ["X-Debug"]}},
+    "cors": {"allow_origins": "http://app.example,http://admin.example"},
+    "request-id": {},
+    "ip-restriction": {"whitelist": ["127.0.0.0/8", "10.0.0.0/8", "::1"]},
+}
+SCENARIO_PLUGINS = {"s2": S2_PLUGINS, "route": ROUTE_PLUGINS}
 
 
 def ensure_tools():
@@ -308,6 +320,8 @@ def parse_wrk(text):
 def run_wrk(port, args, cores, scenario="s1"):
     scheme = "https" if scenario in TLS_SCENARIOS else "http"
     extra = ["-H", "Connection: close"] if scenario == "tls-hs" else []
+    if scenario == "route":
+        extra = ["-H", "Origin: http://app.example"]
     cmd = taskset_prefix(cores) + ["wrk", "-t", str(args.threads), "-c", str(args.connections),
                                    "-d", f"{args.duration}s", "--latency"] + extra + \
         [f"{scheme}://127.0.0.1:{port}/hello"]
@@ -408,12 +422,12 @@ def main():
         for scenario in args.scenarios.split(","):
             tls = scenario in TLS_SCENARIOS
             targets = tls_targets if tls else plain_targets
-            plugins = S2_PLUGINS if scenario == "s2" else {}
+            plugins = SCENARIO_PLUGINS.get(scenario, {})
             for a in (admins if not tls else [admin]):
                 put_route(a, "benchmark-admin-key", plugins)
             if args.apisix and args.apisix_admin and args.apisix_key:
                 put_route(args.apisix_admin, args.apisix_key, plugins)
-            time.sleep(3 if scenario == "s2" else 1)
+            time.sleep(3 if scenario in SCENARIO_PLUGINS else 1)
             # Warm-up: connections and pools, not measured.
             for _, port, _ in targets:
                 scheme = "https" if tls else "http"
@@ -425,8 +439,8 @@ def main():
             for rnd in range(args.rounds):
                 order = targets if rnd % 2 == 0 else list(reversed(targets))
                 for name, port, pids in order:
-                    if scenario == "s2" and name == "nginx":
-                        continue  # nginx has no equivalent of the plugins; s2 compares with s1
+                    if scenario in SCENARIO_PLUGINS and name == "nginx":
+                        continue  # nginx has no equivalent of the plugins; they compare with s1
                     r = measure(name, port, pids, args, cores["wrk"], scenario)
                     runs[name].append(r)
                     print(f"{scenario} round {rnd + 1} {name}: {r['rps']:.0f} req/s, "
@@ -495,6 +509,10 @@ def render_markdown(report):
     if s1 and s2:
         lines.append("")
         lines.append(f"s2 / s1 CPU per request (ferrisix): {s2['cpu_us_per_req'] / s1['cpu_us_per_req']:.2f}×")
+    route = res.get("route", {}).get("ferrisix")
+    if s1 and route:
+        lines.append(f"route / s1 CPU per request (ferrisix): {route['cpu_us_per_req'] / s1['cpu_us_per_req']:.2f}× "
+                     f"(+{route['cpu_us_per_req'] - s1['cpu_us_per_req']:.1f} µs)")
     for scenario, targets in res.items():
         a, b = targets.get("ferrisix"), targets.get("ferrisix-baseline")
         if a and b:

@@ -76,11 +76,18 @@ fn run(mut settings: Settings) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the background runtime: {e}"))?;
-    let services = Arc::new(PluginServices::new(
-        settings.plugin_attr.clone(),
-        Executor::new(background.handle().clone()),
-        Clock::system(),
-    ));
+    let services = Arc::new(
+        PluginServices::new(
+            settings.plugin_attr.clone(),
+            Executor::new(background.handle().clone()),
+            Clock::system(),
+        )
+        .with_tls_ports(if settings.apisix.ssl.enable {
+            settings.apisix.ssl.listen.iter().map(|l| l.port).collect()
+        } else {
+            Vec::new()
+        }),
+    );
     // Health probes and DNS lookups run on the control runtime, never on a worker.
     let upstreams = cli::upstream_services(&settings, control.handle().clone());
     let options = cli::compile_options(&settings, upstreams)?;

@@ -6,6 +6,8 @@ nginx proxy_pass (1 worker, upstream keepalive, buffered access log) each proxy 
 `wrk -c 16 -d 5` loads each target in turn, interleaved over rounds, for each scenario:
   s1  route /hello, no plugins
   s2  route /hello with limit-count (count 2e12, window 60, 503, key remote_addr) + prometheus
+  route  a realistic route /hello: proxy-rewrite headers + cors + request-id + ip-restriction
+         (wrk sends an Origin), compared with s1 by CPU per request
   tls     s1 over TLS 1.3 with keep-alive (one ECDSA P-256 certificate, the same file for both)
   tls-hs  s1 over TLS with a new connection (a full handshake) per request: handshakes/s
   h2      s1 over TLS h2, 16 streams on one connection (h2load from Debian's nghttp2-client)
@@ -18,7 +20,7 @@ runs beside the first on ports 9082/9182 and is measured interleaved with it in 
 rounds of the plain scenarios (s1, s2): the A/B figures come from one run.
 
 Usage: benches/e2e/bench.py [--rounds 3] [--duration 5] [--connections 16] [--threads 2]
-                            [--scenarios s1,s2,tls,tls-hs,h2,key-auth,jwt] [--json out.json] [--markdown out.md]
+                            [--scenarios s1,s2,s1c,route,tls,tls-hs,h2,key-auth,jwt] [--json out.json] [--markdown out.md]
                             [--baseline BINARY]
                             [--apisix URL --apisix-admin URL --apisix-key KEY]
 """
@@ -95,6 +97,17 @@ def put_consumers(admin, key):
     for i in range(AUTH_CONSUMERS):
         put(f"bench{i}", {"key-auth": {"key": f"bench-key-{i}"}})
     put("benchjwt", {"jwt-auth": {"key": "bench-jwt", "secret": JWT_SECRET}})
+
+
+# The plugins nearly every APISIX route carries (issue 13's realistic route).
+ROUTE_PLUGINS = {
+    "proxy-rewrite": {"headers": {"set": {"X-Api-Version": "v2", "X-Client-Addr": "$remote_addr"},
+                                  "remove": ["X-Debug"]}},
+    "cors": {"allow_origins": "http://app.example,http://admin.example"},
+    "request-id": {},
+    "ip-restriction": {"whitelist": ["127.0.0.0/8", "10.0.0.0/8", "::1"]},
+}
+SCENARIO_PLUGINS = {"s2": S2_PLUGINS, "route": ROUTE_PLUGINS}
 
 
 def ensure_tools():
@@ -352,6 +365,8 @@ def parse_wrk(text):
 def run_wrk(port, args, cores, scenario="s1"):
     scheme = "https" if scenario in TLS_SCENARIOS else "http"
     extra = ["-H", "Connection: close"] if scenario == "tls-hs" else scenario_headers(scenario)
+    if scenario == "route":
+        extra = ["-H", "Origin: http://app.example"]
     cmd = taskset_prefix(cores) + ["wrk", "-t", str(args.threads), "-c", str(args.connections),
                                    "-d", f"{args.duration}s", "--latency"] + extra + \
         [f"{scheme}://127.0.0.1:{port}/hello"]
@@ -453,7 +468,7 @@ def main():
         for scenario in args.scenarios.split(","):
             tls = scenario in TLS_SCENARIOS
             targets = tls_targets if tls else plain_targets
-            plugins = S2_PLUGINS if scenario == "s2" else {}
+            plugins = SCENARIO_PLUGINS.get(scenario, {})
             checks = S1C_CHECKS if scenario == "s1c" else None
             if scenario == "key-auth":
                 plugins = {"key-auth": {}}
@@ -478,8 +493,8 @@ def main():
             for rnd in range(args.rounds):
                 order = targets if rnd % 2 == 0 else list(reversed(targets))
                 for name, port, pids in order:
-                    if (scenario in ("s2", "s1c") or scenario in AUTH_SCENARIOS) and name == "nginx":
-                        continue  # nginx has no equivalent; these compare with s1
+                    if (scenario in SCENARIO_PLUGINS or scenario == "s1c" or scenario in AUTH_SCENARIOS) and name == "nginx":
+                        continue  # nginx has no equivalent of the plugins; these compare with s1
                     r = measure(name, port, pids, args, cores["wrk"], scenario)
                     runs[name].append(r)
                     print(f"{scenario} round {rnd + 1} {name}: {r['rps']:.0f} req/s, "
@@ -552,6 +567,10 @@ def render_markdown(report):
     if s1 and s2:
         lines.append("")
         lines.append(f"s2 / s1 CPU per request (ferrisix): {s2['cpu_us_per_req'] / s1['cpu_us_per_req']:.2f}×")
+    route = res.get("route", {}).get("ferrisix")
+    if s1 and route:
+        lines.append(f"route / s1 CPU per request (ferrisix): {route['cpu_us_per_req'] / s1['cpu_us_per_req']:.2f}× "
+                     f"(+{route['cpu_us_per_req'] - s1['cpu_us_per_req']:.1f} µs)")
     for scenario, targets in res.items():
         a, b = targets.get("ferrisix"), targets.get("ferrisix-baseline")
         if a and b:

@@ -345,6 +345,10 @@ pub struct RequestState {
     guards: RequestGuards,
     upstream_node: Option<SocketAddr>,
     body_timeout: Duration,
+    /// `$uri` after a plugin changed it (proxy-rewrite's `ngx.req.set_uri`).
+    uri: Option<String>,
+    /// `proxy_request_buffering` as a plugin set it (proxy-control); `None`: the gateway's.
+    request_buffering: Option<bool>,
 }
 
 impl fmt::Debug for RequestState {
@@ -375,7 +379,20 @@ impl RequestState {
             guards: RequestGuards::default(),
             upstream_node: None,
             body_timeout: BODY_READ_GAP,
+            uri: None,
+            request_buffering: None,
         }
+    }
+
+    /// `$uri` as a plugin set it, if one did.
+    pub fn uri(&self) -> Option<&str> {
+        self.uri.as_deref()
+    }
+
+    /// Whether the body is read completely before the request goes upstream (`Some(false)`:
+    /// streamed as it arrives), when a plugin decided it.
+    pub fn request_buffering(&self) -> Option<bool> {
+        self.request_buffering
     }
 
     /// nginx's `client_body_timeout` for the plugins' body reads.
@@ -490,9 +507,22 @@ impl<'r> PluginCtx<'r> {
         self.head.method
     }
 
-    /// `$uri`: the normalised path.
+    /// `$uri`: the normalised path, or what a plugin set it to ([`PluginCtx::set_uri`]).
     pub fn uri(&self) -> &str {
-        self.head.path
+        self.state.uri.as_deref().unwrap_or(self.head.path)
+    }
+
+    /// Changes `$uri` for every later plugin (`ngx.req.set_uri`: proxy-rewrite sets it to the
+    /// path it sends upstream). What goes upstream is set separately
+    /// ([`PluginCtx::set_upstream_path`]).
+    pub fn set_uri(&mut self, uri: String) {
+        self.state.uri = Some(uri);
+    }
+
+    /// Streams the request body upstream as it arrives (`false`) instead of reading it first
+    /// (`true`, nginx's `proxy_request_buffering on`); proxy-control.
+    pub fn set_request_buffering(&mut self, on: bool) {
+        self.state.request_buffering = Some(on);
     }
 
     /// `$request_uri`: the raw path and query as the client sent them.
@@ -748,6 +778,7 @@ impl VarSource for PluginCtx<'_> {
                 .map(Cow::Borrowed),
             "upstream_uri" => Some(self.upstream_uri()),
             "matched_uri" => Some(Cow::Borrowed(self.matched_uri())),
+            "uri" => Some(Cow::Borrowed(self.uri())),
             _ => self.request_vars().get(name),
         }
     }

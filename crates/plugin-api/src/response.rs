@@ -30,6 +30,9 @@ pub trait BodyFilter: Send + 'static {
 #[derive(Default)]
 pub struct BodyFilters {
     filters: Vec<Box<dyn BodyFilter>>,
+    /// Filters that run after all the others whatever their plugin's priority: the content
+    /// codings (gzip, brotli), as nginx's C filters run after the Lua body filters.
+    last: Vec<Box<dyn BodyFilter>>,
     ended: bool,
 }
 
@@ -44,8 +47,13 @@ impl BodyFilters {
         self.filters.push(filter);
     }
 
+    /// Installs a filter that runs after every filter installed with [`BodyFilters::push`].
+    pub fn push_last(&mut self, filter: Box<dyn BodyFilter>) {
+        self.last.push(filter);
+    }
+
     pub fn is_empty(&self) -> bool {
-        self.filters.is_empty()
+        self.filters.is_empty() && self.last.is_empty()
     }
 
     /// Whether a filter ended the stream (nothing more is read or sent).
@@ -63,7 +71,7 @@ impl BodyFilters {
             };
         }
         let mut chunk = BodyChunk { data, end };
-        for f in &mut self.filters {
+        for f in self.filters.iter_mut().chain(self.last.iter_mut()) {
             f.filter(&mut chunk);
         }
         self.ended = chunk.end;
@@ -139,6 +147,12 @@ impl<'a> ResponseHead<'a> {
     /// Installs a filter on the body (after those installed before it).
     pub fn add_body_filter(&mut self, filter: Box<dyn BodyFilter>) {
         self.edits.filters.push(filter);
+    }
+
+    /// Installs a content coding (gzip, brotli): it runs after every other filter, on the body
+    /// as the other plugins left it.
+    pub fn add_encoding_filter(&mut self, filter: Box<dyn BodyFilter>) {
+        self.edits.filters.push_last(filter);
     }
 
     /// Replaces the body with `body` (the filters installed still run on it).
@@ -235,6 +249,22 @@ mod tests {
         );
         assert!(f.ended());
         assert_eq!(f.run(Bytes::from("ef"), false).data, "");
+    }
+
+    #[test]
+    fn last_filters_run_after_the_others() {
+        let mut f = BodyFilters::default();
+        f.push_last(Box::new(WholeBody::new(|b: Bytes| {
+            let mut v = b.to_vec();
+            v.extend_from_slice(b"!");
+            Bytes::from(v)
+        })));
+        f.push(Box::new(Upper {
+            seen: 0,
+            stop_after: 9,
+        }));
+        assert!(!f.is_empty());
+        assert_eq!(f.run_all(Bytes::from("ab")), "AB!");
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub struct PluginServices {
     http: HttpClient,
     conn_stats: Arc<ConnStats>,
     attr: PluginAttr,
+    /// The HTTPS listeners' ports (`apisix.ssl.listen` when `apisix.ssl.enable`).
+    tls_ports: Vec<u16>,
     shared: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
     texts: Mutex<HashSet<&'static str>>,
 }
@@ -60,6 +62,7 @@ impl PluginServices {
             executor,
             conn_stats: Arc::new(ConnStats::new()),
             attr,
+            tls_ports: Vec::new(),
             shared: Mutex::new(HashMap::new()),
             texts: Mutex::new(HashSet::new()),
         }
@@ -80,6 +83,18 @@ impl PluginServices {
     /// Connection and request counters (written by the proxy core).
     pub fn conn_stats(&self) -> &Arc<ConnStats> {
         &self.conn_stats
+    }
+
+    /// The gateway's HTTPS ports, for plugins that send clients there (redirect's
+    /// `http_to_https`).
+    pub fn with_tls_ports(mut self, ports: Vec<u16>) -> PluginServices {
+        self.tls_ports = ports;
+        self
+    }
+
+    /// The HTTPS ports; empty when TLS is off.
+    pub fn tls_ports(&self) -> &[u16] {
+        &self.tls_ports
     }
 
     /// `plugin_attr` of `config.yaml`.

@@ -1,6 +1,7 @@
-//! The plugins ferrisix implements, in families (`auth/`, `limit/`, `observe/`, `transform/`),
-//! each a [`PluginDef`] built on the plugin API (`ferrisix-plugin-api`) and registered by one
-//! line in its family's list; plus the [`PluginRegistry`] every consumer of plugins derives from (the
+//! The plugins ferrisix implements, in families (`auth/`, `encode/`, `limit/`, `observe/`,
+//! `request/`, `restriction/`, `security/`, `transform/`), each a
+//! [`PluginDef`] built on the plugin API (`ferrisix-plugin-api`) and registered by one line in
+//! its family's list; plus the [`PluginRegistry`] every consumer of plugins derives from (the
 //! Admin API's listing and schemas, validation, compilation) and the [`PluginChain`]s the proxy
 //! runs.
 //!
@@ -39,8 +40,12 @@ pub mod support;
 mod testing;
 
 pub mod auth;
+pub mod encode;
 pub mod limit;
 pub mod observe;
+pub mod request;
+pub mod restriction;
+pub mod security;
 pub mod transform;
 
 pub use chain::{
@@ -54,8 +59,12 @@ pub use registry::{PluginInfo, PluginRegistry, SchemaType};
 pub fn builtin() -> impl Iterator<Item = &'static PluginDef> {
     [
         auth::PLUGINS,
+        encode::PLUGINS,
         limit::PLUGINS,
         observe::PLUGINS,
+        request::PLUGINS,
+        restriction::PLUGINS,
+        security::PLUGINS,
         transform::PLUGINS,
     ]
     .into_iter()

@@ -1,5 +1,13 @@
-//! Support shared by several plugins: the Redis connections of the limit plugins' `redis`,
-//! `redis-cluster` and `redis-sentinel` policies, and what the auth plugins share.
+//! Support shared by several plugin families: the Redis connections of the limit plugins'
+//! `redis`, `redis-cluster` and `redis-sentinel` policies, what the auth plugins share, the
+//! regexes of plugin confs (PCRE's syntax on a linear-time engine), header edits with `$var`
+//! values, and nginx's URI escapes.
 
 pub mod auth;
+pub mod encoding;
+pub mod headers;
+pub mod ip;
+pub mod pcre;
 pub mod redis;
+pub mod stream_sub;
+pub mod uri;

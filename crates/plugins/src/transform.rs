@@ -3,4 +3,8 @@
 family! {
     // One line per plugin: its module's name.
     echo,
+    mocking,
+    proxy_rewrite,
+    redirect,
+    response_rewrite,
 }

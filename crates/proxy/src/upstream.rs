@@ -98,9 +98,10 @@ async fn unread_body(body: StreamSource, timeout: Duration) -> Result<UpstreamBo
 /// The request body as it goes upstream: the client's own, or what the plugins left of it;
 /// a route's body size limit refuses a larger one (413) or cuts a stream off at it.
 async fn prepare_body(ctx: &mut RequestCtx<'_>) -> Result<UpstreamBody, ProxyError> {
-    let (body, limit) = match ctx.plugins.as_mut() {
+    let (body, limit, buffering) = match ctx.plugins.as_mut() {
         Some(run) => {
             let limit = run.state.max_body_size();
+            let buffering = run.state.request_buffering();
             let body = match run.state.take_body() {
                 RequestBody::Empty => match ctx.body.take() {
                     Some(b) => StreamBody::Unread(StreamSource::Client(b)),
@@ -113,11 +114,11 @@ async fn prepare_body(ctx: &mut RequestCtx<'_>) -> Result<UpstreamBody, ProxyErr
                 ),
                 RequestBody::Failed(e) => return Err(body_error(&e)),
             };
-            (body, limit)
+            (body, limit, buffering)
         }
         None => match ctx.body.take() {
-            Some(b) => (StreamBody::Unread(StreamSource::Client(b)), None),
-            None => (StreamBody::Ready(UpstreamBody::Empty), None),
+            Some(b) => (StreamBody::Unread(StreamSource::Client(b)), None, None),
+            None => (StreamBody::Ready(UpstreamBody::Empty), None, None),
         },
     };
     if let Some(max) = limit {
@@ -131,6 +132,10 @@ async fn prepare_body(ctx: &mut RequestCtx<'_>) -> Result<UpstreamBody, ProxyErr
     }
     let body = match body {
         StreamBody::Ready(b) => b,
+        // proxy-control's `request_buffering: false`: the body goes up as it arrives.
+        StreamBody::Unread(b) if buffering == Some(false) && !b.is_end_stream() => {
+            UpstreamBody::stream_after(None, b)
+        }
         StreamBody::Unread(b) => unread_body(b, ctx.conn.gateway.client_body_timeout).await?,
     };
     match limit {

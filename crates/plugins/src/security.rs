@@ -1,0 +1,5 @@
+//! Plugins that enforce the browser's cross-origin rules.
+
+family! {
+    cors,
+}

@@ -1,4 +1,5 @@
-//! The plugins ferrisix implements, in families (`limit/`, `observe/`, `transform/`), each a
+//! The plugins ferrisix implements, in families (`limit/`, `log/`, `observe/`, `traffic/`,
+//! `transform/`), each a
 //! [`PluginDef`] built on the plugin API (`ferrisix-plugin-api`) and registered by one line in
 //! its family's list; plus the [`PluginRegistry`] every consumer of plugins derives from (the
 //! Admin API's listing and schemas, validation, compilation) and the [`PluginChain`]s the proxy
@@ -38,7 +39,9 @@ pub mod support;
 mod testing;
 
 pub mod limit;
+
 pub mod observe;
+pub mod traffic;
 pub mod transform;
 
 pub use chain::{CompileEnv, GlobalChains, GlobalRules, PluginChain, PluginSource, Verdicts};
@@ -47,8 +50,14 @@ pub use registry::{PluginInfo, PluginRegistry, SchemaType};
 
 /// Every plugin ferrisix implements, family by family.
 pub fn builtin() -> impl Iterator<Item = &'static PluginDef> {
-    [limit::PLUGINS, observe::PLUGINS, transform::PLUGINS]
-        .into_iter()
-        .flatten()
-        .copied()
+    [
+        limit::PLUGINS,
+
+        observe::PLUGINS,
+        traffic::PLUGINS,
+        transform::PLUGINS,
+    ]
+    .into_iter()
+    .flatten()
+    .copied()
 }

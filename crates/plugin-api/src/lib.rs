@@ -34,6 +34,7 @@ pub mod log;
 pub mod plugin;
 pub mod response;
 pub mod services;
+pub mod shutdown;
 pub mod state;
 pub mod stats;
 pub mod template;
@@ -58,6 +59,7 @@ pub use log::{union_var_names, LogCtx, LogNeeds, LogVars, ResponseSource, VarNam
 pub use plugin::{Flow, PhaseFuture, Phases, Plugin, Step};
 pub use response::{BodyChunk, BodyEdits, BodyFilter, BodyFilters, ResponseHead, WholeBody};
 pub use services::{PluginServices, SharedState};
+pub use shutdown::{Shutdown, ShutdownHold};
 pub use state::{Lease, Retain, StateMap};
 pub use stats::{ConnStats, ConnTotals};
 pub use template::Template;

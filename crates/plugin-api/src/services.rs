@@ -7,6 +7,7 @@
 //! - an [`HttpClient`] for plugins that call out (plain HTTP for now),
 //! - the connection statistics the proxy core writes and prometheus reads ([`ConnStats`]),
 //! - `plugin_attr` from `config.yaml`,
+//! - the graceful [`Shutdown`] background work holds open,
 //! - typed shared states ([`SharedState`]): one value per type and gateway, made on first use
 //!   (the Redis pools, the metrics registry, the counter spaces of the limit plugins).
 
@@ -19,6 +20,7 @@ use ferrisix_config::settings::PluginAttr;
 use crate::clock::Clock;
 use crate::exec::Executor;
 use crate::http_client::HttpClient;
+use crate::shutdown::Shutdown;
 use crate::stats::ConnStats;
 
 /// A value shared by every plugin of one gateway, one per type, made on first use.
@@ -33,6 +35,7 @@ pub struct PluginServices {
     http: HttpClient,
     conn_stats: Arc<ConnStats>,
     attr: PluginAttr,
+    shutdown: Shutdown,
     shared: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
     texts: Mutex<HashSet<&'static str>>,
 }
@@ -60,6 +63,7 @@ impl PluginServices {
             executor,
             conn_stats: Arc::new(ConnStats::new()),
             attr,
+            shutdown: Shutdown::new(),
             shared: Mutex::new(HashMap::new()),
             texts: Mutex::new(HashSet::new()),
         }
@@ -80,6 +84,12 @@ impl PluginServices {
     /// Connection and request counters (written by the proxy core).
     pub fn conn_stats(&self) -> &Arc<ConnStats> {
         &self.conn_stats
+    }
+
+    /// The gateway's graceful shutdown: background work that must not be lost (the loggers'
+    /// batches) holds it open; the binary starts and drains it.
+    pub fn shutdown(&self) -> &Shutdown {
+        &self.shutdown
     }
 
     /// `plugin_attr` of `config.yaml`.

@@ -39,7 +39,7 @@ pub mod support;
 mod testing;
 
 pub mod limit;
-
+pub mod log;
 pub mod observe;
 pub mod traffic;
 pub mod transform;
@@ -52,7 +52,7 @@ pub use registry::{PluginInfo, PluginRegistry, SchemaType};
 pub fn builtin() -> impl Iterator<Item = &'static PluginDef> {
     [
         limit::PLUGINS,
-
+        log::PLUGINS,
         observe::PLUGINS,
         traffic::PLUGINS,
         transform::PLUGINS,

@@ -1,6 +1,13 @@
 //! Loggers: each request's log entry (`log_entry`, APISIX's `log-util`) sent to a log
-//! pipeline through a batch processor (`batch_processor`, APISIX's), one file per logger.
+//! pipeline through a batch processor (`batch_processor`, APISIX's), one file per logger on
+//! the shared `logger` core.
 
 pub mod batch_processor;
+pub mod log_entry;
+pub mod logger;
 
-family! {}
+family! {
+    http_logger,
+    tcp_logger,
+    udp_logger,
+}

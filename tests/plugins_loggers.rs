@@ -130,20 +130,24 @@ fn http_logger_logs_every_request_exactly_once_under_wrk() {
     assert!(status.success(), "{status:?}");
     let statuses = sink.statuses.lock().unwrap().clone();
     let ok = statuses.iter().filter(|s| *s == "200").count();
-    // Requests wrk abandoned at its deadline are logged too (nginx's 499), never counted by
-    // wrk as completed.
-    let abandoned: Vec<&String> = statuses.iter().filter(|s| *s != "200").collect();
     eprintln!(
-        "wrk -c 16 -d 10: {total} requests; the sink got {} entries in {} batches ({} of 200)",
+        "wrk -c 16 -d 10: {total} requests completed; the upstream served {}; the sink got {} entries in {} batches ({ok} of 200)",
+        up.hits(),
         statuses.len(),
         sink.batches.load(Ordering::Relaxed),
-        ok
     );
-    assert_eq!(ok, total, "{text}");
-    assert_eq!(up.hits(), total + abandoned.len(), "{abandoned:?}");
+    // Every request the gateway served is logged exactly once: one entry per upstream hit.
+    assert_eq!(statuses.len(), up.hits(), "{text}");
+    // wrk counts only the answers it read before its deadline; the requests still in flight
+    // on its 16 connections then were served (and logged) all the same.
     assert!(
-        abandoned.iter().all(|s| *s == "499") && abandoned.len() <= 16,
-        "{abandoned:?}"
+        ok >= total && ok - total <= 16,
+        "{ok} logged, {total} completed\n{text}"
+    );
+    assert!(
+        statuses.iter().all(|s| s == "200" || s == "499"),
+        "{:?}",
+        statuses.iter().filter(|s| *s != "200").collect::<Vec<_>>()
     );
 }
 

@@ -46,7 +46,7 @@ pub use clock::Clock;
 pub use compile::{ApiAnswer, ApiHandler, CompileCtx, PluginApi, PluginApis};
 pub use ctx::{
     BodyError, Consumer, Owner, PendingBody, PluginCtx, RequestBody, RequestGuards, RequestState,
-    ResponseHeaders, RouteInfo, UpstreamEdits,
+    RequestValues, ResponseHeaders, RouteInfo, UpstreamEdits,
 };
 pub use def::{CheckCtx, CheckFn, CompileFn, PluginDef, PluginKind, RunPolicy, Scope};
 pub use exec::Executor;

@@ -237,6 +237,7 @@ pub fn response_phases(ctx: &mut RequestCtx<'_>, resp: &mut Response<ResponseBod
         response_headers: needs.response_headers.then(|| resp.headers().clone()),
         request_body: run.request_body.take(),
         response_body: None,
+        values: run.state.take_values(),
     };
     ctx.log.plugins = Some(Box::new(PendingLog {
         global: run.global,

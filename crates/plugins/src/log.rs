@@ -10,4 +10,6 @@ family! {
     http_logger,
     tcp_logger,
     udp_logger,
+    loki_logger,
+    clickhouse_logger,
 }

@@ -100,7 +100,7 @@ impl HttpSink {
             uri,
             content_type: HeaderValue::from_static(match concat {
                 Concat::Json => "application/json",
-                Concat::NewLine => "text/plain",
+                Concat::NewLine | Concat::Space => "text/plain",
             }),
             auth: conf
                 .get("auth_header")

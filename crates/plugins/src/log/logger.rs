@@ -17,6 +17,7 @@ use super::log_entry::LogEntryConf;
 /// One logger conf, compiled.
 pub struct Logger {
     entry: LogEntryConf,
+    needs: LogNeeds,
     processor: Lease<BatchProcessor>,
     clock: Clock,
     /// http-logger names requests that matched no route `no-matched`.
@@ -63,6 +64,7 @@ impl Logger {
             )
         });
         Ok(Logger {
+            needs: entry.needs(),
             entry,
             processor,
             clock: services.clock().clone(),
@@ -70,18 +72,37 @@ impl Logger {
         })
     }
 
+    /// Also captures `names` for the log phase (loki's label templates).
+    pub fn with_vars(mut self, names: &[Box<str>]) -> Logger {
+        if !names.is_empty() {
+            let extra = LogNeeds {
+                vars: Some(names.to_vec().into()),
+                ..LogNeeds::default()
+            };
+            self.needs = self.needs.union(&extra);
+        }
+        self
+    }
+
     pub fn needs(&self) -> LogNeeds {
-        self.entry.needs()
+        self.needs.clone()
     }
 
     /// The log phase: one entry, encoded now, pushed (never waits).
     pub fn log(&self, ctx: &LogCtx) {
-        let mut entry = self.entry.build(ctx, self.clock.epoch_ms());
+        self.log_with(ctx, |entry, _| {
+            Bytes::from(lua::cjson_encode(&Value::Object(entry)))
+        });
+    }
+
+    /// The log phase with the logger's own encoding of the entry.
+    pub fn log_with(&self, ctx: &LogCtx, encode: impl FnOnce(Map<String, Value>, u64) -> Bytes) {
+        let now = self.clock.epoch_ms();
+        let mut entry = self.entry.build(ctx, now);
         if self.no_matched && !entry.contains_key("route_id") {
             entry.insert("route_id".into(), Value::String("no-matched".into()));
         }
-        let encoded = lua::cjson_encode(&Value::Object(entry));
-        self.processor.push(Bytes::from(encoded));
+        self.processor.push(encode(entry, now));
     }
 }
 
@@ -92,6 +113,8 @@ pub enum Concat {
     Json,
     /// The entries, one a line.
     NewLine,
+    /// The entries separated by spaces (ClickHouse's `JSONEachRow`).
+    Space,
 }
 
 /// The body of one batch, as APISIX's loggers encode it.
@@ -104,6 +127,7 @@ pub fn encode_batch(entries: &[Bytes], batch_max_size: usize, concat: Concat) ->
     let (open, sep, close): (&[u8], &[u8], &[u8]) = match concat {
         Concat::Json => (b"[", b",", b"]"),
         Concat::NewLine => (b"", b"\n", b""),
+        Concat::Space => (b"", b" ", b""),
     };
     out.put_slice(open);
     for (i, e) in entries.iter().enumerate() {

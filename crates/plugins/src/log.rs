@@ -11,5 +11,7 @@ family! {
     tcp_logger,
     udp_logger,
     loki_logger,
+    elasticsearch_logger,
+    syslog,
     clickhouse_logger,
 }

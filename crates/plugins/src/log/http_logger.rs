@@ -271,7 +271,7 @@ mod tests {
         let lower = reqs[0].to_lowercase();
         assert!(lower.contains("content-type: application/json"));
         assert!(lower.contains("authorization: basic x"));
-        assert!(lower.contains(&format!("host: 127.0.0.1\r\n")));
+        assert!(lower.contains("host: 127.0.0.1\r\n"));
         let body = reqs[0].split("\r\n\r\n").nth(1).unwrap();
         let v: Value = serde_json::from_str(body).unwrap();
         assert_eq!(v[0]["request"]["uri"], "/x?n=0");

@@ -39,10 +39,6 @@ impl Sink {
             batches,
         }
     }
-
-    fn count(&self) -> usize {
-        self.statuses.lock().unwrap().len()
-    }
 }
 
 fn serve_sink(mut s: TcpStream, statuses: &Mutex<Vec<String>>, batches: &AtomicUsize) {

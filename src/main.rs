@@ -196,6 +196,15 @@ fn run(mut settings: Settings) -> Result<(), String> {
     if let Some(server) = server {
         server.wait();
     }
+    // The requests are over: the loggers' buffered batches go out before the process ends.
+    let flushed = background.block_on(
+        services
+            .shutdown()
+            .drain(settings.nginx_config.worker_shutdown_timeout),
+    );
+    if !flushed {
+        tracing::warn!("shutdown timeout reached with log batches still being sent");
+    }
     tracing::info!("stopped");
     Ok(())
 }

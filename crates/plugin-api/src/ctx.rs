@@ -297,12 +297,19 @@ impl std::ops::Index<&str> for ResponseHeaders {
 }
 
 /// Per-request plugin-private values by type (cors remembers the allowed origin for its
-/// header filter). Empty costs no allocation.
+/// header filter; opentelemetry its span for the log phase). Empty costs no allocation.
 #[derive(Default)]
-struct PrivateState(Vec<(TypeId, Box<dyn Any + Send + Sync>)>);
+pub struct RequestValues(Vec<(TypeId, Box<dyn Any + Send + Sync>)>);
 
-impl PrivateState {
-    fn get<T: Any>(&self) -> Option<&T> {
+impl fmt::Debug for RequestValues {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RequestValues({})", self.0.len())
+    }
+}
+
+impl RequestValues {
+    /// The value of type `T`, if one was kept.
+    pub fn get<T: Any>(&self) -> Option<&T> {
         let id = TypeId::of::<T>();
         self.0
             .iter()
@@ -341,7 +348,7 @@ pub struct RequestState {
     body: RequestBody,
     max_body_size: Option<u64>,
     response_headers: ResponseHeaders,
-    private: PrivateState,
+    private: RequestValues,
     guards: RequestGuards,
     upstream_node: Option<SocketAddr>,
     body_timeout: Duration,
@@ -375,7 +382,7 @@ impl RequestState {
             body: RequestBody::Empty,
             max_body_size: None,
             response_headers: ResponseHeaders::default(),
-            private: PrivateState::default(),
+            private: RequestValues::default(),
             guards: RequestGuards::default(),
             upstream_node: None,
             body_timeout: BODY_READ_GAP,
@@ -466,6 +473,15 @@ impl RequestState {
 
     pub fn response_headers(&self) -> &ResponseHeaders {
         &self.response_headers
+    }
+
+    /// The values plugins kept for this request, for the log phase (`None` when there are
+    /// none, which allocates nothing).
+    pub fn take_values(&mut self) -> Option<Arc<RequestValues>> {
+        if self.private.0.is_empty() {
+            return None;
+        }
+        Some(Arc::new(std::mem::take(&mut self.private)))
     }
 
     pub fn take_guards(&mut self) -> RequestGuards {

@@ -36,6 +36,7 @@ pub mod log;
 pub mod plugin;
 pub mod response;
 pub mod services;
+pub mod shutdown;
 pub mod state;
 pub mod stats;
 pub mod template;
@@ -48,7 +49,7 @@ pub use compile::{ApiAnswer, ApiHandler, CompileCtx, PluginApi, PluginApis};
 pub use consumers::{AuthDef, ConsumerIndex, Credential, Prepared};
 pub use ctx::{
     BodyError, Consumer, Owner, PendingBody, PluginCtx, RequestBody, RequestGuards, RequestState,
-    ResponseHeaders, RouteInfo, UpstreamEdits,
+    RequestValues, ResponseHeaders, RouteInfo, UpstreamEdits,
 };
 pub use def::{CheckCtx, CheckFn, CompileFn, PluginDef, PluginKind, RunPolicy, Scope};
 pub use exec::Executor;
@@ -61,6 +62,7 @@ pub use log::{union_var_names, LogCtx, LogNeeds, LogVars, ResponseSource, VarNam
 pub use plugin::{Flow, PhaseFuture, Phases, Plugin, Step};
 pub use response::{BodyChunk, BodyEdits, BodyFilter, BodyFilters, ResponseHead, WholeBody};
 pub use services::{PluginServices, SharedState};
+pub use shutdown::{Shutdown, ShutdownHold};
 pub use state::{Lease, Retain, StateMap};
 pub use stats::{ConnStats, ConnTotals};
 pub use template::Template;

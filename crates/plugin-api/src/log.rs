@@ -11,7 +11,7 @@ use bytes::Bytes;
 use ferrisix_router::VarSource;
 use http::HeaderMap;
 
-use crate::ctx::Consumer;
+use crate::ctx::{Consumer, RequestValues};
 
 /// Who produced the response, for prometheus' `response_source` label.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -165,6 +165,15 @@ pub struct LogCtx {
     pub request_body: Option<Bytes>,
     /// With [`LogNeeds::response_body`]: what was sent, up to the limit.
     pub response_body: Option<Bytes>,
+    /// The values plugins kept for the request ([`crate::PluginCtx::insert`]).
+    pub values: Option<Arc<RequestValues>>,
+}
+
+impl LogCtx {
+    /// The request's value of type `T` a plugin kept in an earlier phase.
+    pub fn value<T: std::any::Any>(&self) -> Option<&T> {
+        self.values.as_deref()?.get()
+    }
 }
 
 impl VarSource for LogCtx {

@@ -7,6 +7,7 @@
 //! - an [`HttpClient`] for plugins that call out (plain HTTP for now),
 //! - the connection statistics the proxy core writes and prometheus reads ([`ConnStats`]),
 //! - `plugin_attr` from `config.yaml`,
+//! - the graceful [`Shutdown`] background work holds open,
 //! - typed shared states ([`SharedState`]): one value per type and gateway, made on first use
 //!   (the Redis pools, the metrics registry, the counter spaces of the limit plugins).
 
@@ -19,6 +20,7 @@ use ferrisix_config::settings::PluginAttr;
 use crate::clock::Clock;
 use crate::exec::Executor;
 use crate::http_client::HttpClient;
+use crate::shutdown::Shutdown;
 use crate::stats::ConnStats;
 
 /// A value shared by every plugin of one gateway, one per type, made on first use.
@@ -35,6 +37,7 @@ pub struct PluginServices {
     attr: PluginAttr,
     /// The HTTPS listeners' ports (`apisix.ssl.listen` when `apisix.ssl.enable`).
     tls_ports: Vec<u16>,
+    shutdown: Shutdown,
     shared: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
     texts: Mutex<HashSet<&'static str>>,
 }
@@ -63,6 +66,7 @@ impl PluginServices {
             conn_stats: Arc::new(ConnStats::new()),
             attr,
             tls_ports: Vec::new(),
+            shutdown: Shutdown::new(),
             shared: Mutex::new(HashMap::new()),
             texts: Mutex::new(HashSet::new()),
         }
@@ -95,6 +99,12 @@ impl PluginServices {
     /// The HTTPS ports; empty when TLS is off.
     pub fn tls_ports(&self) -> &[u16] {
         &self.tls_ports
+    }
+
+    /// The gateway's graceful shutdown: background work that must not be lost (the loggers'
+    /// batches) holds it open; the binary starts and drains it.
+    pub fn shutdown(&self) -> &Shutdown {
+        &self.shutdown
     }
 
     /// `plugin_attr` of `config.yaml`.

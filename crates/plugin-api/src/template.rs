@@ -86,6 +86,14 @@ impl Template {
             .any(|s| matches!(s, Segment::Var { .. }))
     }
 
+    /// The names of the variables it reads, in order (to capture them for the log phase).
+    pub fn var_names(&self) -> impl Iterator<Item = &str> {
+        self.segments.iter().filter_map(|s| match s {
+            Segment::Var { name, .. } => Some(name.as_str()),
+            Segment::Literal(_) => None,
+        })
+    }
+
     /// The text when there are no variables.
     pub fn literal(&self) -> Option<&str> {
         match self.segments.as_slice() {

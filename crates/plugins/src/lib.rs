@@ -1,5 +1,5 @@
-//! The plugins ferrisix implements, in families (`auth/`, `encode/`, `limit/`, `observe/`,
-//! `request/`, `restriction/`, `security/`, `transform/`), each a
+//! The plugins ferrisix implements, in families (`auth/`, `encode/`, `limit/`, `log/`,
+//! `observe/`, `request/`, `restriction/`, `security/`, `traffic/`, `transform/`), each a
 //! [`PluginDef`] built on the plugin API (`ferrisix-plugin-api`) and registered by one line in
 //! its family's list; plus the [`PluginRegistry`] every consumer of plugins derives from (the
 //! Admin API's listing and schemas, validation, compilation) and the [`PluginChain`]s the proxy
@@ -42,10 +42,12 @@ mod testing;
 pub mod auth;
 pub mod encode;
 pub mod limit;
+pub mod log;
 pub mod observe;
 pub mod request;
 pub mod restriction;
 pub mod security;
+pub mod traffic;
 pub mod transform;
 
 pub use chain::{
@@ -61,10 +63,12 @@ pub fn builtin() -> impl Iterator<Item = &'static PluginDef> {
         auth::PLUGINS,
         encode::PLUGINS,
         limit::PLUGINS,
+        log::PLUGINS,
         observe::PLUGINS,
         request::PLUGINS,
         restriction::PLUGINS,
         security::PLUGINS,
+        traffic::PLUGINS,
         transform::PLUGINS,
     ]
     .into_iter()

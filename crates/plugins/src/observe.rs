@@ -1,7 +1,8 @@
-//! Observability: prometheus metrics and public-api, which serves plugins' own APIs (the
+//! Observability: opentelemetry tracing, prometheus metrics and public-api, which serves plugins' own APIs (the
 //! metrics text) on a data-plane route.
 
 family! {
+    opentelemetry,
     prometheus,
     public_api,
 }

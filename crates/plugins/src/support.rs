@@ -1,7 +1,7 @@
 //! Support shared by several plugin families: the Redis connections of the limit plugins'
 //! `redis`, `redis-cluster` and `redis-sentinel` policies, what the auth plugins share, the
 //! regexes of plugin confs (PCRE's syntax on a linear-time engine), header edits with `$var`
-//! values, and nginx's URI escapes.
+//! values, nginx's URI escapes, and `resty.roundrobin`.
 
 pub mod auth;
 pub mod encoding;
@@ -9,5 +9,6 @@ pub mod headers;
 pub mod ip;
 pub mod pcre;
 pub mod redis;
+pub mod roundrobin;
 pub mod stream_sub;
 pub mod uri;

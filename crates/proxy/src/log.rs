@@ -14,7 +14,7 @@ use ferrisix_plugin_api::{ConnStats, LogCtx, RequestGuards};
 use ferrisix_plugins::{PluginChain, Verdicts};
 
 use crate::access_log::{AccessLog, LogRecord};
-use crate::record::UpstreamRecord;
+use crate::record::{tries, UpstreamRecord};
 
 /// nginx's status for a request whose client closed the connection before the answer.
 const CLIENT_CLOSED: u16 = 499;
@@ -39,10 +39,21 @@ pub struct PendingLog {
     /// The response body is captured up to this many bytes when a plugin asked for it.
     pub body_limit: Option<usize>,
     pub body: BytesMut,
+    /// Made by the request phases: the client went away before the response phases.
+    pub abandoned: bool,
 }
 
 impl PendingLog {
     fn run(&mut self, bytes_sent: u64, upstream: &UpstreamRecord) {
+        if self.abandoned {
+            self.ctx
+                .vars
+                .set("upstream_addr", || tries(&upstream.addrs));
+            self.ctx
+                .vars
+                .set("upstream_status", || tries(&upstream.statuses));
+            self.ctx.node = upstream.last_addr().map(|a| a.ip());
+        }
         self.ctx.bytes_sent += bytes_sent;
         self.ctx.request_time = self.start.elapsed();
         if self.ctx.node.is_some() {

@@ -99,6 +99,32 @@ pub async fn request_phases(ctx: &mut RequestCtx<'_>, proxying: bool) -> Option<
             _ => None,
         };
     }
+    if run.has(Phases::LOG) {
+        // The plugins' log phase runs even if the client goes away before the answer
+        // (nginx's 499): it waits in the log phase, which the response phases complete.
+        let (matched_uri, matched_host) = run.state.matched();
+        ctx.log.plugins = Some(Box::new(PendingLog {
+            global: run.global.clone(),
+            route: run.route.clone(),
+            verdicts: run.verdicts,
+            guards: Default::default(),
+            ctx: LogCtx {
+                status: 499,
+                matched_uri,
+                matched_host,
+                request_length: request_length(&ctx.head, &ctx.headers),
+                consumer: run.state.consumer().cloned(),
+                vars: std::mem::take(&mut run.log_vars),
+                request_headers: needs.request_headers.then(|| ctx.headers.clone()),
+                request_body: run.request_body.take(),
+                ..LogCtx::default()
+            },
+            start: ctx.started,
+            body_limit: None,
+            body: Default::default(),
+            abandoned: true,
+        }));
+    }
     match flow {
         Flow::Exit(e) => {
             run.own_answer = true;
@@ -224,8 +250,13 @@ pub fn response_phases(ctx: &mut RequestCtx<'_>, resp: &mut Response<ResponseBod
         return;
     }
     let needs = run.log_needs();
+    // What the request phases already captured for the log phase.
+    let early = ctx.log.plugins.take().map(|p| p.ctx);
     let record = &ctx.log.upstream;
-    let mut vars = std::mem::take(&mut run.log_vars);
+    let (mut vars, request_body) = match early {
+        Some(e) => (e.vars, e.request_body),
+        None => (std::mem::take(&mut run.log_vars), run.request_body.take()),
+    };
     if !vars.is_empty() {
         vars.set("upstream_addr", || tries(&record.addrs));
         vars.set("upstream_status", || tries(&record.statuses));
@@ -255,8 +286,9 @@ pub fn response_phases(ctx: &mut RequestCtx<'_>, resp: &mut Response<ResponseBod
         vars,
         request_headers: needs.request_headers.then(|| ctx.headers.clone()),
         response_headers: needs.response_headers.then(|| resp.headers().clone()),
-        request_body: run.request_body.take(),
+        request_body,
         response_body: None,
+        values: run.state.take_values(),
     };
     ctx.log.plugins = Some(Box::new(PendingLog {
         global: run.global,
@@ -267,6 +299,7 @@ pub fn response_phases(ctx: &mut RequestCtx<'_>, resp: &mut Response<ResponseBod
         start: ctx.started,
         body_limit: needs.response_body,
         body: Default::default(),
+        abandoned: false,
     }));
 }
 

@@ -1,0 +1,17 @@
+//! Loggers: each request's log entry (`log_entry`, APISIX's `log-util`) sent to a log
+//! pipeline through a batch processor (`batch_processor`, APISIX's), one file per logger on
+//! the shared `logger` core.
+
+pub mod batch_processor;
+pub mod log_entry;
+pub mod logger;
+
+family! {
+    http_logger,
+    tcp_logger,
+    udp_logger,
+    loki_logger,
+    elasticsearch_logger,
+    syslog,
+    clickhouse_logger,
+}

@@ -1,0 +1,158 @@
+//! What every logger shares: its compiled entry conf, its batch processor (one per conf,
+//! kept across snapshots while the conf is unchanged) and the log phase that builds, encodes
+//! and pushes one entry per request.
+
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use ferrisix_config::schema::lua;
+use ferrisix_plugin_api::{Clock, CompileCtx, Lease, LogCtx, LogNeeds, StateMap};
+use serde_json::{Map, Value};
+
+use super::batch_processor::{
+    Backlogs, BatchConfig, BatchProcessor, BatchSink, DEFAULT_MAX_PENDING_ENTRIES,
+};
+use super::log_entry::LogEntryConf;
+
+/// One logger conf, compiled.
+pub struct Logger {
+    entry: LogEntryConf,
+    needs: LogNeeds,
+    processor: Lease<BatchProcessor>,
+    clock: Clock,
+    /// http-logger names requests that matched no route `no-matched`.
+    no_matched: bool,
+}
+
+impl std::fmt::Debug for Logger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Logger")
+            .field("processor", &*self.processor)
+            .finish()
+    }
+}
+
+impl Logger {
+    /// Compiles `cx`'s conf of logger `plugin`; `sink` makes the sink from the filled conf
+    /// (called only when the conf has no processor yet).
+    pub fn compile(
+        cx: &CompileCtx<'_>,
+        plugin: &'static str,
+        no_matched: bool,
+        sink: impl FnOnce(&Map<String, Value>) -> Result<Arc<dyn BatchSink>, String>,
+    ) -> Result<Logger, String> {
+        let filled = cx.filled();
+        let conf = filled.as_object().ok_or("conf is not an object")?;
+        let entry = LogEntryConf::compile(conf, cx.metadata)?;
+        let max_pending = cx
+            .metadata
+            .and_then(|m| m.get("max_pending_entries"))
+            .and_then(Value::as_u64)
+            .map_or(DEFAULT_MAX_PENDING_ENTRIES, |n| n as usize);
+        let services = cx.services;
+        let map = services.shared::<StateMap<BatchProcessor>>();
+        let key = cx.state_key();
+        // The sink is made before the lease so that a bad conf fails the compile.
+        let sink = sink(conf)?;
+        let processor = map.lease(&key, || {
+            BatchProcessor::new(
+                BatchConfig::from_conf(conf),
+                sink,
+                services.shared::<Backlogs>().of(plugin),
+                max_pending,
+                services,
+            )
+        });
+        Ok(Logger {
+            needs: entry.needs(),
+            entry,
+            processor,
+            clock: services.clock().clone(),
+            no_matched,
+        })
+    }
+
+    /// Also captures `names` for the log phase (loki's label templates).
+    pub fn with_vars(mut self, names: &[Box<str>]) -> Logger {
+        if !names.is_empty() {
+            let extra = LogNeeds {
+                vars: Some(names.to_vec().into()),
+                ..LogNeeds::default()
+            };
+            self.needs = self.needs.union(&extra);
+        }
+        self
+    }
+
+    pub fn needs(&self) -> LogNeeds {
+        self.needs.clone()
+    }
+
+    /// The log phase: one entry, encoded now, pushed (never waits).
+    pub fn log(&self, ctx: &LogCtx) {
+        self.log_with(ctx, |entry, _| {
+            Bytes::from(lua::cjson_encode(&Value::Object(entry)))
+        });
+    }
+
+    /// The log phase with the logger's own encoding of the entry.
+    pub fn log_with(&self, ctx: &LogCtx, encode: impl FnOnce(Map<String, Value>, u64) -> Bytes) {
+        let now = self.clock.epoch_ms();
+        let mut entry = self.entry.build(ctx, now);
+        if self.no_matched && !entry.contains_key("route_id") {
+            entry.insert("route_id".into(), Value::String("no-matched".into()));
+        }
+        self.processor.push(encode(entry, now));
+    }
+}
+
+/// How a batch of encoded entries is joined.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Concat {
+    /// A JSON array (a lone entry unwrapped when `batch_max_size` is 1).
+    Json,
+    /// The entries, one a line.
+    NewLine,
+    /// The entries separated by spaces (ClickHouse's `JSONEachRow`).
+    Space,
+}
+
+/// The body of one batch, as APISIX's loggers encode it.
+pub fn encode_batch(entries: &[Bytes], batch_max_size: usize, concat: Concat) -> Bytes {
+    if batch_max_size == 1 && entries.len() == 1 {
+        return entries[0].clone();
+    }
+    let len: usize = entries.iter().map(|e| e.len() + 1).sum::<usize>() + 2;
+    let mut out = BytesMut::with_capacity(len);
+    let (open, sep, close): (&[u8], &[u8], &[u8]) = match concat {
+        Concat::Json => (b"[", b",", b"]"),
+        Concat::NewLine => (b"", b"\n", b""),
+        Concat::Space => (b"", b" ", b""),
+    };
+    out.put_slice(open);
+    for (i, e) in entries.iter().enumerate() {
+        if i > 0 {
+            out.put_slice(sep);
+        }
+        out.put_slice(e);
+    }
+    out.put_slice(close);
+    out.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches() {
+        let e = [Bytes::from("{\"a\":1}"), Bytes::from("{\"b\":2}")];
+        assert_eq!(encode_batch(&e[..1], 1, Concat::Json), "{\"a\":1}");
+        assert_eq!(encode_batch(&e[..1], 10, Concat::Json), "[{\"a\":1}]");
+        assert_eq!(encode_batch(&e, 10, Concat::Json), "[{\"a\":1},{\"b\":2}]");
+        assert_eq!(
+            encode_batch(&e, 10, Concat::NewLine),
+            "{\"a\":1}\n{\"b\":2}"
+        );
+    }
+}

@@ -1,0 +1,10 @@
+//! Traffic control: splitting traffic between upstreams (traffic-split), injecting faults
+//! (fault-injection), breaking the circuit to failing upstreams (api-breaker) and shadowing
+//! requests to another host (proxy-mirror).
+
+family! {
+    traffic_split,
+    fault_injection,
+    api_breaker,
+    proxy_mirror,
+}

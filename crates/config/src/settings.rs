@@ -749,7 +749,7 @@ impl Default for AdminKeyGuard {
 }
 
 /// The `ferrisix:` section: keys APISIX does not have.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default)]
 pub struct FerrisixSettings {
     /// Failed Admin API authentications per client address.
@@ -776,6 +776,28 @@ pub struct FerrisixSettings {
     /// resolve against config.yaml's directory; default `ferrisix.pid` in the data directory;
     /// `""` writes none.
     pub pid_file: Option<PathBuf>,
+    /// After SIGTERM, how long the listening sockets stay open for a successor once the
+    /// connections have drained (`ferrisix` started again: a restart). Connections arriving
+    /// meanwhile wait in the kernel's accept queues and the successor serves them, so a stop
+    /// followed by a start loses none. `0` closes them at SIGTERM, as nginx does. Default 5s.
+    #[serde(deserialize_with = "de::duration")]
+    pub handover_wait: Duration,
+}
+
+impl Default for FerrisixSettings {
+    fn default() -> Self {
+        FerrisixSettings {
+            admin_key_guard: AdminKeyGuard::default(),
+            config_file: None,
+            data_dir: None,
+            admin_on_data_port: false,
+            http2: Http2Settings::default(),
+            log: LogSettings::default(),
+            handover_socket: None,
+            pid_file: None,
+            handover_wait: Duration::from_secs(5),
+        }
+    }
 }
 
 /// `ferrisix.log`.

@@ -100,7 +100,9 @@ async fn a_second_open_of_the_same_file_is_refused() {
 async fn a_suspended_store_lets_a_successor_open_the_file_and_resumes_after_it() {
     let dir = tempfile::tempdir().unwrap();
     let old = open(dir.path());
-    old.put("/apisix/routes/1", route("/a"), None).await.unwrap();
+    old.put("/apisix/routes/1", route("/a"), None)
+        .await
+        .unwrap();
     let suspended = old.clone();
     tokio::task::spawn_blocking(move || suspended.suspend())
         .await
@@ -117,7 +119,9 @@ async fn a_suspended_store_lets_a_successor_open_the_file_and_resumes_after_it()
         .is_some());
     {
         let new = open(dir.path());
-        new.put("/apisix/routes/2", route("/b"), None).await.unwrap();
+        new.put("/apisix/routes/2", route("/b"), None)
+            .await
+            .unwrap();
     }
     let resumed = old.clone();
     tokio::task::spawn_blocking(move || resumed.resume())

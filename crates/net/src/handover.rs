@@ -30,6 +30,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -226,6 +227,9 @@ impl Successor {
 pub struct HandoverServer {
     path: PathBuf,
     inode: u64,
+    /// Set when a successor took over: the socket file was removed then (the successor binds
+    /// its own at the path, possibly with this one's freed inode number).
+    handed_over: Arc<AtomicBool>,
 }
 
 impl HandoverServer {
@@ -255,12 +259,19 @@ impl HandoverServer {
         rustix::net::listen(&listener, 4)?;
         let inode = std::fs::metadata(path)?.ino();
         let version = version.to_owned();
+        let handed_over = Arc::new(AtomicBool::new(false));
+        let end = Ending {
+            path: path.to_owned(),
+            inode,
+            handed_over: handed_over.clone(),
+        };
         std::thread::Builder::new()
             .name("ferrisix-handover".into())
-            .spawn(move || accept_loop(listener, &version, &sockets, host.as_ref()))?;
+            .spawn(move || accept_loop(listener, &version, &sockets, host.as_ref(), &end))?;
         Ok(HandoverServer {
             path: path.to_owned(),
             inode,
+            handed_over,
         })
     }
 
@@ -271,6 +282,26 @@ impl HandoverServer {
 
 impl Drop for HandoverServer {
     fn drop(&mut self) {
+        if !self.handed_over.load(Ordering::Acquire)
+            && std::fs::metadata(&self.path).is_ok_and(|m| m.ino() == self.inode)
+        {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// What the hand-over thread does with the socket file when a successor takes over.
+struct Ending {
+    path: PathBuf,
+    inode: u64,
+    handed_over: Arc<AtomicBool>,
+}
+
+impl Ending {
+    /// Removes the socket file before the successor hears `STOPPED` (and binds its own), so
+    /// that nothing of this process touches the path afterwards.
+    fn handed_over(&self) {
+        self.handed_over.store(true, Ordering::Release);
         if std::fs::metadata(&self.path).is_ok_and(|m| m.ino() == self.inode) {
             let _ = std::fs::remove_file(&self.path);
         }
@@ -282,6 +313,7 @@ fn accept_loop(
     version: &str,
     sockets: &Mutex<ListenerSet>,
     host: &dyn Predecessor,
+    end: &Ending,
 ) {
     loop {
         let conn = match rustix::net::accept_with(&listener, rustix::net::SocketFlags::CLOEXEC) {
@@ -292,7 +324,7 @@ fn accept_loop(
                 return;
             }
         };
-        match serve_successor(&conn, version, sockets, host) {
+        match serve_successor(&conn, version, sockets, host, end) {
             Ok(true) => return,
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "listener hand-over failed"),
@@ -306,6 +338,7 @@ fn serve_successor(
     version: &str,
     sockets: &Mutex<ListenerSet>,
     host: &dyn Predecessor,
+    end: &Ending,
 ) -> io::Result<bool> {
     let cred = sockopt::socket_peercred(conn)?;
     let me = rustix::process::geteuid();
@@ -365,6 +398,7 @@ fn serve_successor(
             },
             "STOP" => {
                 host.stop();
+                end.handed_over();
                 let _ = send(conn, "STOPPED", &[]);
                 tracing::info!(successor = %successor, "the successor serves now; draining");
                 return Ok(true);
@@ -381,7 +415,7 @@ fn serve_successor(
 mod tests {
     use super::*;
     use std::io::{Read, Write};
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::AtomicUsize;
 
     #[derive(Default)]
     struct Recorder {
@@ -528,6 +562,29 @@ mod tests {
         let (again, _) = connect(&path).unwrap().unwrap();
         again.stop().unwrap();
         wait_for(|| host.stopped.load(Ordering::SeqCst) == 1);
+    }
+
+    /// The successor's own hand-over socket survives the predecessor's exit, even when it got
+    /// the predecessor's freed inode number.
+    #[test]
+    fn the_successor_socket_outlives_the_predecessor() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("handover.sock");
+        let empty = || Arc::new(Mutex::new(ListenerSet::new()));
+        let host = Arc::new(Recorder::default());
+        let old = HandoverServer::start(&path, "test", empty(), host.clone()).unwrap();
+        let (successor, _) = connect(&path).unwrap().unwrap();
+        successor.stop().unwrap();
+        assert!(
+            !path.exists(),
+            "the predecessor removed its socket file at STOP"
+        );
+        let new = HandoverServer::start(&path, "test", empty(), host).unwrap();
+        drop(old);
+        assert!(path.exists());
+        assert!(connect(&path).unwrap().is_some());
+        drop(new);
+        assert!(!path.exists());
     }
 
     #[test]

@@ -7,6 +7,10 @@
 //! - an [`HttpClient`] for plugins that call out (plain HTTP for now),
 //! - the connection statistics the proxy core writes and prometheus reads ([`ConnStats`]),
 //! - `plugin_attr` from `config.yaml`,
+//! - the log-reopen signal ([`LogReopen`], SIGUSR1 after logrotate moved the files away): a
+//!   plugin that writes a file compares [`LogReopen::generation`] with the one it opened the
+//!   file at before each write (an atomic load) and reopens the path when they differ, or
+//!   waits on [`LogReopen::subscribe`] in a background task,
 //! - typed shared states ([`SharedState`]): one value per type and gateway, made on first use
 //!   (the Redis pools, the metrics registry, the counter spaces of the limit plugins).
 
@@ -14,6 +18,7 @@ use std::any::{Any, TypeId};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+pub use ferrisix_config::reopen::LogReopen;
 use ferrisix_config::settings::PluginAttr;
 
 use crate::clock::Clock;
@@ -33,6 +38,7 @@ pub struct PluginServices {
     http: HttpClient,
     conn_stats: Arc<ConnStats>,
     attr: PluginAttr,
+    log_reopen: LogReopen,
     shared: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
     texts: Mutex<HashSet<&'static str>>,
 }
@@ -60,6 +66,7 @@ impl PluginServices {
             executor,
             conn_stats: Arc::new(ConnStats::new()),
             attr,
+            log_reopen: LogReopen::new(),
             shared: Mutex::new(HashMap::new()),
             texts: Mutex::new(HashSet::new()),
         }
@@ -85,6 +92,12 @@ impl PluginServices {
     /// `plugin_attr` of `config.yaml`.
     pub fn plugin_attr(&self) -> &PluginAttr {
         &self.attr
+    }
+
+    /// The signal to reopen log files (SIGUSR1), shared with the access log and the error
+    /// log: see the module documentation.
+    pub fn log_reopen(&self) -> &LogReopen {
+        &self.log_reopen
     }
 
     /// A copy of `text` that lives as long as the process, made once per gateway and text: for

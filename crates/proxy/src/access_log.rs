@@ -348,6 +348,8 @@ thread_local! {
 impl WorkerBuffer {
     fn push(&mut self, log: &Arc<AccessLog>, line: &[u8]) {
         if !self.sink.as_ref().is_some_and(|s| Arc::ptr_eq(s, log)) {
+            // A new log (config.yaml re-read): what the old one buffered goes to its own sink.
+            self.flush();
             self.sink = Some(log.clone());
         }
         self.data.extend_from_slice(line);
@@ -492,7 +494,10 @@ mod tests {
         write(b"second\n");
         reopen.trigger();
         write(b"third\n");
-        assert_eq!(std::fs::read_to_string(&rotated).unwrap(), "first\nsecond\n");
+        assert_eq!(
+            std::fs::read_to_string(&rotated).unwrap(),
+            "first\nsecond\n"
+        );
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "third\n");
     }
 

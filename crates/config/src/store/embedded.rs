@@ -247,7 +247,12 @@ impl EmbeddedStore {
     /// the published state stays. Waits for a write in progress. Blocking.
     pub fn suspend(&self) {
         let _writer = self.core.writer();
-        let db = self.core.db.write().unwrap_or_else(|e| e.into_inner()).take();
+        let db = self
+            .core
+            .db
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         drop(db);
         tracing::info!(path = %self.core.path.display(), "embedded store closed for a successor");
     }
@@ -332,7 +337,10 @@ impl Core {
     }
 
     /// Runs `f` on the open database.
-    fn with_db<T>(&self, f: impl FnOnce(&Database) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    fn with_db<T>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let db = self.db.read().unwrap_or_else(|e| e.into_inner());
         match db.as_ref() {
             Some(db) => f(db),

@@ -239,7 +239,7 @@ fn run(
         let gateway: GatewayHandle = Arc::new(ArcSwap::from_pointee(gateway));
         gateway_handle = Some(gateway.clone());
         let server_options = cli::server_options(&settings);
-        let server = ferrisix_proxy::server::start(
+        let server = ferrisix_proxy::server::start_with(
             gateway,
             server_options.clone(),
             &mut sockets,

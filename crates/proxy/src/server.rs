@@ -121,11 +121,27 @@ impl ServerHandle {
     }
 }
 
-/// Takes every listener from `sockets` (a predecessor's, else freshly bound) and starts the
-/// workers. Fails (before serving anything) when an address cannot be bound. Workers stop
-/// accepting when `shutdown` turns true, then drain their connections (see
-/// [`ferrisix_net::Drain`]) for up to `shutdown_timeout`.
+/// Binds every listener and starts the workers on `gateway`, which stays the same for the
+/// server's life; see [`start_with`].
 pub fn start(
+    gateway: Arc<Gateway>,
+    options: ServerOptions,
+    shutdown: watch::Receiver<bool>,
+) -> io::Result<ServerHandle> {
+    start_with(
+        Arc::new(ArcSwap::new(gateway)),
+        options,
+        &mut ListenerSet::new(),
+        shutdown,
+    )
+}
+
+/// Takes every listener from `sockets` (a predecessor's, else freshly bound) and starts the
+/// workers; each new connection uses the gateway `gateway` holds then. Fails (before serving
+/// anything) when an address cannot be bound. Workers stop accepting when `shutdown` turns
+/// true, then drain their connections (see [`ferrisix_net::Drain`]) for up to
+/// `shutdown_timeout`. The sockets stay open while `sockets` holds them.
+pub fn start_with(
     gateway: GatewayHandle,
     options: ServerOptions,
     sockets: &mut ListenerSet,

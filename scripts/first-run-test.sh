@@ -8,23 +8,40 @@
 # the conformance lock on a shared machine:
 #   flock /tmp/ferrisix-conformance.lock scripts/first-run-test.sh
 # FIRST_RUN_TARGET=dir reuses a cargo target directory (a release build there) instead of
-# building from nothing in the clone; FIRST_RUN_KEEP=1 keeps the clone.
+# building from nothing in the clone; FIRST_RUN_KEEP=1 keeps the clone. FIRST_RUN_CHECKOUT=dir
+# runs in that checkout instead of a clone (it must have no conf/ yet: the state a first start
+# makes), for a machine where a release build from nothing takes too long; FIRST_RUN_WAIT is
+# how long the build and start may take, in seconds (default 3600).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 work="$(mktemp -d /tmp/ferrisix-first-run.XXXXXX)"
 clone="$work/ferrisix"
 log="$work/run.log"
 gw=""
+had_logs=0
+owns_conf=0
 cleanup() {
   if [ -n "$gw" ]; then
-    kill -TERM "$gw" 2>/dev/null || true
+    # run.sh leads its own process group (setsid): the build, the gateway and the upstream.
+    kill -TERM -- "-$gw" 2>/dev/null || kill -TERM "$gw" 2>/dev/null || true
     for _ in $(seq 100); do kill -0 "$gw" 2>/dev/null || break; sleep 0.1; done
+  fi
+  if [ "$owns_conf" = 1 ]; then
+    rm -rf "$clone/conf"
+    [ "$had_logs" = 1 ] || rm -rf "$clone/logs"
   fi
   if [ "${FIRST_RUN_KEEP:-0}" = 1 ]; then echo "kept $work"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 
-git clone -q --no-hardlinks "$repo" "$clone"
+if [ -n "${FIRST_RUN_CHECKOUT:-}" ]; then
+  clone=$(cd "$FIRST_RUN_CHECKOUT" && pwd)
+  [ ! -e "$clone/logs" ] || had_logs=1
+  [ ! -e "$clone/conf" ] || { echo "$clone/conf exists: not a first run"; exit 1; }
+  owns_conf=1
+else
+  git clone -q --no-hardlinks "$repo" "$clone"
+fi
 cd "$clone"
 if [ -n "${FIRST_RUN_TARGET:-}" ]; then export CARGO_TARGET_DIR="$FIRST_RUN_TARGET"; fi
 started=$(date +%s)
@@ -35,7 +52,7 @@ setsid ./scripts/run.sh >"$log" 2>&1 &
 gw=$!
 
 key=""
-for _ in $(seq 1800); do
+for _ in $(seq "${FIRST_RUN_WAIT:-3600}"); do
   key=$(sed -n "s/^ferrisix: generated admin key for 'admin': \([A-Za-z0-9]*\) .*/\1/p" "$log" | head -1)
   if [ -n "$key" ] && (exec 3<>/dev/tcp/127.0.0.1/9080) 2>/dev/null; then break; fi
   kill -0 "$gw" 2>/dev/null || { echo "run.sh exited:"; tail -30 "$log"; exit 1; }

@@ -6,8 +6,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use ferrisix_config::reopen::LogReopen;
 use ferrisix_config::settings::{AccessLogTarget, HttpRouter, Settings};
 use ferrisix_config::state::ConfigState;
+use ferrisix_net::ListenerSet;
 use ferrisix_plugin_api::PluginServices;
 use ferrisix_plugins::observe::prometheus::Metrics;
 use ferrisix_plugins::PluginRegistry;
@@ -24,11 +26,30 @@ pub const USAGE: &str = "usage: ferrisix [-c CONFIG] [-t] [-V]
 
   -c, --config FILE   config.yaml to use (default: conf/config.yaml if present, else built-in defaults)
   -t, --test          check the configuration (and the standalone file) and exit 0 or 1
-  -V, --version       print the version
+  -V, --version       print the version, the commit, the features and the plugins built in
   -h, --help          print this help
 
-Environment: RUST_LOG sets the log filter (default info); FERRISIX_WORKER_MODEL=shared runs one
-multi-threaded runtime instead of one single-threaded runtime per worker.";
+Signals: TERM/INT stop (finishing requests in flight), HUP re-reads config.yaml, USR1 reopens
+the log files, USR2 starts the binary again, which takes the listening sockets over (upgrade).
+Starting ferrisix while another one runs on the same config takes over from it likewise.
+
+Environment: RUST_LOG sets the log filter (replaces nginx_config.error_log_level);
+FERRISIX_WORKER_MODEL=shared runs one multi-threaded runtime instead of one single-threaded
+runtime per worker.";
+
+/// `ferrisix --version`: what was built, from what.
+pub fn version_text() -> String {
+    let plugins: Vec<&str> = PluginRegistry::builtin().list().map(|p| p.name).collect();
+    format!(
+        "ferrisix {}\ncommit: {}\nfeatures: {}\ntarget: {} ({})\nplugins: {}",
+        env!("CARGO_PKG_VERSION"),
+        env!("FERRISIX_COMMIT"),
+        env!("FERRISIX_FEATURES"),
+        env!("FERRISIX_TARGET"),
+        env!("FERRISIX_PROFILE"),
+        plugins.join(", ")
+    )
+}
 
 #[derive(Debug, Default)]
 pub struct Args {
@@ -56,16 +77,13 @@ impl Args {
     }
 }
 
-pub fn load_settings(args: &Args) -> Result<Settings, String> {
-    let (settings, warnings) = match &args.config {
+/// The settings and the warnings about them (logged once the log is set up from them).
+pub fn load_settings(args: &Args) -> Result<(Settings, Vec<String>), String> {
+    match &args.config {
         Some(path) => Settings::load(path),
         None => Settings::load_or_default(&PathBuf::from("conf/config.yaml")),
     }
-    .map_err(|e| e.to_string())?;
-    for w in warnings {
-        tracing::warn!("{w}");
-    }
-    Ok(settings)
+    .map_err(|e| e.to_string())
 }
 
 /// `ferrisix -t`: like `nginx -t`, reports every problem and exits 0 or 1.
@@ -169,6 +187,7 @@ pub fn gateway(
     settings: &Settings,
     snapshot: SnapshotHandle,
     stats: Arc<ferrisix_plugin_api::ConnStats>,
+    reopen: &LogReopen,
 ) -> Gateway {
     let http = &settings.nginx_config.http;
     let server_header = if settings.apisix.enable_server_tokens {
@@ -196,7 +215,9 @@ pub fn gateway(
             recursive: http.real_ip_recursive,
         },
         show_upstream_status: settings.apisix.show_upstream_status_in_response_header,
-        access_log: Arc::new(AccessLog::new(sink, &http.access_log_format)),
+        access_log: Arc::new(
+            AccessLog::new(sink, &http.access_log_format).with_reopen(reopen.clone()),
+        ),
         stats,
         legacy_admin: None,
         client_body_timeout: http.client_body_timeout,
@@ -256,21 +277,6 @@ pub fn conn_limits(settings: &Settings) -> ferrisix_net::ConnLimits {
     }
 }
 
-pub async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-}
-
 /// Tells prometheus where the store's health and modify indexes come from: `health`
 /// answers `apisix_etcd_reachable`; `states` (a store's, `None` for the standalone file,
 /// which has no modify indexes) answers `apisix_etcd_modify_indexes`.
@@ -320,6 +326,7 @@ pub fn start_prometheus_export(
     settings: &Settings,
     services: &PluginServices,
     rt: &tokio::runtime::Runtime,
+    sockets: &mut ListenerSet,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), String> {
     let attr = &settings.plugin_attr.prometheus;
@@ -328,15 +335,32 @@ pub fn start_prometheus_export(
         return Ok(());
     }
     let addr = SocketAddr::new(attr.export_addr.ip, attr.export_addr.port);
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind(addr))
-        .map_err(|e| format!("cannot listen on {addr} for prometheus metrics: {e}"))?;
-    rt.spawn(ferrisix_plugins::observe::prometheus::server::serve(
-        listener,
-        services.shared::<Metrics>(),
-        conn_limits(settings),
-        shutdown,
-    ));
+    let listener = listen_one(sockets, addr, "prometheus metrics")?;
+    let metrics = services.shared::<Metrics>();
+    let limits = conn_limits(settings);
+    rt.spawn(async move {
+        match tokio::net::TcpListener::from_std(listener) {
+            Ok(l) => {
+                ferrisix_plugins::observe::prometheus::server::serve(l, metrics, limits, shutdown)
+                    .await
+            }
+            Err(e) => tracing::error!(error = %e, "prometheus metrics: cannot use the listener"),
+        }
+    });
     tracing::info!(%addr, uri = %attr.export_uri, "prometheus metrics exported");
     Ok(())
+}
+
+/// The one listening socket of a single-loop server (Admin, control, metrics) on `addr`:
+/// the predecessor's, else a fresh one.
+pub fn listen_one(
+    sockets: &mut ListenerSet,
+    addr: SocketAddr,
+    what: &str,
+) -> Result<std::net::TcpListener, String> {
+    sockets
+        .take_one(addr)
+        .map_err(|e| format!("cannot listen on {addr} for {what}: {e}"))?
+        .pop()
+        .ok_or_else(|| format!("cannot listen on {addr} for {what}: no socket"))
 }

@@ -3,15 +3,25 @@
 #![forbid(unsafe_code)]
 
 mod cli;
+mod lifecycle;
+mod logging;
+mod reload;
 mod sources;
 
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
-use ferrisix_config::settings::{Role, Settings};
+use arc_swap::ArcSwap;
+use ferrisix_config::reopen::LogReopen;
+use ferrisix_config::settings::{ProviderKind, Role, Settings};
+use ferrisix_net::handover::{self, HandoverServer, Successor};
+use ferrisix_net::ListenerSet;
 use ferrisix_plugin_api::{Clock, Executor, PluginServices};
 use ferrisix_plugins::PluginRegistry;
+use ferrisix_proxy::server::GatewayHandle;
 use ferrisix_proxy::snapshot;
+use lifecycle::Event;
 
 // mimalloc: the proxy path's small, short-lived allocations (header maps, hyper's per-request
 // channels) cost glibc malloc ~4% of CPU under load in profiles; mimalloc's thread-local free
@@ -32,18 +42,9 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if args.version {
-        println!("ferrisix {}", env!("CARGO_PKG_VERSION"));
+        println!("{}", cli::version_text());
         return ExitCode::SUCCESS;
     }
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
-
     let settings = match cli::load_settings(&args) {
         Ok(s) => s,
         Err(msg) => {
@@ -51,10 +52,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let reopen = LogReopen::new();
+    let log = logging::init(&settings.0, &reopen);
+    for w in &settings.1 {
+        tracing::warn!("{w}");
+    }
+    let settings = settings.0;
     if args.test_only {
         return cli::check(&settings);
     }
-    match run(settings) {
+    match run(settings, log, reopen) {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
             tracing::error!("{msg}");
@@ -63,8 +70,45 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(mut settings: Settings) -> Result<(), String> {
-    let control = tokio::runtime::Builder::new_current_thread()
+/// Finds a running ferrisix on the hand-over socket and takes its listening sockets; on the
+/// embedded store it also asks it to close the store. Without one, an empty set.
+fn take_over(settings: &Settings) -> Result<(Option<Successor>, ListenerSet), String> {
+    let Some(path) = settings.handover_socket() else {
+        return Ok((None, ListenerSet::new()));
+    };
+    match handover::connect(&path) {
+        Ok(None) => Ok((None, ListenerSet::new())),
+        Ok(Some((predecessor, sockets))) => {
+            tracing::info!(
+                pid = predecessor.pid,
+                version = %predecessor.version,
+                "taking over from the running process: its listening sockets came over"
+            );
+            if settings.provider() == ProviderKind::Embedded {
+                predecessor.release().map_err(|e| {
+                    format!("the running process did not release the embedded store: {e}")
+                })?;
+            }
+            Ok((Some(predecessor), sockets))
+        }
+        Err(e) => {
+            tracing::warn!(socket = %path.display(), error = %e, "hand-over socket: no usable predecessor; binding afresh");
+            Ok((None, ListenerSet::new()))
+        }
+    }
+}
+
+fn run(
+    mut settings: Settings,
+    mut log: logging::LogControl,
+    reopen: LogReopen,
+) -> Result<(), String> {
+    // A thread of its own (not the main thread's block_on) drives the control tasks, so that
+    // the main thread and the hand-over thread can wait on them (an Admin API drain) while
+    // they run.
+    let control = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("ferrisix-control")
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the control runtime: {e}"))?;
@@ -88,10 +132,15 @@ fn run(mut settings: Settings) -> Result<(), String> {
             Vec::new()
         }),
     );
+    // One reopen signal for the access log, the error log and the plugins' file loggers.
+    let reopen_for_plugins = services.log_reopen().clone();
     // Health probes and DNS lookups run on the control runtime, never on a worker.
     let upstreams = cli::upstream_services(&settings, control.handle().clone());
     let options = cli::compile_options(&settings, upstreams)?;
     let handle = snapshot::new_handle(&options);
+
+    // Before opening the store: a predecessor on the embedded store closes it first.
+    let (predecessor, mut sockets) = take_over(&settings)?;
 
     let source = control.block_on(sources::open(&settings))?;
     let states = source.states.clone();
@@ -120,22 +169,22 @@ fn run(mut settings: Settings) -> Result<(), String> {
     if settings.apisix.enable_control {
         let addr =
             std::net::SocketAddr::new(settings.apisix.control.ip, settings.apisix.control.port);
-        let listener = control
-            .block_on(tokio::net::TcpListener::bind(addr))
-            .map_err(|e| format!("cannot listen on {addr} for the control API: {e}"))?;
+        let listener = cli::listen_one(&mut sockets, addr, "the control API")?;
         let api = Arc::new(ferrisix_proxy::control::ControlApi {
             snapshot: handle.clone(),
             health,
         });
-        control.spawn(ferrisix_proxy::control::serve(
-            listener,
-            api,
-            cli::conn_limits(&settings),
-            shutdown_rx.clone(),
-        ));
+        let limits = cli::conn_limits(&settings);
+        let shutdown = shutdown_rx.clone();
+        control.spawn(async move {
+            match tokio::net::TcpListener::from_std(listener) {
+                Ok(l) => ferrisix_proxy::control::serve(l, api, limits, shutdown).await,
+                Err(e) => tracing::error!(error = %e, "control API: cannot use its listener"),
+            }
+        });
     }
 
-    let mut admin = None;
+    let mut admin: Option<Arc<lifecycle::AdminServer>> = None;
     if settings.admin_enabled() {
         match source.store.clone() {
             Some(store) => {
@@ -143,42 +192,69 @@ fn run(mut settings: Settings) -> Result<(), String> {
                     // Printed whatever the log filter: this is how the operator learns the key.
                     eprintln!("ferrisix: {notice}");
                 }
-                admin = Some(control.block_on(sources::start_admin(
-                    &settings,
-                    store,
-                    registry,
-                    shutdown_rx.clone(),
-                ))?);
+                let listen = &settings.deployment.admin.admin_listen;
+                let addr = std::net::SocketAddr::new(listen.ip, listen.port);
+                let listener = cli::listen_one(&mut sockets, addr, "the Admin API")?;
+                let api = control.block_on(sources::admin_api(&settings, store, registry));
+                let server = Arc::new(lifecycle::AdminServer::new(
+                    api,
+                    listener,
+                    cli::conn_limits(&settings),
+                    control.handle().clone(),
+                ));
+                server
+                    .start()
+                    .map_err(|e| format!("cannot start the Admin API on {addr}: {e}"))?;
+                tracing::info!(%addr, "Admin API listening");
+                admin = Some(server);
             }
             None => tracing::info!("Admin API off: the standalone file is the configuration"),
         }
     }
 
     if prometheus_enabled {
-        cli::start_prometheus_export(&settings, &services, &control, shutdown_rx.clone())?;
+        cli::start_prometheus_export(
+            &settings,
+            &services,
+            &control,
+            &mut sockets,
+            shutdown_rx.clone(),
+        )?;
     }
 
     // A control_plane node serves only the Admin API, as in APISIX.
+    let mut gateway_handle = None;
     let server = if settings.deployment.role == Role::ControlPlane {
         tracing::info!("control_plane role: Admin API only, no data-plane listeners");
         None
     } else {
-        let mut gateway = cli::gateway(&settings, handle, services.conn_stats().clone());
+        let mut gateway = cli::gateway(
+            &settings,
+            handle.clone(),
+            services.conn_stats().clone(),
+            &reopen,
+        );
         if settings.ferrisix.admin_on_data_port {
-            match admin.clone() {
-                Some(api) => {
+            match &admin {
+                Some(server) => {
                     tracing::warn!("ferrisix.admin_on_data_port: the Admin API also answers loopback clients on the data port (APISIX 2.x compatibility)");
-                    gateway.legacy_admin = Some(sources::legacy_admin(api));
+                    gateway.legacy_admin = Some(sources::legacy_admin(server.api().clone()));
                 }
                 None => tracing::warn!(
                     "ferrisix.admin_on_data_port is set but this node has no Admin API"
                 ),
             }
         }
-        let gateway = Arc::new(gateway);
+        let gateway: GatewayHandle = Arc::new(ArcSwap::from_pointee(gateway));
+        gateway_handle = Some(gateway.clone());
         let server_options = cli::server_options(&settings);
-        let server = ferrisix_proxy::server::start(gateway, server_options.clone(), shutdown_rx)
-            .map_err(|e| format!("cannot listen on {:?}: {e}", server_options.listen))?;
+        let server = ferrisix_proxy::server::start_with(
+            gateway,
+            server_options.clone(),
+            &mut sockets,
+            shutdown_rx,
+        )
+        .map_err(|e| format!("cannot listen on {:?}: {e}", server_options.listen))?;
         tracing::info!(
             listen = ?server_options.listen,
             workers = server_options.workers,
@@ -187,12 +263,102 @@ fn run(mut settings: Settings) -> Result<(), String> {
         );
         Some(server)
     };
+    sockets.close_unused();
 
-    control.block_on(async {
-        cli::wait_for_signal().await;
+    // Serving: the predecessor stops accepting and drains.
+    if let Some(predecessor) = predecessor {
+        let pid = predecessor.pid;
+        match predecessor.stop() {
+            Ok(()) => tracing::info!(
+                pid,
+                "the previous process stopped accepting; it drains and exits"
+            ),
+            Err(e) => {
+                tracing::warn!(pid, error = %e, "the previous process did not confirm its stop")
+            }
+        }
+    }
+    let pid_file = match settings.pid_file() {
+        Some(path) => match lifecycle::PidFile::write(&path) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot write the pid file");
+                None
+            }
+        },
+        None => None,
+    };
+
+    let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let sockets = Arc::new(Mutex::new(sockets));
+    let stopping = Arc::new(AtomicBool::new(false));
+    let host = Arc::new(lifecycle::Host {
+        admin: admin.clone(),
+        embedded: source.embedded.clone(),
+        events: events_tx.clone(),
+        stopping: stopping.clone(),
     });
-    tracing::info!("shutting down: no new connections, finishing requests in flight");
+    let handover_server = match settings.handover_socket() {
+        Some(path) => {
+            match HandoverServer::start(&path, env!("CARGO_PKG_VERSION"), sockets.clone(), host) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(socket = %path.display(), error = %e, "no hand-over socket: a restart will not keep connections");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    {
+        let _rt = control.enter();
+        lifecycle::forward_signals(events_tx.clone())
+            .map_err(|e| format!("cannot handle signals: {e}"))?;
+    }
+
+    let mut reloader = reload::Reloader {
+        settings: settings.clone(),
+        gateway: gateway_handle,
+        snapshot: handle,
+        stats: services.conn_stats().clone(),
+        reopen: reopen.clone(),
+    };
+    let handed_over = control.block_on(async {
+        while let Some(event) = events.recv().await {
+            match event {
+                Event::Stop => return false,
+                Event::HandedOver => return true,
+                Event::Reload => reloader.reload(&mut log),
+                Event::Reopen => {
+                    reopen.trigger();
+                    reopen_for_plugins.trigger();
+                    tracing::info!("SIGUSR1: log files reopened");
+                }
+                Event::Upgrade => lifecycle::spawn_successor(),
+            }
+        }
+        false
+    });
+    stopping.store(true, Ordering::Release);
+    let wait = settings.ferrisix.handover_wait;
+    if handed_over {
+        tracing::info!("a successor serves now: finishing requests in flight");
+    } else if wait.is_zero() || handover_server.is_none() {
+        tracing::info!("shutting down: listeners closed, finishing requests in flight");
+    } else {
+        tracing::info!(
+            handover_wait = ?wait,
+            "shutting down: no new connections accepted, finishing requests in flight; the listening sockets stay open for a successor meanwhile"
+        );
+    }
     let _ = shutdown_tx.send(true);
+    if let Some(admin) = &admin {
+        admin.stop();
+    }
+    let keep_sockets = !handed_over && !wait.is_zero() && handover_server.is_some();
+    if !keep_sockets {
+        sockets.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
     if let Some(server) = server {
         server.wait();
     }
@@ -205,6 +371,30 @@ fn run(mut settings: Settings) -> Result<(), String> {
     if !flushed {
         tracing::warn!("shutdown timeout reached with log batches still being sent");
     }
+    if keep_sockets {
+        // Drained. Connections queued since SIGTERM are a successor's to serve: wait for one
+        // to take the sockets over (it then sends STOP), for at most `handover_wait`.
+        let came = control.block_on(async {
+            let deadline = tokio::time::sleep(wait);
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    () = &mut deadline => return false,
+                    event = events.recv() => match event {
+                        Some(Event::HandedOver) => return true,
+                        Some(_) => {}
+                        None => return false,
+                    },
+                }
+            }
+        });
+        if came {
+            tracing::info!("a successor took the listening sockets over");
+        }
+        sockets.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+    drop(handover_server);
+    drop(pid_file);
     tracing::info!("stopped");
     Ok(())
 }

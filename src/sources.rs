@@ -20,6 +20,8 @@ pub struct Source {
     pub health: HealthProbe,
     /// The writable store behind the Admin API (absent for the standalone file).
     pub store: Option<Arc<dyn Store>>,
+    /// The embedded store, which a successor process needs closed before it opens the file.
+    pub embedded: Option<Arc<EmbeddedStore>>,
 }
 
 /// Opens the provider `settings.provider()` names. Runs inside the control runtime.
@@ -42,6 +44,7 @@ pub async fn open(settings: &Settings) -> Result<Source, String> {
                 states: rx,
                 health,
                 store: None,
+                embedded: None,
             })
         }
         ProviderKind::Embedded => {
@@ -52,7 +55,9 @@ pub async fn open(settings: &Settings) -> Result<Source, String> {
             let store = EmbeddedStore::open(&path, &settings.deployment.etcd.prefix)
                 .map_err(|e| format!("cannot open the embedded store {}: {e}", path.display()))?;
             tracing::info!(path = %path.display(), "embedded store opened");
-            Ok(from_store(store))
+            let mut source = from_store(store.clone());
+            source.embedded = Some(store);
+            Ok(source)
         }
         ProviderKind::Etcd => {
             let dir = settings.data_dir();
@@ -77,21 +82,16 @@ fn from_store<S: Store>(store: Arc<S>) -> Source {
         states,
         health,
         store: Some(store),
+        embedded: None,
     }
 }
 
-/// Starts the Admin API on `deployment.admin.admin_listen` when the role has one.
-pub async fn start_admin(
+/// The Admin API on `deployment.admin.admin_listen` (served by [`crate::lifecycle::AdminServer`]).
+pub async fn admin_api(
     settings: &Settings,
     store: Arc<dyn Store>,
     plugins: PluginRegistry,
-    shutdown: watch::Receiver<bool>,
-) -> Result<Arc<AdminApi>, String> {
-    let listen = &settings.deployment.admin.admin_listen;
-    let addr = std::net::SocketAddr::new(listen.ip, listen.port);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("cannot listen on {addr} for the Admin API: {e}"))?;
+) -> Arc<AdminApi> {
     let mut options = AdminOptions::from_settings(&settings.deployment.admin);
     options.keyring = settings.apisix.data_encryption.keyring();
     options.encrypt_fields = settings.apisix.data_encryption.enable_encrypt_fields;
@@ -108,15 +108,7 @@ pub async fn start_admin(
     if let Err(e) = api.publish_plugin_list().await {
         tracing::warn!("could not publish the plugin list to the store: {e}");
     }
-    tracing::info!(%addr, "Admin API listening");
-    let limits = crate::cli::conn_limits(settings);
-    tokio::spawn(ferrisix_admin::serve(
-        listener,
-        api.clone(),
-        limits,
-        shutdown,
-    ));
-    Ok(api)
+    api
 }
 
 /// The data port's `/apisix/admin` handler for `ferrisix.admin_on_data_port`.

@@ -19,7 +19,9 @@ fn one_route(node: &str) -> String {
 #[test]
 fn sigterm_finishes_the_slow_request_in_flight_then_exits_zero() {
     let up = Upstream::start("slow", Behaviour::Delay(Duration::from_millis(1500)));
-    let mut gw = Gateway::start(&one_route(&up.node()));
+    // handover_wait 0: the listeners close at SIGTERM, as nginx's (by default they stay open
+    // a while for a successor: tests/restart.rs).
+    let mut gw = Gateway::start_with(&one_route(&up.node()), "ferrisix:\n  handover_wait: 0\n");
     let addr = gw.addr();
     let in_flight = std::thread::spawn(move || support::get(addr, "/slow"));
     // Let the request reach the upstream, then ask the gateway to stop.

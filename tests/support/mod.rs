@@ -1068,6 +1068,73 @@ impl StoreGateway {
         }
     }
 
+    /// The pid file (`ferrisix.pid` in the data directory) names the serving process.
+    pub fn pid_file_pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.data_dir().join("ferrisix.pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// A restart that keeps every connection: a second process on the same config while this
+    /// one runs, after SIGTERM to this one when `sigterm_first` (a stop followed by a start),
+    /// else while it still serves (a binary upgrade). Returns once the new process serves (its
+    /// pid file) and the old one exited (zero status), with how long the old one took.
+    pub fn restart_in_place(&mut self, sigterm_first: bool) -> Duration {
+        let mut old = self.child.take().expect("the process is running");
+        let old_pid = old.id();
+        let began = Instant::now();
+        if sigterm_first {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(old_pid.to_string())
+                .status();
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_ferrisix"))
+            .arg("-c")
+            .arg(self.config_path())
+            .env("RUST_LOG", &self.log_filter)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start ferrisix");
+        let new_pid = child.id();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.pid_file_pid() != Some(new_pid) {
+            if let Ok(Some(status)) = self.child.as_mut().unwrap().try_wait() {
+                panic!(
+                    "the successor exited ({status}); log:\n{}",
+                    tail(&self.log_text(), 3000)
+                );
+            }
+            assert!(Instant::now() < deadline, "the successor did not take over");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let status = loop {
+            if let Some(status) = old.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = old.kill();
+                panic!(
+                    "the old process did not exit; log:\n{}",
+                    tail(&self.log_text(), 3000)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "the old process exited with {status}");
+        began.elapsed()
+    }
+
     /// `kill -9`: no chance to flush or clean up.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {

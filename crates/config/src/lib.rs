@@ -13,6 +13,7 @@ pub mod model;
 pub mod nesting;
 pub mod pem;
 pub mod provider;
+pub mod reopen;
 pub mod schema;
 pub mod settings;
 pub mod state;

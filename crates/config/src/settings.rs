@@ -262,6 +262,14 @@ pub enum ProxyMode {
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct NginxConfig {
+    /// The error log (ferrisix's own log lines): a path (relative to the working directory,
+    /// as APISIX's `logs/error.log`), `stderr` or `stdout`. Absent: stderr, where a service
+    /// manager or container engine collects it (APISIX writes `logs/error.log`).
+    pub error_log: Option<AccessLogTarget>,
+    /// `debug`, `info`, `notice`, `warn`, `error`, `crit`, `alert` or `emerg` (the last three
+    /// log as `error`); `RUST_LOG`, when set, replaces it. Absent: `info` (APISIX: `warn`), so
+    /// that a first run shows what it serves.
+    pub error_log_level: Option<LogLevel>,
     pub worker_processes: WorkerProcesses,
     #[serde(deserialize_with = "de::duration")]
     pub worker_shutdown_timeout: Duration,
@@ -271,9 +279,38 @@ pub struct NginxConfig {
 impl Default for NginxConfig {
     fn default() -> Self {
         NginxConfig {
+            error_log: None,
+            error_log_level: None,
             worker_processes: WorkerProcesses::Auto,
             worker_shutdown_timeout: Duration::from_secs(240),
             http: NginxHttp::default(),
+        }
+    }
+}
+
+/// nginx's `error_log` levels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Notice,
+    Warn,
+    Error,
+    Crit,
+    Alert,
+    Emerg,
+}
+
+impl LogLevel {
+    /// The `tracing` filter directive for this level (tracing has no notice, crit, alert or
+    /// emerg: notice logs as info, the last three as error).
+    pub fn directive(self) -> &'static str {
+        match self {
+            LogLevel::Debug => "debug",
+            LogLevel::Info | LogLevel::Notice => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error | LogLevel::Crit | LogLevel::Alert | LogLevel::Emerg => "error",
         }
     }
 }
@@ -745,7 +782,7 @@ impl Default for AdminKeyGuard {
 }
 
 /// The `ferrisix:` section: keys APISIX does not have.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default)]
 pub struct FerrisixSettings {
     /// Failed Admin API authentications per client address.
@@ -761,6 +798,58 @@ pub struct FerrisixSettings {
     pub admin_on_data_port: bool,
     /// HTTP/2 limits of the data-plane listeners (nginx's defaults).
     pub http2: Http2Settings,
+    /// The process's own log.
+    pub log: LogSettings,
+    /// The Unix socket a successor process takes the listening sockets over from (binary
+    /// upgrade, restart without a lost connection). Relative paths resolve against
+    /// config.yaml's directory; default `ferrisix.sock` in the data directory; `""` turns the
+    /// hand-over off (a second process on the same ports then fails to start).
+    pub handover_socket: Option<PathBuf>,
+    /// The file holding the serving process's pid (rewritten by a successor). Relative paths
+    /// resolve against config.yaml's directory; default `ferrisix.pid` in the data directory;
+    /// `""` writes none.
+    pub pid_file: Option<PathBuf>,
+    /// After SIGTERM, how long the listening sockets stay open for a successor once the
+    /// connections have drained (`ferrisix` started again: a restart). Connections arriving
+    /// meanwhile wait in the kernel's accept queues and the successor serves them, so a stop
+    /// followed by a start loses none. `0` closes them at SIGTERM, as nginx does. Default 5s.
+    #[serde(deserialize_with = "de::duration")]
+    pub handover_wait: Duration,
+}
+
+impl Default for FerrisixSettings {
+    fn default() -> Self {
+        FerrisixSettings {
+            admin_key_guard: AdminKeyGuard::default(),
+            config_file: None,
+            data_dir: None,
+            admin_on_data_port: false,
+            http2: Http2Settings::default(),
+            log: LogSettings::default(),
+            handover_socket: None,
+            pid_file: None,
+            handover_wait: Duration::from_secs(5),
+        }
+    }
+}
+
+/// `ferrisix.log`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct LogSettings {
+    pub format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `target`, `fields`, spans), for log
+    /// collectors.
+    Json,
 }
 
 /// `ferrisix.http2`: the limits nginx applies to HTTP/2 clients, under nginx's defaults.
@@ -917,6 +1006,25 @@ impl Settings {
             Some(p) if p.is_absolute() => p.clone(),
             Some(p) => dir.join(p),
             None => dir.join("data"),
+        }
+    }
+
+    /// The hand-over socket (`ferrisix.handover_socket`), `None` when turned off.
+    pub fn handover_socket(&self) -> Option<PathBuf> {
+        self.data_dir_file(&self.ferrisix.handover_socket, "ferrisix.sock")
+    }
+
+    /// The pid file (`ferrisix.pid_file`), `None` when turned off.
+    pub fn pid_file(&self) -> Option<PathBuf> {
+        self.data_dir_file(&self.ferrisix.pid_file, "ferrisix.pid")
+    }
+
+    fn data_dir_file(&self, set: &Option<PathBuf>, default: &str) -> Option<PathBuf> {
+        match set {
+            Some(p) if p.as_os_str().is_empty() => None,
+            Some(p) if p.is_absolute() => Some(p.clone()),
+            Some(p) => Some(self.config_dir().join(p)),
+            None => Some(self.data_dir().join(default)),
         }
     }
 

@@ -93,6 +93,60 @@ async fn a_second_open_of_the_same_file_is_refused() {
     );
 }
 
+/// The hand-over of a binary upgrade: the old process suspends its store, the new one opens
+/// the file and writes; when the old one resumes (its successor went away) it serves what the
+/// file holds now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suspended_store_lets_a_successor_open_the_file_and_resumes_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = open(dir.path());
+    old.put("/apisix/routes/1", route("/a"), None)
+        .await
+        .unwrap();
+    let suspended = old.clone();
+    tokio::task::spawn_blocking(move || suspended.suspend())
+        .await
+        .unwrap();
+    assert!(matches!(
+        old.get("/apisix/routes/1").await,
+        Err(StoreError::Unavailable(_))
+    ));
+    // The data plane keeps the state it had.
+    assert!(old
+        .subscribe()
+        .borrow()
+        .get(ResourceKind::Routes, "1")
+        .is_some());
+    {
+        let new = open(dir.path());
+        new.put("/apisix/routes/2", route("/b"), None)
+            .await
+            .unwrap();
+    }
+    let resumed = old.clone();
+    tokio::task::spawn_blocking(move || resumed.resume())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        old.get("/apisix/routes/2").await.unwrap().unwrap().value,
+        route("/b")
+    );
+    assert!(old
+        .subscribe()
+        .borrow()
+        .get(ResourceKind::Routes, "2")
+        .is_some());
+    let rev = old.health().revision;
+    assert_eq!(
+        old.put("/apisix/routes/3", route("/c"), None)
+            .await
+            .unwrap()
+            .revision,
+        rev + 1
+    );
+}
+
 /// Run as a child process by `acknowledged_writes_survive_kill_9`; does nothing otherwise.
 #[test]
 fn crash_writer_child() {

@@ -12,15 +12,24 @@
 //! * [`TimedIo`]: nginx's `send_timeout`: a client that stops reading the response is cut off
 //!   after that long without progress, which releases whatever the response was holding (an
 //!   upstream connection).
+//! * [`Drain`]: stopping a server without failing a request: `Connection: close` on HTTP/1.1
+//!   answers, GOAWAY on HTTP/2, idle connections closed only after a grace period.
+//! * [`ListenerSet`] and [`handover`]: the process's listening sockets, bound once, and handed
+//!   to a successor process (binary upgrade, restart) with the connections in their queues.
 #![forbid(unsafe_code)]
 
 mod accept;
+mod drain;
+pub mod handover;
 mod io;
 mod lifetime;
+mod listeners;
 
 pub use accept::Acceptor;
+pub use drain::{Drain, Open, IDLE_GRACE};
 pub use io::TimedIo;
 pub use lifetime::{ConnLimits, ConnWatch, InFlight, Tracked};
+pub use listeners::{bind, ListenerSet};
 
 /// Wraps an accepted stream for hyper: `send_timeout` on writes, and the watch that bounds
 /// the connection's header and idle time. Serve the returned I/O, call

@@ -8,7 +8,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http_body::{Body, Frame, SizeHint};
+use hyper_util::server::graceful::GracefulConnection;
 use tokio::time::Instant;
+
+use crate::drain::{Drain, IDLE_GRACE};
 
 /// nginx's per-connection timers, under APISIX's names (`nginx_config.http.*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +46,8 @@ struct Activity {
     in_flight: AtomicUsize,
     /// Milliseconds after `born` when the last request in flight finished.
     last_end_ms: AtomicU64,
+    /// A request arrived over HTTP/2 (a GOAWAY drains it without racing a request).
+    http2: AtomicBool,
 }
 
 /// One connection's request activity, shared by its service (which reports each request)
@@ -53,6 +58,8 @@ struct Activity {
 pub struct ConnWatch {
     activity: Arc<Activity>,
     limits: ConnLimits,
+    /// The server's drain signal, when it has one.
+    drain: Option<Drain>,
 }
 
 impl ConnWatch {
@@ -64,8 +71,92 @@ impl ConnWatch {
                 first_request: tokio::sync::Notify::new(),
                 in_flight: AtomicUsize::new(0),
                 last_end_ms: AtomicU64::new(0),
+                http2: AtomicBool::new(false),
             }),
             limits,
+            drain: None,
+        }
+    }
+
+    /// Makes the connection follow `drain` (see [`crate::drain`]): drive it with
+    /// [`ConnWatch::serve`] and answer through [`ConnWatch::respond`].
+    pub fn with_drain(mut self, drain: &Drain) -> ConnWatch {
+        self.drain = Some(drain.clone());
+        self
+    }
+
+    /// Wraps a response for hyper, keeping the request in flight until its body is done. A
+    /// draining HTTP/1.1 connection's response says `Connection: close` so that the client
+    /// sends nothing more on it (hyper closes after it).
+    pub fn respond<B>(
+        &self,
+        mut resp: http::Response<B>,
+        in_flight: InFlight,
+        version: http::Version,
+    ) -> http::Response<Tracked<B>> {
+        if version == http::Version::HTTP_2 {
+            self.activity.http2.store(true, Ordering::Relaxed);
+        } else if self.drain.as_ref().is_some_and(Drain::is_draining)
+            && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS
+        {
+            resp.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
+        Tracked::response(resp, in_flight)
+    }
+
+    /// Like [`ConnWatch::run`], and when the server drains, shuts the connection down
+    /// gracefully: HTTP/2 at once (GOAWAY), HTTP/1.1 once no request is in flight and none came
+    /// for [`IDLE_GRACE`] (a busy one is closed by its next `Connection: close` answer). The
+    /// server's [`Drain`] counts the connection as open until this returns.
+    pub async fn serve<C: GracefulConnection>(&self, conn: C) -> Option<C::Output> {
+        let Some(drain) = self.drain.clone() else {
+            return self.run(conn).await;
+        };
+        let _open = drain.enter();
+        tokio::pin!(conn);
+        let expired = self.expired();
+        tokio::pin!(expired);
+        let quiet = self.quiet_while_draining(&drain);
+        tokio::pin!(quiet);
+        let mut shut = false;
+        loop {
+            tokio::select! {
+                out = &mut conn => return Some(out),
+                reason = &mut expired => {
+                    tracing::debug!("closing connection: {reason}");
+                    return None;
+                }
+                () = &mut quiet, if !shut => {
+                    shut = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+        }
+    }
+
+    /// Resolves when a draining connection can be shut down without racing a request.
+    async fn quiet_while_draining(&self, drain: &Drain) {
+        drain.started().await;
+        let a = &self.activity;
+        loop {
+            if a.http2.load(Ordering::Relaxed) {
+                return;
+            }
+            let next = if a.in_flight.load(Ordering::Acquire) > 0 {
+                // Its answer will say `Connection: close`; look again in case it is kept.
+                Instant::now() + IDLE_GRACE
+            } else {
+                let since = a.born + Duration::from_millis(a.last_end_ms.load(Ordering::Acquire));
+                let at = since + IDLE_GRACE;
+                if at <= Instant::now() {
+                    return;
+                }
+                at
+            };
+            tokio::time::sleep_until(next).await;
         }
     }
 

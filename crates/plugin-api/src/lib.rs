@@ -61,7 +61,7 @@ pub use keyed::{KeyRef, Keyed, OwnedKey, Slot};
 pub use log::{union_var_names, LogCtx, LogNeeds, LogVars, ResponseSource, VarNames};
 pub use plugin::{Flow, PhaseFuture, Phases, Plugin, Step};
 pub use response::{BodyChunk, BodyEdits, BodyFilter, BodyFilters, ResponseHead, WholeBody};
-pub use services::{PluginServices, SharedState};
+pub use services::{LogReopen, PluginServices, SharedState};
 pub use shutdown::{Shutdown, ShutdownHold};
 pub use state::{Lease, Retain, StateMap};
 pub use stats::{ConnStats, ConnTotals};

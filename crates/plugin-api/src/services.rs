@@ -8,6 +8,10 @@
 //! - the connection statistics the proxy core writes and prometheus reads ([`ConnStats`]),
 //! - `plugin_attr` from `config.yaml`,
 //! - the graceful [`Shutdown`] background work holds open,
+//! - the log-reopen signal ([`LogReopen`], SIGUSR1 after logrotate moved the files away): a
+//!   plugin that writes a file compares [`LogReopen::generation`] with the one it opened the
+//!   file at before each write (an atomic load) and reopens the path when they differ, or
+//!   waits on [`LogReopen::subscribe`] in a background task,
 //! - typed shared states ([`SharedState`]): one value per type and gateway, made on first use
 //!   (the Redis pools, the metrics registry, the counter spaces of the limit plugins).
 
@@ -15,6 +19,7 @@ use std::any::{Any, TypeId};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+pub use ferrisix_config::reopen::LogReopen;
 use ferrisix_config::settings::PluginAttr;
 
 use crate::clock::Clock;
@@ -38,6 +43,7 @@ pub struct PluginServices {
     /// The HTTPS listeners' ports (`apisix.ssl.listen` when `apisix.ssl.enable`).
     tls_ports: Vec<u16>,
     shutdown: Shutdown,
+    log_reopen: LogReopen,
     shared: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
     texts: Mutex<HashSet<&'static str>>,
 }
@@ -67,6 +73,7 @@ impl PluginServices {
             attr,
             tls_ports: Vec::new(),
             shutdown: Shutdown::new(),
+            log_reopen: LogReopen::new(),
             shared: Mutex::new(HashMap::new()),
             texts: Mutex::new(HashSet::new()),
         }
@@ -110,6 +117,12 @@ impl PluginServices {
     /// `plugin_attr` of `config.yaml`.
     pub fn plugin_attr(&self) -> &PluginAttr {
         &self.attr
+    }
+
+    /// The signal to reopen log files (SIGUSR1), shared with the access log and the error
+    /// log: see the module documentation.
+    pub fn log_reopen(&self) -> &LogReopen {
+        &self.log_reopen
     }
 
     /// A copy of `text` that lives as long as the process, made once per gateway and text: for

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ferrisix_config::reopen::LogReopen;
 use http::{HeaderValue, Method, Uri, Version};
 use smallvec::SmallVec;
 
@@ -75,6 +76,8 @@ enum Var {
 #[derive(Debug)]
 pub struct AccessLog {
     sink: LogSink,
+    /// SIGUSR1: a file sink is reopened at the next write after it fires (logrotate).
+    reopen: Option<LogReopen>,
     segments: Vec<Segment>,
     /// Header names the format reads, in capture order.
     headers: Vec<http::HeaderName>,
@@ -174,10 +177,21 @@ impl AccessLog {
         }
         AccessLog {
             sink,
+            reopen: None,
             segments,
             headers,
             warned: AtomicBool::new(false),
         }
+    }
+
+    /// Reopens a file sink whenever `reopen` fires.
+    pub fn with_reopen(mut self, reopen: LogReopen) -> AccessLog {
+        self.reopen = Some(reopen);
+        self
+    }
+
+    fn reopen_generation(&self) -> u64 {
+        self.reopen.as_ref().map_or(0, LogReopen::generation)
     }
 
     pub fn enabled(&self) -> bool {
@@ -323,7 +337,8 @@ struct WorkerBuffer {
     data: Vec<u8>,
     scratch: String,
     last_flush: Instant,
-    file: Option<(PathBuf, File)>,
+    /// The open file, its path and the reopen generation it was opened at.
+    file: Option<(PathBuf, u64, File)>,
     sink: Option<Arc<AccessLog>>,
 }
 
@@ -341,6 +356,8 @@ thread_local! {
 impl WorkerBuffer {
     fn push(&mut self, log: &Arc<AccessLog>, line: &[u8]) {
         if !self.sink.as_ref().is_some_and(|s| Arc::ptr_eq(s, log)) {
+            // A new log (config.yaml re-read): what the old one buffered goes to its own sink.
+            self.flush();
             self.sink = Some(log.clone());
         }
         self.data.extend_from_slice(line);
@@ -360,11 +377,16 @@ impl WorkerBuffer {
             LogSink::Stderr => std::io::stderr().lock().write_all(&self.data),
             LogSink::Stdout => std::io::stdout().lock().write_all(&self.data),
             LogSink::File(path) => {
-                if self.file.as_ref().map(|(p, _)| p != path).unwrap_or(true) {
-                    self.file = open_append(path).map(|f| (path.clone(), f));
+                let generation = log.reopen_generation();
+                if self
+                    .file
+                    .as_ref()
+                    .is_none_or(|(p, g, _)| p != path || *g != generation)
+                {
+                    self.file = open_append(path).map(|f| (path.clone(), generation, f));
                 }
                 match &mut self.file {
-                    Some((_, f)) => f.write_all(&self.data),
+                    Some((_, _, f)) => f.write_all(&self.data),
                     None => Ok(()),
                 }
             }
@@ -456,6 +478,36 @@ fn civil(secs: u64) -> (i64, u32, u32, u64, u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// logrotate moves the file away and sends SIGUSR1: the next lines go to a new file at the
+    /// configured path, none is lost.
+    #[test]
+    fn a_file_sink_is_reopened_when_the_signal_fires() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("access.log");
+        let reopen = LogReopen::new();
+        let log = Arc::new(
+            AccessLog::new(LogSink::File(path.clone()), "$status").with_reopen(reopen.clone()),
+        );
+        let write = |line: &[u8]| {
+            WORKER_BUFFER.with(|b| {
+                let mut b = b.borrow_mut();
+                b.push(&log, line);
+                b.flush();
+            })
+        };
+        write(b"first\n");
+        let rotated = dir.path().join("access.log.1");
+        std::fs::rename(&path, &rotated).unwrap();
+        write(b"second\n");
+        reopen.trigger();
+        write(b"third\n");
+        assert_eq!(
+            std::fs::read_to_string(&rotated).unwrap(),
+            "first\nsecond\n"
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "third\n");
+    }
 
     #[test]
     fn civil_dates() {

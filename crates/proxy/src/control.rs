@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use ferrisix_config::model::ResourceKind;
 use ferrisix_config::store::StoreHealth;
-use ferrisix_net::{Acceptor, ConnLimits, Tracked};
+use ferrisix_net::{Acceptor, ConnLimits, Drain};
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -305,14 +305,17 @@ pub async fn serve(
 ) {
     let builder = Arc::new(ferrisix_net::http_builder(&limits));
     let mut acceptor = Acceptor::new(listener, "control");
+    let drain = Drain::new();
     loop {
         tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => return,
+            _ = shutdown.wait_for(|s| *s) => break,
             (stream, _) = acceptor.accept() => {
                 let api = api.clone();
                 let builder = builder.clone();
+                let drain = drain.clone();
                 tokio::spawn(async move {
                     let (io, conn_watch) = ferrisix_net::wrap(stream, &limits);
+                    let conn_watch = conn_watch.with_drain(&drain);
                     let requests = conn_watch.clone();
                     let service = service_fn(move |req: Request<Incoming>| {
                         let in_flight = requests.begin();
@@ -322,11 +325,15 @@ pub async fn serve(
                             .and_then(|a| a.to_str().ok())
                             .is_some_and(|a| a.contains("text/html"));
                         let resp = api.handle_with(req.method(), req.uri().path(), html);
-                        async move { Ok::<_, Infallible>(Tracked::response(resp, in_flight)) }
+                        let resp = requests.respond(resp, in_flight, req.version());
+                        async move { Ok::<_, Infallible>(resp) }
                     });
-                    let _ = conn_watch.run(builder.serve_connection(io, service)).await;
+                    let _ = conn_watch.serve(builder.serve_connection(io, service)).await;
                 });
             }
         }
     }
+    drop(acceptor);
+    drain.start();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), drain.finished()).await;
 }

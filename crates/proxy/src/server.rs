@@ -12,11 +12,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrisix_net::{Acceptor, ConnLimits, Tracked};
+use arc_swap::ArcSwap;
+use ferrisix_net::{Acceptor, ConnLimits, Drain, ListenerSet};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioExecutor;
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -83,13 +83,27 @@ impl Default for Http2Limits {
 /// A bound socket and, for HTTPS, whether it offers h2.
 type Bound = (std::net::TcpListener, Option<bool>);
 
-fn bind_all(options: &ServerOptions, reuse_port: bool) -> io::Result<Vec<Bound>> {
-    let mut out = Vec::new();
-    for a in &options.listen {
-        out.push((bind(*a, reuse_port)?, None));
-    }
-    for t in &options.tls_listen {
-        out.push((bind(t.addr, reuse_port)?, Some(t.http2)));
+/// The data plane's gateway, swapped whole when config.yaml is re-read (SIGHUP): each new
+/// connection takes the current one, so the request path reads no shared settings.
+pub type GatewayHandle = Arc<ArcSwap<Gateway>>;
+
+/// Each worker's listeners: `groups` of them, one per worker (per-core model) or one.
+fn take_all(
+    options: &ServerOptions,
+    sockets: &mut ListenerSet,
+    groups: usize,
+    reuse_port: bool,
+) -> io::Result<Vec<Vec<Bound>>> {
+    let mut out: Vec<Vec<Bound>> = (0..groups).map(|_| Vec::new()).collect();
+    let plain = options.listen.iter().map(|a| (*a, None));
+    let tls = options.tls_listen.iter().map(|t| (t.addr, Some(t.http2)));
+    for (addr, http2) in plain.chain(tls) {
+        let taken = sockets
+            .take(addr, groups, reuse_port)
+            .map_err(|e| io::Error::new(e.kind(), format!("{addr}: {e}")))?;
+        for (group, listeners) in out.iter_mut().zip(taken) {
+            group.extend(listeners.into_iter().map(|l| (l, http2)));
+        }
     }
     Ok(out)
 }
@@ -107,39 +121,38 @@ impl ServerHandle {
     }
 }
 
-fn bind(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net::TcpListener> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    socket.set_reuse_address(true)?;
-    if reuse_port {
-        socket.set_reuse_port(true)?;
-    }
-    if addr.is_ipv6() {
-        let _ = socket.set_only_v6(true);
-    }
-    socket.set_nonblocking(true)?;
-    socket.bind(&addr.into())?;
-    socket.listen(4096)?;
-    Ok(socket.into())
-}
-
-/// Binds every listener and starts the workers. Fails (before serving anything) when an
-/// address cannot be bound. Workers stop accepting when `shutdown` turns true, then finish
-/// in-flight requests for up to `shutdown_timeout`.
+/// Binds every listener and starts the workers on `gateway`, which stays the same for the
+/// server's life; see [`start_with`].
 pub fn start(
     gateway: Arc<Gateway>,
     options: ServerOptions,
+    shutdown: watch::Receiver<bool>,
+) -> io::Result<ServerHandle> {
+    start_with(
+        Arc::new(ArcSwap::new(gateway)),
+        options,
+        &mut ListenerSet::new(),
+        shutdown,
+    )
+}
+
+/// Takes every listener from `sockets` (a predecessor's, else freshly bound) and starts the
+/// workers; each new connection uses the gateway `gateway` holds then. Fails (before serving
+/// anything) when an address cannot be bound. Workers stop accepting when `shutdown` turns
+/// true, then drain their connections (see [`ferrisix_net::Drain`]) for up to
+/// `shutdown_timeout`. The sockets stay open while `sockets` holds them.
+pub fn start_with(
+    gateway: GatewayHandle,
+    options: ServerOptions,
+    sockets: &mut ListenerSet,
     shutdown: watch::Receiver<bool>,
 ) -> io::Result<ServerHandle> {
     let workers = options.workers.max(1);
     let mut threads = Vec::new();
     match options.model {
         WorkerModel::PerCore => {
-            // Bind all sockets first so a busy port fails the start, not a worker.
-            let mut per_worker = Vec::with_capacity(workers);
-            for _ in 0..workers {
-                per_worker.push(bind_all(&options, true)?);
-            }
+            // Take all sockets first so a busy port fails the start, not a worker.
+            let per_worker = take_all(&options, sockets, workers, true)?;
             for (i, listeners) in per_worker.into_iter().enumerate() {
                 let gateway = gateway.clone();
                 let options = options.clone();
@@ -164,7 +177,9 @@ pub fn start(
             }
         }
         WorkerModel::Shared => {
-            let listeners = bind_all(&options, false)?;
+            let listeners = take_all(&options, sockets, 1, false)?
+                .pop()
+                .unwrap_or_default();
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(workers)
                 .thread_name("ferrisix-worker")
@@ -183,7 +198,7 @@ pub fn start(
 }
 
 async fn serve(
-    gateway: Arc<Gateway>,
+    gateway: GatewayHandle,
     listeners: Vec<Bound>,
     options: ServerOptions,
     mut shutdown: watch::Receiver<bool>,
@@ -199,7 +214,7 @@ async fn serve(
         .initial_connection_window_size(h2.initial_connection_window_size)
         .max_frame_size(h2.max_frame_size);
     let limits = options.limits;
-    let graceful = Arc::new(GracefulShutdown::new());
+    let drain = Drain::new();
 
     // Per-worker housekeeping: log buffers out every second, expired pool entries dropped.
     if per_core {
@@ -223,9 +238,9 @@ async fn serve(
                 continue;
             }
         };
-        let gateway = gateway.clone();
+        let gateways = gateway.clone();
         let builder = builder.clone();
-        let graceful = graceful.clone();
+        let drain = drain.clone();
         let mut stop = stop_tx.subscribe();
         accept_tasks.push(tokio::spawn(async move {
             let local = listener.local_addr().ok();
@@ -236,21 +251,20 @@ async fn serve(
                     (stream, peer) = acceptor.accept() => {
                         let local = local.or_else(|| stream.local_addr().ok());
                         let Some(local) = local else { continue };
-                        let info = ConnInfo::new(gateway.clone(), peer, local);
+                        let info = ConnInfo::new(gateways.load_full(), peer, local);
                         let Some(http2) = tls else {
                             let _ = stream.set_nodelay(true);
-                            serve_connection(&builder, &graceful, &limits, stream, info);
+                            serve_connection(&builder, &drain, &limits, stream, info);
                             continue;
                         };
                         let builder = builder.clone();
-                        let graceful = graceful.clone();
-                        let gateway = gateway.clone();
+                        let drain = drain.clone();
                         tokio::spawn(async move {
                             let _ = stream.set_nodelay(true);
-                            let snapshot = gateway.snapshot.clone();
+                            let snapshot = info.gateway.snapshot.clone();
                             let store = move || snapshot.load().tls.clone();
                             match ferrisix_tls::accept(stream, store, http2, limits.header_timeout).await {
-                                Ok((tls_stream, conn)) => serve_connection(&builder, &graceful, &limits, tls_stream, info.with_tls(conn)),
+                                Ok((tls_stream, conn)) => serve_connection(&builder, &drain, &limits, tls_stream, info.with_tls(conn)),
                                 Err(e @ (ferrisix_tls::AcceptError::NoCertificate(_) | ferrisix_tls::AcceptError::Unusable(_))) => {
                                     tracing::error!(client = %peer, "{e}");
                                 }
@@ -268,25 +282,23 @@ async fn serve(
     for t in accept_tasks {
         let _ = t.await;
     }
-    let graceful = match Arc::try_unwrap(graceful) {
-        Ok(g) => g,
-        Err(_) => {
-            access_log::flush_worker();
-            return;
-        }
-    };
-    if tokio::time::timeout(options.shutdown_timeout, graceful.shutdown())
+    // The listeners are closed here (or live on in a successor that took them over).
+    drain.start();
+    if tokio::time::timeout(options.shutdown_timeout, drain.finished())
         .await
         .is_err()
     {
-        tracing::warn!("shutdown timeout reached with requests still in flight");
+        tracing::warn!(
+            connections = drain.open_connections(),
+            "worker_shutdown_timeout reached with connections still open"
+        );
     }
     access_log::flush_worker();
 }
 
 fn serve_connection<IO>(
     builder: &auto::Builder<TokioExecutor>,
-    graceful: &GracefulShutdown,
+    drain: &Drain,
     limits: &ConnLimits,
     stream: IO,
     conn: ConnInfo,
@@ -296,27 +308,27 @@ fn serve_connection<IO>(
     // What ferrisix_net::wrap does for TCP, for any stream (TLS too; nodelay is set on the
     // socket at accept).
     let io = hyper_util::rt::TokioIo::new(ferrisix_net::TimedIo::new(stream, limits.send_timeout));
-    let conn_watch = ferrisix_net::ConnWatch::new(*limits);
+    let conn_watch = ferrisix_net::ConnWatch::new(*limits).with_drain(drain);
     // nginx's stub_status counters (prometheus' apisix_nginx_http_current_connections).
     let stats = conn.gateway.stats.clone();
     // One shared value per connection: each request clones a single Arc.
     let ctx = Arc::new((conn, conn_watch.clone()));
-    let service = service_fn(move |req| {
+    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         let ctx = ctx.clone();
         let in_flight = ctx.1.begin();
+        let version = req.version();
         async move {
             let resp = ctx.0.handle(req).await;
-            Ok::<_, Infallible>(Tracked::response(resp, in_flight))
+            Ok::<_, Infallible>(ctx.1.respond(resp, in_flight, version))
         }
     });
     let connection = builder
         .serve_connection_with_upgrades(io, service)
         .into_owned();
-    let connection = graceful.watch(connection);
     stats.connection_opened();
     tokio::spawn(async move {
         // Closed early (None) when client_header_timeout or keepalive_timeout passes.
-        if let Some(Err(e)) = conn_watch.run(connection).await {
+        if let Some(Err(e)) = conn_watch.serve(connection).await {
             tracing::debug!(error = %e, "client connection ended with an error");
         }
         stats.connection_closed();

@@ -26,7 +26,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -142,7 +142,8 @@ fn check_key(key: &str) -> Result<(), StoreError> {
 
 /// The state shared by the handle, blocking calls and the sweeper.
 struct Core {
-    db: Database,
+    /// `None` while suspended: a successor process holds the file.
+    db: RwLock<Option<Database>>,
     path: PathBuf,
     prefix: String,
     /// Serialises writes and publishes in commit order.
@@ -213,7 +214,7 @@ impl EmbeddedStore {
         let (states, _) = watch::channel(builder.snapshot());
         let core = Arc::new(Core {
             next_expiry: AtomicU64::new(first_expiry(&db)?),
-            db,
+            db: RwLock::new(Some(db)),
             path: path.to_owned(),
             prefix,
             writer: Mutex::new(builder),
@@ -239,6 +240,39 @@ impl EmbeddedStore {
     /// The current store revision.
     pub fn revision(&self) -> i64 {
         self.core.revision.load(Ordering::SeqCst)
+    }
+
+    /// Closes the file so that a successor process can open it (a binary upgrade or restart
+    /// handing over): calls fail with [`StoreError::Unavailable`] until [`EmbeddedStore::resume`];
+    /// the published state stays. Waits for a write in progress. Blocking.
+    pub fn suspend(&self) {
+        let _writer = self.core.writer();
+        let db = self
+            .core
+            .db
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop(db);
+        tracing::info!(path = %self.core.path.display(), "embedded store closed for a successor");
+    }
+
+    /// Reopens the file after [`EmbeddedStore::suspend`] (the successor went away) and
+    /// republishes what it holds, in case the successor changed it meanwhile. Blocking.
+    pub fn resume(&self) -> Result<(), StoreError> {
+        let mut builder = self.core.writer();
+        let db = open_db(&self.core.path)?;
+        let (kvs, revision) = list_in(&db, &self.core.prefix)?;
+        self.core
+            .next_expiry
+            .store(first_expiry(&db)?, Ordering::SeqCst);
+        *self.core.db.write().unwrap_or_else(|e| e.into_inner()) = Some(db);
+        let before = builder.state().resources.clone();
+        builder.reset(&kvs, revision);
+        let changed = builder.state().resources != before;
+        self.core.publish(&builder, changed, revision);
+        tracing::info!(path = %self.core.path.display(), revision, "embedded store reopened");
+        Ok(())
     }
 }
 
@@ -302,8 +336,22 @@ impl Core {
         self.writer.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Runs `f` on the open database.
+    fn with_db<T>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let db = self.db.read().unwrap_or_else(|e| e.into_inner());
+        match db.as_ref() {
+            Some(db) => f(db),
+            None => Err(StoreError::Unavailable(
+                "embedded store: closed while a successor process takes over".into(),
+            )),
+        }
+    }
+
     fn begin_write(&self) -> Result<redb::WriteTransaction, StoreError> {
-        let mut txn = self.db.begin_write().map_err(db_err)?;
+        let mut txn = self.with_db(|db| db.begin_write().map_err(db_err))?;
         // The default, stated because the crash guarantee depends on it.
         txn.set_durability(Durability::Immediate);
         Ok(txn)
@@ -318,7 +366,7 @@ impl Core {
     }
 
     fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
-        let txn = self.db.begin_read().map_err(db_err)?;
+        let txn = self.with_db(|db| db.begin_read().map_err(db_err))?;
         let table = txn.open_table(KV).map_err(db_err)?;
         let Some(v) = table.get(key).map_err(db_err)? else {
             return Ok(None);
@@ -495,7 +543,7 @@ impl Core {
             Ok(doomed)
         })?;
         self.next_expiry
-            .store(first_expiry(&self.db)?, Ordering::SeqCst);
+            .store(self.with_db(first_expiry)?, Ordering::SeqCst);
         Ok(removed)
     }
 }
@@ -506,7 +554,8 @@ async fn sweep_loop(core: Weak<Core>) {
     loop {
         tick.tick().await;
         let Some(core) = core.upgrade() else { return };
-        if core.next_expiry.load(Ordering::SeqCst) > now_ms() {
+        let suspended = core.db.read().map_or(true, |db| db.is_none());
+        if suspended || core.next_expiry.load(Ordering::SeqCst) > now_ms() {
             continue;
         }
         let result = tokio::task::spawn_blocking(move || core.sweep()).await;
@@ -541,7 +590,7 @@ impl Store for EmbeddedStore {
 
     async fn list(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
         let (core, prefix) = (Arc::clone(&self.core), prefix.to_owned());
-        blocking(move || list_in(&core.db, &prefix)).await
+        blocking(move || core.with_db(|db| list_in(db, &prefix))).await
     }
 
     async fn put(

@@ -8,7 +8,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ferrisix_net::{Acceptor, ConnLimits, Tracked};
+use ferrisix_net::{Acceptor, ConnLimits, Drain};
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -52,27 +52,34 @@ pub async fn serve(
 ) {
     let builder = Arc::new(ferrisix_net::http_builder(&limits).http1_only());
     let mut acceptor = Acceptor::new(listener, "prometheus export");
+    let drain = Drain::new();
     loop {
         let (stream, _) = tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => return,
+            _ = shutdown.wait_for(|s| *s) => break,
             a = acceptor.accept() => a,
         };
         let metrics = metrics.clone();
         let builder = builder.clone();
+        let drain = drain.clone();
         tokio::spawn(async move {
             let (io, conn_watch) = ferrisix_net::wrap(stream, &limits);
+            let conn_watch = conn_watch.with_drain(&drain);
             let requests = conn_watch.clone();
             let service = service_fn(move |req: Request<Incoming>| {
                 let metrics = metrics.clone();
                 let in_flight = requests.begin();
                 let resp = answer(&metrics, req.method(), req.uri().path());
-                async move { Ok::<_, Infallible>(Tracked::response(resp, in_flight)) }
+                let resp = requests.respond(resp, in_flight, req.version());
+                async move { Ok::<_, Infallible>(resp) }
             });
-            if let Some(Err(e)) = conn_watch.run(builder.serve_connection(io, service)).await {
+            if let Some(Err(e)) = conn_watch.serve(builder.serve_connection(io, service)).await {
                 tracing::debug!(error = %e, "prometheus export connection ended with an error");
             }
         });
     }
+    drop(acceptor);
+    drain.start();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), drain.finished()).await;
 }
 
 #[cfg(test)]

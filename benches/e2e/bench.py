@@ -12,6 +12,8 @@ nginx proxy_pass (1 worker, upstream keepalive, buffered access log) each proxy 
   tls-hs  s1 over TLS with a new connection (a full handshake) per request: handshakes/s
   h2      s1 over TLS h2, 16 streams on one connection (h2load from Debian's nghttp2-client)
   s1c s1 with a `checks` block on the upstream (active probes of /hello every second)
+  key-auth  s1's route with key-auth, 10,000 key-auth consumers in the store
+  jwt       s1's route with jwt-auth, an HS256 token of one consumer
 For every run it reads req/s and latency from wrk and the proxy's CPU time (user+sys of all its
 processes, from /proc) and reports medians and ratios against nginx as a markdown table and JSON.
 

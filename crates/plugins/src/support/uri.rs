@@ -61,9 +61,8 @@ mod tests {
             upstream_query("a=1 2&b=<\"#>\n"),
             "a=1%202&b=%3C%22%23%3E%0A"
         );
-        for p in ["/a<b>`c\"{}|^\\ ä?#%"] {
-            let uri = format!("{}?{}", upstream_path(p), upstream_query("x=<\"# >"));
-            assert!(uri.parse::<http::Uri>().is_ok(), "{uri}");
-        }
+        let p = "/a<b>`c\"{}|^\\ ä?#%";
+        let uri = format!("{}?{}", upstream_path(p), upstream_query("x=<\"# >"));
+        assert!(uri.parse::<http::Uri>().is_ok(), "{uri}");
     }
 }

@@ -1,6 +1,7 @@
 //! End-to-end request and response plugins through the binary: gzip and response-rewrite
-//! `filters` on a 100 MB streamed response keep the gateway's memory flat, and a realistic
-//! route (real-ip, proxy-rewrite headers, cors, request-id, ip-restriction) works together.
+//! `filters` on a 100 MB streamed response keep the gateway's memory flat, a realistic route
+//! (real-ip, proxy-rewrite headers, cors, request-id, ip-restriction) works together, and
+//! client-control / proxy-control shape the request body.
 mod support;
 
 use std::io::{Read, Write};
@@ -270,4 +271,42 @@ fn realistic_route() {
         r.header("Access-Control-Allow-Origin"),
         Some("http://app.example")
     );
+}
+
+#[test]
+fn body_size_and_buffering() {
+    let up = Upstream::start("up", Behaviour::Echo);
+    let routes = json!({"routes": [
+        {"id": "stream", "uri": "/stream", "plugins": {"proxy-control": {"request_buffering": false}},
+         "upstream": {"nodes": {up.node(): 1}}},
+        {"id": "buffer", "uri": "/buffer", "upstream": {"nodes": {up.node(): 1}}},
+        {"id": "small", "uri": "/small", "plugins": {"client-control": {"max_body_size": 5}},
+         "upstream": {"nodes": {up.node(): 1}}},
+    ]});
+    let gw = Gateway::start(&routes.to_string());
+    let chunked = |path: &str, body: &str| {
+        let raw = format!(
+            "POST {path} HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+            body.len()
+        );
+        request_raw(gw.addr(), raw.as_bytes())
+    };
+    // Buffered (the default): a small chunked body goes up with its length.
+    let r = chunked("/buffer", "hello");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["headers"]["content-length"], "5", "{}", r.text());
+    // proxy-control request_buffering false: it streams up as it came.
+    let r = chunked("/stream", "hello");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        r.json()["headers"].get("content-length").is_none(),
+        "{}",
+        r.text()
+    );
+    assert_eq!(r.json()["body_len"], 5);
+    // client-control: a declared or streamed body past max_body_size is refused with 413.
+    let r = request(gw.addr(), "POST", "/small", &[], b"123456");
+    assert_eq!(r.status, 413);
+    assert_eq!(chunked("/small", "123456").status, 413);
+    assert_eq!(chunked("/small", "12345").status, 200);
 }

@@ -73,13 +73,17 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         "ksuid" => Algorithm::Ksuid,
         "range_id" => {
             let r = &conf["range_id"];
+            let chars = r["char_set"]
+                .as_str()
+                .unwrap_or(DEFAULT_CHAR_SET)
+                .as_bytes()
+                .to_vec();
+            if chars.is_empty() {
+                return Err("range_id.char_set is empty".into());
+            }
             Algorithm::Range {
                 length: r["length"].as_u64().unwrap_or(16) as usize,
-                chars: r["char_set"]
-                    .as_str()
-                    .unwrap_or(DEFAULT_CHAR_SET)
-                    .as_bytes()
-                    .to_vec(),
+                chars,
             }
         }
         _ => Algorithm::Uuid,

@@ -2,7 +2,9 @@
 //! its URI (`uri` with `$var`s, or the first matching `regex_uri` pair), method, `Host` and
 //! headers (`add`/`set`/`remove`, values with `$var`s and `regex_uri`'s captures `$1`..).
 //!
-//! As APISIX, the new path is escaped (`ngx_escape_uri`) and becomes `$uri` for later plugins;
+//! As APISIX, the new path is escaped (`ngx_escape_uri`, plus the few bytes a request line
+//! cannot carry: `<`, `>`, `` ` ``, and in the query space, `"`, `#`) and becomes `$uri` for
+//! later plugins;
 //! the client's query string follows it upstream (after the rewritten one's, with `&`).
 //! `use_real_request_uri_unsafe` starts from the raw request URI instead and escapes nothing.
 //! Even a conf that changes only headers sends the normalised, escaped `$uri` upstream, as
@@ -18,7 +20,7 @@ use serde_json::{json, Map, Value};
 
 use crate::support::headers::{self, ValueTemplate};
 use crate::support::pcre::Substitution;
-use crate::support::uri::{escape_control_chars, uri_safe_encode};
+use crate::support::uri::{upstream_path, upstream_query};
 use ferrisix_plugin_api::Template;
 
 pub const NAME: &str = "proxy-rewrite";
@@ -347,8 +349,8 @@ impl ProxyRewrite {
         };
         match index {
             Some(i) => {
-                let path = uri_safe_encode(&upstream_uri[..i]);
-                let mut query = escape_control_chars(&upstream_uri[i + 1..]);
+                let path = upstream_path(&upstream_uri[..i]);
+                let mut query = upstream_query(&upstream_uri[i + 1..]);
                 // The client's arguments follow the rewritten ones.
                 if let Some(args) = ctx.query() {
                     query.push('&');
@@ -357,7 +359,7 @@ impl ProxyRewrite {
                 (path, Some(Some(query)))
             }
             // The client's query string, if any, goes up as it came.
-            None => (uri_safe_encode(&upstream_uri), None),
+            None => (upstream_path(&upstream_uri), None),
         }
     }
 

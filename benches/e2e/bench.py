@@ -9,7 +9,8 @@ nginx proxy_pass (1 worker, upstream keepalive, buffered access log) each proxy 
   tls     s1 over TLS 1.3 with keep-alive (one ECDSA P-256 certificate, the same file for both)
   tls-hs  s1 over TLS with a new connection (a full handshake) per request: handshakes/s
   h2      s1 over TLS h2, 16 streams on one connection (h2load from Debian's nghttp2-client)
-  s1c s1 with a `checks` block on the upstream (active probes of /hello every second)
+  s1c s1 with a `checks` block on the upstream (active probes of /hello every second); with
+      --baseline the baseline gateway serves s1 without checks, measured interleaved (A/B)
 For every run it reads req/s and latency from wrk and the proxy's CPU time (user+sys of all its
 processes, from /proc) and reports medians and ratios against nginx as a markdown table and JSON.
 
@@ -419,7 +420,10 @@ def main():
             plugins = S2_PLUGINS if scenario == "s2" else {}
             checks = S1C_CHECKS if scenario == "s1c" else None
             for a in (admins if not tls else [admin]):
-                put_route(a, "benchmark-admin-key", plugins, checks)
+                # s1c with --baseline: the baseline serves plain s1, so the cost of the checks
+                # is one interleaved A/B (same binary twice: --baseline target/release/ferrisix).
+                own_checks = checks if a == admin else None
+                put_route(a, "benchmark-admin-key", plugins, own_checks)
             if args.apisix and args.apisix_admin and args.apisix_key:
                 put_route(args.apisix_admin, args.apisix_key, plugins, checks)
             time.sleep(1 if scenario in ("s1",) + TLS_SCENARIOS else 3)

@@ -11,7 +11,8 @@ nginx proxy_pass (1 worker, upstream keepalive, buffered access log) each proxy 
   tls     s1 over TLS 1.3 with keep-alive (one ECDSA P-256 certificate, the same file for both)
   tls-hs  s1 over TLS with a new connection (a full handshake) per request: handshakes/s
   h2      s1 over TLS h2, 16 streams on one connection (h2load from Debian's nghttp2-client)
-  s1c s1 with a `checks` block on the upstream (active probes of /hello every second)
+  s1c s1 with a `checks` block on the upstream (active probes of /hello every second); with
+      --baseline the baseline gateway serves s1 without checks, measured interleaved (A/B)
   key-auth  s1's route with key-auth, 10,000 key-auth consumers in the store
   jwt       s1's route with jwt-auth, an HS256 token of one consumer
 For every run it reads req/s and latency from wrk and the proxy's CPU time (user+sys of all its
@@ -480,7 +481,10 @@ def main():
                 if scenario in AUTH_SCENARIOS and a not in consumers_written:
                     put_consumers(a, "benchmark-admin-key")
                     consumers_written.add(a)
-                put_route(a, "benchmark-admin-key", plugins, checks)
+                # s1c with --baseline: the baseline serves plain s1, so the cost of the checks
+                # is one interleaved A/B (same binary twice: --baseline target/release/ferrisix).
+                own_checks = checks if a == admin else None
+                put_route(a, "benchmark-admin-key", plugins, own_checks)
             if args.apisix and args.apisix_admin and args.apisix_key:
                 put_route(args.apisix_admin, args.apisix_key, plugins, checks)
             time.sleep(1 if scenario in ("s1",) + TLS_SCENARIOS else 3)

@@ -328,8 +328,13 @@ impl UpstreamPicker {
         }
         TryGuard {
             in_flight,
-            ewma: self.ewma.get(node).cloned().flatten(),
-            started: Instant::now(),
+            // Only ewma reads the clock.
+            ewma: self
+                .ewma
+                .get(node)
+                .cloned()
+                .flatten()
+                .map(|s| (s, Instant::now())),
             answered: false,
         }
     }
@@ -344,8 +349,8 @@ impl UpstreamPicker {
 /// body so long responses (and websocket tunnels) count as the connections they are.
 pub struct TryGuard {
     in_flight: Option<InFlight>,
-    ewma: Option<Arc<EwmaSlot>>,
-    started: Instant,
+    /// ewma's slot and when the try started.
+    ewma: Option<(Arc<EwmaSlot>, Instant)>,
     answered: bool,
 }
 
@@ -371,8 +376,8 @@ impl Drop for TryGuard {
             let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
         }
         if self.answered {
-            if let Some(s) = &self.ewma {
-                s.update(self.started.elapsed().as_secs_f64());
+            if let Some((s, started)) = &self.ewma {
+                s.update(started.elapsed().as_secs_f64());
             }
         }
     }

@@ -168,6 +168,9 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     }))
 }
 
+/// The breaker key the access phase used, for the log phase to count under.
+struct BreakerKey(String);
+
 fn key(host: Option<&str>, uri: &str) -> String {
     let host = host.unwrap_or("");
     let mut k = String::with_capacity(host.len() + uri.len());
@@ -248,7 +251,12 @@ impl Plugin for ApiBreaker {
     }
 
     fn access<'a>(&'a self, ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
-        if !self.open(&key(ctx.host(), ctx.uri())) {
+        // APISIX keys by `ctx.var.uri`, which its variable cache holds from routing: the
+        // client's normalised path, even after proxy-rewrite's `ngx.req.set_uri`.
+        let k = key(ctx.host(), ctx.head().path);
+        let open = self.open(&k);
+        ctx.insert(BreakerKey(k));
+        if !open {
             return Step::CONTINUE;
         }
         let Some(body) = &self.body else {
@@ -271,8 +279,11 @@ impl Plugin for ApiBreaker {
         }) else {
             return;
         };
-        let uri = ctx.var("uri").unwrap_or_default();
-        self.record(key(ctx.vars.get("host"), &uri), status);
+        let k = match ctx.value::<BreakerKey>() {
+            Some(BreakerKey(k)) => k.clone(),
+            None => key(ctx.vars.get("host"), &ctx.var("uri").unwrap_or_default()),
+        };
+        self.record(k, status);
     }
 }
 

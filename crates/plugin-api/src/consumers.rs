@@ -14,9 +14,22 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
-use crate::ctx::Consumer;
+/// The consumer an auth plugin identified (`ctx.consumer`). The authentication work defines
+/// how it is found; the request path only carries it: `$consumer_name`,
+/// `$consumer_group_id`, the headers sent upstream and the consumer's plugins come from it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Consumer {
+    pub username: String,
+    pub group_id: Option<String>,
+    /// The credential that matched (`X-Credential-Identifier`).
+    pub credential_id: Option<String>,
+    /// `labels.custom_id` (`X-Consumer-Custom-Id`).
+    pub custom_id: Option<String>,
+    /// The consumer's plugins, merged with its group's.
+    pub plugins: Map<String, Value>,
+}
 
 /// What a credential's conf compiles to, once per snapshot.
 pub type Prepared = Arc<dyn Any + Send + Sync>;

@@ -21,9 +21,9 @@ use ferrisix_config::model::ResourceKind;
 use ferrisix_router::VarSource;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use http_body_util::BodyExt;
-use serde_json::{Map, Value};
 use smallvec::SmallVec;
 
+pub use crate::consumers::Consumer;
 use crate::consumers::{ConsumerIndex, Credential};
 use crate::head::RequestHead;
 use crate::upstream::UpstreamRef;
@@ -67,21 +67,6 @@ impl Owner {
             key: format!("/apisix/{}/{}", kind.dir(), id),
         }
     }
-}
-
-/// The consumer an auth plugin identified (`ctx.consumer`). The authentication work defines
-/// how it is found; the request path only carries it: `$consumer_name`,
-/// `$consumer_group_id`, the headers sent upstream and the consumer's plugins come from it.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Consumer {
-    pub username: String,
-    pub group_id: Option<String>,
-    /// The credential that matched (`X-Credential-Identifier`).
-    pub credential_id: Option<String>,
-    /// `labels.custom_id` (`X-Consumer-Custom-Id`).
-    pub custom_id: Option<String>,
-    /// The consumer's plugins, merged with its group's.
-    pub plugins: Map<String, Value>,
 }
 
 /// What plugins changed in the request that goes upstream (headers are edited in place).

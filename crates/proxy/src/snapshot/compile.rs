@@ -13,8 +13,9 @@
 //! 4. routes: rebuilt when the route itself, its service, its plugin config, an upstream it
 //!    uses, the metadata of one of its plugins, or the global chains changed; every other
 //!    route is handed on as the same `Arc<CompiledRoute>`;
-//! 5. the route table is built from the compiled routes (an incremental table can apply
-//!    [`SnapshotDiff::routes`] instead).
+//! 5. the route table is the previous one with the routes that are new, rebuilt or gone
+//!    applied to it (`RouteTable::apply`): everything else is shared with the previous
+//!    snapshot's table, which keeps serving unchanged until its last request ends.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -103,7 +104,7 @@ impl Snapshot {
     pub fn empty(options: &CompileOptions) -> Snapshot {
         Snapshot {
             revision: 0,
-            router: RouteTable::new(options.router, Vec::new()).0,
+            router: RouteTable::empty(options.router),
             upstreams: HashMap::new(),
             quarantine: Vec::new(),
             global_chain: PluginChain::empty(),
@@ -270,7 +271,7 @@ impl Snapshot {
             });
             let slot = match reused {
                 Some(slot) => slot.clone(),
-                None => match compile_slot(&acc.typed, &inputs, before) {
+                None => match compile_slot(&acc.typed, item.seq, &inputs, before) {
                     Ok(slot) => slot,
                     Err(e) => {
                         quarantine.push(Quarantined::new(ResourceKind::Routes, &item.id, e));
@@ -280,19 +281,44 @@ impl Snapshot {
             };
             slots.push((item.id.clone(), slot));
         }
-        let (router, errors) = RouteTable::new(
-            options.router,
-            slots.iter().map(|(_, slot)| slot.entry()).collect(),
-        );
+        // The table takes the routes that are new, rebuilt or gone; the rest of it is shared
+        // with the previous snapshot's (which keeps serving unchanged meanwhile).
+        let mut router = if same_options {
+            previous.router.clone()
+        } else {
+            RouteTable::empty(options.router)
+        };
+        let kept = |id: &String, slot: &RouteSlot| {
+            prev.routes
+                .get(id)
+                .is_some_and(|p| p.seq == slot.seq && Arc::ptr_eq(&p.compiled, &slot.compiled))
+        };
+        let fresh: HashMap<&String, &RouteSlot> = slots.iter().map(|(id, s)| (id, s)).collect();
+        let removed = prev
+            .routes
+            .iter()
+            .filter(|(id, _)| !fresh.get(id).is_some_and(|s| kept(id, s)))
+            .map(|(_, old)| old.seq);
+        let mut placed = Vec::new();
+        let mut inserts = Vec::new();
+        for (i, (id, slot)) in slots.iter().enumerate() {
+            if !kept(id, slot) {
+                placed.push(i);
+                inserts.push((slot.seq, slot.entry()));
+            }
+        }
+        let errors = router.apply(removed, inserts);
         let mut refused = vec![false; slots.len()];
         for e in errors {
-            refused[e.index] = true;
+            let index = placed[e.index];
+            refused[index] = true;
             quarantine.push(Quarantined::new(
                 ResourceKind::Routes,
-                &slots[e.index].0,
+                &slots[index].0,
                 e.message,
             ));
         }
+        drop(fresh);
         let routes: HashMap<String, RouteSlot> = slots
             .into_iter()
             .zip(refused)

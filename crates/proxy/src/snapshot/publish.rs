@@ -32,7 +32,7 @@ pub async fn follow(
             revision = snapshot.revision,
             routes = snapshot.router.len(),
             quarantined = snapshot.quarantine.len(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
+            elapsed_us = started.elapsed().as_micros() as u64,
             "configuration applied"
         );
         handle.store(Arc::new(snapshot));

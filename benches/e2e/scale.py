@@ -477,6 +477,8 @@ def markdown(results, note):
 
 
 def main():
+    # A SIGTERM ends the run through the `finally`s, which stop the processes it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "ferrisix"))
     ap.add_argument("--routes", default="1000,10000")

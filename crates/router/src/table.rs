@@ -527,14 +527,13 @@ impl<T> RouteTable<T> {
                 }
             }
             if !self.wild_hosts.is_empty() {
-                let found = self
-                    .wild_hosts
-                    .prefixes_of(&Rev(host.as_bytes()), &mut |b: &'a HostBucket<T>| {
-                        match self.find_in_bucket(b, req, vars) {
-                            Some(m) => ControlFlow::Break(m),
-                            None => ControlFlow::Continue(()),
-                        }
-                    });
+                let found = self.wild_hosts.prefixes_of(
+                    &Rev(host.as_bytes()),
+                    &mut |b: &'a HostBucket<T>| match self.find_in_bucket(b, req, vars) {
+                        Some(m) => ControlFlow::Break(m),
+                        None => ControlFlow::Continue(()),
+                    },
+                );
                 if found.is_some() {
                     return found;
                 }

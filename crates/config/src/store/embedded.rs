@@ -508,7 +508,8 @@ impl Core {
                     self.next_expiry
                         .fetch_min(record.expires_at, Ordering::SeqCst);
                 }
-                changed |= builder.apply(&put.key, Some(&record.to_kv(&put.key)), record.mod_revision);
+                changed |=
+                    builder.apply(&put.key, Some(&record.to_kv(&put.key)), record.mod_revision);
             }
         }
         self.publish(builder, changed, revision);
@@ -774,7 +775,8 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let store = rt.block_on(async { EmbeddedStore::open(&dir.path().join("db"), "/apisix") })
+        let store = rt
+            .block_on(async { EmbeddedStore::open(&dir.path().join("db"), "/apisix") })
             .unwrap();
         let core = store.core.clone();
         let writers: Vec<_> = (0..16)
@@ -809,7 +811,11 @@ mod tests {
         revisions.dedup();
         assert_eq!(revisions.len(), n, "every put has its own revision");
         assert_eq!(revisions.first(), Some(&2));
-        assert_eq!(revisions.last(), Some(&(n as i64 + 1)), "no revision is skipped");
+        assert_eq!(
+            revisions.last(),
+            Some(&(n as i64 + 1)),
+            "no revision is skipped"
+        );
         assert_eq!(core.writer().state().len(), 16 * 40);
         // What was acknowledged is in the file.
         let (kvs, revision) = core.with_db(|db| list_in(db, "/apisix")).unwrap();

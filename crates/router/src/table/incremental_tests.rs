@@ -10,8 +10,22 @@ use proptest::prelude::*;
 use super::*;
 
 const PATHS: &[&str] = &[
-    "/", "/a", "/a/", "/a/b", "/a*", "/a/*", "/a/b*", "/a/:id", "/a/:id/*rest", "/b", "/b/*",
-    "*", "/a/*/c", "/ab", "/a/b", "",
+    "/",
+    "/a",
+    "/a/",
+    "/a/b",
+    "/a*",
+    "/a/*",
+    "/a/b*",
+    "/a/:id",
+    "/a/:id/*rest",
+    "/b",
+    "/b/*",
+    "*",
+    "/a/*/c",
+    "/ab",
+    "/a/b",
+    "",
 ];
 const HOSTS: &[&[&str]] = &[
     &[],
@@ -46,7 +60,10 @@ impl Spec {
         );
         e.hosts = HOSTS[self.hosts].iter().map(|h| h.to_string()).collect();
         e.methods = MethodSet::from_names(METHODS[self.methods].iter().copied()).unwrap();
-        e.remote_addrs = ADDRS[self.addrs].iter().map(|a| a.parse().unwrap()).collect();
+        e.remote_addrs = ADDRS[self.addrs]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
         e.priority = self.priority;
         e
     }
@@ -94,7 +111,13 @@ const PROBE_PATHS: &[&str] = &[
     "/", "/a", "/a/", "/a/b", "/a/b/c", "/a/x/c", "/ab", "/abc", "/b", "/b/x", "/c", "/a/7",
     "/a/7/x",
 ];
-const PROBE_HOSTS: &[Option<&str>] = &[None, Some("a.com"), Some("x.a.com"), Some("y.a.com"), Some("b.com")];
+const PROBE_HOSTS: &[Option<&str>] = &[
+    None,
+    Some("a.com"),
+    Some("x.a.com"),
+    Some("y.a.com"),
+    Some("b.com"),
+];
 
 /// What a lookup answered, comparable across tables.
 type Answer = Option<(u64, String, Option<String>, Vec<(String, String)>)>;
@@ -261,7 +284,10 @@ fn a_change_shares_the_untouched_entries() {
     let (base, errors) = RouteTable::new(RouterKind::HostUri, entries);
     assert!(errors.is_empty());
     let mut next = base.clone();
-    next.apply([17], vec![(17, RouteEntry::new(vec!["/moved/*".into()], 17))]);
+    next.apply(
+        [17],
+        vec![(17, RouteEntry::new(vec!["/moved/*".into()], 17))],
+    );
     let info = |p: &'static str| RequestInfo {
         path: p,
         host: None,
@@ -269,13 +295,24 @@ fn a_change_shares_the_untouched_entries() {
         method: Some(Method::Get),
         remote_addr: "127.0.0.1".parse().unwrap(),
     };
-    assert_eq!(base.lookup(&info("/svc17/a"), &NoVars).map(|m| *m.value), Some(17));
+    assert_eq!(
+        base.lookup(&info("/svc17/a"), &NoVars).map(|m| *m.value),
+        Some(17)
+    );
     assert!(base.lookup(&info("/moved/a"), &NoVars).is_none());
     assert!(next.lookup(&info("/svc17/a"), &NoVars).is_none());
-    assert_eq!(next.lookup(&info("/moved/a"), &NoVars).map(|m| *m.value), Some(17));
+    assert_eq!(
+        next.lookup(&info("/moved/a"), &NoVars).map(|m| *m.value),
+        Some(17)
+    );
     // The candidate lists of every other route are the same allocations in both versions.
     let lists = |t: &RouteTable<u64>| -> Vec<*const Cand<u64>> {
-        t.uri.prefixes.values().into_iter().map(|l| l.as_ptr()).collect()
+        t.uri
+            .prefixes
+            .values()
+            .into_iter()
+            .map(|l| l.as_ptr())
+            .collect()
     };
     let (a, b) = (lists(&base), lists(&next));
     let shared = b.iter().filter(|p| a.contains(p)).count();

@@ -217,7 +217,11 @@ fn visit<'a, V, K: TrieKey, R>(
 }
 
 /// `key` is what remains after `node`'s own label.
-fn update_at<V: Clone>(node: &mut Arc<Node<V>>, key: &[u8], f: impl FnOnce(Option<V>) -> Option<V>) {
+fn update_at<V: Clone>(
+    node: &mut Arc<Node<V>>,
+    key: &[u8],
+    f: impl FnOnce(Option<V>) -> Option<V>,
+) {
     let n = Arc::make_mut(node);
     let Some(&b) = key.first() else {
         n.value = f(n.value.take());
@@ -418,7 +422,11 @@ mod tests {
         ptrs(&base.root, &mut a);
         ptrs(&next.root, &mut b);
         let fresh_in_next = b.iter().filter(|p| !a.contains(p)).count();
-        assert!(fresh_in_next <= 8, "{fresh_in_next} of {} nodes copied", b.len());
+        assert!(
+            fresh_in_next <= 8,
+            "{fresh_in_next} of {} nodes copied",
+            b.len()
+        );
 
         // Removing what was added (and a key that is not there) gives the fresh shape back.
         next.update(b"/new/y", |_| None);

@@ -526,3 +526,57 @@ fn inline_upstreams_are_checked_under_their_holder() {
         .collect();
     assert_eq!(names, ["/apisix/routes/r1", "/apisix/services/s1"]);
 }
+
+#[test]
+fn a_route_change_touches_that_route_only_and_refusals_stay_reported() {
+    let mut store = Store::new();
+    for i in 0..300 {
+        store.put(
+            &format!("routes/{i}"),
+            route(&format!("/r{i}/*"), json!({"upstream": node(1980)})),
+        );
+    }
+    // Valid for the schema, refused by the route table (a host the router cannot file).
+    store.put(
+        "routes/bad",
+        route("/bad", json!({"hosts": ["a b"], "upstream": node(1980)})),
+    );
+    let a = first(&store);
+    assert_eq!(a.router.len(), 300);
+    let refused = |s: &Snapshot| s.quarantine.iter().filter(|q| q.id == "bad").count();
+    assert_eq!(refused(&a), 1);
+
+    store.put(
+        "routes/7",
+        route("/moved/*", json!({"upstream": node(1980)})),
+    );
+    store.delete("routes/8");
+    store.put(
+        "routes/new",
+        route("/r7/*", json!({"priority": 1, "upstream": node(1980)})),
+    );
+    let b = compile(&store, &a);
+    assert_eq!(b.diff().routes.changed, ids(&["7"]));
+    assert_eq!(b.diff().routes.removed, ids(&["8"]));
+    assert_eq!(b.diff().routes.added, ids(&["new"]));
+    assert_eq!(b.diff().config.routes.changed, ids(&["7"]));
+    assert_eq!(serving(&b, "/moved/x").as_deref(), Some("7"));
+    assert_eq!(serving(&b, "/r7/x").as_deref(), Some("new"));
+    assert_eq!(serving(&b, "/r8/x"), None);
+    assert_eq!(serving(&b, "/r9/x").as_deref(), Some("9"));
+    // The previous snapshot still serves what it served.
+    assert_eq!(serving(&a, "/r7/x").as_deref(), Some("7"));
+    assert_eq!(serving(&a, "/r8/x").as_deref(), Some("8"));
+    assert!(same_route(&a, &b, "9"));
+    // The refused route is still reported although nothing about it changed.
+    assert_eq!(refused(&b), 1);
+    assert_eq!(b.router.len(), 300);
+
+    // Fixing it puts it in the table and ends the report.
+    store.put("routes/bad", route("/bad", json!({"upstream": node(1980)})));
+    let c = compile(&store, &b);
+    assert_eq!(refused(&c), 0);
+    assert_eq!(serving(&c, "/bad").as_deref(), Some("bad"));
+    assert_eq!(c.diff().routes.added, ids(&["bad"]));
+    assert!(same_route(&b, &c, "9"));
+}

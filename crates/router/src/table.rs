@@ -226,8 +226,8 @@ impl HostPat {
 
 /// A kept route: its conditions, compiled, and its value.
 struct RouteData<T> {
-    /// The caller's key; also the insertion order (a smaller key wins ties).
-    key: u64,
+    /// The caller's key; also the insertion order (a smaller key, byte-wise, wins ties).
+    key: Box<[u8]>,
     value: T,
     paths: Box<[Box<str>]>,
     /// Per path: where it is filed and its full-path check.
@@ -264,12 +264,12 @@ impl<T> Clone for Cand<T> {
 impl<T> Cand<T> {
     /// The order of one path entry: priority descending, then longer original pattern, then
     /// insertion order (the route's key, then the path's place in the route).
-    fn order(&self) -> (std::cmp::Reverse<i64>, std::cmp::Reverse<usize>, u64, u32) {
+    fn order(&self) -> (std::cmp::Reverse<i64>, std::cmp::Reverse<usize>, &[u8], u32) {
         let r = &*self.route;
         (
             std::cmp::Reverse(r.priority),
             std::cmp::Reverse(r.paths[self.path as usize].len()),
-            r.key,
+            &r.key,
             self.path,
         )
     }
@@ -376,10 +376,6 @@ enum Tree {
 /// Pending changes of one tree: per (exact?, stored key), the candidates to add.
 type TreeEdits<T> = FxMap<(bool, Box<str>), Vec<Cand<T>>>;
 
-fn key_bytes(key: u64) -> [u8; 8] {
-    key.to_be_bytes()
-}
-
 impl<T> RouteTable<T> {
     /// A table with no routes.
     pub fn empty(kind: RouterKind) -> RouteTable<T> {
@@ -393,7 +389,8 @@ impl<T> RouteTable<T> {
         }
     }
 
-    /// Entries are in insertion order (earlier = wins ties); entry `i` gets key `i`. A bad
+    /// Entries are in insertion order (earlier = wins ties); entry `i` gets key `i` (8 bytes,
+    /// big-endian). A bad
     /// entry (bad pattern, bad host) is skipped and reported; the rest are served.
     pub fn new(kind: RouterKind, entries: Vec<RouteEntry<T>>) -> (RouteTable<T>, Vec<TableError>) {
         let mut table = RouteTable::empty(kind);
@@ -402,7 +399,7 @@ impl<T> RouteTable<T> {
             entries
                 .into_iter()
                 .enumerate()
-                .map(|(i, e)| (i as u64, e))
+                .map(|(i, e)| ((i as u64).to_be_bytes().to_vec(), e))
                 .collect(),
         );
         (table, errors)
@@ -411,7 +408,8 @@ impl<T> RouteTable<T> {
     /// Takes out the routes under the keys of `remove`, then puts in each `(key, entry)` of
     /// `insert` (replacing a route already under that key). A key is also the route's
     /// insertion order: among candidates of one path entry with equal priority and pattern
-    /// length, the smaller key wins, as the earlier route does in APISIX. The result matches
+    /// length, the smaller key (byte-wise) wins, as the earlier route does in APISIX; `new`
+    /// gives entry `i` the big-endian bytes of `i`. The result matches
     /// exactly what [`RouteTable::new`] builds from the same routes in key order.
     ///
     /// Only the path entries of the routes taken out and put in are rebuilt; the rest of the
@@ -420,22 +418,24 @@ impl<T> RouteTable<T> {
     /// route is gone. A key given twice in `insert` keeps the first entry.
     pub fn apply(
         &mut self,
-        remove: impl IntoIterator<Item = u64>,
-        insert: Vec<(u64, RouteEntry<T>)>,
+        remove: impl IntoIterator<Item = Vec<u8>>,
+        insert: Vec<(Vec<u8>, RouteEntry<T>)>,
     ) -> Vec<TableError> {
         let kind = self.kind;
-        let mut gone: FxSet<u64> = FxSet::default();
+        let mut gone: FxSet<Box<[u8]>> = FxSet::default();
         let mut edits: FxMap<Tree, TreeEdits<T>> = FxMap::default();
-        let outgoing = remove.into_iter().chain(insert.iter().map(|(k, _)| *k));
+        let outgoing = remove
+            .into_iter()
+            .chain(insert.iter().map(|(k, _)| k.clone()));
         for key in outgoing {
-            if gone.contains(&key) {
+            if gone.contains(key.as_slice()) {
                 continue;
             }
-            let Some(old) = self.index.get(&Fwd(&key_bytes(key))).cloned() else {
+            let Some(old) = self.index.get(&Fwd(&key)).cloned() else {
                 continue;
             };
-            gone.insert(key);
-            self.index.update(&key_bytes(key), |_| None);
+            self.index.update(&key, |_| None);
+            gone.insert(key.into_boxed_slice());
             self.len -= 1;
             // The entries it was filed under are rebuilt without it.
             for_each_entry(kind, &old, |tree, exact, stored, _| {
@@ -448,16 +448,16 @@ impl<T> RouteTable<T> {
         }
 
         let mut errors = Vec::new();
-        let mut added: FxSet<u64> = FxSet::default();
+        let mut added: FxSet<Vec<u8>> = FxSet::default();
         for (index, (key, entry)) in insert.into_iter().enumerate() {
-            if !added.insert(key) {
+            if !added.insert(key.clone()) {
                 errors.push(TableError {
                     index,
-                    message: format!("route key {key} given twice"),
+                    message: format!("route key {key:?} given twice"),
                 });
                 continue;
             }
-            let route = match compile_entry(kind, key, entry) {
+            let route = match compile_entry(kind, key.clone().into_boxed_slice(), entry) {
                 Ok(r) => Arc::new(r),
                 Err(message) => {
                     errors.push(TableError { index, message });
@@ -475,7 +475,7 @@ impl<T> RouteTable<T> {
                         path,
                     });
             });
-            self.index.update(&key_bytes(key), |_| Some(route));
+            self.index.update(&key, |_| Some(route));
             self.len += 1;
         }
 
@@ -503,8 +503,8 @@ impl<T> RouteTable<T> {
     }
 
     /// The value of the route under `key`.
-    pub fn get(&self, key: u64) -> Option<&T> {
-        self.index.get(&Fwd(&key_bytes(key))).map(|r| &r.value)
+    pub fn get(&self, key: &[u8]) -> Option<&T> {
+        self.index.get(&Fwd(key)).map(|r| &r.value)
     }
 
     /// Finds the route for a request.
@@ -613,9 +613,9 @@ impl<T> RouteTable<T> {
 
 /// Rebuilds the path entries named in `lists`: the candidates of the routes in `gone` are
 /// taken out, the new ones merged in, and an entry left empty is removed.
-fn apply_lists<T>(table: &mut UriTable<T>, lists: TreeEdits<T>, gone: &FxSet<u64>) {
+fn apply_lists<T>(table: &mut UriTable<T>, lists: TreeEdits<T>, gone: &FxSet<Box<[u8]>>) {
     for ((exact, stored), mut new) in lists {
-        new.sort_by_key(Cand::order);
+        new.sort_by(|a, b| a.order().cmp(&b.order()));
         let trie = if exact {
             &mut table.exact
         } else {
@@ -728,7 +728,7 @@ fn filters<'a, T>(
 /// Validates one entry and compiles its paths; any error rejects the whole entry.
 fn compile_entry<T>(
     kind: RouterKind,
-    key: u64,
+    key: Box<[u8]>,
     entry: RouteEntry<T>,
 ) -> Result<RouteData<T>, String> {
     if entry.paths.is_empty() {

@@ -342,7 +342,7 @@ impl Snapshot {
                 }
             };
             if let Some(b) = before {
-                removed_keys.push(b.seq);
+                removed_keys.push(table_key(b.seq, id));
             }
             match slot {
                 Some(slot) => placed.push((id.clone(), slot)),
@@ -355,7 +355,7 @@ impl Snapshot {
         }
         let inserts = placed
             .iter()
-            .map(|(_, slot)| (slot.seq, slot.entry()))
+            .map(|(id, slot)| (table_key(slot.seq, id), slot.entry()))
             .collect();
         let errors = router.apply(removed_keys, inserts);
         let mut refused = vec![false; placed.len()];
@@ -449,6 +449,14 @@ impl Snapshot {
             },
         }
     }
+}
+
+/// A route's key in the table: its place in the insertion order, then its id (so ties of a
+/// hand-built state's equal `seq`s fall to id order, as a sort of the ids by `seq` would).
+fn table_key(seq: u64, id: &str) -> Vec<u8> {
+    let mut key = seq.to_be_bytes().to_vec();
+    key.extend_from_slice(id.as_bytes());
+    key
 }
 
 /// Services' inline upstreams, reused while the definition is equal.

@@ -161,6 +161,11 @@ impl VarSource for NoVars {
     }
 }
 
+/// A test key: the big-endian bytes `RouteTable::new` uses for positions.
+fn key(k: u64) -> Vec<u8> {
+    k.to_be_bytes().to_vec()
+}
+
 /// The routes `model` holds, built from scratch in key order.
 fn rebuild(kind: RouterKind, model: &BTreeMap<u64, Spec>) -> (RouteTable<u64>, usize) {
     let (t, errors) = RouteTable::new(kind, model.iter().map(|(k, s)| s.entry(*k)).collect());
@@ -187,15 +192,16 @@ proptest! {
                     Op::Remove(k) => net.insert(k, None),
                 };
             }
-            let removes: Vec<u64> = net.iter().filter(|(_, s)| s.is_none()).map(|(k, _)| *k).collect();
-            let inserts: Vec<(u64, RouteEntry<u64>)> = net
+            let removes: Vec<Vec<u8>> =
+                net.iter().filter(|(_, s)| s.is_none()).map(|(k, _)| key(*k)).collect();
+            let inserts: Vec<(Vec<u8>, RouteEntry<u64>)> = net
                 .iter()
-                .filter_map(|(k, s)| s.as_ref().map(|s| (*k, s.entry(*k))))
+                .filter_map(|(k, s)| s.as_ref().map(|s| (key(*k), s.entry(*k))))
                 .collect();
             let invalid = inserts
                 .iter()
-                .filter(|(k, e)| {
-                    let e = RouteEntry { value: *k, ..e.clone() };
+                .filter(|(_, e)| {
+                    let e = e.clone();
                     !RouteTable::new(kind, vec![e]).1.is_empty()
                 })
                 .count();
@@ -214,13 +220,13 @@ proptest! {
             prop_assert_eq!(errors.len(), invalid);
             for (k, s) in model.iter() {
                 let valid = RouteTable::new(kind, vec![s.entry(*k)]).1.is_empty();
-                prop_assert_eq!(table.get(*k).is_some(), valid);
+                prop_assert_eq!(table.get(&key(*k)).is_some(), valid);
             }
             // The version the change was applied to is untouched.
             prop_assert_eq!(answers(&before), before_answers);
         }
         // Taking every route out leaves nothing behind.
-        let all: Vec<u64> = model.keys().copied().collect();
+        let all: Vec<Vec<u8>> = model.keys().map(|k| key(*k)).collect();
         table.apply(all, Vec::new());
         prop_assert!(table.is_empty());
         prop_assert!(table.index.is_empty() && table.uri.is_empty());
@@ -249,25 +255,28 @@ fn replacing_keeps_the_slot_and_new_keys_go_last() {
     };
     assert_eq!(get(&t), Some(0));
     // Key 0 replaced: it keeps winning the tie.
-    t.apply([], vec![(0, RouteEntry::new(vec!["/x".into()], 10))]);
+    t.apply([], vec![(key(0), RouteEntry::new(vec!["/x".into()], 10))]);
     assert_eq!(get(&t), Some(10));
     // Key 0 removed, then put back under a later key: the older route wins now.
-    t.apply([0], vec![(5, RouteEntry::new(vec!["/x".into()], 50))]);
+    t.apply(
+        [key(0)],
+        vec![(key(5), RouteEntry::new(vec!["/x".into()], 50))],
+    );
     assert_eq!(get(&t), Some(1));
     assert_eq!(t.len(), 2);
     // A bad replacement takes the route out and is reported against its place in the batch.
     let errors = t.apply(
         [],
         vec![
-            (7, RouteEntry::new(vec!["/y".into()], 70)),
-            (1, RouteEntry::new(vec![], 11)),
+            (key(7), RouteEntry::new(vec!["/y".into()], 70)),
+            (key(1), RouteEntry::new(vec![], 11)),
         ],
     );
     assert_eq!(errors.len(), 1);
     assert_eq!(errors[0].index, 1);
     assert_eq!(get(&t), Some(50));
-    assert_eq!(t.get(1), None);
-    assert_eq!(t.get(7), Some(&70));
+    assert_eq!(t.get(&key(1)), None);
+    assert_eq!(t.get(&key(7)), Some(&70));
 }
 
 #[test]
@@ -285,8 +294,8 @@ fn a_change_shares_the_untouched_entries() {
     assert!(errors.is_empty());
     let mut next = base.clone();
     next.apply(
-        [17],
-        vec![(17, RouteEntry::new(vec!["/moved/*".into()], 17))],
+        [key(17)],
+        vec![(key(17), RouteEntry::new(vec!["/moved/*".into()], 17))],
     );
     let info = |p: &'static str| RequestInfo {
         path: p,

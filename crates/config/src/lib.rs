@@ -16,6 +16,7 @@ pub mod provider;
 pub mod reopen;
 pub mod schema;
 pub mod settings;
+pub mod shared_map;
 pub mod state;
 pub mod store;
 #[cfg(feature = "test-support")]

@@ -2,8 +2,8 @@
 //!
 //! Every provider (the `apisix.yaml` file, the embedded store, etcd) publishes whole
 //! `ConfigState`s through a `tokio::sync::watch` channel; the data plane compiles each one into a
-//! serving snapshot. Values are shared (`Arc`), so publishing a new state after one change copies
-//! pointers, not documents.
+//! serving snapshot. Each kind's items are a [`SharedMap`], so publishing a new state after one
+//! change copies one shard of one kind, and the compile finds what changed by comparing shards.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::model::ResourceKind;
+use crate::shared_map::SharedMap;
 
 /// One stored resource.
 #[derive(Clone, Debug, PartialEq)]
@@ -31,7 +32,7 @@ pub struct ConfigState {
     /// The store revision this state reflects (etcd revision, embedded store revision, or a
     /// counter of file reloads).
     pub revision: i64,
-    pub resources: BTreeMap<ResourceKind, BTreeMap<String, StoredItem>>,
+    pub resources: BTreeMap<ResourceKind, SharedMap<StoredItem>>,
     /// Keys whose stored value is not JSON at all, with the reason. They never reach
     /// `resources` (an older valid version there keeps serving); the data plane lists them as
     /// quarantined.
@@ -39,11 +40,29 @@ pub struct ConfigState {
 }
 
 impl ConfigState {
+    /// Items of one kind in id order.
     pub fn items(&self, kind: ResourceKind) -> impl Iterator<Item = &StoredItem> {
+        let mut v: Vec<&StoredItem> = self.items_unordered(kind).collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        v.into_iter()
+    }
+
+    /// Items of one kind in no particular order (no sort).
+    pub fn items_unordered(&self, kind: ResourceKind) -> impl Iterator<Item = &StoredItem> {
         self.resources
             .get(&kind)
             .into_iter()
             .flat_map(|m| m.values())
+    }
+
+    /// Items of one kind that may differ between `self` and `other` (see
+    /// [`SharedMap::candidates`]): the caller compares them.
+    pub fn candidates<'a>(&'a self, other: &'a ConfigState, kind: ResourceKind) -> Vec<&'a String> {
+        match (self.resources.get(&kind), other.resources.get(&kind)) {
+            (Some(a), Some(b)) => a.candidates(b),
+            (Some(m), None) | (None, Some(m)) => m.keys().collect(),
+            (None, None) => Vec::new(),
+        }
     }
 
     pub fn get(&self, kind: ResourceKind, id: &str) -> Option<&StoredItem> {
@@ -52,7 +71,7 @@ impl ConfigState {
 
     /// Items of one kind in router insertion order.
     pub fn items_in_order(&self, kind: ResourceKind) -> Vec<&StoredItem> {
-        let mut v: Vec<&StoredItem> = self.items(kind).collect();
+        let mut v: Vec<&StoredItem> = self.items_unordered(kind).collect();
         v.sort_by_key(|i| i.seq);
         v
     }
@@ -84,7 +103,7 @@ impl ConfigState {
             ("protos", None),
         ] {
             let idx = kind
-                .and_then(|k| self.items(k).map(|i| i.mod_revision).max())
+                .and_then(|k| self.items_unordered(k).map(|i| i.mod_revision).max())
                 .unwrap_or(0);
             max = max.max(idx);
             out.push((key.to_owned(), idx));

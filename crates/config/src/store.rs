@@ -17,6 +17,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::model::ResourceKind;
+use crate::shared_map::SharedMap;
 use crate::state::{ConfigState, StoredItem};
 
 pub mod embedded;
@@ -172,7 +173,7 @@ impl StateBuilder {
         let old = std::mem::take(&mut self.state.resources);
         let mut sorted: Vec<&KeyValue> = kvs.iter().collect();
         sorted.sort_by(|a, b| a.key.cmp(&b.key));
-        let mut resources: BTreeMap<ResourceKind, BTreeMap<String, StoredItem>> = BTreeMap::new();
+        let mut resources: BTreeMap<ResourceKind, SharedMap<StoredItem>> = BTreeMap::new();
         let mut unreadable = BTreeMap::new();
         for kv in sorted {
             let KeyPlace::Resource(kind, id) = place_of(&self.prefix, &kv.key) else {
@@ -271,7 +272,7 @@ impl StateBuilder {
         &self.state
     }
 
-    /// A shareable copy to publish (items are `Arc`s, so this copies pointers).
+    /// A shareable copy to publish (the item maps are shared: this copies a few pointers).
     pub fn snapshot(&self) -> Arc<ConfigState> {
         Arc::new(self.state.clone())
     }

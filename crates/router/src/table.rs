@@ -10,6 +10,11 @@
 //! `radixtree_host_uri` runs that procedure per host: first the exact host, then wildcard hosts by
 //! longest suffix, each with its own `UriTable`, and only then the table of hostless routes.
 //!
+//! The trees are persistent (see `trie`): a change ([`RouteTable::apply`]) rebuilds only the path
+//! entries of the routes it takes out or puts in and shares everything else with the version it
+//! started from, so a gateway with 100,000 routes takes one change in microseconds while the
+//! published table stays immutable and lock-free for the requests reading it.
+//!
 //! Not `matchit`: APISIX semantics win — it has no character prefixes (`/foo*` matching
 //! `/foobar`), no fall-back through shorter prefixes, and one route per path.
 
@@ -17,10 +22,12 @@ mod params;
 mod pattern;
 mod trie;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
+use std::ops::ControlFlow;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -28,7 +35,7 @@ use crate::expr::{Expr, VarSource};
 use crate::methods::{Method, MethodSet};
 pub use params::Params;
 use pattern::ParamCheck;
-use trie::{Fwd, Rev, Trie, TrieBuilder};
+use trie::{Fwd, Rev, Trie};
 
 /// Which of APISIX's three HTTP routers to reproduce (`apisix.router.http`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -108,7 +115,7 @@ pub struct RouteMatch<'a, T> {
 /// An entry that could not be compiled; it is left out and the others are served.
 #[derive(Debug, Clone)]
 pub struct TableError {
-    /// Index into the entries `Vec` given to `RouteTable::new`.
+    /// Index into the entries `Vec` given to `RouteTable::new` (or `apply`'s inserts).
     pub index: usize,
     pub message: String,
 }
@@ -121,9 +128,9 @@ impl fmt::Display for TableError {
 
 impl std::error::Error for TableError {}
 
-/// FxHash: keys are the configured patterns, so there is nobody to mount a collision attack
-/// on insertion, and lookups of hostile strings cannot lengthen probe chains. It is several
-/// times cheaper than SipHash on short paths.
+/// FxHash, for grouping a change's path entries and route keys: keys are the configured
+/// patterns, so there is nobody to mount a collision attack, and requests never hash. It is
+/// several times cheaper than SipHash on short paths.
 #[derive(Default, Clone, Copy)]
 struct FxHasher(u64);
 
@@ -165,6 +172,7 @@ impl Hasher for FxHasher {
 }
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+type FxSet<K> = HashSet<K, BuildHasherDefault<FxHasher>>;
 
 /// One host pattern of a route.
 #[derive(Debug)]
@@ -216,214 +224,287 @@ impl HostPat {
     }
 }
 
-/// A kept route.
-struct Route<T> {
+/// A kept route: its conditions, compiled, and its value.
+struct RouteData<T> {
+    /// The caller's key; also the insertion order (a smaller key, byte-wise, wins ties).
+    key: Box<[u8]>,
     value: T,
     paths: Box<[Box<str>]>,
+    /// Per path: where it is filed and its full-path check.
+    plans: Box<[PathPlan]>,
     hosts: Box<[HostPat]>,
     methods: MethodSet,
     remote_addrs: Box<[IpNet]>,
     vars: Option<Expr>,
+    priority: i64,
 }
 
-/// One registered path of one route.
-struct Plan {
-    route: u32,
-    path: u32,
-    priority: i64,
+/// How one path of a route is registered.
+struct PathPlan {
     /// `None` for the exact table, else the length of the stored prefix.
     prefix: Option<usize>,
     check: Option<ParamCheck>,
 }
 
+/// One registered path of one route, in a candidate list.
+struct Cand<T> {
+    route: Arc<RouteData<T>>,
+    path: u32,
+}
+
+impl<T> Clone for Cand<T> {
+    fn clone(&self) -> Self {
+        Cand {
+            route: self.route.clone(),
+            path: self.path,
+        }
+    }
+}
+
+impl<T> Cand<T> {
+    /// The order of one path entry: priority descending, then longer original pattern, then
+    /// insertion order (the route's key, then the path's place in the route).
+    fn order(&self) -> (std::cmp::Reverse<i64>, std::cmp::Reverse<usize>, &[u8], u32) {
+        let r = &*self.route;
+        (
+            std::cmp::Reverse(r.priority),
+            std::cmp::Reverse(r.paths[self.path as usize].len()),
+            &r.key,
+            self.path,
+        )
+    }
+}
+
+/// The candidates stored under one path entry, in match order. Replaced whole on change (the
+/// lists are as long as the routes sharing one path, usually one or a few).
+type List<T> = Arc<[Cand<T>]>;
+
 /// One radix tree's worth of routes.
-struct UriTable {
-    exact: FxMap<Box<str>, Box<[u32]>>,
-    prefixes: Trie,
-    /// Candidate plans per stored prefix, indexed by the trie's values.
-    lists: Vec<Box<[u32]>>,
+struct UriTable<T> {
+    /// Patterns without `*` (and without `:` in the parameter router).
+    exact: Trie<List<T>>,
+    /// The rest, by the part before the first `*` (or `:`).
+    prefixes: Trie<List<T>>,
+}
+
+impl<T> Clone for UriTable<T> {
+    fn clone(&self) -> Self {
+        UriTable {
+            exact: self.exact.clone(),
+            prefixes: self.prefixes.clone(),
+        }
+    }
+}
+
+impl<T> Default for UriTable<T> {
+    fn default() -> Self {
+        UriTable {
+            exact: Trie::default(),
+            prefixes: Trie::default(),
+        }
+    }
+}
+
+impl<T> UriTable<T> {
+    fn is_empty(&self) -> bool {
+        self.exact.is_empty() && self.prefixes.is_empty()
+    }
 }
 
 /// A host entry of `radixtree_host_uri`.
-struct HostBucket {
-    pattern: Box<str>,
-    table: UriTable,
+struct HostBucket<T> {
+    pattern: Arc<str>,
+    table: UriTable<T>,
 }
 
-/// A compiled, immutable route table; share it between threads and swap it on change.
+impl<T> Clone for HostBucket<T> {
+    fn clone(&self) -> Self {
+        HostBucket {
+            pattern: self.pattern.clone(),
+            table: self.table.clone(),
+        }
+    }
+}
+
+/// A route table: immutable once shared, and changed by making a new version
+/// ([`RouteTable::apply`] on a clone) that shares everything the change did not touch.
+///
+/// Cloning is a handful of reference counts. A change copies the path to each entry it
+/// touches, so a table of 100,000 routes takes one route in microseconds, and the version it
+/// replaced keeps serving whoever still holds it, unchanged, until the last holder drops it.
 pub struct RouteTable<T> {
     kind: RouterKind,
-    routes: Vec<Route<T>>,
-    plans: Vec<Plan>,
+    len: usize,
+    /// Every kept route by key (big-endian bytes), to find what a removal takes out.
+    index: Trie<Arc<RouteData<T>>>,
     /// Every route in the URI routers; the hostless ones in `HostUri`.
-    uri: UriTable,
-    exact_hosts: FxMap<Box<str>, u32>,
-    /// Reversed wildcard suffixes → bucket.
-    wild_hosts: Trie,
-    buckets: Vec<HostBucket>,
+    uri: UriTable<T>,
+    exact_hosts: Trie<HostBucket<T>>,
+    /// Reversed wildcard suffixes (the pattern without its `*`).
+    wild_hosts: Trie<HostBucket<T>>,
+}
+
+impl<T> Clone for RouteTable<T> {
+    fn clone(&self) -> Self {
+        RouteTable {
+            kind: self.kind,
+            len: self.len,
+            index: self.index.clone(),
+            uri: self.uri.clone(),
+            exact_hosts: self.exact_hosts.clone(),
+            wild_hosts: self.wild_hosts.clone(),
+        }
+    }
 }
 
 impl<T> fmt::Debug for RouteTable<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RouteTable")
             .field("kind", &self.kind)
-            .field("routes", &self.routes.len())
-            .field("host_entries", &self.buckets.len())
+            .field("routes", &self.len)
             .finish()
     }
 }
 
-/// Where a candidate list lives while being built.
-#[derive(Default)]
-struct UriTableBuilder {
-    exact: FxMap<Box<str>, Vec<u32>>,
-    prefix_ids: FxMap<Box<str>, u32>,
-    lists: Vec<Vec<u32>>,
+/// Which tree a path entry lives in: the URI table, or the bucket of a host pattern.
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Tree {
+    Uri,
+    Host { pattern: Arc<str>, wildcard: bool },
 }
 
-impl UriTableBuilder {
-    fn add(&mut self, plan_id: u32, plan: &Plan, pattern: &str) {
-        match plan.prefix {
-            None => self.exact.entry(pattern.into()).or_default().push(plan_id),
-            Some(n) => {
-                let key = &pattern[..n];
-                let id = match self.prefix_ids.get(key) {
-                    Some(&id) => id,
-                    None => {
-                        let id = self.lists.len() as u32;
-                        self.prefix_ids.insert(key.into(), id);
-                        self.lists.push(Vec::new());
-                        id
-                    }
-                };
-                self.lists[id as usize].push(plan_id);
-            }
-        }
-    }
-
-    /// Orders each path entry: priority descending, then longer original pattern, then insertion
-    /// order (plans are numbered in insertion order and the sort is stable).
-    fn build<T>(self, plans: &[Plan], routes: &[Route<T>]) -> UriTable {
-        let order = |list: &mut Vec<u32>| {
-            list.sort_by_key(|&p| {
-                let plan = &plans[p as usize];
-                let len = routes[plan.route as usize].paths[plan.path as usize].len();
-                (std::cmp::Reverse(plan.priority), std::cmp::Reverse(len))
-            });
-        };
-        let exact = self
-            .exact
-            .into_iter()
-            .map(|(k, mut v)| {
-                order(&mut v);
-                (k, v.into_boxed_slice())
-            })
-            .collect();
-        let mut trie = TrieBuilder::new();
-        for (key, id) in &self.prefix_ids {
-            trie.insert(key.as_bytes(), *id);
-        }
-        let lists = self
-            .lists
-            .into_iter()
-            .map(|mut v| {
-                order(&mut v);
-                v.into_boxed_slice()
-            })
-            .collect();
-        UriTable {
-            exact,
-            prefixes: trie.build(),
-            lists,
-        }
-    }
-}
+/// Pending changes of one tree: per (exact?, stored key), the candidates to add.
+type TreeEdits<T> = FxMap<(bool, Box<str>), Vec<Cand<T>>>;
 
 impl<T> RouteTable<T> {
-    /// Entries are in insertion order (earlier = wins ties). A bad entry (bad pattern, bad host) is skipped and reported; the rest are served.
-    pub fn new(kind: RouterKind, entries: Vec<RouteEntry<T>>) -> (RouteTable<T>, Vec<TableError>) {
-        let mut errors = Vec::new();
-        let mut routes: Vec<Route<T>> = Vec::with_capacity(entries.len());
-        let mut plans: Vec<Plan> = Vec::with_capacity(entries.len());
-
-        for (index, entry) in entries.into_iter().enumerate() {
-            let route_id = routes.len() as u32;
-            match compile_entry(kind, route_id, &entry) {
-                Ok((hosts, mut entry_plans)) => {
-                    plans.append(&mut entry_plans);
-                    routes.push(Route {
-                        value: entry.value,
-                        paths: entry
-                            .paths
-                            .into_iter()
-                            .map(String::into_boxed_str)
-                            .collect(),
-                        hosts,
-                        methods: if entry.methods.is_empty() {
-                            MethodSet::ALL
-                        } else {
-                            entry.methods
-                        },
-                        remote_addrs: entry.remote_addrs.into_boxed_slice(),
-                        vars: entry.vars,
-                    });
-                }
-                Err(message) => errors.push(TableError { index, message }),
-            }
+    /// A table with no routes.
+    pub fn empty(kind: RouterKind) -> RouteTable<T> {
+        RouteTable {
+            kind,
+            len: 0,
+            index: Trie::default(),
+            uri: UriTable::default(),
+            exact_hosts: Trie::default(),
+            wild_hosts: Trie::default(),
         }
+    }
 
-        let mut uri = UriTableBuilder::default();
-        let mut bucket_builders: Vec<(Box<str>, UriTableBuilder)> = Vec::new();
-        let mut exact_hosts: FxMap<Box<str>, u32> = FxMap::default();
-        let mut wild_ids: FxMap<Box<str>, u32> = FxMap::default();
-        for (id, plan) in plans.iter().enumerate() {
-            let route = &routes[plan.route as usize];
-            let pattern = &route.paths[plan.path as usize];
-            if kind != RouterKind::HostUri || route.hosts.is_empty() {
-                uri.add(id as u32, plan, pattern);
+    /// Entries are in insertion order (earlier = wins ties); entry `i` gets key `i` (8 bytes,
+    /// big-endian). A bad
+    /// entry (bad pattern, bad host) is skipped and reported; the rest are served.
+    pub fn new(kind: RouterKind, entries: Vec<RouteEntry<T>>) -> (RouteTable<T>, Vec<TableError>) {
+        let mut table = RouteTable::empty(kind);
+        let errors = table.apply(
+            std::iter::empty(),
+            entries
+                .into_iter()
+                .enumerate()
+                .map(|(i, e)| ((i as u64).to_be_bytes().to_vec(), e))
+                .collect(),
+        );
+        (table, errors)
+    }
+
+    /// Takes out the routes under the keys of `remove`, then puts in each `(key, entry)` of
+    /// `insert` (replacing a route already under that key). A key is also the route's
+    /// insertion order: among candidates of one path entry with equal priority and pattern
+    /// length, the smaller key (byte-wise) wins, as the earlier route does in APISIX; `new`
+    /// gives entry `i` the big-endian bytes of `i`. The result matches
+    /// exactly what [`RouteTable::new`] builds from the same routes in key order.
+    ///
+    /// Only the path entries of the routes taken out and put in are rebuilt; the rest of the
+    /// table is shared with the clone this was called on. A bad entry is left out and
+    /// reported (`TableError::index` is its place in `insert`); if it replaced a route, that
+    /// route is gone. A key given twice in `insert` keeps the first entry.
+    pub fn apply(
+        &mut self,
+        remove: impl IntoIterator<Item = Vec<u8>>,
+        insert: Vec<(Vec<u8>, RouteEntry<T>)>,
+    ) -> Vec<TableError> {
+        let kind = self.kind;
+        let mut gone: FxSet<Box<[u8]>> = FxSet::default();
+        let mut edits: FxMap<Tree, TreeEdits<T>> = FxMap::default();
+        let outgoing = remove
+            .into_iter()
+            .chain(insert.iter().map(|(k, _)| k.clone()));
+        for key in outgoing {
+            if gone.contains(key.as_slice()) {
                 continue;
             }
-            for (i, host) in route.hosts.iter().enumerate() {
-                if route.hosts[..i].iter().any(|h| h.pattern == host.pattern) {
-                    continue;
-                }
-                let map = if host.wildcard {
-                    &mut wild_ids
-                } else {
-                    &mut exact_hosts
-                };
-                let bucket = *map.entry(host.pattern.clone()).or_insert_with(|| {
-                    bucket_builders.push((host.pattern.clone(), UriTableBuilder::default()));
-                    (bucket_builders.len() - 1) as u32
-                });
-                bucket_builders[bucket as usize]
-                    .1
-                    .add(id as u32, plan, pattern);
-            }
+            let Some(old) = self.index.get(&Fwd(&key)).cloned() else {
+                continue;
+            };
+            self.index.update(&key, |_| None);
+            gone.insert(key.into_boxed_slice());
+            self.len -= 1;
+            // The entries it was filed under are rebuilt without it.
+            for_each_entry(kind, &old, |tree, exact, stored, _| {
+                edits
+                    .entry(tree)
+                    .or_default()
+                    .entry((exact, stored.into()))
+                    .or_default();
+            });
         }
 
-        let mut wild = TrieBuilder::new();
-        for (pattern, &bucket) in &wild_ids {
-            let rev: Vec<u8> = pattern.as_bytes()[1..].iter().rev().copied().collect();
-            wild.insert(&rev, bucket);
+        let mut errors = Vec::new();
+        let mut added: FxSet<Vec<u8>> = FxSet::default();
+        for (index, (key, entry)) in insert.into_iter().enumerate() {
+            if !added.insert(key.clone()) {
+                errors.push(TableError {
+                    index,
+                    message: format!("route key {key:?} given twice"),
+                });
+                continue;
+            }
+            let route = match compile_entry(kind, key.clone().into_boxed_slice(), entry) {
+                Ok(r) => Arc::new(r),
+                Err(message) => {
+                    errors.push(TableError { index, message });
+                    continue;
+                }
+            };
+            for_each_entry(kind, &route, |tree, exact, stored, path| {
+                edits
+                    .entry(tree)
+                    .or_default()
+                    .entry((exact, stored.into()))
+                    .or_default()
+                    .push(Cand {
+                        route: route.clone(),
+                        path,
+                    });
+            });
+            self.index.update(&key, |_| Some(route));
+            self.len += 1;
         }
-        let buckets = bucket_builders
-            .into_iter()
-            .map(|(pattern, b)| HostBucket {
-                pattern,
-                table: b.build(&plans, &routes),
-            })
-            .collect();
-        let table = RouteTable {
-            kind,
-            uri: uri.build(&plans, &routes),
-            routes,
-            plans,
-            exact_hosts,
-            wild_hosts: wild.build(),
-            buckets,
-        };
-        (table, errors)
+
+        for (tree, lists) in edits {
+            match tree {
+                Tree::Uri => apply_lists(&mut self.uri, lists, &gone),
+                Tree::Host { pattern, wildcard } => {
+                    let (trie, stored): (_, Vec<u8>) = if wildcard {
+                        (&mut self.wild_hosts, pattern[1..].bytes().rev().collect())
+                    } else {
+                        (&mut self.exact_hosts, pattern.bytes().collect())
+                    };
+                    trie.update(&stored, |old| {
+                        let mut bucket = old.unwrap_or_else(|| HostBucket {
+                            pattern: pattern.clone(),
+                            table: UriTable::default(),
+                        });
+                        apply_lists(&mut bucket.table, lists, &gone);
+                        (!bucket.table.is_empty()).then_some(bucket)
+                    });
+                }
+            }
+        }
+        errors
+    }
+
+    /// The value of the route under `key`.
+    pub fn get(&self, key: &[u8]) -> Option<&T> {
+        self.index.get(&Fwd(key)).map(|r| &r.value)
     }
 
     /// Finds the route for a request.
@@ -439,17 +520,22 @@ impl<T> RouteTable<T> {
         }
         if let Some(host) = req.host {
             if !self.exact_hosts.is_empty() {
-                if let Some(&b) = self.exact_hosts.get(host) {
+                if let Some(b) = self.exact_hosts.get(&Fwd(host.as_bytes())) {
                     if let Some(m) = self.find_in_bucket(b, req, vars) {
                         return Some(m);
                     }
                 }
             }
             if !self.wild_hosts.is_empty() {
-                for b in self.wild_hosts.prefixes_of(&Rev(host.as_bytes())) {
-                    if let Some(m) = self.find_in_bucket(b, req, vars) {
-                        return Some(m);
-                    }
+                let found = self.wild_hosts.prefixes_of(
+                    &Rev(host.as_bytes()),
+                    &mut |b: &'a HostBucket<T>| match self.find_in_bucket(b, req, vars) {
+                        Some(m) => ControlFlow::Break(m),
+                        None => ControlFlow::Continue(()),
+                    },
+                );
+                if found.is_some() {
+                    return found;
                 }
             }
         }
@@ -458,11 +544,11 @@ impl<T> RouteTable<T> {
 
     /// Number of entries kept.
     pub fn len(&self) -> usize {
-        self.routes.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.routes.is_empty()
+        self.len == 0
     }
 
     pub fn kind(&self) -> RouterKind {
@@ -471,11 +557,10 @@ impl<T> RouteTable<T> {
 
     fn find_in_bucket<'a>(
         &'a self,
-        bucket: u32,
+        b: &'a HostBucket<T>,
         req: &RequestInfo<'a>,
         vars: &dyn VarSource,
     ) -> Option<RouteMatch<'a, T>> {
-        let b = &self.buckets[bucket as usize];
         let mut m = self.find(&b.table, req, vars, false)?;
         m.matched_host = Some(&b.pattern);
         Some(m)
@@ -484,99 +569,168 @@ impl<T> RouteTable<T> {
     /// lua-resty-radixtree's `match_route` over one tree.
     fn find<'a>(
         &'a self,
-        table: &'a UriTable,
+        table: &'a UriTable<T>,
         req: &RequestInfo<'a>,
         vars: &dyn VarSource,
         host_filter: bool,
     ) -> Option<RouteMatch<'a, T>> {
-        if let Some(list) = table.exact.get(req.path) {
-            for &p in list.iter() {
-                let plan = &self.plans[p as usize];
-                if let Some(matched_host) = self.filters(plan, req, vars, host_filter) {
-                    let route = &self.routes[plan.route as usize];
+        let path = Fwd(req.path.as_bytes());
+        if let Some(list) = table.exact.get(&path) {
+            for c in list.iter() {
+                if let Some(matched_host) = filters(&c.route, req, vars, host_filter) {
                     return Some(RouteMatch {
-                        value: &route.value,
-                        matched_uri: &route.paths[plan.path as usize],
+                        value: &c.route.value,
+                        matched_uri: &c.route.paths[c.path as usize],
                         matched_host,
                         params: Params::new(),
                     });
                 }
             }
         }
-        for id in table.prefixes.prefixes_of(&Fwd(req.path.as_bytes())) {
-            for &p in table.lists[id as usize].iter() {
-                let plan = &self.plans[p as usize];
-                let Some(matched_host) = self.filters(plan, req, vars, host_filter) else {
+        table.prefixes.prefixes_of(&path, &mut |list: &'a List<T>| {
+            for c in list.iter() {
+                let route = &*c.route;
+                let Some(matched_host) = filters(route, req, vars, host_filter) else {
                     continue;
                 };
                 let mut params = Params::new();
-                if let Some(check) = &plan.check {
+                if let Some(check) = &route.plans[c.path as usize].check {
                     if !check.check(req.path, &mut params) {
                         continue;
                     }
                 }
-                let route = &self.routes[plan.route as usize];
-                return Some(RouteMatch {
+                return ControlFlow::Break(RouteMatch {
                     value: &route.value,
-                    matched_uri: &route.paths[plan.path as usize],
+                    matched_uri: &route.paths[c.path as usize],
                     matched_host,
                     params,
                 });
             }
-        }
-        None
-    }
-
-    /// The per-candidate filters in radixtree order: methods, remote addresses, hosts, vars.
-    /// `Some(matched host pattern)` when the candidate passes.
-    fn filters<'a>(
-        &'a self,
-        plan: &Plan,
-        req: &RequestInfo<'_>,
-        vars: &dyn VarSource,
-        host_filter: bool,
-    ) -> Option<Option<&'a str>> {
-        let route = &self.routes[plan.route as usize];
-        if !route.methods.contains(req.method) {
-            return None;
-        }
-        if !route.remote_addrs.is_empty()
-            && !route
-                .remote_addrs
-                .iter()
-                .any(|n| n.contains(&req.remote_addr))
-        {
-            return None;
-        }
-        let mut matched_host = None;
-        if host_filter && !route.hosts.is_empty() {
-            let host = req.host?;
-            let h = route.hosts.iter().find(|h| {
-                // A host with a port can only be compared with the raw Host header.
-                let subject = if h.with_port {
-                    req.host_header.unwrap_or(host)
-                } else {
-                    host
-                };
-                h.matches(subject)
-            })?;
-            matched_host = Some(&*h.pattern);
-        }
-        if let Some(expr) = &route.vars {
-            if !expr.eval(vars) {
-                return None;
-            }
-        }
-        Some(matched_host)
+            ControlFlow::Continue(())
+        })
     }
 }
 
-/// Validates one entry and registers its paths; any error rejects the whole entry.
+/// Rebuilds the path entries named in `lists`: the candidates of the routes in `gone` are
+/// taken out, the new ones merged in, and an entry left empty is removed.
+fn apply_lists<T>(table: &mut UriTable<T>, lists: TreeEdits<T>, gone: &FxSet<Box<[u8]>>) {
+    for ((exact, stored), mut new) in lists {
+        new.sort_by(|a, b| a.order().cmp(&b.order()));
+        let trie = if exact {
+            &mut table.exact
+        } else {
+            &mut table.prefixes
+        };
+        trie.update(stored.as_bytes(), |old| {
+            let kept = old
+                .iter()
+                .flat_map(|l| l.iter())
+                .filter(|c| !gone.contains(&c.route.key));
+            let merged = merge_in_order(kept, new);
+            (!merged.is_empty()).then(|| merged.into())
+        });
+    }
+}
+
+/// Merges two candidate sequences that are each in match order.
+fn merge_in_order<'a, T: 'a>(
+    kept: impl Iterator<Item = &'a Cand<T>>,
+    new: Vec<Cand<T>>,
+) -> Vec<Cand<T>> {
+    let mut out = Vec::with_capacity(new.len() + 1);
+    let mut kept = kept.peekable();
+    let mut new = new.into_iter().peekable();
+    loop {
+        let take_kept = match (kept.peek(), new.peek()) {
+            (Some(k), Some(n)) => k.order() < n.order(),
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => return out,
+        };
+        if take_kept {
+            out.extend(kept.next().cloned());
+        } else {
+            out.extend(new.next());
+        }
+    }
+}
+
+/// Calls `f` with every path entry a route is filed under: (tree, exact?, stored key, path).
+fn for_each_entry<T>(
+    kind: RouterKind,
+    route: &RouteData<T>,
+    mut f: impl FnMut(Tree, bool, &str, u32),
+) {
+    for (i, plan) in route.plans.iter().enumerate() {
+        let pattern = &*route.paths[i];
+        let (exact, stored) = match plan.prefix {
+            None => (true, pattern),
+            Some(n) => (false, &pattern[..n]),
+        };
+        if kind != RouterKind::HostUri || route.hosts.is_empty() {
+            f(Tree::Uri, exact, stored, i as u32);
+            continue;
+        }
+        for (h, host) in route.hosts.iter().enumerate() {
+            if route.hosts[..h].iter().any(|o| o.pattern == host.pattern) {
+                continue;
+            }
+            let tree = Tree::Host {
+                pattern: Arc::from(&*host.pattern),
+                wildcard: host.wildcard,
+            };
+            f(tree, exact, stored, i as u32);
+        }
+    }
+}
+
+/// The per-candidate filters in radixtree order: methods, remote addresses, hosts, vars.
+/// `Some(matched host pattern)` when the candidate passes.
+fn filters<'a, T>(
+    route: &'a RouteData<T>,
+    req: &RequestInfo<'_>,
+    vars: &dyn VarSource,
+    host_filter: bool,
+) -> Option<Option<&'a str>> {
+    if !route.methods.contains(req.method) {
+        return None;
+    }
+    if !route.remote_addrs.is_empty()
+        && !route
+            .remote_addrs
+            .iter()
+            .any(|n| n.contains(&req.remote_addr))
+    {
+        return None;
+    }
+    let mut matched_host = None;
+    if host_filter && !route.hosts.is_empty() {
+        let host = req.host?;
+        let h = route.hosts.iter().find(|h| {
+            // A host with a port can only be compared with the raw Host header.
+            let subject = if h.with_port {
+                req.host_header.unwrap_or(host)
+            } else {
+                host
+            };
+            h.matches(subject)
+        })?;
+        matched_host = Some(&*h.pattern);
+    }
+    if let Some(expr) = &route.vars {
+        if !expr.eval(vars) {
+            return None;
+        }
+    }
+    Some(matched_host)
+}
+
+/// Validates one entry and compiles its paths; any error rejects the whole entry.
 fn compile_entry<T>(
     kind: RouterKind,
-    route_id: u32,
-    entry: &RouteEntry<T>,
-) -> Result<(Box<[HostPat]>, Vec<Plan>), String> {
+    key: Box<[u8]>,
+    entry: RouteEntry<T>,
+) -> Result<RouteData<T>, String> {
     if entry.paths.is_empty() {
         return Err("route has no uri".to_string());
     }
@@ -586,7 +740,7 @@ fn compile_entry<T>(
         .map(|h| HostPat::parse(h))
         .collect::<Result<Box<[HostPat]>, String>>()?;
     let mut plans = Vec::with_capacity(entry.paths.len());
-    for (i, p) in entry.paths.iter().enumerate() {
+    for p in &entry.paths {
         if p.is_empty() {
             return Err("invalid uri: empty string".to_string());
         }
@@ -601,16 +755,32 @@ fn compile_entry<T>(
             Some(_) => ParamCheck::compile(p).map_err(|e| format!("invalid uri {p:?}: {e}"))?,
             None => None,
         };
-        plans.push(Plan {
-            route: route_id,
-            path: i as u32,
-            priority: entry.priority,
-            prefix,
-            check,
-        });
+        plans.push(PathPlan { prefix, check });
     }
-    Ok((hosts, plans))
+    Ok(RouteData {
+        key,
+        value: entry.value,
+        paths: entry
+            .paths
+            .into_iter()
+            .map(String::into_boxed_str)
+            .collect(),
+        plans: plans.into_boxed_slice(),
+        hosts,
+        // An empty set is treated as all methods, as the radix tree treats a zero bitmask.
+        methods: if entry.methods.is_empty() {
+            MethodSet::ALL
+        } else {
+            entry.methods
+        },
+        remote_addrs: entry.remote_addrs.into_boxed_slice(),
+        vars: entry.vars,
+        priority: entry.priority,
+    })
 }
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod incremental_tests;

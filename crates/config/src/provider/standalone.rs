@@ -128,7 +128,7 @@ pub fn parse_standalone_with(
             };
             let map = collect_items(kind, items, revision, &mut out.warnings);
             if !map.is_empty() {
-                out.state.resources.insert(kind, map);
+                out.state.resources.insert(kind, map.into_iter().collect());
             }
         } else if key == "plugins" {
             out.plugins = parse_plugins(value, &mut out.warnings)?;
@@ -268,15 +268,21 @@ fn type_name(v: &Value) -> &'static str {
 /// can then tell which items a reload really touched.
 pub(super) fn carry_revisions(prev: &ConfigState, next: &mut ConfigState) {
     for (kind, items) in next.resources.iter_mut() {
-        for item in items.values_mut() {
-            let Some(old) = prev.get(*kind, &item.id) else {
-                continue;
-            };
-            item.create_revision = old.create_revision;
-            if old.value == item.value {
-                item.value = Arc::clone(&old.value);
-                item.mod_revision = old.mod_revision;
-            }
+        let carried: Vec<StoredItem> = items
+            .values()
+            .filter_map(|item| {
+                let old = prev.get(*kind, &item.id)?;
+                let mut item = item.clone();
+                item.create_revision = old.create_revision;
+                if old.value == item.value {
+                    item.value = Arc::clone(&old.value);
+                    item.mod_revision = old.mod_revision;
+                }
+                Some(item)
+            })
+            .collect();
+        for item in carried {
+            items.insert(item.id.clone(), item);
         }
     }
 }

@@ -8,12 +8,14 @@
 //! delete that costs one revision, and TTLs with etcd's rounding (whole seconds, at least
 //! [`MIN_TTL`], as etcd's minimum lease).
 //!
-//! **Durability.** Every write is one redb write transaction committed with
+//! **Durability.** Every write is in a redb write transaction committed with
 //! [`redb::Durability::Immediate`]: `commit()` returns only after the new pages and the commit
 //! slot are on disk (fsync), and redb's copy-on-write B-trees never overwrite the last committed
 //! state, so a process killed at any instant (`kill -9`, power loss with honest disks) reopens
 //! at the last committed transaction. We answer a write only after its commit returned, so an
 //! acknowledged write survives a crash; an unacknowledged one is either fully there or absent.
+//! Concurrent puts share one transaction (group commit: one fsync for all the writers that
+//! queued while the previous commit ran), each with its own revision.
 //!
 //! **TTL.** The expiry time (wall-clock milliseconds, so it survives restarts) is stored with
 //! the value and indexed in the `expiry` table. Reads treat an expired key as absent at once; a
@@ -26,7 +28,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -140,6 +142,15 @@ fn check_key(key: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// A put waiting for a group commit, with where to send its answer.
+struct QueuedPut {
+    key: String,
+    value: Vec<u8>,
+    ttl: Option<Duration>,
+    expected: Option<i64>,
+    done: mpsc::SyncSender<Result<PutOutcome, StoreError>>,
+}
+
 /// The state shared by the handle, blocking calls and the sweeper.
 struct Core {
     /// `None` while suspended: a successor process holds the file.
@@ -148,6 +159,8 @@ struct Core {
     prefix: String,
     /// Serialises writes and publishes in commit order.
     writer: Mutex<StateBuilder>,
+    /// Puts waiting for the next group commit.
+    queue: Mutex<Vec<QueuedPut>>,
     states: watch::Sender<Arc<ConfigState>>,
     revision: AtomicI64,
     /// The soonest expiry in the `expiry` table (u64::MAX: none), so idle sweeps cost nothing.
@@ -218,6 +231,7 @@ impl EmbeddedStore {
             path: path.to_owned(),
             prefix,
             writer: Mutex::new(builder),
+            queue: Mutex::new(Vec::new()),
             states,
             revision: AtomicI64::new(revision),
         });
@@ -375,6 +389,11 @@ impl Core {
         Ok(record.live(now_ms()).then(|| record.to_kv(key)))
     }
 
+    /// Puts `key`. Concurrent puts are committed in groups: each queues itself and takes the
+    /// writer lock, and whoever gets the lock commits everything queued by then in one
+    /// transaction (one fsync), so writers waiting on a commit share the next one. Every put
+    /// still gets its own revision, and is answered only after the commit that holds it
+    /// returned, so an acknowledged write is on disk.
     fn put(
         &self,
         key: &str,
@@ -388,51 +407,120 @@ impl Core {
                 "etcdserver: request is too large".into(),
             ));
         }
+        let (done, outcome) = mpsc::sync_channel(1);
+        self.queued().push(QueuedPut {
+            key: key.to_owned(),
+            value,
+            ttl,
+            expected,
+            done,
+        });
         let mut builder = self.writer();
-        let now = now_ms();
-        let txn = self.begin_write()?;
-        let (previous, record, revision) = {
-            let mut kv = txn.open_table(KV).map_err(db_err)?;
-            let mut meta = txn.open_table(META).map_err(db_err)?;
-            let mut expiry = txn.open_table(EXPIRY).map_err(db_err)?;
-            let old = match kv.get(key).map_err(db_err)? {
-                Some(v) => Some(Record::decode(v.value())?),
-                None => None,
-            };
-            let previous = old.as_ref().filter(|r| r.live(now));
-            if let Some(expected) = expected {
-                if previous.map_or(0, |r| r.mod_revision) != expected {
-                    // Dropping the transaction aborts it.
-                    return Err(StoreError::Conflict);
-                }
-            }
-            if let Some(old) = old.as_ref().filter(|r| r.expires_at != 0) {
-                expiry.remove((old.expires_at, key)).map_err(db_err)?;
-            }
-            let revision = meta.get(REVISION).map_err(db_err)?.map_or(1, |v| v.value()) + 1;
-            let record = Record {
-                create_revision: previous.map_or(revision, |r| r.create_revision),
-                mod_revision: revision,
-                expires_at: ttl.map_or(0, |t| now + ttl_ms(t)),
-                value,
-            };
-            kv.insert(key, record.encode().as_slice()).map_err(db_err)?;
-            if record.expires_at != 0 {
-                expiry
-                    .insert((record.expires_at, key), ())
-                    .map_err(db_err)?;
-            }
-            meta.insert(REVISION, revision).map_err(db_err)?;
-            (previous.map(|r| r.to_kv(key)), record, revision)
-        };
-        txn.commit().map_err(db_err)?;
-        if record.expires_at != 0 {
-            self.next_expiry
-                .fetch_min(record.expires_at, Ordering::SeqCst);
+        // A leader that held the lock before us may have committed this put already: it
+        // answers before it lets the lock go.
+        if let Ok(answer) = outcome.try_recv() {
+            return answer;
         }
-        let changed = builder.apply(key, Some(&record.to_kv(key)), revision);
-        self.publish(&builder, changed, revision);
-        Ok(PutOutcome { previous, revision })
+        let group = std::mem::take(&mut *self.queued());
+        self.commit_puts(&mut builder, group);
+        drop(builder);
+        outcome.recv().unwrap_or_else(|_| {
+            Err(StoreError::Unavailable(
+                "embedded store: the write was not answered".into(),
+            ))
+        })
+    }
+
+    fn queued(&self) -> MutexGuard<'_, Vec<QueuedPut>> {
+        // Pushing and taking cannot leave the queue half-changed.
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Commits a group of puts in one transaction (with the writer lock held) and answers
+    /// each. A put whose compare-and-swap fails is answered `Conflict` and changes nothing;
+    /// a failed transaction fails every put in it.
+    fn commit_puts(&self, builder: &mut StateBuilder, group: Vec<QueuedPut>) {
+        if group.is_empty() {
+            return;
+        }
+        let mut answers: Vec<Result<(Option<KeyValue>, Record), StoreError>> =
+            Vec::with_capacity(group.len());
+        let committed = (|| -> Result<i64, StoreError> {
+            let now = now_ms();
+            let txn = self.begin_write()?;
+            let revision = {
+                let mut kv = txn.open_table(KV).map_err(db_err)?;
+                let mut meta = txn.open_table(META).map_err(db_err)?;
+                let mut expiry = txn.open_table(EXPIRY).map_err(db_err)?;
+                let mut revision = meta.get(REVISION).map_err(db_err)?.map_or(1, |v| v.value());
+                for put in &group {
+                    let key = put.key.as_str();
+                    // Later puts of the group read the earlier ones (the transaction's own
+                    // writes), exactly as if they had been committed one by one.
+                    let old = match kv.get(key).map_err(db_err)? {
+                        Some(v) => Some(Record::decode(v.value())?),
+                        None => None,
+                    };
+                    let previous = old.as_ref().filter(|r| r.live(now));
+                    if let Some(expected) = put.expected {
+                        if previous.map_or(0, |r| r.mod_revision) != expected {
+                            answers.push(Err(StoreError::Conflict));
+                            continue;
+                        }
+                    }
+                    if let Some(old) = old.as_ref().filter(|r| r.expires_at != 0) {
+                        expiry.remove((old.expires_at, key)).map_err(db_err)?;
+                    }
+                    revision += 1;
+                    let record = Record {
+                        create_revision: previous.map_or(revision, |r| r.create_revision),
+                        mod_revision: revision,
+                        expires_at: put.ttl.map_or(0, |t| now + ttl_ms(t)),
+                        value: put.value.clone(),
+                    };
+                    kv.insert(key, record.encode().as_slice()).map_err(db_err)?;
+                    if record.expires_at != 0 {
+                        expiry
+                            .insert((record.expires_at, key), ())
+                            .map_err(db_err)?;
+                    }
+                    answers.push(Ok((previous.map(|r| r.to_kv(key)), record)));
+                }
+                meta.insert(REVISION, revision).map_err(db_err)?;
+                revision
+            };
+            txn.commit().map_err(db_err)?;
+            Ok(revision)
+        })();
+        let revision = match committed {
+            Ok(r) => r,
+            Err(e) => {
+                for put in group {
+                    let _ = put.done.send(Err(e.clone()));
+                }
+                return;
+            }
+        };
+        let mut changed = false;
+        for (put, answer) in group.iter().zip(&answers) {
+            if let Ok((_, record)) = answer {
+                if record.expires_at != 0 {
+                    self.next_expiry
+                        .fetch_min(record.expires_at, Ordering::SeqCst);
+                }
+                changed |=
+                    builder.apply(&put.key, Some(&record.to_kv(&put.key)), record.mod_revision);
+            }
+        }
+        self.publish(builder, changed, revision);
+        for (put, answer) in group.into_iter().zip(answers) {
+            let answer = answer.map(|(previous, record)| PutOutcome {
+                previous,
+                revision: record.mod_revision,
+            });
+            // A writer that gave up waiting is gone; its put is committed all the same.
+            let _ = put.done.send(answer);
+        }
     }
 
     fn delete(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
@@ -678,5 +766,60 @@ mod tests {
         r.expires_at = 10;
         assert!(r.live(9));
         assert!(!r.live(10));
+    }
+
+    #[test]
+    fn concurrent_puts_commit_in_groups_each_with_its_own_revision() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = rt
+            .block_on(async { EmbeddedStore::open(&dir.path().join("db"), "/apisix") })
+            .unwrap();
+        let core = store.core.clone();
+        let writers: Vec<_> = (0..16)
+            .map(|w| {
+                let core = core.clone();
+                std::thread::spawn(move || {
+                    (0..40)
+                        .map(|i| {
+                            let key = format!("/apisix/routes/{w}-{i}");
+                            let put = core.put(&key, b"{}".to_vec(), None, None).unwrap();
+                            assert!(put.previous.is_none());
+                            // A compare-and-swap on what was just written wins; a stale one loses.
+                            let again = core
+                                .put(&key, b"{\"a\":1}".to_vec(), None, Some(put.revision))
+                                .unwrap();
+                            assert_eq!(again.previous.unwrap().mod_revision, put.revision);
+                            let stale = core.put(&key, b"{}".to_vec(), None, Some(put.revision));
+                            assert_eq!(stale.unwrap_err(), StoreError::Conflict);
+                            vec![put.revision, again.revision]
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut revisions: Vec<i64> = writers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .flatten()
+            .collect();
+        revisions.sort_unstable();
+        let n = revisions.len();
+        revisions.dedup();
+        assert_eq!(revisions.len(), n, "every put has its own revision");
+        assert_eq!(revisions.first(), Some(&2));
+        assert_eq!(
+            revisions.last(),
+            Some(&(n as i64 + 1)),
+            "no revision is skipped"
+        );
+        assert_eq!(core.writer().state().len(), 16 * 40);
+        // What was acknowledged is in the file.
+        let (kvs, revision) = core.with_db(|db| list_in(db, "/apisix")).unwrap();
+        assert_eq!((kvs.len(), revision), (16 * 40, n as i64 + 1));
+        assert!(kvs.iter().all(|kv| kv.value == b"{\"a\":1}"));
     }
 }

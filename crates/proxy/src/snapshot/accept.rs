@@ -1,12 +1,14 @@
 //! Validation with quarantine: every stored resource is validated on its own. One that fails
 //! is quarantined: logged, left out, and if an earlier version of it was accepted, that
 //! version keeps serving (as APISIX keeps the older valid item). Resources the store did not
-//! change keep their accepted form without being validated again.
+//! change keep their accepted form without being validated again, and are not even looked at:
+//! a compile validates what the diff names.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use ferrisix_config::model::{GlobalRule, PluginConfig, ResourceKind, Route, Service, Upstream};
+use ferrisix_config::shared_map::SharedMap;
 use ferrisix_config::state::ConfigState;
 use ferrisix_config::validate::{self, PluginCheck};
 use ferrisix_config::vars::compile_vars;
@@ -42,8 +44,6 @@ pub(super) struct Accepted<T> {
     /// The stored value that was accepted.
     pub raw: Arc<Value>,
     pub typed: Arc<T>,
-    /// Why the store's newer value was refused, while this older one keeps serving.
-    pub refused: Option<String>,
 }
 
 impl<T> Clone for Accepted<T> {
@@ -51,7 +51,6 @@ impl<T> Clone for Accepted<T> {
         Accepted {
             raw: self.raw.clone(),
             typed: self.typed.clone(),
-            refused: self.refused.clone(),
         }
     }
 }
@@ -59,40 +58,50 @@ impl<T> Clone for Accepted<T> {
 /// A route with its `vars` compiled.
 pub(super) type RouteDef = (Route, Option<Expr>);
 
-/// The accepted version of every resource the data plane compiles, by kind and id.
+/// The accepted version of every resource the data plane compiles, by kind and id. The maps
+/// are shared with the previous compile's and changed where the diff says.
 #[derive(Clone, Default)]
 pub(super) struct Applied {
-    pub routes: HashMap<String, Accepted<RouteDef>>,
-    pub services: HashMap<String, Accepted<Service>>,
-    pub upstreams: HashMap<String, Accepted<Upstream>>,
-    pub plugin_configs: HashMap<String, Accepted<PluginConfig>>,
-    pub global_rules: HashMap<String, Accepted<GlobalRule>>,
+    pub routes: SharedMap<Accepted<RouteDef>>,
+    pub services: SharedMap<Accepted<Service>>,
+    pub upstreams: SharedMap<Accepted<Upstream>>,
+    pub plugin_configs: SharedMap<Accepted<PluginConfig>>,
+    pub global_rules: SharedMap<Accepted<GlobalRule>>,
     /// Plugin metadata documents by plugin name, as stored (each plugin reads its own).
     pub plugin_metadata: HashMap<String, Arc<Value>>,
     /// Consumers by username, consumer groups by id, credentials by
     /// `<username>/credentials/<id>`: checked, then compiled as stored (`raw`).
-    pub consumers: HashMap<String, Accepted<()>>,
-    pub consumer_groups: HashMap<String, Accepted<()>>,
-    pub credentials: HashMap<String, Accepted<()>>,
+    pub consumers: SharedMap<Accepted<()>>,
+    pub consumer_groups: SharedMap<Accepted<()>>,
+    pub credentials: SharedMap<Accepted<()>>,
+    /// Every stored resource that is refused (with an older version serving or not), per kind
+    /// in validation order, by id: reported by every compile until it changes.
+    refusals: [BTreeMap<String, Quarantined>; 8],
 }
 
 impl Applied {
     /// Accepts `state`: what `diff` says is unchanged keeps its `previous` form, the rest is
-    /// validated.
+    /// validated. Returns what changed in what is served: a refused update that keeps the
+    /// previous version serving is no change.
     pub fn accept(
         state: &ConfigState,
         diff: &ConfigDiff,
         previous: &Applied,
         plugins: &dyn PluginCheck,
         quarantine: &mut Vec<Quarantined>,
-    ) -> Applied {
-        Applied {
+    ) -> (Applied, ConfigDiff) {
+        let mut applied_diff = ConfigDiff::default();
+        let mut refusals = previous.refusals.clone();
+        let [r_up, r_svc, r_pc, r_gr, r_routes, r_consumers, r_groups, r_credentials] =
+            &mut refusals;
+        let applied = Applied {
             upstreams: accept_kind(
                 state,
                 ResourceKind::Upstreams,
                 &diff.upstreams,
                 &previous.upstreams,
-                quarantine,
+                r_up,
+                &mut applied_diff.upstreams,
                 |id, v| validate::upstream_from_value(Some(id), v).map_err(|e| e.message),
             ),
             services: accept_kind(
@@ -100,7 +109,8 @@ impl Applied {
                 ResourceKind::Services,
                 &diff.services,
                 &previous.services,
-                quarantine,
+                r_svc,
+                &mut applied_diff.services,
                 |id, v| validate::service_from_value(id, v, plugins).map_err(|e| e.message),
             ),
             plugin_configs: accept_kind(
@@ -108,7 +118,8 @@ impl Applied {
                 ResourceKind::PluginConfigs,
                 &diff.plugin_configs,
                 &previous.plugin_configs,
-                quarantine,
+                r_pc,
+                &mut applied_diff.plugin_configs,
                 |id, v| validate::plugin_config_from_value(id, v, plugins).map_err(|e| e.message),
             ),
             global_rules: accept_kind(
@@ -116,7 +127,8 @@ impl Applied {
                 ResourceKind::GlobalRules,
                 &diff.global_rules,
                 &previous.global_rules,
-                quarantine,
+                r_gr,
+                &mut applied_diff.global_rules,
                 |id, v| validate::global_rule_from_value(id, v, plugins).map_err(|e| e.message),
             ),
             routes: accept_kind(
@@ -124,7 +136,8 @@ impl Applied {
                 ResourceKind::Routes,
                 &diff.routes,
                 &previous.routes,
-                quarantine,
+                r_routes,
+                &mut applied_diff.routes,
                 |id, v| {
                     let route =
                         validate::route_from_value(id, v, plugins).map_err(|e| e.message)?;
@@ -136,7 +149,7 @@ impl Applied {
                 },
             ),
             plugin_metadata: state
-                .items(ResourceKind::PluginMetadata)
+                .items_unordered(ResourceKind::PluginMetadata)
                 .map(|i| (i.id.clone(), i.value.clone()))
                 .collect(),
             consumers: accept_checked(
@@ -144,7 +157,8 @@ impl Applied {
                 ResourceKind::Consumers,
                 &diff.consumers,
                 &previous.consumers,
-                quarantine,
+                r_consumers,
+                &mut applied_diff.consumers,
                 plugins,
             ),
             consumer_groups: accept_checked(
@@ -152,7 +166,8 @@ impl Applied {
                 ResourceKind::ConsumerGroups,
                 &diff.consumer_groups,
                 &previous.consumer_groups,
-                quarantine,
+                r_groups,
+                &mut applied_diff.consumer_groups,
                 plugins,
             ),
             credentials: accept_checked(
@@ -160,43 +175,26 @@ impl Applied {
                 ResourceKind::Credentials,
                 &diff.credentials,
                 &previous.credentials,
-                quarantine,
+                r_credentials,
+                &mut applied_diff.credentials,
                 plugins,
             ),
+            refusals,
+        };
+        for kind in &applied.refusals {
+            quarantine.extend(kind.values().cloned());
         }
-    }
-
-    /// What changed between `previous` and `self` in what is served: a refused update that
-    /// keeps the previous version serving is no change.
-    pub fn diff(previous: &Applied, current: &Applied) -> ConfigDiff {
-        fn by_typed<T>(
-            old: &HashMap<String, Accepted<T>>,
-            new: &HashMap<String, Accepted<T>>,
-        ) -> Difference {
-            Difference::between(old, new, |a, b| Arc::ptr_eq(&a.typed, &b.typed))
-        }
-        ConfigDiff {
-            routes: by_typed(&previous.routes, &current.routes),
-            services: by_typed(&previous.services, &current.services),
-            upstreams: by_typed(&previous.upstreams, &current.upstreams),
-            plugin_configs: by_typed(&previous.plugin_configs, &current.plugin_configs),
-            global_rules: by_typed(&previous.global_rules, &current.global_rules),
-            plugin_metadata: Difference::between(
-                &previous.plugin_metadata,
-                &current.plugin_metadata,
-                |a, b| Arc::ptr_eq(a, b) || a == b,
-            ),
-            consumers: by_typed(&previous.consumers, &current.consumers),
-            consumer_groups: by_typed(&previous.consumer_groups, &current.consumer_groups),
-            credentials: by_typed(&previous.credentials, &current.credentials),
-            // Not compiled here (the certificate store diffs them itself).
-            ssls: Difference::default(),
-        }
+        applied_diff.plugin_metadata = Difference::between(
+            &previous.plugin_metadata,
+            &applied.plugin_metadata,
+            |a, b| Arc::ptr_eq(a, b) || a == b,
+        );
+        (applied, applied_diff)
     }
 
     /// The accepted stored values of one kind, by id.
     pub fn raw(&self, kind: ResourceKind) -> Vec<(String, Arc<Value>)> {
-        fn raw<T>(m: &HashMap<String, Accepted<T>>) -> Vec<(String, Arc<Value>)> {
+        fn raw<T>(m: &SharedMap<Accepted<T>>) -> Vec<(String, Arc<Value>)> {
             let mut v: Vec<_> = m.iter().map(|(k, a)| (k.clone(), a.raw.clone())).collect();
             v.sort_by(|a, b| a.0.cmp(&b.0));
             v
@@ -220,42 +218,45 @@ fn accept_checked(
     state: &ConfigState,
     kind: ResourceKind,
     changed: &Difference,
-    previous: &HashMap<String, Accepted<()>>,
-    quarantine: &mut Vec<Quarantined>,
+    previous: &SharedMap<Accepted<()>>,
+    refusals: &mut BTreeMap<String, Quarantined>,
+    applied: &mut Difference,
     plugins: &dyn PluginCheck,
-) -> HashMap<String, Accepted<()>> {
-    accept_kind(state, kind, changed, previous, quarantine, |_, v| {
+) -> SharedMap<Accepted<()>> {
+    accept_kind(state, kind, changed, previous, refusals, applied, |_, v| {
         validate::check_resource(kind, v, plugins).map_err(|e| e.message)
     })
 }
 
-/// Accepts every item of one kind: unchanged ones keep their previous outcome (an older
-/// version held while a newer one is refused stays held, and stays reported), the others are
-/// validated, falling back to the last accepted version of an item that no longer validates.
+/// Accepts the items of one kind that `changed` names (every other one keeps its previous
+/// outcome): each is validated, falling back to the last accepted version of an item that no
+/// longer validates. `refusals` keeps every refused item of the kind; `applied` receives what
+/// changed in what is served.
+#[allow(clippy::too_many_arguments)]
 fn accept_kind<T>(
     state: &ConfigState,
     kind: ResourceKind,
     changed: &Difference,
-    previous: &HashMap<String, Accepted<T>>,
-    quarantine: &mut Vec<Quarantined>,
+    previous: &SharedMap<Accepted<T>>,
+    refusals: &mut BTreeMap<String, Quarantined>,
+    applied: &mut Difference,
     mut convert: impl FnMut(&str, &Value) -> Result<T, String>,
-) -> HashMap<String, Accepted<T>> {
-    let mut out = HashMap::new();
-    for item in state.items(kind) {
-        let id = &item.id;
+) -> SharedMap<Accepted<T>> {
+    let mut out = previous.clone();
+    for id in changed
+        .added
+        .iter()
+        .chain(&changed.changed)
+        .chain(&changed.removed)
+    {
+        refusals.remove(id);
         let prev = previous.get(id);
-        if let Some(p) = prev.filter(|_| !changed.touches(id)) {
-            if let Some(error) = &p.refused {
-                quarantine.push(Quarantined {
-                    kind,
-                    id: id.clone(),
-                    error: error.clone(),
-                    serving_previous: true,
-                });
+        let Some(item) = state.get(kind, id) else {
+            if out.remove(id).is_some() {
+                applied.removed.insert(id.clone());
             }
-            out.insert(id.clone(), p.clone());
             continue;
-        }
+        };
         match convert(id, &item.value) {
             Ok(typed) => {
                 out.insert(
@@ -263,26 +264,25 @@ fn accept_kind<T>(
                     Accepted {
                         raw: item.value.clone(),
                         typed: Arc::new(typed),
-                        refused: None,
                     },
                 );
+                if prev.is_some() {
+                    applied.changed.insert(id.clone());
+                } else {
+                    applied.added.insert(id.clone());
+                }
             }
             Err(error) => {
-                quarantine.push(Quarantined {
-                    kind,
-                    id: id.clone(),
-                    error: error.clone(),
-                    serving_previous: prev.is_some(),
-                });
-                if let Some(p) = prev {
-                    out.insert(
-                        id.clone(),
-                        Accepted {
-                            refused: Some(error),
-                            ..p.clone()
-                        },
-                    );
-                }
+                // The previous version (if any) stays in `out` and keeps serving.
+                refusals.insert(
+                    id.clone(),
+                    Quarantined {
+                        kind,
+                        id: id.clone(),
+                        error,
+                        serving_previous: prev.is_some(),
+                    },
+                );
             }
         }
     }

@@ -13,13 +13,15 @@
 //! 4. routes: rebuilt when the route itself, its service, its plugin config, an upstream it
 //!    uses, the metadata of one of its plugins, or the global chains changed; every other
 //!    route is handed on as the same `Arc<CompiledRoute>`;
-//! 5. the route table is built from the compiled routes (an incremental table can apply
-//!    [`SnapshotDiff::routes`] instead).
+//! 5. the route table is the previous one with the routes that are new, rebuilt or gone
+//!    applied to it (`RouteTable::apply`): everything else is shared with the previous
+//!    snapshot's table, which keeps serving unchanged until its last request ends.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use ferrisix_config::model::ResourceKind;
+use ferrisix_config::shared_map::SharedMap;
 use ferrisix_config::state::{ConfigState, StoredItem};
 use ferrisix_plugins::{
     CompileEnv, ConsumerSet, GlobalChains, GlobalRules, PluginChain, PluginRegistry,
@@ -95,15 +97,22 @@ struct CompileCache {
     /// Inline upstreams of services, by service id.
     service_upstreams: HashMap<String, Arc<CompiledUpstream>>,
     globals: Arc<GlobalChains>,
-    /// Compiled routes by route id (enabled routes that compiled).
-    routes: HashMap<String, RouteSlot>,
+    /// Compiled routes by route id (enabled routes that compiled); shared with the next
+    /// compile, which changes only the routes it touches.
+    routes: SharedMap<RouteSlot>,
+    /// Routes that failed to compile or to enter the table, by id: reported again by every
+    /// compile until they change.
+    route_refusals: SharedMap<Quarantined>,
+    /// The health checkers of the routes' inline upstreams, by route id: changed only for the
+    /// routes a compile touches (most routes have none).
+    route_checkers: Arc<BTreeMap<String, Arc<UpstreamChecker>>>,
 }
 
 impl Snapshot {
     pub fn empty(options: &CompileOptions) -> Snapshot {
         Snapshot {
             revision: 0,
-            router: RouteTable::new(options.router, Vec::new()).0,
+            router: RouteTable::empty(options.router),
             upstreams: HashMap::new(),
             quarantine: Vec::new(),
             global_chain: PluginChain::empty(),
@@ -159,16 +168,23 @@ impl Snapshot {
             services: &options.upstreams,
         };
 
-        let applied = Applied::accept(state, &config, &prev.applied, plugins, &mut quarantine);
-        let mut applied_diff = Applied::diff(&prev.applied, &applied);
+        let (applied, mut applied_diff) =
+            Applied::accept(state, &config, &prev.applied, plugins, &mut quarantine);
         // The certificate store reuses what did not change; what it applied is the store's
         // diff.
         applied_diff.ssls = config.ssls.clone();
 
         // Whether a compiled upstream is still valid is `UpstreamEnv::reusable`'s to say (the
         // TLS context may have changed with the options).
+        // Upstreams by id are few next to routes (inline ones are compiled with their route):
+        // a plain map of them per compile is cheap.
+        let applied_upstreams: HashMap<String, _> = applied
+            .upstreams
+            .iter()
+            .map(|(id, acc)| (id.clone(), acc.clone()))
+            .collect();
         let upstreams = upstreams_by_id(
-            &applied.upstreams,
+            &applied_upstreams,
             &applied_diff.upstreams,
             &previous.upstreams,
             upstream_env,
@@ -247,61 +263,127 @@ impl Snapshot {
             env: plugin_env,
             upstream_env,
         };
-        let mut order: Vec<&StoredItem> = state.items(ResourceKind::Routes).collect();
-        order.sort_by_key(|i| i.seq);
-        let mut slots: Vec<(String, RouteSlot)> = Vec::with_capacity(order.len());
-        for item in order {
-            let Some(acc) = applied.routes.get(&item.id) else {
-                continue;
-            };
-            if !acc.typed.0.enabled {
+        // Routes depend on more than themselves only through what `RouteDeps` lists, the
+        // global chains, the options and (inline upstreams' client certificates) the ssls: while
+        // none of those changed, only the routes the diff names are looked at.
+        let dependencies_changed = !same_options
+            || globals_changed
+            || !applied_diff.services.is_empty()
+            || !applied_diff.plugin_configs.is_empty()
+            || !applied_diff.plugin_metadata.is_empty()
+            || !upstream_diff.is_empty()
+            || !service_upstream_diff.is_empty()
+            || !config.ssls.is_empty();
+        let candidates: Vec<&String> = if dependencies_changed {
+            applied
+                .routes
+                .keys()
+                .chain(prev.routes.keys())
+                .chain(prev.route_refusals.keys())
+                .collect()
+        } else {
+            applied_diff
+                .routes
+                .added
+                .iter()
+                .chain(&applied_diff.routes.changed)
+                .chain(&applied_diff.routes.removed)
+                .collect()
+        };
+        let mut routes = prev.routes.clone();
+        let mut route_refusals = prev.route_refusals.clone();
+        // The table takes the routes that are new, rebuilt or gone; the rest of it is shared
+        // with the previous snapshot's (which keeps serving unchanged meanwhile).
+        let mut router = if same_options {
+            previous.router.clone()
+        } else {
+            RouteTable::empty(options.router)
+        };
+        let mut route_diff = Difference::default();
+        let mut removed_keys = Vec::new();
+        let mut placed: Vec<(String, RouteSlot)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for id in candidates {
+            if !seen.insert(id) {
                 continue;
             }
-            let before = prev.routes.get(&item.id);
-            let inline_still_valid = |slot: &RouteSlot| match (&slot.inline, &acc.typed.0.upstream)
-            {
-                (Some(c), Some(up)) => upstream_env.reusable(c, up),
-                _ => true,
-            };
-            let reused = before.filter(|slot| {
-                !applied_diff.routes.touches(&item.id)
-                    && !slot.deps.touched_by(&changes)
-                    && inline_still_valid(slot)
-            });
-            let slot = match reused {
-                Some(slot) => slot.clone(),
-                None => match compile_slot(&acc.typed, &inputs, before) {
-                    Ok(slot) => slot,
-                    Err(e) => {
-                        quarantine.push(Quarantined::new(ResourceKind::Routes, &item.id, e));
+            route_refusals.remove(id);
+            let before = prev.routes.get(id);
+            let acc = applied
+                .routes
+                .get(id)
+                .filter(|acc| acc.typed.0.enabled)
+                .zip(state.get(ResourceKind::Routes, id));
+            let slot = match acc {
+                None => None,
+                Some((acc, item)) => {
+                    let inline_still_valid =
+                        |slot: &RouteSlot| match (&slot.inline, &acc.typed.0.upstream) {
+                            (Some(c), Some(up)) => upstream_env.reusable(c, up),
+                            _ => true,
+                        };
+                    let reused = before.is_some_and(|slot| {
+                        slot.seq == item.seq
+                            && !applied_diff.routes.touches(id)
+                            && !slot.deps.touched_by(&changes)
+                            && inline_still_valid(slot)
+                    });
+                    if reused {
                         continue;
                     }
-                },
+                    match compile_slot(&acc.typed, item.seq, &inputs, before) {
+                        Ok(slot) => Some(slot),
+                        Err(e) => {
+                            route_refusals
+                                .insert(id.clone(), Quarantined::new(ResourceKind::Routes, id, e));
+                            None
+                        }
+                    }
+                }
             };
-            slots.push((item.id.clone(), slot));
+            if let Some(b) = before {
+                removed_keys.push(table_key(b.seq, id));
+            }
+            match slot {
+                Some(slot) => placed.push((id.clone(), slot)),
+                None => {
+                    if routes.remove(id).is_some() {
+                        route_diff.removed.insert(id.clone());
+                    }
+                }
+            }
         }
-        let (router, errors) = RouteTable::new(
-            options.router,
-            slots.iter().map(|(_, slot)| slot.entry()).collect(),
-        );
-        let mut refused = vec![false; slots.len()];
+        let inserts = placed
+            .iter()
+            .map(|(id, slot)| (table_key(slot.seq, id), slot.entry()))
+            .collect();
+        let errors = router.apply(removed_keys, inserts);
+        let mut refused = vec![false; placed.len()];
         for e in errors {
             refused[e.index] = true;
-            quarantine.push(Quarantined::new(
-                ResourceKind::Routes,
-                &slots[e.index].0,
-                e.message,
-            ));
+            let id = &placed[e.index].0;
+            route_refusals.insert(
+                id.clone(),
+                Quarantined::new(ResourceKind::Routes, id, e.message),
+            );
         }
-        let routes: HashMap<String, RouteSlot> = slots
-            .into_iter()
-            .zip(refused)
-            .filter(|(_, refused)| !refused)
-            .map(|(slot, _)| slot)
-            .collect();
-        let route_diff = Difference::between(&prev.routes, &routes, |a, b| {
-            Arc::ptr_eq(&a.compiled, &b.compiled)
-        });
+        for ((id, slot), refused) in placed.into_iter().zip(refused) {
+            let had = if refused {
+                routes.remove(&id).is_some()
+            } else {
+                routes.insert(id.clone(), slot).is_some()
+            };
+            match (had, refused) {
+                (true, true) => route_diff.removed.insert(id),
+                (true, false) => route_diff.changed.insert(id),
+                (false, false) => route_diff.added.insert(id),
+                (false, true) => false,
+            };
+        }
+        // Routes refused here stay reported until they change (in route insertion order).
+        let mut refusals: Vec<&Quarantined> = route_refusals.values().collect();
+        refusals.sort_by_key(|q| state.get(ResourceKind::Routes, &q.id).map(|i| i.seq));
+        quarantine.extend(refusals.into_iter().cloned());
 
         for ((kind, id), error) in &state.unreadable {
             quarantine.push(Quarantined {
@@ -320,7 +402,34 @@ impl Snapshot {
                 item.error
             );
         }
-        let checkers = checkers(&routes, &service_upstreams, &upstreams);
+        let mut route_checkers = prev.route_checkers.clone();
+        for id in route_diff
+            .added
+            .iter()
+            .chain(&route_diff.changed)
+            .chain(&route_diff.removed)
+        {
+            let now = routes
+                .get(id)
+                .and_then(|slot| slot.inline.as_ref())
+                .and_then(|u| u.checker.as_ref());
+            match now {
+                Some(c) => {
+                    if !route_checkers
+                        .get(id)
+                        .is_some_and(|old| Arc::ptr_eq(old, c))
+                    {
+                        Arc::make_mut(&mut route_checkers).insert(id.clone(), c.clone());
+                    }
+                }
+                None => {
+                    if route_checkers.contains_key(id) {
+                        Arc::make_mut(&mut route_checkers).remove(id);
+                    }
+                }
+            }
+        }
+        let checkers = checkers(&route_checkers, &service_upstreams, &upstreams);
         Snapshot {
             revision: state.revision,
             router,
@@ -343,9 +452,19 @@ impl Snapshot {
                 service_upstreams,
                 globals,
                 routes,
+                route_refusals,
+                route_checkers,
             },
         }
     }
+}
+
+/// A route's key in the table: its place in the insertion order, then its id (so ties of a
+/// hand-built state's equal `seq`s fall to id order, as a sort of the ids by `seq` would).
+fn table_key(seq: u64, id: &str) -> Vec<u8> {
+    let mut key = seq.to_be_bytes().to_vec();
+    key.extend_from_slice(id.as_bytes());
+    key
 }
 
 /// Services' inline upstreams, reused while the definition is equal.
@@ -356,7 +475,7 @@ fn service_upstreams(
     quarantine: &mut Vec<Quarantined>,
 ) -> HashMap<String, Arc<CompiledUpstream>> {
     let mut out = HashMap::new();
-    for (id, acc) in &applied.services {
+    for (id, acc) in applied.services.iter() {
         let Some(up) = &acc.typed.upstream else {
             continue;
         };
@@ -377,29 +496,28 @@ fn service_upstreams(
 /// The health checkers of the routes' and services' inline upstreams and of the upstreams, as
 /// `_get_health_checkers` lists them.
 fn checkers(
-    routes: &HashMap<String, RouteSlot>,
+    routes: &BTreeMap<String, Arc<UpstreamChecker>>,
     service_upstreams: &HashMap<String, Arc<CompiledUpstream>>,
     upstreams: &HashMap<String, Arc<CompiledUpstream>>,
 ) -> Vec<CheckerEntry> {
-    let inline: HashMap<&String, &Arc<CompiledUpstream>> = routes
+    let entry = |kind, id: &String, checker: &Arc<UpstreamChecker>| CheckerEntry {
+        kind,
+        id: id.clone(),
+        checker: checker.clone(),
+    };
+    let mut out: Vec<CheckerEntry> = routes
         .iter()
-        .filter_map(|(id, slot)| slot.inline.as_ref().map(|u| (id, u)))
+        .map(|(id, c)| entry(ResourceKind::Routes, id, c))
         .collect();
-    let mut out = Vec::new();
     for (kind, map) in [
-        (ResourceKind::Routes, inline),
-        (ResourceKind::Services, service_upstreams.iter().collect()),
-        (ResourceKind::Upstreams, upstreams.iter().collect()),
+        (ResourceKind::Services, service_upstreams),
+        (ResourceKind::Upstreams, upstreams),
     ] {
-        let mut ids: Vec<&String> = map.keys().copied().collect();
+        let mut ids: Vec<&String> = map.keys().collect();
         ids.sort();
         for id in ids {
             if let Some(c) = &map[id].checker {
-                out.push(CheckerEntry {
-                    kind,
-                    id: id.clone(),
-                    checker: c.clone(),
-                });
+                out.push(entry(kind, id, c));
             }
         }
     }

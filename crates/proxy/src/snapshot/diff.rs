@@ -104,16 +104,21 @@ impl ConfigDiff {
     /// or its place in the router's insertion order does (a delete and re-create between two
     /// states); writing an identical value again is no change.
     pub fn new(old: &ConfigState, new: &ConfigState) -> ConfigDiff {
+        let same = |a: &StoredItem, b: &StoredItem| {
+            a.seq == b.seq && (std::sync::Arc::ptr_eq(&a.value, &b.value) || a.value == b.value)
+        };
         let mut diff = ConfigDiff::default();
         for kind in ResourceKind::ALL {
-            *diff.of_mut(kind) = Difference::between(
-                items(old, kind),
-                items(new, kind),
-                |a: &&StoredItem, b: &&StoredItem| {
-                    a.seq == b.seq
-                        && (std::sync::Arc::ptr_eq(&a.value, &b.value) || a.value == b.value)
-                },
-            );
+            // Only the shards the two states do not share can hold a difference.
+            let d = diff.of_mut(kind);
+            for id in old.candidates(new, kind) {
+                match (old.get(kind, id), new.get(kind, id)) {
+                    (None, Some(_)) => d.added.insert(id.clone()),
+                    (Some(_), None) => d.removed.insert(id.clone()),
+                    (Some(a), Some(b)) if !same(a, b) => d.changed.insert(id.clone()),
+                    _ => false,
+                };
+            }
         }
         diff
     }
@@ -163,10 +168,6 @@ impl ConfigDiff {
             self.of_mut(kind).flip();
         }
     }
-}
-
-fn items(state: &ConfigState, kind: ResourceKind) -> impl Iterator<Item = (&String, &StoredItem)> {
-    state.items(kind).map(|i| (&i.id, i))
 }
 
 /// What one compile changed, published with the snapshot.

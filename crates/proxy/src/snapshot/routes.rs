@@ -58,6 +58,8 @@ pub struct CompiledRoute {
 #[derive(Clone)]
 pub(super) struct RouteSlot {
     pub def: Arc<RouteDef>,
+    /// The route's place in the router's insertion order (its key in the route table).
+    pub seq: u64,
     pub compiled: Arc<CompiledRoute>,
     pub hosts: Vec<String>,
     pub methods: MethodSet,
@@ -173,6 +175,7 @@ pub(super) struct RouteInputs<'a> {
 /// Compiles one enabled route for the table.
 pub(super) fn compile_slot(
     def: &Arc<RouteDef>,
+    seq: u64,
     inputs: &RouteInputs<'_>,
     previous: Option<&RouteSlot>,
 ) -> Result<RouteSlot, String> {
@@ -200,6 +203,7 @@ pub(super) fn compile_slot(
     let remote_addrs = parse_addrs(&route.remote_addrs)?;
     Ok(RouteSlot {
         def: def.clone(),
+        seq,
         compiled: Arc::new(compiled),
         hosts,
         methods,

@@ -526,3 +526,134 @@ fn inline_upstreams_are_checked_under_their_holder() {
         .collect();
     assert_eq!(names, ["/apisix/routes/r1", "/apisix/services/s1"]);
 }
+
+#[test]
+fn a_route_change_touches_that_route_only_and_refusals_stay_reported() {
+    let mut store = Store::new();
+    for i in 0..300 {
+        store.put(
+            &format!("routes/{i}"),
+            route(&format!("/r{i}/*"), json!({"upstream": node(1980)})),
+        );
+    }
+    // Valid for the schema, refused by the route table (a host the router cannot file).
+    store.put(
+        "routes/bad",
+        route("/bad", json!({"hosts": ["a b"], "upstream": node(1980)})),
+    );
+    let a = first(&store);
+    assert_eq!(a.router.len(), 300);
+    let refused = |s: &Snapshot| s.quarantine.iter().filter(|q| q.id == "bad").count();
+    assert_eq!(refused(&a), 1);
+
+    store.put(
+        "routes/7",
+        route("/moved/*", json!({"upstream": node(1980)})),
+    );
+    store.delete("routes/8");
+    store.put(
+        "routes/new",
+        route("/r7/*", json!({"priority": 1, "upstream": node(1980)})),
+    );
+    let b = compile(&store, &a);
+    assert_eq!(b.diff().routes.changed, ids(&["7"]));
+    assert_eq!(b.diff().routes.removed, ids(&["8"]));
+    assert_eq!(b.diff().routes.added, ids(&["new"]));
+    assert_eq!(b.diff().config.routes.changed, ids(&["7"]));
+    assert_eq!(serving(&b, "/moved/x").as_deref(), Some("7"));
+    assert_eq!(serving(&b, "/r7/x").as_deref(), Some("new"));
+    assert_eq!(serving(&b, "/r8/x"), None);
+    assert_eq!(serving(&b, "/r9/x").as_deref(), Some("9"));
+    // The previous snapshot still serves what it served.
+    assert_eq!(serving(&a, "/r7/x").as_deref(), Some("7"));
+    assert_eq!(serving(&a, "/r8/x").as_deref(), Some("8"));
+    assert!(same_route(&a, &b, "9"));
+    // The refused route is still reported although nothing about it changed.
+    assert_eq!(refused(&b), 1);
+    assert_eq!(b.router.len(), 300);
+
+    // Fixing it puts it in the table and ends the report.
+    store.put("routes/bad", route("/bad", json!({"upstream": node(1980)})));
+    let c = compile(&store, &b);
+    assert_eq!(refused(&c), 0);
+    assert_eq!(serving(&c, "/bad").as_deref(), Some("bad"));
+    assert_eq!(c.diff().routes.added, ids(&["bad"]));
+    assert!(same_route(&b, &c, "9"));
+}
+
+#[test]
+fn a_consumer_change_compiles_the_consumer_set_again_and_a_route_change_does_not() {
+    let mut s = Store::new();
+    s.put("consumers/jack", json!({"username": "jack"}));
+    s.put(
+        "consumers/jack/credentials/c1",
+        json!({"plugins": {"key-auth": {"key": "k1"}}}),
+    );
+    s.put("routes/r", route("/r", json!({"upstream": node(1980)})));
+    let a = first(&s);
+    assert!(a.quarantine.is_empty(), "{:?}", a.quarantine);
+    assert!(a.consumers.index.find("key-auth", "k1").is_some());
+
+    // A route change hands the consumer set on as it was.
+    s.put("routes/r2", route("/r2", json!({"upstream": node(1980)})));
+    let b = compile(&s, &a);
+    assert!(Arc::ptr_eq(&a.consumers, &b.consumers));
+
+    // A credential, a consumer and a group each compile it again.
+    s.put(
+        "consumers/jack/credentials/c2",
+        json!({"plugins": {"key-auth": {"key": "k2"}}}),
+    );
+    let c = compile(&s, &b);
+    assert!(!Arc::ptr_eq(&b.consumers, &c.consumers));
+    assert!(c.consumers.index.find("key-auth", "k2").is_some());
+    s.put("consumers/rose", json!({"username": "rose"}));
+    let d = compile(&s, &c);
+    assert!(d.consumers.index.consumer("rose").is_some());
+    s.put("consumer_groups/g", json!({"plugins": {}}));
+    s.put(
+        "consumers/rose",
+        json!({"username": "rose", "group_id": "g"}),
+    );
+    let e = compile(&s, &d);
+    assert!(!Arc::ptr_eq(&d.consumers, &e.consumers));
+    s.delete("consumers/jack/credentials/c1");
+    let f = compile(&s, &e);
+    assert!(f.consumers.index.find("key-auth", "k1").is_none());
+    assert!(f.consumers.index.find("key-auth", "k2").is_some());
+}
+
+#[test]
+fn route_checkers_follow_the_routes_a_compile_touches() {
+    let checks = json!({"active": {"healthy": {"interval": 100}}});
+    let up = |port: u16| {
+        json!({"upstream": {"type": "roundrobin", "checks": checks,
+                            "nodes": {format!("127.0.0.1:{port}"): 1}}})
+    };
+    let mut s = Store::new();
+    s.put("routes/a", route("/a", up(1)));
+    s.put("routes/b", route("/b", json!({"upstream": node(1980)})));
+    let v1 = first(&s);
+    let names = |v: &Snapshot| -> Vec<String> {
+        v.checkers.iter().map(|c| c.checker.name.clone()).collect()
+    };
+    assert_eq!(names(&v1), ["/apisix/routes/a"]);
+    // A route that gains checks gets a checker; one that is untouched keeps its own.
+    s.put("routes/b", route("/b", up(2)));
+    let v2 = compile(&s, &v1);
+    assert_eq!(names(&v2), ["/apisix/routes/a", "/apisix/routes/b"]);
+    assert!(Arc::ptr_eq(
+        &v1.checkers[0].checker,
+        &v2.checkers[0].checker
+    ));
+    // Disabled, deleted: gone.
+    s.put(
+        "routes/a",
+        route("/a", json!({"status": 0, "upstream": up(1)["upstream"]})),
+    );
+    let v3 = compile(&s, &v2);
+    assert_eq!(names(&v3), ["/apisix/routes/b"]);
+    s.delete("routes/b");
+    let v4 = compile(&s, &v3);
+    assert!(v4.checkers.is_empty());
+}

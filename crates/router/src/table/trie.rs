@@ -1,14 +1,19 @@
-//! A byte radix tree answering one question: which stored keys are prefixes of this input,
-//! longest first.
+//! A persistent byte radix tree answering two questions: the value stored under exactly this
+//! key, and the values of the stored keys that are prefixes of this input, longest first.
 //!
-//! That is all lua-resty-radixtree asks of its tree (`raxSeek "<="` then `raxUp`), both for URI
-//! prefixes and, on reversed strings, for wildcard-host suffixes. The walk goes down while edge
-//! labels match and then climbs parent links, so a lookup needs no buffer and no allocation no
-//! matter how many stored prefixes the input has. Nodes are laid out breadth-first so a node's
-//! children are contiguous and their first bytes form one small sorted slice.
+//! That is all lua-resty-radixtree asks of its tree (`raxFind`, and `raxSeek "<="` then
+//! `raxUp`), both for URI prefixes and, on reversed strings, for wildcard-host suffixes.
+//!
+//! Nodes are shared (`Arc`) and changed by path copying: an update clones only the nodes from
+//! the root to the key it changes (`Arc::make_mut`, so a tree nobody else holds is changed in
+//! place, which is what a first build does), and every other subtree stays the same allocation
+//! in both versions. A published table is therefore never written to, and the table that
+//! replaces it costs what the change touched. A removal prunes the nodes it empties and merges a
+//! valueless node with its only child again, so the tree after any sequence of changes has the
+//! shape a fresh build of the same keys would have.
 
-/// Marks "no value" / "no parent".
-const NONE: u32 = u32::MAX;
+use std::ops::ControlFlow;
+use std::sync::Arc;
 
 /// Read access to a lookup key, forwards for paths and backwards for host suffixes.
 pub(crate) trait TrieKey {
@@ -63,205 +68,224 @@ impl TrieKey for Rev<'_> {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Node {
-    label_start: u32,
-    label_len: u32,
-    parent: u32,
-    value: u32,
-    /// Index of the first child; children are consecutive.
-    kids_start: u32,
-    kids_len: u32,
-}
-
-/// The frozen tree.
-#[derive(Debug)]
-pub(crate) struct Trie {
-    nodes: Vec<Node>,
-    /// First label byte of every node, indexed like `nodes`.
+#[derive(Clone, Debug)]
+struct Node<V> {
+    label: Box<[u8]>,
+    /// First label byte of each child, sorted; `kids` is in the same order.
     first: Vec<u8>,
-    labels: Vec<u8>,
+    kids: Vec<Arc<Node<V>>>,
+    value: Option<V>,
 }
 
-impl Trie {
-    pub(crate) fn is_empty(&self) -> bool {
-        self.nodes.len() == 1 && self.nodes[0].value == NONE
-    }
-
-    /// Values of the stored keys that are prefixes of `key`, longest first.
-    #[inline]
-    pub(crate) fn prefixes_of<K: TrieKey>(&self, key: &K) -> Prefixes<'_> {
-        Prefixes {
-            trie: self,
-            node: self.deepest(key),
-        }
-    }
-
-    /// The deepest node whose whole key is a prefix of `key`; its ancestors are the others.
-    fn deepest<K: TrieKey>(&self, key: &K) -> u32 {
-        let len = key.len();
-        let mut n = 0usize;
-        let mut pos = 0usize;
-        loop {
-            let node = self.nodes[n];
-            if pos == len || node.kids_len == 0 {
-                break;
-            }
-            let start = node.kids_start as usize;
-            let kids = &self.first[start..start + node.kids_len as usize];
-            let b = key.at(pos);
-            let found = if kids.len() <= 16 {
-                kids.iter().position(|&k| k == b)
-            } else {
-                kids.binary_search(&b).ok()
-            };
-            let Some(i) = found else { break };
-            let c = start + i;
-            let child = self.nodes[c];
-            let label = &self.labels[child.label_start as usize..][..child.label_len as usize];
-            if !key.matches(pos, label) {
-                break;
-            }
-            pos += label.len();
-            n = c;
-        }
-        n as u32
-    }
-}
-
-/// Climbs from the deepest matching node to the root, yielding stored values.
-pub(crate) struct Prefixes<'t> {
-    trie: &'t Trie,
-    node: u32,
-}
-
-impl Iterator for Prefixes<'_> {
-    type Item = u32;
-
-    #[inline]
-    fn next(&mut self) -> Option<u32> {
-        while self.node != NONE {
-            let n = self.trie.nodes[self.node as usize];
-            self.node = n.parent;
-            if n.value != NONE {
-                return Some(n.value);
-            }
-        }
-        None
-    }
-}
-
-/// Mutable form used while inserting.
-#[derive(Debug)]
-struct BNode {
-    label: Vec<u8>,
-    /// Sorted by first byte.
-    kids: Vec<(u8, u32)>,
-    value: u32,
-}
-
-#[derive(Debug)]
-pub(crate) struct TrieBuilder {
-    nodes: Vec<BNode>,
-}
-
-impl TrieBuilder {
-    pub(crate) fn new() -> TrieBuilder {
-        TrieBuilder {
-            nodes: vec![BNode {
-                label: Vec::new(),
-                kids: Vec::new(),
-                value: NONE,
-            }],
-        }
-    }
-
-    /// Stores `value` under `key` (replacing an earlier value for the same key).
-    pub(crate) fn insert(&mut self, key: &[u8], value: u32) {
-        let mut n = 0usize;
-        let mut pos = 0usize;
-        loop {
-            if pos == key.len() {
-                self.nodes[n].value = value;
-                return;
-            }
-            let b = key[pos];
-            match self.nodes[n].kids.binary_search_by_key(&b, |k| k.0) {
-                Err(i) => {
-                    let leaf = self.push(key[pos..].to_vec(), value);
-                    self.nodes[n].kids.insert(i, (b, leaf));
-                    return;
-                }
-                Ok(i) => {
-                    let c = self.nodes[n].kids[i].1 as usize;
-                    let label = &self.nodes[c].label;
-                    let common = label
-                        .iter()
-                        .zip(&key[pos..])
-                        .take_while(|(a, b)| a == b)
-                        .count();
-                    if common < label.len() {
-                        // Split the edge: a new node takes the shared part.
-                        let shared = label[..common].to_vec();
-                        let next = label[common];
-                        self.nodes[c].label.drain(..common);
-                        let mid = self.push(shared, NONE);
-                        self.nodes[mid as usize].kids.push((next, c as u32));
-                        self.nodes[n].kids[i].1 = mid;
-                        n = mid as usize;
-                    } else {
-                        n = c;
-                    }
-                    pos += common;
-                }
-            }
-        }
-    }
-
-    fn push(&mut self, label: Vec<u8>, value: u32) -> u32 {
-        self.nodes.push(BNode {
-            label,
+impl<V> Node<V> {
+    fn leaf(label: &[u8], value: V) -> Node<V> {
+        Node {
+            label: label.into(),
+            first: Vec::new(),
             kids: Vec::new(),
-            value,
-        });
-        (self.nodes.len() - 1) as u32
+            value: Some(value),
+        }
     }
 
-    /// Freezes the tree breadth-first so that siblings are adjacent.
-    pub(crate) fn build(self) -> Trie {
-        let total = self.nodes.len();
-        let mut nodes = Vec::with_capacity(total);
-        let mut first = Vec::with_capacity(total);
-        let mut labels = Vec::new();
-        // (old index, new parent index) in BFS order; the queue is `order` itself.
-        let mut order: Vec<(u32, u32)> = Vec::with_capacity(total);
-        order.push((0, NONE));
-        let mut head = 0;
-        while head < order.len() {
-            let (old, parent) = order[head];
-            let b = &self.nodes[old as usize];
-            let me = head as u32;
-            let kids_start = order.len() as u32;
-            for &(_, kid) in &b.kids {
-                order.push((kid, me));
-            }
-            nodes.push(Node {
-                label_start: labels.len() as u32,
-                label_len: b.label.len() as u32,
-                parent,
-                value: b.value,
-                kids_start,
-                kids_len: b.kids.len() as u32,
-            });
-            first.push(b.label.first().copied().unwrap_or(0));
-            labels.extend_from_slice(&b.label);
-            head += 1;
+    #[inline]
+    fn kid(&self, b: u8) -> Option<usize> {
+        if self.first.len() <= 16 {
+            self.first.iter().position(|&k| k == b)
+        } else {
+            self.first.binary_search(&b).ok()
         }
+    }
+}
+
+/// The tree; cloning it is one reference count.
+#[derive(Debug)]
+pub(crate) struct Trie<V> {
+    root: Arc<Node<V>>,
+}
+
+impl<V> Clone for Trie<V> {
+    fn clone(&self) -> Self {
         Trie {
-            nodes,
-            first,
-            labels,
+            root: self.root.clone(),
         }
+    }
+}
+
+impl<V> Default for Trie<V> {
+    fn default() -> Self {
+        Trie {
+            root: Arc::new(Node {
+                label: Box::default(),
+                first: Vec::new(),
+                kids: Vec::new(),
+                value: None,
+            }),
+        }
+    }
+}
+
+impl<V: Clone> Trie<V> {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.root.value.is_none() && self.root.kids.is_empty()
+    }
+
+    /// The value stored under exactly `key`.
+    pub(crate) fn get<K: TrieKey>(&self, key: &K) -> Option<&V> {
+        let len = key.len();
+        let mut node = &*self.root;
+        let mut pos = 0;
+        while pos < len {
+            let i = node.kid(key.at(pos))?;
+            let child = &*node.kids[i];
+            if !key.matches(pos, &child.label) {
+                return None;
+            }
+            pos += child.label.len();
+            node = child;
+        }
+        node.value.as_ref()
+    }
+
+    /// Calls `f` with the values of the stored keys that are prefixes of `key`, longest first,
+    /// until it breaks. The walk recurses once per matching node, so it needs no buffer.
+    #[inline]
+    pub(crate) fn prefixes_of<'a, K: TrieKey, R>(
+        &'a self,
+        key: &K,
+        f: &mut impl FnMut(&'a V) -> ControlFlow<R>,
+    ) -> Option<R> {
+        match visit(&self.root, key, 0, f) {
+            ControlFlow::Break(r) => Some(r),
+            ControlFlow::Continue(()) => None,
+        }
+    }
+
+    /// Replaces the value under `key` with `f(current)`; `None` removes it. Only the nodes on
+    /// the way to `key` are copied (or changed in place when this tree is their only holder).
+    pub(crate) fn update(&mut self, key: &[u8], f: impl FnOnce(Option<V>) -> Option<V>) {
+        update_at(&mut self.root, key, f);
+    }
+
+    /// Every stored value, in key order (for tests and checks, not the request path).
+    #[cfg(test)]
+    pub(crate) fn values(&self) -> Vec<&V> {
+        fn walk<'a, V>(n: &'a Node<V>, out: &mut Vec<&'a V>) {
+            out.extend(n.value.as_ref());
+            for k in &n.kids {
+                walk(k, out);
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.root, &mut out);
+        out
+    }
+
+    /// Whether both are the same version.
+    #[cfg(test)]
+    pub(crate) fn same_as(&self, other: &Trie<V>) -> bool {
+        Arc::ptr_eq(&self.root, &other.root)
+    }
+
+    /// Number of nodes (the root included).
+    #[cfg(test)]
+    pub(crate) fn nodes(&self) -> usize {
+        fn count<V>(n: &Node<V>) -> usize {
+            1 + n.kids.iter().map(|k| count(k)).sum::<usize>()
+        }
+        count(&self.root)
+    }
+}
+
+fn visit<'a, V, K: TrieKey, R>(
+    node: &'a Node<V>,
+    key: &K,
+    pos: usize,
+    f: &mut impl FnMut(&'a V) -> ControlFlow<R>,
+) -> ControlFlow<R> {
+    if pos < key.len() {
+        if let Some(i) = node.kid(key.at(pos)) {
+            let child = &*node.kids[i];
+            if key.matches(pos, &child.label) {
+                visit(child, key, pos + child.label.len(), f)?;
+            }
+        }
+    }
+    match &node.value {
+        Some(v) => f(v),
+        None => ControlFlow::Continue(()),
+    }
+}
+
+/// `key` is what remains after `node`'s own label.
+fn update_at<V: Clone>(
+    node: &mut Arc<Node<V>>,
+    key: &[u8],
+    f: impl FnOnce(Option<V>) -> Option<V>,
+) {
+    let n = Arc::make_mut(node);
+    let Some(&b) = key.first() else {
+        n.value = f(n.value.take());
+        return;
+    };
+    let i = match n.first.binary_search(&b) {
+        Ok(i) => i,
+        Err(i) => {
+            if let Some(v) = f(None) {
+                n.first.insert(i, b);
+                n.kids.insert(i, Arc::new(Node::leaf(key, v)));
+            }
+            return;
+        }
+    };
+    let common = n.kids[i]
+        .label
+        .iter()
+        .zip(key)
+        .take_while(|(a, b)| a == b)
+        .count();
+    if common < n.kids[i].label.len() {
+        // The key leaves this edge midway: nothing is stored under it yet.
+        let Some(v) = f(None) else { return };
+        let mut old = n.kids[i].clone();
+        let o = Arc::make_mut(&mut old);
+        let old_first = o.label[common];
+        o.label = o.label[common..].into();
+        let mut mid = Node {
+            label: key[..common].into(),
+            first: vec![old_first],
+            kids: vec![old],
+            value: None,
+        };
+        if common == key.len() {
+            mid.value = Some(v);
+        } else {
+            let leaf = Arc::new(Node::leaf(&key[common..], v));
+            let at = usize::from(key[common] > old_first);
+            mid.first.insert(at, key[common]);
+            mid.kids.insert(at, leaf);
+        }
+        n.kids[i] = Arc::new(mid);
+        return;
+    }
+    update_at(&mut n.kids[i], &key[common..], f);
+    let child = &n.kids[i];
+    if child.value.is_some() {
+        return;
+    }
+    match child.kids.len() {
+        0 => {
+            n.first.remove(i);
+            n.kids.remove(i);
+        }
+        1 => {
+            // A valueless node with one child is an edge again.
+            let prefix = child.label.clone();
+            let mut only = child.kids[0].clone();
+            let o = Arc::make_mut(&mut only);
+            o.label = prefix.iter().chain(o.label.iter()).copied().collect();
+            n.kids[i] = only;
+        }
+        _ => {}
     }
 }
 
@@ -269,16 +293,26 @@ impl TrieBuilder {
 mod tests {
     use super::*;
 
-    fn trie(keys: &[&str]) -> Trie {
-        let mut b = TrieBuilder::new();
+    fn trie(keys: &[&str]) -> Trie<u32> {
+        let mut t = Trie::default();
         for (i, k) in keys.iter().enumerate() {
-            b.insert(k.as_bytes(), i as u32);
+            t.update(k.as_bytes(), |_| Some(i as u32));
         }
-        b.build()
+        t
     }
 
-    fn fwd(t: &Trie, keys: &[&str], input: &str) -> Vec<String> {
-        t.prefixes_of(&Fwd(input.as_bytes()))
+    fn all<K: TrieKey>(t: &Trie<u32>, key: &K) -> Vec<u32> {
+        let mut out = Vec::new();
+        t.prefixes_of(key, &mut |v: &u32| -> ControlFlow<()> {
+            out.push(*v);
+            ControlFlow::Continue(())
+        });
+        out
+    }
+
+    fn fwd(t: &Trie<u32>, keys: &[&str], input: &str) -> Vec<String> {
+        all(t, &Fwd(input.as_bytes()))
+            .into_iter()
             .map(|v| keys[v as usize].to_string())
             .collect()
     }
@@ -297,6 +331,10 @@ mod tests {
         assert_eq!(fwd(&t, &keys, "x"), [""]);
         assert_eq!(fwd(&t, &keys, ""), [""]);
         assert!(!t.is_empty());
+        assert_eq!(t.get(&Fwd(b"/a/b")), Some(&3));
+        assert_eq!(t.get(&Fwd(b"/a/")), Some(&2));
+        assert_eq!(t.get(&Fwd(b"/a/bcd")), None);
+        assert_eq!(t.get(&Fwd(b"/a/x")), None);
     }
 
     #[test]
@@ -307,21 +345,22 @@ mod tests {
         assert_eq!(fwd(&t, &keys, "/foob"), ["/fo"]);
         assert_eq!(fwd(&t, &keys, "/foobar/x"), ["/foobar", "/fo"]);
         assert_eq!(fwd(&t, &keys, "/f"), Vec::<String>::new());
-        assert!(TrieBuilder::new().build().is_empty());
+        assert_eq!(t.get(&Fwd(b"/foo")), None, "an inner node holds no value");
+        assert!(Trie::<u32>::default().is_empty());
     }
 
     #[test]
     fn reversed_suffixes() {
         // Keys are stored reversed; lookups read the host backwards.
         let suffixes = [".foo.com", "foo.com", ".com", ""];
-        let mut b = TrieBuilder::new();
+        let mut t = Trie::default();
         for (i, s) in suffixes.iter().enumerate() {
             let rev: Vec<u8> = s.bytes().rev().collect();
-            b.insert(&rev, i as u32);
+            t.update(&rev, |_| Some(i as u32));
         }
-        let t = b.build();
         let got = |h: &str| -> Vec<&str> {
-            t.prefixes_of(&Rev(h.as_bytes()))
+            all(&t, &Rev(h.as_bytes()))
+                .into_iter()
                 .map(|v| suffixes[v as usize])
                 .collect()
         };
@@ -338,9 +377,92 @@ mod tests {
         let t = trie(&refs);
         for (i, k) in keys.iter().enumerate().step_by(97) {
             let input = format!("{k}rest");
-            let got: Vec<u32> = t.prefixes_of(&Fwd(input.as_bytes())).collect();
-            assert_eq!(got, [i as u32], "{input}");
+            assert_eq!(all(&t, &Fwd(input.as_bytes())), [i as u32], "{input}");
         }
-        assert_eq!(t.prefixes_of(&Fwd(b"/k5000/")).count(), 0);
+        assert!(all(&t, &Fwd(b"/k5000/")).is_empty());
+    }
+
+    #[test]
+    fn breaking_stops_the_walk() {
+        let keys = ["/", "/a", "/a/b"];
+        let t = trie(&keys);
+        let mut seen = Vec::new();
+        let r = t.prefixes_of(&Fwd(b"/a/b/c"), &mut |v: &u32| {
+            seen.push(*v);
+            if *v == 1 {
+                ControlFlow::Break(*v)
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
+        assert_eq!((r, seen), (Some(1), vec![2, 1]));
+    }
+
+    #[test]
+    fn updates_copy_only_their_path_and_removals_restore_the_shape() {
+        let keys: Vec<String> = (0..300).map(|i| format!("/svc{i}/x")).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let base = trie(&refs);
+        let fresh_nodes = base.nodes();
+
+        let mut next = base.clone();
+        next.update(b"/svc7/x", |v| v.map(|v| v + 1000));
+        next.update(b"/new/y", |_| Some(9999));
+        // The published version is untouched.
+        assert_eq!(base.get(&Fwd(b"/svc7/x")), Some(&7));
+        assert_eq!(base.get(&Fwd(b"/new/y")), None);
+        assert_eq!(next.get(&Fwd(b"/svc7/x")), Some(&1007));
+        assert_eq!(next.get(&Fwd(b"/new/y")), Some(&9999));
+        // Unchanged subtrees are the same allocations: all but the copied path.
+        fn ptrs(n: &Arc<Node<u32>>, out: &mut Vec<*const Node<u32>>) {
+            out.push(Arc::as_ptr(n));
+            n.kids.iter().for_each(|k| ptrs(k, out));
+        }
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        ptrs(&base.root, &mut a);
+        ptrs(&next.root, &mut b);
+        let fresh_in_next = b.iter().filter(|p| !a.contains(p)).count();
+        assert!(
+            fresh_in_next <= 8,
+            "{fresh_in_next} of {} nodes copied",
+            b.len()
+        );
+
+        // Removing what was added (and a key that is not there) gives the fresh shape back.
+        next.update(b"/new/y", |_| None);
+        next.update(b"/nothing", |_| None);
+        next.update(b"/svc", |_| None);
+        assert_eq!(next.nodes(), fresh_nodes);
+        for (i, k) in keys.iter().enumerate() {
+            next.update(k.as_bytes(), |_| None);
+            assert_eq!(next.get(&Fwd(k.as_bytes())), None);
+            if i + 1 < keys.len() {
+                let v = next.get(&Fwd(keys[i + 1].as_bytes())).map(|v| v % 1000);
+                assert_eq!(v, Some(i as u32 + 1));
+            }
+        }
+        assert!(next.is_empty());
+        assert_eq!(next.nodes(), 1);
+        assert_eq!(base.values().len(), 300);
+    }
+
+    #[test]
+    fn split_edges_in_both_directions() {
+        let mut t = Trie::default();
+        t.update(b"/abcdef", |_| Some(1));
+        t.update(b"/abc", |_| Some(2)); // ends midway through an edge
+        t.update(b"/abxyz", |_| Some(3)); // leaves an edge midway
+        t.update(b"/ab0", |_| Some(4)); // sorts before the existing child
+        for (k, v) in [("/abcdef", 1), ("/abc", 2), ("/abxyz", 3), ("/ab0", 4)] {
+            assert_eq!(t.get(&Fwd(k.as_bytes())), Some(&v), "{k}");
+        }
+        assert_eq!(all(&t, &Fwd(b"/abcdefg")), [1, 2]);
+        t.update(b"/abc", |_| None);
+        assert_eq!(all(&t, &Fwd(b"/abcdefg")), [1]);
+        let mut fresh = Trie::default();
+        for (k, v) in [("/abcdef", 1), ("/abxyz", 3), ("/ab0", 4)] {
+            fresh.update(k.as_bytes(), |_| Some(v));
+        }
+        assert_eq!(t.nodes(), fresh.nodes());
     }
 }

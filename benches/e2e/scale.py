@@ -1,0 +1,514 @@
+#!/usr/bin/env python3
+"""Scale benchmark: how ferrisix behaves with N routes, and what one change costs.
+
+For each N it starts an nginx upstream and a ferrisix node (embedded store, or etcd), loads N
+routes of a realistic mix (half exact URIs `/r<i>/exact`, half prefixes `/p<i>/*`, a host on
+every fifth, methods on every seventh, an inline roundrobin upstream on each), and reports:
+
+  load      Admin PUTs/s with 16 concurrent clients (embedded store; with etcd the routes go
+            straight into etcd in APISIX's layout, as an APISIX control plane would write them)
+  served    PUT -> served p50/p99: a route's uri is changed through the Admin API and a client
+            polls the data port until the new uri answers (50 changes, one at a time)
+  compile   the gateway's own figure per applied change (`configuration applied ... elapsed_us`)
+  rss       resident memory idle (no routes) and loaded, and per route
+  boot      a restart with the N routes already stored: start to the last route serving
+  list      `GET /apisix/admin/routes?page=1&page_size=10` p50
+  churn     wrk p99 of a routed request idle, and while 50 changes per second land
+
+Ports are picked at random, so it runs beside other gateways (and the conformance runner).
+
+Usage: benches/e2e/scale.py [--binary target/release/ferrisix] [--routes 1000,10000]
+                            [--store embedded|etcd] [--json out.json] [--markdown out.md]
+"""
+
+import argparse
+import base64
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ADMIN_KEY = "scale-bench-admin-key"
+CLIENTS = 16
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, timeout=60.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError(f"port {port} did not open")
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def pct(values, p):
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(p / 100.0 * (len(s) - 1))))]
+
+
+def start_upstream(work):
+    port = free_port()
+    conf = os.path.join(work, "upstream.conf")
+    with open(conf, "w") as f:
+        f.write(f"""
+worker_processes 1;
+daemon off;
+pid {work}/upstream.pid;
+error_log {work}/upstream-error.log;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    server {{
+        listen 127.0.0.1:{port} reuseport;
+        keepalive_requests 1000000;
+        location / {{ return 200 "ok\\n"; }}
+    }}
+}}
+""")
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    p = subprocess.Popen([nginx, "-c", conf, "-p", work], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    wait_port(port)
+    return p, port
+
+
+def start_etcd(work):
+    client, peer = free_port(), free_port()
+    p = subprocess.Popen(
+        ["etcd", "--data-dir", os.path.join(work, "etcd"), "--listen-client-urls",
+         f"http://127.0.0.1:{client}", "--advertise-client-urls", f"http://127.0.0.1:{client}",
+         "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls",
+         f"http://127.0.0.1:{peer}", "--initial-cluster", f"default=http://127.0.0.1:{peer}",
+         "--quota-backend-bytes", str(8 * 1024 ** 3)],
+        stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "etcd.log"), "w"))
+    wait_port(client)
+    return p, client
+
+
+class Gateway:
+    def __init__(self, work, binary, store, etcd_port=None):
+        self.work, self.binary, self.store, self.etcd_port = work, binary, store, etcd_port
+        self.data, self.admin = free_port(), free_port()
+        self.metrics, self.control = free_port(), free_port()
+        self.log_path = os.path.join(work, "ferrisix.log")
+        self.proc = None
+
+    def config(self):
+        provider = "etcd" if self.store == "etcd" else "embedded"
+        etcd = (f"    host:\n      - \"http://127.0.0.1:{self.etcd_port}\"\n"
+                if self.store == "etcd" else "")
+        return f"""apisix:
+  node_listen:
+    - ip: 127.0.0.1
+      port: {self.data}
+  enable_admin: true
+  enable_control: false
+  ssl:
+    enable: false
+deployment:
+  role: traditional
+  role_traditional:
+    config_provider: {provider}
+  etcd:
+{etcd}    prefix: /apisix
+    timeout: 30
+  admin:
+    admin_listen: {{ip: 127.0.0.1, port: {self.admin}}}
+    admin_key:
+      - name: admin
+        key: {ADMIN_KEY}
+        role: admin
+ferrisix:
+  data_dir: {self.work}/data
+plugin_attr:
+  prometheus:
+    export_addr: {{ip: 127.0.0.1, port: {self.metrics}}}
+nginx_config:
+  worker_processes: 1
+  http:
+    access_log: off
+"""
+
+    def start(self):
+        conf = os.path.join(self.work, "config.yaml")
+        with open(conf, "w") as f:
+            f.write(self.config())
+        started = time.time()
+        self.proc = subprocess.Popen([self.binary, "-c", conf], cwd=self.work,
+                                     stdout=subprocess.DEVNULL,
+                                     stderr=open(self.log_path, "a"),
+                                     env=dict(os.environ, RUST_LOG="info"))
+        wait_port(self.data)
+        wait_port(self.admin)
+        return started
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def compile_times_us(self):
+        """Every `configuration applied` figure logged so far (µs; ms on older builds)."""
+        out = []
+        with open(self.log_path, errors="replace") as f:
+            for line in f:
+                if "configuration applied" not in line:
+                    continue
+                m = re.search(r"elapsed_us[=:]\s*(\d+)", line)
+                if m:
+                    out.append(int(m.group(1)))
+                    continue
+                m = re.search(r"elapsed_ms[=:]\s*(\d+)", line)
+                if m:
+                    out.append(int(m.group(1)) * 1000)
+        return out
+
+
+def route_body(i, upstream_port, uri=None):
+    body = {
+        "uri": uri or (f"/r{i}/exact" if i % 2 == 0 else f"/p{i}/*"),
+        "upstream": {"type": "roundrobin", "nodes": {f"127.0.0.1:{upstream_port}": 1}},
+    }
+    if i % 5 == 0:
+        body["host"] = f"h{i}.example.com"
+    if i % 7 == 0:
+        body["methods"] = ["GET", "POST"]
+    return body
+
+
+def probe_path(i):
+    return f"/r{i}/exact" if i % 2 == 0 else f"/p{i}/x"
+
+
+def probe_host(i):
+    return f"h{i}.example.com" if i % 5 == 0 else "localhost"
+
+
+class Client:
+    """One keep-alive HTTP/1.1 connection."""
+
+    def __init__(self, port):
+        self.port = port
+        self.conn = None
+
+    def request(self, method, path, body=None, headers=None):
+        for attempt in range(3):
+            try:
+                if self.conn is None:
+                    self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+                self.conn.request(method, path, body=body, headers=headers or {})
+                r = self.conn.getresponse()
+                data = r.read()
+                return r.status, data
+            except (http.client.HTTPException, OSError):
+                if self.conn:
+                    self.conn.close()
+                self.conn = None
+                if attempt == 2:
+                    raise
+        return None, None
+
+
+def admin_put(client, i, body):
+    status, data = client.request("PUT", f"/apisix/admin/routes/{i}", json.dumps(body),
+                                  {"X-API-KEY": ADMIN_KEY, "Content-Type": "application/json"})
+    if status not in (200, 201):
+        raise RuntimeError(f"PUT routes/{i}: {status} {data[:200]!r}")
+
+
+def load_admin(gw, n, upstream_port):
+    """PUTs n routes with 16 clients; returns PUTs/s."""
+    next_id = [0]
+    lock = threading.Lock()
+    errors = []
+
+    def worker():
+        c = Client(gw.admin)
+        while True:
+            with lock:
+                i = next_id[0]
+                next_id[0] += 1
+            if i >= n:
+                return
+            try:
+                admin_put(c, i, route_body(i, upstream_port))
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(str(e))
+                return
+
+    started = time.time()
+    threads = [threading.Thread(target=worker) for _ in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(errors[0])
+    return n / (time.time() - started)
+
+
+def load_etcd(etcd_port, n, upstream_port):
+    """Writes n routes straight into etcd (APISIX's layout) with 16 clients; returns puts/s."""
+    next_id = [0]
+    lock = threading.Lock()
+
+    def worker():
+        c = Client(etcd_port)
+        while True:
+            with lock:
+                i = next_id[0]
+                next_id[0] += 1
+            if i >= n:
+                return
+            body = route_body(i, upstream_port)
+            body.update({"id": str(i), "create_time": 1700000000, "update_time": 1700000000})
+            req = {"key": base64.b64encode(f"/apisix/routes/{i}".encode()).decode(),
+                   "value": base64.b64encode(json.dumps(body).encode()).decode()}
+            status, data = c.request("POST", "/v3/kv/put", json.dumps(req))
+            if status != 200:
+                raise RuntimeError(f"etcd put: {status} {data!r}")
+
+    started = time.time()
+    threads = [threading.Thread(target=worker) for _ in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return n / (time.time() - started)
+
+
+def wait_served(gw, path, host, timeout=600.0):
+    c = Client(gw.data)
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            status, _ = c.request("GET", path, headers={"Host": host})
+        except OSError:
+            status = None
+        if status == 200:
+            return time.time()
+        time.sleep(0.0005)
+    raise RuntimeError(f"{path} (host {host}) not served within {timeout}s")
+
+
+def put_to_served(gw, n, upstream_port, samples=50):
+    admin = Client(gw.admin)
+    data = Client(gw.data)
+    out = []
+    for s in range(samples):
+        i = (s * 7919 + 13) % n
+        uri = f"/moved{i}_{s}"
+        body = route_body(i, upstream_port, uri=uri)
+        started = time.time()
+        admin_put(admin, i, body)
+        while True:
+            status, _ = data.request("GET", uri, headers={"Host": probe_host(i)})
+            if status == 200:
+                break
+            if time.time() - started > 60:
+                raise RuntimeError(f"change of route {i} not served in 60 s")
+        out.append((time.time() - started) * 1000)
+        # Put it back so the probes of later stages still find it.
+        admin_put(admin, i, route_body(i, upstream_port))
+    return out
+
+
+def list_latency(gw, samples=20):
+    c = Client(gw.admin)
+    out = []
+    for _ in range(samples):
+        started = time.time()
+        status, _ = c.request("GET", "/apisix/admin/routes?page=1&page_size=10",
+                              headers={"X-API-KEY": ADMIN_KEY})
+        if status != 200:
+            raise RuntimeError(f"list: {status}")
+        out.append((time.time() - started) * 1000)
+    return out
+
+
+def wrk_p99(gw, path, seconds=5):
+    out = subprocess.run(["wrk", "-t", "1", "-c", "16", "-d", f"{seconds}s", "--latency",
+                          f"http://127.0.0.1:{gw.data}{path}"], capture_output=True, text=True)
+    m = re.search(r"^\s*99%\s+([\d.]+)(us|ms|s)\s*$", out.stdout, re.M)
+    if not m:
+        return None
+    v, unit = float(m.group(1)), m.group(2)
+    return v / 1000 if unit == "us" else v * 1000 if unit == "s" else v
+
+
+def churn_p99(gw, n, upstream_port, rate=50, seconds=5, writers=8):
+    """wrk p99 while `rate` changes per second land on other routes (from `writers` clients,
+    each pacing its own share, so a slow write does not lower the rate)."""
+    stop = threading.Event()
+    done = [0] * writers
+
+    def changer(w):
+        c = Client(gw.admin)
+        k = 0
+        started = time.time()
+        while not stop.is_set():
+            seq = k * writers + w
+            i = 1 + (seq * 104729) % max(1, n - 1)
+            admin_put(c, i, route_body(i, upstream_port, uri=f"/churn{i}_{seq}"))
+            k += 1
+            done[w] = k
+            delay = started + k * writers / rate - time.time()
+            if delay > 0:
+                time.sleep(delay)
+
+    threads = [threading.Thread(target=changer, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    started = time.time()
+    p99 = wrk_p99(gw, probe_path(1), seconds)
+    achieved = sum(done) / (time.time() - started)
+    stop.set()
+    for t in threads:
+        t.join()
+    return p99, achieved
+
+
+def run_one(args, n, work):
+    upstream, up_port = start_upstream(work)
+    etcd = etcd_port = None
+    if args.store == "etcd":
+        etcd, etcd_port = start_etcd(work)
+    gw = Gateway(work, args.binary, args.store, etcd_port)
+    res = {"routes": n, "store": args.store}
+    try:
+        gw.start()
+        time.sleep(1.0)
+        res["rss_idle_kib"] = rss_kib(gw.proc.pid)
+        print(f"[{n}] idle RSS {res['rss_idle_kib']} KiB; loading", file=sys.stderr)
+        if args.store == "etcd":
+            res["load_puts_per_s"] = round(load_etcd(etcd_port, n, up_port), 1)
+        else:
+            res["load_puts_per_s"] = round(load_admin(gw, n, up_port), 1)
+        last = n - 1
+        wait_served(gw, probe_path(last), probe_host(last))
+        time.sleep(1.0)
+        res["rss_loaded_kib"] = rss_kib(gw.proc.pid)
+        res["bytes_per_route"] = round(
+            (res["rss_loaded_kib"] - res["rss_idle_kib"]) * 1024 / n)
+        print(f"[{n}] loaded at {res['load_puts_per_s']}/s, RSS {res['rss_loaded_kib']} KiB",
+              file=sys.stderr)
+
+        before = len(gw.compile_times_us())
+        served = put_to_served(gw, n, up_port)
+        compiles = gw.compile_times_us()[before:]
+        res["put_to_served_ms"] = {"p50": round(pct(served, 50), 2),
+                                   "p99": round(pct(served, 99), 2)}
+        res["compile_per_change_ms"] = {"p50": round(pct(compiles, 50) / 1000, 3),
+                                        "p99": round(pct(compiles, 99) / 1000, 3),
+                                        "count": len(compiles)}
+        lists = list_latency(gw)
+        res["list_10_ms"] = {"p50": round(pct(lists, 50), 2), "p99": round(pct(lists, 99), 2)}
+        idle = wrk_p99(gw, probe_path(1))
+        churn, rate = churn_p99(gw, n, up_port)
+        res["request_p99_ms"] = {"idle": idle, "under_changes": churn,
+                                 "changes_per_s": round(rate, 1)}
+        print(f"[{n}] {json.dumps(res)}", file=sys.stderr)
+
+        # Boot with everything stored: start to the last route serving.
+        gw.stop()
+        started = gw.start()
+        wait_served(gw, probe_path(last), probe_host(last))
+        res["boot_s"] = round(time.time() - started, 2)
+        time.sleep(1.0)
+        res["rss_after_boot_kib"] = rss_kib(gw.proc.pid)
+    finally:
+        gw.stop()
+        for p in (upstream, etcd):
+            if p and p.poll() is None:
+                p.terminate()
+                p.wait()
+    return res
+
+
+def markdown(results, note):
+    lines = [
+        "| routes | store | PUT → served p50 / p99 | compile per change p50 / p99 | RSS idle → loaded (per route) | boot | Admin PUTs/s (16 clients) | 10-item list p50 | request p99 idle / under 50 changes/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['routes']:,} | {r['store']} "
+            f"| {r['put_to_served_ms']['p50']} / {r['put_to_served_ms']['p99']} ms "
+            f"| {r['compile_per_change_ms']['p50']} / {r['compile_per_change_ms']['p99']} ms "
+            f"| {r['rss_idle_kib'] / 1024:.0f} → {r['rss_loaded_kib'] / 1024:.0f} MiB ({r['bytes_per_route'] / 1024:.1f} KiB) "
+            f"| {r['boot_s']} s | {r['load_puts_per_s']} | {r['list_10_ms']['p50']} ms "
+            f"| {r['request_p99_ms']['idle']} / {r['request_p99_ms']['under_changes']} ms |")
+    if note:
+        lines.append("")
+        lines.append(note)
+    return "\n".join(lines)
+
+
+def main():
+    # A SIGTERM ends the run through the `finally`s, which stop the processes it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "ferrisix"))
+    ap.add_argument("--routes", default="1000,10000")
+    ap.add_argument("--store", choices=["embedded", "etcd"], default="embedded")
+    ap.add_argument("--json")
+    ap.add_argument("--markdown")
+    ap.add_argument("--note", default="")
+    args = ap.parse_args()
+    for tool in ("nginx", "wrk") + (("etcd",) if args.store == "etcd" else ()):
+        if not (shutil.which(tool) or os.path.exists(f"/usr/sbin/{tool}")):
+            sys.exit(f"{tool} is needed")
+    results = []
+    for n in [int(x) for x in args.routes.split(",")]:
+        work = tempfile.mkdtemp(prefix=f"ferrisix-scale-{n}-")
+        try:
+            started = time.time()
+            r = run_one(args, n, work)
+            r["bench_wall_s"] = round(time.time() - started, 1)
+            results.append(r)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    md = markdown(results, args.note)
+    print(md)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(md + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -120,18 +120,23 @@ fn run(
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the background runtime: {e}"))?;
-    let services = Arc::new(
-        PluginServices::new(
-            settings.plugin_attr.clone(),
-            Executor::new(background.handle().clone()),
-            Clock::system(),
-        )
-        .with_tls_ports(if settings.apisix.ssl.enable {
-            settings.apisix.ssl.listen.iter().map(|l| l.port).collect()
-        } else {
-            Vec::new()
-        }),
-    );
+    let mut services = PluginServices::new(
+        settings.plugin_attr.clone(),
+        Executor::new(background.handle().clone()),
+        Clock::system(),
+    )
+    .with_tls_ports(if settings.apisix.ssl.enable {
+        settings.apisix.ssl.listen.iter().map(|l| l.port).collect()
+    } else {
+        Vec::new()
+    });
+    // The plugins' TLS peers (log servers, HTTPS endpoints) are verified against the CA
+    // bundle upstreams use, as APISIX's `lua_ssl_trusted_certificate` serves both (a bad
+    // bundle is reported by the compile options below).
+    if let Ok(tls) = ferrisix_tls::TlsSettings::new(&settings.apisix.ssl, &settings.config_dir()) {
+        services = services.with_tls_roots(tls.trusted);
+    }
+    let services = Arc::new(services);
     // One reopen signal for the access log, the error log and the plugins' file loggers.
     let reopen_for_plugins = services.log_reopen().clone();
     // Health probes and DNS lookups run on the control runtime, never on a worker.

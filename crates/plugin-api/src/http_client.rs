@@ -1,7 +1,7 @@
 //! The HTTP client plugins call out with (forward-auth, the loggers, tracing exporters):
-//! HTTP/1.1 over plain TCP with keep-alive connections per `host:port`, every call bounded by a
-//! timeout. The connections' I/O runs on the gateway's [`Executor`]. (`https` comes with the
-//! TLS work.)
+//! HTTP/1.1 over TCP, or TLS for `https` URIs (the server verified unless the call says
+//! `ssl_verify` off), with keep-alive connections per scheme, `host:port` and verification,
+//! every call bounded by a timeout. The connections' I/O runs on the gateway's [`Executor`].
 
 use std::collections::HashMap;
 use std::fmt;
@@ -16,6 +16,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use crate::exec::Executor;
+use crate::tls_client::TlsClient;
 
 /// Idle connections kept per `host:port`.
 const IDLE_PER_HOST: usize = 8;
@@ -28,6 +29,8 @@ pub enum HttpError {
     InvalidUri(String),
     Unsupported(String),
     Connect(String),
+    /// The TLS handshake of an `https` call failed (a certificate not verified, no TLS).
+    Tls(String),
     Timeout,
     Protocol(String),
     BodyTooLarge,
@@ -39,6 +42,7 @@ impl fmt::Display for HttpError {
             HttpError::InvalidUri(u) => write!(f, "invalid uri {u}"),
             HttpError::Unsupported(s) => f.write_str(s),
             HttpError::Connect(e) => write!(f, "connect failed: {e}"),
+            HttpError::Tls(e) => write!(f, "TLS handshake failed: {e}"),
             HttpError::Timeout => f.write_str("timeout"),
             HttpError::Protocol(e) => write!(f, "{e}"),
             HttpError::BodyTooLarge => f.write_str("response body too large"),
@@ -53,6 +57,7 @@ type Sender = SendRequest<Full<Bytes>>;
 /// The client of one gateway.
 pub struct HttpClient {
     executor: Executor,
+    tls: TlsClient,
     idle: Mutex<HashMap<String, Vec<Sender>>>,
 }
 
@@ -63,9 +68,16 @@ impl fmt::Debug for HttpClient {
 }
 
 impl HttpClient {
+    /// `https` verified against the system's CA bundle.
     pub fn new(executor: Executor) -> HttpClient {
+        HttpClient::with_tls(executor, &TlsClient::new(None))
+    }
+
+    /// `https` verified against `tls`'s roots.
+    pub fn with_tls(executor: Executor, tls: &TlsClient) -> HttpClient {
         HttpClient {
             executor,
+            tls: tls.for_alpn(&[b"http/1.1"]),
             idle: Mutex::new(HashMap::new()),
         }
     }
@@ -89,12 +101,29 @@ impl HttpClient {
         }
     }
 
-    async fn connect(&self, host: &str, port: u16) -> Result<Sender, HttpError> {
+    async fn connect(&self, host: &str, port: u16, tls: Option<bool>) -> Result<Sender, HttpError> {
         let stream = TcpStream::connect((host, port))
             .await
             .map_err(|e| HttpError::Connect(e.to_string()))?;
         let _ = stream.set_nodelay(true);
-        let (sender, conn) = http1::handshake(TokioIo::new(stream))
+        match tls {
+            None => self.handshake(stream).await,
+            Some(verify) => {
+                let stream = self
+                    .tls
+                    .connect(stream, host, verify)
+                    .await
+                    .map_err(HttpError::Tls)?;
+                self.handshake(stream).await
+            }
+        }
+    }
+
+    async fn handshake<T>(&self, io: T) -> Result<Sender, HttpError>
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (sender, conn) = http1::handshake(TokioIo::new(io))
             .await
             .map_err(|e| HttpError::Connect(e.to_string()))?;
         self.executor
@@ -107,30 +136,46 @@ impl HttpClient {
         Ok(sender)
     }
 
-    /// Sends `req` (an absolute `http://` URI) and reads the whole answer, all within
-    /// `timeout`.
+    /// Sends `req` (an absolute `http://` or `https://` URI; the server's certificate
+    /// verified) and reads the whole answer, all within `timeout`.
     pub async fn send(
         &self,
         req: Request<Bytes>,
         timeout: Duration,
     ) -> Result<Response<Bytes>, HttpError> {
-        tokio::time::timeout(timeout, self.send_inner(req))
+        self.send_verified(req, timeout, true).await
+    }
+
+    /// [`HttpClient::send`] with `ssl_verify` given: off, an `https` server's certificate is
+    /// not checked (encryption without authentication).
+    pub async fn send_verified(
+        &self,
+        req: Request<Bytes>,
+        timeout: Duration,
+        ssl_verify: bool,
+    ) -> Result<Response<Bytes>, HttpError> {
+        tokio::time::timeout(timeout, self.send_inner(req, ssl_verify))
             .await
             .map_err(|_| HttpError::Timeout)?
     }
 
-    async fn send_inner(&self, req: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+    async fn send_inner(
+        &self,
+        req: Request<Bytes>,
+        ssl_verify: bool,
+    ) -> Result<Response<Bytes>, HttpError> {
         let (mut parts, body) = req.into_parts();
         let uri = parts.uri.clone();
-        match uri.scheme_str() {
-            Some("http") => {}
+        let tls = match uri.scheme_str() {
+            Some("http") => None,
+            Some("https") => Some(ssl_verify),
             Some(other) => {
                 return Err(HttpError::Unsupported(format!(
-                    "{other} is not supported by the plugin HTTP client yet"
+                    "{other} is not supported by the plugin HTTP client"
                 )))
             }
             None => return Err(HttpError::InvalidUri(uri.to_string())),
-        }
+        };
         let host = uri
             .host()
             .ok_or_else(|| HttpError::InvalidUri(uri.to_string()))?;
@@ -138,8 +183,14 @@ impl HttpClient {
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_owned();
-        let port = uri.port_u16().unwrap_or(80);
-        let authority = format!("{host}:{port}");
+        let port = uri
+            .port_u16()
+            .unwrap_or(if tls.is_some() { 443 } else { 80 });
+        // Verified and unverified connections to one server are not interchangeable.
+        let authority = match tls {
+            None => format!("{host}:{port}"),
+            Some(verify) => format!("https://{host}:{port}#{verify}"),
+        };
         parts.uri = uri
             .path_and_query()
             .map_or("/", |p| p.as_str())
@@ -154,7 +205,7 @@ impl HttpClient {
         }
         let mut sender = match self.take_idle(&authority) {
             Some(s) => s,
-            None => self.connect(&host, port).await?,
+            None => self.connect(&host, port, tls).await?,
         };
         sender
             .ready()
@@ -234,11 +285,9 @@ mod tests {
             assert_eq!(resp.body(), "ok");
         }
         assert_eq!(accepted.load(std::sync::atomic::Ordering::Relaxed), 1);
-        let https = Request::get("https://127.0.0.1/")
-            .body(Bytes::new())
-            .unwrap();
+        let ftp = Request::get("ftp://127.0.0.1/").body(Bytes::new()).unwrap();
         assert!(matches!(
-            client.send(https, Duration::from_secs(1)).await,
+            client.send(ftp, Duration::from_secs(1)).await,
             Err(HttpError::Unsupported(_))
         ));
     }

@@ -41,6 +41,7 @@ pub mod state;
 pub mod stats;
 pub mod template;
 pub mod testing;
+pub mod tls_client;
 pub mod upstream;
 pub mod vars;
 
@@ -66,5 +67,6 @@ pub use shutdown::{Shutdown, ShutdownHold};
 pub use state::{Lease, Retain, StateMap};
 pub use stats::{ConnStats, ConnTotals};
 pub use template::Template;
+pub use tls_client::TlsClient;
 pub use upstream::{NoUpstreams, UpstreamRef, UpstreamResolver};
 pub use vars::RequestVars;

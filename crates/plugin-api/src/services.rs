@@ -4,7 +4,9 @@
 //! - a [`Clock`] (monotonic and wall milliseconds; a manual one for tests),
 //! - an [`Executor`] for background tasks (Redis connections, batch processors, probes): no
 //!   crate starts a thread or runtime of its own,
-//! - an [`HttpClient`] for plugins that call out (plain HTTP for now),
+//! - an [`HttpClient`] for plugins that call out (`http` and `https`), and the [`TlsClient`]
+//!   plugins speaking TLS over their own connections use (tcp-logger, syslog): both verify
+//!   against the gateway's trusted CA bundle,
 //! - the connection statistics the proxy core writes and prometheus reads ([`ConnStats`]),
 //! - `plugin_attr` from `config.yaml`,
 //! - the graceful [`Shutdown`] background work holds open,
@@ -27,6 +29,7 @@ use crate::exec::Executor;
 use crate::http_client::HttpClient;
 use crate::shutdown::Shutdown;
 use crate::stats::ConnStats;
+use crate::tls_client::TlsClient;
 
 /// A value shared by every plugin of one gateway, one per type, made on first use.
 pub trait SharedState: Any + Send + Sync {
@@ -38,6 +41,7 @@ pub struct PluginServices {
     clock: Clock,
     executor: Executor,
     http: HttpClient,
+    tls: Arc<TlsClient>,
     conn_stats: Arc<ConnStats>,
     attr: PluginAttr,
     /// The HTTPS listeners' ports (`apisix.ssl.listen` when `apisix.ssl.enable`).
@@ -65,8 +69,10 @@ impl Default for PluginServices {
 
 impl PluginServices {
     pub fn new(attr: PluginAttr, executor: Executor, clock: Clock) -> PluginServices {
+        let tls = Arc::new(TlsClient::new(None));
         PluginServices {
-            http: HttpClient::new(executor.clone()),
+            http: HttpClient::with_tls(executor.clone(), &tls),
+            tls,
             clock,
             executor,
             conn_stats: Arc::new(ConnStats::new()),
@@ -89,6 +95,19 @@ impl PluginServices {
 
     pub fn http(&self) -> &HttpClient {
         &self.http
+    }
+
+    /// TLS over a plugin's own connections.
+    pub fn tls(&self) -> &Arc<TlsClient> {
+        &self.tls
+    }
+
+    /// Verifies plugins' TLS peers against `roots` (`apisix.ssl.ssl_trusted_certificate`)
+    /// instead of the system's bundle.
+    pub fn with_tls_roots(mut self, roots: Arc<rustls::RootCertStore>) -> PluginServices {
+        self.tls = Arc::new(TlsClient::new(Some(roots)));
+        self.http = HttpClient::with_tls(self.executor.clone(), &self.tls);
+        self
     }
 
     /// Connection and request counters (written by the proxy core).

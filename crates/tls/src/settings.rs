@@ -127,7 +127,8 @@ impl Default for TlsSettings {
     }
 }
 
-fn system_roots() -> RootCertStore {
+/// The system's CA bundle (`ssl_trusted_certificate: system`).
+pub fn system_roots() -> RootCertStore {
     let mut roots = RootCertStore::empty();
     let found = rustls_native_certs::load_native_certs();
     roots.add_parsable_certificates(found.certs);

@@ -6,11 +6,11 @@
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::WebPkiServerVerifier;
+use rustls::client::{WantsClientCert, WebPkiServerVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::sign::CertifiedKey;
-use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
+use rustls::{ClientConfig, ConfigBuilder, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 use crate::settings::TlsSettings;
 
@@ -108,23 +108,8 @@ impl UpstreamTls {
     ) -> Result<UpstreamTls, String> {
         // Upstreams get every suite and both versions rustls has: the listener's
         // `ssl_ciphers` and `ssl_protocols` are for clients (nginx's `proxy_ssl_*` defaults).
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?;
-        let builder = if verify {
-            let v = WebPkiServerVerifier::builder_with_provider(
-                settings.trusted.clone(),
-                provider.clone(),
-            )
-            .build()
+        let builder = verifying_builder(settings.trusted.clone(), verify)
             .map_err(|e| format!("tls.verify: {e}"))?;
-            builder.with_webpki_verifier(v)
-        } else {
-            builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(NoVerify(provider.clone())))
-        };
         let mut fp_parts: Vec<Vec<u8>> = vec![vec![u8::from(verify)]];
         let mut config = match identity {
             Some((key, fp)) => {
@@ -156,6 +141,41 @@ impl UpstreamTls {
             crate::store::fingerprint(&[cert.as_bytes(), key.as_bytes()]),
         ))
     }
+}
+
+/// A client config builder that verifies servers against `trusted` when `verify`, and
+/// otherwise accepts any certificate but still checks the handshake signatures.
+fn verifying_builder(
+    trusted: Arc<RootCertStore>,
+    verify: bool,
+) -> Result<ConfigBuilder<ClientConfig, WantsClientCert>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    Ok(if verify {
+        let v = WebPkiServerVerifier::builder_with_provider(trusted, provider)
+            .build()
+            .map_err(|e| e.to_string())?;
+        builder.with_webpki_verifier(v)
+    } else {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
+    })
+}
+
+/// A client config without a client certificate, for the plugins' calls out (log servers,
+/// HTTPS endpoints): `ssl_verify` checks the server against `trusted`, the same CA bundle
+/// as upstreams' `tls.verify`.
+pub fn client_config(
+    trusted: Arc<RootCertStore>,
+    verify: bool,
+    alpn: &[&[u8]],
+) -> Result<ClientConfig, String> {
+    let mut config = verifying_builder(trusted, verify)?.with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(config)
 }
 
 /// The name sent as SNI (and verified) for a host: an IP address sends no SNI, as nginx's

@@ -1,10 +1,12 @@
 //! Loggers: each request's log entry (`log_entry`, APISIX's `log-util`) sent to a log
 //! pipeline through a batch processor (`batch_processor`, APISIX's), one file per logger on
-//! the shared `logger` core.
+//! the shared `logger` core and the `sink` helpers (schemas, conf reading, TCP/TLS/UDP and
+//! HTTP(S) sends).
 
 pub mod batch_processor;
 pub mod log_entry;
 pub mod logger;
+pub mod sink;
 
 family! {
     http_logger,

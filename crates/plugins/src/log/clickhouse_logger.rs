@@ -1,64 +1,45 @@
 //! clickhouse-logger (`apisix/plugins/clickhouse-logger.lua`): batches inserted over
 //! ClickHouse's HTTP interface, `INSERT INTO <logtable> FORMAT JSONEachRow` followed by the
 //! entries (space-separated), with `X-ClickHouse-User`/`-Key`/`-Database`, to `endpoint_addr`
-//! or one of `endpoint_addrs` picked at random per batch. `https` endpoints are not built
-//! (the plugin HTTP client speaks plain HTTP): their batches fail with that error.
+//! or one of `endpoint_addrs` picked at random per batch; `https` endpoints checked when
+//! `ssl_verify` (the default).
 
-use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use ferrisix_plugin_api::{
-    CheckCtx, CompileCtx, LogCtx, LogNeeds, Phases, Plugin, PluginDef, PluginServices,
-};
-use http::{header, HeaderValue, Request, Uri};
-use rand::Rng;
-use serde_json::{json, Map, Value};
+use ferrisix_plugin_api::{CompileCtx, Plugin, PluginDef};
+use http::{header, HeaderName, HeaderValue, Method, Uri};
+use serde_json::{json, Value};
 
-use super::batch_processor::{self, BatchSink, SendError, SendFuture};
-use super::log_entry;
-use super::logger::{encode_batch, Concat, Logger};
+use super::sink::http::{status_and_body, HttpTarget};
+use super::sink::{self, conf, encode_batch, BatchSink, Concat, Logger, SendError, SendFuture};
 
 pub const NAME: &str = "clickhouse-logger";
 
 pub static DEF: PluginDef = PluginDef {
-    metadata_schema: Some(metadata_schema),
-    check: Some(check),
+    metadata_schema: Some(sink::metadata_schema),
+    check: Some(sink::check),
     encrypt_fields: &["password"],
     ..PluginDef::new(NAME, 398, schema, compile)
 };
 
-fn uri_def() -> Value {
-    json!({"type": "string", "pattern": r"^[^\/]+:\/\/([\da-zA-Z.-]+|\[[\da-fA-F:]+\])(:\d+)?"})
-}
-
 fn schema() -> Value {
-    let mut props = Map::new();
-    props.insert("endpoint_addr".into(), uri_def());
-    props.insert(
-        "endpoint_addrs".into(),
-        json!({"items": uri_def(), "type": "array", "minItems": 1}),
-    );
-    for k in ["user", "password", "database", "logtable"] {
-        props.insert(k.into(), json!({"type": "string", "default": ""}));
-    }
-    props.insert(
-        "timeout".into(),
-        json!({"type": "integer", "minimum": 1, "default": 3}),
-    );
-    props.insert(
-        "name".into(),
-        json!({"type": "string", "default": "clickhouse logger"}),
-    );
-    props.insert(
-        "ssl_verify".into(),
-        json!({"type": "boolean", "default": true}),
-    );
-    props.extend(log_entry::entry_properties());
-    batch_processor::wrap_schema(
+    let uri = json!({"type": "string", "pattern": r"^[^\/]+:\/\/([\da-zA-Z.-]+|\[[\da-fA-F:]+\])(:\d+)?"});
+    let text = json!({"type": "string", "default": ""});
+    sink::schema(
         json!({
             "type": "object",
-            "properties": props,
+            "properties": {
+                "endpoint_addr": uri,
+                "endpoint_addrs": {"items": uri, "type": "array", "minItems": 1},
+                "user": text,
+                "password": text,
+                "database": text,
+                "logtable": text,
+                "timeout": {"type": "integer", "minimum": 1, "default": 3},
+                "name": {"type": "string", "default": "clickhouse logger"},
+                "ssl_verify": {"type": "boolean", "default": true}
+            },
             "oneOf": [
                 {"required": ["endpoint_addr", "user", "password", "database", "logtable"]},
                 {"required": ["endpoint_addrs", "user", "password", "database", "logtable"]}
@@ -68,55 +49,37 @@ fn schema() -> Value {
     )
 }
 
-fn metadata_schema() -> Value {
-    batch_processor::wrap_metadata_schema(log_entry::metadata_schema())
-}
-
-fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    cx.schema_result.clone()?;
-    log_entry::check(cx.conf)
-}
-
 struct ClickHouseSink {
     endpoints: Vec<Uri>,
     logtable: String,
-    headers: Vec<(&'static str, HeaderValue)>,
-    timeout: Duration,
-    services: Weak<PluginServices>,
+    target: HttpTarget,
 }
 
 impl ClickHouseSink {
     async fn insert(&self, rows: Bytes) -> Result<(), SendError> {
-        let Some(services) = self.services.upgrade() else {
-            return Err(SendError::new("the gateway is gone"));
-        };
-        let uri = &self.endpoints[rand::thread_rng().gen_range(0..self.endpoints.len())];
-        let host = uri.host().unwrap_or("").to_owned();
-        let port = uri.port_u16().unwrap_or(80);
+        let uri = conf::pick(&self.endpoints);
+        let host = uri.host().unwrap_or("");
+        let port = uri
+            .port_u16()
+            .unwrap_or(if uri.scheme_str() == Some("https") { 443 } else { 80 });
         let mut body = BytesMut::with_capacity(rows.len() + self.logtable.len() + 40);
         body.put_slice(b"INSERT INTO ");
         body.put_slice(self.logtable.as_bytes());
         body.put_slice(b" FORMAT JSONEachRow ");
         body.put_slice(&rows);
-        let mut req = Request::post(uri.clone())
-            .header(header::CONTENT_TYPE, "application/json")
-            .header(header::HOST, host.as_str());
-        for (k, v) in &self.headers {
-            req = req.header(*k, v.clone());
-        }
-        let req = req
-            .body(body.freeze())
-            .map_err(|e| SendError::new(format!("invalid request: {e}")))?;
-        match services.http().send(req, self.timeout).await {
-            Ok(r) if r.status().as_u16() >= 400 => Err(SendError::new(format!(
-                "server returned status code[{}] host[{host}] port[{port}] body[{}]",
-                r.status().as_u16(),
-                String::from_utf8_lossy(r.body())
-            ))),
+        let req = self
+            .target
+            .request(Method::POST, &uri.to_string())
+            .header(header::HOST, host);
+        match self.target.call(req, body.freeze()).await {
+            Ok(r) if r.status().as_u16() >= 400 => {
+                let (status, body) = status_and_body(&r);
+                Err(SendError::new(format!(
+                    "server returned status code[{status}] host[{host}] port[{port}] body[{body}]"
+                )))
+            }
             Ok(_) => Ok(()),
-            Err(e) => Err(SendError::new(format!(
-                "error while sending data to [{host}] port[{port}] {e}"
-            ))),
+            Err(e) => Err(e.into_send_error(&format!("error while sending data to [{host}] port[{port}] "))),
         }
     }
 }
@@ -127,115 +90,56 @@ impl BatchSink for ClickHouseSink {
     }
 }
 
-struct ClickHouseLogger(Logger);
-
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let services = cx.services;
-    let logger = Logger::compile(cx, NAME, false, |conf| {
-        let text = |k: &str| conf.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
-        let endpoints: Vec<Uri> = match conf.get("endpoint_addr").and_then(Value::as_str) {
-            Some(one) => vec![one],
-            None => conf
-                .get("endpoint_addrs")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .collect(),
-        }
-        .into_iter()
-        .map(|u| u.parse::<Uri>().map_err(|e| format!("invalid endpoint {u}: {e}")))
-        .collect::<Result<_, _>>()?;
-        if endpoints.is_empty() {
-            return Err("clickhouse-logger needs an endpoint".into());
-        }
-        let mut headers = Vec::new();
+    let logger = Logger::compile(cx, NAME, false, |c| {
+        let endpoints: Vec<Uri> = conf::endpoints(c, NAME)?
+            .into_iter()
+            .map(|u| u.parse::<Uri>().map_err(|e| format!("invalid endpoint {u}: {e}")))
+            .collect::<Result<_, _>>()?;
+        let mut headers = vec![(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )];
         for (name, field) in [
             ("x-clickhouse-user", "user"),
             ("x-clickhouse-key", "password"),
             ("x-clickhouse-database", "database"),
         ] {
-            let v = HeaderValue::from_str(&text(field))
+            let v = HeaderValue::from_str(conf::text(c, field))
                 .map_err(|_| format!("invalid {field}: not a header value"))?;
-            headers.push((name, v));
+            headers.push((HeaderName::from_static(name), v));
         }
         Ok(Arc::new(ClickHouseSink {
             endpoints,
-            logtable: text("logtable"),
-            headers,
-            timeout: Duration::from_secs(conf.get("timeout").and_then(Value::as_u64).unwrap_or(3)),
-            services: Arc::downgrade(services),
+            logtable: conf::text(c, "logtable").to_owned(),
+            target: HttpTarget::new(
+                services,
+                conf::secs(c, "timeout", 3),
+                conf::flag(c, "ssl_verify"),
+                headers,
+            ),
         }) as Arc<dyn BatchSink>)
     })?;
-    Ok(Arc::new(ClickHouseLogger(logger)))
-}
-
-impl Plugin for ClickHouseLogger {
-    fn phases(&self) -> Phases {
-        Phases::LOG
-    }
-
-    fn log_needs(&self) -> LogNeeds {
-        self.0.needs()
-    }
-
-    fn log(&self, ctx: &LogCtx) {
-        self.0.log(ctx);
-    }
+    Ok(logger.into_plugin())
 }
 
 #[cfg(test)]
 mod tests {
     use ferrisix_config::validate::PluginCheck;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use ferrisix_plugin_api::LogCtx;
 
     use super::*;
+    use crate::log::sink::testing::{answer, http_server, https_server, next, Captured};
     use crate::testing::Compiler;
 
-    /// ClickHouse's HTTP interface, as far as inserts go: answers 200 to each POST and hands
-    /// over its head and body.
-    async fn clickhouse() -> (u16, tokio::sync::mpsc::UnboundedReceiver<(String, String)>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            loop {
-                let (mut s, _) = listener.accept().await.unwrap();
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 8192];
-                    loop {
-                        let n = s.read(&mut chunk).await.unwrap_or(0);
-                        if n == 0 {
-                            return;
-                        }
-                        buf.extend_from_slice(&chunk[..n]);
-                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                            continue;
-                        };
-                        let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
-                        let len: usize = head
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length: "))
-                            .map_or(0, |v| v.trim().parse().unwrap());
-                        if buf.len() < end + 4 + len {
-                            continue;
-                        }
-                        let req: Vec<u8> = buf.drain(..end + 4 + len).collect();
-                        let body = String::from_utf8_lossy(&req[end + 4..]).into_owned();
-                        tx.send((head, body)).unwrap();
-                        let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
-                    }
-                });
-            }
-        });
-        (port, rx)
+    fn ok(_: &Captured) -> Vec<u8> {
+        answer(200, "")
     }
 
     #[tokio::test]
     async fn rows_are_inserted_as_json_each_row() {
-        let (port, mut rx) = clickhouse().await;
+        let (port, mut rx) = http_server(ok).await;
         let c = Compiler::new();
         let conf = json!({"endpoint_addrs": [format!("http://127.0.0.1:{port}")], "user": "default",
             "password": "pw", "database": "logs", "logtable": "t", "batch_max_size": 2,
@@ -247,15 +151,42 @@ mod tests {
                 ..Default::default()
             });
         }
-        let (head, body) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
-            .await
-            .unwrap()
-            .unwrap();
+        let req = next(&mut rx).await;
+        let (head, body) = (req.lower(), req.text());
         assert!(head.starts_with("post / http/1.1"), "{head}");
         assert!(head.contains("x-clickhouse-user: default"));
         assert!(head.contains("x-clickhouse-key: pw"));
         assert!(head.contains("x-clickhouse-database: logs"));
         assert_eq!(body, "INSERT INTO t FORMAT JSONEachRow {\"s\":\"200\"} {\"s\":\"500\"}");
+    }
+
+    #[tokio::test]
+    async fn https_endpoints_verified_by_default() {
+        let (port, mut rx) = https_server(ok).await;
+        let c = Compiler::new();
+        let conf = json!({"endpoint_addr": format!("https://127.0.0.1:{port}"), "user": "u",
+            "password": "p", "database": "d", "logtable": "t", "batch_max_size": 1,
+            "log_format": {"s": "$status"}, "ssl_verify": false});
+        let p = (DEF.compile)(&c.cx(NAME, &conf, "ch-tls", None)).unwrap();
+        p.log(&LogCtx {
+            status: 200,
+            ..Default::default()
+        });
+        assert_eq!(next(&mut rx).await.text(), "INSERT INTO t FORMAT JSONEachRow {\"s\":\"200\"}");
+        // `ssl_verify` defaults to true: the test certificate is not in the system's bundle.
+        let schema = &c.registry.get(NAME).unwrap().schema;
+        assert_eq!(schema["properties"]["ssl_verify"]["default"], true);
+        let sink = ClickHouseSink {
+            endpoints: vec![format!("https://127.0.0.1:{port}").parse().unwrap()],
+            logtable: "t".into(),
+            target: HttpTarget::new(c.registry.services(), std::time::Duration::from_secs(3), true, Vec::new()),
+        };
+        let err = sink.insert(Bytes::from_static(b"{}")).await.unwrap_err();
+        assert!(
+            err.message.starts_with(&format!("error while sending data to [127.0.0.1] port[{port}] TLS handshake failed: ")),
+            "{}",
+            err.message
+        );
     }
 
     #[test]

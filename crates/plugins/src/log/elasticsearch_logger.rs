@@ -1,79 +1,55 @@
 //! elasticsearch-logger (`apisix/plugins/elasticsearch-logger.lua`): batches sent to the
 //! `_bulk` API of `endpoint_addr` (or one of `endpoint_addrs` at random) as NDJSON, an
 //! `index` action (`field.index`, with `{strftime}` parts and `$var`s resolved per request)
-//! before each entry; `auth` as Basic, `headers`, `timeout` seconds. The server's major
-//! version is asked once (`GET /`); for 5.x and 6.x the action names `_type: _doc`. Any
-//! answer but 200 fails the batch. `https` endpoints are not built (so `ssl_verify` has
-//! nothing to act on): their batches fail with that error.
+//! before each entry; `auth` as Basic, `headers`, `timeout` seconds, `https` endpoints
+//! checked when `ssl_verify` (the default). The server's major version is asked once
+//! (`GET /`); for 5.x and 6.x the action names `_type: _doc`. Any answer but 200 fails the
+//! batch.
 
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::sync::Arc;
 
 use base64::Engine as _;
 use bytes::{Bytes, BytesMut};
 use ferrisix_config::schema::lua;
-use ferrisix_plugin_api::{
-    CheckCtx, CompileCtx, LogCtx, LogNeeds, Phases, Plugin, PluginDef, PluginServices, Template,
-};
-use http::{header, HeaderName, HeaderValue, Request};
-use rand::Rng;
-use serde_json::{json, Map, Value};
+use ferrisix_plugin_api::{CompileCtx, LogCtx, Plugin, PluginDef, Template};
+use http::{header, HeaderValue, Method};
+use serde_json::{json, Value};
 
-use super::batch_processor::{self, BatchSink, SendError, SendFuture};
-use super::log_entry;
-use super::logger::Logger;
+use super::sink::http::{status_and_body, HttpTarget};
+use super::sink::{self, conf, BatchSink, Logger, SendError, SendFuture};
 
 pub const NAME: &str = "elasticsearch-logger";
 
 pub static DEF: PluginDef = PluginDef {
-    metadata_schema: Some(metadata_schema),
-    check: Some(check),
+    metadata_schema: Some(sink::metadata_schema),
+    check: Some(sink::check),
     encrypt_fields: &["auth.password", "headers"],
     ..PluginDef::new(NAME, 413, schema, compile)
 };
 
 fn schema() -> Value {
-    let mut props = Map::new();
-    props.insert("endpoint_addr".into(), json!({"type": "string", "pattern": "[^/]$"}));
-    props.insert(
-        "endpoint_addrs".into(),
-        json!({"type": "array", "minItems": 1, "items": {"type": "string", "pattern": "[^/]$"}}),
-    );
-    props.insert(
-        "field".into(),
-        json!({"type": "object", "properties": {"index": {"type": "string"}}, "required": ["index"]}),
-    );
-    props.insert(
-        "auth".into(),
+    sink::schema(
         json!({
             "type": "object",
             "properties": {
-                "username": {"type": "string", "minLength": 1},
-                "password": {"type": "string", "minLength": 1}
+                "endpoint_addr": {"type": "string", "pattern": "[^/]$"},
+                "endpoint_addrs": {"type": "array", "minItems": 1, "items": {"type": "string", "pattern": "[^/]$"}},
+                "field": {"type": "object", "properties": {"index": {"type": "string"}}, "required": ["index"]},
+                "auth": {
+                    "type": "object",
+                    "properties": {
+                        "username": {"type": "string", "minLength": 1},
+                        "password": {"type": "string", "minLength": 1}
+                    },
+                    "oneOf": [{"required": ["username", "password"]}]
+                },
+                "headers": {"type": "object", "minProperties": 1,
+                    "patternProperties": {"^[^:]+$": {"type": "string", "minLength": 1}},
+                    "additionalProperties": false},
+                "timeout": {"type": "integer", "minimum": 1, "default": 10},
+                "ssl_verify": {"type": "boolean", "default": true}
             },
-            "oneOf": [{"required": ["username", "password"]}]
-        }),
-    );
-    props.insert(
-        "headers".into(),
-        json!({"type": "object", "minProperties": 1,
-            "patternProperties": {"^[^:]+$": {"type": "string", "minLength": 1}},
-            "additionalProperties": false}),
-    );
-    props.insert(
-        "timeout".into(),
-        json!({"type": "integer", "minimum": 1, "default": 10}),
-    );
-    props.insert(
-        "ssl_verify".into(),
-        json!({"type": "boolean", "default": true}),
-    );
-    props.extend(log_entry::entry_properties());
-    batch_processor::wrap_schema(
-        json!({
-            "type": "object",
-            "properties": props,
             "oneOf": [
                 {"required": ["endpoint_addr", "field"]},
                 {"required": ["endpoint_addrs", "field"]}
@@ -83,46 +59,23 @@ fn schema() -> Value {
     )
 }
 
-fn metadata_schema() -> Value {
-    batch_processor::wrap_metadata_schema(log_entry::metadata_schema())
-}
-
-fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    cx.schema_result.clone()?;
-    log_entry::check(cx.conf)
-}
-
 /// The server's major version once known (0: not yet).
 type Version = Arc<AtomicU8>;
 
 struct EsSink {
     endpoints: Vec<String>,
-    headers: Vec<(HeaderName, HeaderValue)>,
-    timeout: Duration,
+    target: HttpTarget,
     version: Version,
-    services: Weak<PluginServices>,
 }
 
 impl EsSink {
-    fn pick(&self) -> &str {
-        &self.endpoints[rand::thread_rng().gen_range(0..self.endpoints.len())]
-    }
-
-    fn request(&self, builder: http::request::Builder) -> http::request::Builder {
-        self.headers
-            .iter()
-            .fold(builder, |b, (k, v)| b.header(k, v))
-    }
-
     /// `fetch_and_update_es_version`: asked until it is known.
-    async fn learn_version(&self, services: &PluginServices) {
+    async fn learn_version(&self) {
         if self.version.load(Ordering::Relaxed) != 0 {
             return;
         }
-        let Ok(req) = self.request(Request::get(self.pick())).body(Bytes::new()) else {
-            return;
-        };
-        let major = match services.http().send(req, self.timeout).await {
+        let req = self.target.request(Method::GET, conf::pick(&self.endpoints).as_str());
+        let major = match self.target.call(req, Bytes::new()).await {
             Ok(r) if r.status() == 200 => serde_json::from_slice::<Value>(r.body())
                 .ok()
                 .and_then(|v| {
@@ -134,7 +87,7 @@ impl EsSink {
                 None
             }
             Err(e) => {
-                tracing::error!(error = %e, "failed to get Elasticsearch version");
+                tracing::error!(error = ?e, "failed to get Elasticsearch version");
                 None
             }
         };
@@ -144,30 +97,25 @@ impl EsSink {
     }
 
     async fn bulk(&self, entries: &[Bytes]) -> Result<(), SendError> {
-        let Some(services) = self.services.upgrade() else {
-            return Err(SendError::new("the gateway is gone"));
-        };
-        self.learn_version(&services).await;
+        self.learn_version().await;
         let mut body = BytesMut::new();
         for e in entries {
             body.extend_from_slice(e);
         }
         let req = self
-            .request(
-                Request::post(format!("{}/_bulk", self.pick()))
-                    .header(header::CONTENT_TYPE, "application/x-ndjson")
-                    .header(header::ACCEPT, "application/vnd.elasticsearch+json"),
-            )
-            .body(body.freeze())
-            .map_err(|e| SendError::new(format!("invalid request: {e}")))?;
-        match services.http().send(req, self.timeout).await {
-            Ok(r) if r.status() != 200 => Err(SendError::new(format!(
-                "elasticsearch server returned status: {}, body: {}",
-                r.status().as_u16(),
-                String::from_utf8_lossy(r.body())
-            ))),
+            .target
+            .request(Method::POST, &format!("{}/_bulk", conf::pick(&self.endpoints).as_str()))
+            .header(header::CONTENT_TYPE, "application/x-ndjson")
+            .header(header::ACCEPT, "application/vnd.elasticsearch+json");
+        match self.target.call(req, body.freeze()).await {
+            Ok(r) if r.status() != 200 => {
+                let (status, body) = status_and_body(&r);
+                Err(SendError::new(format!(
+                    "elasticsearch server returned status: {status}, body: {body}"
+                )))
+            }
             Ok(_) => Ok(()),
-            Err(e) => Err(SendError::new(e.to_string())),
+            Err(e) => Err(e.into_send_error("")),
         }
     }
 }
@@ -248,49 +196,24 @@ fn civil(secs: u64) -> (i64, u32, u32, u64, u64, u64, u32) {
     (y, m, d, rem / 3600, rem % 3600 / 60, rem % 60, yday)
 }
 
-struct EsLogger {
-    logger: Logger,
-    index: Index,
-    version: Version,
-}
-
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let services = cx.services;
     let filled = cx.filled();
     let index_text = filled
         .pointer("/field/index")
         .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_owned();
+        .unwrap_or("");
     let index = Index {
-        template: Template::parse(&index_text),
+        template: Template::parse(index_text),
     };
     let index_vars: Vec<Box<str>> = index.template.var_names().map(Into::into).collect();
     let version: Version = Arc::default();
     let shared_version = version.clone();
-    let logger = Logger::compile(cx, NAME, false, |conf| {
-        let endpoints: Vec<String> = match conf.get("endpoint_addr").and_then(Value::as_str) {
-            Some(one) => vec![one.to_owned()],
-            None => conf
-                .get("endpoint_addrs")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(|v| v.as_str().map(str::to_owned))
-                .collect(),
-        };
-        if endpoints.is_empty() {
-            return Err("elasticsearch-logger needs an endpoint".into());
-        }
+    let logger = Logger::compile(cx, NAME, false, |c| {
+        let endpoints = conf::endpoints(c, NAME)?;
         let mut headers = Vec::new();
-        if let (Some(u), Some(p)) = (
-            conf.get("auth")
-                .and_then(|a| a.get("username"))
-                .and_then(Value::as_str),
-            conf.get("auth")
-                .and_then(|a| a.get("password"))
-                .and_then(Value::as_str),
-        ) {
+        let auth = |k: &str| c.get("auth").and_then(|a| a.get(k)).and_then(Value::as_str);
+        if let (Some(u), Some(p)) = (auth("username"), auth("password")) {
             let token = base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"));
             headers.push((
                 header::AUTHORIZATION,
@@ -298,119 +221,63 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
                     .map_err(|_| "invalid auth".to_string())?,
             ));
         }
-        for (k, v) in conf
-            .get("headers")
-            .and_then(Value::as_object)
-            .into_iter()
-            .flatten()
-        {
-            if let (Ok(k), Some(Ok(v))) = (
-                HeaderName::from_bytes(k.as_bytes()),
-                v.as_str().map(HeaderValue::from_str),
-            ) {
-                headers.push((k, v));
-            }
-        }
+        headers.extend(conf::headers(c, "headers"));
         Ok(Arc::new(EsSink {
             endpoints,
-            headers,
-            timeout: Duration::from_secs(conf.get("timeout").and_then(Value::as_u64).unwrap_or(10)),
+            target: HttpTarget::new(
+                services,
+                conf::secs(c, "timeout", 10),
+                conf::flag(c, "ssl_verify"),
+                headers,
+            ),
             version: shared_version,
-            services: Arc::downgrade(services),
         }) as Arc<dyn BatchSink>)
     })?
     .with_vars(&index_vars);
-    Ok(Arc::new(EsLogger {
-        logger,
-        index,
-        version,
+    Ok(logger.encoded_by(move |entry, now_ms, ctx: &LogCtx| {
+        let name = index.template.resolve(ctx).text;
+        let name = strftime_parts(&name, now_ms / 1000);
+        let mut action = json!({"index": {"_index": name}});
+        if matches!(version.load(Ordering::Relaxed), 5 | 6) {
+            action["index"]["_type"] = json!("_doc");
+        }
+        let mut out = lua::cjson_encode(&action);
+        out.push('\n');
+        out.push_str(&lua::cjson_encode(&Value::Object(entry)));
+        out.push('\n');
+        Bytes::from(out)
     }))
-}
-
-impl Plugin for EsLogger {
-    fn phases(&self) -> Phases {
-        Phases::LOG
-    }
-
-    fn log_needs(&self) -> LogNeeds {
-        self.logger.needs()
-    }
-
-    fn log(&self, ctx: &LogCtx) {
-        self.logger.log_with(ctx, |entry, now_ms| {
-            let index = self.index.template.resolve(ctx).text;
-            let index = strftime_parts(&index, now_ms / 1000);
-            let mut action = json!({"index": {"_index": index}});
-            if matches!(self.version.load(Ordering::Relaxed), 5 | 6) {
-                action["index"]["_type"] = json!("_doc");
-            }
-            let mut out = lua::cjson_encode(&action);
-            out.push('\n');
-            out.push_str(&lua::cjson_encode(&Value::Object(entry)));
-            out.push('\n');
-            Bytes::from(out)
-        });
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use ferrisix_config::validate::PluginCheck;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
     use super::*;
+    use crate::log::sink::testing::{answer, http_server, https_server, next, Captured};
     use crate::testing::Compiler;
 
-    /// Elasticsearch's root (version 6.8.0) and `_bulk` APIs: hands over each bulk body.
-    async fn elasticsearch() -> (u16, tokio::sync::mpsc::UnboundedReceiver<(String, String)>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            loop {
-                let (mut s, _) = listener.accept().await.unwrap();
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 8192];
-                    loop {
-                        let n = s.read(&mut chunk).await.unwrap_or(0);
-                        if n == 0 {
-                            return;
-                        }
-                        buf.extend_from_slice(&chunk[..n]);
-                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                            continue;
-                        };
-                        let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
-                        let len: usize = head
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length: "))
-                            .map_or(0, |v| v.trim().parse().unwrap());
-                        if buf.len() < end + 4 + len {
-                            continue;
-                        }
-                        let req: Vec<u8> = buf.drain(..end + 4 + len).collect();
-                        let answer: &[u8] = if head.starts_with("get / ") {
-                            b"{\"version\":{\"number\":\"6.8.0\"}}"
-                        } else {
-                            let body = String::from_utf8_lossy(&req[end + 4..]).into_owned();
-                            tx.send((head, body)).unwrap();
-                            b"{\"errors\":false}"
-                        };
-                        let resp = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", answer.len());
-                        let _ = s.write_all(resp.as_bytes()).await;
-                        let _ = s.write_all(answer).await;
-                    }
-                });
+    /// Elasticsearch's root (version 6.8.0) and `_bulk` APIs.
+    fn elasticsearch(req: &Captured) -> Vec<u8> {
+        if req.head.starts_with("GET / ") {
+            answer(200, "{\"version\":{\"number\":\"6.8.0\"}}")
+        } else {
+            answer(200, "{\"errors\":false}")
+        }
+    }
+
+    /// The next `_bulk` request.
+    async fn next_bulk(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Captured>) -> (String, String) {
+        loop {
+            let req = next(rx).await;
+            if !req.head.starts_with("GET / ") {
+                return (req.lower(), req.text());
             }
-        });
-        (port, rx)
+        }
     }
 
     #[tokio::test]
     async fn bulk_ndjson_with_index_and_version() {
-        let (port, mut rx) = elasticsearch().await;
+        let (port, mut rx) = http_server(elasticsearch).await;
         let c = Compiler::new();
         let conf = json!({"endpoint_addr": format!("http://127.0.0.1:{port}"),
             "field": {"index": "gw-{%Y}"}, "auth": {"username": "u", "password": "p"},
@@ -420,10 +287,7 @@ mod tests {
             status: 200,
             ..Default::default()
         });
-        let (head, body) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
-            .await
-            .unwrap()
-            .unwrap();
+        let (head, body) = next_bulk(&mut rx).await;
         assert!(head.starts_with("post /_bulk http/1.1"), "{head}");
         assert!(head.contains("content-type: application/x-ndjson"));
         assert!(head.contains("authorization: basic dtpw"), "{head}");
@@ -436,12 +300,32 @@ mod tests {
             status: 201,
             ..Default::default()
         });
-        let (_, body) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
-            .await
-            .unwrap()
-            .unwrap();
+        let (_, body) = next_bulk(&mut rx).await;
         assert!(body.starts_with("{\"index\":{\"_index\":\"gw-20"), "{body}");
         assert!(body.contains("\"_type\":\"_doc\""), "{body}");
+    }
+
+    #[tokio::test]
+    async fn https_endpoints() {
+        let (port, mut rx) = https_server(elasticsearch).await;
+        let c = Compiler::new();
+        let conf = json!({"endpoint_addr": format!("https://127.0.0.1:{port}"), "ssl_verify": false,
+            "field": {"index": "i"}, "batch_max_size": 1, "log_format": {"s": "$status"}});
+        let p = (DEF.compile)(&c.cx(NAME, &conf, "es-tls", None)).unwrap();
+        p.log(&LogCtx {
+            status: 200,
+            ..Default::default()
+        });
+        let (head, body) = next_bulk(&mut rx).await;
+        assert!(head.starts_with("post /_bulk http/1.1"), "{head}");
+        assert!(body.ends_with("{\"s\":\"200\"}\n"), "{body}");
+        let verified = EsSink {
+            endpoints: vec![format!("https://127.0.0.1:{port}")],
+            target: HttpTarget::new(c.registry.services(), std::time::Duration::from_secs(3), true, Vec::new()),
+            version: Arc::new(AtomicU8::new(7)),
+        };
+        let err = verified.bulk(&[Bytes::from_static(b"{}\n")]).await.unwrap_err();
+        assert!(err.message.starts_with("TLS handshake failed: "), "{}", err.message);
     }
 
     #[test]

@@ -51,6 +51,17 @@ pub fn metadata_schema() -> Value {
     })
 }
 
+/// file-logger's check of `match`: the whole list compiles as one expression (each item a
+/// nested expression), as lua-resty-expr sees it.
+pub fn check_match(conf: &Value) -> Result<(), String> {
+    match conf.get("match") {
+        Some(m) => compile_expr(m)
+            .map(drop)
+            .map_err(|err| format!("failed to validate the 'match' expression: {err}")),
+        None => Ok(()),
+    }
+}
+
 /// `log_util.check_log_schema`: the body expressions compile.
 pub fn check(conf: &Value) -> Result<(), String> {
     for field in ["include_req_body_expr", "include_resp_body_expr"] {
@@ -320,6 +331,8 @@ pub struct LogEntryConf {
     resp_body_expr: Option<Expr>,
     max_req_body_bytes: usize,
     max_resp_body_bytes: usize,
+    /// `match`: log only requests one of these expressions accepts (`None`: every request).
+    matches: Option<Vec<Expr>>,
     hostname: String,
     needs: LogNeeds,
 }
@@ -371,6 +384,20 @@ impl LogEntryConf {
                 .map_or(MAX_BODY, |n| n as usize)
         };
         let flag = |k: &str| conf.get(k).and_then(Value::as_bool).unwrap_or(false);
+        let matches = match conf.get("match") {
+            None => None,
+            Some(list) => Some(
+                list.as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|e| {
+                        compile_expr(e).map_err(|err| {
+                            format!("failed to validate the 'match' expression: {err}")
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        };
         let mut entry = LogEntryConf {
             format,
             extra,
@@ -380,6 +407,7 @@ impl LogEntryConf {
             resp_body_expr: expr("include_resp_body_expr")?,
             max_req_body_bytes: limit("max_req_body_bytes"),
             max_resp_body_bytes: limit("max_resp_body_bytes"),
+            matches,
             hostname: hostname(),
             needs: LogNeeds::default(),
         };
@@ -392,6 +420,9 @@ impl LogEntryConf {
         let mut needs = LogNeeds::default();
         vars.insert("route_id".into());
         vars.insert("service_id".into());
+        for e in self.matches.iter().flatten() {
+            expr_vars(e, &mut vars);
+        }
         match &self.format {
             Some(f) => {
                 f.var_names(&mut vars);
@@ -439,6 +470,16 @@ impl LogEntryConf {
     /// Whether entries are the conf's `log_format` (APISIX's `customized`).
     pub fn customized(&self) -> bool {
         self.format.is_some()
+    }
+
+    /// Whether the request is logged at all: `match` absent, or one of its expressions
+    /// accepts the request (log-util's `is_match`).
+    pub fn matches(&self, ctx: &LogCtx, now_ms: u64) -> bool {
+        let Some(list) = &self.matches else {
+            return true;
+        };
+        let src = EntrySource { ctx, now_ms };
+        list.iter().any(|e| e.eval(&src as &dyn VarSource))
     }
 
     /// The entry of one request (`get_log_entry`); `now_ms` is the wall clock now.

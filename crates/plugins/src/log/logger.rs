@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use ferrisix_config::schema::lua;
-use ferrisix_plugin_api::{Clock, CompileCtx, Lease, LogCtx, LogNeeds, StateMap};
+use ferrisix_plugin_api::{Clock, CompileCtx, Lease, LogCtx, LogNeeds, Phases, Plugin, StateMap};
 use serde_json::{Map, Value};
 
 use super::batch_processor::{
@@ -98,11 +98,61 @@ impl Logger {
     /// The log phase with the logger's own encoding of the entry.
     pub fn log_with(&self, ctx: &LogCtx, encode: impl FnOnce(Map<String, Value>, u64) -> Bytes) {
         let now = self.clock.epoch_ms();
+        if !self.entry.matches(ctx, now) {
+            return;
+        }
         let mut entry = self.entry.build(ctx, now);
         if self.no_matched && !entry.contains_key("route_id") {
             entry.insert("route_id".into(), Value::String("no-matched".into()));
         }
         self.processor.push(encode(entry, now));
+    }
+
+    /// The plugin logging each request's entry as JSON.
+    pub fn into_plugin(self) -> Arc<dyn Plugin> {
+        Arc::new(LogPlugin {
+            logger: self,
+            encode: None,
+        })
+    }
+
+    /// The plugin logging each request's entry as `encode` makes it (the entry, the wall
+    /// clock in milliseconds, the request's log context).
+    pub fn encoded_by(
+        self,
+        encode: impl Fn(Map<String, Value>, u64, &LogCtx) -> Bytes + Send + Sync + 'static,
+    ) -> Arc<dyn Plugin> {
+        Arc::new(LogPlugin {
+            logger: self,
+            encode: Some(Box::new(encode)),
+        })
+    }
+}
+
+type Encode = Box<dyn Fn(Map<String, Value>, u64, &LogCtx) -> Bytes + Send + Sync>;
+
+/// A logger as a plugin: the log phase only.
+struct LogPlugin {
+    logger: Logger,
+    encode: Option<Encode>,
+}
+
+impl Plugin for LogPlugin {
+    fn phases(&self) -> Phases {
+        Phases::LOG
+    }
+
+    fn log_needs(&self) -> LogNeeds {
+        self.logger.needs()
+    }
+
+    fn log(&self, ctx: &LogCtx) {
+        match &self.encode {
+            None => self.logger.log(ctx),
+            Some(encode) => self
+                .logger
+                .log_with(ctx, |entry, now| encode(entry, now, ctx)),
+        }
     }
 }
 

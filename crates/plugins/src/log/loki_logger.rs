@@ -3,89 +3,61 @@
 //! as `{"streams": [{"stream": labels, "values": [[ns, line], ...]}]}`: entries with the same
 //! labels (`log_labels`, `$var`s resolved per request) share a stream, each line is the
 //! entry's JSON and its time the request's start in nanoseconds. `tenant_id` goes as
-//! `X-Scope-OrgID`, `headers` with it; `timeout` in milliseconds. The plugin HTTP client
-//! keeps its own connections alive (`keepalive*` are accepted; the pool is the client's).
-//! `https` endpoints are not built: their batches fail with that error.
+//! `X-Scope-OrgID`, `headers` with it; `timeout` in milliseconds; `https` endpoints checked
+//! when `ssl_verify`. The plugin HTTP client keeps its own connections alive (`keepalive*`
+//! are accepted; the pool is the client's).
 
-use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use ferrisix_config::schema::lua;
-use ferrisix_plugin_api::{
-    CheckCtx, CompileCtx, LogCtx, LogNeeds, Phases, Plugin, PluginDef, PluginServices, Template,
-};
-use http::{HeaderName, HeaderValue, Request};
-use rand::Rng;
+use ferrisix_plugin_api::{CompileCtx, LogCtx, Plugin, PluginDef, Template};
+use http::{HeaderName, HeaderValue, Method};
 use serde_json::{json, Map, Value};
 
-use super::batch_processor::{self, BatchSink, SendError, SendFuture};
-use super::log_entry;
-use super::logger::Logger;
+use super::sink::http::{status_and_body, HttpTarget};
+use super::sink::{self, conf, BatchSink, Logger, SendError, SendFuture};
 
 pub const NAME: &str = "loki-logger";
 
 pub static DEF: PluginDef = PluginDef {
-    metadata_schema: Some(metadata_schema),
-    check: Some(check),
+    metadata_schema: Some(sink::metadata_schema),
+    check: Some(sink::check),
     encrypt_fields: &["headers"],
     ..PluginDef::new(NAME, 414, schema, compile)
 };
 
 fn schema() -> Value {
-    let mut props = Map::new();
     let strings = json!({"type": "object", "patternProperties": {".*": {"type": "string", "minLength": 1}}});
-    props.insert(
-        "endpoint_addrs".into(),
-        json!({"type": "array", "minItems": 1,
-            "items": {"type": "string", "pattern": r"^[^\/]+:\/\/([\da-zA-Z.-]+|\[[\da-fA-F:]+\])(:\d+)?"}}),
-    );
-    props.insert(
-        "endpoint_uri".into(),
-        json!({"type": "string", "minLength": 1, "default": "/loki/api/v1/push"}),
-    );
-    props.insert("tenant_id".into(), json!({"type": "string", "default": "fake"}));
-    props.insert("headers".into(), strings.clone());
-    let mut labels = strings;
+    let mut labels = strings.clone();
     labels["default"] = json!({"job": "apisix"});
-    props.insert("log_labels".into(), labels);
-    props.insert("ssl_verify".into(), json!({"type": "boolean", "default": false}));
-    props.insert(
-        "timeout".into(),
-        json!({"type": "integer", "minimum": 1, "maximum": 60000, "default": 3000,
-            "description": "timeout in milliseconds"}),
-    );
-    props.insert("keepalive".into(), json!({"type": "boolean", "default": true}));
-    props.insert(
-        "keepalive_timeout".into(),
-        json!({"type": "integer", "minimum": 1000, "default": 60000,
-            "description": "keepalive timeout in milliseconds"}),
-    );
-    props.insert(
-        "keepalive_pool".into(),
-        json!({"type": "integer", "minimum": 1, "default": 5}),
-    );
-    props.extend(log_entry::entry_properties());
-    batch_processor::wrap_schema(
-        json!({"type": "object", "properties": props, "required": ["endpoint_addrs"]}),
+    sink::schema(
+        json!({
+            "type": "object",
+            "properties": {
+                "endpoint_addrs": {"type": "array", "minItems": 1,
+                    "items": {"type": "string", "pattern": r"^[^\/]+:\/\/([\da-zA-Z.-]+|\[[\da-fA-F:]+\])(:\d+)?"}},
+                "endpoint_uri": {"type": "string", "minLength": 1, "default": "/loki/api/v1/push"},
+                "tenant_id": {"type": "string", "default": "fake"},
+                "headers": strings,
+                "log_labels": labels,
+                "ssl_verify": {"type": "boolean", "default": false},
+                "timeout": {"type": "integer", "minimum": 1, "maximum": 60000, "default": 3000,
+                    "description": "timeout in milliseconds"},
+                "keepalive": {"type": "boolean", "default": true},
+                "keepalive_timeout": {"type": "integer", "minimum": 1000, "default": 60000,
+                    "description": "keepalive timeout in milliseconds"},
+                "keepalive_pool": {"type": "integer", "minimum": 1, "default": 5}
+            },
+            "required": ["endpoint_addrs"]
+        }),
         "loki logger",
     )
 }
 
-fn metadata_schema() -> Value {
-    batch_processor::wrap_metadata_schema(log_entry::metadata_schema())
-}
-
-fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    cx.schema_result.clone()?;
-    log_entry::check(cx.conf)
-}
-
 struct LokiSink {
     urls: Vec<String>,
-    headers: Vec<(HeaderName, HeaderValue)>,
-    timeout: Duration,
-    services: Weak<PluginServices>,
+    target: HttpTarget,
 }
 
 /// Groups encoded entries (`{"labels", "time", "line"}`) into Loki streams.
@@ -110,26 +82,17 @@ fn push_body(entries: &[Bytes]) -> Value {
 
 impl LokiSink {
     async fn push(&self, entries: &[Bytes]) -> Result<(), SendError> {
-        let Some(services) = self.services.upgrade() else {
-            return Err(SendError::new("the gateway is gone"));
-        };
-        let url = &self.urls[rand::thread_rng().gen_range(0..self.urls.len())];
-        let mut req = Request::post(url.as_str());
-        for (k, v) in &self.headers {
-            req = req.header(k, v);
-        }
-        let body = lua::cjson_encode(&push_body(entries));
-        let req = req
-            .body(Bytes::from(body))
-            .map_err(|e| SendError::new(format!("invalid request: {e}")))?;
-        match services.http().send(req, self.timeout).await {
-            Ok(r) if r.status().as_u16() >= 300 => Err(SendError::new(format!(
-                "loki server returned status: {}, body: {}",
-                r.status().as_u16(),
-                String::from_utf8_lossy(r.body())
-            ))),
+        let body = Bytes::from(lua::cjson_encode(&push_body(entries)));
+        let url = conf::pick(&self.urls);
+        match self.target.call(self.target.request(Method::POST, url), body).await {
+            Ok(r) if r.status().as_u16() >= 300 => {
+                let (status, body) = status_and_body(&r);
+                Err(SendError::new(format!(
+                    "loki server returned status: {status}, body: {body}"
+                )))
+            }
             Ok(_) => Ok(()),
-            Err(e) => Err(SendError::new(e.to_string())),
+            Err(e) => Err(e.into_send_error("")),
         }
     }
 }
@@ -140,15 +103,10 @@ impl BatchSink for LokiSink {
     }
 }
 
-struct LokiLogger {
-    logger: Logger,
-    /// Name, template text, parsed template.
-    labels: Vec<(String, String, Template)>,
-}
-
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let services = cx.services;
     let filled = cx.filled();
+    // Name, template text, parsed template.
     let labels: Vec<(String, String, Template)> = filled
         .get("log_labels")
         .and_then(Value::as_object)
@@ -164,12 +122,9 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         .flat_map(|(_, _, t)| t.var_names())
         .map(Into::into)
         .collect();
-    let logger = Logger::compile(cx, NAME, true, |conf| {
-        let uri = conf
-            .get("endpoint_uri")
-            .and_then(Value::as_str)
-            .unwrap_or("/loki/api/v1/push");
-        let urls: Vec<String> = conf
+    let logger = Logger::compile(cx, NAME, true, |c| {
+        let uri = conf::text(c, "endpoint_uri");
+        let urls: Vec<String> = c
             .get("endpoint_addrs")
             .and_then(Value::as_array)
             .into_iter()
@@ -180,19 +135,8 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         if urls.is_empty() {
             return Err("loki-logger needs an endpoint".into());
         }
-        let mut headers: Vec<(HeaderName, HeaderValue)> = conf
-            .get("headers")
-            .and_then(Value::as_object)
-            .into_iter()
-            .flatten()
-            .filter_map(|(k, v)| {
-                Some((
-                    HeaderName::from_bytes(k.as_bytes()).ok()?,
-                    HeaderValue::from_str(v.as_str()?).ok()?,
-                ))
-            })
-            .collect();
-        let tenant = conf.get("tenant_id").and_then(Value::as_str).unwrap_or("fake");
+        let mut headers = conf::headers(c, "headers");
+        let tenant = c.get("tenant_id").and_then(Value::as_str).unwrap_or("fake");
         headers.push((
             HeaderName::from_static("x-scope-orgid"),
             HeaderValue::from_str(tenant).map_err(|_| "invalid tenant_id".to_string())?,
@@ -203,97 +147,49 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         ));
         Ok(Arc::new(LokiSink {
             urls,
-            headers,
-            timeout: Duration::from_millis(
-                conf.get("timeout").and_then(Value::as_u64).unwrap_or(3000),
+            target: HttpTarget::new(
+                services,
+                conf::millis(c, "timeout", 3000),
+                conf::flag(c, "ssl_verify"),
+                headers,
             ),
-            services: Arc::downgrade(services),
         }) as Arc<dyn BatchSink>)
     })?
     .with_vars(&label_vars);
-    Ok(Arc::new(LokiLogger { logger, labels }))
-}
-
-impl Plugin for LokiLogger {
-    fn phases(&self) -> Phases {
-        Phases::LOG
-    }
-
-    fn log_needs(&self) -> LogNeeds {
-        self.logger.needs()
-    }
-
-    fn log(&self, ctx: &LogCtx) {
-        self.logger.log_with(ctx, |entry, now_ms| {
-            let start_ms = now_ms.saturating_sub(ctx.request_time.as_millis() as u64);
-            let mut labels = Map::new();
-            for (k, text, t) in &self.labels {
-                // A label none of whose variables resolved keeps its text, as APISIX's.
-                let r = t.resolve(ctx);
-                let v = if r.resolved > 0 { r.text } else { text.clone() };
-                labels.insert(k.clone(), Value::String(v));
-            }
-            let line = lua::cjson_encode(&Value::Object(entry));
-            Bytes::from(lua::cjson_encode(&json!({
-                "labels": labels,
-                "time": format!("{start_ms}000000"),
-                "line": line,
-            })))
-        });
-    }
+    Ok(logger.encoded_by(move |entry, now_ms, ctx: &LogCtx| {
+        let start_ms = now_ms.saturating_sub(ctx.request_time.as_millis() as u64);
+        let mut resolved = Map::new();
+        for (k, text, t) in &labels {
+            // A label none of whose variables resolved keeps its text, as APISIX's.
+            let r = t.resolve(ctx);
+            let v = if r.resolved > 0 { r.text } else { text.clone() };
+            resolved.insert(k.clone(), Value::String(v));
+        }
+        let line = lua::cjson_encode(&Value::Object(entry));
+        Bytes::from(lua::cjson_encode(&json!({
+            "labels": resolved,
+            "time": format!("{start_ms}000000"),
+            "line": line,
+        })))
+    }))
 }
 
 #[cfg(test)]
 mod tests {
     use ferrisix_config::validate::PluginCheck;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use ferrisix_plugin_api::PluginServices;
 
     use super::*;
+    use crate::log::sink::testing::{http_server, https_server, next, Captured};
     use crate::testing::Compiler;
 
-    /// Loki's push API: answers 204 and hands over each pushed body.
-    async fn loki() -> (u16, tokio::sync::mpsc::UnboundedReceiver<(String, Value)>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            loop {
-                let (mut s, _) = listener.accept().await.unwrap();
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 8192];
-                    loop {
-                        let n = s.read(&mut chunk).await.unwrap_or(0);
-                        if n == 0 {
-                            return;
-                        }
-                        buf.extend_from_slice(&chunk[..n]);
-                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                            continue;
-                        };
-                        let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
-                        let len: usize = head
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length: "))
-                            .map_or(0, |v| v.trim().parse().unwrap());
-                        if buf.len() < end + 4 + len {
-                            continue;
-                        }
-                        let req: Vec<u8> = buf.drain(..end + 4 + len).collect();
-                        let body: Value = serde_json::from_slice(&req[end + 4..]).unwrap();
-                        tx.send((head, body)).unwrap();
-                        let _ = s.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await;
-                    }
-                });
-            }
-        });
-        (port, rx)
+    fn no_content(_: &Captured) -> Vec<u8> {
+        b"HTTP/1.1 204 No Content\r\n\r\n".to_vec()
     }
 
     #[tokio::test]
     async fn entries_are_grouped_into_streams_by_labels() {
-        let (port, mut rx) = loki().await;
+        let (port, mut rx) = http_server(no_content).await;
         let c = Compiler::new();
         let conf = json!({"endpoint_addrs": [format!("http://127.0.0.1:{port}")], "tenant_id": "t1",
             "log_labels": {"job": "gw", "code": "$status"}, "batch_max_size": 3,
@@ -305,10 +201,8 @@ mod tests {
                 ..Default::default()
             });
         }
-        let (head, body) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
-            .await
-            .unwrap()
-            .unwrap();
+        let req = next(&mut rx).await;
+        let (head, body): (String, Value) = (req.lower(), serde_json::from_slice(&req.body).unwrap());
         assert!(head.starts_with("post /loki/api/v1/push http/1.1"), "{head}");
         assert!(head.contains("x-scope-orgid: t1"));
         let streams = body["streams"].as_array().unwrap();
@@ -318,6 +212,29 @@ mod tests {
         let line: Value = serde_json::from_str(streams[1]["values"][0][1].as_str().unwrap()).unwrap();
         assert_eq!(line, json!({"s": "500", "route_id": "no-matched"}));
         assert!(streams[1]["values"][0][0].as_str().unwrap().ends_with("000000"));
+    }
+
+    #[tokio::test]
+    async fn https_endpoints_as_ssl_verify_says() {
+        let (port, mut rx) = https_server(no_content).await;
+        let services = Arc::new(PluginServices::default());
+        let c = Compiler::with(services);
+        let conf = json!({"endpoint_addrs": [format!("https://127.0.0.1:{port}")], "batch_max_size": 1,
+            "log_format": {"s": "$status"}});
+        let p = (DEF.compile)(&c.cx(NAME, &conf, "lk-tls", None)).unwrap();
+        p.log(&LogCtx {
+            status: 200,
+            ..Default::default()
+        });
+        let body: Value = serde_json::from_slice(&next(&mut rx).await.body).unwrap();
+        assert_eq!(body["streams"][0]["stream"], json!({"job": "apisix"}));
+        // Verified against the system's bundle, the test certificate fails.
+        let sink = LokiSink {
+            urls: vec![format!("https://127.0.0.1:{port}/loki/api/v1/push")],
+            target: HttpTarget::new(c.registry.services(), std::time::Duration::from_secs(3), true, Vec::new()),
+        };
+        let err = sink.push(&[Bytes::from_static(b"{}")]).await.unwrap_err();
+        assert!(err.message.starts_with("TLS handshake failed: "), "{}", err.message);
     }
 
     #[test]

@@ -1,62 +1,49 @@
 //! syslog (`apisix/plugins/syslog.lua`): each entry's JSON as an RFC 5424 message
 //! (`<46>1 <RFC 3339 UTC time> <$host> apisix <pid> - - <json>`, facility SYSLOG, severity
 //! INFO), batches written over TCP (`sock_type` `tcp`, the default; one connection per
-//! batch) or as one UDP datagram to `host:port`, `timeout` in milliseconds. `flush_limit`,
-//! `drop_limit` and `pool_size` belong to lua-resty-logger-socket's buffering, which the
-//! batch processor does here: they are accepted without effect. `tls` is not built: such
-//! batches fail with that error.
+//! batch) or as one UDP datagram to `host:port`, `timeout` in milliseconds. `tls` makes the
+//! TCP connection TLS, the certificate not verified and no SNI sent (lua-resty-logger-socket's
+//! handshake without `sni_host` and `ssl_verify`). `flush_limit`, `drop_limit` and `pool_size`
+//! belong to lua-resty-logger-socket's buffering, which the batch processor does here: they
+//! are accepted without effect.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use ferrisix_config::schema::lua;
-use ferrisix_plugin_api::{
-    CheckCtx, CompileCtx, LogCtx, LogNeeds, Phases, Plugin, PluginDef, VarNames,
-};
-use serde_json::{json, Map, Value};
-use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpStream, UdpSocket};
+use ferrisix_plugin_api::{CompileCtx, LogCtx, Plugin, PluginDef, VarNames};
+use serde_json::{json, Value};
 
-use super::batch_processor::{self, BatchSink, SendError, SendFuture};
-use super::log_entry;
-use super::logger::Logger;
+use super::sink::net::{self, NetError, Tls};
+use super::sink::{self, conf, BatchSink, Logger, SendError, SendFuture};
 
 pub const NAME: &str = "syslog";
 
 pub static DEF: PluginDef = PluginDef {
-    metadata_schema: Some(metadata_schema),
-    check: Some(check),
+    metadata_schema: Some(sink::metadata_schema),
+    check: Some(sink::check),
     ..PluginDef::new(NAME, 401, schema, compile)
 };
 
 fn schema() -> Value {
-    let mut props = Map::new();
-    props.insert("host".into(), json!({"type": "string"}));
-    props.insert("port".into(), json!({"type": "integer"}));
-    props.insert("flush_limit".into(), json!({"type": "integer", "minimum": 1, "default": 4096}));
-    props.insert("drop_limit".into(), json!({"type": "integer", "default": 1048576}));
-    props.insert("timeout".into(), json!({"type": "integer", "minimum": 1, "default": 3000}));
-    props.insert(
-        "sock_type".into(),
-        json!({"type": "string", "default": "tcp", "enum": ["tcp", "udp"]}),
-    );
-    props.insert("pool_size".into(), json!({"type": "integer", "minimum": 5, "default": 5}));
-    props.insert("tls".into(), json!({"type": "boolean", "default": false}));
-    props.extend(log_entry::entry_properties());
-    batch_processor::wrap_schema(
-        json!({"type": "object", "properties": props, "required": ["host", "port"]}),
+    sink::schema(
+        json!({
+            "type": "object",
+            "properties": {
+                "host": {"type": "string"},
+                "port": {"type": "integer"},
+                "flush_limit": {"type": "integer", "minimum": 1, "default": 4096},
+                "drop_limit": {"type": "integer", "default": 1048576},
+                "timeout": {"type": "integer", "minimum": 1, "default": 3000},
+                "sock_type": {"type": "string", "default": "tcp", "enum": ["tcp", "udp"]},
+                "pool_size": {"type": "integer", "minimum": 5, "default": 5},
+                "tls": {"type": "boolean", "default": false}
+            },
+            "required": ["host", "port"]
+        }),
         "sys logger",
     )
-}
-
-fn metadata_schema() -> Value {
-    batch_processor::wrap_metadata_schema(log_entry::metadata_schema())
-}
-
-fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    cx.schema_result.clone()?;
-    log_entry::check(cx.conf)
 }
 
 /// log-util's `get_rfc3339_zulu_timestamp`: `2024-01-02T03:04:05.678Z`.
@@ -93,39 +80,21 @@ struct SyslogSink {
     host: String,
     port: u16,
     udp: bool,
-    tls: bool,
+    tls: Option<Tls>,
     timeout: Duration,
 }
 
 impl SyslogSink {
     async fn write(&self, data: Bytes) -> Result<(), SendError> {
         let (host, port) = (self.host.as_str(), self.port);
-        let failed = |e: String| SendError::new(format!("failed to log message{e}"));
-        if self.tls {
-            return Err(failed(": TLS to syslog servers is not supported".into()));
-        }
-        let io = async {
-            if self.udp {
-                let addr = tokio::net::lookup_host((host, port))
-                    .await?
-                    .next()
-                    .ok_or_else(|| std::io::Error::other("no address"))?;
-                let sock =
-                    UdpSocket::bind(if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }).await?;
-                sock.connect(addr).await?;
-                sock.send(&data).await?;
-            } else {
-                let mut s = TcpStream::connect((host, port)).await?;
-                s.write_all(&data).await?;
-                s.shutdown().await?;
-            }
-            Ok::<_, std::io::Error>(())
+        let sent = if self.udp {
+            net::udp(host, port, self.timeout, &data).await
+        } else {
+            net::tcp(host, port, self.timeout, self.tls.as_ref(), &data).await
         };
-        match tokio::time::timeout(self.timeout, io).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(failed(format!(": {e}"))),
-            Err(_) => Err(failed(": timeout".into())),
-        }
+        sent.map_err(|(NetError::Connect(e) | NetError::Handshake(e) | NetError::Send(e))| {
+            SendError::new(format!("failed to log message: {e}"))
+        })
     }
 }
 
@@ -135,54 +104,37 @@ impl BatchSink for SyslogSink {
         for e in entries {
             all.extend_from_slice(e);
         }
-        Box::pin(self.write(all.freeze()))
+        // The whole batch within `timeout`, as lua-resty-logger-socket's one flush.
+        Box::pin(async move {
+            tokio::time::timeout(self.timeout, self.write(all.freeze()))
+                .await
+                .unwrap_or_else(|_| Err(SendError::new("failed to log message: timeout")))
+        })
     }
-}
-
-struct Syslog {
-    logger: Logger,
-    pid: u32,
 }
 
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
-    let logger = Logger::compile(cx, NAME, false, |conf| {
-        let port = conf.get("port").and_then(Value::as_i64).unwrap_or(0);
+    let tls_client = cx.services.tls().clone();
+    let logger = Logger::compile(cx, NAME, false, |c| {
+        let (host, port) = conf::host_port(c)?;
         Ok(Arc::new(SyslogSink {
-            host: conf
-                .get("host")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned(),
-            port: u16::try_from(port).map_err(|_| format!("invalid port {port}"))?,
-            udp: conf.get("sock_type").and_then(Value::as_str) == Some("udp"),
-            tls: conf.get("tls").and_then(Value::as_bool).unwrap_or(false),
-            timeout: Duration::from_millis(
-                conf.get("timeout").and_then(Value::as_u64).unwrap_or(3000),
-            ),
+            host,
+            port,
+            udp: conf::text(c, "sock_type") == "udp",
+            tls: conf::flag(c, "tls").then(|| Tls {
+                client: tls_client,
+                server_name: None,
+                verify: false,
+            }),
+            timeout: conf::millis(c, "timeout", 3000),
         }) as Arc<dyn BatchSink>)
     })?
     .with_vars(&VarNames::from(vec!["host".into()]));
-    Ok(Arc::new(Syslog {
-        logger,
-        pid: std::process::id(),
+    let pid = std::process::id();
+    Ok(logger.encoded_by(move |entry, now_ms, ctx: &LogCtx| {
+        let json = lua::cjson_encode(&Value::Object(entry));
+        Bytes::from(rfc5424(now_ms, ctx.vars.get("host"), pid, &json))
     }))
-}
-
-impl Plugin for Syslog {
-    fn phases(&self) -> Phases {
-        Phases::LOG
-    }
-
-    fn log_needs(&self) -> LogNeeds {
-        self.logger.needs()
-    }
-
-    fn log(&self, ctx: &LogCtx) {
-        self.logger.log_with(ctx, |entry, now_ms| {
-            let json = lua::cjson_encode(&Value::Object(entry));
-            Bytes::from(rfc5424(now_ms, ctx.vars.get("host"), self.pid, &json))
-        });
-    }
 }
 
 #[cfg(test)]
@@ -192,7 +144,15 @@ mod tests {
     use tokio::io::AsyncReadExt;
 
     use super::*;
+    use crate::log::sink::testing::tls_acceptor;
     use crate::testing::Compiler;
+
+    struct V;
+    impl ferrisix_router::VarSource for V {
+        fn var(&self, name: &str) -> Option<std::borrow::Cow<'_, str>> {
+            (name == "host").then_some(std::borrow::Cow::Borrowed("h.test"))
+        }
+    }
 
     #[test]
     fn rfc5424_lines() {
@@ -211,12 +171,6 @@ mod tests {
         let conf = json!({"host": "127.0.0.1", "port": port, "batch_max_size": 2,
             "log_format": {"s": "$status"}});
         let p = (DEF.compile)(&c.cx(NAME, &conf, "sl-1", None)).unwrap();
-        struct V;
-        impl ferrisix_router::VarSource for V {
-            fn var(&self, name: &str) -> Option<std::borrow::Cow<'_, str>> {
-                (name == "host").then_some(std::borrow::Cow::Borrowed("h.test"))
-            }
-        }
         for status in [200, 404] {
             p.log(&LogCtx {
                 status,
@@ -236,6 +190,28 @@ mod tests {
             assert_eq!(fields[3], "apisix");
             assert_eq!(fields[7], format!("{{\"s\":\"{status}\"}}"));
         }
+    }
+
+    #[tokio::test]
+    async fn tls_over_tcp() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let c = Compiler::new();
+        let conf = json!({"host": "127.0.0.1", "port": port, "batch_max_size": 1, "tls": true,
+            "log_format": {"s": "$status"}});
+        let p = (DEF.compile)(&c.cx(NAME, &conf, "sl-tls", None)).unwrap();
+        p.log(&LogCtx {
+            status: 200,
+            vars: LogVars::capture(p.log_needs().vars.unwrap(), &V),
+            ..Default::default()
+        });
+        let (s, _) = listener.accept().await.unwrap();
+        let mut s = tls_acceptor().accept(s).await.unwrap();
+        assert_eq!(s.get_ref().1.server_name(), None, "an address sends no SNI");
+        let mut text = String::new();
+        s.read_to_string(&mut text).await.unwrap();
+        assert!(text.starts_with("<46>1 "), "{text}");
+        assert!(text.ends_with(" - - {\"s\":\"200\"}\n"), "{text}");
     }
 
     #[test]

@@ -1,96 +1,69 @@
 //! tcp-logger (`apisix/plugins/tcp-logger.lua`): each batch written on a new TCP connection
 //! to `host:port` (a JSON array; a lone object when `batch_max_size` is 1), then closed;
-//! `timeout` (milliseconds) bounds the connect and the write.
-//!
-//! `tls` (and `tls_options`) pass the schema but TLS to the log server is not built: such
-//! batches fail with that error.
+//! `timeout` (milliseconds) bounds the connect, the handshake and the write. `tls` makes it a
+//! TLS connection, `tls_options` its SNI, the certificate not verified (APISIX's
+//! `sslhandshake(true, tls_options, false)`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use ferrisix_plugin_api::{CheckCtx, CompileCtx, LogCtx, LogNeeds, Phases, Plugin, PluginDef};
-use serde_json::{json, Map, Value};
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
+use ferrisix_plugin_api::{CompileCtx, Plugin, PluginDef};
+use serde_json::{json, Value};
 
-use super::batch_processor::{self, BatchSink, SendError, SendFuture};
-use super::log_entry;
-use super::logger::{encode_batch, Concat, Logger};
+use super::sink::net::{self, NetError, Tls};
+use super::sink::{self, conf, encode_batch, BatchSink, Concat, Logger, SendError, SendFuture};
 
 pub const NAME: &str = "tcp-logger";
 
 pub static DEF: PluginDef = PluginDef {
-    metadata_schema: Some(metadata_schema),
-    check: Some(check),
+    metadata_schema: Some(sink::metadata_schema),
+    check: Some(sink::check),
     ..PluginDef::new(NAME, 405, schema, compile)
 };
 
 fn schema() -> Value {
-    let mut props = Map::new();
-    props.insert("host".into(), json!({"type": "string"}));
-    props.insert("port".into(), json!({"type": "integer", "minimum": 0}));
-    props.insert("tls".into(), json!({"type": "boolean", "default": false}));
-    props.insert("tls_options".into(), json!({"type": "string"}));
-    props.insert(
-        "timeout".into(),
-        json!({"type": "integer", "minimum": 1, "default": 1000}),
-    );
-    props.extend(log_entry::entry_properties());
-    batch_processor::wrap_schema(
-        json!({"type": "object", "properties": props, "required": ["host", "port"]}),
+    sink::schema(
+        json!({
+            "type": "object",
+            "properties": {
+                "host": {"type": "string"},
+                "port": {"type": "integer", "minimum": 0},
+                "tls": {"type": "boolean", "default": false},
+                "tls_options": {"type": "string"},
+                "timeout": {"type": "integer", "minimum": 1, "default": 1000}
+            },
+            "required": ["host", "port"]
+        }),
         "tcp logger",
     )
-}
-
-fn metadata_schema() -> Value {
-    batch_processor::wrap_metadata_schema(log_entry::metadata_schema())
-}
-
-fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    cx.schema_result.clone()?;
-    log_entry::check(cx.conf)
 }
 
 struct TcpSink {
     host: String,
     port: u16,
-    tls: bool,
+    tls: Option<Tls>,
     timeout: Duration,
 }
 
 impl TcpSink {
     async fn write(&self, data: Bytes) -> Result<(), SendError> {
         let (host, port) = (&self.host, self.port);
-        if self.tls {
-            return Err(SendError::new(format!(
-                "failed to perform TLS handshake to TCP server: host[{host}] port[{port}] err: TLS to log servers is not supported"
-            )));
-        }
-        let mut stream = tokio::time::timeout(self.timeout, TcpStream::connect((host.as_str(), port)))
+        net::tcp(host, port, self.timeout, self.tls.as_ref(), &data)
             .await
-            .map_err(|_| "timeout".to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()))
             .map_err(|e| {
-                SendError::new(format!(
-                    "failed to connect to TCP server: host[{host}] port[{port}] err: {e}"
-                ))
-            })?;
-        let sent = tokio::time::timeout(self.timeout, async {
-            stream.write_all(&data).await?;
-            stream.shutdown().await
-        })
-        .await;
-        match sent {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("timeout".into()),
-        }
-        .map_err(|e| {
-            SendError::new(format!(
-                "failed to send data to TCP server: host[{host}] port[{port}] err: {e}"
-            ))
-        })
+                SendError::new(match e {
+                    NetError::Connect(e) => format!(
+                        "failed to connect to TCP server: host[{host}] port[{port}] err: {e}"
+                    ),
+                    NetError::Handshake(e) => format!(
+                        "failed to perform TLS handshake to TCP server: host[{host}] port[{port}] err: {e}"
+                    ),
+                    NetError::Send(e) => format!(
+                        "failed to send data to TCP server: host[{host}] port[{port}] err: {e}"
+                    ),
+                })
+            })
     }
 }
 
@@ -100,47 +73,35 @@ impl BatchSink for TcpSink {
     }
 }
 
-struct TcpLogger(Logger);
-
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
-    let logger = Logger::compile(cx, NAME, false, |conf| {
-        let port = conf.get("port").and_then(Value::as_u64).unwrap_or(0);
+    let tls_client = cx.services.tls().clone();
+    let logger = Logger::compile(cx, NAME, false, |c| {
+        let (host, port) = conf::host_port(c)?;
         Ok(Arc::new(TcpSink {
-            host: conf
-                .get("host")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned(),
-            port: u16::try_from(port).map_err(|_| format!("invalid port {port}"))?,
-            tls: conf.get("tls").and_then(Value::as_bool).unwrap_or(false),
-            timeout: Duration::from_millis(
-                conf.get("timeout").and_then(Value::as_u64).unwrap_or(1000),
-            ),
+            host,
+            port,
+            tls: conf::flag(c, "tls").then(|| Tls {
+                client: tls_client,
+                server_name: c
+                    .get("tls_options")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+                verify: false,
+            }),
+            timeout: conf::millis(c, "timeout", 1000),
         }) as Arc<dyn BatchSink>)
     })?;
-    Ok(Arc::new(TcpLogger(logger)))
-}
-
-impl Plugin for TcpLogger {
-    fn phases(&self) -> Phases {
-        Phases::LOG
-    }
-
-    fn log_needs(&self) -> LogNeeds {
-        self.0.needs()
-    }
-
-    fn log(&self, ctx: &LogCtx) {
-        self.0.log(ctx);
-    }
+    Ok(logger.into_plugin())
 }
 
 #[cfg(test)]
 mod tests {
     use ferrisix_config::validate::PluginCheck;
+    use ferrisix_plugin_api::LogCtx;
     use tokio::io::AsyncReadExt;
 
     use super::*;
+    use crate::log::sink::testing::tls_acceptor;
     use crate::testing::Compiler;
 
     #[tokio::test]
@@ -166,6 +127,57 @@ mod tests {
         }
         got.sort_by_key(|v| v["code"].as_str().unwrap().to_owned());
         assert_eq!(got, vec![json!({"case": "meta", "code": "200"}), json!({"case": "meta", "code": "404"})]);
+    }
+
+    #[tokio::test]
+    async fn tls_batches_use_the_sni_of_tls_options() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let c = Compiler::new();
+        // The test certificate is not trusted by the system: APISIX's tcp-logger never verifies.
+        let conf = json!({"host": "127.0.0.1", "port": port, "batch_max_size": 1, "tls": true,
+            "tls_options": "logs.example", "log_format": {"s": "$status"}});
+        let p = (DEF.compile)(&c.cx(NAME, &conf, "tl-tls", None)).unwrap();
+        p.log(&LogCtx {
+            status: 201,
+            ..Default::default()
+        });
+        let (s, _) = listener.accept().await.unwrap();
+        let mut s = tls_acceptor().accept(s).await.unwrap();
+        assert_eq!(s.get_ref().1.server_name(), Some("logs.example"));
+        let mut text = String::new();
+        s.read_to_string(&mut text).await.unwrap();
+        assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), json!({"s": "201"}));
+    }
+
+    #[tokio::test]
+    async fn a_plain_server_fails_the_tls_handshake() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let _ = tokio::io::AsyncWriteExt::write_all(&mut s, b"HTTP/1.1 400 Bad\r\n\r\n").await;
+        });
+        let c = Compiler::new();
+        let conf = serde_json::from_value(json!({"host": "127.0.0.1", "port": port, "tls": true})).unwrap();
+        let sink = TcpSink {
+            host: "127.0.0.1".into(),
+            port,
+            tls: Some(Tls {
+                client: c.registry.services().tls().clone(),
+                server_name: None,
+                verify: false,
+            }),
+            timeout: conf::millis(&conf, "timeout", 1000),
+        };
+        let err = sink.write(Bytes::from_static(b"{}")).await.unwrap_err();
+        assert!(
+            err.message.starts_with(&format!(
+                "failed to perform TLS handshake to TCP server: host[127.0.0.1] port[{port}] err: "
+            )),
+            "{}",
+            err.message
+        );
     }
 
     #[test]

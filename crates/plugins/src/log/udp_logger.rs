@@ -5,44 +5,33 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use ferrisix_plugin_api::{CheckCtx, CompileCtx, LogCtx, LogNeeds, Phases, Plugin, PluginDef};
-use serde_json::{json, Map, Value};
-use tokio::net::UdpSocket;
+use ferrisix_plugin_api::{CompileCtx, Plugin, PluginDef};
+use serde_json::{json, Value};
 
-use super::batch_processor::{self, BatchSink, SendError, SendFuture};
-use super::log_entry;
-use super::logger::{encode_batch, Concat, Logger};
+use super::sink::net::{self, NetError};
+use super::sink::{self, conf, encode_batch, BatchSink, Concat, Logger, SendError, SendFuture};
 
 pub const NAME: &str = "udp-logger";
 
 pub static DEF: PluginDef = PluginDef {
-    metadata_schema: Some(metadata_schema),
-    check: Some(check),
+    metadata_schema: Some(sink::metadata_schema),
+    check: Some(sink::check),
     ..PluginDef::new(NAME, 400, schema, compile)
 };
 
 fn schema() -> Value {
-    let mut props = Map::new();
-    props.insert("host".into(), json!({"type": "string"}));
-    props.insert("port".into(), json!({"type": "integer", "minimum": 0}));
-    props.insert(
-        "timeout".into(),
-        json!({"type": "integer", "minimum": 1, "default": 3}),
-    );
-    props.extend(log_entry::entry_properties());
-    batch_processor::wrap_schema(
-        json!({"type": "object", "properties": props, "required": ["host", "port"]}),
+    sink::schema(
+        json!({
+            "type": "object",
+            "properties": {
+                "host": {"type": "string"},
+                "port": {"type": "integer", "minimum": 0},
+                "timeout": {"type": "integer", "minimum": 1, "default": 3}
+            },
+            "required": ["host", "port"]
+        }),
         "udp logger",
     )
-}
-
-fn metadata_schema() -> Value {
-    batch_processor::wrap_metadata_schema(log_entry::metadata_schema())
-}
-
-fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    cx.schema_result.clone()?;
-    log_entry::check(cx.conf)
 }
 
 struct UdpSink {
@@ -54,35 +43,18 @@ struct UdpSink {
 impl UdpSink {
     async fn datagram(&self, data: Bytes) -> Result<(), SendError> {
         let (host, port) = (&self.host, self.port);
-        let connect = async {
-            let addr = tokio::net::lookup_host((host.as_str(), port))
-                .await?
-                .next()
-                .ok_or_else(|| std::io::Error::other("no address"))?;
-            let local = if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
-            let sock = UdpSocket::bind(local).await?;
-            sock.connect(addr).await?;
-            Ok::<_, std::io::Error>(sock)
-        };
-        let sock = tokio::time::timeout(self.timeout, connect)
+        net::udp(host, port, self.timeout, &data)
             .await
-            .map_err(|_| "timeout".to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()))
             .map_err(|e| {
-                SendError::new(format!(
-                    "failed to connect to UDP server: host[{host}] port[{port}] err: {e}"
-                ))
-            })?;
-        match tokio::time::timeout(self.timeout, sock.send(&data)).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("timeout".into()),
-        }
-        .map_err(|e| {
-            SendError::new(format!(
-                "failed to send data to UDP server: host[{host}] port[{port}] err:{e}"
-            ))
-        })
+                SendError::new(match e {
+                    NetError::Send(e) => format!(
+                        "failed to send data to UDP server: host[{host}] port[{port}] err:{e}"
+                    ),
+                    NetError::Connect(e) | NetError::Handshake(e) => format!(
+                        "failed to connect to UDP server: host[{host}] port[{port}] err: {e}"
+                    ),
+                })
+            })
     }
 }
 
@@ -92,41 +64,24 @@ impl BatchSink for UdpSink {
     }
 }
 
-struct UdpLogger(Logger);
-
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
-    let logger = Logger::compile(cx, NAME, false, |conf| {
-        let port = conf.get("port").and_then(Value::as_u64).unwrap_or(0);
+    let logger = Logger::compile(cx, NAME, false, |c| {
+        let (host, port) = conf::host_port(c)?;
         Ok(Arc::new(UdpSink {
-            host: conf
-                .get("host")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned(),
-            port: u16::try_from(port).map_err(|_| format!("invalid port {port}"))?,
-            timeout: Duration::from_secs(conf.get("timeout").and_then(Value::as_u64).unwrap_or(3)),
+            host,
+            port,
+            timeout: conf::secs(c, "timeout", 3),
         }) as Arc<dyn BatchSink>)
     })?;
-    Ok(Arc::new(UdpLogger(logger)))
-}
-
-impl Plugin for UdpLogger {
-    fn phases(&self) -> Phases {
-        Phases::LOG
-    }
-
-    fn log_needs(&self) -> LogNeeds {
-        self.0.needs()
-    }
-
-    fn log(&self, ctx: &LogCtx) {
-        self.0.log(ctx);
-    }
+    Ok(logger.into_plugin())
 }
 
 #[cfg(test)]
 mod tests {
     use ferrisix_config::validate::PluginCheck;
+
+    use ferrisix_plugin_api::LogCtx;
+    use tokio::net::UdpSocket;
 
     use super::*;
     use crate::testing::Compiler;

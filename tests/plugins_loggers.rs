@@ -1,6 +1,7 @@
 //! End-to-end loggers through the binary: http-logger under wrk logs every request exactly
 //! once (the last partial batch flushed by the graceful shutdown), and with its sink down the
-//! gateway keeps serving with bounded memory (the backlog drops what it cannot hold).
+//! gateway keeps serving with bounded memory (the backlog drops what it cannot hold);
+//! file-logger appends its lines and reopens its file on SIGUSR1.
 mod support;
 
 use std::io::{Read, Write};
@@ -174,4 +175,51 @@ fn http_logger_with_its_sink_down_keeps_memory_bounded() {
     // Still answering at once.
     let r = get(gw.addr(), "/hello");
     assert_eq!(r.status, 200);
+}
+
+/// The lines of `path` once it has `n` of them (within 10 s).
+fn file_lines(path: &std::path::Path, n: usize) -> Vec<Value> {
+    let mut text = String::new();
+    poll_until(std::time::Duration::from_secs(10), || {
+        text = std::fs::read_to_string(path).unwrap_or_default();
+        text.lines().count() >= n
+    })
+    .unwrap_or_else(|| panic!("{} has not {n} lines:\n{text}", path.display()));
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn file_logger_appends_lines_and_reopens_its_file_on_sigusr1() {
+    let up = Upstream::start("u", Behaviour::Echo);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("file.log");
+    let routes = json!({"routes": [{"id": "1", "uri": "/hello", "plugins": {"file-logger": {
+        "path": path.to_str().unwrap(), "log_format": {"status": "$status", "args": "$args"},
+        "match": [[["arg_skip", "!", "==", "yes"]]]}},
+        "upstream": {"type": "roundrobin", "nodes": {up.node(): 1}}}]})
+    .to_string();
+    let gw = Gateway::start(&routes);
+    assert_eq!(get(gw.addr(), "/hello?n=1").status, 200);
+    assert_eq!(get(gw.addr(), "/hello?skip=yes").status, 200);
+    assert_eq!(get(gw.addr(), "/hello?n=2").status, 200);
+    let first = file_lines(&path, 2);
+    assert_eq!(
+        first[0],
+        json!({"status": "200", "args": "n=1", "route_id": "1"})
+    );
+    assert_eq!(first[1]["args"], "n=2");
+    // logrotate: the file moved away, then SIGUSR1; the next lines go to a new file.
+    let rotated = dir.path().join("file.log.1");
+    std::fs::rename(&path, &rotated).unwrap();
+    gw.signal("USR1");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(get(gw.addr(), "/hello?n=3").status, 200);
+    let after = file_lines(&path, 1);
+    assert_eq!(
+        after,
+        vec![json!({"status": "200", "args": "n=3", "route_id": "1"})]
+    );
+    assert_eq!(file_lines(&rotated, 2).len(), 2);
 }

@@ -1,7 +1,7 @@
 //! Loggers: each request's log entry (`log_entry`, APISIX's `log-util`) sent to a log
 //! pipeline through a batch processor (`batch_processor`, APISIX's), one file per logger on
 //! the shared `logger` core and the `sink` helpers (schemas, conf reading, TCP/TLS/UDP and
-//! HTTP(S) sends).
+//! HTTP(S) sends); file-logger writes its own file through a writer task.
 
 pub mod batch_processor;
 pub mod log_entry;
@@ -16,4 +16,5 @@ family! {
     elasticsearch_logger,
     syslog,
     clickhouse_logger,
+    file_logger,
 }

@@ -15,6 +15,11 @@ nginx proxy_pass (1 worker, upstream keepalive, buffered access log) each proxy 
       --baseline the baseline gateway serves s1 without checks, measured interleaved (A/B)
   key-auth  s1's route with key-auth, 10,000 key-auth consumers in the store
   jwt       s1's route with jwt-auth, an HS256 token of one consumer
+  http-logger  s1's route with http-logger (the default entry, batch_max_size 1000) posting to
+         an in-bench HTTP sink that counts the entries: CPU per request against s1, and the
+         sink's count checked against wrk's in every round (wrk does not count the answers
+         still in flight on its connections at its deadline: those are logged too, so the
+         sink may hold up to --connections more, never fewer)
 For every run it reads req/s and latency from wrk and the proxy's CPU time (user+sys of all its
 processes, from /proc) and reports medians and ratios against nginx as a markdown table and JSON.
 
@@ -23,7 +28,7 @@ runs beside the first on ports 9082/9182 and is measured interleaved with it in 
 rounds of the plain scenarios (s1, s2): the A/B figures come from one run.
 
 Usage: benches/e2e/bench.py [--rounds 3] [--duration 5] [--connections 16] [--threads 2]
-                            [--scenarios s1,s2,s1c,route,tls,tls-hs,h2,key-auth,jwt] [--json out.json] [--markdown out.md]
+                            [--scenarios s1,s2,s1c,route,tls,tls-hs,h2,key-auth,jwt,http-logger] [--json out.json] [--markdown out.md]
                             [--baseline BINARY]
                             [--apisix URL --apisix-admin URL --apisix-key KEY]
 """
@@ -39,8 +44,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -111,6 +118,71 @@ ROUTE_PLUGINS = {
     "ip-restriction": {"whitelist": ["127.0.0.0/8", "10.0.0.0/8", "::1"]},
 }
 SCENARIO_PLUGINS = {"s2": S2_PLUGINS, "route": ROUTE_PLUGINS}
+
+# The http-logger scenario (issue 14): every request's default entry, in batches of 1000, to a
+# sink in this process. `inactive_timeout` stays APISIX's 5 s: a round waits for the last batch.
+LOG_SINK_INACTIVE_S = 5
+
+
+class LogSink:
+    """An HTTP log sink counting the entries of every POSTed batch (a JSON array or one
+    object), on a free port of 127.0.0.1."""
+
+    def __init__(self):
+        self.count = 0
+        self.batches = 0
+        self.bad = 0
+        self.last_change = time.monotonic()
+        self.lock = threading.Lock()
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                try:
+                    v = json.loads(body)
+                    n = len(v) if isinstance(v, list) else 1
+                except ValueError:
+                    n = 0
+                with sink.lock:
+                    sink.count += n
+                    sink.batches += 1
+                    sink.bad += n == 0
+                    sink.last_change = time.monotonic()
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def settle(self, quiet_s=LOG_SINK_INACTIVE_S + 1.5, limit_s=30):
+        """Waits until no batch came for `quiet_s` (the processors flushed) and answers the count."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            with self.lock:
+                idle = time.monotonic() - self.last_change
+            if idle >= quiet_s:
+                break
+            time.sleep(0.2)
+        with self.lock:
+            return self.count
+
+    def reset(self):
+        with self.lock:
+            self.count = self.batches = self.bad = 0
+
+
+def http_logger_plugins(sink_port):
+    return {"http-logger": {"uri": f"http://127.0.0.1:{sink_port}/log", "batch_max_size": 1000,
+                            "inactive_timeout": LOG_SINK_INACTIVE_S}}
 
 
 def ensure_tools():
@@ -468,10 +540,13 @@ def main():
 
         results = {}
         consumers_written = set()
+        log_sink = LogSink() if "http-logger" in args.scenarios.split(",") else None
         for scenario in args.scenarios.split(","):
             tls = scenario in TLS_SCENARIOS
             targets = tls_targets if tls else plain_targets
             plugins = SCENARIO_PLUGINS.get(scenario, {})
+            if scenario == "http-logger":
+                plugins = http_logger_plugins(log_sink.port)
             checks = S1C_CHECKS if scenario == "s1c" else None
             if scenario == "key-auth":
                 plugins = {"key-auth": {}}
@@ -499,9 +574,22 @@ def main():
             for rnd in range(args.rounds):
                 order = targets if rnd % 2 == 0 else list(reversed(targets))
                 for name, port, pids in order:
-                    if (scenario in SCENARIO_PLUGINS or scenario == "s1c" or scenario in AUTH_SCENARIOS) and name == "nginx":
+                    if (scenario in SCENARIO_PLUGINS or scenario in ("s1c", "http-logger")
+                            or scenario in AUTH_SCENARIOS) and name == "nginx":
                         continue  # nginx has no equivalent of the plugins; these compare with s1
+                    if scenario == "http-logger":
+                        log_sink.settle()  # the warm-up's or the last round's entries
+                        log_sink.reset()
                     r = measure(name, port, pids, args, cores["wrk"], scenario)
+                    if scenario == "http-logger":
+                        r["logged"] = log_sink.settle()
+                        r["log_batches"] = log_sink.batches
+                        extra = r["logged"] - r["requests"]
+                        # wrk's count leaves out the answers in flight at its deadline.
+                        r["logged_ok"] = 0 <= extra <= args.connections and log_sink.bad == 0
+                        print(f"http-logger round {rnd + 1} {name}: the sink got {r['logged']} entries "
+                              f"in {r['log_batches']} batches for wrk's {r['requests']} requests "
+                              f"({'ok' if r['logged_ok'] else 'MISMATCH'})", file=sys.stderr)
                     runs[name].append(r)
                     print(f"{scenario} round {rnd + 1} {name}: {r['rps']:.0f} req/s, "
                           f"{r['cpu_us_per_req']:.1f} us CPU/req, mean {r['mean_ms'] or 0:.3f} ms, "
@@ -514,6 +602,7 @@ def main():
                     "p99_ms": med([r["p99_ms"] for r in rs]),
                     "cpu_us_per_req": med([r["cpu_us_per_req"] for r in rs]),
                     "non2xx": sum(r["non2xx"] for r in rs),
+                    **({"logged_ok": all(r["logged_ok"] for r in rs)} if scenario == "http-logger" else {}),
                     "runs": rs,
                 }
                 for name, rs in runs.items() if rs
@@ -577,6 +666,14 @@ def render_markdown(report):
     if s1 and route:
         lines.append(f"route / s1 CPU per request (ferrisix): {route['cpu_us_per_req'] / s1['cpu_us_per_req']:.2f}× "
                      f"(+{route['cpu_us_per_req'] - s1['cpu_us_per_req']:.1f} µs)")
+    hl = res.get("http-logger", {}).get("ferrisix")
+    if hl:
+        if s1:
+            lines.append(f"http-logger / s1 CPU per request (ferrisix): {hl['cpu_us_per_req'] / s1['cpu_us_per_req']:.2f}× "
+                         f"(+{hl['cpu_us_per_req'] - s1['cpu_us_per_req']:.1f} µs)")
+        counts = ", ".join(f"{r['logged']}/{r['requests']}" for r in hl["runs"])
+        lines.append(f"http-logger entries at the sink / wrk's requests per round: {counts} "
+                     f"({'every request logged once' if hl['logged_ok'] else 'MISMATCH'})")
     for scenario, targets in res.items():
         a, b = targets.get("ferrisix"), targets.get("ferrisix-baseline")
         if a and b:

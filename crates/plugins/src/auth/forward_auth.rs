@@ -8,8 +8,8 @@
 //! goes on with `allow_degradation`, else gets `status_on_error` (403).
 //!
 //! Calls go through the gateway's plugin HTTP client (keep-alive per host; `keepalive:
-//! false` asks the service to close). It speaks plain HTTP only for now: an `https` `uri` is
-//! refused when the plugin is compiled.
+//! false` asks the service to close); an `https` `uri` is TLS, the service's certificate
+//! checked when `ssl_verify` (the default) against the gateway's trusted CA bundle.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,6 +70,7 @@ struct ForwardAuth {
     client_headers: Vec<HeaderName>,
     timeout: Duration,
     keepalive: bool,
+    ssl_verify: bool,
     services: Arc<PluginServices>,
 }
 
@@ -89,9 +90,9 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let uri: http::Uri = uri_text
         .parse()
         .map_err(|_| format!("invalid uri {uri_text}"))?;
-    if uri.scheme_str() != Some("http") {
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
         return Err(format!(
-            "{uri_text}: only http:// authorization services are supported"
+            "{uri_text}: only http:// and https:// authorization services are supported"
         ));
     }
     let int = |name: &str, default: u64| conf.get(name).and_then(Value::as_u64).unwrap_or(default);
@@ -127,6 +128,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         client_headers: names(&conf, "client_headers"),
         timeout: Duration::from_millis(int("timeout", 3000)),
         keepalive: conf.get("keepalive").and_then(Value::as_bool) != Some(false),
+        ssl_verify: conf.get("ssl_verify").and_then(Value::as_bool) != Some(false),
         services: cx.services.clone(),
     }))
 }
@@ -188,7 +190,7 @@ impl ForwardAuth {
         };
         let req = self.auth_request(ctx, body);
         let client: &HttpClient = self.services.http();
-        let resp = match client.send(req, self.timeout).await {
+        let resp = match client.send_verified(req, self.timeout, self.ssl_verify).await {
             Ok(r) => r,
             Err(_) if self.allow_degradation => return Flow::Continue,
             Err(e) => {
@@ -384,7 +386,9 @@ mod tests {
             .registry
             .check(NAME, &json!({"uri": "http://a", "timeout": 0}))
             .is_err());
-        let conf = json!({"uri": "https://auth.example"});
-        assert!((DEF.compile)(&c.cx(NAME, &conf, "fa2", None)).is_err());
+        let conf = json!({"uri": "https://auth.example", "ssl_verify": false});
+        assert!((DEF.compile)(&c.cx(NAME, &conf, "fa2", None)).is_ok());
+        let conf = json!({"uri": "ftp://auth.example"});
+        assert!((DEF.compile)(&c.cx(NAME, &conf, "fa3", None)).is_err());
     }
 }

@@ -17,6 +17,7 @@ use http::{header, HeaderValue, Method};
 use serde_json::{json, Value};
 
 use super::sink::http::{status_and_body, HttpTarget};
+use super::log_entry::civil;
 use super::sink::{self, conf, BatchSink, Logger, SendError, SendFuture};
 
 pub const NAME: &str = "elasticsearch-logger";
@@ -175,25 +176,6 @@ fn strftime_parts(index: &str, secs: u64) -> String {
     }
     out.push_str(rest);
     out
-}
-
-/// UTC year, month, day, hour, minute, second and day of the year of `secs`.
-fn civil(secs: u64) -> (i64, u32, u32, u64, u64, u64, u32) {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    let before: [u32; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
-    let yday = before[(m - 1) as usize] + d + u32::from(leap && m > 2);
-    (y, m, d, rem / 3600, rem % 3600 / 60, rem % 60, yday)
 }
 
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {

@@ -15,6 +15,7 @@ use ferrisix_config::schema::lua;
 use ferrisix_plugin_api::{CompileCtx, LogCtx, Plugin, PluginDef, VarNames};
 use serde_json::{json, Value};
 
+use super::log_entry::civil;
 use super::sink::net::{self, NetError, Tls};
 use super::sink::{self, conf, BatchSink, Logger, SendError, SendFuture};
 
@@ -48,25 +49,8 @@ fn schema() -> Value {
 
 /// log-util's `get_rfc3339_zulu_timestamp`: `2024-01-02T03:04:05.678Z`.
 fn rfc3339_ms(ms: u64) -> String {
-    let secs = ms / 1000;
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
-    )
+    let (y, m, d, h, mi, s, _) = civil(ms / 1000);
+    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{:03}Z", ms % 1000)
 }
 
 /// `rfc5424.encode("SYSLOG", "INFO", host, "apisix", pid, msg)`.

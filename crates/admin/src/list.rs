@@ -64,6 +64,38 @@ pub fn answer(mut items: Vec<Item>, args: &Args, filter_fields: &[&str]) -> List
     ListAnswer::Json(json!({"list": list, "total": total}))
 }
 
+/// The page a list request asks for as `(offset, limit)`, when the store can serve it on its
+/// own: no filter (a filter needs every item), `page` and a valid `page_size` both whole
+/// numbers. Anything else goes through [`answer`] with the whole directory.
+pub fn store_page(args: &Args) -> Option<(usize, usize)> {
+    if ["name", "label", "uri", "filter"]
+        .iter()
+        .any(|f| args.get(f).is_some())
+    {
+        return None;
+    }
+    let page = args.get("page").and_then(arg_number)?;
+    let size = args.get("page_size").and_then(arg_number)?;
+    if !(10.0..=500.0).contains(&size) || size.fract() != 0.0 || page.fract() != 0.0 {
+        return None;
+    }
+    let page = if page < 1.0 { 1.0 } else { page };
+    // Saturating: a page past any directory is an empty one.
+    Some((((page - 1.0) * size) as usize, size as usize))
+}
+
+/// The answer to a list request the store paged ([`store_page`]): `items` is the page, in
+/// order; `total` counts the whole directory.
+pub fn paged_answer(items: &[Item], total: usize) -> Value {
+    let list = if items.is_empty() {
+        // A fresh Lua table with nothing in it is encoded as an object.
+        Value::Object(Map::new())
+    } else {
+        Value::Array(items.iter().map(envelope).collect())
+    };
+    json!({"list": list, "total": total})
+}
+
 /// `{key, value, createdIndex, modifiedIndex}` for one item.
 pub fn envelope(item: &Item) -> Value {
     json!({
@@ -170,6 +202,56 @@ mod tests {
             value,
             create_revision: rev,
             mod_revision: rev,
+        }
+    }
+
+    /// What the store's page gives is what paging the whole directory gives.
+    #[test]
+    fn a_store_page_answers_as_the_whole_directory_paged() {
+        let items: Vec<Item> = (0..37)
+            .map(|i| {
+                item(
+                    &format!("{:02}", (i * 7) % 37),
+                    100 - i / 2,
+                    json!({"i": i}),
+                )
+            })
+            .collect();
+        let mut by_key = items.clone();
+        by_key.sort_by(|a, b| a.key.cmp(&b.key));
+        let mut created = by_key.clone();
+        created.sort_by_key(|i| i.create_revision);
+        for query in [
+            "page=1&page_size=10",
+            "page=4&page_size=10",
+            "page=5&page_size=10",
+            "page=0&page_size=10",
+            "page=-3&page_size=10",
+            "page=2&page_size=20",
+            "page=99999999999999999999&page_size=10",
+        ] {
+            let args = Args::parse(Some(query));
+            let (offset, limit) = store_page(&args).expect(query);
+            let page: Vec<Item> = created.iter().skip(offset).take(limit).cloned().collect();
+            assert_eq!(
+                paged_answer(&page, created.len()),
+                list(by_key.clone(), query),
+                "{query}"
+            );
+        }
+        for query in [
+            "page=1&page_size=5",
+            "page=1.5&page_size=10",
+            "page=1&page_size=10.5",
+            "page=1&page_size=10&name=x",
+            "page=1&page_size=10&label",
+            "page=1&page_size=10&uri=/a",
+            "page=1&page_size=10&filter=service_id%3D1",
+            "page=1",
+            "page_size=10",
+            "page=x&page_size=10",
+        ] {
+            assert_eq!(store_page(&Args::parse(Some(query))), None, "{query}");
         }
     }
 

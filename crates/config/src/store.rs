@@ -34,6 +34,14 @@ pub struct KeyValue {
     pub mod_revision: i64,
 }
 
+/// One page of a directory ([`Store::list_page`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Page {
+    pub kvs: Vec<KeyValue>,
+    /// Keys directly under the directory, on every page.
+    pub total: usize,
+}
+
 /// The result of a write.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PutOutcome {
@@ -79,6 +87,21 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every key under `prefix`, in key order, with the store revision of the read.
     async fn list(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError>;
+
+    /// One page of the keys directly under `dir` (`/apisix/routes/`: not the directory's own
+    /// placeholder, not keys further down such as a consumer's credentials), in creation order
+    /// (create revision, then key, as APISIX's Admin API pages), skipping `offset` and taking at
+    /// most `limit`; with how many keys are directly under `dir` in all. `None` when this store
+    /// cannot page without reading the whole directory: the caller lists it instead.
+    async fn list_page(
+        &self,
+        dir: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Option<Page>, StoreError> {
+        let _ = (dir, offset, limit);
+        Ok(None)
+    }
 
     /// Writes `value`; with `ttl` the key disappears after that long (an etcd lease).
     async fn put(

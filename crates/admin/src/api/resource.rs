@@ -135,6 +135,33 @@ impl AdminApi {
             }
             name => format!("{prefix}/{name}/"),
         };
+        // A page with no filter is read from the store page by page where it can (the
+        // directory's other items are neither read nor parsed). Secrets sit one level further
+        // down (`secrets/<manager>/<id>`), so they are always listed whole.
+        let window = list::store_page(&call.args).filter(|_| call.res.name != "secrets");
+        if let Some((offset, limit)) = window {
+            match self.store.list_page(&dir, offset, limit).await {
+                Err(e) => return unavailable(e),
+                Ok(None) => {}
+                Ok(Some(page)) => {
+                    if page.total == 0 && call.res.name == "credentials" {
+                        return Reply::key_not_found();
+                    }
+                    let mut items: Vec<Item> = page.kvs.into_iter().map(to_item).collect();
+                    for item in &mut items {
+                        if strip_keys {
+                            strip_private_keys(&mut item.value);
+                        }
+                        self.process_plugin_fields(
+                            call.res.name,
+                            &mut item.value,
+                            FieldOp::Decrypt,
+                        );
+                    }
+                    return Reply::json(StatusCode::OK, list::paged_answer(&items, page.total));
+                }
+            }
+        }
         let kvs = match self.store.list(&dir).await {
             Ok((kvs, _)) => kvs,
             Err(e) => return unavailable(e),

@@ -36,8 +36,11 @@ use redb::{Database, Durability, ReadableTable, TableDefinition};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{KeyValue, PutOutcome, StateBuilder, Store, StoreError, StoreHealth};
+use super::{KeyValue, Page, PutOutcome, StateBuilder, Store, StoreError, StoreHealth};
 use crate::state::ConfigState;
+use by_creation::CreationIndex;
+
+mod by_creation;
 
 /// key → encoded [`Record`].
 const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
@@ -57,6 +60,13 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
 /// etcd's default `--max-request-bytes` (1.5 MiB); a bigger value is refused with etcd's text so
 /// the Admin API answers the same on both stores.
 pub const MAX_VALUE_BYTES: usize = 1536 * 1024;
+
+/// redb's page cache. Its default (1 GiB) ends up holding the whole file, which at 100,000
+/// routes is a large part of the node's memory: every page the first load or a write touched
+/// stays cached. Pages past this are read again through the kernel's page cache, fast enough
+/// for how the store is read (one key per Admin read, a whole-prefix scan only at open and
+/// for unpaged lists).
+const CACHE_BYTES: usize = 16 * 1024 * 1024;
 
 /// How long [`EmbeddedStore::open`] waits for a previous handle on the same file to close (a
 /// restart overlapping the old process, or a sweep still finishing after a drop).
@@ -161,6 +171,9 @@ struct Core {
     writer: Mutex<StateBuilder>,
     /// Puts waiting for the next group commit.
     queue: Mutex<Vec<QueuedPut>>,
+    /// The keys under the prefix by directory in creation order (paged lists); changed with
+    /// the writer lock held, after each commit.
+    by_creation: Mutex<CreationIndex>,
     states: watch::Sender<Arc<ConfigState>>,
     revision: AtomicI64,
     /// The soonest expiry in the `expiry` table (u64::MAX: none), so idle sweeps cost nothing.
@@ -224,6 +237,10 @@ impl EmbeddedStore {
         let (kvs, revision) = list_in(&db, &prefix)?;
         let mut builder = StateBuilder::new(prefix.clone());
         builder.reset(&kvs, revision);
+        let mut by_creation = CreationIndex::default();
+        for kv in &kvs {
+            by_creation.insert(&kv.key, kv.create_revision);
+        }
         let (states, _) = watch::channel(builder.snapshot());
         let core = Arc::new(Core {
             next_expiry: AtomicU64::new(first_expiry(&db)?),
@@ -232,6 +249,7 @@ impl EmbeddedStore {
             prefix,
             writer: Mutex::new(builder),
             queue: Mutex::new(Vec::new()),
+            by_creation: Mutex::new(by_creation),
             states,
             revision: AtomicI64::new(revision),
         });
@@ -283,6 +301,12 @@ impl EmbeddedStore {
         *self.core.db.write().unwrap_or_else(|e| e.into_inner()) = Some(db);
         let before = builder.state().resources.clone();
         builder.reset(&kvs, revision);
+        let mut by_creation = self.core.by_creation();
+        by_creation.clear();
+        for kv in &kvs {
+            by_creation.insert(&kv.key, kv.create_revision);
+        }
+        drop(by_creation);
         let changed = builder.state().resources != before;
         self.core.publish(&builder, changed, revision);
         tracing::info!(path = %self.core.path.display(), revision, "embedded store reopened");
@@ -293,7 +317,7 @@ impl EmbeddedStore {
 fn open_db(path: &Path) -> Result<Database, StoreError> {
     let deadline = Instant::now() + OPEN_WAIT;
     loop {
-        match Database::create(path) {
+        match Database::builder().set_cache_size(CACHE_BYTES).create(path) {
             Ok(db) => return Ok(db),
             Err(redb::DatabaseError::DatabaseAlreadyOpen) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(20));
@@ -431,6 +455,40 @@ impl Core {
         })
     }
 
+    fn by_creation(&self) -> MutexGuard<'_, CreationIndex> {
+        // Every change to it is a single insert or remove: a panic leaves it whole.
+        self.by_creation.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One page of `dir` from the creation index, the values read from the file. `None`
+    /// while an expired key may still be in the index (the sweeper has not removed it yet):
+    /// the total would count it.
+    fn list_page(
+        &self,
+        dir: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Option<Page>, StoreError> {
+        let now = now_ms();
+        if self.next_expiry.load(Ordering::SeqCst) <= now {
+            return Ok(None);
+        }
+        let (keys, total) = self.by_creation().page(dir, offset, limit);
+        let txn = self.with_db(|db| db.begin_read().map_err(db_err))?;
+        let table = txn.open_table(KV).map_err(db_err)?;
+        let mut kvs = Vec::with_capacity(keys.len());
+        for key in keys {
+            // A key deleted since the index was read is left out of this page.
+            if let Some(v) = table.get(key.as_str()).map_err(db_err)? {
+                let record = Record::decode(v.value())?;
+                if record.live(now) {
+                    kvs.push(record.to_kv(&key));
+                }
+            }
+        }
+        Ok(Some(Page { kvs, total }))
+    }
+
     fn queued(&self) -> MutexGuard<'_, Vec<QueuedPut>> {
         // Pushing and taking cannot leave the queue half-changed.
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
@@ -443,8 +501,10 @@ impl Core {
         if group.is_empty() {
             return;
         }
-        let mut answers: Vec<Result<(Option<KeyValue>, Record), StoreError>> =
-            Vec::with_capacity(group.len());
+        // Per put: what it replaced (if live), the new record, and the create revision of the
+        // record it overwrote, live or expired (for the creation index).
+        type Answer = Result<(Option<KeyValue>, Record, Option<i64>), StoreError>;
+        let mut answers: Vec<Answer> = Vec::with_capacity(group.len());
         let committed = (|| -> Result<i64, StoreError> {
             let now = now_ms();
             let txn = self.begin_write()?;
@@ -484,7 +544,8 @@ impl Core {
                             .insert((record.expires_at, key), ())
                             .map_err(db_err)?;
                     }
-                    answers.push(Ok((previous.map(|r| r.to_kv(key)), record)));
+                    let overwritten = old.as_ref().map(|r| r.create_revision);
+                    answers.push(Ok((previous.map(|r| r.to_kv(key)), record, overwritten)));
                 }
                 meta.insert(REVISION, revision).map_err(db_err)?;
                 revision
@@ -502,8 +563,10 @@ impl Core {
             }
         };
         let mut changed = false;
+        let mut by_creation = self.by_creation();
         for (put, answer) in group.iter().zip(&answers) {
-            if let Ok((_, record)) = answer {
+            if let Ok((_, record, overwritten)) = answer {
+                by_creation.replace(&put.key, *overwritten, record.create_revision);
                 if record.expires_at != 0 {
                     self.next_expiry
                         .fetch_min(record.expires_at, Ordering::SeqCst);
@@ -512,9 +575,10 @@ impl Core {
                     builder.apply(&put.key, Some(&record.to_kv(&put.key)), record.mod_revision);
             }
         }
+        drop(by_creation);
         self.publish(builder, changed, revision);
         for (put, answer) in group.into_iter().zip(answers) {
-            let answer = answer.map(|(previous, record)| PutOutcome {
+            let answer = answer.map(|(previous, record, _)| PutOutcome {
                 previous,
                 revision: record.mod_revision,
             });
@@ -549,6 +613,7 @@ impl Core {
             (old.to_kv(key), revision)
         };
         txn.commit().map_err(db_err)?;
+        self.by_creation().remove(key, previous.create_revision);
         let changed = builder.apply(key, None, revision);
         self.publish(&builder, changed, revision);
         Ok(Some(previous))
@@ -586,9 +651,12 @@ impl Core {
         };
         txn.commit().map_err(db_err)?;
         let mut changed = false;
-        for (key, _) in &doomed {
+        let mut by_creation = self.by_creation();
+        for (key, record) in &doomed {
+            by_creation.remove(key, record.create_revision);
             changed |= builder.apply(key, None, revision);
         }
+        drop(by_creation);
         self.publish(&builder, changed, revision);
         Ok(doomed.len() as u64)
     }
@@ -679,6 +747,16 @@ impl Store for EmbeddedStore {
     async fn list(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
         let (core, prefix) = (Arc::clone(&self.core), prefix.to_owned());
         blocking(move || core.with_db(|db| list_in(db, &prefix))).await
+    }
+
+    async fn list_page(
+        &self,
+        dir: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Option<Page>, StoreError> {
+        let (core, dir) = (Arc::clone(&self.core), dir.to_owned());
+        blocking(move || core.list_page(&dir, offset, limit)).await
     }
 
     async fn put(
@@ -821,5 +899,143 @@ mod tests {
         let (kvs, revision) = core.with_db(|db| list_in(db, "/apisix")).unwrap();
         assert_eq!((kvs.len(), revision), (16 * 40, n as i64 + 1));
         assert!(kvs.iter().all(|kv| kv.value == b"{\"a\":1}"));
+    }
+
+    #[test]
+    fn pages_are_read_from_the_creation_index_and_match_the_whole_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let names =
+            |page: &Page| -> Vec<String> { page.kvs.iter().map(|kv| kv.key.clone()).collect() };
+        // Every page of `dir`, as listing the whole directory and sorting it gives.
+        let by_listing = |core: &Core, dir: &str, offset: usize, limit: usize| {
+            let (mut kvs, _) = core.with_db(|db| list_in(db, dir)).unwrap();
+            kvs.retain(|kv| kv.key.len() > dir.len() && !kv.key[dir.len()..].contains('/'));
+            kvs.sort_by_key(|kv| kv.create_revision);
+            let total = kvs.len();
+            let page = kvs.into_iter().skip(offset).take(limit).collect();
+            Page { kvs: page, total }
+        };
+        rt.block_on(async {
+            let store = EmbeddedStore::open(&path, "/apisix").unwrap();
+            let core = store.core.clone();
+            core.put("/apisix/routes/", b"init_dir".to_vec(), None, None)
+                .unwrap();
+            for i in (0..30).rev() {
+                core.put(
+                    &format!("/apisix/routes/{i:02}"),
+                    b"{}".to_vec(),
+                    None,
+                    None,
+                )
+                .unwrap();
+            }
+            core.put("/apisix/consumers/u", b"{}".to_vec(), None, None)
+                .unwrap();
+            core.put(
+                "/apisix/consumers/u/credentials/c",
+                b"{}".to_vec(),
+                None,
+                None,
+            )
+            .unwrap();
+            // An update keeps its place; a delete and re-create moves to the end.
+            core.put("/apisix/routes/29", b"{\"a\":1}".to_vec(), None, None)
+                .unwrap();
+            core.delete("/apisix/routes/28").unwrap();
+            core.put("/apisix/routes/28", b"{}".to_vec(), None, None)
+                .unwrap();
+            core.delete("/apisix/routes/10").unwrap();
+            core.delete_prefix("/apisix/routes/0").unwrap();
+
+            let page = store
+                .list_page("/apisix/routes/", 0, 10)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(page.total, 19);
+            assert_eq!(
+                names(&page)[..3],
+                [
+                    "/apisix/routes/29",
+                    "/apisix/routes/27",
+                    "/apisix/routes/26"
+                ]
+            );
+            assert_eq!(page.kvs[0].value, b"{\"a\":1}");
+            for offset in [0, 5, 10, 18, 19, 40] {
+                let got = store
+                    .list_page("/apisix/routes/", offset, 10)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(
+                    got,
+                    by_listing(&core, "/apisix/routes/", offset, 10),
+                    "{offset}"
+                );
+            }
+            let last = store
+                .list_page("/apisix/routes/", 18, 10)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(names(&last), ["/apisix/routes/28"]);
+            let consumers = store
+                .list_page("/apisix/consumers/", 0, 10)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                (names(&consumers), consumers.total),
+                (vec!["/apisix/consumers/u".to_owned()], 1)
+            );
+            let none = store
+                .list_page("/apisix/upstreams/", 0, 10)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(none.total, 0);
+
+            // A key with a TTL that has expired but is not swept yet: the caller lists instead.
+            core.put(
+                "/apisix/routes/ttl",
+                b"{}".to_vec(),
+                Some(Duration::from_secs(1)),
+                None,
+            )
+            .unwrap();
+            assert_eq!(
+                store
+                    .list_page("/apisix/routes/", 0, 10)
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .total,
+                20
+            );
+            // Called directly: awaiting would let the sweeper run and move `next_expiry` on.
+            core.next_expiry.store(now_ms(), Ordering::SeqCst);
+            assert_eq!(core.list_page("/apisix/routes/", 0, 10).unwrap(), None);
+            core.delete("/apisix/routes/ttl").unwrap();
+            core.next_expiry.store(u64::MAX, Ordering::SeqCst);
+            drop(core);
+            drop(store);
+
+            // Reopened: the index is built from the file, in the same order.
+            let store = EmbeddedStore::open(&path, "/apisix").unwrap();
+            for offset in [0, 10] {
+                let got = store
+                    .list_page("/apisix/routes/", offset, 10)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(got, by_listing(&store.core, "/apisix/routes/", offset, 10));
+            }
+        });
     }
 }

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use crate::state::ConfigState;
 use crate::store::embedded::MAX_VALUE_BYTES;
-use crate::store::{KeyValue, PutOutcome, StateBuilder, Store, StoreError, StoreHealth};
+use crate::store::{KeyValue, Page, PutOutcome, StateBuilder, Store, StoreError, StoreHealth};
 
 #[derive(Clone, Debug)]
 struct Entry {
@@ -178,6 +178,31 @@ impl Store for MemoryStore {
             .map(|(_, e)| e.kv.clone())
             .collect();
         Ok((kvs, inner.revision))
+    }
+
+    /// Pages as the embedded store does (by reading the directory: this store is for tests,
+    /// which then go through the Admin API's paged path too).
+    async fn list_page(
+        &self,
+        dir: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Option<Page>, StoreError> {
+        let inner = self.ready()?;
+        let mut kvs: Vec<KeyValue> = inner
+            .keys
+            .range(dir.to_string()..)
+            .take_while(|(k, _)| k.starts_with(dir))
+            .filter(|(k, _)| {
+                let name = &k[dir.len()..];
+                !name.is_empty() && !name.contains('/')
+            })
+            .map(|(_, e)| e.kv.clone())
+            .collect();
+        kvs.sort_by_key(|kv| kv.create_revision);
+        let total = kvs.len();
+        let kvs = kvs.into_iter().skip(offset).take(limit).collect();
+        Ok(Some(Page { kvs, total }))
     }
 
     async fn put(

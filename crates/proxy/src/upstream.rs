@@ -25,7 +25,7 @@ use crate::balancer::{HashOn, PickState};
 use crate::body::ResponseBody;
 use crate::client::{self, PoolKey, SendOutcome, StreamSource, TryTimeouts, UpstreamBody};
 use crate::ctx::RequestCtx;
-use crate::error::{ErrorKind, ProxyError};
+use crate::error::{ErrorKind, ErrorSource, ProxyError};
 use crate::forwarded::upstream_headers;
 use crate::head::host_without_port;
 use crate::nodes::HealthView;
@@ -513,8 +513,9 @@ pub async fn proxy(
             }
             Err((failure, returned)) => {
                 drop(try_guard);
-                if failure.kind == ErrorKind::BodyTooLarge {
-                    // The client's fault, found while its body streamed: no other try.
+                if failure.source() == ErrorSource::Client {
+                    // The client's fault (its body passed the limit or broke off), found while
+                    // it streamed: no other try.
                     return responses::error_response(failure, &gateway.server_header);
                 }
                 tracing::warn!(upstream = %addr, "{failure} while proxying");

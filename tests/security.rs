@@ -528,6 +528,96 @@ fn request_heads_as_nginx() {
     assert_eq!(r.status, 400, "{}", r.text());
 }
 
+/// `nginx_config.http.client_max_body_size`: a declared length over it is 413 before routing
+/// (also on a route whose client-control allows more, as nginx checks it first); a chunked
+/// body gets 413 once it passes it, and the connection is closed. client-control's
+/// `max_body_size` replaces it for the body read (0 lifts it).
+#[test]
+fn client_max_body_size_is_enforced() {
+    let up = Upstream::start("echo", Behaviour::Echo);
+    let node = up.node();
+    let upstream = json!({"type": "roundrobin", "nodes": {node.clone(): 1}});
+    let doc = json!({"routes": [
+        {"id": "1", "uri": "/*", "upstream": upstream},
+        {"id": "2", "uri": "/raised", "plugins": {"client-control": {"max_body_size": 100}}, "upstream": upstream},
+        {"id": "3", "uri": "/lifted", "plugins": {"client-control": {"max_body_size": 0}}, "upstream": upstream},
+    ]});
+    let gw = Gateway::start_tuned(&doc.to_string(), "", "", 1, "client_max_body_size: 10");
+    let addr = gw.addr();
+    let chunked = |path: &str, chunks: &[&str]| {
+        let mut raw =
+            format!("POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
+        for c in chunks {
+            raw.push_str(&format!("{:x}\r\n{c}\r\n", c.len()));
+        }
+        raw.push_str("0\r\n\r\n");
+        raw
+    };
+    let hits = up.hits();
+
+    // Content-Length: at the limit passes, one byte over is 413 (the body unread, the
+    // connection closed).
+    let r = request(addr, "POST", "/a", &[], &[b'x'; 10]);
+    assert_eq!((r.status, r.json()["body_len"].as_u64()), (200, Some(10)));
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\n")
+        .unwrap();
+    let r = read_reply(&mut s, false);
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert!(
+        r.text().contains("413 Request Entity Too Large"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(r.header("connection"), Some("close"));
+    assert!(closed_within(&mut s, Duration::from_secs(5)));
+    // Checked before the route's plugins: client-control's larger limit does not lift it.
+    assert_eq!(
+        request(addr, "POST", "/raised", &[], &[b'x'; 50]).status,
+        413
+    );
+
+    // Chunked: within the limit passes; past it is 413 and the connection is closed.
+    let r = request_raw(addr, chunked("/a", &["12345", "67890"]).as_bytes());
+    assert_eq!((r.status, r.json()["body_len"].as_u64()), (200, Some(10)));
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(chunked("/a", &["12345", "678901"]).as_bytes())
+        .unwrap();
+    let r = read_reply(&mut s, false);
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert_eq!(r.header("connection"), Some("close"));
+    assert!(closed_within(&mut s, Duration::from_secs(5)));
+    // A large chunked upload is cut off at the limit, not read to its end first.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n100000\r\n")
+        .unwrap();
+    s.write_all(&[b'a'; 100]).unwrap();
+    let r = read_reply(&mut s, false);
+    assert_eq!(r.status, 413, "{}", r.text());
+
+    // client-control replaces it for chunked bodies: 100 on /raised, none on /lifted.
+    let r = request_raw(
+        addr,
+        chunked("/raised", &["x".repeat(60).as_str()]).as_bytes(),
+    );
+    assert_eq!((r.status, r.json()["body_len"].as_u64()), (200, Some(60)));
+    let r = request_raw(
+        addr,
+        chunked("/raised", &["x".repeat(101).as_str()]).as_bytes(),
+    );
+    assert_eq!(r.status, 413);
+    let r = request_raw(
+        addr,
+        chunked("/lifted", &["x".repeat(5000).as_str()]).as_bytes(),
+    );
+    assert_eq!((r.status, r.json()["body_len"].as_u64()), (200, Some(5000)));
+    // Only the bodies that fit reached the upstream.
+    assert_eq!(up.hits(), hits + 4);
+}
+
 /// Findings 10 and 11: failed authentications are logged with the client, and past a burst of
 /// wrong keys the address gets 429 (then even with the right key).
 #[test]

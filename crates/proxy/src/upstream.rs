@@ -284,6 +284,7 @@ fn chash_key(ctx: &RequestCtx<'_>, hash_on: &HashOn) -> String {
         head: &head,
         headers: &ctx.headers,
         remote_addr: state.map_or(ctx.remote_addr, |s| s.remote_addr()),
+        remote_port: state.and_then(|s| s.remote_port()),
     };
     let var = |name: &str| vars.get(name);
     let consumer = state

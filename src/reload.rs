@@ -165,7 +165,7 @@ mod tests {
     fn live_keys_need_no_restart_and_the_others_are_named() {
         let old = parse("apisix:\n  node_listen: [9080]\n");
         let live = parse(
-            "apisix:\n  node_listen: [9080]\n  enable_server_tokens: false\nnginx_config:\n  http:\n    access_log: stdout\n    real_ip_header: X-Forwarded-For\n",
+            "apisix:\n  node_listen: [9080]\n  enable_server_tokens: false\nnginx_config:\n  http:\n    access_log: stdout\n    real_ip_header: X-Forwarded-For\n    client_max_body_size: 1m\n",
         );
         assert!(changed_sections(&without_live_keys(&live, &old), &old).is_empty());
         let restart = parse(

@@ -221,6 +221,7 @@ pub fn gateway(
         stats,
         legacy_admin: None,
         client_body_timeout: http.client_body_timeout,
+        client_max_body_size: http.client_max_body_size,
     }
 }
 

@@ -34,6 +34,7 @@ pub const LIVE_KEYS: &[&str] = &[
     "nginx_config.http.access_log_format",
     "nginx_config.http.access_log_format_escape",
     "nginx_config.http.client_body_timeout",
+    "nginx_config.http.client_max_body_size",
 ];
 
 /// `new` with every key SIGHUP applies set as in `old`, so that what still differs needs a
@@ -53,6 +54,7 @@ fn without_live_keys(new: &Settings, old: &Settings) -> Settings {
     h.access_log_format = o.access_log_format.clone();
     h.access_log_format_escape = o.access_log_format_escape;
     h.client_body_timeout = o.client_body_timeout;
+    h.client_max_body_size = o.client_max_body_size;
     // Generated admin keys are filled in after loading; a file that kept them reads the same.
     for (n, o) in s
         .deployment
@@ -163,7 +165,7 @@ mod tests {
     fn live_keys_need_no_restart_and_the_others_are_named() {
         let old = parse("apisix:\n  node_listen: [9080]\n");
         let live = parse(
-            "apisix:\n  node_listen: [9080]\n  enable_server_tokens: false\nnginx_config:\n  http:\n    access_log: stdout\n    real_ip_header: X-Forwarded-For\n",
+            "apisix:\n  node_listen: [9080]\n  enable_server_tokens: false\nnginx_config:\n  http:\n    access_log: stdout\n    real_ip_header: X-Forwarded-For\n    client_max_body_size: 1m\n",
         );
         assert!(changed_sections(&without_live_keys(&live, &old), &old).is_empty());
         let restart = parse(

@@ -367,3 +367,43 @@ fn https_active_probes_handshake_verify_and_take_a_node_out() {
     );
     assert_eq!(upstream_status(&gw, "/apisix/routes/n", &tls_node), Some(1));
 }
+
+/// Issue 11: traffic-split's inline upstreams are checked (a dead node is taken out of the
+/// split) and reported under APISIX's resource path for a plugin's upstream.
+#[test]
+fn traffic_split_inline_upstreams_are_checked_and_reported() {
+    let live = Upstream::start("split-live", Behaviour::Echo);
+    let dead = dead_node();
+    let route = Upstream::start("route", Behaviour::Echo);
+    let routes = json!({ "routes": [{
+        "id": "s1",
+        "uri": "/h",
+        "plugins": { "traffic-split": { "rules": [{ "weighted_upstreams": [{
+            "weight": 1,
+            "upstream": {
+                "type": "roundrobin",
+                "retries": 0,
+                "nodes": { live.node(): 1, dead.clone(): 1 },
+                "checks": { "active": {
+                    "http_path": "/",
+                    "healthy": { "interval": 1, "successes": 1 },
+                    "unhealthy": { "interval": 1, "tcp_failures": 1 }
+                }}
+            }
+        }]}]}},
+        "upstream": { "type": "roundrobin", "nodes": { route.node(): 1 } }
+    }]});
+    let gw = Gateway::start_workers(&routes.to_string(), "", "", 1);
+    let name = "/apisix/routes/s1#plugins['traffic-split'].rules[0].weighted_upstreams[0].upstream";
+    assert!(
+        poll_until(Duration::from_secs(15), || upstream_status(
+            &gw, name, &dead
+        ) == Some(0))
+        .is_some(),
+        "the dead node of the split was never reported down"
+    );
+    assert_eq!(upstream_status(&gw, name, &live.node()), Some(1));
+    let all = statuses(&gw, 4, 8);
+    assert!(all.iter().all(|s| *s == 200), "{all:?}");
+    assert_eq!(route.hits(), 0, "the split upstream was not used");
+}

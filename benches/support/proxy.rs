@@ -153,6 +153,7 @@ pub fn start_proxy(route_json: &str, upstream_port: u16) -> Proxy {
     let gateway = Arc::new(Gateway {
         legacy_admin: None,
         client_body_timeout: http.client_body_timeout,
+        client_max_body_size: http.client_max_body_size,
         snapshot: handle,
         server_header: HeaderValue::from_static(concat!("ferrisix/", env!("CARGO_PKG_VERSION"))),
         real_ip: RealIpConfig {

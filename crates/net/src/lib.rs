@@ -12,6 +12,8 @@
 //! * [`TimedIo`]: nginx's `send_timeout`: a client that stops reading the response is cut off
 //!   after that long without progress, which releases whatever the response was holding (an
 //!   upstream connection).
+//! * [`FramingGuard`]: nginx's bound on chunk sizes (2^63 - 1, then 400 at once), which hyper's
+//!   decoder lacks, by following each request's framing as hyper reads it.
 //! * [`Drain`]: stopping a server without failing a request: `Connection: close` on HTTP/1.1
 //!   answers, GOAWAY on HTTP/2, idle connections closed only after a grace period.
 //! * [`ListenerSet`] and [`handover`]: the process's listening sockets, bound once, and handed
@@ -20,6 +22,7 @@
 
 mod accept;
 mod drain;
+mod framing;
 pub mod handover;
 mod io;
 mod lifetime;
@@ -27,26 +30,30 @@ mod listeners;
 
 pub use accept::Acceptor;
 pub use drain::{Drain, Open, IDLE_GRACE};
+pub use framing::{ChunkSizeTooLarge, FramingGuard, MAX_CHUNK_SIZE};
 pub use io::TimedIo;
 pub use lifetime::{ConnLimits, ConnWatch, InFlight, Tracked};
 pub use listeners::{bind, ListenerSet};
 
-/// Wraps an accepted stream for hyper: `send_timeout` on writes, and the watch that bounds
-/// the connection's header and idle time. Serve the returned I/O, call
+/// The I/O a listener hands hyper: `send_timeout` on writes, nginx's chunk-size bound on
+/// reads.
+pub type ServedIo<S> = hyper_util::rt::TokioIo<TimedIo<FramingGuard<S>>>;
+
+/// Wraps any accepted stream (plain TCP, TLS) for hyper; see [`ServedIo`].
+pub fn served_io<S>(stream: S, limits: &ConnLimits) -> ServedIo<S> {
+    hyper_util::rt::TokioIo::new(TimedIo::new(FramingGuard::new(stream), limits.send_timeout))
+}
+
+/// Wraps an accepted stream for hyper: `send_timeout` on writes, the chunk-size bound on
+/// reads, and the watch that bounds the connection's header and idle time. Serve the returned I/O, call
 /// [`ConnWatch::begin`] in the service for each request, and run the connection future
 /// through [`ConnWatch::run`].
 pub fn wrap(
     stream: tokio::net::TcpStream,
     limits: &ConnLimits,
-) -> (
-    hyper_util::rt::TokioIo<TimedIo<tokio::net::TcpStream>>,
-    ConnWatch,
-) {
+) -> (ServedIo<tokio::net::TcpStream>, ConnWatch) {
     let _ = stream.set_nodelay(true);
-    (
-        hyper_util::rt::TokioIo::new(TimedIo::new(stream, limits.send_timeout)),
-        ConnWatch::new(*limits),
-    )
+    (served_io(stream, limits), ConnWatch::new(*limits))
 }
 
 /// A hyper server builder (HTTP/1.1 and cleartext HTTP/2) with `limits` applied: HTTP/1.1

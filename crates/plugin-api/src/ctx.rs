@@ -323,6 +323,8 @@ impl RequestValues {
 /// accessors that take it apart are the proxy's side of the API.
 pub struct RequestState {
     remote_addr: IpAddr,
+    /// `$remote_port` as real-ip set it.
+    remote_port: Option<u16>,
     matched_uri: Option<u16>,
     matched_host: Option<u16>,
     upstream: UpstreamEdits,
@@ -358,6 +360,7 @@ impl RequestState {
     pub fn new(remote_addr: IpAddr) -> RequestState {
         RequestState {
             remote_addr,
+            remote_port: None,
             matched_uri: None,
             matched_host: None,
             upstream: UpstreamEdits::default(),
@@ -408,6 +411,11 @@ impl RequestState {
 
     pub fn remote_addr(&self) -> IpAddr {
         self.remote_addr
+    }
+
+    /// `$remote_port` when real-ip set it (else the connection's port applies).
+    pub fn remote_port(&self) -> Option<u16> {
+        self.remote_port
     }
 
     pub fn set_body(&mut self, body: RequestBody) {
@@ -574,6 +582,11 @@ impl<'r> PluginCtx<'r> {
     /// Changes `$remote_addr` for every later plugin and the upstream's `X-Real-IP` (real-ip).
     pub fn set_remote_addr(&mut self, addr: IpAddr) {
         self.state.remote_addr = addr;
+    }
+
+    /// Changes `$remote_port` for every later plugin (real-ip, with a port in its source).
+    pub fn set_remote_port(&mut self, port: u16) {
+        self.state.remote_port = Some(port);
     }
 
     /// The matched route; `None` for a request that matched none (global rules only).
@@ -748,6 +761,7 @@ impl<'r> PluginCtx<'r> {
             head: &self.head,
             headers: self.headers,
             remote_addr: self.state.remote_addr,
+            remote_port: self.state.remote_port,
         }
     }
 }

@@ -41,8 +41,13 @@ pub trait UpstreamResolver {
     fn upstream_by_id(&self, id: &str) -> Result<UpstreamRef, String>;
 
     /// An inline upstream definition (traffic-split's `weighted_upstreams[].upstream`),
-    /// validated and compiled as a route's own upstream is.
-    fn compile_inline_upstream(&self, conf: &Value) -> Result<UpstreamRef, String>;
+    /// validated and compiled as a route's own upstream is. `key` is where it is written, as
+    /// APISIX's health-check manager names a plugin's upstream: the holder's etcd key, `#`,
+    /// and the path inside it (`/apisix/routes/1#plugins['traffic-split'].rules[0].
+    /// weighted_upstreams[0].upstream`). It names the health checker, and the same key with an
+    /// unchanged definition gives back the same upstream (its balancer position and its nodes'
+    /// health kept across recompiles).
+    fn compile_inline_upstream(&self, key: &str, conf: &Value) -> Result<UpstreamRef, String>;
 }
 
 /// A resolver with no upstreams at all (tests, and compiles outside a snapshot).
@@ -54,7 +59,7 @@ impl UpstreamResolver for NoUpstreams {
         Err(format!("failed to find upstream by id: {id}"))
     }
 
-    fn compile_inline_upstream(&self, _conf: &Value) -> Result<UpstreamRef, String> {
+    fn compile_inline_upstream(&self, _key: &str, _conf: &Value) -> Result<UpstreamRef, String> {
         Err("no upstreams can be compiled here".into())
     }
 }

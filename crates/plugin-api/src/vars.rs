@@ -18,6 +18,8 @@ pub struct RequestVars<'r> {
     pub headers: &'r HeaderMap,
     /// `$remote_addr` after the realip rewrite (and any plugin's).
     pub remote_addr: IpAddr,
+    /// `$remote_port` when a plugin (real-ip) set it; else the connection's.
+    pub remote_port: Option<u16>,
 }
 
 impl<'r> RequestVars<'r> {
@@ -109,7 +111,12 @@ impl<'r> RequestVars<'r> {
             "request_uri" => Cow::Borrowed(head.uri.path_and_query().map_or("/", |p| p.as_str())),
             "host" => Cow::Borrowed(head.host?),
             "remote_addr" => Cow::Owned(self.remote_addr.to_string()),
-            "remote_port" => Cow::Owned(head.conn.peer.port().to_string()),
+            "remote_port" => Cow::Owned(
+                self.remote_port
+                    .unwrap_or(head.conn.peer.port())
+                    .to_string(),
+            ),
+            "realip_remote_port" => Cow::Owned(head.conn.peer.port().to_string()),
             "realip_remote_addr" => Cow::Owned(head.conn.peer.ip().to_string()),
             "server_addr" => Cow::Owned(head.conn.local.ip().to_string()),
             "server_port" => Cow::Owned(head.conn.local.port().to_string()),
@@ -156,6 +163,7 @@ mod tests {
             head: &head,
             headers: &headers,
             remote_addr: "1.2.3.4".parse().unwrap(),
+            remote_port: None,
         };
         let v = |n: &str| vars.var(n).map(Cow::into_owned);
         assert_eq!(v("http_x_a").as_deref(), Some("1, 2"));

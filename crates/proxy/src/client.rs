@@ -176,6 +176,8 @@ pub async fn send(
             let failure = if progress.as_ref().is_some_and(SendProgress::too_large) {
                 // The client's body passed the route's limit: its fault, no other try.
                 ErrorKind::BodyTooLarge.into()
+            } else if progress.as_ref().is_some_and(SendProgress::client_broke) {
+                ErrorKind::BodyBroken.into()
             } else if e.error().is_parse() {
                 ProxyError::new(ErrorKind::InvalidResponse)
             } else {

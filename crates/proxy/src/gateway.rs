@@ -29,6 +29,10 @@ pub struct Gateway {
     /// nginx's `client_body_timeout`: the longest wait for the next part of a request body
     /// while it is read before proxying (408 then).
     pub client_body_timeout: std::time::Duration,
+    /// nginx's `client_max_body_size` (bytes, 0: no limit, APISIX's default): a declared
+    /// length over it is refused (413) before routing, a chunked body once it passes it. A
+    /// route's client-control `max_body_size` replaces it for the body read.
+    pub client_max_body_size: u64,
 }
 
 /// Answers `/apisix/admin/...` requests that arrive on the data port (APISIX 2.x served its

@@ -7,7 +7,8 @@
 
 use std::time::{Instant, SystemTime};
 
-use http::{Request, Response};
+use http::header::{self, HeaderValue};
+use http::{Request, Response, Version};
 use hyper::body::Incoming;
 
 use crate::access_log::LogRecord;
@@ -63,6 +64,13 @@ impl ConnInfo {
             Ok(()) => serve(&mut ctx).await,
             Err(e) => responses::error_response(e, &gateway.server_header),
         };
+        if resp.status() == http::StatusCode::PAYLOAD_TOO_LARGE
+            && ctx.head.version < Version::HTTP_2
+        {
+            // nginx turns keep-alive off for 413 (the rest of the body is not read).
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         phases::response_phases(&mut ctx, &mut resp);
         let RequestCtx { mut log, .. } = ctx;
         log.status = resp.status().as_u16();

@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use ferrisix_router::normalize_path;
 use http::header::{self, HeaderValue};
 use http::{StatusCode, Version};
+use http_body::Body as _;
 
 use crate::ctx::{HostName, RequestCtx};
 use crate::error::{ErrorKind, ProxyError};
@@ -101,6 +102,15 @@ pub fn check(ctx: &mut RequestCtx<'_>) -> Result<(), ProxyError> {
         Cow::Borrowed(_) => None,
         Cow::Owned(p) => Some(p),
     };
+    // nginx's find-config phase, before any plugin (client-control included) runs: a declared
+    // length over `client_max_body_size` is refused without reading the body.
+    let max = ctx.conn.gateway.client_max_body_size;
+    if max != 0 {
+        let declared = ctx.body.as_ref().and_then(|b| b.size_hint().exact());
+        if declared.is_some_and(|n| n > max) {
+            return Err(ErrorKind::BodyTooLarge.into());
+        }
+    }
     Ok(())
 }
 

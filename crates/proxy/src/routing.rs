@@ -48,6 +48,7 @@ pub fn route(ctx: &mut RequestCtx<'_>) -> Result<Option<Matched>, ProxyError> {
             head: &head,
             headers: &ctx.headers,
             remote_addr: ctx.remote_addr,
+            remote_port: None,
         };
         // Only what the rest of the request needs is taken from the match: a route without
         // plugins is not even referenced past this point.

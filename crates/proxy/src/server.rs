@@ -307,7 +307,7 @@ fn serve_connection<IO>(
 {
     // What ferrisix_net::wrap does for TCP, for any stream (TLS too; nodelay is set on the
     // socket at accept).
-    let io = hyper_util::rt::TokioIo::new(ferrisix_net::TimedIo::new(stream, limits.send_timeout));
+    let io = ferrisix_net::served_io(stream, limits);
     let conn_watch = ferrisix_net::ConnWatch::new(*limits).with_drain(drain);
     // nginx's stub_status counters (prometheus' apisix_nginx_http_current_connections).
     let stats = conn.gateway.stats.clone();

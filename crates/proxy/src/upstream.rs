@@ -25,7 +25,7 @@ use crate::balancer::{HashOn, PickState};
 use crate::body::ResponseBody;
 use crate::client::{self, PoolKey, SendOutcome, StreamSource, TryTimeouts, UpstreamBody};
 use crate::ctx::RequestCtx;
-use crate::error::{ErrorKind, ProxyError};
+use crate::error::{ErrorKind, ErrorSource, ProxyError};
 use crate::forwarded::upstream_headers;
 use crate::head::host_without_port;
 use crate::nodes::HealthView;
@@ -73,8 +73,13 @@ async fn read_up_to(
 }
 
 /// Buffers small known-length bodies (replayable) and streams the rest; `timeout`: nginx's
-/// `client_body_timeout`.
-async fn unread_body(body: StreamSource, timeout: Duration) -> Result<UpstreamBody, ProxyError> {
+/// `client_body_timeout`; `limit`: the body size limit, past which a chunked body is not read
+/// on (the caller refuses it).
+async fn unread_body(
+    body: StreamSource,
+    timeout: Duration,
+    limit: Option<u64>,
+) -> Result<UpstreamBody, ProxyError> {
     if body.is_end_stream() {
         return Ok(UpstreamBody::Empty);
     }
@@ -91,7 +96,11 @@ async fn unread_body(body: StreamSource, timeout: Duration) -> Result<UpstreamBo
         // Unknown length (chunked): nginx reads the whole body and sends it with
         // Content-Length. Do the same up to the buffering limit; past it, stream what was
         // read followed by the rest, so a huge upload never sits in memory.
-        None => read_up_to(body, BUFFERED_BODY_LIMIT as usize, timeout).await,
+        // With a smaller size limit, reading stops once the body passes it (nginx: 413 then).
+        None => {
+            let up_to = limit.map_or(BUFFERED_BODY_LIMIT, |l| l.min(BUFFERED_BODY_LIMIT));
+            read_up_to(body, up_to as usize, timeout).await
+        }
     }
 }
 
@@ -121,6 +130,9 @@ async fn prepare_body(ctx: &mut RequestCtx<'_>) -> Result<UpstreamBody, ProxyErr
             None => (StreamBody::Ready(UpstreamBody::Empty), None, None),
         },
     };
+    // The route's client-control limit, else the gateway's `client_max_body_size`.
+    let global = ctx.conn.gateway.client_max_body_size;
+    let limit = limit.or((global != 0).then_some(global));
     if let Some(max) = limit {
         let declared = ctx
             .headers
@@ -136,7 +148,9 @@ async fn prepare_body(ctx: &mut RequestCtx<'_>) -> Result<UpstreamBody, ProxyErr
         StreamBody::Unread(b) if buffering == Some(false) && !b.is_end_stream() => {
             UpstreamBody::stream_after(None, b)
         }
-        StreamBody::Unread(b) => unread_body(b, ctx.conn.gateway.client_body_timeout).await?,
+        StreamBody::Unread(b) => {
+            unread_body(b, ctx.conn.gateway.client_body_timeout, limit).await?
+        }
     };
     match limit {
         Some(max) => body.limit(max),
@@ -270,6 +284,7 @@ fn chash_key(ctx: &RequestCtx<'_>, hash_on: &HashOn) -> String {
         head: &head,
         headers: &ctx.headers,
         remote_addr: state.map_or(ctx.remote_addr, |s| s.remote_addr()),
+        remote_port: state.and_then(|s| s.remote_port()),
     };
     let var = |name: &str| vars.get(name);
     let consumer = state
@@ -513,8 +528,9 @@ pub async fn proxy(
             }
             Err((failure, returned)) => {
                 drop(try_guard);
-                if failure.kind == ErrorKind::BodyTooLarge {
-                    // The client's fault, found while its body streamed: no other try.
+                if failure.source() == ErrorSource::Client {
+                    // The client's fault (its body passed the limit or broke off), found while
+                    // it streamed: no other try.
                     return responses::error_response(failure, &gateway.server_header);
                 }
                 tracing::warn!(upstream = %addr, "{failure} while proxying");

@@ -324,6 +324,7 @@ fn start(routes: Vec<Value>, upstreams: Vec<Value>) -> Running {
         stats: services.conn_stats().clone(),
         legacy_admin: None,
         client_body_timeout: Duration::from_secs(60),
+        client_max_body_size: 0,
     });
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()

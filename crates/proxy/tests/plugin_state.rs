@@ -179,6 +179,7 @@ fn start_gateway(routes: &[Value]) -> InProcess {
         stats: services.conn_stats().clone(),
         legacy_admin: None,
         client_body_timeout: Duration::from_secs(60),
+        client_max_body_size: 0,
     });
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -4,8 +4,9 @@
 //! connection comes from `trusted_addresses` (any, without them). With `recursive`, the last
 //! `X-Forwarded-For` entry that is not trusted is taken. A value with a port
 //! (`1.2.3.4:80`, `[::1]:80`) gives its address; a malformed one, or a port out of range,
-//! leaves the address as it was. The port itself is not carried over (`$remote_port` stays the
-//! connection's).
+//! leaves the address as it was. A port given with it becomes `$remote_port` (without one the
+//! connection's port stays, as apisix-nginx-module's `set_real_ip` keeps it);
+//! `$realip_remote_port` is the connection's.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -62,10 +63,10 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
 
 /// `core.utils.parse_addr` and the checks after it: the address of `a.b.c.d`, `a.b.c.d:port`,
 /// an IPv6 address or `[v6]:port`; `None` when malformed or the port is out of range.
-fn parse_addr(addr: &str) -> Option<IpAddr> {
+fn parse_addr(addr: &str) -> Option<(IpAddr, Option<u16>)> {
     let addr = addr.trim();
     if let Ok(ip) = addr.parse::<IpAddr>() {
-        return Some(ip);
+        return Some((ip, None));
     }
     let (host, port) = if let Some(rest) = addr.strip_prefix('[') {
         let (h, tail) = rest.split_once(']')?;
@@ -77,13 +78,17 @@ fn parse_addr(addr: &str) -> Option<IpAddr> {
         let (h, p) = addr.rsplit_once(':')?;
         (h, Some(p))
     };
-    if let Some(p) = port {
-        let p: u32 = p.parse().ok()?;
-        if !(1..=65535).contains(&p) {
-            return None;
+    let port = match port {
+        Some(p) => {
+            let p: u32 = p.parse().ok()?;
+            if !(1..=65535).contains(&p) {
+                return None;
+            }
+            Some(p as u16)
         }
-    }
-    host.parse().ok()
+        None => None,
+    };
+    Some((host.parse().ok()?, port))
 }
 
 impl RealIp {
@@ -126,7 +131,12 @@ impl Plugin for RealIp {
             return Step::CONTINUE;
         };
         match parse_addr(&addr) {
-            Some(ip) => ctx.set_remote_addr(ip),
+            Some((ip, port)) => {
+                ctx.set_remote_addr(ip);
+                if let Some(port) = port {
+                    ctx.set_remote_port(port);
+                }
+            }
             None => tracing::warn!(addr, "real-ip: bad address"),
         }
         Step::CONTINUE
@@ -162,6 +172,30 @@ mod tests {
         }
         assert_eq!(addr_after(conf, req()), "127.0.0.1");
         assert_eq!(addr_after(json!({"source": "arg_ip"}), req()), "3.3.3.3");
+    }
+
+    /// A port in the source becomes `$remote_port` (APISIX's `set_real_ip(ip, port)`); without
+    /// one, or with a bad address, the connection's stays. `$realip_remote_port` is the
+    /// connection's.
+    #[test]
+    fn a_port_in_the_source_becomes_remote_port() {
+        let c = Compiler::new();
+        let p = (DEF.compile)(&c.cx(NAME, &json!({"source": "http_x_real"}), "ri", None)).unwrap();
+        let ports = |v: &str| {
+            let mut req = TestRequest::get("/").header("x-real", v);
+            let mut ctx = req.ctx();
+            let _ = p.rewrite(&mut ctx);
+            let var = |n: &str| ctx.var(n).map(|v| v.into_owned()).unwrap_or_default();
+            (var("remote_port"), var("realip_remote_port"))
+        };
+        let (port, conn) = ports("1.1.1.1:8080");
+        assert_eq!(port, "8080");
+        assert_ne!(conn, "8080");
+        assert_eq!(ports("[::2]:81").0, "81");
+        for keeps in ["1.1.1.1", "::2", "1.1.1.1:65536", "x"] {
+            let (port, conn) = ports(keeps);
+            assert_eq!(port, conn, "{keeps}");
+        }
     }
 
     #[test]

@@ -131,11 +131,12 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let filled = cx.filled();
     let mut rules = Vec::new();
     let mut weights = Vec::new();
-    for rule in filled
+    for (r, rule) in filled
         .get("rules")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
+        .enumerate()
     {
         let matches = rule_matches(rule)?;
         let mut targets = Vec::new();
@@ -159,7 +160,12 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
                     )),
                 }
             } else if let Some(up) = entry.get("upstream") {
-                match cx.upstreams.compile_inline_upstream(up) {
+                // APISIX's resource path for a plugin's upstream (healthcheck_manager.lua).
+                let key = format!(
+                    "{}#plugins['{NAME}'].rules[{r}].weighted_upstreams[{i}].upstream",
+                    cx.owner.key
+                );
+                match cx.upstreams.compile_inline_upstream(&key, up) {
                     Ok(u) => Target::Upstream(u),
                     Err(e) => {
                         tracing::error!(route = %cx.owner.key, entry = i + 1, error = %e,
@@ -253,7 +259,12 @@ mod tests {
             }
         }
 
-        fn compile_inline_upstream(&self, conf: &Value) -> Result<UpstreamRef, String> {
+        fn compile_inline_upstream(&self, key: &str, conf: &Value) -> Result<UpstreamRef, String> {
+            assert!(
+                key.contains("#plugins['traffic-split'].rules[")
+                    && key.ends_with("].upstream"),
+                "{key}"
+            );
             Ok(UpstreamRef::new(Arc::new(conf.to_string())))
         }
     }

@@ -34,6 +34,8 @@ struct ProgressInner {
     done: AtomicBool,
     /// The body passed the route's size limit while it streamed.
     too_large: AtomicBool,
+    /// The client's body broke off while it streamed (a read error, a refused chunk size).
+    client_broke: AtomicBool,
 }
 
 impl SendProgress {
@@ -43,6 +45,7 @@ impl SendProgress {
             last_ms: AtomicU64::new(0),
             done: AtomicBool::new(false),
             too_large: AtomicBool::new(false),
+            client_broke: AtomicBool::new(false),
         }))
     }
 
@@ -69,6 +72,12 @@ impl SendProgress {
     /// Whether the body was cut off at the route's size limit.
     pub fn too_large(&self) -> bool {
         self.0.too_large.load(Ordering::Relaxed)
+    }
+
+    /// Whether the client's body failed while it streamed (the client's fault, not the
+    /// upstream's: nginx answers 400 and tries no other node).
+    pub fn client_broke(&self) -> bool {
+        self.0.client_broke.load(Ordering::Relaxed)
     }
 }
 
@@ -223,6 +232,13 @@ impl Body for UpstreamBody {
                 }
                 let polled = Pin::new(&mut *inner).poll_frame(cx);
                 match &polled {
+                    Poll::Ready(Some(Err(e))) => {
+                        *started = true;
+                        // A plugin's body read that stalled stays a timeout.
+                        if !matches!(e.downcast_ref::<BodyError>(), Some(BodyError::Timeout)) {
+                            progress.0.client_broke.store(true, Ordering::Relaxed);
+                        }
+                    }
                     Poll::Ready(Some(frame)) => {
                         *started = true;
                         progress.touch();

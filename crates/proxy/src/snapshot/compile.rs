@@ -35,7 +35,8 @@ use super::diff::{ConfigDiff, Difference, SnapshotDiff};
 use super::routes::{compile_slot, Changes, CompiledRoute, RouteInputs, RouteSlot};
 use super::ssls;
 use super::upstreams::{
-    inline_upstream, upstreams_by_id, CompiledUpstream, CompiledUpstreams, Holder, UpstreamEnv,
+    inline_upstream, upstreams_by_id, CompiledUpstream, CompiledUpstreams, Holder, PluginUpstreams,
+    UpstreamEnv,
 };
 use crate::health::UpstreamChecker;
 use crate::nodes::UpstreamServices;
@@ -106,6 +107,16 @@ struct CompileCache {
     /// The health checkers of the routes' inline upstreams, by route id: changed only for the
     /// routes a compile touches (most routes have none).
     route_checkers: Arc<BTreeMap<String, Arc<UpstreamChecker>>>,
+    /// The plugins' inline upstreams of the global rules' chains and of the consumers, kept
+    /// with them while they are not compiled again.
+    global_upstreams: PluginUpstreams,
+    consumer_upstreams: PluginUpstreams,
+    /// The routes' plugins' inline upstreams, by route id: changed only for the routes a
+    /// compile touches, as `route_checkers`.
+    route_plugin_upstreams: Arc<BTreeMap<String, PluginUpstreams>>,
+    /// Every plugin's inline upstream in use, each once by resource path (routes', global
+    /// rules', consumers'), which the next compile reuses.
+    plugin_upstreams: PluginUpstreams,
 }
 
 impl Snapshot {
@@ -206,7 +217,7 @@ impl Snapshot {
             .map(|(name, v)| (name.clone(), (**v).clone()))
             .collect();
         // Plugins may send requests to the upstreams compiled so far (traffic-split).
-        let resolver = CompiledUpstreams::new(&upstreams, upstream_env);
+        let resolver = CompiledUpstreams::new(&upstreams, upstream_env, &prev.plugin_upstreams);
         let plugin_env = CompileEnv {
             metadata: &metadata,
             registry: plugins,
@@ -220,10 +231,11 @@ impl Snapshot {
                     .any(|p| applied_diff.plugin_metadata.touches(p))
             })
             || !same_options;
-        let globals = if globals_changed {
-            Arc::new(prepare_globals(state, &applied, plugin_env))
+        let (globals, global_upstreams) = if globals_changed {
+            let globals = Arc::new(prepare_globals(state, &applied, plugin_env));
+            (globals, resolver.take_asked())
         } else {
-            prev.globals.clone()
+            (prev.globals.clone(), prev.global_upstreams.clone())
         };
 
         // The consumers are compiled again when a consumer, group or credential changed, or
@@ -248,6 +260,11 @@ impl Snapshot {
         } else {
             previous.consumers.clone()
         };
+        let consumer_upstreams = if consumers_changed {
+            resolver.take_asked()
+        } else {
+            prev.consumer_upstreams.clone()
+        };
 
         let changes = Changes {
             applied: &applied_diff,
@@ -262,6 +279,7 @@ impl Snapshot {
             globals: &globals,
             env: plugin_env,
             upstream_env,
+            resolver: &resolver,
         };
         // Routes depend on more than themselves only through what `RouteDeps` lists, the
         // global chains, the options and (inline upstreams' client certificates) the ssls: while
@@ -429,7 +447,40 @@ impl Snapshot {
                 }
             }
         }
-        let checkers = checkers(&route_checkers, &service_upstreams, &upstreams);
+        let mut route_plugin_upstreams = prev.route_plugin_upstreams.clone();
+        for id in route_diff
+            .added
+            .iter()
+            .chain(&route_diff.changed)
+            .chain(&route_diff.removed)
+        {
+            match routes.get(id).map(|slot| &slot.plugin_upstreams) {
+                Some(ups) if !ups.is_empty() => {
+                    Arc::make_mut(&mut route_plugin_upstreams).insert(id.clone(), ups.clone());
+                }
+                _ => {
+                    if route_plugin_upstreams.contains_key(id) {
+                        Arc::make_mut(&mut route_plugin_upstreams).remove(id);
+                    }
+                }
+            }
+        }
+        // Each once, by resource path (a service's plugin conf runs in all its routes).
+        let plugin_upstreams: PluginUpstreams = route_plugin_upstreams
+            .values()
+            .flatten()
+            .chain(&global_upstreams)
+            .chain(&consumer_upstreams)
+            .map(|(key, up)| (key.clone(), up.clone()))
+            .collect::<BTreeMap<_, _>>()
+            .into_iter()
+            .collect();
+        let checkers = checkers(
+            &route_checkers,
+            &service_upstreams,
+            &upstreams,
+            &plugin_upstreams,
+        );
         Snapshot {
             revision: state.revision,
             router,
@@ -451,9 +502,13 @@ impl Snapshot {
                 applied,
                 service_upstreams,
                 globals,
+                global_upstreams,
+                consumer_upstreams,
+                plugin_upstreams,
                 routes,
                 route_refusals,
                 route_checkers,
+                route_plugin_upstreams,
             },
         }
     }
@@ -479,7 +534,7 @@ fn service_upstreams(
         let Some(up) = &acc.typed.upstream else {
             continue;
         };
-        let holder = Holder {
+        let holder = Holder::Resource {
             kind: ResourceKind::Services,
             id,
         };
@@ -494,34 +549,66 @@ fn service_upstreams(
 }
 
 /// The health checkers of the routes' and services' inline upstreams and of the upstreams, as
-/// `_get_health_checkers` lists them.
+/// `_get_health_checkers` lists them (routes, services, upstreams, each by id), with the
+/// plugins' inline upstreams (traffic-split's) beside their holder's: APISIX builds no checker
+/// for those, ferrisix does, so they are listed under their resource path, the name APISIX's
+/// health-check manager gives a plugin's upstream (the route `1` holds
+/// `1#plugins['traffic-split'].rules[0].weighted_upstreams[0].upstream`, listed after `1`).
+/// Holders other than routes and services (plugin configs, global rules, consumers) follow
+/// the upstreams.
 fn checkers(
     routes: &BTreeMap<String, Arc<UpstreamChecker>>,
     service_upstreams: &HashMap<String, Arc<CompiledUpstream>>,
     upstreams: &HashMap<String, Arc<CompiledUpstream>>,
+    plugin_upstreams: &PluginUpstreams,
 ) -> Vec<CheckerEntry> {
-    let entry = |kind, id: &String, checker: &Arc<UpstreamChecker>| CheckerEntry {
-        kind,
-        id: id.clone(),
-        checker: checker.clone(),
+    let rank = |kind: ResourceKind| match kind {
+        ResourceKind::Routes => 0,
+        ResourceKind::Services => 1,
+        ResourceKind::Upstreams => 2,
+        other => {
+            3 + ResourceKind::ALL
+                .iter()
+                .position(|k| *k == other)
+                .unwrap_or(0)
+        }
     };
-    let mut out: Vec<CheckerEntry> = routes
+    let mut all: Vec<(ResourceKind, String, &Arc<UpstreamChecker>)> = routes
         .iter()
-        .map(|(id, c)| entry(ResourceKind::Routes, id, c))
+        .map(|(id, c)| (ResourceKind::Routes, id.clone(), c))
         .collect();
     for (kind, map) in [
         (ResourceKind::Services, service_upstreams),
         (ResourceKind::Upstreams, upstreams),
     ] {
-        let mut ids: Vec<&String> = map.keys().collect();
-        ids.sort();
-        for id in ids {
-            if let Some(c) = &map[id].checker {
-                out.push(entry(kind, id, c));
+        for (id, up) in map {
+            if let Some(c) = &up.checker {
+                all.push((kind, id.clone(), c));
             }
         }
     }
-    out
+    for (key, up) in plugin_upstreams {
+        if let (Some((kind, id)), Some(c)) = (plugin_holder(key), &up.checker) {
+            all.push((kind, id, c));
+        }
+    }
+    all.sort_by(|a, b| (rank(a.0), &a.1).cmp(&(rank(b.0), &b.1)));
+    all.into_iter()
+        .map(|(kind, id, checker)| CheckerEntry {
+            kind,
+            id,
+            checker: checker.clone(),
+        })
+        .collect()
+}
+
+/// The holder of a plugin's upstream and its id with the path in it:
+/// `/apisix/routes/1#plugins[...]` is route `1#plugins[...]`.
+fn plugin_holder(key: &str) -> Option<(ResourceKind, String)> {
+    let (owner, path) = key.split_once('#')?;
+    let (dir, id) = owner.rsplit_once('/')?;
+    let kind = ResourceKind::from_dir(dir.rsplit('/').next()?)?;
+    Some((kind, format!("{id}#{path}")))
 }
 
 /// The global rules' plugins, merged in APISIX's iteration order and compiled.

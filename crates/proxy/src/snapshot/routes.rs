@@ -17,7 +17,10 @@ use serde_json::{Map, Value};
 
 use super::accept::{Applied, RouteDef};
 use super::diff::{ConfigDiff, Difference};
-use super::upstreams::{inline_upstream, try_timeouts, CompiledUpstream, Holder, UpstreamEnv};
+use super::upstreams::{
+    inline_upstream, try_timeouts, CompiledUpstream, CompiledUpstreams, Holder, PluginUpstreams,
+    UpstreamEnv,
+};
 use crate::client::TryTimeouts;
 
 /// Where a matched route sends its requests.
@@ -66,6 +69,8 @@ pub(super) struct RouteSlot {
     pub remote_addrs: Vec<IpNet>,
     /// The route's own inline upstream, reused while its definition is equal.
     pub inline: Option<Arc<CompiledUpstream>>,
+    /// Its plugins' inline upstreams (traffic-split's), by resource path.
+    pub plugin_upstreams: PluginUpstreams,
     pub deps: RouteDeps,
 }
 
@@ -170,6 +175,8 @@ pub(super) struct RouteInputs<'a> {
     pub globals: &'a GlobalChains,
     pub env: CompileEnv<'a>,
     pub upstream_env: UpstreamEnv<'a>,
+    /// What `env` resolves plugins' upstreams with, which records their inline ones.
+    pub resolver: &'a CompiledUpstreams<'a>,
 }
 
 /// Compiles one enabled route for the table.
@@ -180,6 +187,8 @@ pub(super) fn compile_slot(
     previous: Option<&RouteSlot>,
 ) -> Result<RouteSlot, String> {
     let (route, _) = &**def;
+    // What an earlier route that failed to compile left.
+    inputs.resolver.take_asked();
     let (compiled, hosts, inline) =
         merge_route(route, inputs, previous.and_then(|p| p.inline.as_ref()))?;
     let service = route
@@ -209,6 +218,7 @@ pub(super) fn compile_slot(
         methods,
         remote_addrs,
         inline,
+        plugin_upstreams: inputs.resolver.take_asked(),
         deps,
     })
 }
@@ -271,7 +281,7 @@ fn merge_route(
 
     let mut inline = None;
     let target = if let Some(up) = &route.upstream {
-        let holder = Holder {
+        let holder = Holder::Resource {
             kind: ResourceKind::Routes,
             id: &route.id,
         };

@@ -657,3 +657,93 @@ fn route_checkers_follow_the_routes_a_compile_touches() {
     let v4 = compile(&s, &v3);
     assert!(v4.checkers.is_empty());
 }
+
+/// Issue 11: traffic-split's inline upstreams are checked, and listed under APISIX's resource
+/// path for a plugin's upstream, beside their holder; a route compiled again with the same
+/// conf keeps the same upstream (its nodes' health), and a service's conf merged into two
+/// routes has one checker.
+#[test]
+fn plugins_inline_upstreams_are_listed_under_their_resource_path() {
+    let checks = json!({"active": {"healthy": {"interval": 100}}});
+    let split = |port: u16| {
+        json!({"traffic-split": {"rules": [{"weighted_upstreams": [
+            {"upstream": {"type": "roundrobin", "checks": checks,
+                          "nodes": {format!("127.0.0.1:{port}"): 1}}, "weight": 1},
+            {"weight": 1}
+        ]}]}})
+    };
+    let mut s = Store::new();
+    s.put("services/s1", json!({"plugins": split(3)}));
+    s.put(
+        "routes/r1",
+        route(
+            "/a",
+            json!({"plugins": split(4),
+                   "upstream": {"type": "roundrobin", "checks": checks, "nodes": {"127.0.0.1:2": 1}}}),
+        ),
+    );
+    s.put(
+        "routes/r2",
+        route("/b", json!({"service_id": "s1", "upstream": node(5)})),
+    );
+    s.put(
+        "routes/r3",
+        route("/c", json!({"service_id": "s1", "upstream": node(6)})),
+    );
+    let v1 = first(&s);
+    let listed: Vec<(ResourceKind, &str, &str)> = v1
+        .checkers
+        .iter()
+        .map(|c| (c.kind, c.id.as_str(), c.checker.name.as_str()))
+        .collect();
+    let path = "#plugins['traffic-split'].rules[0].weighted_upstreams[0].upstream";
+    let r1 = format!("/apisix/routes/r1{path}");
+    let s1 = format!("/apisix/services/s1{path}");
+    assert_eq!(
+        listed,
+        [
+            (ResourceKind::Routes, "r1", "/apisix/routes/r1"),
+            (ResourceKind::Routes, &*format!("r1{path}"), r1.as_str()),
+            (ResourceKind::Services, &*format!("s1{path}"), s1.as_str()),
+        ]
+    );
+    let info = crate::control::health_infos(&v1);
+    assert_eq!(info[1]["name"], r1.as_str());
+    assert_eq!(info[1]["type"], "http");
+    assert_eq!(info[1]["nodes"][0]["port"], 4);
+    let checker = v1.checkers[1].checker.clone();
+
+    // r1 compiled again (another uri), its traffic-split conf unchanged: the same checker.
+    s.put(
+        "routes/r1",
+        route(
+            "/a2",
+            json!({"plugins": split(4),
+                   "upstream": {"type": "roundrobin", "checks": checks, "nodes": {"127.0.0.1:2": 1}}}),
+        ),
+    );
+    let v2 = compile(&s, &v1);
+    assert!(Arc::ptr_eq(&v2.checkers[1].checker, &checker));
+    // Its node list changed: a checker of the same name, still listed once.
+    s.put(
+        "routes/r1",
+        route("/a2", json!({"plugins": split(7), "upstream": node(2)})),
+    );
+    let v3 = compile(&s, &v2);
+    let names: Vec<&str> = v3
+        .checkers
+        .iter()
+        .map(|c| c.checker.name.as_str())
+        .collect();
+    assert_eq!(names, [r1.as_str(), s1.as_str()]);
+    assert_eq!(crate::control::health_infos(&v3)[0]["nodes"][0]["port"], 7);
+    // The plugin gone, its checker goes.
+    s.put("routes/r1", route("/a2", json!({"upstream": node(2)})));
+    let v4 = compile(&s, &v3);
+    let names: Vec<&str> = v4
+        .checkers
+        .iter()
+        .map(|c| c.checker.name.as_str())
+        .collect();
+    assert_eq!(names, [s1.as_str()]);
+}

@@ -6,7 +6,7 @@
 //! checker (unchanged nodes keep their health) and least_conn counts.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use ferrisix_config::model::{LbType, PassHost, ResourceKind, Scheme, Timeout, Upstream};
@@ -133,9 +133,12 @@ fn probe_tls(config: &ChecksConfig, env: UpstreamEnv<'_>) -> Result<Option<Upstr
 
 /// Who holds an upstream: its checker is named after the holder's key.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Holder<'a> {
-    pub kind: ResourceKind,
-    pub id: &'a str,
+pub(super) enum Holder<'a> {
+    /// An upstream object, or a route's or service's inline upstream.
+    Resource { kind: ResourceKind, id: &'a str },
+    /// A plugin's inline upstream, by its resource path (see
+    /// [`UpstreamResolver::compile_inline_upstream`]).
+    Plugin(&'a str),
 }
 
 impl CompiledUpstream {
@@ -201,7 +204,10 @@ impl CompiledUpstream {
             Some(other) => return Err(format!("discovery {other} is not supported")),
         }
         let services = env.services;
-        let name = format!("{}/{}/{}", services.prefix, holder.kind.dir(), holder.id);
+        let name = match holder {
+            Holder::Resource { kind, id } => format!("{}/{}/{id}", services.prefix, kind.dir()),
+            Holder::Plugin(key) => key.to_string(),
+        };
         // The one place a checker is made or reused (see `health::attach`).
         let checker = health::attach(
             &services.health,
@@ -294,7 +300,7 @@ pub(super) fn upstreams_by_id(
             Some(c) => c,
             None => match CompiledUpstream::compile(
                 &acc.typed,
-                Holder {
+                Holder::Resource {
                     kind: ResourceKind::Upstreams,
                     id,
                 },
@@ -327,18 +333,48 @@ pub(super) fn inline_upstream(
     }
 }
 
+/// Plugins' inline upstreams by resource path (see
+/// [`UpstreamResolver::compile_inline_upstream`]).
+pub(super) type PluginUpstreams = Vec<(String, Arc<CompiledUpstream>)>;
+
 /// The upstreams plugins may send requests to, as compiled for the snapshot being built.
 pub(super) struct CompiledUpstreams<'a> {
     by_id: &'a HashMap<String, Arc<CompiledUpstream>>,
     env: UpstreamEnv<'a>,
+    /// The plugins' inline upstreams the previous snapshot used, by resource path.
+    previous: HashMap<&'a str, &'a Arc<CompiledUpstream>>,
+    made: Mutex<Made>,
+}
+
+/// The plugins' inline upstreams of this compile.
+#[derive(Default)]
+struct Made {
+    /// By resource path: a service's plugin conf merged into several routes compiles once.
+    by_key: HashMap<String, Arc<CompiledUpstream>>,
+    /// Asked for since the last [`CompiledUpstreams::take_asked`].
+    asked: PluginUpstreams,
 }
 
 impl<'a> CompiledUpstreams<'a> {
+    /// `previous`: the plugins' inline upstreams of the previous snapshot.
     pub fn new(
         by_id: &'a HashMap<String, Arc<CompiledUpstream>>,
         env: UpstreamEnv<'a>,
+        previous: impl IntoIterator<Item = &'a (String, Arc<CompiledUpstream>)>,
     ) -> CompiledUpstreams<'a> {
-        CompiledUpstreams { by_id, env }
+        CompiledUpstreams {
+            by_id,
+            env,
+            previous: previous.into_iter().map(|(k, u)| (k.as_str(), u)).collect(),
+            made: Mutex::default(),
+        }
+    }
+
+    /// The plugins' inline upstreams asked for since the last call (one compile's: a route's
+    /// chain, the global rules, the consumers).
+    pub fn take_asked(&self) -> PluginUpstreams {
+        let mut made = self.made.lock().unwrap_or_else(PoisonError::into_inner);
+        std::mem::take(&mut made.asked)
     }
 }
 
@@ -350,18 +386,30 @@ impl UpstreamResolver for CompiledUpstreams<'_> {
             .ok_or_else(|| format!("failed to find upstream by id: {id}"))
     }
 
-    fn compile_inline_upstream(&self, conf: &Value) -> Result<UpstreamRef, String> {
+    fn compile_inline_upstream(&self, key: &str, conf: &Value) -> Result<UpstreamRef, String> {
         let up =
             ferrisix_config::validate::upstream_from_value(None, conf).map_err(|e| e.message)?;
-        // A plugin's inline upstream (traffic-split's) has no resource of its own: its checker,
-        // if it has `checks`, is named after the upstreams directory and is not listed by the
-        // control API.
-        let holder = Holder {
-            kind: ResourceKind::Upstreams,
-            id: "(plugin)",
+        let mut made = self.made.lock().unwrap_or_else(PoisonError::into_inner);
+        // This compile's, else the previous snapshot's: reused while the definition is equal,
+        // else taken over (the checker's node states, least_conn's counts).
+        let before = made
+            .by_key
+            .get(key)
+            .or_else(|| self.previous.get(key).copied())
+            .cloned();
+        let compiled = match before.as_ref().filter(|c| self.env.reusable(c, &up)) {
+            Some(c) => c.clone(),
+            None => Arc::new(CompiledUpstream::compile(
+                &up,
+                Holder::Plugin(key),
+                before.as_ref(),
+                self.env,
+            )?),
         };
-        Ok(UpstreamRef::new(Arc::new(CompiledUpstream::compile(
-            &up, holder, None, self.env,
-        )?)))
+        made.by_key.insert(key.to_string(), compiled.clone());
+        if !made.asked.iter().any(|(k, _)| k == key) {
+            made.asked.push((key.to_string(), compiled.clone()));
+        }
+        Ok(UpstreamRef::new(compiled))
     }
 }

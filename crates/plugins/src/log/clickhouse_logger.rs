@@ -17,10 +17,8 @@ use super::sink::{self, conf, encode_batch, BatchSink, Concat, Logger, SendError
 pub const NAME: &str = "clickhouse-logger";
 
 pub static DEF: PluginDef = PluginDef {
-    metadata_schema: Some(sink::metadata_schema),
-    check: Some(sink::check),
     encrypt_fields: &["password"],
-    ..PluginDef::new(NAME, 398, schema, compile)
+    ..sink::def(NAME, 398, schema, compile)
 };
 
 fn schema() -> Value {

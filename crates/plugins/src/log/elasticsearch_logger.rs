@@ -23,10 +23,8 @@ use super::sink::{self, conf, BatchSink, Logger, SendError, SendFuture};
 pub const NAME: &str = "elasticsearch-logger";
 
 pub static DEF: PluginDef = PluginDef {
-    metadata_schema: Some(sink::metadata_schema),
-    check: Some(sink::check),
     encrypt_fields: &["auth.password", "headers"],
-    ..PluginDef::new(NAME, 413, schema, compile)
+    ..sink::def(NAME, 413, schema, compile)
 };
 
 fn schema() -> Value {

@@ -18,10 +18,8 @@ use super::sink::{self, conf, encode_batch, BatchSink, Concat, Logger, SendError
 pub const NAME: &str = "http-logger";
 
 pub static DEF: PluginDef = PluginDef {
-    metadata_schema: Some(sink::metadata_schema),
-    check: Some(sink::check),
     encrypt_fields: &["auth_header"],
-    ..PluginDef::new(NAME, 410, schema, compile)
+    ..sink::def(NAME, 410, schema, compile)
 };
 
 fn schema() -> Value {

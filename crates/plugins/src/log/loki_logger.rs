@@ -21,10 +21,8 @@ use super::sink::{self, conf, BatchSink, Logger, SendError, SendFuture};
 pub const NAME: &str = "loki-logger";
 
 pub static DEF: PluginDef = PluginDef {
-    metadata_schema: Some(sink::metadata_schema),
-    check: Some(sink::check),
     encrypt_fields: &["headers"],
-    ..PluginDef::new(NAME, 414, schema, compile)
+    ..sink::def(NAME, 414, schema, compile)
 };
 
 fn schema() -> Value {

@@ -1,9 +1,10 @@
 //! What a logger that ships entries to a log server is made of, so that its file holds only
 //! its schema, its entry encoding and its send:
 //!
-//! - [`schema`] adds the log entry's properties (`log_format`, the bodies) and the batch
-//!   processor's (`batch_max_size`, ...) to the logger's own; [`metadata_schema`] and
-//!   [`check`] are the same for every logger (`PluginDef` takes them as they are).
+//! - [`def`] is the logger's `PluginDef` with the metadata schema and check every logger
+//!   shares ([`metadata_schema`], [`check`]); [`schema`] adds the log entry's properties
+//!   (`log_format`, the bodies) and the batch processor's (`batch_max_size`, ...) to the
+//!   logger's own.
 //! - [`Logger::compile`] makes the conf's entry builder and its batch processor (kept across
 //!   snapshots while the conf is unchanged) around the logger's [`BatchSink`];
 //!   [`Logger::into_plugin`] is the plugin with JSON entries, [`Logger::encoded_by`] the
@@ -16,11 +17,7 @@
 //! A new logger (say kafka-logger) is then:
 //!
 //! ```ignore
-//! pub static DEF: PluginDef = PluginDef {
-//!     metadata_schema: Some(sink::metadata_schema),
-//!     check: Some(sink::check),
-//!     ..PluginDef::new(NAME, 403, schema, compile)
-//! };
+//! pub static DEF: PluginDef = sink::def(NAME, 403, schema, compile);
 //! fn schema() -> Value {
 //!     sink::schema(json!({"type": "object", "properties": {...}, "required": [...]}), "kafka logger")
 //! }
@@ -40,12 +37,27 @@ pub mod net;
 #[cfg(test)]
 pub(crate) mod testing;
 
-use ferrisix_plugin_api::CheckCtx;
+use ferrisix_plugin_api::{CheckCtx, CompileFn, PluginDef};
 use serde_json::Value;
 
 pub use super::batch_processor::{BatchSink, SendError, SendFuture};
 pub use super::logger::{encode_batch, Concat, Logger};
 use super::{batch_processor, log_entry};
+
+/// A logger's definition: its name, priority, schema and compile, with every logger's
+/// metadata schema and check (add `encrypt_fields` with `..sink::def(...)`).
+pub const fn def(
+    name: &'static str,
+    priority: i64,
+    schema: fn() -> Value,
+    compile: CompileFn,
+) -> PluginDef {
+    PluginDef {
+        metadata_schema: Some(metadata_schema),
+        check: Some(check),
+        ..PluginDef::new(name, priority, schema, compile)
+    }
+}
 
 /// A logger's schema: `schema` (an object schema of the logger's own properties, its
 /// `required` or `oneOf`) with the log entry's properties and the batch processor's, `name`

@@ -21,11 +21,7 @@ use super::sink::{self, conf, BatchSink, Logger, SendError, SendFuture};
 
 pub const NAME: &str = "syslog";
 
-pub static DEF: PluginDef = PluginDef {
-    metadata_schema: Some(sink::metadata_schema),
-    check: Some(sink::check),
-    ..PluginDef::new(NAME, 401, schema, compile)
-};
+pub static DEF: PluginDef = sink::def(NAME, 401, schema, compile);
 
 fn schema() -> Value {
     sink::schema(

@@ -13,11 +13,7 @@ use super::sink::{self, conf, encode_batch, BatchSink, Concat, Logger, SendError
 
 pub const NAME: &str = "udp-logger";
 
-pub static DEF: PluginDef = PluginDef {
-    metadata_schema: Some(sink::metadata_schema),
-    check: Some(sink::check),
-    ..PluginDef::new(NAME, 400, schema, compile)
-};
+pub static DEF: PluginDef = sink::def(NAME, 400, schema, compile);
 
 fn schema() -> Value {
     sink::schema(

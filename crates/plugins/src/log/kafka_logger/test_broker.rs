@@ -3,10 +3,12 @@
 //! send.
 
 use std::io::{Cursor, Read};
+use std::sync::Arc;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
 
 /// One record a broker stored.
 #[derive(Debug, Clone)]
@@ -128,6 +130,33 @@ fn record_batches(data: &[u8]) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
 }
 
 pub async fn broker(topic: &'static str, partitions: i32, sasl: bool) -> Broker {
+    start(topic, partitions, sasl, None).await
+}
+
+/// [`broker`] over TLS with this certificate and key (PEM).
+pub async fn tls_broker(topic: &'static str, partitions: i32, cert: &str, key: &str) -> Broker {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .map(|c| c.unwrap())
+        .collect();
+    let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    start(topic, partitions, false, Some(TlsAcceptor::from(Arc::new(config)))).await
+}
+
+async fn start(
+    topic: &'static str,
+    partitions: i32,
+    sasl: bool,
+    tls: Option<TlsAcceptor>,
+) -> Broker {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let (tx, records) = mpsc::unbounded_channel();
@@ -135,14 +164,27 @@ pub async fn broker(topic: &'static str, partitions: i32, sasl: bool) -> Broker 
     tokio::spawn(async move {
         loop {
             let (s, _) = listener.accept().await.unwrap();
-            tokio::spawn(serve(s, port, topic, partitions, sasl, tx.clone(), atx.clone()));
+            let (tx, atx) = (tx.clone(), atx.clone());
+            match tls.clone() {
+                None => {
+                    tokio::spawn(serve(s, port, topic, partitions, sasl, tx, atx));
+                }
+                Some(acceptor) => {
+                    tokio::spawn(async move {
+                        // A client that refuses the certificate ends the handshake.
+                        if let Ok(s) = acceptor.accept(s).await {
+                            serve(s, port, topic, partitions, sasl, tx, atx).await;
+                        }
+                    });
+                }
+            }
         }
     });
     Broker { port, records, auths }
 }
 
-async fn serve(
-    mut s: TcpStream,
+async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+    mut s: S,
     port: u16,
     topic: &'static str,
     partitions: i32,

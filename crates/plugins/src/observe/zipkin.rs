@@ -25,9 +25,11 @@
 //! processor with the reporter's settings (`zipkin_report`: batches of 1000, 5 s inactive, 60 s
 //! buffer, no retry), so a collector that is down or slow never holds a request up.
 //!
+//! Jaeger baggage (`uberctx-<key>` headers) of a valid incoming context is passed on
+//! re-escaped, as the codec's injector writes it.
+//!
 //! Not built: `plugin_attr.zipkin.set_ngx_var` (the plugin API has no way for a plugin to set
-//! request variables such as `$zipkin_trace_id`); jaeger `uberctx-*` baggage is passed
-//! upstream as the client sent it, not re-encoded.
+//! request variables such as `$zipkin_trace_id`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -174,6 +176,8 @@ struct RequestTrace {
     trace_id: String,
     request: SpanIds,
     sampled: bool,
+    /// The incoming context's baggage, key and unescaped value, passed on re-escaped.
+    baggage: Vec<(String, Vec<u8>)>,
     /// Microseconds since the epoch at the start of `rewrite`.
     start_us: u64,
     /// v1: the end of the rewrite and access spans.
@@ -206,6 +210,38 @@ fn parse_b3(b3: &str) -> Result<B3, &'static str> {
 
 fn is_hex(s: &str, lens: &[usize]) -> bool {
     lens.contains(&s.len()) && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// `ngx.unescape_uri`: `%XX` decoded, anything else (a `%` without two hex digits too) kept.
+fn unescape_uri(s: &[u8]) -> Vec<u8> {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] == b'%' && i + 2 < s.len() {
+            if let (Some(h), Some(l)) = (hex(s[i + 1]), hex(s[i + 2])) {
+                out.push(h << 4 | l);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(s[i]);
+        i += 1;
+    }
+    out
+}
+
+/// `ngx.escape_uri` (a URI component): everything but letters, digits and `-._~` as `%XX`.
+fn escape_uri(s: &[u8]) -> String {
+    let mut out = String::with_capacity(s.len());
+    for &b in s {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 fn header_value(s: &str) -> Option<HeaderValue> {
@@ -247,6 +283,18 @@ impl Zipkin {
         let valid = trace_id.as_deref().is_some_and(|t| is_hex(t, &[16, 32]))
             && parent_id.as_deref().is_none_or(|p| is_hex(p, &[16]))
             && span_id.as_deref().is_none_or(|s| is_hex(s, &[16]));
+        // Jaeger's baggage (`uberctx-<key>`) comes with a valid incoming context only.
+        let baggage: Vec<(String, Vec<u8>)> = if valid {
+            ctx.headers()
+                .iter()
+                .filter_map(|(name, value)| {
+                    let key = name.as_str().strip_prefix("uberctx-")?;
+                    Some((key.to_owned(), unescape_uri(value.as_bytes())))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let (trace_id, request) = match trace_id.filter(|_| valid) {
             Some(trace) => {
                 // A context without a span id gets one, as opentracing's span context does.
@@ -282,6 +330,7 @@ impl Zipkin {
         let mut trace = RequestTrace {
             trace_id,
             sampled,
+            baggage,
             start_us,
             rewrite_end_us: start_us,
             access_end_us: start_us,
@@ -331,7 +380,20 @@ impl Zipkin {
         };
         let trace_id = trace.trace_id.clone();
         let sampled = if trace.sampled { "1" } else { "0" };
+        let baggage: Vec<(HeaderName, HeaderValue)> = trace
+            .baggage
+            .iter()
+            .filter_map(|(k, v)| {
+                Some((
+                    HeaderName::from_bytes(format!("uberctx-{k}").as_bytes()).ok()?,
+                    HeaderValue::from_str(&escape_uri(v)).ok()?,
+                ))
+            })
+            .collect();
         let headers = ctx.headers_mut();
+        for (name, value) in baggage {
+            headers.insert(name, value);
+        }
         let set = |headers: &mut http::HeaderMap, name: &'static str, v: Option<&str>| {
             let name = HeaderName::from_static(name);
             match v.and_then(header_value) {
@@ -633,7 +695,9 @@ mod tests {
         let conf = json!({"endpoint": endpoint, "sample_ratio": 1, "span_version": 1,
             "server_addr": "1.2.3.4"});
         let p = compile(&c, &conf, "zk-2");
-        let mut req = TestRequest::get("/").header("b3", &format!("{TRACE}-{SPAN}-d"));
+        let mut req = TestRequest::get("/")
+            .header("b3", &format!("{TRACE}-{SPAN}-d"))
+            .header("uberctx-user", "a b%2fc");
         let sent = run(&*p, &mut req, 502);
         drop(p);
         let (_, spans) = spans(&mut rx).await;
@@ -656,6 +720,7 @@ mod tests {
         assert_eq!(end(by_name(&spans, "apisix.rewrite")), by_name(&spans, "apisix.access")["timestamp"]);
         assert_eq!(end(by_name(&spans, "apisix.access")), proxy["timestamp"]);
         assert_eq!(sent["x-b3-spanid"], proxy["id"].as_str().unwrap());
+        assert_eq!(sent["uberctx-user"], "a%20b%2Fc", "baggage re-escaped");
         // `b3` is not passed on; its debug flag is.
         assert!(sent.get("b3").is_none());
         assert_eq!(sent["x-b3-flags"], "1");
@@ -729,6 +794,12 @@ mod tests {
             })
             .count();
         assert!((200..400).contains(&sampled), "{sampled}");
+    }
+
+    #[test]
+    fn uri_escapes() {
+        assert_eq!(unescape_uri(b"a%20b%2fc%zz%4"), b"a b/c%zz%4");
+        assert_eq!(escape_uri("a b/ü-_.~".as_bytes()), "a%20b%2F%C3%BC-_.~");
     }
 
     #[test]

@@ -25,8 +25,9 @@
 //! lua-resty-kafka's producers of different clusters apart, has nothing more to separate.
 //! Differences: rskafka always asks for `acks: all` (-1), which also satisfies
 //! `required_acks: 1`, and speaks Produce v3+ with record batches (`api_version` 0-2 are
-//! accepted; the broker stores each record's timestamp, as `api_version: 2`). `tls` is rustls:
-//! `verify` against the system's roots, else any certificate. Not built: compression.
+//! accepted; the broker stores each record's timestamp, as `api_version: 2`). `tls` is the
+//! gateway's TLS client: `verify` against `apisix.ssl.ssl_trusted_certificate` (default the
+//! system's bundle), else any certificate. Not built: compression.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -36,17 +37,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ferrisix_config::schema::lua;
 use ferrisix_plugin_api::{
-    CheckCtx, CompileCtx, LogCtx, LogNeeds, Phases, Plugin, PluginDef, Shutdown,
+    CheckCtx, CompileCtx, LogCtx, LogNeeds, Phases, Plugin, PluginDef, Shutdown, TlsClient,
 };
 use rskafka::chrono::{DateTime, Utc};
 use rskafka::client::partition::{Compression, PartitionClient, UnknownTopicHandling};
 use rskafka::client::{Client, ClientBuilder, Credentials, SaslConfig};
 use rskafka::record::Record;
 use rskafka::BackoffConfig;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
-use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
-use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::ClientConfig;
 use serde_json::{json, Map, Value};
 use tokio::sync::Notify;
 
@@ -184,7 +182,9 @@ struct ProducerConf {
 }
 
 impl ProducerConf {
-    fn new(conf: &Map<String, Value>) -> Result<ProducerConf, String> {
+    /// `tls` takes the gateway's TLS client configs: `verify` against the trusted bundle
+    /// (`apisix.ssl.ssl_trusted_certificate`, default the system's), else any certificate.
+    fn new(conf: &Map<String, Value>, tls: &TlsClient) -> Result<ProducerConf, String> {
         let int = |k: &str, d: u64| conf.get(k).and_then(Value::as_u64).unwrap_or(d);
         let mut brokers = Vec::new();
         let mut sasl = None;
@@ -209,9 +209,10 @@ impl ProducerConf {
             return Err("no kafka broker configured".into());
         }
         let tls = match conf.get("tls") {
-            Some(t) => Some(tls_config(
-                t.get("verify").and_then(Value::as_bool) == Some(true),
-            )?),
+            Some(t) => Some(
+                tls.config(t.get("verify").and_then(Value::as_bool) == Some(true))
+                    .map_err(|e| format!("tls: {e}"))?,
+            ),
             None => None,
         };
         Ok(ProducerConf {
@@ -226,79 +227,6 @@ impl ProducerConf {
             linger: Duration::from_secs(int("producer_time_linger", 1).max(1)),
             refresh: Duration::from_secs(int("meta_refresh_interval", 30).max(1)),
         })
-    }
-}
-
-/// `tls`: rustls on ring. `verify` checks the brokers' certificates against the system's
-/// roots (APISIX's default `ssl_trusted_certificate: system`); without it any certificate is
-/// accepted, its handshake signatures still checked (lua-resty-kafka's `ssl_verify: false`).
-fn tls_config(verify: bool) -> Result<Arc<ClientConfig>, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("tls: {e}"))?;
-    let config = if verify {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls_native_certs::load_native_certs().certs {
-            let _ = roots.add(cert);
-        }
-        builder.with_root_certificates(roots).with_no_client_auth()
-    } else {
-        builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
-            .with_no_client_auth()
-    };
-    Ok(Arc::new(config))
-}
-
-/// Accepts any certificate but checks the handshake signatures (encryption without
-/// authentication, as `tls.verify: false` asks).
-#[derive(Debug)]
-struct NoVerify(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for NoVerify {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 
@@ -686,7 +614,7 @@ struct KafkaLogger {
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let services = cx.services;
     let logger = Logger::compile(cx, NAME, false, |conf| {
-        let producer = Arc::new(Producer::new(ProducerConf::new(conf)?));
+        let producer = Arc::new(Producer::new(ProducerConf::new(conf, services.tls())?));
         if !producer.conf.sync {
             let task = producer.clone().run(services.shutdown().clone());
             let hold = services.shutdown().hold();
@@ -900,21 +828,17 @@ mod tests {
         let p = compile(&c, &conf(true), "kl-6");
         p.log(&log_ctx(&*p, 4));
         assert!(tokio::time::timeout(Duration::from_millis(1500), b.records.recv()).await.is_err());
-        // Verified against a store that holds it, the same connection goes through (the
-        // broker is named by its IP, which the certificate lists).
+        // Verified against a trusted bundle that holds it (the gateway's
+        // `ssl_trusted_certificate`), the same connection goes through: the broker is named
+        // by its IP, which the certificate lists.
         use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::CertificateDer;
         let mut roots = rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(read("ca.crt").as_bytes()) {
             roots.add(cert.unwrap()).unwrap();
         }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let verified = ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let mut pc = ProducerConf::new(conf(true).as_object().unwrap()).unwrap();
-        pc.tls = Some(Arc::new(verified));
+        let trusted = TlsClient::new(Some(Arc::new(roots)));
+        let pc = ProducerConf::new(conf(true).as_object().unwrap(), &trusted).unwrap();
         let producer = Producer::new(pc);
         producer.send_now("sec", None, vec![Bytes::from("verified")]).await.unwrap();
         assert_eq!(next(&mut b.records).await.value, b"verified");
@@ -988,7 +912,7 @@ mod tests {
         let port = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
         let conf = json!({"broker_list": {"127.0.0.1": port}, "timeout": 1,
             "producer_max_buffering": 2});
-        let p = Producer::new(ProducerConf::new(conf.as_object().unwrap()).unwrap());
+        let p = Producer::new(ProducerConf::new(conf.as_object().unwrap(), &TlsClient::new(None)).unwrap());
         let topic: Arc<str> = "t".into();
         assert_eq!(p.buffer(topic.clone(), None, Bytes::from("a")), Ok(()));
         assert_eq!(p.buffer(topic.clone(), None, Bytes::from("b")), Ok(()));
@@ -1002,7 +926,7 @@ mod tests {
 
     #[test]
     fn chunks_respect_batch_num_and_size() {
-        let mut conf = ProducerConf::new(json!({"broker_list": {"h": 1}}).as_object().unwrap()).unwrap();
+        let mut conf = ProducerConf::new(json!({"broker_list": {"h": 1}}).as_object().unwrap(), &TlsClient::new(None)).unwrap();
         conf.batch_num = 2;
         conf.batch_size = 10;
         let p = Producer::new(conf);

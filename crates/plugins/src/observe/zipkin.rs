@@ -1,5 +1,6 @@
 //! zipkin (`apisix/plugins/zipkin.lua` with its codec, sampler and reporter): B3 propagation
-//! and Zipkin v2 JSON spans POSTed to `endpoint` in batches.
+//! and Zipkin v2 JSON spans POSTed to `endpoint` in batches (`https` verified against the
+//! gateway's trusted bundle, as lua-resty-http's default `ssl_verify`).
 //!
 //! The incoming context is the single `b3` header (`{trace}-{span}[-{sampled}[-{parent}]]`,
 //! `0` alone for "do not sample"; one without a span id is refused with 400; it is not passed

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ferrisix_config::schema::lua;
 use ferrisix_plugin_api::{
-    CheckCtx, CompileCtx, LogCtx, LogNeeds, Phases, Plugin, PluginDef, Shutdown, TlsClient,
+    CompileCtx, LogCtx, LogNeeds, Phases, Plugin, PluginDef, Shutdown, TlsClient,
 };
 use rskafka::chrono::{DateTime, Utc};
 use rskafka::client::partition::{Compression, PartitionClient, UnknownTopicHandling};
@@ -48,18 +48,17 @@ use rustls::ClientConfig;
 use serde_json::{json, Map, Value};
 use tokio::sync::Notify;
 
-use super::batch_processor::{self, BatchSink, SendError, SendFuture};
+use super::log_entry;
+use super::sink::{self, encode_batch, BatchSink, Concat, Logger, SendError, SendFuture};
 
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_broker;
-use super::log_entry;
-use super::logger::{encode_batch, Concat, Logger};
 
 pub const NAME: &str = "kafka-logger";
 
 pub static DEF: PluginDef = PluginDef {
-    metadata_schema: Some(metadata_schema),
-    check: Some(check),
+    metadata_schema: Some(sink::metadata_schema),
+    check: Some(sink::check),
     encrypt_fields: &["brokers.sasl_config.password"],
     ..PluginDef::new(NAME, 403, schema, compile)
 };
@@ -74,7 +73,6 @@ fn schema() -> Value {
         "meta_format".into(),
         json!({"type": "string", "default": "default", "enum": ["default", "origin"]}),
     );
-    props.extend(log_entry::entry_properties());
     props.insert(
         "broker_list".into(),
         json!({
@@ -144,7 +142,7 @@ fn schema() -> Value {
         "api_version".into(),
         json!({"type": "integer", "default": 1, "enum": [0, 1, 2]}),
     );
-    batch_processor::wrap_schema(
+    sink::schema(
         json!({
             "type": "object",
             "properties": props,
@@ -155,15 +153,6 @@ fn schema() -> Value {
         }),
         "kafka logger",
     )
-}
-
-fn metadata_schema() -> Value {
-    batch_processor::wrap_metadata_schema(log_entry::metadata_schema())
-}
-
-fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    cx.schema_result.clone()?;
-    log_entry::check(cx.conf)
 }
 
 /// What the producer was configured with.
@@ -876,7 +865,7 @@ mod tests {
             let conf = json!({"brokers": [{"host": "127.0.0.1", "port": port}], "kafka_topic": "t",
                 "producer_type": kind, "batch_max_size": 10, "timeout": 1});
             let p = (DEF.compile)(&c.cx(NAME, &conf, &format!("kl-4-{i}"), Some(&meta))).unwrap();
-            let backlog = c.registry.services().shared::<batch_processor::Backlogs>().of(NAME);
+            let backlog = c.registry.services().shared::<super::super::batch_processor::Backlogs>().of(NAME);
             let discarded = backlog.discarded();
             // Pushes only: if the log phase waited for the broker this would hang.
             for n in 0..1000 {

@@ -17,4 +17,5 @@ family! {
     syslog,
     clickhouse_logger,
     file_logger,
+    kafka_logger,
 }

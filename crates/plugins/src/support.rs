@@ -1,7 +1,8 @@
 //! Support shared by several plugin families: the Redis connections of the limit plugins'
 //! `redis`, `redis-cluster` and `redis-sentinel` policies, what the auth plugins share, the
 //! regexes of plugin confs (PCRE's syntax on a linear-time engine), header edits with `$var`
-//! values, nginx's URI escapes, and `resty.roundrobin`.
+//! values, nginx's URI escapes, `resty.roundrobin`, and the tracing plugins' ids, clock and
+//! collector export.
 
 pub mod auth;
 pub mod encoding;
@@ -11,4 +12,5 @@ pub mod pcre;
 pub mod redis;
 pub mod roundrobin;
 pub mod stream_sub;
+pub mod trace;
 pub mod uri;

@@ -21,16 +21,15 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::{Arc, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use ferrisix_plugin_api::{
-    CompileCtx, LogCtx, LogNeeds, Phases, Plugin, PluginCtx, PluginDef, PluginServices,
-    ResponseSource, StateMap, Step, VarNames,
+    CompileCtx, LogCtx, LogNeeds, Phases, Plugin, PluginCtx, PluginDef, ResponseSource, StateMap, Step, VarNames,
 };
 use ferrisix_router::VarSource;
-use http::{HeaderMap, HeaderName, HeaderValue, Request};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::{
     SpanContext, SpanKind, TraceContextExt, TraceFlags, TraceId, TraceState,
@@ -41,15 +40,14 @@ use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, Instrumentatio
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{span, status, ResourceSpans, ScopeSpans, Span, Status};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{
-    IdGenerator, RandomIdGenerator, Sampler, SamplingDecision, ShouldSample,
-};
+use opentelemetry_sdk::trace::{Sampler, SamplingDecision, ShouldSample};
 use prost::Message;
 use serde_json::{json, Map, Value};
 
 use crate::log::batch_processor::{
     BatchConfig, BatchProcessor, BatchSink, Backlogs, SendError, SendFuture,
 };
+use crate::support::trace::{new_span_id, new_trace_id, now_ns, Collector};
 
 pub const NAME: &str = "opentelemetry";
 
@@ -252,11 +250,8 @@ impl Exporter {
 
 /// POSTs spans (each entry one encoded [`Span`]) to the collector.
 struct OtlpSink {
-    url: String,
-    timeout: Duration,
-    headers: Vec<(HeaderName, HeaderValue)>,
+    collector: Collector,
     resource: Vec<KeyValue>,
-    services: Weak<PluginServices>,
 }
 
 impl OtlpSink {
@@ -282,24 +277,9 @@ impl OtlpSink {
                 ..Default::default()
             }],
         };
-        let Some(services) = self.services.upgrade() else {
-            return Err(SendError::new("the gateway is gone"));
-        };
-        let mut builder = Request::post(&self.url).header("content-type", "application/x-protobuf");
-        for (k, v) in &self.headers {
-            builder = builder.header(k, v);
-        }
-        let request = builder
-            .body(Bytes::from(req.encode_to_vec()))
-            .map_err(|e| SendError::new(e.to_string()))?;
-        match services.http().send(request, self.timeout).await {
-            Ok(r) if r.status().is_success() => Ok(()),
-            Ok(r) => Err(SendError::new(format!(
-                "failed to export traces: collector answered {}",
-                r.status()
-            ))),
-            Err(e) => Err(SendError::new(format!("failed to export traces: {e}"))),
-        }
+        self.collector
+            .post(Bytes::from(req.encode_to_vec()), "failed to export traces: ")
+            .await
     }
 }
 
@@ -370,11 +350,14 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         .shared::<StateMap<BatchProcessor>>()
         .lease(&format!("opentelemetry:{}", exporter.key()), || {
             let sink = OtlpSink {
-                url: format!("http://{}/v1/traces", e.address),
-                timeout: e.timeout,
-                headers: e.headers.clone(),
+                collector: Collector {
+                    url: format!("http://{}/v1/traces", e.address),
+                    content_type: HeaderValue::from_static("application/x-protobuf"),
+                    headers: e.headers.clone(),
+                    timeout: e.timeout,
+                    services: Arc::downgrade(services),
+                },
                 resource: e.resource.clone(),
-                services: Arc::downgrade(services),
             };
             let config = BatchConfig {
                 name: "opentelemetry".into(),
@@ -430,12 +413,6 @@ impl Injector for HeadersMut<'_> {
     }
 }
 
-fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
-
 /// opentelemetry.lua's `is_valid_trace_id`: 32 lower-case hex digits, not all zero.
 fn trace_id_from_request_id(id: &str) -> Option<TraceId> {
     let id = id.to_ascii_lowercase();
@@ -451,7 +428,6 @@ impl Opentelemetry {
         let parent = propagator.extract(&Headers(ctx.headers()));
         let parent_span = parent.span().span_context().clone();
         let has_parent = parent_span.is_valid();
-        let ids = RandomIdGenerator::default();
         let trace_id = if has_parent {
             parent_span.trace_id()
         } else {
@@ -459,9 +435,9 @@ impl Opentelemetry {
                 .x_request_id
                 .then(|| ctx.header("x-request-id").and_then(trace_id_from_request_id))
                 .flatten()
-                .unwrap_or_else(|| ids.new_trace_id())
+                .unwrap_or_else(new_trace_id)
         };
-        let span_id = ids.new_span_id();
+        let span_id = new_span_id();
         let method = ctx.method().as_str().to_owned();
         let var = |n: &str| ctx.var(n).map(Cow::into_owned).unwrap_or_default();
         let mut attributes = vec![

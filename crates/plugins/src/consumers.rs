@@ -1,7 +1,7 @@
 //! The consumers of one snapshot, compiled once: the [`ConsumerIndex`] auth plugins look
 //! credentials up in, and each consumer's plugins (merged over its group's) as
 //! [`ConsumerPlugins`], which the proxy merges over a route's chain once the consumer is
-//! known.
+//! known, each (route, consumer) pair once per snapshot ([`ConsumerChains`]).
 //!
 //! As APISIX's `consumer.plugin()`: every auth plugin's conf on a consumer, and on each of
 //! its 3.x credentials (`/consumers/<username>/credentials/<id>`), is one credential; one
@@ -19,6 +19,10 @@ use serde_json::{Map, Value};
 
 use crate::chain::{CompileEnv, ConsumerPlugins, PluginSource};
 use crate::registry::PluginRegistry;
+
+mod chains;
+
+pub use chains::ConsumerChains;
 
 /// One stored consumer, consumer group or credential, by id.
 pub type StoredDocs<'a> = &'a [(String, Arc<Value>)];

@@ -24,7 +24,7 @@ use ferrisix_config::model::ResourceKind;
 use ferrisix_config::shared_map::SharedMap;
 use ferrisix_config::state::{ConfigState, StoredItem};
 use ferrisix_plugins::{
-    CompileEnv, ConsumerSet, GlobalChains, GlobalRules, PluginChain, PluginRegistry,
+    CompileEnv, ConsumerChains, ConsumerSet, GlobalChains, GlobalRules, PluginChain, PluginRegistry,
 };
 use ferrisix_router::{RouteTable, RouterKind};
 use ferrisix_tls::{CertStore, TlsContext};
@@ -53,8 +53,9 @@ pub struct Snapshot {
     /// Every health checker in use, by the resource holding the upstream: routes, then
     /// services, then upstreams, each by id (the order of APISIX's `/v1/healthcheck`).
     pub checkers: Vec<CheckerEntry>,
-    /// The consumers (with their credentials and groups) auth plugins find.
-    pub consumers: Arc<ConsumerSet>,
+    /// The consumers (with their credentials and groups) auth plugins find, and the route
+    /// chains merged with their plugins, per (route, consumer), for this snapshot only.
+    pub consumers: Arc<ConsumerChains>,
     diff: SnapshotDiff,
     cache: CompileCache,
 }
@@ -246,8 +247,10 @@ impl Snapshot {
             }
             Arc::new(set)
         } else {
-            previous.consumers.clone()
+            previous.consumers.set.clone()
         };
+        // A fresh merge cache: what it would hold of the previous snapshot may have changed.
+        let consumers = Arc::new(ConsumerChains::new(consumers));
 
         let changes = Changes {
             applied: &applied_diff,

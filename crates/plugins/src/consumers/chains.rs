@@ -148,7 +148,8 @@ mod tests {
                 ((*u).to_owned(), Arc::new(doc))
             })
             .collect();
-        let (set, problems) = ConsumerSet::compile(&consumers, &[], &[], &Keyring::default(), env);
+        let (set, problems) =
+            ConsumerSet::compile(&consumers, &[], &[], &Keyring::default(), &|_| None, env);
         assert!(problems.is_empty(), "{problems:?}");
         let chains = ConsumerChains::new(Arc::new(set));
         let (r1, r2) = (route_chain("c1", env), route_chain("c2", env));
@@ -187,7 +188,8 @@ mod tests {
                 json!({"username": "jack", "plugins": {"limit-count": {"count": 2, "time_window": 60}}}),
             ),
         )];
-        let (set, _) = ConsumerSet::compile(&consumers, &[], &[], &Keyring::default(), env);
+        let (set, _) =
+            ConsumerSet::compile(&consumers, &[], &[], &Keyring::default(), &|_| None, env);
         let chains = ConsumerChains::new(Arc::new(set));
         let jack = chains.plugins_of("jack").unwrap().clone();
         // Enough routes that two share a slot.

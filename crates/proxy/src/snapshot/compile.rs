@@ -240,6 +240,8 @@ impl Snapshot {
                 &applied.raw(ResourceKind::ConsumerGroups),
                 &applied.raw(ResourceKind::Credentials),
                 &options.tls.keyring,
+                // `$env://` references read the gateway's environment, as APISIX's workers.
+                &ferrisix_config::env::process_env,
                 plugin_env,
             );
             for p in problems {

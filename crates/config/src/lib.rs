@@ -15,6 +15,7 @@ pub mod pem;
 pub mod provider;
 pub mod reopen;
 pub mod schema;
+pub mod secret;
 pub mod settings;
 pub mod shared_map;
 pub mod state;

@@ -53,7 +53,7 @@ pub mod transform;
 pub use chain::{
     CompileEnv, ConsumerPlugins, GlobalChains, GlobalRules, PluginChain, PluginSource, Verdicts,
 };
-pub use consumers::{ConsumerProblem, ConsumerSet};
+pub use consumers::{ConsumerChains, ConsumerProblem, ConsumerSet};
 pub use ferrisix_plugin_api::PluginDef;
 pub use registry::{PluginInfo, PluginRegistry, SchemaType};
 

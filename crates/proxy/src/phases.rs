@@ -12,7 +12,7 @@ use ferrisix_plugin_api::{
     BodyEdits, BodyError, Exit, Flow, LogCtx, LogVars, Phases, RequestBody, ResponseHead,
     ResponseSource,
 };
-use ferrisix_plugins::{ConsumerSet, PluginChain, Verdicts};
+use ferrisix_plugins::{ConsumerChains, PluginChain, Verdicts};
 use http::{HeaderMap, Response};
 use http_body::Body as _;
 
@@ -137,7 +137,7 @@ pub async fn request_phases(ctx: &mut RequestCtx<'_>, proxying: bool) -> Option<
 async fn run_phases(
     global: &PluginChain,
     route: &mut Option<Arc<PluginChain>>,
-    consumers: Option<&ConsumerSet>,
+    consumers: Option<&ConsumerChains>,
     ctx: &mut ferrisix_plugin_api::PluginCtx<'_>,
 ) -> Flow {
     if let Flow::Exit(e) = global.rewrite(ctx).await {
@@ -150,11 +150,12 @@ async fn run_phases(
     }
     // APISIX's merge_consumer_route: once a consumer is known, its (and its group's) plugins
     // join the route's, run their rewrite, and the merged chain runs from here to the log.
-    let consumer_plugins = consumers
-        .zip(ctx.consumer())
-        .and_then(|(set, c)| set.plugins.get(&c.username));
-    if let (Some(cp), Some(r)) = (consumer_plugins, route.as_ref()) {
-        let merged = Arc::new(r.with_consumer(cp));
+    // Each (route, consumer) pair is merged once per snapshot, as APISIX caches the merge.
+    let merge = consumers.and_then(|chains| {
+        let cp = chains.plugins_of(&ctx.consumer()?.username)?;
+        Some(chains.merged(route.as_ref()?, cp))
+    });
+    if let Some(merged) = merge {
         *route = Some(merged.clone());
         if let Flow::Exit(e) = merged.rewrite_in_consumer(ctx).await {
             return Flow::Exit(e);

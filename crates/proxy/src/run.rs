@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use ferrisix_plugin_api::{LogNeeds, LogVars, Phases, RequestState};
-use ferrisix_plugins::{ConsumerSet, PluginChain, Verdicts};
+use ferrisix_plugins::{ConsumerChains, PluginChain, Verdicts};
 
 use crate::snapshot::{CompiledRoute, RouteTarget};
 
@@ -28,8 +28,8 @@ pub struct PluginRun {
     /// The request body as read for the log phase, when a plugin asked for it.
     pub request_body: Option<Bytes>,
     /// The snapshot's consumers, when a plugin of the request authenticates: the consumer's
-    /// plugins are merged over the route's once it is known.
-    pub consumers: Option<Arc<ConsumerSet>>,
+    /// plugins are merged over the route's once it is known (each pair once per snapshot).
+    pub consumers: Option<Arc<ConsumerChains>>,
 }
 
 impl PluginRun {
@@ -72,11 +72,11 @@ impl PluginRun {
     }
 
     /// Hands the snapshot's consumers to a request whose chains authenticate.
-    pub fn give_consumers(&mut self, consumers: &Arc<ConsumerSet>) {
+    pub fn give_consumers(&mut self, consumers: &Arc<ConsumerChains>) {
         let needs = self.global.needs_consumers()
             || self.route.as_ref().is_some_and(|r| r.needs_consumers());
         if needs {
-            self.state.set_consumers(consumers.index.clone());
+            self.state.set_consumers(consumers.set.index.clone());
             self.consumers = Some(consumers.clone());
         }
     }

@@ -12,17 +12,18 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferrisix_config::model::ResourceKind;
-use ferrisix_config::state::{ConfigState, StoredItem};
 use ferrisix_plugin_api::{
     BodyChunk, BodyFilter, CompileCtx, Exit, Flow, LogCtx, LogNeeds, Phases, Plugin, PluginCtx,
     PluginDef, PluginServices, ResponseHead, Step, UpstreamRef,
 };
 use ferrisix_plugins::PluginRegistry;
-use ferrisix_proxy::access_log::{AccessLog, LogSink};
-use ferrisix_proxy::snapshot::{self, Snapshot};
-use ferrisix_proxy::{CompileOptions, Gateway, RealIpConfig, ServerOptions, WorkerModel};
 use http::{HeaderName, HeaderValue, Method, StatusCode};
 use serde_json::{json, Value};
+
+#[path = "support/gateway.rs"]
+mod gateway;
+
+use gateway::TestGateway;
 
 fn name(n: &'static str) -> HeaderName {
     HeaderName::from_static(n)
@@ -261,101 +262,17 @@ fn serve(mut s: TcpStream, tag: &str) {
     }
 }
 
-struct Running {
-    addr: SocketAddr,
-    shutdown: tokio::sync::watch::Sender<bool>,
-    server: Option<ferrisix_proxy::ServerHandle>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.shutdown.send(true);
-        if let Some(s) = self.server.take() {
-            s.wait();
-        }
-    }
-}
-
-fn item(id: &str, value: Value) -> StoredItem {
-    StoredItem {
-        id: id.into(),
-        value: Arc::new(value),
-        create_revision: 1,
-        mod_revision: 1,
-        seq: 0,
-    }
-}
-
-fn start(routes: Vec<Value>, upstreams: Vec<Value>) -> Running {
+fn start(routes: Vec<Value>, upstreams: Vec<Value>) -> TestGateway {
     let services = Arc::new(PluginServices::default());
     let registry = PluginRegistry::from_defs(
         services.clone(),
         [&EDIT, &READ_BODY, &LIMIT, &CHOOSE, &EXIT, &FILTER, &LOG],
     );
-    let mut state = ConfigState {
-        revision: 1,
-        ..Default::default()
-    };
-    for (kind, list) in [
+    let state = gateway::state(vec![
         (ResourceKind::Routes, routes),
         (ResourceKind::Upstreams, upstreams),
-    ] {
-        let items = state.resources.entry(kind).or_default();
-        for v in list {
-            let id = v["id"].as_str().unwrap().to_owned();
-            items.insert(id.clone(), item(&id, v));
-        }
-    }
-    let options = CompileOptions::default();
-    let handle = snapshot::new_handle(&options);
-    let compiled = Snapshot::compile(&state, &handle.load(), &options, &registry);
-    assert!(compiled.quarantine.is_empty(), "{:?}", compiled.quarantine);
-    handle.store(Arc::new(compiled));
-    let gateway = Arc::new(Gateway {
-        snapshot: handle,
-        server_header: value("ferrisix"),
-        real_ip: RealIpConfig {
-            header: name("x-real-ip"),
-            trusted: Vec::new(),
-            recursive: false,
-        },
-        show_upstream_status: false,
-        access_log: Arc::new(AccessLog::new(LogSink::Off, "")),
-        stats: services.conn_stats().clone(),
-        legacy_admin: None,
-        client_body_timeout: Duration::from_secs(60),
-        client_max_body_size: 0,
-    });
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let (shutdown, rx) = tokio::sync::watch::channel(false);
-    let server = ferrisix_proxy::server::start(
-        gateway,
-        ServerOptions {
-            listen: vec![addr],
-            workers: 1,
-            model: WorkerModel::PerCore,
-            shutdown_timeout: Duration::from_secs(1),
-            limits: ferrisix_net::ConnLimits {
-                header_timeout: Duration::from_secs(5),
-                keepalive_timeout: Duration::from_secs(60),
-                send_timeout: Duration::from_secs(60),
-            },
-            tls_listen: Vec::new(),
-            http2: Default::default(),
-        },
-        rx,
-    )
-    .unwrap();
-    Running {
-        addr,
-        shutdown,
-        server: Some(server),
-    }
+    ]);
+    gateway::serve(&state, &registry, services)
 }
 
 /// A response: status, lower-cased headers, body (close-delimited or by length).

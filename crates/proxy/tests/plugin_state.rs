@@ -1,44 +1,26 @@
 //! Plugin state across snapshots and gateways: a resource's state is released when the last
 //! snapshot that uses it is dropped (not one change later), an unchanged conf keeps its state
-//! across snapshots, and two gateways in one process share no counters.
+//! across snapshots, two gateways in one process share no counters, and a consumer's plugins
+//! merge over each route once per snapshot, their state the consumer's.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ferrisix_config::model::ResourceKind;
-use ferrisix_config::state::{ConfigState, StoredItem};
-use ferrisix_plugin_api::PluginServices;
+use ferrisix_config::state::ConfigState;
 use ferrisix_plugins::limit::limit_count::local::Spaces;
 use ferrisix_plugins::observe::prometheus::Metrics;
-use ferrisix_plugins::PluginRegistry;
-use ferrisix_proxy::access_log::{AccessLog, LogSink};
-use ferrisix_proxy::snapshot::{self, Snapshot};
-use ferrisix_proxy::{CompileOptions, Gateway, RealIpConfig, ServerOptions, WorkerModel};
-use http::{HeaderName, HeaderValue};
+use ferrisix_proxy::snapshot::Snapshot;
+use ferrisix_proxy::CompileOptions;
 use serde_json::{json, Value};
 
+#[path = "support/gateway.rs"]
+mod gateway;
+
+use gateway::{builtin_registry, start_ok_upstream, status, TestGateway};
+
 fn state(routes: &[Value]) -> ConfigState {
-    let mut state = ConfigState {
-        revision: 1,
-        ..Default::default()
-    };
-    let items = state.resources.entry(ResourceKind::Routes).or_default();
-    for (seq, route) in routes.iter().enumerate() {
-        let id = route["id"].as_str().unwrap().to_owned();
-        items.insert(
-            id.clone(),
-            StoredItem {
-                id,
-                value: Arc::new(route.clone()),
-                create_revision: 1,
-                mod_revision: 1,
-                seq: seq as u64,
-            },
-        );
-    }
-    state
+    gateway::state(vec![(ResourceKind::Routes, routes.to_vec())])
 }
 
 fn route(id: &str, plugins: Value) -> Value {
@@ -46,14 +28,9 @@ fn route(id: &str, plugins: Value) -> Value {
         "upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:1980": 1}}})
 }
 
-fn registry() -> (PluginRegistry, Arc<PluginServices>) {
-    let services = Arc::new(PluginServices::default());
-    (PluginRegistry::new(services.clone(), None).0, services)
-}
-
 #[test]
 fn state_goes_with_the_last_snapshot_that_uses_it() {
-    let (registry, services) = registry();
+    let (registry, services) = builtin_registry();
     let options = CompileOptions::default();
     let lc = json!({"count": 5, "time_window": 60});
     let plugins = json!({"limit-count": lc, "prometheus": {}});
@@ -111,142 +88,27 @@ fn state_goes_with_the_last_snapshot_that_uses_it() {
     assert!(spaces.is_empty());
 }
 
-/// A loopback upstream answering every request with `ok`.
-fn start_upstream() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut s = stream;
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 1024];
-                loop {
-                    if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        buf.drain(..end + 4);
-                        if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                            .is_err()
-                        {
-                            return;
-                        }
-                        continue;
-                    }
-                    match s.read(&mut chunk) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-            });
-        }
-    });
-    addr
-}
-
-/// A gateway in this process serving `routes`, with services of its own.
-struct InProcess {
-    addr: SocketAddr,
-    services: Arc<PluginServices>,
-    shutdown: tokio::sync::watch::Sender<bool>,
-    server: Option<ferrisix_proxy::ServerHandle>,
-}
-
-impl Drop for InProcess {
-    fn drop(&mut self) {
-        let _ = self.shutdown.send(true);
-        if let Some(s) = self.server.take() {
-            s.wait();
-        }
-    }
-}
-
-fn start_gateway(routes: &[Value]) -> InProcess {
-    let (registry, services) = registry();
-    let options = CompileOptions::default();
-    let handle = snapshot::new_handle(&options);
-    let compiled = Snapshot::compile(&state(routes), &handle.load(), &options, &registry);
-    assert!(compiled.quarantine.is_empty(), "{:?}", compiled.quarantine);
-    handle.store(Arc::new(compiled));
-    let gateway = Arc::new(Gateway {
-        snapshot: handle,
-        server_header: HeaderValue::from_static("ferrisix"),
-        real_ip: RealIpConfig {
-            header: HeaderName::from_static("x-real-ip"),
-            trusted: Vec::new(),
-            recursive: false,
-        },
-        show_upstream_status: false,
-        access_log: Arc::new(AccessLog::new(LogSink::Off, "")),
-        stats: services.conn_stats().clone(),
-        legacy_admin: None,
-        client_body_timeout: Duration::from_secs(60),
-        client_max_body_size: 0,
-    });
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let (shutdown, rx) = tokio::sync::watch::channel(false);
-    let server = ferrisix_proxy::server::start(
-        gateway,
-        ServerOptions {
-            listen: vec![addr],
-            workers: 1,
-            model: WorkerModel::PerCore,
-            shutdown_timeout: Duration::from_secs(1),
-            limits: ferrisix_net::ConnLimits {
-                header_timeout: Duration::from_secs(5),
-                keepalive_timeout: Duration::from_secs(60),
-                send_timeout: Duration::from_secs(60),
-            },
-            tls_listen: Vec::new(),
-            http2: Default::default(),
-        },
-        rx,
-    )
-    .unwrap();
-    InProcess {
-        addr,
-        services,
-        shutdown,
-        server: Some(server),
-    }
-}
-
-/// The status of `GET path`, on a connection of its own.
-fn status(addr: SocketAddr, path: &str) -> u16 {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out.split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
+fn start_gateway(routes: &[Value]) -> TestGateway {
+    let (registry, services) = builtin_registry();
+    gateway::serve(&state(routes), &registry, services)
 }
 
 #[test]
 fn two_gateways_in_one_process_share_no_counters() {
-    let up = start_upstream();
+    let up = start_ok_upstream();
     let r = json!({"id": "1", "uri": "/1",
         "plugins": {"limit-count": {"count": 1, "time_window": 60, "rejected_code": 429},
             "prometheus": {}},
         "upstream": {"type": "roundrobin", "nodes": {up.to_string(): 1}}});
     let a = start_gateway(std::slice::from_ref(&r));
     let b = start_gateway(&[r]);
-    assert_eq!(status(a.addr, "/1"), 200);
-    assert_eq!(status(a.addr, "/1"), 429, "a's quota is spent");
-    assert_eq!(status(b.addr, "/1"), 200, "b counts on its own");
-    assert_eq!(status(b.addr, "/1"), 429);
-    assert_eq!(status(b.addr, "/nope"), 404);
+    assert_eq!(status(a.addr, "/1", ""), 200);
+    assert_eq!(status(a.addr, "/1", ""), 429, "a's quota is spent");
+    assert_eq!(status(b.addr, "/1", ""), 200, "b counts on its own");
+    assert_eq!(status(b.addr, "/1", ""), 429);
+    assert_eq!(status(b.addr, "/nope", ""), 404);
 
-    let requests = |g: &InProcess| {
+    let requests = |g: &TestGateway| {
         // The log phase runs when the response is done; give the worker a moment.
         std::thread::sleep(Duration::from_millis(100));
         g.services.conn_stats().read().requests
@@ -271,5 +133,80 @@ fn two_gateways_in_one_process_share_no_counters() {
     assert!(
         b_text.contains("apisix_http_requests_total 3\n"),
         "{b_text}"
+    );
+}
+
+/// APISIX 3.15+ keys limit-count's counter by the resource holding the conf: a consumer's
+/// limit-count counts that consumer's requests on every route it calls (≤ 3.14 counted per
+/// route and consumer). Each (route, consumer) chain is merged once per snapshot.
+#[test]
+fn a_consumers_plugins_merge_per_route_and_count_per_consumer() {
+    let up = start_ok_upstream();
+    let route = |id: &str, plugins: Value| {
+        json!({"id": id, "uri": format!("/{id}"), "plugins": plugins,
+            "upstream": {"type": "roundrobin", "nodes": {up.to_string(): 1}}})
+    };
+    let routes = vec![
+        route("c1", json!({"key-auth": {}, "prometheus": {}})),
+        // The consumer's limit-count replaces the route's.
+        route(
+            "c2",
+            json!({"key-auth": {}, "limit-count": {"count": 5, "time_window": 60}}),
+        ),
+    ];
+    let consumers = vec![
+        json!({"username": "jack", "plugins": {"key-auth": {"key": "jack-key"},
+            "limit-count": {"count": 2, "time_window": 60, "rejected_code": 429}}}),
+        json!({"username": "rose", "plugins": {"key-auth": {"key": "rose-key"}}}),
+    ];
+    let (registry, services) = builtin_registry();
+    let gw = gateway::serve(
+        &gateway::state(vec![
+            (ResourceKind::Routes, routes),
+            (ResourceKind::Consumers, consumers),
+        ]),
+        &registry,
+        services,
+    );
+    let (jack, rose) = ("apikey: jack-key\r\n", "apikey: rose-key\r\n");
+    assert_eq!(status(gw.addr, "/c1", jack), 200);
+    assert_eq!(status(gw.addr, "/c2", jack), 200);
+    assert_eq!(
+        status(gw.addr, "/c1", jack),
+        429,
+        "one quota on both routes"
+    );
+    assert_eq!(status(gw.addr, "/c2", jack), 429);
+    assert_eq!(status(gw.addr, "/c2", "apikey: nobody\r\n"), 401);
+    for _ in 0..6 {
+        assert_eq!(status(gw.addr, "/c1", rose), 200, "rose has no limit on c1");
+    }
+    assert_eq!(
+        status(gw.addr, "/c2", rose),
+        200,
+        "the route's own limit for rose"
+    );
+    // Two pairs merged (rose has no plugins to merge).
+    assert_eq!(gw.snapshot.load().consumers.cached(), 2);
+
+    // The consumer label of the route's prometheus.
+    std::thread::sleep(Duration::from_millis(100));
+    let text = gw.services.shared::<Metrics>().render();
+    let count = |prefix: &str| {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_owned)
+    };
+    let c1 = "apisix_http_status{code=\"200\",route=\"c1\",matched_uri=\"/c1\",matched_host=\"\",service=\"\",consumer=";
+    assert_eq!(
+        count(&format!("{c1}\"jack\"")).as_deref(),
+        Some("1"),
+        "{text}"
+    );
+    assert_eq!(
+        count(&format!("{c1}\"rose\"")).as_deref(),
+        Some("6"),
+        "{text}"
     );
 }

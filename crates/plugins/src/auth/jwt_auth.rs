@@ -9,9 +9,8 @@
 //! failure is a 401 with `WWW-Authenticate: Bearer realm="<realm>"` unless
 //! `anonymous_consumer` names the consumer to go on as.
 //!
-//! Signatures are checked by the `jsonwebtoken` crate; the decoding key of each credential
-//! is built once per snapshot. ES512 (which the crate does not implement) is refused when
-//! the consumer is compiled.
+//! Signatures are checked by the `jsonwebtoken` crate, ES512 (which it lacks) by RustCrypto's
+//! `p521`; the decoding key of each credential is built once per snapshot.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -132,12 +131,54 @@ fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
     Ok(())
 }
 
-/// What a credential compiles to: its algorithm and decoding key, its grace period.
+/// How a credential's signatures are checked.
+enum Verifier {
+    Jwt {
+        algorithm: Algorithm,
+        key: DecodingKey,
+    },
+    /// ES512: ECDSA on P-521 with SHA-512.
+    Es512(p521::ecdsa::VerifyingKey),
+}
+
+impl Verifier {
+    /// Whether `signature` (base64url) signs `signing_input`.
+    fn verify(&self, signing_input: &str, signature: &str) -> bool {
+        match self {
+            Verifier::Jwt { algorithm, key } => {
+                jsonwebtoken::crypto::verify(signature, signing_input.as_bytes(), key, *algorithm)
+                    .unwrap_or(false)
+            }
+            Verifier::Es512(key) => {
+                use p521::ecdsa::signature::Verifier as _;
+                let Ok(raw) = BASE64URL.decode(signature) else {
+                    return false;
+                };
+                // JWS's ECDSA signature is R || S, 66 bytes each (RFC 7518 §3.4), not DER.
+                let Ok(sig) = p521::ecdsa::Signature::from_slice(&raw) else {
+                    return false;
+                };
+                key.verify(signing_input.as_bytes(), &sig).is_ok()
+            }
+        }
+    }
+}
+
+/// What a credential compiles to: its algorithm and verifier, its grace period.
 struct JwtKey {
     alg_name: String,
-    algorithm: Algorithm,
-    key: DecodingKey,
+    verifier: Verifier,
     grace: i64,
+}
+
+/// A P-521 public key (PEM, SubjectPublicKeyInfo) as an ES512 verifier.
+fn es512_key(pem: &str) -> Result<Verifier, String> {
+    use p521::pkcs8::DecodePublicKey as _;
+    let public = p521::PublicKey::from_public_key_pem(pem.trim())
+        .map_err(|_| "invalid public key".to_owned())?;
+    let key = p521::ecdsa::VerifyingKey::from_affine(*public.as_affine())
+        .map_err(|_| "invalid public key".to_owned())?;
+    Ok(Verifier::Es512(key))
 }
 
 fn prepare(conf: &Value) -> Result<Prepared, String> {
@@ -146,9 +187,21 @@ fn prepare(conf: &Value) -> Result<Prepared, String> {
         .and_then(Value::as_str)
         .unwrap_or("HS256")
         .to_owned();
+    let text = |name: &str| conf.get(name).and_then(Value::as_str);
+    let grace = conf
+        .get("lifetime_grace_period")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    if alg_name == "ES512" {
+        let pem = text("public_key").ok_or("missing valid public key")?;
+        return Ok(Arc::new(JwtKey {
+            alg_name,
+            verifier: es512_key(pem)?,
+            grace,
+        }));
+    }
     let algorithm = Algorithm::from_str(&alg_name)
         .map_err(|_| format!("algorithm {alg_name} is not supported"))?;
-    let text = |name: &str| conf.get(name).and_then(Value::as_str);
     let key = if alg_name.starts_with("HS") {
         let secret = text("secret").ok_or("missing secret")?;
         if conf.get("base64_secret").and_then(Value::as_bool) == Some(true) {
@@ -172,12 +225,8 @@ fn prepare(conf: &Value) -> Result<Prepared, String> {
     };
     Ok(Arc::new(JwtKey {
         alg_name,
-        algorithm,
-        key,
-        grace: conf
-            .get("lifetime_grace_period")
-            .and_then(Value::as_i64)
-            .unwrap_or(0),
+        verifier: Verifier::Jwt { algorithm, key },
+        grace,
     }))
 }
 
@@ -393,14 +442,7 @@ impl JwtAuth {
             );
             return Err("failed to verify jwt");
         }
-        let verified = jsonwebtoken::crypto::verify(
-            parsed.signature,
-            parsed.signing_input.as_bytes(),
-            &key.key,
-            key.algorithm,
-        )
-        .unwrap_or(false);
-        if !verified {
+        if !key.verifier.verify(parsed.signing_input, parsed.signature) {
             tracing::warn!("failed to verify jwt: signature mismatch");
             return Err("failed to verify jwt");
         }
@@ -464,6 +506,11 @@ mod tests {
     const EC_PUB: &str = include_str!("../../testdata/jwt/ec.pub");
     const ED_KEY: &str = include_str!("../../testdata/jwt/ed.key");
     const ED_PUB: &str = include_str!("../../testdata/jwt/ed.pub");
+    /// A P-521 public key and, one a line, ES512 tokens made with PyJWT 2.15 (on Python's
+    /// `cryptography`): `{"key": "k-es512", "exp": 4102444800}` signed by its private key,
+    /// the same claims signed by another P-521 key, and `exp` 1000000000 (long expired).
+    const ES512_PUB: &str = include_str!("../../testdata/jwt/es512.pub");
+    const ES512_TOKENS: &str = include_str!("../../testdata/jwt/es512-tokens.txt");
 
     /// Now, as the tests' manual clock says.
     const NOW: i64 = 1_700_000_000;
@@ -492,6 +539,10 @@ mod tests {
             (
                 "ed",
                 json!({"key": "k-ed", "algorithm": "EdDSA", "public_key": ED_PUB}),
+            ),
+            (
+                "es512",
+                json!({"key": "k-es512", "algorithm": "ES512", "public_key": ES512_PUB}),
             ),
             (
                 "grace",
@@ -789,9 +840,42 @@ mod tests {
         // The route conf has none of the consumer's rules.
         assert!(r.check(NAME, &json!({})).is_ok());
         assert!(r.check(NAME, &json!({"claims_to_verify": ["iat"]})).is_err());
-        // ES512 and a public key that is not one are refused when compiled.
+        // A key of another curve for ES512, and a public key that is not one, are refused
+        // when compiled.
         assert!(prepare(&json!({"key": "k", "algorithm": "ES512", "public_key": EC_PUB})).is_err());
+        assert!(prepare(&json!({"key": "k", "algorithm": "ES512", "public_key": "nope"})).is_err());
         assert!(prepare(&json!({"key": "k", "algorithm": "RS256", "public_key": "nope"})).is_err());
+        assert!(prepare(&json!({"key": "k", "algorithm": "ES512", "public_key": ES512_PUB})).is_ok());
+    }
+
+    #[test]
+    fn es512_tokens_from_another_library() {
+        let tokens: Vec<&str> = ES512_TOKENS.lines().collect();
+        let [good, other_key, expired] = tokens[..] else {
+            panic!("three tokens")
+        };
+        let (flow, req) = run(json!({}), bearer(good));
+        assert_eq!(message(&flow), "passed");
+        assert_eq!(req.headers["x-consumer-username"], "es512");
+        assert_eq!(message(&run(json!({}), bearer(other_key)).0), "failed to verify jwt");
+        assert_eq!(message(&run(json!({}), bearer(expired)).0), "failed to verify jwt");
+        // A flipped bit of the signature, a signature cut short, a DER-encoded one.
+        let (input, sig) = good.rsplit_once('.').unwrap();
+        let mut raw = BASE64URL.decode(sig).unwrap();
+        raw[10] ^= 1;
+        let flipped = format!("{input}.{}", BASE64URL.encode(&raw));
+        assert_eq!(message(&run(json!({}), bearer(&flipped)).0), "failed to verify jwt");
+        let short = format!("{input}.{}", BASE64URL.encode(&raw[..100]));
+        assert_eq!(message(&run(json!({}), bearer(&short)).0), "failed to verify jwt");
+        // The consumer's algorithm wins: an HS512 token naming the ES512 consumer, signed
+        // with its public key as the secret, is refused.
+        let confused = encode(
+            &Header::new(Algorithm::HS512),
+            &json!({"key": "k-es512"}),
+            &EncodingKey::from_secret(ES512_PUB.as_bytes()),
+        )
+        .unwrap();
+        assert_eq!(message(&run(json!({}), bearer(&confused)).0), "failed to verify jwt");
     }
 
     #[test]

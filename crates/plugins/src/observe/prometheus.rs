@@ -206,20 +206,23 @@ impl ExtraLabels {
         }
     }
 
-    /// The request's values packed into a series key; `None` without extra labels. An unset
-    /// variable gives `""` (APISIX: `ctx.var[name]` is nil).
-    fn key(&self, ctx: &LogCtx) -> Option<ExtraKey> {
-        if self.vars.is_empty() {
+    /// The request's consumer and extra-label values packed into a series key; `None` for a
+    /// request without a consumer when the metric has no extra labels (the group's own
+    /// series). An unset variable gives `""` (APISIX: `ctx.var[name]` is nil).
+    fn key(&self, ctx: &LogCtx, consumer: &str) -> Option<ExtraKey> {
+        if self.vars.is_empty() && consumer.is_empty() {
             return None;
         }
         let mut key = ExtraKey::new();
+        // The consumer goes first: [`Metrics::group_lines`] reads it back from there.
+        push_extra_value(&mut key, consumer);
         for var in &self.vars {
             push_extra_value(&mut key, ctx.var(var).as_deref().unwrap_or(""));
         }
         Some(key)
     }
 
-    /// `(name, value)` pairs for one tuple of values.
+    /// `(name, value)` pairs for one tuple of extra values (the consumer taken off).
     fn pairs<'a>(&'a self, values: &'a [String]) -> Vec<(&'a str, &'a str)> {
         self.names
             .iter()
@@ -515,15 +518,17 @@ impl Metrics {
             .unwrap_or(self.buckets.len())
     }
 
-    /// The lines of the series in `v`, part of the group `g` read as `root`; `extra`: the
-    /// extra-label pairs of `v`'s series per metric (empty for the group's own series, see
-    /// [`GroupValues::extra`]).
+    /// The lines of the series in `v`, part of the group `g` read as `root`; `consumer`: the
+    /// `consumer` label of `v`'s series; `extra`: their extra-label pairs per metric (empty
+    /// for the group's own series, see [`GroupValues::extra`]).
+    #[allow(clippy::too_many_arguments)]
     fn group_lines(
         &self,
         g: &SeriesGroup,
         root: &GroupValues,
         v: &GroupValues,
         disabled: Option<&DisabledLabels>,
+        consumer: &str,
         extra: [&[(&str, &str)]; 3],
         out: &mut Vec<(String, String)>,
     ) {
@@ -548,7 +553,7 @@ impl Metrics {
                 ("matched_uri", &uri),
                 ("matched_host", &host),
                 ("service", service),
-                ("consumer", ""),
+                ("consumer", consumer),
                 ("node", &node),
                 ("request_type", "traditional_http"),
                 ("request_llm_model", ""),
@@ -568,7 +573,7 @@ impl Metrics {
                 ("type", kind.as_str()),
                 ("route", route),
                 ("service", service),
-                ("consumer", ""),
+                ("consumer", consumer),
                 ("node", node.as_str()),
                 ("request_type", "traditional_http"),
                 ("request_llm_model", ""),
@@ -610,7 +615,7 @@ impl Metrics {
                 ("type", dir.as_str()),
                 ("route", route),
                 ("service", service),
-                ("consumer", ""),
+                ("consumer", consumer),
                 ("node", &node),
                 ("request_type", "traditional_http"),
                 ("request_llm_model", ""),
@@ -624,12 +629,13 @@ impl Metrics {
         }
         for (values, child) in &v.extra {
             // Each child holds one metric's series; the pairs of the others go unused.
+            let (consumer, values) = values.split_first().map_or(("", &[][..]), |(c, rest)| (c.as_str(), rest));
             let (s, l, b) = (
                 self.extra_status.pairs(values),
                 self.extra_latency.pairs(values),
                 self.extra_bandwidth.pairs(values),
             );
-            self.group_lines(g, root, child, disabled, [&s, &l, &b], out);
+            self.group_lines(g, root, child, disabled, consumer, [&s, &l, &b], out);
         }
     }
 
@@ -648,7 +654,7 @@ impl Metrics {
         let disabled = self.disabled.load_full();
         for g in &groups {
             let v = g.read(now);
-            self.group_lines(g, &v, &v, disabled.as_deref(), [&[], &[], &[]], &mut lines);
+            self.group_lines(g, &v, &v, disabled.as_deref(), "", [&[], &[], &[]], &mut lines);
         }
 
         let c = self.conn_stats.read();
@@ -817,7 +823,9 @@ impl Prometheus {
             ResponseSource::Apisix => 2,
         };
         let g = &self.group;
-        let status_key = m.extra_status.key(ctx);
+        // exporter.lua: `ctx.consumer_name or ""`.
+        let consumer = ctx.consumer.as_deref().map_or("", |c| c.username.as_str());
+        let status_key = m.extra_status.key(ctx, consumer);
         g.count_status(
             StatusLabels {
                 code: ctx.status,
@@ -829,7 +837,7 @@ impl Prometheus {
             status_key.as_deref(),
             now,
         );
-        let latency_key = m.extra_latency.key(ctx);
+        let latency_key = m.extra_latency.key(ctx, consumer);
         let latency_key = latency_key.as_deref();
         let request = ctx.request_time.as_micros() as u64;
         g.observe_latency(
@@ -863,7 +871,7 @@ impl Prometheus {
             latency_key,
             now,
         );
-        let bandwidth_key = m.extra_bandwidth.key(ctx);
+        let bandwidth_key = m.extra_bandwidth.key(ctx, consumer);
         let bandwidth_key = bandwidth_key.as_deref();
         g.add_bandwidth(
             Direction::Ingress,
@@ -1047,8 +1055,44 @@ plugin_attr:
         let m = metrics();
         let p = Prometheus::compile(&json!({}), None, m.clone());
         assert!(p.log_needs().is_empty());
-        assert!(m.extra_status.key(&LogCtx::default()).is_none());
+        assert!(m.extra_status.key(&LogCtx::default(), "").is_none());
         assert!(!m.expire.any());
+    }
+
+    #[test]
+    fn consumer_label_is_the_consumer_name() {
+        let m = metrics_with(
+            "plugin_attr:\n  prometheus:\n    metrics:\n      http_status:\n        extra_labels:\n          - upstream_addr: $upstream_addr\n",
+        );
+        let route = RouteInfo {
+            id: "c".into(),
+            uris: vec!["/c".into()],
+            ..Default::default()
+        };
+        let p = Prometheus::compile(&json!({}), Some(&route), m.clone());
+        let jack = Arc::new(ferrisix_plugin_api::Consumer {
+            username: "jack".into(),
+            ..Default::default()
+        });
+        let with_consumer = |vars| LogCtx {
+            consumer: Some(jack.clone()),
+            ..proxied(&p, vars)
+        };
+        p.log(&with_consumer(Vars(&[("upstream_addr", "127.0.0.1:1980")])));
+        p.log(&with_consumer(Vars(&[("upstream_addr", "127.0.0.1:1980")])));
+        p.log(&proxied(&p, Vars(&[("upstream_addr", "127.0.0.1:1980")])));
+        let text = m.render();
+        // The consumer's series and the anonymous one are apart, extra labels kept after.
+        assert!(text.contains("apisix_http_status{code=\"200\",route=\"c\",matched_uri=\"/c\",matched_host=\"\",service=\"\",consumer=\"jack\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\",response_source=\"upstream\",upstream_addr=\"127.0.0.1:1980\"} 2\n"), "{text}");
+        assert!(text.contains("consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\",response_source=\"upstream\",upstream_addr=\"127.0.0.1:1980\"} 1\n"), "{text}");
+        // Metrics without extra labels carry the consumer too.
+        assert!(text.contains("apisix_http_latency_count{type=\"request\",route=\"c\",service=\"\",consumer=\"jack\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\"} 2\n"), "{text}");
+        assert!(text.contains("apisix_bandwidth{type=\"egress\",route=\"c\",service=\"\",consumer=\"jack\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\"} 1224\n"), "{text}");
+        assert!(text.contains("apisix_bandwidth{type=\"egress\",route=\"c\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\"} 612\n"), "{text}");
+        // disabled_labels blanks it, and the series that then share a key are summed.
+        m.set_metadata(Some(&json!({"disabled_labels": {"bandwidth": ["consumer"]}})));
+        let text = m.render();
+        assert!(text.contains("apisix_bandwidth{type=\"egress\",route=\"c\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\"} 1836\n"), "{text}");
     }
 
     #[test]

@@ -6,16 +6,17 @@
 //! statuses of `healthy.http_statuses` in a row close it again.
 //!
 //! The counters are one per gateway, not per route or conf (APISIX's `plugin-api-breaker`
-//! shared dict), and bounded: past [`MAX_KEYS`] host+uri pairs new pairs are not tracked, as a
-//! full shared dict refuses new keys.
+//! shared dict), sharded per key as the limit plugins' ([`Keyed`]), and bounded: past
+//! [`MAX_KEYS`] host+uri pairs new pairs are not tracked, as a full shared dict refuses new
+//! keys.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use ferrisix_plugin_api::{
-    Clock, CompileCtx, Exit, LogCtx, LogNeeds, Phases, Plugin, PluginCtx, PluginDef,
-    PluginServices, SharedState, Step, Template, VarNames,
+    Clock, CompileCtx, Exit, KeyRef, Keyed, LogCtx, LogNeeds, Phases, Plugin, PluginCtx,
+    PluginDef, PluginServices, SharedState, Slot, Step, Template, VarNames,
 };
 use ferrisix_router::VarSource;
 use http::{HeaderName, HeaderValue, StatusCode};
@@ -90,7 +91,46 @@ struct Counters {
 
 /// The gateway's breaker counters by `host + uri`.
 #[derive(Debug, Default)]
-pub struct Breakers(Mutex<HashMap<String, Counters>>);
+pub struct Breakers {
+    counters: Keyed<Counters>,
+    /// How many keys `counters` holds (kept beside it: [`Keyed::len`] visits every shard).
+    keys: AtomicUsize,
+}
+
+/// The shared dict keeps api-breaker's keys until they are deleted: never idle.
+fn never_idle(_: &Counters) -> bool {
+    false
+}
+
+impl Breakers {
+    /// Runs `f` on the counters of `key` under its shard's lock (see [`Keyed::update`]).
+    /// The time given to the map is 0, so it never sweeps: nothing here is idle.
+    fn update<R>(
+        &self,
+        key: &str,
+        f: impl FnOnce(Option<&mut Counters>) -> (Slot<Counters>, R),
+    ) -> R {
+        self.counters
+            .update(KeyRef::Text(key), 0, never_idle, |c| {
+                let had = c.is_some();
+                let (slot, r) = f(c);
+                match (&slot, had) {
+                    (Slot::Insert(_), false) => {
+                        self.keys.fetch_add(1, Ordering::Relaxed);
+                    }
+                    (Slot::Remove, true) => {
+                        self.keys.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    _ => {}
+                }
+                (slot, r)
+            })
+    }
+
+    fn full(&self) -> bool {
+        self.keys.load(Ordering::Relaxed) >= MAX_KEYS
+    }
+}
 
 impl SharedState for Breakers {
     fn create(_: &PluginServices) -> Self {
@@ -187,11 +227,11 @@ impl ApiBreaker {
     /// Whether the breaker of `key` is open now.
     fn open(&self, key: &str) -> bool {
         let now = self.now();
-        let map = self.breakers.0.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(c) = map.get(key) else {
-            return false;
-        };
-        let (Some(count), Some((last, expires))) = (c.unhealthy, c.last_open) else {
+        let read = self.breakers.update(key, |c| {
+            let read = c.and_then(|c| c.unhealthy.zip(c.last_open));
+            (Slot::Keep, read)
+        });
+        let Some((count, (last, expires))) = read else {
             return false;
         };
         if expires < now {
@@ -205,36 +245,49 @@ impl ApiBreaker {
         last.saturating_add(breaker_time) >= now
     }
 
-    fn record(&self, key: String, status: u16) {
+    fn record(&self, key: &str, status: u16) {
         let now = self.now();
-        let mut map = self.breakers.0.lock().unwrap_or_else(|e| e.into_inner());
         if self.unhealthy_statuses.contains(&status) {
-            if map.len() >= MAX_KEYS && !map.contains_key(&key) {
-                return;
-            }
-            let c = map.entry(key).or_default();
-            let count = c.unhealthy.unwrap_or(0) + 1;
-            c.unhealthy = Some(count);
-            c.healthy = None;
-            if count % self.failures == 0 {
-                c.last_open = Some((now, now + self.max_breaker_sec));
-            }
+            let full = self.breakers.full();
+            self.breakers.update(key, |c| {
+                let unhealthy = |c: &mut Counters| {
+                    let count = c.unhealthy.unwrap_or(0) + 1;
+                    c.unhealthy = Some(count);
+                    c.healthy = None;
+                    if count % self.failures == 0 {
+                        c.last_open = Some((now, now + self.max_breaker_sec));
+                    }
+                };
+                match c {
+                    Some(c) => unhealthy(c),
+                    None if full => return (Slot::Keep, ()),
+                    None => {
+                        let mut c = Counters::default();
+                        unhealthy(&mut c);
+                        return (Slot::Insert(c), ());
+                    }
+                }
+                (Slot::Keep, ())
+            });
             return;
         }
         if !self.healthy_statuses.contains(&status) {
             return;
         }
-        let Some(c) = map.get_mut(&key) else {
-            return;
-        };
-        if c.unhealthy.is_none() {
-            return;
-        }
-        let healthy = c.healthy.unwrap_or(0) + 1;
-        c.healthy = Some(healthy);
-        if healthy >= self.successes {
-            map.remove(&key);
-        }
+        self.breakers.update(key, |c| {
+            let Some(c) = c else {
+                return (Slot::Keep, ());
+            };
+            if c.unhealthy.is_none() {
+                return (Slot::Keep, ());
+            }
+            let healthy = c.healthy.unwrap_or(0) + 1;
+            c.healthy = Some(healthy);
+            if healthy >= self.successes {
+                return (Slot::Remove, ());
+            }
+            (Slot::Keep, ())
+        });
     }
 }
 
@@ -279,11 +332,13 @@ impl Plugin for ApiBreaker {
         }) else {
             return;
         };
-        let k = match ctx.value::<BreakerKey>() {
-            Some(BreakerKey(k)) => k.clone(),
-            None => key(ctx.vars.get("host"), &ctx.var("uri").unwrap_or_default()),
-        };
-        self.record(k, status);
+        match ctx.value::<BreakerKey>() {
+            Some(BreakerKey(k)) => self.record(k, status),
+            None => self.record(
+                &key(ctx.vars.get("host"), &ctx.var("uri").unwrap_or_default()),
+                status,
+            ),
+        }
     }
 }
 
@@ -358,10 +413,39 @@ mod tests {
         for _ in 0..3 {
             assert!(answer(&*p, "200").is_none());
         }
-        assert!(services.shared::<Breakers>().0.lock().unwrap().is_empty());
+        let breakers = services.shared::<Breakers>();
+        assert!(breakers.counters.is_empty());
+        assert_eq!(breakers.keys.load(Ordering::Relaxed), 0);
         // Statuses in neither list change nothing.
         assert!(answer(&*p, "504").is_none());
-        assert!(services.shared::<Breakers>().0.lock().unwrap().is_empty());
+        assert!(breakers.counters.is_empty());
+    }
+
+    #[test]
+    fn past_max_keys_new_pairs_are_not_tracked() {
+        let services = Arc::new(PluginServices::new(
+            Default::default(),
+            Default::default(),
+            Clock::manual(1_000_000),
+        ));
+        let breakers = services.shared::<Breakers>();
+        for i in 0..MAX_KEYS {
+            let key = format!("h/{i}");
+            breakers.update(&key, |_| (Slot::Insert(Counters::default()), ()));
+        }
+        assert_eq!(breakers.keys.load(Ordering::Relaxed), MAX_KEYS);
+        let c = Compiler::with(services.clone());
+        let conf = json!({"break_response_code": 502, "unhealthy": {"failures": 1}});
+        let p = (DEF.compile)(&c.cx(NAME, &conf, "ab-full", None)).unwrap();
+        // One failure would open it; the dict is full, so a.test/s is not counted.
+        assert!(answer(&*p, "500").is_none());
+        assert!(answer(&*p, "500").is_none());
+        assert_eq!(breakers.keys.load(Ordering::Relaxed), MAX_KEYS);
+        // A tracked pair still counts, and its removal frees room for the new one.
+        breakers.update("h/0", |_| (Slot::Remove, ()));
+        assert!(answer(&*p, "500").is_none());
+        assert!(answer(&*p, "500").is_some(), "tracked now: open");
+        assert_eq!(breakers.keys.load(Ordering::Relaxed), MAX_KEYS);
     }
 
     #[test]

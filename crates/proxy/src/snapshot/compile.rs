@@ -24,7 +24,7 @@ use ferrisix_config::model::ResourceKind;
 use ferrisix_config::shared_map::SharedMap;
 use ferrisix_config::state::{ConfigState, StoredItem};
 use ferrisix_plugins::{
-    CompileEnv, ConsumerSet, GlobalChains, GlobalRules, PluginChain, PluginRegistry,
+    CompileEnv, ConsumerChains, ConsumerSet, GlobalChains, GlobalRules, PluginChain, PluginRegistry,
 };
 use ferrisix_router::{RouteTable, RouterKind};
 use ferrisix_tls::{CertStore, TlsContext};
@@ -54,8 +54,9 @@ pub struct Snapshot {
     /// Every health checker in use, by the resource holding the upstream: routes, then
     /// services, then upstreams, each by id (the order of APISIX's `/v1/healthcheck`).
     pub checkers: Vec<CheckerEntry>,
-    /// The consumers (with their credentials and groups) auth plugins find.
-    pub consumers: Arc<ConsumerSet>,
+    /// The consumers (with their credentials and groups) auth plugins find, and the route
+    /// chains merged with their plugins, per (route, consumer), for this snapshot only.
+    pub consumers: Arc<ConsumerChains>,
     diff: SnapshotDiff,
     cache: CompileCache,
 }
@@ -251,6 +252,8 @@ impl Snapshot {
                 &applied.raw(ResourceKind::ConsumerGroups),
                 &applied.raw(ResourceKind::Credentials),
                 &options.tls.keyring,
+                // `$env://` references read the gateway's environment, as APISIX's workers.
+                &ferrisix_config::env::process_env,
                 plugin_env,
             );
             for p in problems {
@@ -258,13 +261,15 @@ impl Snapshot {
             }
             Arc::new(set)
         } else {
-            previous.consumers.clone()
+            previous.consumers.set.clone()
         };
         let consumer_upstreams = if consumers_changed {
             resolver.take_asked()
         } else {
             prev.consumer_upstreams.clone()
         };
+        // A fresh merge cache: what it would hold of the previous snapshot may have changed.
+        let consumers = Arc::new(ConsumerChains::new(consumers));
 
         let changes = Changes {
             applied: &applied_diff,

@@ -592,12 +592,12 @@ fn a_consumer_change_compiles_the_consumer_set_again_and_a_route_change_does_not
     s.put("routes/r", route("/r", json!({"upstream": node(1980)})));
     let a = first(&s);
     assert!(a.quarantine.is_empty(), "{:?}", a.quarantine);
-    assert!(a.consumers.index.find("key-auth", "k1").is_some());
+    assert!(a.consumers.set.index.find("key-auth", "k1").is_some());
 
     // A route change hands the consumer set on as it was.
     s.put("routes/r2", route("/r2", json!({"upstream": node(1980)})));
     let b = compile(&s, &a);
-    assert!(Arc::ptr_eq(&a.consumers, &b.consumers));
+    assert!(Arc::ptr_eq(&a.consumers.set, &b.consumers.set));
 
     // A credential, a consumer and a group each compile it again.
     s.put(
@@ -605,22 +605,22 @@ fn a_consumer_change_compiles_the_consumer_set_again_and_a_route_change_does_not
         json!({"plugins": {"key-auth": {"key": "k2"}}}),
     );
     let c = compile(&s, &b);
-    assert!(!Arc::ptr_eq(&b.consumers, &c.consumers));
-    assert!(c.consumers.index.find("key-auth", "k2").is_some());
+    assert!(!Arc::ptr_eq(&b.consumers.set, &c.consumers.set));
+    assert!(c.consumers.set.index.find("key-auth", "k2").is_some());
     s.put("consumers/rose", json!({"username": "rose"}));
     let d = compile(&s, &c);
-    assert!(d.consumers.index.consumer("rose").is_some());
+    assert!(d.consumers.set.index.consumer("rose").is_some());
     s.put("consumer_groups/g", json!({"plugins": {}}));
     s.put(
         "consumers/rose",
         json!({"username": "rose", "group_id": "g"}),
     );
     let e = compile(&s, &d);
-    assert!(!Arc::ptr_eq(&d.consumers, &e.consumers));
+    assert!(!Arc::ptr_eq(&d.consumers.set, &e.consumers.set));
     s.delete("consumers/jack/credentials/c1");
     let f = compile(&s, &e);
-    assert!(f.consumers.index.find("key-auth", "k1").is_none());
-    assert!(f.consumers.index.find("key-auth", "k2").is_some());
+    assert!(f.consumers.set.index.find("key-auth", "k1").is_none());
+    assert!(f.consumers.set.index.find("key-auth", "k2").is_some());
 }
 
 #[test]

@@ -7,10 +7,11 @@
 //! of atomics: no label strings, no locks, no allocation once the series exists. Keys that do
 //! not fit (IPv6 nodes, many uris) go to a mutex-guarded overflow map.
 //!
-//! Extra labels (`plugin_attr.prometheus.metrics.<name>.extra_labels`) take their values from
-//! request variables, so they cannot be resolved at compile time: a metric that has them keeps
-//! one such table per distinct tuple of extra values, in a map behind a read-write lock that
-//! only requests of that metric take. Without extra labels that map is never touched.
+//! The `consumer` label and extra labels (`plugin_attr.prometheus.metrics.<name>.extra_labels`)
+//! take their values from the request (its consumer, request variables), so they cannot be
+//! resolved at compile time: a metric keeps one such table per distinct tuple of consumer and
+//! extra values, in a map behind a read-write lock that only requests with a consumer, or of
+//! a metric with extra labels, take. For the others that map is never touched.
 //!
 //! A metric with an `expire` stamps each series with the time of its last update; a render
 //! leaves out (and resets, or frees) series not updated for that long, as nginx's shared dict

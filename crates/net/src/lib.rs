@@ -32,20 +32,16 @@ pub use accept::Acceptor;
 pub use drain::{Drain, Open, IDLE_GRACE};
 pub use framing::{ChunkSizeTooLarge, FramingGuard, MAX_CHUNK_SIZE};
 pub use io::TimedIo;
-pub use lifetime::{ConnLimits, ConnWatch, HeadSignal, InFlight, Tracked};
+pub use lifetime::{ConnLimits, ConnWatch, InFlight, Tracked};
 pub use listeners::{bind, ListenerSet};
 
 /// The I/O a listener hands hyper: `send_timeout` on writes, nginx's chunk-size bound on
 /// reads.
 pub type ServedIo<S> = hyper_util::rt::TokioIo<TimedIo<FramingGuard<S>>>;
 
-/// Wraps any accepted stream (plain TCP, TLS) for hyper, its reads reported to `watch`; see
-/// [`ServedIo`].
-pub fn served_io<S>(stream: S, limits: &ConnLimits, watch: &ConnWatch) -> ServedIo<S> {
-    hyper_util::rt::TokioIo::new(
-        TimedIo::new(FramingGuard::new(stream), limits.send_timeout)
-            .with_head_signal(watch.head_signal()),
-    )
+/// Wraps any accepted stream (plain TCP, TLS) for hyper; see [`ServedIo`].
+pub fn served_io<S>(stream: S, limits: &ConnLimits) -> ServedIo<S> {
+    hyper_util::rt::TokioIo::new(TimedIo::new(FramingGuard::new(stream), limits.send_timeout))
 }
 
 /// Wraps an accepted stream for hyper: `send_timeout` on writes, the chunk-size bound on
@@ -57,14 +53,12 @@ pub fn wrap(
     limits: &ConnLimits,
 ) -> (ServedIo<tokio::net::TcpStream>, ConnWatch) {
     let _ = stream.set_nodelay(true);
-    let watch = ConnWatch::new(*limits);
-    (served_io(stream, limits, &watch), watch)
+    (served_io(stream, limits), ConnWatch::new(*limits))
 }
 
 /// A hyper server builder (HTTP/1.1 and cleartext HTTP/2) with `limits` applied: HTTP/1.1
-/// keep-alive unless `keepalive_timeout` is 0 (nginx: 0 disables it), nginx's header-count
-/// model, and a 64 KiB head limit. The header timeouts are [`ConnWatch`]'s, fed by the
-/// connection's reads ([`TimedIo::with_head_signal`]).
+/// keep-alive unless `keepalive_timeout` is 0 (nginx: 0 disables it), hyper's own header
+/// timer as a backstop, nginx's header-count model, and a 64 KiB head limit.
 pub fn http_builder(
     limits: &ConnLimits,
 ) -> hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor> {
@@ -72,10 +66,12 @@ pub fn http_builder(
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
+        .timer(TokioTimer::new())
         .keep_alive(!limits.keepalive_timeout.is_zero())
-        // hyper's timer would box and arm a sleep on every request (measured: ~2% of s1's
-        // CPU); ConnWatch bounds heads without one.
-        .header_read_timeout(None)
+        // hyper arms this timer from the end of each response, so it counts the idle time
+        // before the next request too; [`ConnWatch`] enforces both limits exactly, this only
+        // catches what it cannot see (a head that starts and never ends on a later request).
+        .header_read_timeout(limits.header_timeout.max(limits.keepalive_timeout))
         .max_headers(MAX_HEADERS)
         // Heads past 64 KiB get 431 rather than exhausting memory.
         .max_buf_size(64 * 1024);

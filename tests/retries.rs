@@ -408,3 +408,70 @@ fn retry_timeout_leaves_fast_failures_alone() {
     assert_eq!(reply.status, 200, "{reply:?}");
     assert_eq!(live.hits(), 1);
 }
+
+/// proxy_read_timeout also bounds the body: an upstream that sends the head and half its body,
+/// then stalls, has the client connection cut `read` after its last byte, not held forever;
+/// a body that arrives in slow pieces, each within the timeout, goes through whole.
+#[test]
+fn read_timeout_bounds_a_stalled_body_but_not_a_slow_one() {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let n = s.read(&mut buf).unwrap_or(0);
+                let slow = String::from_utf8_lossy(&buf[..n]).contains("/slow");
+                let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n12345");
+                if slow {
+                    for b in [b"6", b"7", b"8", b"9", b"0"] {
+                        std::thread::sleep(Duration::from_millis(300));
+                        let _ = s.write_all(b);
+                    }
+                }
+                std::thread::sleep(Duration::from_secs(30));
+            });
+        }
+    });
+    let gw = gateway_route(json!({
+        "id": "r1", "uris": ["/stall", "/slow"],
+        "timeout": { "connect": 1, "send": 1, "read": 1 },
+        "upstream": { "type": "roundrobin", "nodes": { upstream.to_string(): 1 } }
+    }));
+    let fetch = |path: &str| {
+        let mut s = TcpStream::connect(gw.addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+        let started = std::time::Instant::now();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    got.extend_from_slice(&buf[..n]);
+                    if got.ends_with(b"1234567890") {
+                        break;
+                    }
+                }
+            }
+        }
+        (
+            String::from_utf8_lossy(&got).into_owned(),
+            started.elapsed(),
+        )
+    };
+    let (stalled, took) = fetch("/stall");
+    assert!(stalled.starts_with("HTTP/1.1 200"), "{stalled}");
+    assert!(stalled.ends_with("12345"), "{stalled}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(10),
+        "{took:?}"
+    );
+    let (slow, took) = fetch("/slow");
+    assert!(slow.ends_with("1234567890"), "{slow}");
+    assert!(took >= Duration::from_millis(1400), "{took:?}");
+}

@@ -46,8 +46,12 @@ pin_project! {
     /// An upstream response body on its way to the client.
     pub struct UpstreamResponse {
         inner: Incoming,
+        // proxy_read_timeout between two reads. Armed only when a read blocks after progress,
+        // so a body that is already there (most responses: it came with the head) never
+        // touches the timer wheel.
         #[pin]
         idle: Sleep,
+        armed: bool,
         read_timeout: Duration,
         conn: Option<PooledConn>,
         // The upstream try this body relays (least_conn's count, ewma's timing): it ends with
@@ -57,10 +61,18 @@ pin_project! {
 }
 
 impl UpstreamResponse {
-    pub fn new(inner: Incoming, conn: Option<PooledConn>, read_timeout: Duration) -> Self {
+    /// `since` is any instant already read (the try's start): the timer's real deadline is
+    /// set when a read first blocks.
+    pub fn new(
+        inner: Incoming,
+        conn: Option<PooledConn>,
+        read_timeout: Duration,
+        since: std::time::Instant,
+    ) -> Self {
         UpstreamResponse {
             inner,
-            idle: tokio::time::sleep(read_timeout),
+            idle: tokio::time::sleep_until(Instant::from_std(since) + read_timeout),
+            armed: false,
             read_timeout,
             conn,
             try_guard: None,
@@ -246,10 +258,10 @@ fn poll_kind(
         match kind.project() {
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             KindProj::Upstream { body } => {
-                let up = body.project();
+                let mut up = body.project();
                 match Pin::new(&mut *up.inner).poll_frame(cx) {
                     Poll::Ready(Some(Ok(frame))) => {
-                        up.idle.reset(Instant::now() + *up.read_timeout);
+                        *up.armed = false;
                         // The server stops polling once the length is reached, so the
                         // connection goes back to the pool with the last frame.
                         if up.inner.is_end_stream() {
@@ -273,7 +285,13 @@ fn poll_kind(
                         up.try_guard.take();
                         Poll::Ready(None)
                     }
-                    Poll::Pending => match up.idle.poll(cx) {
+                    Poll::Pending => match {
+                        if !*up.armed {
+                            up.idle.as_mut().reset(Instant::now() + *up.read_timeout);
+                            *up.armed = true;
+                        }
+                        up.idle.poll(cx)
+                    } {
                         Poll::Ready(()) => {
                             up.conn.take();
                             Poll::Ready(Some(Err(RelayError::ReadTimeout)))

@@ -44,7 +44,7 @@ pub struct PendingLog {
 }
 
 impl PendingLog {
-    fn run(&mut self, bytes_sent: u64, upstream: &UpstreamRecord) {
+    fn run(&mut self, bytes_sent: u64, upstream: &UpstreamRecord, now: Instant) {
         if self.abandoned {
             self.ctx
                 .vars
@@ -55,9 +55,9 @@ impl PendingLog {
             self.ctx.node = upstream.last_addr().map(|a| a.ip());
         }
         self.ctx.bytes_sent += bytes_sent;
-        self.ctx.request_time = self.start.elapsed();
+        self.ctx.request_time = now.saturating_duration_since(self.start);
         if self.ctx.node.is_some() {
-            self.ctx.upstream_time = upstream.start.map(|s| s.elapsed());
+            self.ctx.upstream_time = upstream.start.map(|s| now.saturating_duration_since(s));
         }
         if self.body_limit.is_some() {
             self.ctx.response_body = Some(std::mem::take(&mut self.body).freeze());
@@ -122,14 +122,20 @@ impl LogPhase {
 
 impl Drop for LogPhase {
     fn drop(&mut self) {
+        if self.plugins.is_none() && self.record.is_none() {
+            self.sinks.stats.request_finished();
+            return;
+        }
+        // The phase's one clock read: every duration it logs ends here.
+        let now = Instant::now();
         if let Some(mut plugins) = self.plugins.take() {
-            plugins.run(self.bytes, &self.upstream);
+            plugins.run(self.bytes, &self.upstream, now);
         }
         self.sinks.stats.request_finished();
         if let Some(mut record) = self.record.take() {
             record.status = self.status;
             record.body_bytes_sent = self.bytes;
-            record.finish(&self.sinks.access_log, &self.upstream);
+            record.finish(&self.sinks.access_log, &self.upstream, now);
         }
     }
 }

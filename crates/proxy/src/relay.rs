@@ -50,6 +50,7 @@ pub fn relay_head(
     statuses: &[u16],
     timeouts: TryTimeouts,
     upgrade: bool,
+    since: std::time::Instant,
 ) -> Response<ResponseBody> {
     let (mut head, body) = resp.into_parts();
     if !upgrade {
@@ -73,7 +74,7 @@ pub fn relay_head(
     let body = if upgrade {
         ResponseBody::empty()
     } else {
-        ResponseBody::upstream(UpstreamResponse::new(body, conn, timeouts.read))
+        ResponseBody::upstream(UpstreamResponse::new(body, conn, timeouts.read, since))
     };
     Response::from_parts(head, body)
 }

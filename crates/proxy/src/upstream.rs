@@ -519,10 +519,18 @@ pub async fn proxy(
                         &record.statuses,
                         timeouts,
                         true,
+                        first_try,
                     );
                 }
-                let mut out =
-                    relay::relay_head(gateway, resp, Some(conn), &record.statuses, timeouts, false);
+                let mut out = relay::relay_head(
+                    gateway,
+                    resp,
+                    Some(conn),
+                    &record.statuses,
+                    timeouts,
+                    false,
+                    first_try,
+                );
                 out.body_mut().hold_try(try_guard);
                 return out;
             }

@@ -285,19 +285,19 @@ fn poll_kind(
                         up.try_guard.take();
                         Poll::Ready(None)
                     }
-                    Poll::Pending => match {
+                    Poll::Pending => {
                         if !*up.armed {
                             up.idle.as_mut().reset(Instant::now() + *up.read_timeout);
                             *up.armed = true;
                         }
-                        up.idle.poll(cx)
-                    } {
-                        Poll::Ready(()) => {
-                            up.conn.take();
-                            Poll::Ready(Some(Err(RelayError::ReadTimeout)))
+                        match up.idle.poll(cx) {
+                            Poll::Ready(()) => {
+                                up.conn.take();
+                                Poll::Ready(Some(Err(RelayError::ReadTimeout)))
+                            }
+                            Poll::Pending => Poll::Pending,
                         }
-                        Poll::Pending => Poll::Pending,
-                    },
+                    }
                 }
             }
         }

@@ -610,8 +610,10 @@ mod tests {
     use ferrisix_config::validate::PluginCheck;
     use ferrisix_plugin_api::testing::TestRequest;
     use ferrisix_plugin_api::RouteInfo;
+    use tokio::sync::mpsc;
 
     use super::*;
+    use crate::log::sink::testing::{answer, http_server, next, Captured};
     use crate::testing::Compiler;
 
     fn run(conf: Value, req: &mut TestRequest) -> (Arc<dyn Plugin>, Option<Span>) {
@@ -696,45 +698,10 @@ mod tests {
         assert!((200..400).contains(&sampled), "{sampled}");
     }
 
-    /// An OTLP/HTTP receiver: decodes every `POST /v1/traces` body.
-    async fn receiver() -> (String, tokio::sync::mpsc::UnboundedReceiver<(String, ExportTraceServiceRequest)>) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            loop {
-                let (mut s, _) = listener.accept().await.unwrap();
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 8192];
-                    loop {
-                        let n = s.read(&mut chunk).await.unwrap_or(0);
-                        if n == 0 {
-                            return;
-                        }
-                        buf.extend_from_slice(&chunk[..n]);
-                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                            continue;
-                        };
-                        let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
-                        let len: usize = head
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length: "))
-                            .map_or(0, |v| v.trim().parse().unwrap());
-                        if buf.len() < end + 4 + len {
-                            continue;
-                        }
-                        let req: Vec<u8> = buf.drain(..end + 4 + len).collect();
-                        let decoded = ExportTraceServiceRequest::decode(&req[end + 4..]).unwrap();
-                        tx.send((head, decoded)).unwrap();
-                        let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
-                    }
-                });
-            }
-        });
-        (addr, rx)
+    /// An OTLP/HTTP receiver: the loggers' test server, answering 200.
+    async fn receiver() -> (String, mpsc::UnboundedReceiver<Captured>) {
+        let (port, rx) = http_server(|_| answer(200, "")).await;
+        (format!("127.0.0.1:{port}"), rx)
     }
 
     #[tokio::test]
@@ -772,10 +739,9 @@ mod tests {
         };
         p.log(&log);
         let after = now_ns();
-        let (head, export) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
-            .await
-            .unwrap()
-            .unwrap();
+        let got = next(&mut rx).await;
+        let head = got.lower();
+        let export = ExportTraceServiceRequest::decode(&got.body[..]).unwrap();
         assert!(head.starts_with("post /v1/traces http/1.1"), "{head}");
         assert!(head.contains("content-type: application/x-protobuf"), "{head}");
         assert!(head.contains("x-tenant: t1"), "{head}");

@@ -538,52 +538,16 @@ mod tests {
     use ferrisix_plugin_api::testing::TestRequest;
     use ferrisix_plugin_api::{BodyEdits, ResponseSource};
     use http::HeaderMap;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::sync::mpsc;
 
     use super::*;
+    use crate::log::sink::testing::{answer, http_server, next, Captured};
     use crate::testing::Compiler;
 
-    /// A Zipkin collector: decodes the JSON body of every POST it gets.
-    async fn collector() -> (String, mpsc::UnboundedReceiver<(String, Value)>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            loop {
-                let (mut s, _) = listener.accept().await.unwrap();
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 8192];
-                    loop {
-                        let n = s.read(&mut chunk).await.unwrap_or(0);
-                        if n == 0 {
-                            return;
-                        }
-                        buf.extend_from_slice(&chunk[..n]);
-                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                            continue;
-                        };
-                        let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
-                        let len: usize = head
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length: "))
-                            .map_or(0, |v| v.trim().parse().unwrap());
-                        if buf.len() < end + 4 + len {
-                            continue;
-                        }
-                        let req: Vec<u8> = buf.drain(..end + 4 + len).collect();
-                        let body: Value = serde_json::from_slice(&req[end + 4..]).unwrap();
-                        tx.send((head, body)).unwrap();
-                        let _ = s
-                            .write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
-                            .await;
-                    }
-                });
-            }
-        });
-        (format!("http://{addr}/api/v2/spans?x=1"), rx)
+    /// A Zipkin collector: the loggers' test server, answering 202.
+    async fn collector() -> (String, mpsc::UnboundedReceiver<Captured>) {
+        let (port, rx) = http_server(|_| answer(202, "")).await;
+        (format!("http://127.0.0.1:{port}/api/v2/spans?x=1"), rx)
     }
 
     /// Runs a request through the plugin's phases; answers the upstream's request headers.
@@ -614,12 +578,10 @@ mod tests {
         (DEF.compile)(&c.cx(NAME, conf, owner, None)).unwrap()
     }
 
-    async fn spans(rx: &mut mpsc::UnboundedReceiver<(String, Value)>) -> (String, Vec<Value>) {
-        let (head, body) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
-            .await
-            .unwrap()
-            .unwrap();
-        (head, body.as_array().unwrap().clone())
+    async fn spans(rx: &mut mpsc::UnboundedReceiver<Captured>) -> (String, Vec<Value>) {
+        let got = next(rx).await;
+        let body: Value = serde_json::from_slice(&got.body).unwrap();
+        (got.lower(), body.as_array().unwrap().clone())
     }
 
     fn by_name<'a>(spans: &'a [Value], name: &str) -> &'a Value {

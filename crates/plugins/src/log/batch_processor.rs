@@ -500,12 +500,23 @@ mod tests {
         }
     }
 
+    /// A processor of batches of `size` (the rest of `config`) sending to a new recorder.
+    fn recorded(
+        services: &PluginServices,
+        size: usize,
+        backlog: Arc<Backlog>,
+        max_pending: usize,
+    ) -> (Arc<Recorder>, BatchProcessor) {
+        let sink = Arc::new(Recorder::default());
+        let p = BatchProcessor::new(config(size), sink.clone(), backlog, max_pending, services);
+        (sink, p)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn full_batches_and_inactive_flush() {
         let services = PluginServices::default();
-        let sink = Arc::new(Recorder::default());
         let backlog = Arc::new(Backlog::default());
-        let p = BatchProcessor::new(config(3), sink.clone(), backlog.clone(), 100, &services);
+        let (sink, p) = recorded(&services, 3, backlog.clone(), 100);
         for i in 0..4 {
             assert!(p.push(entry(i)));
         }
@@ -528,14 +539,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn buffer_duration_bounds_a_steady_trickle() {
         let services = PluginServices::default();
-        let sink = Arc::new(Recorder::default());
-        let p = BatchProcessor::new(
-            config(1000),
-            sink.clone(),
-            Default::default(),
-            10_000,
-            &services,
-        );
+        let (sink, p) = recorded(&services, 1000, Default::default(), 10_000);
         for i in 0..11 {
             p.push(entry(i));
             tokio::time::sleep(Duration::from_secs(1)).await;
@@ -550,10 +554,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn retries_then_drops_and_the_backlog_bounds_memory() {
         let services = PluginServices::default();
-        let sink = Arc::new(Recorder::default());
-        sink.down.store(true, Ordering::Relaxed);
         let backlog = Arc::new(Backlog::default());
-        let p = BatchProcessor::new(config(1), sink.clone(), backlog.clone(), 5, &services);
+        let (sink, p) = recorded(&services, 1, backlog.clone(), 5);
+        sink.down.store(true, Ordering::Relaxed);
         let accepted = (0..8).filter(|i| p.push(entry(*i))).count();
         assert_eq!(accepted, 5);
         assert_eq!(backlog.discarded(), 3);
@@ -575,14 +578,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn shutdown_flushes_the_buffer() {
         let services = PluginServices::default();
-        let sink = Arc::new(Recorder::default());
-        let p = BatchProcessor::new(
-            config(1000),
-            sink.clone(),
-            Default::default(),
-            10_000,
-            &services,
-        );
+        let (sink, p) = recorded(&services, 1000, Default::default(), 10_000);
         for i in 0..7 {
             p.push(entry(i));
         }
@@ -597,14 +593,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_dropped_processor_flushes() {
         let services = PluginServices::default();
-        let sink = Arc::new(Recorder::default());
-        let p = BatchProcessor::new(
-            config(1000),
-            sink.clone(),
-            Default::default(),
-            10_000,
-            &services,
-        );
+        let (sink, p) = recorded(&services, 1000, Default::default(), 10_000);
         p.push(entry(1));
         drop(p);
         settle().await;

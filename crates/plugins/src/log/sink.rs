@@ -71,6 +71,26 @@ pub fn schema(mut schema: Value, name_default: &str) -> Value {
     batch_processor::wrap_schema(schema, name_default)
 }
 
+/// The schema of a logger that writes to `host:port` (syslog, tcp-logger, udp-logger):
+/// `host`, then `port` (an integer, at least `port_minimum` where given), then the logger's
+/// other `properties`, `host` and `port` required.
+pub fn host_port_schema(port_minimum: Option<u64>, properties: Value, name_default: &str) -> Value {
+    let mut port = serde_json::json!({"type": "integer"});
+    if let Some(min) = port_minimum {
+        port["minimum"] = min.into();
+    }
+    let mut props = serde_json::Map::new();
+    props.insert("host".into(), serde_json::json!({"type": "string"}));
+    props.insert("port".into(), port);
+    if let Value::Object(more) = properties {
+        props.extend(more);
+    }
+    schema(
+        serde_json::json!({"type": "object", "properties": props, "required": ["host", "port"]}),
+        name_default,
+    )
+}
+
 /// Every logger's metadata schema (`log_format`, `log_format_extra`, `max_pending_entries`).
 pub fn metadata_schema() -> Value {
     batch_processor::wrap_metadata_schema(log_entry::metadata_schema())

@@ -24,20 +24,15 @@ pub const NAME: &str = "syslog";
 pub static DEF: PluginDef = sink::def(NAME, 401, schema, compile);
 
 fn schema() -> Value {
-    sink::schema(
+    sink::host_port_schema(
+        None,
         json!({
-            "type": "object",
-            "properties": {
-                "host": {"type": "string"},
-                "port": {"type": "integer"},
-                "flush_limit": {"type": "integer", "minimum": 1, "default": 4096},
-                "drop_limit": {"type": "integer", "default": 1048576},
-                "timeout": {"type": "integer", "minimum": 1, "default": 3000},
-                "sock_type": {"type": "string", "default": "tcp", "enum": ["tcp", "udp"]},
-                "pool_size": {"type": "integer", "minimum": 5, "default": 5},
-                "tls": {"type": "boolean", "default": false}
-            },
-            "required": ["host", "port"]
+            "flush_limit": {"type": "integer", "minimum": 1, "default": 4096},
+            "drop_limit": {"type": "integer", "default": 1048576},
+            "timeout": {"type": "integer", "minimum": 1, "default": 3000},
+            "sock_type": {"type": "string", "default": "tcp", "enum": ["tcp", "udp"]},
+            "pool_size": {"type": "integer", "minimum": 5, "default": 5},
+            "tls": {"type": "boolean", "default": false}
         }),
         "sys logger",
     )

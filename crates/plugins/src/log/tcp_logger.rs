@@ -19,17 +19,12 @@ pub const NAME: &str = "tcp-logger";
 pub static DEF: PluginDef = sink::def(NAME, 405, schema, compile);
 
 fn schema() -> Value {
-    sink::schema(
+    sink::host_port_schema(
+        Some(0),
         json!({
-            "type": "object",
-            "properties": {
-                "host": {"type": "string"},
-                "port": {"type": "integer", "minimum": 0},
-                "tls": {"type": "boolean", "default": false},
-                "tls_options": {"type": "string"},
-                "timeout": {"type": "integer", "minimum": 1, "default": 1000}
-            },
-            "required": ["host", "port"]
+            "tls": {"type": "boolean", "default": false},
+            "tls_options": {"type": "string"},
+            "timeout": {"type": "integer", "minimum": 1, "default": 1000}
         }),
         "tcp logger",
     )

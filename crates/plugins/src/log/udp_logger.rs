@@ -16,16 +16,9 @@ pub const NAME: &str = "udp-logger";
 pub static DEF: PluginDef = sink::def(NAME, 400, schema, compile);
 
 fn schema() -> Value {
-    sink::schema(
-        json!({
-            "type": "object",
-            "properties": {
-                "host": {"type": "string"},
-                "port": {"type": "integer", "minimum": 0},
-                "timeout": {"type": "integer", "minimum": 1, "default": 3}
-            },
-            "required": ["host", "port"]
-        }),
+    sink::host_port_schema(
+        Some(0),
+        json!({"timeout": {"type": "integer", "minimum": 1, "default": 3}}),
         "udp logger",
     )
 }

@@ -6,9 +6,11 @@ family! {
     gzip,
 }
 
-use ferrisix_plugin_api::ResponseHead;
+use ferrisix_plugin_api::{PluginCtx, ResponseHead};
 use http::{header, HeaderValue, Version};
-use serde_json::Value;
+use serde_json::{json, Value};
+
+use crate::support::encoding::accepts;
 
 /// The conditions gzip and brotli share (`types`, `min_length`, `http_version`).
 #[derive(Debug)]
@@ -21,6 +23,25 @@ pub(crate) struct Applies {
 }
 
 impl Applies {
+    /// The coding plugin's schema: `types` (a list of media types, or `"*"` for every type)
+    /// and `min_length`, then the plugin's own `properties`.
+    pub fn schema(properties: Value) -> Value {
+        let mut props = json!({
+            "types": {
+                "anyOf": [
+                    {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+                    {"enum": ["*"]}
+                ],
+                "default": ["text/html"]
+            },
+            "min_length": {"type": "integer", "minimum": 1, "default": 20}
+        });
+        if let (Some(props), Value::Object(own)) = (props.as_object_mut(), properties) {
+            props.extend(own);
+        }
+        json!({"type": "object", "properties": props})
+    }
+
     pub fn from_conf(conf: &Value) -> Applies {
         Applies {
             types: conf["types"].as_array().map(|t| {
@@ -65,6 +86,14 @@ impl Applies {
         };
         version >= lowest
     }
+}
+
+/// Whether one of the request's `Accept-Encoding` headers takes `coding` (or `*` when `star`).
+pub(crate) fn accepted(ctx: &PluginCtx<'_>, coding: &str, star: bool) -> bool {
+    ctx.headers()
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|v| accepts(v, coding, star)))
 }
 
 /// Marks the response as encoded with `coding`: its length goes, a strong `ETag` becomes weak

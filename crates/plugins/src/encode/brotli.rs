@@ -10,41 +10,30 @@ use ferrisix_plugin_api::{CompileCtx, Phases, Plugin, PluginCtx, PluginDef, Resp
 use http::{header, HeaderValue};
 use serde_json::{json, Value};
 
-use super::{mark_encoded, Applies, EncodeBody};
-use crate::support::encoding::{accepts, BrotliParams, Encoder};
+use super::{accepted, mark_encoded, Applies, EncodeBody};
+use crate::support::encoding::{BrotliParams, Encoder};
 
 pub const NAME: &str = "brotli";
 
 pub static DEF: PluginDef = PluginDef::new(NAME, 996, schema, compile);
 
 fn schema() -> Value {
-    json!({
-        "type": "object",
-        "properties": {
-            "types": {
-                "anyOf": [
-                    {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
-                    {"enum": ["*"]}
-                ],
-                "default": ["text/html"]
-            },
-            "min_length": {"type": "integer", "minimum": 1, "default": 20},
-            "mode": {"type": "integer", "minimum": 0, "maximum": 2, "default": 0},
-            "comp_level": {"type": "integer", "minimum": 0, "maximum": 11, "default": 6},
-            "lgwin": {
-                "type": "integer",
-                "default": 19,
-                "enum": [0, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24]
-            },
-            "lgblock": {
-                "type": "integer",
-                "default": 0,
-                "enum": [0, 16, 17, 18, 19, 20, 21, 22, 23, 24]
-            },
-            "http_version": {"enum": [1.1, 1.0], "default": 1.1},
-            "vary": {"type": "boolean"}
-        }
-    })
+    Applies::schema(json!({
+        "mode": {"type": "integer", "minimum": 0, "maximum": 2, "default": 0},
+        "comp_level": {"type": "integer", "minimum": 0, "maximum": 11, "default": 6},
+        "lgwin": {
+            "type": "integer",
+            "default": 19,
+            "enum": [0, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24]
+        },
+        "lgblock": {
+            "type": "integer",
+            "default": 0,
+            "enum": [0, 16, 17, 18, 19, 20, 21, 22, 23, 24]
+        },
+        "http_version": {"enum": [1.1, 1.0], "default": 1.1},
+        "vary": {"type": "boolean"}
+    }))
 }
 
 #[derive(Debug)]
@@ -75,12 +64,7 @@ impl Plugin for Brotli {
     }
 
     fn header_filter(&self, ctx: &mut PluginCtx<'_>, resp: &mut ResponseHead<'_>) {
-        let accepted = ctx
-            .headers()
-            .get_all(header::ACCEPT_ENCODING)
-            .iter()
-            .any(|v| v.to_str().is_ok_and(|v| accepts(v, "br", true)));
-        if !accepted || !self.applies.response(resp, ctx.head().version) {
+        if !accepted(ctx, "br", true) || !self.applies.response(resp, ctx.head().version) {
             return;
         }
         if self.vary {

@@ -12,38 +12,27 @@ use ferrisix_plugin_api::{CompileCtx, Phases, Plugin, PluginCtx, PluginDef, Resp
 use http::{header, HeaderValue, StatusCode};
 use serde_json::{json, Value};
 
-use super::{mark_encoded, Applies, EncodeBody};
-use crate::support::encoding::{accepts, Encoder};
+use super::{accepted, mark_encoded, Applies, EncodeBody};
+use crate::support::encoding::Encoder;
 
 pub const NAME: &str = "gzip";
 
 pub static DEF: PluginDef = PluginDef::new(NAME, 995, schema, compile);
 
 fn schema() -> Value {
-    json!({
-        "type": "object",
-        "properties": {
-            "types": {
-                "anyOf": [
-                    {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
-                    {"enum": ["*"]}
-                ],
-                "default": ["text/html"]
+    Applies::schema(json!({
+        "comp_level": {"type": "integer", "minimum": 1, "maximum": 9, "default": 1},
+        "http_version": {"enum": [1.1, 1.0], "default": 1.1},
+        "buffers": {
+            "type": "object",
+            "properties": {
+                "number": {"type": "integer", "minimum": 1, "default": 32},
+                "size": {"type": "integer", "minimum": 1, "default": 4096}
             },
-            "min_length": {"type": "integer", "minimum": 1, "default": 20},
-            "comp_level": {"type": "integer", "minimum": 1, "maximum": 9, "default": 1},
-            "http_version": {"enum": [1.1, 1.0], "default": 1.1},
-            "buffers": {
-                "type": "object",
-                "properties": {
-                    "number": {"type": "integer", "minimum": 1, "default": 32},
-                    "size": {"type": "integer", "minimum": 1, "default": 4096}
-                },
-                "default": {"number": 32, "size": 4096}
-            },
-            "vary": {"type": "boolean"}
-        }
-    })
+            "default": {"number": 32, "size": 4096}
+        },
+        "vary": {"type": "boolean"}
+    }))
 }
 
 #[derive(Debug)]
@@ -68,11 +57,7 @@ impl Plugin for Gzip {
     }
 
     fn header_filter(&self, ctx: &mut PluginCtx<'_>, resp: &mut ResponseHead<'_>) {
-        let accepted = ctx
-            .headers()
-            .get_all(header::ACCEPT_ENCODING)
-            .iter()
-            .any(|v| v.to_str().is_ok_and(|v| accepts(v, "gzip", false)));
+        let accepted = accepted(ctx, "gzip", false);
         let proxied = ctx.headers().contains_key(header::VIA);
         let status_ok = matches!(
             resp.status(),

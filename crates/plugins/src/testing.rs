@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use ferrisix_config::model::ResourceKind;
 use ferrisix_plugin_api::testing::TestRequest;
-use ferrisix_plugin_api::{CompileCtx, NoUpstreams, Owner, PluginServices};
+use ferrisix_plugin_api::{
+    CompileCtx, Consumer, ConsumerIndex, Credential, NoUpstreams, Owner, PluginServices,
+};
 use serde_json::Value;
 
 use crate::registry::PluginRegistry;
@@ -61,4 +63,29 @@ pub(crate) fn request(ip: &str, vars: &[(&'static str, &'static str)]) -> TestRe
         req = req.header(Box::leak(header.into_boxed_str()), value);
     }
     req
+}
+
+/// The consumers of an auth plugin's tests: `jack`, holding `plugin`'s credential `conf`
+/// under `key`, and `anon` (for `anonymous_consumer`).
+pub(crate) fn jack_and_anon(plugin: &'static str, key: &str, conf: Value) -> Arc<ConsumerIndex> {
+    let mut index = ConsumerIndex::default();
+    let jack = Arc::new(Consumer {
+        username: "jack".into(),
+        ..Default::default()
+    });
+    index.add_consumer(jack.clone());
+    index.add_consumer(Arc::new(Consumer {
+        username: "anon".into(),
+        ..Default::default()
+    }));
+    index.add_credential(
+        plugin,
+        key.into(),
+        Credential {
+            consumer: jack,
+            conf,
+            prepared: None,
+        },
+    );
+    Arc::new(index)
 }

@@ -156,32 +156,17 @@ impl Plugin for BasicAuth {
 mod tests {
     use ferrisix_config::validate::PluginCheck;
     use ferrisix_plugin_api::testing::TestRequest;
-    use ferrisix_plugin_api::{Consumer, ConsumerIndex, Credential, Flow};
+    use ferrisix_plugin_api::Flow;
 
     use super::*;
-    use crate::testing::Compiler;
+    use crate::testing::{jack_and_anon, Compiler};
 
     fn run(conf: Value, mut req: TestRequest) -> (Flow, TestRequest) {
-        let mut index = ConsumerIndex::default();
-        let jack = Arc::new(Consumer {
-            username: "jack".into(),
-            ..Default::default()
-        });
-        index.add_consumer(jack.clone());
-        index.add_consumer(Arc::new(Consumer {
-            username: "anon".into(),
-            ..Default::default()
-        }));
-        index.add_credential(
+        req.state.set_consumers(jack_and_anon(
             NAME,
-            "user".into(),
-            Credential {
-                consumer: jack,
-                conf: json!({"username": "user", "password": "pass"}),
-                prepared: None,
-            },
-        );
-        req.state.set_consumers(Arc::new(index));
+            "user",
+            json!({"username": "user", "password": "pass"}),
+        ));
         let c = Compiler::new();
         let p = (DEF.compile)(&c.cx(NAME, &conf, "ba", None)).unwrap();
         let Step::Done(flow) = p.rewrite(&mut req.ctx()) else {

@@ -386,10 +386,10 @@ fn exit_message(e: &ferrisix_plugin_api::Exit) -> String {
 mod tests {
     use bytes::Bytes;
     use ferrisix_plugin_api::testing::TestRequest;
-    use ferrisix_plugin_api::{Consumer, ConsumerIndex, PluginServices, RequestBody};
+    use ferrisix_plugin_api::{PluginServices, RequestBody};
 
     use super::*;
-    use crate::testing::Compiler;
+    use crate::testing::{jack_and_anon, Compiler};
 
     const NOW: u64 = 1_700_000_000;
 
@@ -409,26 +409,11 @@ mod tests {
         ));
         let c = Compiler::with(services);
         let p = (DEF.compile)(&c.cx(NAME, &conf, "hmac", None)).unwrap();
-        let mut index = ConsumerIndex::default();
-        let jack = Arc::new(Consumer {
-            username: "jack".into(),
-            ..Default::default()
-        });
-        index.add_consumer(jack.clone());
-        index.add_consumer(Arc::new(Consumer {
-            username: "anon".into(),
-            ..Default::default()
-        }));
-        index.add_credential(
+        req.state.set_consumers(jack_and_anon(
             NAME,
-            "my-key".into(),
-            Credential {
-                consumer: jack,
-                conf: json!({"key_id": "my-key", "secret_key": "my-secret"}),
-                prepared: None,
-            },
-        );
-        req.state.set_consumers(Arc::new(index));
+            "my-key",
+            json!({"key_id": "my-key", "secret_key": "my-secret"}),
+        ));
         if let Some(b) = body {
             req.state.set_body(RequestBody::Buffered(Bytes::from_static(b.as_bytes())));
         }

@@ -17,7 +17,7 @@ use http::HeaderValue;
 use serde_json::{json, Value};
 
 use crate::support::auth::{
-    anonymous, anonymous_consumer_schema, challenge, realm_schema, secret_eq, unauthorized,
+    anonymous_consumer_schema, anonymous_or_401, challenge, realm_schema, secret_eq,
 };
 
 pub const NAME: &str = "basic-auth";
@@ -131,19 +131,11 @@ impl Plugin for BasicAuth {
 
     fn rewrite<'a>(&'a self, ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
         if let Err(msg) = self.find(ctx) {
-            let Some(name) = &self.anonymous_consumer else {
-                return Step::exit(unauthorized(msg, self.challenge.as_ref()));
-            };
-            let Some(consumer) = anonymous(ctx, name) else {
-                tracing::error!(
-                    "basic-auth failed to authenticate the request, code: 401. error: failed to get anonymous consumer {name}"
-                );
-                return Step::exit(unauthorized(
-                    "Invalid user authorization",
-                    self.challenge.as_ref(),
-                ));
-            };
-            ctx.attach_consumer(consumer);
+            let anonymous_consumer = self.anonymous_consumer.as_deref();
+            let challenge = self.challenge.as_ref();
+            if let Err(exit) = anonymous_or_401(ctx, NAME, anonymous_consumer, msg, challenge) {
+                return Step::exit(exit);
+            }
         }
         if self.hide_credentials {
             ctx.headers_mut().remove(AUTHORIZATION);

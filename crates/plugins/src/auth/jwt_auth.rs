@@ -28,7 +28,7 @@ use jsonwebtoken::{Algorithm, DecodingKey};
 use serde_json::{json, Map, Value};
 
 use crate::support::auth::{
-    anonymous, anonymous_consumer_schema, challenge, hide_query_arg, realm_schema, unauthorized,
+    anonymous_consumer_schema, anonymous_or_401, challenge, hide_query_arg, realm_schema,
 };
 
 pub const NAME: &str = "jwt-auth";
@@ -467,23 +467,10 @@ impl Plugin for JwtAuth {
         let Err(msg) = self.find(ctx) else {
             return Step::CONTINUE;
         };
-        let Some(name) = &self.anonymous_consumer else {
-            return Step::exit(unauthorized(msg, self.challenge.as_ref()));
-        };
-        match anonymous(ctx, name) {
-            Some(consumer) => {
-                ctx.attach_consumer(consumer);
-                Step::CONTINUE
-            }
-            None => {
-                tracing::error!(
-                    "jwt-auth failed to authenticate the request, code: 401. error: failed to get anonymous consumer {name}"
-                );
-                Step::exit(unauthorized(
-                    "Invalid user authorization",
-                    self.challenge.as_ref(),
-                ))
-            }
+        let anonymous_consumer = self.anonymous_consumer.as_deref();
+        match anonymous_or_401(ctx, NAME, anonymous_consumer, msg, self.challenge.as_ref()) {
+            Ok(()) => Step::CONTINUE,
+            Err(exit) => Step::exit(exit),
         }
     }
 }

@@ -16,7 +16,7 @@ use http::{HeaderName, HeaderValue};
 use serde_json::{json, Value};
 
 use crate::support::auth::{
-    anonymous, anonymous_consumer_schema, challenge, hide_query_arg, realm_schema, unauthorized,
+    anonymous_consumer_schema, anonymous_or_401, challenge, hide_query_arg, realm_schema,
 };
 
 pub const NAME: &str = "key-auth";
@@ -86,10 +86,7 @@ enum Found {
 
 impl KeyAuth {
     fn fail(&self, ctx: &mut PluginCtx<'_>, msg: &str) -> Step<'static> {
-        let Some(name) = &self.anonymous_consumer else {
-            return Step::exit(unauthorized(msg, self.challenge.as_ref()));
-        };
-        if self.hide_credentials {
+        if self.anonymous_consumer.is_some() && self.hide_credentials {
             // An invalid credential is not forwarded with the anonymous consumer either.
             if let Some(h) = &self.header {
                 ctx.headers_mut().remove(h);
@@ -98,20 +95,10 @@ impl KeyAuth {
                 hide_query_arg(ctx, &self.query);
             }
         }
-        match anonymous(ctx, name) {
-            Some(consumer) => {
-                ctx.attach_consumer(consumer);
-                Step::CONTINUE
-            }
-            None => {
-                tracing::error!(
-                    "key-auth failed to authenticate the request, code: 401. error: failed to get anonymous consumer {name}"
-                );
-                Step::exit(unauthorized(
-                    "Invalid user authorization",
-                    self.challenge.as_ref(),
-                ))
-            }
+        let anonymous_consumer = self.anonymous_consumer.as_deref();
+        match anonymous_or_401(ctx, NAME, anonymous_consumer, msg, self.challenge.as_ref()) {
+            Ok(()) => Step::CONTINUE,
+            Err(exit) => Step::exit(exit),
         }
     }
 }

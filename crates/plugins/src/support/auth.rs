@@ -52,6 +52,30 @@ pub fn anonymous(ctx: &PluginCtx<'_>, name: &str) -> Option<Arc<Consumer>> {
     ctx.consumers()?.consumer(name).cloned()
 }
 
+/// After a failed authentication (`msg`): a 401 with `challenge`, unless `anonymous_consumer`
+/// names the consumer to go on as, attached then; one that does not exist is logged as
+/// `plugin`'s failure and answered 401 "Invalid user authorization" (key-auth, basic-auth and
+/// jwt-auth alike).
+pub fn anonymous_or_401(
+    ctx: &mut PluginCtx<'_>,
+    plugin: &str,
+    anonymous_consumer: Option<&str>,
+    msg: &str,
+    challenge: Option<&HeaderValue>,
+) -> Result<(), Exit> {
+    let Some(name) = anonymous_consumer else {
+        return Err(unauthorized(msg, challenge));
+    };
+    let Some(consumer) = anonymous(ctx, name) else {
+        tracing::error!(
+            "{plugin} failed to authenticate the request, code: 401. error: failed to get anonymous consumer {name}"
+        );
+        return Err(unauthorized("Invalid user authorization", challenge));
+    };
+    ctx.attach_consumer(consumer);
+    Ok(())
+}
+
 /// Whether two secrets are equal, in time that depends on their lengths only.
 pub fn secret_eq(a: &[u8], b: &[u8]) -> bool {
     a.ct_eq(b).into()

@@ -587,21 +587,11 @@ mod tests {
     use serde_json::json;
 
     use ferrisix_plugin_api::testing::TestRequest;
-    use ferrisix_plugin_api::{Exit, NoUpstreams};
+    use ferrisix_plugin_api::Exit;
     use http::StatusCode;
 
     use super::*;
-
-    /// A compile environment of its own (fresh services: no state shared between tests).
-    fn env() -> CompileEnv<'static> {
-        let metadata: &'static HashMap<String, Value> = Box::leak(Box::default());
-        let registry: &'static PluginRegistry = Box::leak(Box::new(PluginRegistry::builtin()));
-        CompileEnv {
-            metadata,
-            registry,
-            upstreams: &NoUpstreams,
-        }
-    }
+    use crate::testing::env;
 
     #[test]
     fn order_disable_and_priority_override() {

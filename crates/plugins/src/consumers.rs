@@ -307,16 +307,7 @@ mod tests {
 
     use super::*;
     use crate::chain::PluginChain;
-
-    fn env() -> CompileEnv<'static> {
-        let metadata: &'static HashMap<String, Value> = Box::leak(Box::default());
-        let registry: &'static PluginRegistry = Box::leak(Box::new(PluginRegistry::builtin()));
-        CompileEnv {
-            metadata,
-            registry,
-            upstreams: &NoUpstreams,
-        }
-    }
+    use crate::testing::env;
 
     fn no_vars(_: &str) -> Option<String> {
         None

@@ -1,6 +1,7 @@
 //! Helpers for the plugins' unit tests: compiling a conf as a snapshot would, and requests
 //! carrying given variables.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use ferrisix_config::model::ResourceKind;
@@ -10,6 +11,7 @@ use ferrisix_plugin_api::{
 };
 use serde_json::Value;
 
+use crate::chain::CompileEnv;
 use crate::registry::PluginRegistry;
 
 /// Compiles confs against one set of services (one gateway).
@@ -49,6 +51,18 @@ impl Compiler {
             apis: self.registry.apis(),
             schema: &info.schema,
         }
+    }
+}
+
+/// A compile environment of its own (fresh services: no state shared between tests), as the
+/// chains of a snapshot are compiled in.
+pub(crate) fn env() -> CompileEnv<'static> {
+    let metadata: &'static HashMap<String, Value> = Box::leak(Box::default());
+    let registry: &'static PluginRegistry = Box::leak(Box::new(PluginRegistry::builtin()));
+    CompileEnv {
+        metadata,
+        registry,
+        upstreams: &NoUpstreams,
     }
 }
 

@@ -109,22 +109,12 @@ mod tests {
 
     use ferrisix_config::encrypt::Keyring;
     use ferrisix_config::model::ResourceKind;
-    use ferrisix_plugin_api::{NoUpstreams, Owner};
+    use ferrisix_plugin_api::Owner;
     use serde_json::{json, Value};
 
     use super::*;
     use crate::chain::{CompileEnv, PluginSource};
-    use crate::registry::PluginRegistry;
-
-    fn env() -> CompileEnv<'static> {
-        let metadata: &'static HashMap<String, Value> = Box::leak(Box::default());
-        let registry: &'static PluginRegistry = Box::leak(Box::new(PluginRegistry::builtin()));
-        CompileEnv {
-            metadata,
-            registry,
-            upstreams: &NoUpstreams,
-        }
-    }
+    use crate::testing::env;
 
     fn route_chain(id: &str, env: CompileEnv<'_>) -> Arc<PluginChain> {
         let owner = Owner::new(ResourceKind::Routes, id);

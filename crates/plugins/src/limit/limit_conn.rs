@@ -484,10 +484,10 @@ impl Plugin for LimitConn {
 mod tests {
     use std::sync::OnceLock;
 
-    use ferrisix_plugin_api::{Executor, RequestGuards};
+    use ferrisix_plugin_api::RequestGuards;
 
     use super::*;
-    use crate::support::redis::{test_server, RedisPools, Target};
+    use crate::support::redis::test_server::{self, remote};
     use crate::testing::{request, Compiler};
 
     fn compiler() -> &'static Compiler {
@@ -650,11 +650,7 @@ mod tests {
 
     #[tokio::test]
     async fn unreachable_redis_fails_or_degrades() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = test_server::free_port();
         for degrade in [false, true] {
             let lc = compile(
                 json!({"conn": 1, "burst": 0, "default_conn_delay": 0.1, "key": "remote_addr",
@@ -673,14 +669,6 @@ mod tests {
                 );
             }
         }
-    }
-
-    fn remote(port: u16) -> Remote {
-        let c = json!({"redis_host": "127.0.0.1", "redis_port": port});
-        let t = Target::from_conf("redis", c.as_object().unwrap())
-            .unwrap()
-            .unwrap();
-        RedisPools::new(Executor::current()).get(t).unwrap()
     }
 
     async fn zcard(r: &Remote, key: &str) -> u64 {

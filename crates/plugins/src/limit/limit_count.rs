@@ -663,6 +663,7 @@ mod tests {
     use ferrisix_plugin_api::ResponseHeaders;
 
     use super::*;
+    use crate::support::redis::test_server;
     use crate::testing::{request, Compiler};
 
     /// Request variables (`http_*` only: they travel as headers).
@@ -878,11 +879,7 @@ mod tests {
 
     #[tokio::test]
     async fn unreachable_redis_degrades_or_fails() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = test_server::free_port();
         let base = json!({"count": 1, "time_window": 60, "policy": "redis", "redis_host": "127.0.0.1", "redis_port": port, "redis_timeout": 200});
         let mut degrade = base.clone();
         degrade["allow_degradation"] = json!(true);

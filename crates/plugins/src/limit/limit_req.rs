@@ -332,10 +332,8 @@ impl Plugin for LimitReq {
 mod tests {
     use std::sync::OnceLock;
 
-    use ferrisix_plugin_api::Executor;
-
     use super::*;
-    use crate::support::redis::{test_server, RedisPools, Target};
+    use crate::support::redis::test_server::{self, remote};
     use crate::testing::{request, Compiler};
 
     fn compiler() -> &'static Compiler {
@@ -479,11 +477,7 @@ mod tests {
 
     #[tokio::test]
     async fn unreachable_redis_fails_or_degrades() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = test_server::free_port();
         for degrade in [false, true] {
             let lr = compile(
                 json!({"rate": 1, "burst": 0, "key": "remote_addr", "policy": "redis",
@@ -503,14 +497,6 @@ mod tests {
                 );
             }
         }
-    }
-
-    fn remote(port: u16) -> Remote {
-        let c = json!({"redis_host": "127.0.0.1", "redis_port": port});
-        let t = Target::from_conf("redis", c.as_object().unwrap())
-            .unwrap()
-            .unwrap();
-        RedisPools::new(Executor::current()).get(t).unwrap()
     }
 
     /// The script makes the local policy's decisions, step for step.

@@ -195,7 +195,8 @@ mod tests {
 
     use serde_json::{json, Value};
 
-    use super::super::{test_server, RedisPools, Remote, Target};
+    use super::super::test_server::{self, free_port};
+    use super::super::{RedisPools, Remote, Target};
     use ferrisix_plugin_api::Executor;
 
     fn sentinel_remote(sentinel_ports: &[u16], master_name: &str, timeout_ms: u64) -> Remote {
@@ -214,14 +215,6 @@ mod tests {
             .unwrap()
     }
 
-    fn dead_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    }
-
     /// The sentinels are asked in order: a dead one is passed over, the next names the master,
     /// and commands run there.
     #[tokio::test]
@@ -230,7 +223,7 @@ mod tests {
             return;
         };
         let sentinel = test_server::TestSentinel::start(master.port);
-        let remote = sentinel_remote(&[dead_port(), sentinel.port], "m", 1000);
+        let remote = sentinel_remote(&[free_port(), sentinel.port], "m", 1000);
         let mut incr = redis::cmd("INCR");
         incr.arg("sentinel-test");
         assert_eq!(remote.query::<i64>(&incr).await.unwrap(), 1);
@@ -252,7 +245,7 @@ mod tests {
     /// No sentinel answers: an error listing each one's failure, within their time-outs.
     #[tokio::test]
     async fn no_sentinel_answers() {
-        let remote = sentinel_remote(&[dead_port(), dead_port()], "m", 100);
+        let remote = sentinel_remote(&[free_port(), free_port()], "m", 100);
         let e = tokio::time::timeout(
             Duration::from_secs(10),
             remote.query::<String>(&redis::cmd("PING")),

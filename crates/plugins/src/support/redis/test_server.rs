@@ -4,6 +4,28 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ferrisix_plugin_api::Executor;
+use serde_json::json;
+
+use super::{RedisPools, Remote, Target};
+
+/// A port on 127.0.0.1 that was free a moment ago (bound, then let go): nothing listens there.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// A pool of connections to the `redis` policy's server at `127.0.0.1:port`.
+pub fn remote(port: u16) -> Remote {
+    let c = json!({"redis_host": "127.0.0.1", "redis_port": port});
+    let t = Target::from_conf("redis", c.as_object().unwrap())
+        .unwrap()
+        .unwrap();
+    RedisPools::new(Executor::current()).get(t).unwrap()
+}
+
 pub struct TestRedis {
     child: Child,
     pub port: u16,
@@ -69,10 +91,7 @@ impl Drop for TestSentinel {
 
 impl TestSentinel {
     pub fn start(master_port: u16) -> TestSentinel {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = free_port();
         // Sentinel rewrites its config file, so each one needs its own.
         let conf = std::env::temp_dir().join(format!(
             "ferrisix-sentinel-{}-{port}.conf",

@@ -229,6 +229,24 @@ impl std::fmt::Debug for Remote {
     }
 }
 
+/// A connection from `connect` within `t`; a failure or the time-out (naming `what`) is an
+/// error before anything was sent.
+async fn connect_within<C>(
+    t: Duration,
+    what: &str,
+    connect: impl Future<Output = Result<C, String>>,
+) -> Result<C, RemoteError> {
+    tokio::time::timeout(t, connect)
+        .await
+        .map_err(|_| {
+            RemoteError::before_sending(format!(
+                "timeout connecting to {what} after {} ms",
+                t.as_millis()
+            ))
+        })?
+        .map_err(RemoteError::before_sending)
+}
+
 /// Runs one command-like call on a remote within the time limits, with the connection
 /// bookkeeping.
 macro_rules! on_remote {
@@ -236,15 +254,7 @@ macro_rules! on_remote {
         let t = $remote.timeout();
         match $remote {
             Remote::Single(p) => {
-                let (slot, mut conn) = tokio::time::timeout(t, p.connection())
-                    .await
-                    .map_err(|_| {
-                        RemoteError::before_sending(format!(
-                            "timeout connecting to redis after {} ms",
-                            t.as_millis()
-                        ))
-                    })?
-                    .map_err(RemoteError::before_sending)?;
+                let (slot, mut conn) = connect_within(t, "redis", p.connection()).await?;
                 let $c = &mut conn;
                 match tokio::time::timeout(t, $call).await {
                     Ok(Ok(v)) => Ok(v),
@@ -259,15 +269,7 @@ macro_rules! on_remote {
                 }
             }
             Remote::Cluster(p) => {
-                let mut conn = tokio::time::timeout(t, p.connection())
-                    .await
-                    .map_err(|_| {
-                        RemoteError::before_sending(format!(
-                            "timeout connecting to redis cluster after {} ms",
-                            t.as_millis()
-                        ))
-                    })?
-                    .map_err(RemoteError::before_sending)?;
+                let mut conn = connect_within(t, "redis cluster", p.connection()).await?;
                 let $c = &mut conn;
                 match tokio::time::timeout(t, $call).await {
                     Ok(Ok(v)) => Ok(v),

@@ -130,19 +130,23 @@ impl DepthVerifier {
     }
 }
 
-/// Requires a verified client certificate in the handshake (no `skip_mtls_uri_regex`).
+/// The handshake's client-certificate verifier. Strict (no `skip_mtls_uri_regex`): a verified
+/// client certificate is required. Lenient: one is asked for but the handshake finishes
+/// whatever comes, and the request path then decides (`skip_mtls_uri_regex`). Signatures over
+/// the handshake are checked either way, so a certificate presented is one the client holds
+/// the key of.
 #[derive(Debug)]
-struct StrictVerifier(Arc<DepthVerifier>);
+struct HandshakeVerifier {
+    chain: Arc<DepthVerifier>,
+    lenient: bool,
+}
 
-/// Asks for a certificate but lets the handshake finish whatever comes; the request path then
-/// decides (`skip_mtls_uri_regex`). Signatures over the handshake are still checked, so a
-/// certificate presented is one the client holds the key of.
-#[derive(Debug)]
-struct LenientVerifier(Arc<DepthVerifier>);
-
-impl ClientCertVerifier for StrictVerifier {
+impl ClientCertVerifier for HandshakeVerifier {
+    fn client_auth_mandatory(&self) -> bool {
+        !self.lenient
+    }
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.0.inner.root_hint_subjects()
+        self.chain.inner.root_hint_subjects()
     }
     fn verify_client_cert(
         &self,
@@ -150,11 +154,14 @@ impl ClientCertVerifier for StrictVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        match self.0.verify_chain(end_entity, intermediates, now) {
+        if self.lenient {
+            return Ok(ClientCertVerified::assertion());
+        }
+        match self.chain.verify_chain(end_entity, intermediates, now) {
             Ok(()) => Ok(ClientCertVerified::assertion()),
             Err(e) => {
                 tracing::info!("client certificate verification failed in handshake: {e}");
-                self.0
+                self.chain
                     .inner
                     .verify_client_cert(end_entity, intermediates, now)?;
                 Err(rustls::Error::InvalidCertificate(
@@ -169,7 +176,7 @@ impl ClientCertVerifier for StrictVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.inner.verify_tls12_signature(message, cert, dss)
+        self.chain.inner.verify_tls12_signature(message, cert, dss)
     }
     fn verify_tls13_signature(
         &self,
@@ -177,46 +184,10 @@ impl ClientCertVerifier for StrictVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.inner.verify_tls13_signature(message, cert, dss)
+        self.chain.inner.verify_tls13_signature(message, cert, dss)
     }
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.inner.supported_verify_schemes()
-    }
-}
-
-impl ClientCertVerifier for LenientVerifier {
-    fn client_auth_mandatory(&self) -> bool {
-        false
-    }
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.0.inner.root_hint_subjects()
-    }
-    fn verify_client_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        Ok(ClientCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.inner.verify_tls12_signature(message, cert, dss)
-    }
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.inner.verify_tls13_signature(message, cert, dss)
-    }
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.inner.supported_verify_schemes()
+        self.chain.inner.supported_verify_schemes()
     }
 }
 
@@ -248,11 +219,10 @@ fn client_policy(
             regex::Regex::new(r).map_err(|e| format!("invalid skip_mtls_uri_regex {r:?}: {e}"))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let verifier: Arc<dyn ClientCertVerifier> = if skip_uri.is_empty() {
-        Arc::new(StrictVerifier(depth.clone()))
-    } else {
-        Arc::new(LenientVerifier(depth.clone()))
-    };
+    let verifier: Arc<dyn ClientCertVerifier> = Arc::new(HandshakeVerifier {
+        chain: depth.clone(),
+        lenient: !skip_uri.is_empty(),
+    });
     Ok((
         ClientPolicy {
             verifier: depth,

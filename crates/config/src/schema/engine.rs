@@ -78,6 +78,45 @@ fn num(v: &Value) -> Option<f64> {
     v.as_f64()
 }
 
+/// The bounds `[min, max]` (keywords of `s`) on an object's properties or an array's items:
+/// "expect <kind> to have at least (at most) <n> <unit>" when `count` is outside them.
+fn check_count(
+    s: &Map<String, Value>,
+    [min, max]: [&str; 2],
+    count: usize,
+    kind: &str,
+    unit: &str,
+) -> Result<(), String> {
+    if let Some(min) = s.get(min).and_then(num) {
+        if (count as f64) < min {
+            return Err(format!(
+                "expect {kind} to have at least {} {unit}",
+                lua::number(min)
+            ));
+        }
+    }
+    if let Some(max) = s.get(max).and_then(num) {
+        if (count as f64) > max {
+            return Err(format!(
+                "expect {kind} to have at most {} {unit}",
+                lua::number(max)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A boolean `items` or `propertyNames` ends the schema's validation: `true` passes, `false`
+/// passes an empty table only. `None` when the keyword is absent or not a boolean.
+fn boolean_ends(keyword: Option<&Value>, v: &Value) -> Option<Result<(), String>> {
+    match keyword? {
+        Value::Bool(true) => Some(Ok(())),
+        Value::Bool(false) if table_kind(v) == Some(TableKind::Empty) => Some(Ok(())),
+        Value::Bool(false) => Some(Err("expect false always".to_string())),
+        _ => None,
+    }
+}
+
 /// Lua's `==` between two non-table values.
 fn lua_eq(a: &Value, b: &Value) -> bool {
     match (a, b) {
@@ -292,16 +331,8 @@ impl<'s> Engine<'s> {
         let array_keywords = ["items", "minItems", "maxItems", "uniqueItems"];
         if array_keywords.iter().any(|k| s.contains_key(*k)) {
             // Boolean `items` ends validation of this schema outright, as the library does.
-            match s.get("items") {
-                Some(Value::Bool(true)) => return Ok(()),
-                Some(Value::Bool(false)) => {
-                    return if table_kind(v) == Some(TableKind::Empty) {
-                        Ok(())
-                    } else {
-                        Err("expect false always".to_string())
-                    };
-                }
-                _ => {}
+            if let Some(end) = boolean_ends(s.get("items"), v) {
+                return end;
             }
             if is_arrayish(v) {
                 self.check_array(s, v, d)?;
@@ -399,16 +430,8 @@ impl<'s> Engine<'s> {
 
         // Only the boolean forms of `propertyNames` are implemented by the library, and both end
         // validation early.
-        match s.get("propertyNames") {
-            Some(Value::Bool(true)) => return Ok(()),
-            Some(Value::Bool(false)) => {
-                return if table_kind(v) == Some(TableKind::Empty) {
-                    Ok(())
-                } else {
-                    Err("expect false always".to_string())
-                };
-            }
-            _ => {}
+        if let Some(end) = boolean_ends(s.get("propertyNames"), v) {
+            return end;
         }
 
         if let (Some(Value::String(format)), Value::String(text)) = (s.get("format"), &*v) {
@@ -599,23 +622,13 @@ impl<'s> Engine<'s> {
         }
 
         let count = v.as_object().map_or(0, Map::len);
-        if let Some(min) = s.get("minProperties").and_then(num) {
-            if (count as f64) < min {
-                return Err(format!(
-                    "expect object to have at least {} properties",
-                    lua::number(min)
-                ));
-            }
-        }
-        if let Some(max) = s.get("maxProperties").and_then(num) {
-            if (count as f64) > max {
-                return Err(format!(
-                    "expect object to have at most {} properties",
-                    lua::number(max)
-                ));
-            }
-        }
-        Ok(())
+        check_count(
+            s,
+            ["minProperties", "maxProperties"],
+            count,
+            "object",
+            "properties",
+        )
     }
 
     fn check_dependency(
@@ -649,22 +662,7 @@ impl<'s> Engine<'s> {
         d: usize,
     ) -> Result<(), String> {
         let len = v.as_array().map_or(0, Vec::len);
-        if let Some(min) = s.get("minItems").and_then(num) {
-            if (len as f64) < min {
-                return Err(format!(
-                    "expect array to have at least {} items",
-                    lua::number(min)
-                ));
-            }
-        }
-        if let Some(max) = s.get("maxItems").and_then(num) {
-            if (len as f64) > max {
-                return Err(format!(
-                    "expect array to have at most {} items",
-                    lua::number(max)
-                ));
-            }
-        }
+        check_count(s, ["minItems", "maxItems"], len, "array", "items")?;
         if let Value::Array(items) = v {
             match s.get("items") {
                 Some(Value::Array(tuple)) if !tuple.is_empty() => {

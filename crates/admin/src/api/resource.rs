@@ -255,17 +255,7 @@ impl AdminApi {
             );
         }
 
-        match self.store.put(&key, encode(&conf), ttl(&call)).await {
-            Err(e) => unavailable(e),
-            Ok(outcome) => {
-                let status = if outcome.previous.is_some() {
-                    StatusCode::OK
-                } else {
-                    StatusCode::CREATED
-                };
-                Reply::json(status, json!({"key": key, "value": lua_view(conf)}))
-            }
-        }
+        self.write(&call, key, conf).await
     }
 
     pub(crate) async fn post(&self, call: Call) -> Reply {
@@ -299,17 +289,7 @@ impl AdminApi {
             m.insert("id".to_string(), Value::String(id.clone()));
         }
         let key = self.item_key(&call, None, &id);
-        match self.store.put(&key, encode(&conf), ttl(&call)).await {
-            Err(e) => unavailable(e),
-            Ok(outcome) => {
-                let status = if outcome.previous.is_some() {
-                    StatusCode::OK
-                } else {
-                    StatusCode::CREATED
-                };
-                Reply::json(status, json!({"key": key, "value": lua_view(conf)}))
-            }
-        }
+        self.write(&call, key, conf).await
     }
 
     pub(crate) async fn delete(&self, call: Call) -> Reply {
@@ -422,6 +402,22 @@ impl AdminApi {
 }
 
 impl AdminApi {
+    /// Writes `conf` at `key` (for the call's `ttl`): 201 with the value, 200 when it replaced
+    /// one.
+    async fn write(&self, call: &Call, key: String, conf: Value) -> Reply {
+        match self.store.put(&key, encode(&conf), ttl(call)).await {
+            Err(e) => unavailable(e),
+            Ok(outcome) => {
+                let status = if outcome.previous.is_some() {
+                    StatusCode::OK
+                } else {
+                    StatusCode::CREATED
+                };
+                Reply::json(status, json!({"key": key, "value": lua_view(conf)}))
+            }
+        }
+    }
+
     /// What APISIX stores encrypted: an ssl's `key`/`keys` (`aes_encrypt_pkey`) and an
     /// upstream's `tls.client_key` (inline upstreams of routes and services too).
     fn encrypt_secrets(&self, resource: &str, conf: &mut Value) {

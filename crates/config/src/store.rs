@@ -307,18 +307,20 @@ fn parse_value(bytes: &[u8]) -> Option<Value> {
     serde_json::from_slice(bytes).ok()
 }
 
+/// A pair for the stores' tests: `key` holding `value`, created and last modified at `rev`.
+#[cfg(test)]
+pub(crate) fn kv(key: &str, value: &str, rev: i64) -> KeyValue {
+    KeyValue {
+        key: key.into(),
+        value: value.as_bytes().to_vec(),
+        create_revision: rev,
+        mod_revision: rev,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn kv(key: &str, value: &str, rev: i64) -> KeyValue {
-        KeyValue {
-            key: key.into(),
-            value: value.as_bytes().to_vec(),
-            create_revision: rev,
-            mod_revision: rev,
-        }
-    }
 
     #[test]
     fn classifies_keys() {

@@ -1077,15 +1077,7 @@ async fn copy_writer(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn kv(key: &str, value: &str, rev: i64) -> KeyValue {
-        KeyValue {
-            key: key.into(),
-            value: value.as_bytes().to_vec(),
-            create_revision: rev,
-            mod_revision: rev,
-        }
-    }
+    use crate::store::kv;
 
     #[test]
     fn local_copy_round_trips() {

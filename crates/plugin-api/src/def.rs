@@ -7,7 +7,7 @@ use std::time::Instant;
 use serde_json::Value;
 
 use crate::compile::{CompileCtx, PluginApi};
-use crate::consumers::AuthDef;
+use crate::consumers::{AuthDef, PrepareFn};
 use crate::plugin::Plugin;
 use crate::services::PluginServices;
 
@@ -87,7 +87,7 @@ pub struct PluginDef {
     pub apis: Option<fn(&PluginServices) -> Vec<PluginApi>>,
     /// How an auth plugin's consumer credentials are indexed (`kind` is then
     /// [`PluginKind::Auth`]); `None` for plugins that find no consumers themselves.
-    pub auth: Option<&'static AuthDef>,
+    pub auth: Option<AuthDef>,
     pub compile: CompileFn,
 }
 
@@ -125,6 +125,25 @@ impl PluginDef {
             apis: None,
             auth: None,
             compile,
+        }
+    }
+
+    /// This plugin as an auth plugin over consumer credentials: `consumer_schema` is a
+    /// credential's, `encrypt_fields` its secrets; the credentials are indexed by their
+    /// `key_field`, each compiled by `prepare` where given (see [`AuthDef`]).
+    pub const fn with_credentials(
+        self,
+        consumer_schema: fn() -> Value,
+        encrypt_fields: &'static [&'static str],
+        key_field: &'static str,
+        prepare: Option<PrepareFn>,
+    ) -> PluginDef {
+        PluginDef {
+            kind: PluginKind::Auth,
+            auth: Some(AuthDef { key_field, prepare }),
+            consumer_schema: Some(consumer_schema),
+            encrypt_fields,
+            ..self
         }
     }
 }

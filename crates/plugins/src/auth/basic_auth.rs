@@ -11,7 +11,7 @@ use std::sync::Arc;
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::DecodePaddingMode;
 use base64::Engine as _;
-use ferrisix_plugin_api::{AuthDef, CompileCtx, Phases, Plugin, PluginCtx, PluginDef, PluginKind, Step};
+use ferrisix_plugin_api::{CompileCtx, Phases, Plugin, PluginCtx, PluginDef, Step};
 use http::header::AUTHORIZATION;
 use http::HeaderValue;
 use serde_json::{json, Value};
@@ -22,18 +22,12 @@ use crate::support::auth::{
 
 pub const NAME: &str = "basic-auth";
 
-static AUTH: AuthDef = AuthDef {
-    key_field: "username",
-    prepare: None,
-};
-
-pub static DEF: PluginDef = PluginDef {
-    kind: PluginKind::Auth,
-    consumer_schema: Some(consumer_schema),
-    encrypt_fields: &["password"],
-    auth: Some(&AUTH),
-    ..PluginDef::new(NAME, 2520, schema, compile)
-};
+pub static DEF: PluginDef = PluginDef::new(NAME, 2520, schema, compile).with_credentials(
+    consumer_schema,
+    &["password"],
+    "username",
+    None,
+);
 
 fn schema() -> Value {
     json!({

@@ -15,8 +15,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use ferrisix_plugin_api::{
-    AuthDef, BodyError, Clock, CompileCtx, Credential, Flow, Phases, Plugin, PluginCtx,
-    PluginDef, PluginKind, Step,
+    BodyError, Clock, CompileCtx, Credential, Flow, Phases, Plugin, PluginCtx, PluginDef, Step,
 };
 use http::header::AUTHORIZATION;
 use http::{HeaderValue, StatusCode};
@@ -32,18 +31,12 @@ pub const NAME: &str = "hmac-auth";
 
 const ALGORITHMS: [&str; 3] = ["hmac-sha1", "hmac-sha256", "hmac-sha512"];
 
-static AUTH: AuthDef = AuthDef {
-    key_field: "key_id",
-    prepare: None,
-};
-
-pub static DEF: PluginDef = PluginDef {
-    kind: PluginKind::Auth,
-    consumer_schema: Some(consumer_schema),
-    encrypt_fields: &["secret_key"],
-    auth: Some(&AUTH),
-    ..PluginDef::new(NAME, 2530, schema, compile)
-};
+pub static DEF: PluginDef = PluginDef::new(NAME, 2530, schema, compile).with_credentials(
+    consumer_schema,
+    &["secret_key"],
+    "key_id",
+    None,
+);
 
 fn schema() -> Value {
     json!({

@@ -19,8 +19,7 @@ use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::DecodePaddingMode;
 use base64::Engine as _;
 use ferrisix_plugin_api::{
-    AuthDef, CheckCtx, Clock, CompileCtx, Phases, Plugin, PluginCtx, PluginDef, PluginKind,
-    Prepared, Step,
+    CheckCtx, Clock, CompileCtx, Phases, Plugin, PluginCtx, PluginDef, Prepared, Step,
 };
 use ferrisix_router::VarSource;
 use http::{HeaderName, HeaderValue};
@@ -33,18 +32,14 @@ use crate::support::auth::{
 
 pub const NAME: &str = "jwt-auth";
 
-static AUTH: AuthDef = AuthDef {
-    key_field: "key",
-    prepare: Some(prepare),
-};
-
 pub static DEF: PluginDef = PluginDef {
-    kind: PluginKind::Auth,
-    consumer_schema: Some(consumer_schema),
     check: Some(check),
-    encrypt_fields: &["secret"],
-    auth: Some(&AUTH),
-    ..PluginDef::new(NAME, 2510, schema, compile)
+    ..PluginDef::new(NAME, 2510, schema, compile).with_credentials(
+        consumer_schema,
+        &["secret"],
+        "key",
+        Some(prepare),
+    )
 };
 
 const ALGORITHMS: [&str; 13] = [

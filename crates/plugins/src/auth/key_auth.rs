@@ -9,9 +9,7 @@
 
 use std::sync::Arc;
 
-use ferrisix_plugin_api::{
-    AuthDef, CompileCtx, Phases, Plugin, PluginCtx, PluginDef, PluginKind, Step,
-};
+use ferrisix_plugin_api::{CompileCtx, Phases, Plugin, PluginCtx, PluginDef, Step};
 use http::{HeaderName, HeaderValue};
 use serde_json::{json, Value};
 
@@ -21,18 +19,12 @@ use crate::support::auth::{
 
 pub const NAME: &str = "key-auth";
 
-static AUTH: AuthDef = AuthDef {
-    key_field: "key",
-    prepare: None,
-};
-
-pub static DEF: PluginDef = PluginDef {
-    kind: PluginKind::Auth,
-    consumer_schema: Some(consumer_schema),
-    encrypt_fields: &["key"],
-    auth: Some(&AUTH),
-    ..PluginDef::new(NAME, 2500, schema, compile)
-};
+pub static DEF: PluginDef = PluginDef::new(NAME, 2500, schema, compile).with_credentials(
+    consumer_schema,
+    &["key"],
+    "key",
+    None,
+);
 
 fn schema() -> Value {
     json!({

@@ -132,29 +132,12 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
 #[cfg(test)]
 mod tests {
     use ferrisix_config::validate::PluginCheck;
-    use ferrisix_plugin_api::{LogCtx, LogVars};
 
     use super::*;
-    use crate::log::sink::testing::{answer, http_server, https_server, next, test_ca, Captured};
+    use crate::log::sink::testing::{
+        answer, http_server, https_server, log_ctx, next, test_ca, Captured,
+    };
     use crate::testing::Compiler;
-
-    fn log_ctx(p: &dyn Plugin, n: usize) -> LogCtx {
-        struct V(String);
-        impl ferrisix_router::VarSource for V {
-            fn var(&self, name: &str) -> Option<std::borrow::Cow<'_, str>> {
-                match name {
-                    "route_id" => Some("r1".into()),
-                    "request_uri" => Some(std::borrow::Cow::Borrowed(&self.0)),
-                    _ => None,
-                }
-            }
-        }
-        LogCtx {
-            status: 200,
-            vars: LogVars::capture(p.log_needs().vars.unwrap(), &V(format!("/x?n={n}"))),
-            ..Default::default()
-        }
-    }
 
     fn ok(_: &Captured) -> Vec<u8> {
         answer(200, "ok")

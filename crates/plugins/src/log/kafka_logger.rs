@@ -705,7 +705,6 @@ impl Plugin for KafkaLogger {
 #[cfg(test)]
 mod tests {
     use ferrisix_config::validate::PluginCheck;
-    use ferrisix_plugin_api::LogVars;
     use tokio::net::TcpListener;
     use tokio::sync::mpsc;
 
@@ -713,26 +712,14 @@ mod tests {
     use super::*;
     use crate::testing::Compiler;
 
+    /// The loggers' test request, with a Host header and a JSON body.
     fn log_ctx(p: &dyn Plugin, n: usize) -> LogCtx {
-        struct V(String);
-        impl ferrisix_router::VarSource for V {
-            fn var(&self, name: &str) -> Option<std::borrow::Cow<'_, str>> {
-                match name {
-                    "route_id" => Some("r1".into()),
-                    "request_uri" => Some(std::borrow::Cow::Borrowed(&self.0)),
-                    "request" => Some(format!("POST {} HTTP/1.1", self.0).into()),
-                    _ => None,
-                }
-            }
-        }
         let mut headers = http::HeaderMap::new();
         headers.insert("host", http::HeaderValue::from_static("gw.test"));
         LogCtx {
-            status: 200,
-            vars: LogVars::capture(p.log_needs().vars.unwrap(), &V(format!("/x?n={n}"))),
             request_headers: Some(headers),
             request_body: Some(Bytes::from_static(b"{\"a\":1}")),
-            ..Default::default()
+            ..crate::log::sink::testing::log_ctx(p, n)
         }
     }
 

@@ -2,8 +2,10 @@
 //! request it gets, and a TLS acceptor for raw TCP servers, with the test certificate of
 //! `tests/data/tls` (`server.crt`: 127.0.0.1 and localhost, signed by the test CA).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
+use ferrisix_plugin_api::{LogCtx, LogVars, Plugin};
 use rustls::RootCertStore;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -147,4 +149,25 @@ pub(crate) async fn next(rx: &mut mpsc::UnboundedReceiver<Captured>) -> Captured
         .await
         .expect("a request within 5 s")
         .expect("the server runs")
+}
+
+/// The log phase of `POST /x?n=<n>` on route `r1`, answered 200, with the variables `p` asks
+/// for.
+pub(crate) fn log_ctx(p: &dyn Plugin, n: usize) -> LogCtx {
+    struct V(String);
+    impl ferrisix_router::VarSource for V {
+        fn var(&self, name: &str) -> Option<Cow<'_, str>> {
+            match name {
+                "route_id" => Some("r1".into()),
+                "request_uri" => Some(Cow::Borrowed(&self.0)),
+                "request" => Some(format!("POST {} HTTP/1.1", self.0).into()),
+                _ => None,
+            }
+        }
+    }
+    LogCtx {
+        status: 200,
+        vars: LogVars::capture(p.log_needs().vars.unwrap(), &V(format!("/x?n={n}"))),
+        ..Default::default()
+    }
 }

@@ -57,38 +57,21 @@ fn schema() -> Value {
 /// `disabled_labels` per metric (3.18); a metric's identity labels (`code`, `type`) cannot be
 /// disabled.
 fn metadata_schema() -> Value {
-    let common = [
-        "route",
-        "service",
-        "consumer",
-        "node",
-        "request_type",
-        "request_llm_model",
-        "llm_model",
-    ];
-    let list =
-        |labels: &[&str]| json!({"type": "array", "items": {"type": "string", "enum": labels}});
-    let status = [
-        "route",
-        "matched_uri",
-        "matched_host",
-        "service",
-        "consumer",
-        "node",
-        "request_type",
-        "request_llm_model",
-        "llm_model",
-        "response_source",
-    ];
+    use ferrisix_config::settings::{BANDWIDTH_LABELS, HTTP_LATENCY_LABELS, HTTP_STATUS_LABELS};
+    // The built-in labels but the first (`code`, `type`).
+    let list = |labels: &[&str]| {
+        let disabled = &labels[1..];
+        json!({"type": "array", "items": {"type": "string", "enum": disabled}})
+    };
     json!({
         "type": "object",
         "properties": {
             "disabled_labels": {
                 "type": "object",
                 "properties": {
-                    "http_status": list(&status),
-                    "http_latency": list(&common),
-                    "bandwidth": list(&common)
+                    "http_status": list(&HTTP_STATUS_LABELS),
+                    "http_latency": list(&HTTP_LATENCY_LABELS),
+                    "bandwidth": list(&BANDWIDTH_LABELS)
                 },
                 "additionalProperties": false
             }

@@ -1157,17 +1157,7 @@ plugin_attr:
             ..Default::default()
         };
         let p = Prometheus::compile(&json!({}), Some(&route), m.clone());
-        let ctx = LogCtx {
-            status: 200,
-            matched_uri: Some(0),
-            node: Some("127.0.0.1".parse().unwrap()),
-            request_length: 80,
-            bytes_sent: 612,
-            request_time: Duration::from_micros(3500),
-            upstream_time: Some(Duration::from_micros(3000)),
-            response_source: ResponseSource::Upstream,
-            ..Default::default()
-        };
+        let ctx = proxied(&p, Vars(&[]));
         p.log(&ctx);
         p.log(&ctx);
         let text = m.render();

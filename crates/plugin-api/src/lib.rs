@@ -35,6 +35,7 @@ pub mod keyed;
 pub mod log;
 pub mod plugin;
 pub mod response;
+pub mod roundrobin;
 pub mod services;
 pub mod shutdown;
 pub mod state;

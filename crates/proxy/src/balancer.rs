@@ -10,7 +10,6 @@
 mod chash;
 mod ewma;
 mod least_conn;
-mod roundrobin;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -23,8 +22,8 @@ pub use ewma::{EwmaSlot, EwmaTable};
 pub use least_conn::InFlight;
 
 use chash::Ring;
+use ferrisix_plugin_api::roundrobin::InterleavedWrr;
 use least_conn::LeastConn;
-use roundrobin::InterleavedWrr;
 
 /// The balancer an upstream's `type` names.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -154,8 +153,14 @@ impl UpstreamPicker {
                         let all_zero = weights.iter().all(|w| *w == 0);
                         let pickable = weights.iter().map(|w| all_zero || *w > 0).collect();
                         let first = start(members.len());
+                        // Every weight 0 would never pick anything; APISIX then rotates plainly.
+                        let weights = if all_zero {
+                            vec![1; weights.len()]
+                        } else {
+                            weights
+                        };
                         Algo::RoundRobin {
-                            wrr: InterleavedWrr::new(weights, first),
+                            wrr: InterleavedWrr::new(weights, Some(first)),
                             pickable,
                         }
                     }

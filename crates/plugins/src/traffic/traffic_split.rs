@@ -20,7 +20,7 @@ use ferrisix_router::Expr;
 use http::StatusCode;
 use serde_json::{json, Value};
 
-use crate::support::roundrobin::RoundRobin;
+use ferrisix_plugin_api::roundrobin::InterleavedWrr;
 
 pub const NAME: &str = "traffic-split";
 
@@ -118,7 +118,7 @@ struct Rule {
 }
 
 /// The pickers of one conf, one per rule with weighted upstreams.
-struct Pickers(Vec<RoundRobin>);
+struct Pickers(Vec<InterleavedWrr>);
 
 impl Retain for Pickers {}
 
@@ -191,7 +191,12 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         .services
         .shared::<StateMap<Pickers>>()
         .lease(&cx.state_key(), || {
-            Pickers(weights.into_iter().map(RoundRobin::new).collect())
+            Pickers(
+                weights
+                    .into_iter()
+                    .map(|w| InterleavedWrr::new(w, None))
+                    .collect(),
+            )
         });
     Ok(Arc::new(TrafficSplit { rules, pickers }))
 }

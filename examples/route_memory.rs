@@ -143,7 +143,11 @@ fn report_sites(profile: &std::path::Path, n: usize, top: usize) {
                 let f = f.split_once(": ").map_or(*f, |(_, rest)| rest);
                 f.starts_with("ferrisix").then(|| {
                     let (func, at) = f.split_once(" (").unwrap_or((f, ""));
-                    let line = at.trim_end_matches(')').rsplitn(2, ':').nth(1).unwrap_or("");
+                    let line = at
+                        .trim_end_matches(')')
+                        .rsplitn(2, ':')
+                        .nth(1)
+                        .unwrap_or("");
                     let func = func.split("::{{closure}}").next().unwrap_or(func);
                     format!("{func} ({})", line.rsplit("src/").next().unwrap_or(line))
                 })
@@ -170,5 +174,8 @@ fn report_sites(profile: &std::path::Path, n: usize, top: usize) {
         );
     }
     let rest: u64 = sites.iter().skip(top).map(|s| s.1 .0).sum();
-    println!("{:>7.0} B            (the other sites)", rest as f64 / n as f64);
+    println!(
+        "{:>7.0} B            (the other sites)",
+        rest as f64 / n as f64
+    );
 }

@@ -656,7 +656,7 @@ fn config_state_is_a_reference_lookup() {
     let mut state = ConfigState::default();
     let item = StoredItem {
         id: "1".into(),
-        value: Arc::new(json!({"nodes": {}})),
+        value: (&json!({"nodes": {}})).into(),
         create_revision: 1,
         mod_revision: 1,
         seq: 0,

@@ -143,11 +143,11 @@ fn report_sites(profile: &std::path::Path, n: usize, top: usize) {
                 let f = f.split_once(": ").map_or(*f, |(_, rest)| rest);
                 f.starts_with("ferrisix").then(|| {
                     let (func, at) = f.split_once(" (").unwrap_or((f, ""));
+                    // `file:line:column`: the column dropped.
                     let line = at
                         .trim_end_matches(')')
-                        .rsplitn(2, ':')
-                        .nth(1)
-                        .unwrap_or("");
+                        .rsplit_once(':')
+                        .map_or("", |(l, _)| l);
                     let func = func.split("::{{closure}}").next().unwrap_or(func);
                     format!("{func} ({})", line.rsplit("src/").next().unwrap_or(line))
                 })
@@ -164,7 +164,7 @@ fn report_sites(profile: &std::path::Path, n: usize, top: usize) {
         e.1 += blocks;
     }
     let mut sites: Vec<_> = by_site.into_iter().collect();
-    sites.sort_by(|a, b| b.1 .0.cmp(&a.1 .0));
+    sites.sort_by_key(|s| std::cmp::Reverse(s.1 .0));
     println!("\nlive bytes / blocks per route by allocation site (innermost ferrisix frames):");
     for (site, (bytes, blocks)) in sites.iter().take(top) {
         println!(

@@ -127,7 +127,7 @@ pub fn start_proxy(route_json: &str, upstream_port: u16) -> Proxy {
             "1".into(),
             StoredItem {
                 id: "1".into(),
-                value: Arc::new(route),
+                value: (&route).into(),
                 create_revision: 1,
                 mod_revision: 1,
                 seq: 0,

@@ -27,7 +27,7 @@ pub fn standalone_problems(settings: &Settings, plugins: &dyn PluginCheck) -> Ve
     let mut problems = Vec::new();
     for kind in ResourceKind::ALL {
         for item in state.items(kind) {
-            if let Err(e) = validate::check_resource(kind, &item.value, plugins) {
+            if let Err(e) = validate::check_resource(kind, &item.value.parse(), plugins) {
                 problems.push(format!(
                     "{}: {} {}: {e}",
                     path.display(),

@@ -5,6 +5,7 @@
 //! kept as raw JSON so nothing a user wrote is lost.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -174,7 +175,8 @@ pub struct Node {
     pub port: u16,
     pub weight: u32,
     pub priority: i64,
-    pub metadata: Option<Value>,
+    /// Boxed: most nodes have none, and a `Value` takes 80 bytes inline.
+    pub metadata: Option<Box<Value>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -195,8 +197,9 @@ pub struct Upstream {
     pub scheme: Scheme,
     pub keepalive_pool: KeepalivePool,
     /// Health checks (`checks`) as written; the data plane reads them with APISIX's defaults.
-    pub checks: Option<Value>,
-    pub tls: Option<Value>,
+    /// (This and `tls` are boxed: most upstreams have neither.)
+    pub checks: Option<Box<Value>>,
+    pub tls: Option<Box<Value>>,
     /// `discovery_type` (only `dns` is built) with its `service_name`.
     pub discovery_type: Option<String>,
     pub service_name: Option<String>,
@@ -215,12 +218,13 @@ pub struct Route {
     /// `remote_addr` or `remote_addrs`, as written (IP or CIDR).
     pub remote_addrs: Vec<String>,
     /// The raw lua-resty-expr list; compiled with [`crate::vars::compile_vars`].
-    pub vars: Option<Value>,
+    pub vars: Option<Box<Value>>,
     pub priority: i64,
     /// `status: 0` disables the route.
     pub enabled: bool,
     pub plugins: Map<String, Value>,
-    pub upstream: Option<Upstream>,
+    /// Shared with its compiled form, which compares it to tell whether it can be reused.
+    pub upstream: Option<Arc<Upstream>>,
     pub upstream_id: Option<String>,
     pub service_id: Option<String>,
     pub plugin_config_id: Option<String>,
@@ -235,7 +239,7 @@ pub struct Service {
     pub name: Option<String>,
     pub hosts: Vec<String>,
     pub plugins: Map<String, Value>,
-    pub upstream: Option<Upstream>,
+    pub upstream: Option<Arc<Upstream>>,
     pub upstream_id: Option<String>,
     pub enable_websocket: Option<bool>,
     pub labels: BTreeMap<String, String>,

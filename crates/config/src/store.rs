@@ -13,12 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::model::ResourceKind;
 use crate::shared_map::SharedMap;
-use crate::state::{ConfigState, StoredItem};
+use crate::state::{ConfigState, StoredItem, StoredValue};
 
 pub mod embedded;
 pub mod etcd;
@@ -216,10 +215,10 @@ impl StateBuilder {
             };
             let previous = old.get(&kind).and_then(|m| m.get(&id));
             let item = match previous {
-                Some(p) if *p.value == value && p.mod_revision == kv.mod_revision => p.clone(),
+                Some(p) if p.value == value && p.mod_revision == kv.mod_revision => p.clone(),
                 Some(p) => StoredItem {
                     id: id.clone(),
-                    value: Arc::new(value),
+                    value: value.clone(),
                     create_revision: kv.create_revision,
                     mod_revision: kv.mod_revision,
                     seq: p.seq,
@@ -228,7 +227,7 @@ impl StateBuilder {
                     self.next_seq += 1;
                     StoredItem {
                         id: id.clone(),
-                        value: Arc::new(value),
+                        value: value.clone(),
                         create_revision: kv.create_revision,
                         mod_revision: kv.mod_revision,
                         seq: self.next_seq,
@@ -280,7 +279,7 @@ impl StateBuilder {
                     id.clone(),
                     StoredItem {
                         id,
-                        value: Arc::new(value),
+                        value: value.clone(),
                         create_revision: kv.create_revision,
                         mod_revision: kv.mod_revision,
                         seq,
@@ -303,8 +302,8 @@ impl StateBuilder {
 
 const NOT_JSON: &str = "stored value is not JSON";
 
-fn parse_value(bytes: &[u8]) -> Option<Value> {
-    serde_json::from_slice(bytes).ok()
+fn parse_value(bytes: &[u8]) -> Option<StoredValue> {
+    StoredValue::from_json(bytes)
 }
 
 /// A pair for the stores' tests: `key` holding `value`, created and last modified at `rev`.
@@ -427,7 +426,7 @@ mod tests {
             9,
         );
         let after = b.state().get(ResourceKind::Routes, "1").unwrap();
-        assert!(Arc::ptr_eq(&before, &after.value));
+        assert!(before.ptr_eq(&after.value));
         let ids: Vec<_> = b
             .state()
             .items_in_order(ResourceKind::Routes)

@@ -60,7 +60,7 @@ async fn reopen_keeps_data_revisions_and_ttls() {
     let state = store.subscribe().borrow().clone();
     assert_eq!(state.revision, revision);
     assert_eq!(
-        state.get(ResourceKind::Routes, "1").unwrap().value["uri"],
+        state.get(ResourceKind::Routes, "1").unwrap().value.parse()["uri"],
         "/b"
     );
     assert!(state.get(ResourceKind::Services, "s").is_some());

@@ -31,7 +31,7 @@ fn has_route(store: &EtcdStore, id: &str, uri: &str) -> bool {
         .subscribe()
         .borrow()
         .get(ResourceKind::Routes, id)
-        .is_some_and(|r| r.value["uri"] == uri)
+        .is_some_and(|r| r.value.parse()["uri"] == uri)
 }
 
 /// A state's content without insertion order: (kind, id) → (value, create, mod).
@@ -43,7 +43,7 @@ fn content(state: &ConfigState) -> BTreeMap<(ResourceKind, String), (Value, i64,
             items.values().map(move |i| {
                 (
                     (*kind, i.id.clone()),
-                    ((*i.value).clone(), i.create_revision, i.mod_revision),
+                    (i.value.parse(), i.create_revision, i.mod_revision),
                 )
             })
         })

@@ -412,7 +412,7 @@ async fn publishes_every_change(subject: Subject) {
     {
         let state = states.borrow_and_update();
         let item = state.get(ResourceKind::Routes, "1").unwrap();
-        assert_eq!(item.value["uri"], "/a");
+        assert_eq!(item.value.parse()["uri"], "/a");
         assert_eq!(item.mod_revision, rev);
         assert_eq!(state.revision, rev);
     }

@@ -105,7 +105,7 @@ impl AdminApi {
             // sorts before its credentials'.
             let mut owners: Vec<(String, KeyOwner)> = Vec::new();
             for item in state.items(ResourceKind::Consumers) {
-                if holds(&item.value) {
+                if holds(&item.value.parse()) {
                     owners.push((
                         item.id.clone(),
                         KeyOwner {
@@ -117,7 +117,7 @@ impl AdminApi {
             }
             for item in state.items(ResourceKind::Credentials) {
                 if let Some((user, cred)) = item.id.split_once("/credentials/") {
-                    if holds(&item.value) {
+                    if holds(&item.value.parse()) {
                         owners.push((
                             item.id.clone(),
                             KeyOwner {

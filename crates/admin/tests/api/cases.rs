@@ -13,7 +13,7 @@ fn published(a: &Admin, kind: ResourceKind, id: &str) -> Option<serde_json::Valu
         .subscribe()
         .borrow()
         .get(kind, id)
-        .map(|i| (*i.value).clone())
+        .map(|i| i.value.parse())
 }
 
 #[tokio::test]

@@ -3,13 +3,12 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
 
 use serde_json::Value;
 
 use crate::env;
 use crate::model::ResourceKind;
-use crate::state::{ConfigState, StoredItem};
+use crate::state::{ConfigState, StoredItem, StoredValue};
 
 /// The standalone file's syntax.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -180,7 +179,7 @@ fn collect_items(
         }
         let item = StoredItem {
             id: id.clone(),
-            value: Arc::new(value),
+            value: StoredValue::from_value(&value),
             create_revision: revision,
             mod_revision: revision,
             seq: position as u64,
@@ -275,7 +274,7 @@ pub(super) fn carry_revisions(prev: &ConfigState, next: &mut ConfigState) {
                 let mut item = item.clone();
                 item.create_revision = old.create_revision;
                 if old.value == item.value {
-                    item.value = Arc::clone(&old.value);
+                    item.value = old.value.clone();
                     item.mod_revision = old.mod_revision;
                 }
                 Some(item)

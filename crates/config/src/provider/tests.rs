@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use super::standalone::carry_revisions;
 use super::*;
 use crate::model::ResourceKind;
-use crate::state::ConfigState;
+use crate::state::{ConfigState, StoredValue};
 
 fn no_env(_: &str) -> Option<String> {
     None
@@ -81,12 +81,12 @@ fn ids_order_and_revisions() {
     let r = s.get(ResourceKind::Routes, "arr_2").unwrap();
     assert_eq!((r.seq, r.create_revision, r.mod_revision), (2, 7, 7));
     assert_eq!(
-        *r.value,
+        r.value.parse(),
         json!({"uri": "/no-id", "upstream": {"nodes": {"127.0.0.1:1980": 1}, "type": "roundrobin"}})
     );
     // The value keeps the numeric id as written.
     assert_eq!(
-        s.get(ResourceKind::Routes, "1").unwrap().value["id"],
+        s.get(ResourceKind::Routes, "1").unwrap().value.parse()["id"],
         json!(1)
     );
 }
@@ -100,7 +100,7 @@ fn non_object_items_are_kept_for_the_compile_stage() {
     let s = &doc.state;
     assert_eq!(ids(s, ResourceKind::Routes), vec!["arr_1", "arr_2", "ok"]);
     assert_eq!(
-        *s.get(ResourceKind::Routes, "arr_1").unwrap().value,
+        s.get(ResourceKind::Routes, "arr_1").unwrap().value.parse(),
         json!("just a string")
     );
 }
@@ -127,7 +127,7 @@ fn duplicate_ids_keep_the_later_item_and_warn() {
         Format::Yaml,
     );
     let r = doc.state.get(ResourceKind::Routes, "a").unwrap();
-    assert_eq!((r.value["uri"].as_str(), r.seq), (Some("/2"), 2));
+    assert_eq!((r.value.parse()["uri"].as_str(), r.seq), (Some("/2"), 2));
     assert_eq!(
         doc.warnings,
         vec!["routes: items 1 and 2 have the same id `a`; the later one is used"]
@@ -235,7 +235,7 @@ fn env_substitution_yaml_and_json() {
     let doc = parse_standalone_with(yaml, Format::Yaml, 1, &env).unwrap();
     let v = &doc.state.get(ResourceKind::Routes, "1").unwrap().value;
     assert_eq!(
-        **v,
+        v.parse(),
         json!({"id": 1, "uri": "/hello", "desc": "1980", "priority": 1980, "name": "dflt"})
     );
 
@@ -243,7 +243,10 @@ fn env_substitution_yaml_and_json() {
         r#"{"routes": [{"id": "1", "uri": "${{ROUTE_URI}}", "priority": "${{UP_PORT}}"}]}"#;
     let doc = parse_standalone_with(json_text, Format::Json, 1, &env).unwrap();
     let v = &doc.state.get(ResourceKind::Routes, "1").unwrap().value;
-    assert_eq!(**v, json!({"id": "1", "uri": "/hello", "priority": 1980}));
+    assert_eq!(
+        v.parse(),
+        json!({"id": "1", "uri": "/hello", "priority": 1980})
+    );
 
     let err = parse_standalone_with(
         "routes: [{uri: \"${{MISSING}}\"}]\n#END\n",
@@ -262,7 +265,7 @@ fn env_substitution_yaml_and_json() {
 fn yaml_numeric_keys_become_strings() {
     let doc = parse("routes:\n  - id: 1\n    plugins:\n      fault-injection:\n        abort: {http_status: 200}\n    x: {200: ok}\n#END\n", Format::Yaml);
     let v = &doc.state.get(ResourceKind::Routes, "1").unwrap().value;
-    assert_eq!(v["x"], json!({"200": "ok"}));
+    assert_eq!(v.parse()["x"], json!({"200": "ok"}));
 }
 
 #[test]
@@ -289,7 +292,7 @@ fn carry_revisions_keeps_unchanged_items() {
         (i.create_revision, i.mod_revision)
     };
     assert_eq!((rev("a"), rev("b"), rev("c")), ((1, 1), (1, 2), (2, 2)));
-    assert!(Arc::ptr_eq(
+    assert!(StoredValue::ptr_eq(
         &old.get(ResourceKind::Routes, "a").unwrap().value,
         &new.get(ResourceKind::Routes, "a").unwrap().value
     ));
@@ -352,7 +355,11 @@ async fn file_provider_reloads_and_keeps_the_last_good_state() {
     let second = next_state(&mut rx).await;
     assert_eq!(second.revision, 2);
     assert_eq!(
-        second.get(ResourceKind::Routes, "r1").unwrap().value["uri"],
+        second
+            .get(ResourceKind::Routes, "r1")
+            .unwrap()
+            .value
+            .parse()["uri"],
         json!("/b")
     );
     assert_eq!(
@@ -380,7 +387,7 @@ async fn file_provider_reloads_and_keeps_the_last_good_state() {
     let third = next_state(&mut rx).await;
     assert_eq!(third.revision, 3);
     assert_eq!(
-        third.get(ResourceKind::Routes, "r1").unwrap().value["uri"],
+        third.get(ResourceKind::Routes, "r1").unwrap().value.parse()["uri"],
         json!("/c")
     );
     assert!(third.get(ResourceKind::Upstreams, "u1").is_none());
@@ -392,7 +399,8 @@ async fn file_provider_reloads_and_keeps_the_last_good_state() {
             .await
             .get(ResourceKind::Routes, "r1")
             .unwrap()
-            .value["uri"],
+            .value
+            .parse()["uri"],
         json!("/d")
     );
 

@@ -962,7 +962,7 @@ impl LocalCopy {
             .flat_map(|(kind, items)| {
                 items.values().map(move |item| KeyValue {
                     key: format!("{prefix}/{}/{}", kind.dir(), item.id),
-                    value: serde_json::to_vec(&*item.value).unwrap_or_default(),
+                    value: item.value.text().as_bytes().to_vec(),
                     create_revision: item.create_revision,
                     mod_revision: item.mod_revision,
                 })

@@ -77,7 +77,7 @@ pub trait ReferenceLookup {
 
 impl ReferenceLookup for ConfigState {
     fn lookup(&self, kind: ResourceKind, id: &str) -> Option<Arc<Value>> {
-        self.get(kind, id).map(|item| item.value.clone())
+        self.get(kind, id).map(|item| Arc::new(item.value.parse()))
     }
 }
 

@@ -7,6 +7,7 @@
 //! lists, map-form nodes become [`Node`]s in document order, hosts are lower-cased.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
@@ -34,7 +35,10 @@ pub fn route_from_value(
         // An empty list leaves the method unconstrained in APISIX's router.
         methods: (!methods.is_empty()).then_some(methods),
         remote_addrs: one_or_many(&conf, "remote_addr", "remote_addrs"),
-        vars: conf.get("vars").filter(|v| !v.is_null()).cloned(),
+        vars: conf
+            .get("vars")
+            .filter(|v| !v.is_null())
+            .map(|v| Box::new(v.clone())),
         priority: conf
             .get("priority")
             .and_then(Value::as_f64)
@@ -44,7 +48,7 @@ pub fn route_from_value(
         upstream: conf
             .get("upstream")
             .filter(|u| is_table(u))
-            .map(|u| build_upstream(None, u)),
+            .map(|u| Arc::new(build_upstream(None, u))),
         upstream_id: conf.get("upstream_id").map(id_text),
         service_id: conf.get("service_id").map(id_text),
         plugin_config_id: conf.get("plugin_config_id").map(id_text),
@@ -75,7 +79,7 @@ pub fn service_from_value(
         upstream: conf
             .get("upstream")
             .filter(|u| is_table(u))
-            .map(|u| build_upstream(None, u)),
+            .map(|u| Arc::new(build_upstream(None, u))),
         upstream_id: conf.get("upstream_id").map(id_text),
         enable_websocket: conf.get("enable_websocket").and_then(Value::as_bool),
         labels: labels(conf.get("labels")),
@@ -251,8 +255,8 @@ fn build_upstream(id: Option<String>, u: &Value) -> Upstream {
         upstream_host: string(u.get("upstream_host")),
         scheme,
         keepalive_pool,
-        checks: u.get("checks").cloned(),
-        tls: u.get("tls").cloned(),
+        checks: u.get("checks").map(|v| Box::new(v.clone())),
+        tls: u.get("tls").map(|v| Box::new(v.clone())),
         discovery_type: string(u.get("discovery_type")),
         service_name: string(u.get("service_name")),
     }
@@ -261,6 +265,13 @@ fn build_upstream(id: Option<String>, u: &Value) -> Upstream {
 /// Both node forms as [`Node`]s. Map keys are split like APISIX's `parse_addr`; a node without a
 /// port gets the scheme's default port, and a bare IPv6 host is bracketed.
 fn nodes(v: &Value, scheme: Scheme) -> Vec<Node> {
+    let mut nodes = nodes_of(v, scheme);
+    // The filtered list's growth leaves room for four (kept in every typed upstream).
+    nodes.shrink_to_fit();
+    nodes
+}
+
+fn nodes_of(v: &Value, scheme: Scheme) -> Vec<Node> {
     let port_or_default = |p: Option<f64>| match p {
         Some(p) if (1.0..=65535.0).contains(&p) => p as u16,
         _ => scheme.default_port(),
@@ -291,10 +302,10 @@ fn nodes(v: &Value, scheme: Scheme) -> Vec<Node> {
                         .get("priority")
                         .and_then(Value::as_f64)
                         .map_or(0, |p| p as i64),
-                    metadata: n.get("metadata").cloned(),
+                    metadata: n.get("metadata").map(|v| Box::new(v.clone())),
                 })
             })
-            .collect(),
+            .collect::<Vec<_>>(),
         _ => Vec::new(),
     }
 }

@@ -656,7 +656,7 @@ fn config_state_is_a_reference_lookup() {
     let mut state = ConfigState::default();
     let item = StoredItem {
         id: "1".into(),
-        value: Arc::new(json!({"nodes": {}})),
+        value: (&json!({"nodes": {}})).into(),
         create_revision: 1,
         mod_revision: 1,
         seq: 0,
@@ -755,7 +755,7 @@ fn route_conversion_normalises() {
     );
     assert_eq!(r.enable_websocket, Some(true));
     assert_eq!(r.plugin_config_id.as_deref(), Some("5"));
-    assert_eq!(r.vars, Some(json!([["arg_a", "==", "1"]])));
+    assert_eq!(r.vars.as_deref(), Some(&json!([["arg_a", "==", "1"]])));
     assert!(r.plugins.contains_key("prometheus"));
     let up = r.upstream.unwrap();
     assert_eq!(up.scheme, Scheme::Https);
@@ -853,7 +853,7 @@ fn upstream_conversion() {
     );
     assert_eq!(u.nodes.len(), 2);
     assert_eq!(u.nodes[0].priority, 1);
-    assert_eq!(u.nodes[0].metadata, Some(json!({"a": 1})));
+    assert_eq!(u.nodes[0].metadata.as_deref(), Some(&json!({"a": 1})));
     assert_eq!(
         (
             u.nodes[1].host.as_str(),

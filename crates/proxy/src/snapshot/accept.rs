@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use ferrisix_config::model::{GlobalRule, PluginConfig, ResourceKind, Route, Service, Upstream};
 use ferrisix_config::shared_map::SharedMap;
-use ferrisix_config::state::ConfigState;
+use ferrisix_config::state::{ConfigState, StoredValue};
 use ferrisix_config::validate::{self, PluginCheck};
 use ferrisix_config::vars::compile_vars;
 use ferrisix_router::Expr;
@@ -42,7 +42,7 @@ impl Quarantined {
 /// The accepted version of one resource.
 pub(super) struct Accepted<T> {
     /// The stored value that was accepted.
-    pub raw: Arc<Value>,
+    pub raw: StoredValue,
     pub typed: Arc<T>,
 }
 
@@ -67,8 +67,9 @@ pub(super) struct Applied {
     pub upstreams: SharedMap<Accepted<Upstream>>,
     pub plugin_configs: SharedMap<Accepted<PluginConfig>>,
     pub global_rules: SharedMap<Accepted<GlobalRule>>,
-    /// Plugin metadata documents by plugin name, as stored (each plugin reads its own).
-    pub plugin_metadata: HashMap<String, Arc<Value>>,
+    /// Plugin metadata documents by plugin name, as stored and parsed (each plugin reads its
+    /// own).
+    pub plugin_metadata: HashMap<String, Accepted<Value>>,
     /// Consumers by username, consumer groups by id, credentials by
     /// `<username>/credentials/<id>`: checked, then compiled as stored (`raw`).
     pub consumers: SharedMap<Accepted<()>>,
@@ -150,7 +151,15 @@ impl Applied {
             ),
             plugin_metadata: state
                 .items_unordered(ResourceKind::PluginMetadata)
-                .map(|i| (i.id.clone(), i.value.clone()))
+                .map(|i| {
+                    // Parsed again only when its text changed.
+                    let typed = match previous.plugin_metadata.get(&i.id) {
+                        Some(p) if p.raw == i.value => p.typed.clone(),
+                        _ => Arc::new(i.value.parse()),
+                    };
+                    let raw = i.value.clone();
+                    (i.id.clone(), Accepted { raw, typed })
+                })
                 .collect(),
             consumers: accept_checked(
                 state,
@@ -187,15 +196,18 @@ impl Applied {
         applied_diff.plugin_metadata = Difference::between(
             &previous.plugin_metadata,
             &applied.plugin_metadata,
-            |a, b| Arc::ptr_eq(a, b) || a == b,
+            |a, b| Arc::ptr_eq(&a.typed, &b.typed) || a.raw == b.raw,
         );
         (applied, applied_diff)
     }
 
-    /// The accepted stored values of one kind, by id.
+    /// The accepted stored values of one kind, by id, parsed.
     pub fn raw(&self, kind: ResourceKind) -> Vec<(String, Arc<Value>)> {
         fn raw<T>(m: &SharedMap<Accepted<T>>) -> Vec<(String, Arc<Value>)> {
-            let mut v: Vec<_> = m.iter().map(|(k, a)| (k.clone(), a.raw.clone())).collect();
+            let mut v: Vec<_> = m
+                .iter()
+                .map(|(k, a)| (k.clone(), Arc::new(a.raw.parse())))
+                .collect();
             v.sort_by(|a, b| a.0.cmp(&b.0));
             v
         }
@@ -257,7 +269,7 @@ fn accept_kind<T>(
             }
             continue;
         };
-        match convert(id, &item.value) {
+        match convert(id, &item.value.parse()) {
             Ok(typed) => {
                 out.insert(
                     id.clone(),

@@ -215,7 +215,7 @@ impl Snapshot {
         let metadata: HashMap<String, Value> = applied
             .plugin_metadata
             .iter()
-            .map(|(name, v)| (name.clone(), (**v).clone()))
+            .map(|(name, v)| (name.clone(), (*v.typed).clone()))
             .collect();
         // Plugins may send requests to the upstreams compiled so far (traffic-split).
         let resolver = CompiledUpstreams::new(&upstreams, upstream_env, &prev.plugin_upstreams);

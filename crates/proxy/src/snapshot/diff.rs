@@ -104,9 +104,7 @@ impl ConfigDiff {
     /// or its place in the router's insertion order does (a delete and re-create between two
     /// states); writing an identical value again is no change.
     pub fn new(old: &ConfigState, new: &ConfigState) -> ConfigDiff {
-        let same = |a: &StoredItem, b: &StoredItem| {
-            a.seq == b.seq && (std::sync::Arc::ptr_eq(&a.value, &b.value) || a.value == b.value)
-        };
+        let same = |a: &StoredItem, b: &StoredItem| a.seq == b.seq && a.value == b.value;
         let mut diff = ConfigDiff::default();
         for kind in ResourceKind::ALL {
             // Only the shards the two states do not share can hold a difference.
@@ -187,7 +185,6 @@ pub struct SnapshotDiff {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use ferrisix_config::store::{KeyValue, StateBuilder};
     use serde_json::json;
@@ -275,7 +272,7 @@ mod tests {
         let second = b.state().clone();
         let item = |s: &ConfigState| s.get(ResourceKind::Routes, "1").unwrap().clone();
         assert_eq!(item(&first).value, item(&second).value);
-        assert!(!Arc::ptr_eq(&item(&first).value, &item(&second).value));
+        assert!(!item(&first).value.ptr_eq(&item(&second).value));
         assert_eq!(ConfigDiff::new(&first, &second).routes.changed, set(&["1"]));
     }
 }

@@ -22,7 +22,7 @@ pub(super) fn compile(
     items.sort_by_key(|i| i.seq);
     let mut ssls: Vec<Ssl> = Vec::with_capacity(items.len());
     for item in items {
-        match validate::ssl_from_value(&item.id, &item.value, &ctx.keyring) {
+        match validate::ssl_from_value(&item.id, &item.value.parse(), &ctx.keyring) {
             Ok(ssl) => ssls.push(ssl),
             Err(e) => quarantine.push(Quarantined {
                 kind: ResourceKind::Ssls,

@@ -46,9 +46,9 @@ pub struct CompiledUpstream {
     pub h2: bool,
     /// The fingerprint of the `tls.client_cert_id` certificate it was compiled with.
     client_cert_fp: u64,
-    /// The definition it was compiled from: an inline upstream is reused while its owner's
-    /// copy is equal.
-    pub(super) source: Upstream,
+    /// The definition it was compiled from (shared with the typed resource that holds it):
+    /// an inline upstream is reused while its owner's copy is equal.
+    pub(super) source: Arc<Upstream>,
 }
 
 /// What compiling upstreams needs: the TLS settings and keyring, the snapshot's ssls (for
@@ -69,7 +69,8 @@ impl UpstreamEnv<'_> {
 
     /// Whether `c` still is what compiling `up` would give.
     pub fn reusable(&self, c: &CompiledUpstream, up: &Upstream) -> bool {
-        c.source == *up && c.client_cert_fp == self.client_cert_fp(up)
+        (std::ptr::eq(&*c.source, up) || *c.source == *up)
+            && c.client_cert_fp == self.client_cert_fp(up)
     }
 }
 
@@ -158,7 +159,7 @@ impl CompiledUpstream {
     /// `previous`: the compiled form this one replaces for the same holder, whose checker and
     /// balancer state carry over.
     pub(super) fn compile(
-        up: &Upstream,
+        up: &Arc<Upstream>,
         holder: Holder<'_>,
         previous: Option<&Arc<CompiledUpstream>>,
         env: UpstreamEnv<'_>,
@@ -212,7 +213,7 @@ impl CompiledUpstream {
         let checker = health::attach(
             &services.health,
             &name,
-            up.checks.as_ref(),
+            up.checks.as_deref(),
             previous.and_then(|p| p.checker.as_ref()),
             |config| probe_tls(config, env),
         )?;
@@ -322,7 +323,7 @@ pub(super) fn upstreams_by_id(
 /// An inline upstream (of a route or a service): the previous compiled form while it is still
 /// what compiling the definition would give, else a new one that takes over its state.
 pub(super) fn inline_upstream(
-    up: &Upstream,
+    up: &Arc<Upstream>,
     holder: Holder<'_>,
     previous: Option<&Arc<CompiledUpstream>>,
     env: UpstreamEnv<'_>,
@@ -387,8 +388,9 @@ impl UpstreamResolver for CompiledUpstreams<'_> {
     }
 
     fn compile_inline_upstream(&self, key: &str, conf: &Value) -> Result<UpstreamRef, String> {
-        let up =
-            ferrisix_config::validate::upstream_from_value(None, conf).map_err(|e| e.message)?;
+        let up = Arc::new(
+            ferrisix_config::validate::upstream_from_value(None, conf).map_err(|e| e.message)?,
+        );
         let mut made = self.made.lock().unwrap_or_else(PoisonError::into_inner);
         // This compile's, else the previous snapshot's: reused while the definition is equal,
         // else taken over (the checker's node states, least_conn's counts).

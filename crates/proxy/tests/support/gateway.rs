@@ -23,7 +23,7 @@ use serde_json::Value;
 pub fn item(id: &str, value: Value, seq: u64) -> StoredItem {
     StoredItem {
         id: id.into(),
-        value: Arc::new(value),
+        value: (&value).into(),
         create_revision: 1,
         mod_revision: 1,
         seq,

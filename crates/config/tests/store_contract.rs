@@ -238,7 +238,11 @@ async fn pages_in_creation_order(subject: Subject) {
     let ids: Vec<String> = (0..150).map(|i| format!("{}", (i * 37) % 150)).collect();
     for id in &ids {
         store
-            .put(&format!("/apisix/routes/{id}"), route(&format!("/{id}")), None)
+            .put(
+                &format!("/apisix/routes/{id}"),
+                route(&format!("/{id}")),
+                None,
+            )
             .await
             .unwrap();
     }
@@ -264,7 +268,10 @@ async fn pages_in_creation_order(subject: Subject) {
             .collect()
     };
     assert_eq!(keys(&page), ids[..10], "the ten created first");
-    assert_eq!(page.total, 150, "the placeholder and the sibling are not counted");
+    assert_eq!(
+        page.total, 150,
+        "the placeholder and the sibling are not counted"
+    );
     assert_eq!(page.kvs[0].value, route("/changed"), "the current value");
     let deep = store
         .list_page("/apisix/routes/", 140, 10)

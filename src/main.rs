@@ -147,7 +147,9 @@ fn run(
     // Before opening the store: a predecessor on the embedded store closes it first.
     let (predecessor, mut sockets) = take_over(&settings)?;
 
+    let opening = std::time::Instant::now();
     let source = control.block_on(sources::open(&settings))?;
+    let opened = opening.elapsed();
     let states = source.states.clone();
     let health = source.health.clone();
 
@@ -162,12 +164,21 @@ fn run(
     cli::configure_plugins(&services, health.clone(), store_states, handle.clone());
     let prometheus_enabled = registry.get("prometheus").is_some();
     let plugins = Arc::new(registry.clone());
-    handle.store(Arc::new(snapshot::Snapshot::compile(
-        &first,
-        &handle.load(),
-        &options,
-        &plugins,
-    )));
+    let compiling = std::time::Instant::now();
+    let snapshot = snapshot::Snapshot::compile(&first, &handle.load(), &options, &plugins);
+    // The boot's stages, for whoever wonders where the time to serving went.
+    tracing::info!(
+        revision = snapshot.revision,
+        routes = snapshot.router.len(),
+        quarantined = snapshot.quarantine.len(),
+        store_read_us = opened.as_micros() as u64,
+        elapsed_us = compiling.elapsed().as_micros() as u64,
+        validate_us = snapshot.stages.validate.as_micros() as u64,
+        routes_us = snapshot.stages.routes.as_micros() as u64,
+        table_us = snapshot.stages.table.as_micros() as u64,
+        "first configuration compiled; serving starts"
+    );
+    handle.store(Arc::new(snapshot));
     control.spawn(snapshot::follow(states, handle.clone(), options, plugins));
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
 

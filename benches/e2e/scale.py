@@ -179,6 +179,28 @@ nginx_config:
                 self.proc.kill()
                 self.proc.wait()
 
+    def stage_times_us(self, field):
+        """Every `configuration applied` line's `field` (µs) logged so far, where it has one
+        (`queued_us`, `applied_us`, `validate_us`...: newer builds)."""
+        out = []
+        with open(self.log_path, errors="replace") as f:
+            for line in f:
+                if "configuration applied" not in line:
+                    continue
+                m = re.search(field + r"[=:]\s*(\d+)", line)
+                if m:
+                    out.append(int(m.group(1)))
+        return out
+
+    def boot_line(self):
+        """The fields of the last `first configuration compiled` line (newer builds)."""
+        found = {}
+        with open(self.log_path, errors="replace") as f:
+            for line in f:
+                if "first configuration compiled" in line:
+                    found = {k: int(v) for k, v in re.findall(r"(\w+_us)=(\d+)", line)}
+        return found
+
     def compile_times_us(self):
         """Every `configuration applied` figure logged so far (µs; ms on older builds)."""
         out = []
@@ -323,7 +345,9 @@ def wait_served(gw, path, host, timeout=600.0):
     raise RuntimeError(f"{path} (host {host}) not served within {timeout}s")
 
 
-def put_to_served(gw, n, upstream_port, samples=50):
+def put_to_served(gw, n, upstream_port, samples=50, acks=None):
+    """PUT -> served per change (ms); with `acks`, also PUT -> answered appended to it (the
+    store's commit and publish: the rest is the compile, the swap and the client's poll)."""
     admin = Client(gw.admin)
     data = Client(gw.data)
     out = []
@@ -333,6 +357,8 @@ def put_to_served(gw, n, upstream_port, samples=50):
         body = route_body(i, upstream_port, uri=uri)
         started = time.time()
         admin_put(admin, i, body)
+        if acks is not None:
+            acks.append((time.time() - started) * 1000)
         while True:
             status, _ = data.request("GET", uri, headers={"Host": probe_host(i)})
             if status == 200:
@@ -426,8 +452,15 @@ def run_one(args, n, work):
               file=sys.stderr)
 
         before = len(gw.compile_times_us())
-        served = put_to_served(gw, n, up_port)
+        before_stages = {f: len(gw.stage_times_us(f)) for f in ("queued_us", "applied_us")}
+        acks = []
+        served = put_to_served(gw, n, up_port, acks=acks)
         compiles = gw.compile_times_us()[before:]
+        stages = {"put_answered_ms": acks}
+        for f, b in before_stages.items():
+            stages[f.replace("_us", "_ms")] = [v / 1000 for v in gw.stage_times_us(f)[b:]]
+        res["stages"] = {k: {"p50": round(pct(v, 50), 3), "p99": round(pct(v, 99), 3)}
+                         for k, v in stages.items() if v}
         res["put_to_served_ms"] = {"p50": round(pct(served, 50), 2),
                                    "p99": round(pct(served, 99), 2)}
         res["compile_per_change_ms"] = {"p50": round(pct(compiles, 50) / 1000, 3),
@@ -446,6 +479,8 @@ def run_one(args, n, work):
         started = gw.start()
         wait_served(gw, probe_path(last), probe_host(last))
         res["boot_s"] = round(time.time() - started, 2)
+        res["boot_stages_ms"] = {k.replace("_us", "_ms"): round(v / 1000, 1)
+                                 for k, v in gw.boot_line().items()}
         time.sleep(1.0)
         res["rss_after_boot_kib"] = rss_kib(gw.proc.pid)
     finally:

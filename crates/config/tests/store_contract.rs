@@ -30,6 +30,8 @@ struct Subject {
     publishes_on_write: bool,
     /// etcd's minimum lease (shorter TTLs last this long); `None`: TTLs are exact.
     lease_minimum: Option<Duration>,
+    /// It reads a page of a directory without listing it (`list_page` answers `Some`).
+    pages: bool,
     /// What must outlive the store: its directory, or the etcd process. Declared last, so
     /// it is dropped after the store.
     _keep: Box<dyn std::any::Any + Send>,
@@ -40,6 +42,7 @@ async fn memory() -> Option<Subject> {
         store: Arc::new(MemoryStore::new("/apisix")),
         publishes_on_write: true,
         lease_minimum: None,
+        pages: true,
         _keep: Box::new(()),
     })
 }
@@ -51,6 +54,7 @@ async fn embedded() -> Option<Subject> {
         store,
         publishes_on_write: true,
         lease_minimum: Some(MIN_TTL),
+        pages: true,
         _keep: Box::new(dir),
     })
 }
@@ -65,6 +69,7 @@ async fn etcd() -> Option<Subject> {
         publishes_on_write: false,
         // etcd's default election settings make its minimum lease 2 s.
         lease_minimum: Some(Duration::from_secs(2)),
+        pages: true,
         _keep: Box::new(etcd),
     })
 }
@@ -104,6 +109,7 @@ macro_rules! contract {
 contract!(
     writes_and_revisions,
     lists_in_key_order,
+    pages_in_creation_order,
     deletes,
     refuses_invalid_writes,
     compare_and_swap,
@@ -217,6 +223,95 @@ async fn lists_in_key_order(subject: Subject) {
         assert_eq!(store.health().revision, revision);
     }
     assert!(kvs.iter().all(|k| k.mod_revision < revision));
+}
+
+/// APISIX's Admin API pages a directory in creation order (create revision), not key order;
+/// a store that can page answers the same pages a full list cut up would.
+async fn pages_in_creation_order(subject: Subject) {
+    let store = subject.store.as_ref();
+    // The directory's placeholder (APISIX's `init_dir`) is no item of it.
+    store
+        .put("/apisix/routes/", b"init_dir".to_vec(), None)
+        .await
+        .unwrap();
+    // Created in an order unlike the key order; more than one transaction of gets (128).
+    let ids: Vec<String> = (0..150).map(|i| format!("{}", (i * 37) % 150)).collect();
+    for id in &ids {
+        store
+            .put(
+                &format!("/apisix/routes/{id}"),
+                route(&format!("/{id}")),
+                None,
+            )
+            .await
+            .unwrap();
+    }
+    // Neither a sibling directory nor an update moves anything.
+    store
+        .put("/apisix/routes2/0", b"{}".to_vec(), None)
+        .await
+        .unwrap();
+    store
+        .put("/apisix/routes/0", route("/changed"), None)
+        .await
+        .unwrap();
+    let page = store.list_page("/apisix/routes/", 0, 10).await.unwrap();
+    let Some(page) = page else {
+        assert!(!subject.pages, "this store pages");
+        return;
+    };
+    assert!(subject.pages);
+    let keys = |p: &ferrisix_config::store::Page| -> Vec<String> {
+        p.kvs
+            .iter()
+            .map(|kv| kv.key["/apisix/routes/".len()..].to_owned())
+            .collect()
+    };
+    assert_eq!(keys(&page), ids[..10], "the ten created first");
+    assert_eq!(
+        page.total, 150,
+        "the placeholder and the sibling are not counted"
+    );
+    assert_eq!(page.kvs[0].value, route("/changed"), "the current value");
+    let deep = store
+        .list_page("/apisix/routes/", 140, 10)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(keys(&deep), ids[140..]);
+    let big = store
+        .list_page("/apisix/routes/", 5, 140)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(keys(&big), ids[5..145], "a page of more than 128 keys");
+    let past = store
+        .list_page("/apisix/routes/", 150, 10)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(past.kvs.is_empty());
+    assert_eq!(past.total, 150);
+    let empty = store
+        .list_page("/apisix/upstreams/", 0, 10)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((empty.kvs.len(), empty.total), (0, 0));
+
+    // Deleted and created again: it goes to the end.
+    store.delete("/apisix/routes/0").await.unwrap();
+    store
+        .put("/apisix/routes/0", route("/again"), None)
+        .await
+        .unwrap();
+    let last = store
+        .list_page("/apisix/routes/", 149, 10)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(keys(&last), ["0"]);
+    assert_eq!(last.total, 150);
 }
 
 async fn deletes(subject: Subject) {

@@ -13,19 +13,21 @@
 //! - `upstreams`: compiled upstreams;
 //! - `routes`: compiled routes and what each depends on;
 //! - `ssls`: the certificate store the TLS listeners read;
+//! - `parallel`: the first compile's validation spread over the cores;
 //! - `compile`: the [`Snapshot`] and the compile that ties them together;
 //! - `publish`: the atomically swapped handle and the follow loop.
 
 mod accept;
 mod compile;
 mod diff;
+mod parallel;
 mod publish;
 mod routes;
 mod ssls;
 mod upstreams;
 
 pub use accept::Quarantined;
-pub use compile::{CheckerEntry, CompileOptions, Snapshot};
+pub use compile::{CheckerEntry, CompileOptions, CompileStages, Snapshot};
 pub use diff::{ConfigDiff, Difference, SnapshotDiff};
 pub use publish::{follow, new_handle, SnapshotHandle};
 pub use routes::{CompiledRoute, RouteTarget};

@@ -60,8 +60,15 @@ fn is_arrayish(v: &Value) -> bool {
     matches!(table_kind(v), Some(TableKind::Array | TableKind::Empty))
 }
 
+/// Maps up to this size are searched member by member: comparing a few short keys is cheaper
+/// than hashing the key (SipHash), and most objects a schema sees are that small.
+const LINEAR_LOOKUP: usize = 8;
+
 fn get<'v>(v: &'v Value, key: &str) -> Option<&'v Value> {
     match v {
+        Value::Object(m) if m.len() <= LINEAR_LOOKUP => {
+            m.iter().find(|(k, _)| k.as_str() == key).map(|(_, v)| v)
+        }
         Value::Object(m) => m.get(key),
         _ => None,
     }
@@ -69,7 +76,15 @@ fn get<'v>(v: &'v Value, key: &str) -> Option<&'v Value> {
 
 fn get_mut<'v>(v: &'v mut Value, key: &str) -> Option<&'v mut Value> {
     match v {
-        Value::Object(m) => m.get_mut(key),
+        Value::Object(m) => {
+            if m.len() <= LINEAR_LOOKUP {
+                m.iter_mut()
+                    .find(|(k, _)| k.as_str() == key)
+                    .map(|(_, v)| v)
+            } else {
+                m.get_mut(key)
+            }
+        }
         _ => None,
     }
 }
@@ -81,13 +96,12 @@ fn num(v: &Value) -> Option<f64> {
 /// The bounds `[min, max]` (keywords of `s`) on an object's properties or an array's items:
 /// "expect <kind> to have at least (at most) <n> <unit>" when `count` is outside them.
 fn check_count(
-    s: &Map<String, Value>,
-    [min, max]: [&str; 2],
+    [min, max]: [Option<&Value>; 2],
     count: usize,
     kind: &str,
     unit: &str,
 ) -> Result<(), String> {
-    if let Some(min) = s.get(min).and_then(num) {
+    if let Some(min) = min.and_then(num) {
         if (count as f64) < min {
             return Err(format!(
                 "expect {kind} to have at least {} {unit}",
@@ -95,7 +109,7 @@ fn check_count(
             ));
         }
     }
-    if let Some(max) = s.get(max).and_then(num) {
+    if let Some(max) = max.and_then(num) {
         if (count as f64) > max {
             return Err(format!(
                 "expect {kind} to have at most {} {unit}",
@@ -219,12 +233,12 @@ pub fn pattern_search(pattern: &str, subject: &str) -> bool {
 
 /// APISIX's secret references (`$secret://...`, `$env://...`) skip validation of fields whose
 /// schema accepts strings: they are resolved at run time.
-fn is_secret_ref(v: &Value, schema: &Map<String, Value>) -> bool {
+fn is_secret_ref(v: &Value, schema_type: Option<&Value>) -> bool {
     let Value::String(s) = v else { return false };
     if !s.starts_with('$') {
         return false;
     }
-    if let Some(t) = schema.get("type") {
+    if let Some(t) = schema_type {
         if t != "string" {
             return false;
         }
@@ -269,6 +283,113 @@ fn format_ok(format: &str, s: &str) -> Option<bool> {
     }
 }
 
+/// The keywords of one schema object, gathered in one pass over its members: the checks ask
+/// for some thirty keywords per schema node, and a hashed lookup of each (serde_json's maps
+/// hash with SipHash) was most of the time a boot with 100,000 routes spent validating.
+#[derive(Default)]
+struct Keywords<'s> {
+    ref_: Option<&'s Value>,
+    type_: Option<&'s Value>,
+    properties: Option<&'s Value>,
+    additional_properties: Option<&'s Value>,
+    pattern_properties: Option<&'s Value>,
+    min_properties: Option<&'s Value>,
+    max_properties: Option<&'s Value>,
+    dependencies: Option<&'s Value>,
+    required: Option<&'s Value>,
+    items: Option<&'s Value>,
+    min_items: Option<&'s Value>,
+    max_items: Option<&'s Value>,
+    unique_items: Option<&'s Value>,
+    additional_items: Option<&'s Value>,
+    min_length: Option<&'s Value>,
+    max_length: Option<&'s Value>,
+    pattern: Option<&'s Value>,
+    minimum: Option<&'s Value>,
+    exclusive_minimum: Option<&'s Value>,
+    maximum: Option<&'s Value>,
+    exclusive_maximum: Option<&'s Value>,
+    multiple_of: Option<&'s Value>,
+    enum_: Option<&'s Value>,
+    all_of: Option<&'s Value>,
+    any_of: Option<&'s Value>,
+    one_of: Option<&'s Value>,
+    if_: Option<&'s Value>,
+    then: Option<&'s Value>,
+    else_: Option<&'s Value>,
+    not: Option<&'s Value>,
+    property_names: Option<&'s Value>,
+    format: Option<&'s Value>,
+    const_: Option<&'s Value>,
+    contains: Option<&'s Value>,
+}
+
+impl<'s> Keywords<'s> {
+    fn of(s: &'s Map<String, Value>) -> Keywords<'s> {
+        let mut k = Keywords::default();
+        for (name, value) in s {
+            let slot = match name.as_str() {
+                "$ref" => &mut k.ref_,
+                "type" => &mut k.type_,
+                "properties" => &mut k.properties,
+                "additionalProperties" => &mut k.additional_properties,
+                "patternProperties" => &mut k.pattern_properties,
+                "minProperties" => &mut k.min_properties,
+                "maxProperties" => &mut k.max_properties,
+                "dependencies" => &mut k.dependencies,
+                "required" => &mut k.required,
+                "items" => &mut k.items,
+                "minItems" => &mut k.min_items,
+                "maxItems" => &mut k.max_items,
+                "uniqueItems" => &mut k.unique_items,
+                "additionalItems" => &mut k.additional_items,
+                "minLength" => &mut k.min_length,
+                "maxLength" => &mut k.max_length,
+                "pattern" => &mut k.pattern,
+                "minimum" => &mut k.minimum,
+                "exclusiveMinimum" => &mut k.exclusive_minimum,
+                "maximum" => &mut k.maximum,
+                "exclusiveMaximum" => &mut k.exclusive_maximum,
+                "multipleOf" => &mut k.multiple_of,
+                "enum" => &mut k.enum_,
+                "allOf" => &mut k.all_of,
+                "anyOf" => &mut k.any_of,
+                "oneOf" => &mut k.one_of,
+                "if" => &mut k.if_,
+                "then" => &mut k.then,
+                "else" => &mut k.else_,
+                "not" => &mut k.not,
+                "propertyNames" => &mut k.property_names,
+                "format" => &mut k.format,
+                "const" => &mut k.const_,
+                "contains" => &mut k.contains,
+                _ => continue,
+            };
+            *slot = Some(value);
+        }
+        k
+    }
+
+    /// Any keyword that applies to objects.
+    fn has_object_keywords(&self) -> bool {
+        self.properties.is_some()
+            || self.additional_properties.is_some()
+            || self.pattern_properties.is_some()
+            || self.min_properties.is_some()
+            || self.max_properties.is_some()
+            || self.dependencies.is_some()
+            || self.required.is_some()
+    }
+
+    /// Any keyword that applies to arrays.
+    fn has_array_keywords(&self) -> bool {
+        self.items.is_some()
+            || self.min_items.is_some()
+            || self.max_items.is_some()
+            || self.unique_items.is_some()
+    }
+}
+
 struct Engine<'s> {
     root: &'s Value,
 }
@@ -293,60 +414,51 @@ impl<'s> Engine<'s> {
         let s = match schema {
             Value::Bool(true) => return Ok(()),
             Value::Bool(false) => return Err("expect false always".to_string()),
-            Value::Object(s) => s,
+            Value::Object(s) => Keywords::of(s),
             _ => return Ok(()),
         };
-        if let Some(Value::String(r)) = s.get("$ref") {
+        let k = &s;
+        if let Some(Value::String(r)) = k.ref_ {
             let target = self.resolve(r)?;
             return self.check(target, v, depth + 1);
         }
-        if is_secret_ref(v, s) {
+        if is_secret_ref(v, k.type_) {
             return Ok(());
         }
         let d = depth + 1;
 
-        self.check_type(s, v)?;
+        self.check_type(k, v)?;
 
-        let object_keywords = [
-            "properties",
-            "additionalProperties",
-            "patternProperties",
-            "minProperties",
-            "maxProperties",
-            "dependencies",
-            "required",
-        ];
-        if object_keywords.iter().any(|k| s.contains_key(*k)) {
+        if k.has_object_keywords() {
             if is_objectish(v) {
-                self.check_object(s, v, d)?;
+                self.check_object(k, v, d)?;
             }
             // `required: []` means "must be an empty table".
-            if let Some(Value::Array(req)) = s.get("required") {
+            if let Some(Value::Array(req)) = k.required {
                 if req.is_empty() && table_kind(v) != Some(TableKind::Empty) {
                     return Err("the input data should be an empty table".to_string());
                 }
             }
         }
 
-        let array_keywords = ["items", "minItems", "maxItems", "uniqueItems"];
-        if array_keywords.iter().any(|k| s.contains_key(*k)) {
+        if k.has_array_keywords() {
             // Boolean `items` ends validation of this schema outright, as the library does.
-            if let Some(end) = boolean_ends(s.get("items"), v) {
+            if let Some(end) = boolean_ends(k.items, v) {
                 return end;
             }
             if is_arrayish(v) {
-                self.check_array(s, v, d)?;
+                self.check_array(k, v, d)?;
             }
         }
 
         if let Value::String(text) = &*v {
-            check_string(s, text)?;
+            check_string(k, text)?;
         }
         if let Value::Number(n) = &*v {
-            check_number(s, n.as_f64().unwrap_or(f64::NAN))?;
+            check_number(k, n.as_f64().unwrap_or(f64::NAN))?;
         }
 
-        if let Some(Value::Array(values)) = s.get("enum") {
+        if let Some(Value::Array(values)) = k.enum_ {
             let hit = values.iter().any(|e| match e {
                 Value::Array(_) | Value::Object(_) => deep_eq(v, e),
                 Value::Null => false,
@@ -357,14 +469,14 @@ impl<'s> Engine<'s> {
             }
         }
 
-        if let Some(Value::Array(subs)) = s.get("allOf") {
+        if let Some(Value::Array(subs)) = k.all_of {
             for (i, sub) in subs.iter().enumerate() {
                 self.check(sub, v, d)
                     .map_err(|e| format!("allOf {} failed: {e}", i + 1))?;
             }
         }
 
-        if let Some(Value::Array(subs)) = s.get("anyOf") {
+        if let Some(Value::Array(subs)) = k.any_of {
             let mut matched = false;
             for sub in subs {
                 if self.check(sub, v, d).is_ok() {
@@ -389,7 +501,7 @@ impl<'s> Engine<'s> {
             }
         }
 
-        if let Some(Value::Array(subs)) = s.get("oneOf") {
+        if let Some(Value::Array(subs)) = k.one_of {
             let mut matched: Option<usize> = None;
             for (i, sub) in subs.iter().enumerate() {
                 if self.check(sub, v, d).is_ok() {
@@ -407,22 +519,22 @@ impl<'s> Engine<'s> {
             }
         }
 
-        if let Some(cond) = s.get("if") {
+        if let Some(cond) = k.if_ {
             let ok = self.check(cond, v, d).is_ok();
             if ok {
-                if let Some(then) = s.get("then") {
+                if let Some(then) = k.then {
                     if self.check(then, v, d).is_err() {
                         return Err("then clause did not match".to_string());
                     }
                 }
-            } else if let Some(otherwise) = s.get("else") {
+            } else if let Some(otherwise) = k.else_ {
                 if self.check(otherwise, v, d).is_err() {
                     return Err("else clause did not match".to_string());
                 }
             }
         }
 
-        if let Some(not) = s.get("not") {
+        if let Some(not) = k.not {
             if self.check(not, v, d).is_ok() {
                 return Err("value wasn't supposed to match schema".to_string());
             }
@@ -430,23 +542,23 @@ impl<'s> Engine<'s> {
 
         // Only the boolean forms of `propertyNames` are implemented by the library, and both end
         // validation early.
-        if let Some(end) = boolean_ends(s.get("propertyNames"), v) {
+        if let Some(end) = boolean_ends(k.property_names, v) {
             return end;
         }
 
-        if let (Some(Value::String(format)), Value::String(text)) = (s.get("format"), &*v) {
+        if let (Some(Value::String(format)), Value::String(text)) = (k.format, &*v) {
             if format_ok(format, text) == Some(false) {
                 return Err(format!("expect valid {format} format but got: {text}"));
             }
         }
 
-        if let Some(c) = s.get("const") {
+        if let Some(c) = k.const_ {
             if !deep_eq(v, c) {
                 return Err("failed to check const value".to_string());
             }
         }
 
-        match s.get("contains") {
+        match k.contains {
             None => {}
             Some(Value::Bool(true)) => {
                 return if table_kind(v) == Some(TableKind::Array) {
@@ -484,8 +596,8 @@ impl<'s> Engine<'s> {
         Ok(())
     }
 
-    fn check_type(&self, s: &Map<String, Value>, v: &Value) -> Result<(), String> {
-        match s.get("type") {
+    fn check_type(&self, k: &Keywords<'s>, v: &Value) -> Result<(), String> {
+        match k.type_ {
             None => Ok(()),
             Some(Value::String(t)) => {
                 if type_matches(t, v)? {
@@ -522,16 +634,11 @@ impl<'s> Engine<'s> {
         }
     }
 
-    fn check_object(
-        &self,
-        s: &'s Map<String, Value>,
-        v: &mut Value,
-        d: usize,
-    ) -> Result<(), String> {
-        let props = s.get("properties").and_then(Value::as_object);
-        let deps = s.get("dependencies").and_then(Value::as_object);
-        let required: Vec<&str> = s
-            .get("required")
+    fn check_object(&self, k: &Keywords<'s>, v: &mut Value, d: usize) -> Result<(), String> {
+        let props = k.properties.and_then(Value::as_object);
+        let deps = k.dependencies.and_then(Value::as_object);
+        let required: Vec<&str> = k
+            .required
             .and_then(Value::as_array)
             .map(|r| r.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default();
@@ -539,12 +646,15 @@ impl<'s> Engine<'s> {
 
         if let Some(props) = props {
             for (name, sub) in props {
-                let present = get(v, name).is_some();
-                if present {
-                    if let Some(pv) = get_mut(v, name) {
+                let present = match get_mut(v, name) {
+                    Some(pv) => {
                         self.check(sub, pv, d)
                             .map_err(|e| format!("property \"{name}\" validation failed: {e}"))?;
+                        true
                     }
+                    None => false,
+                };
+                if present {
                     if let Some(dep) = deps.and_then(|m| m.get(name)) {
                         self.check_dependency(name, dep, v, d)?;
                     }
@@ -581,9 +691,9 @@ impl<'s> Engine<'s> {
             }
         }
 
-        let additional = s.get("additionalProperties");
+        let additional = k.additional_properties;
         let restricted = matches!(additional, Some(a) if a != &Value::Bool(true));
-        let patterns = s.get("patternProperties").and_then(Value::as_object);
+        let patterns = k.pattern_properties.and_then(Value::as_object);
         if restricted || patterns.is_some() {
             let keys: Vec<String> = v
                 .as_object()
@@ -623,8 +733,7 @@ impl<'s> Engine<'s> {
 
         let count = v.as_object().map_or(0, Map::len);
         check_count(
-            s,
-            ["minProperties", "maxProperties"],
+            [k.min_properties, k.max_properties],
             count,
             "object",
             "properties",
@@ -655,16 +764,11 @@ impl<'s> Engine<'s> {
         }
     }
 
-    fn check_array(
-        &self,
-        s: &'s Map<String, Value>,
-        v: &mut Value,
-        d: usize,
-    ) -> Result<(), String> {
+    fn check_array(&self, k: &Keywords<'s>, v: &mut Value, d: usize) -> Result<(), String> {
         let len = v.as_array().map_or(0, Vec::len);
-        check_count(s, ["minItems", "maxItems"], len, "array", "items")?;
+        check_count([k.min_items, k.max_items], len, "array", "items")?;
         if let Value::Array(items) = v {
-            match s.get("items") {
+            match k.items {
                 Some(Value::Array(tuple)) if !tuple.is_empty() => {
                     let mut complete = true;
                     for (i, sub) in tuple.iter().enumerate() {
@@ -676,7 +780,7 @@ impl<'s> Engine<'s> {
                             .map_err(|e| format!("failed to validate item {}: {e}", i + 1))?;
                     }
                     if complete {
-                        match s.get("additionalItems") {
+                        match k.additional_items {
                             Some(Value::Bool(false)) if items.len() > tuple.len() => {
                                 return Err("found unexpected extra items in array".to_string());
                             }
@@ -699,7 +803,7 @@ impl<'s> Engine<'s> {
                 }
                 None => {}
             }
-            if s.get("uniqueItems")
+            if k.unique_items
                 .is_some_and(|u| !matches!(u, Value::Bool(false) | Value::Null))
             {
                 if let Some((i, j)) = duplicate_items(items) {
@@ -738,10 +842,10 @@ fn type_matches(t: &str, v: &Value) -> Result<bool, String> {
     })
 }
 
-fn check_string(s: &Map<String, Value>, text: &str) -> Result<(), String> {
-    let needs_len = s.contains_key("minLength") || s.contains_key("maxLength");
+fn check_string(k: &Keywords<'_>, text: &str) -> Result<(), String> {
+    let needs_len = k.min_length.is_some() || k.max_length.is_some();
     let len = if needs_len { text.chars().count() } else { 0 };
-    if let Some(min) = s.get("minLength").and_then(num) {
+    if let Some(min) = k.min_length.and_then(num) {
         if (len as f64) < min {
             return Err(format!(
                 "string too short, expected at least {}, got {len}",
@@ -749,7 +853,7 @@ fn check_string(s: &Map<String, Value>, text: &str) -> Result<(), String> {
             ));
         }
     }
-    if let Some(max) = s.get("maxLength").and_then(num) {
+    if let Some(max) = k.max_length.and_then(num) {
         if (len as f64) > max {
             return Err(format!(
                 "string too long, expected at most {}, got {len}",
@@ -757,7 +861,7 @@ fn check_string(s: &Map<String, Value>, text: &str) -> Result<(), String> {
             ));
         }
     }
-    if let Some(Value::String(p)) = s.get("pattern") {
+    if let Some(Value::String(p)) = k.pattern {
         if !pattern_search(p, text) {
             return Err(format!(
                 "failed to match pattern {} with {}",
@@ -769,8 +873,7 @@ fn check_string(s: &Map<String, Value>, text: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn check_number(s: &Map<String, Value>, x: f64) -> Result<(), String> {
-    let bound = |key: &str| s.get(key).and_then(num);
+fn check_number(k: &Keywords<'_>, x: f64) -> Result<(), String> {
     let fail = |what: &str, b: f64| {
         Err(format!(
             "expected {} to be {what} {}",
@@ -778,27 +881,27 @@ fn check_number(s: &Map<String, Value>, x: f64) -> Result<(), String> {
             lua::number(b)
         ))
     };
-    if let Some(b) = bound("minimum") {
+    if let Some(b) = k.minimum.and_then(num) {
         if x < b {
             return fail("at least", b);
         }
     }
-    if let Some(b) = bound("exclusiveMinimum") {
+    if let Some(b) = k.exclusive_minimum.and_then(num) {
         if x <= b {
             return fail("greater than", b);
         }
     }
-    if let Some(b) = bound("maximum") {
+    if let Some(b) = k.maximum.and_then(num) {
         if x > b {
             return fail("at most", b);
         }
     }
-    if let Some(b) = bound("exclusiveMaximum") {
+    if let Some(b) = k.exclusive_maximum.and_then(num) {
         if x >= b {
             return fail("smaller than", b);
         }
     }
-    if let Some(m) = bound("multipleOf") {
+    if let Some(m) = k.multiple_of.and_then(num) {
         let off = if m.fract() == 0.0 {
             // Lua's floored modulo.
             x - (x / m).floor() * m != 0.0

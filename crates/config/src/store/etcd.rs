@@ -42,20 +42,24 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, PutOptions,
-    Txn, TxnOp, TxnOpResponse, WatchOptions, WatchResponse,
+    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions, WatchResponse,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{KeyValue, PutOutcome, StateBuilder, Store, StoreError, StoreHealth};
+use super::{KeyValue, Page, PutOutcome, StateBuilder, Store, StoreError, StoreHealth};
 use crate::settings::EtcdSettings;
 use crate::state::ConfigState;
 
 /// First reconnect delay; doubled after each failure up to [`BACKOFF_MAX`].
 pub const BACKOFF_START: Duration = Duration::from_millis(100);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// etcd's default `--max-txn-ops`: a page's values are read in transactions of at most this
+/// many gets.
+const MAX_TXN_OPS: usize = 128;
 
 /// Largest gRPC message accepted: a full listing of a big configuration exceeds tonic's 4 MiB
 /// default.
@@ -514,6 +518,83 @@ impl Store for EtcdStore {
             response.kvs().iter().map(kv_of).collect(),
             header_revision(response.header()),
         ))
+    }
+
+    /// A page in creation order without reading the directory's values: one range of the
+    /// directory's keys only, sorted by create revision (APISIX's page order) and cut at the
+    /// page's end, with its count and the directory placeholder's in the same transaction;
+    /// then the page's values by key. etcd sorts the whole range server-side, but only the
+    /// keys up to the page's end and ten values cross the wire and are parsed.
+    async fn list_page(
+        &self,
+        dir: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Option<Page>, StoreError> {
+        // etcd counts a prefix whole: consumers hold their credentials one level down
+        // (`consumers/<name>/credentials/<id>`), so their pages need the whole directory.
+        if dir.ends_with("/consumers/") || !dir.ends_with('/') {
+            return Ok(None);
+        }
+        let mut kv = self
+            .client()?
+            .kv_client()
+            .max_decoding_message_size(MAX_MESSAGE);
+        // One more than the page's end: the placeholder may be among them.
+        let window = offset.saturating_add(limit).saturating_add(1);
+        let keys = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(i64::try_from(window).unwrap_or(i64::MAX));
+        let placeholder = GetOptions::new().with_count_only();
+        let txn = Txn::new().and_then([
+            TxnOp::get(dir, Some(keys)),
+            TxnOp::get(dir, Some(placeholder)),
+        ]);
+        let responses = self.call(kv.txn(txn)).await?.op_responses();
+        let (Some(TxnOpResponse::Get(listed)), Some(TxnOpResponse::Get(own))) =
+            (responses.first(), responses.get(1))
+        else {
+            return Err(StoreError::Unavailable(
+                "etcd: unexpected answer to a page's range".into(),
+            ));
+        };
+        let mut names: Vec<(i64, &[u8])> = Vec::with_capacity(listed.kvs().len());
+        for kv in listed.kvs() {
+            let key = kv.key();
+            if key == dir.as_bytes() {
+                continue;
+            }
+            // A key further down is not an item of this directory, and the count above
+            // included it: list the directory whole instead.
+            if key[dir.len()..].contains(&b'/') {
+                return Ok(None);
+            }
+            names.push((kv.create_revision(), key));
+        }
+        // Creation order, then key order for keys created in one transaction (etcd leaves
+        // their order open), as the embedded store pages.
+        names.sort();
+        let total = usize::try_from(listed.count() - own.count()).unwrap_or(0);
+        let page: Vec<Vec<u8>> = names
+            .into_iter()
+            .skip(offset)
+            .take(limit)
+            .map(|(_, key)| key.to_vec())
+            .collect();
+        let mut kvs = Vec::with_capacity(page.len());
+        for chunk in page.chunks(MAX_TXN_OPS) {
+            let gets: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
+            let responses = self.call(kv.txn(Txn::new().and_then(gets))).await?;
+            for response in responses.op_responses() {
+                // A key deleted since the range was read is left out of this page.
+                if let TxnOpResponse::Get(got) = response {
+                    kvs.extend(got.kvs().first().map(kv_of));
+                }
+            }
+        }
+        Ok(Some(Page { kvs, total }))
     }
 
     async fn put(

@@ -9,13 +9,14 @@ use std::sync::Arc;
 
 use ferrisix_config::model::{GlobalRule, PluginConfig, ResourceKind, Route, Service, Upstream};
 use ferrisix_config::shared_map::SharedMap;
-use ferrisix_config::state::{ConfigState, StoredValue};
+use ferrisix_config::state::{ConfigState, StoredItem, StoredValue};
 use ferrisix_config::validate::{self, PluginCheck};
 use ferrisix_config::vars::compile_vars;
 use ferrisix_router::Expr;
 use serde_json::Value;
 
 use super::diff::{ConfigDiff, Difference};
+use super::parallel;
 
 /// A resource left out of (or held at an older version in) the snapshot.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,7 +89,7 @@ impl Applied {
         state: &ConfigState,
         diff: &ConfigDiff,
         previous: &Applied,
-        plugins: &dyn PluginCheck,
+        plugins: &(dyn PluginCheck + Sync),
         quarantine: &mut Vec<Quarantined>,
     ) -> (Applied, ConfigDiff) {
         let mut applied_diff = ConfigDiff::default();
@@ -233,7 +234,7 @@ fn accept_checked(
     previous: &SharedMap<Accepted<()>>,
     refusals: &mut BTreeMap<String, Quarantined>,
     applied: &mut Difference,
-    plugins: &dyn PluginCheck,
+    plugins: &(dyn PluginCheck + Sync),
 ) -> SharedMap<Accepted<()>> {
     accept_kind(state, kind, changed, previous, refusals, applied, |_, v| {
         validate::check_resource(kind, v, plugins).map_err(|e| e.message)
@@ -245,31 +246,38 @@ fn accept_checked(
 /// longer validates. `refusals` keeps every refused item of the kind; `applied` receives what
 /// changed in what is served.
 #[allow(clippy::too_many_arguments)]
-fn accept_kind<T>(
+fn accept_kind<T: Send>(
     state: &ConfigState,
     kind: ResourceKind,
     changed: &Difference,
     previous: &SharedMap<Accepted<T>>,
     refusals: &mut BTreeMap<String, Quarantined>,
     applied: &mut Difference,
-    mut convert: impl FnMut(&str, &Value) -> Result<T, String>,
+    convert: impl Fn(&str, &Value) -> Result<T, String> + Sync,
 ) -> SharedMap<Accepted<T>> {
     let mut out = previous.clone();
-    for id in changed
+    let named: Vec<(&String, Option<&StoredItem>)> = changed
         .added
         .iter()
         .chain(&changed.changed)
         .chain(&changed.removed)
-    {
+        .map(|id| (id, state.get(kind, id)))
+        .collect();
+    // Validation is independent per item: at boot every stored item is named, and they are
+    // validated on every core (the outcomes are applied below in the same order as before).
+    let outcomes = parallel::map(&named, |(id, item)| {
+        item.map(|item| convert(id.as_str(), &item.value.parse()))
+    });
+    for ((id, item), outcome) in named.into_iter().zip(outcomes) {
         refusals.remove(id);
         let prev = previous.get(id);
-        let Some(item) = state.get(kind, id) else {
+        let (Some(item), Some(outcome)) = (item, outcome) else {
             if out.remove(id).is_some() {
                 applied.removed.insert(id.clone());
             }
             continue;
         };
-        match convert(id, &item.value.parse()) {
+        match outcome {
             Ok(typed) => {
                 out.insert(
                     id.clone(),

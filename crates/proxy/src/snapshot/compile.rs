@@ -19,6 +19,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ferrisix_config::model::ResourceKind;
 use ferrisix_config::shared_map::SharedMap;
@@ -57,6 +58,8 @@ pub struct Snapshot {
     /// The consumers (with their credentials and groups) auth plugins find, and the route
     /// chains merged with their plugins, per (route, consumer), for this snapshot only.
     pub consumers: Arc<ConsumerChains>,
+    /// How long the compile that made this snapshot spent in each stage.
+    pub stages: CompileStages,
     diff: SnapshotDiff,
     cache: CompileCache,
 }
@@ -67,6 +70,16 @@ pub struct CheckerEntry {
     pub kind: ResourceKind,
     pub id: String,
     pub checker: Arc<UpstreamChecker>,
+}
+
+/// The time one compile spent in its stages (the `configuration applied` log line reports
+/// them): validating what changed, compiling the routes that need it (upstreams, plugin
+/// chains), and applying them to the route table.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CompileStages {
+    pub validate: Duration,
+    pub routes: Duration,
+    pub table: Duration,
 }
 
 /// Options that shape compilation.
@@ -131,6 +144,7 @@ impl Snapshot {
             tls: Arc::new(CertStore::default()),
             checkers: Vec::new(),
             consumers: Arc::default(),
+            stages: CompileStages::default(),
             diff: SnapshotDiff::default(),
             cache: CompileCache {
                 options: options.clone(),
@@ -171,6 +185,7 @@ impl Snapshot {
             fresh = CompileCache::default();
             &fresh
         };
+        let started = Instant::now();
         let config = ConfigDiff::new(&prev.source, state);
         let mut quarantine = Vec::new();
         let tls = ssls::compile(state, &previous.tls, &options.tls, &mut quarantine);
@@ -185,6 +200,7 @@ impl Snapshot {
         // The certificate store reuses what did not change; what it applied is the store's
         // diff.
         applied_diff.ssls = config.ssls.clone();
+        let validated = Instant::now();
 
         // Whether a compiled upstream is still valid is `UpstreamEnv::reusable`'s to say (the
         // TLS context may have changed with the options).
@@ -376,11 +392,17 @@ impl Snapshot {
                 }
             }
         }
+        let routes_compiled = Instant::now();
         let inserts = placed
             .iter()
             .map(|(id, slot)| (table_key(slot.seq, id), slot.entry()))
             .collect();
         let errors = router.apply(removed_keys, inserts);
+        let stages = CompileStages {
+            validate: validated - started,
+            routes: routes_compiled - validated,
+            table: routes_compiled.elapsed(),
+        };
         let mut refused = vec![false; placed.len()];
         for e in errors {
             refused[e.index] = true;
@@ -495,6 +517,7 @@ impl Snapshot {
             tls,
             checkers,
             consumers,
+            stages,
             diff: SnapshotDiff {
                 config,
                 applied: applied_diff,

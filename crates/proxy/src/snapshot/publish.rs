@@ -34,13 +34,14 @@ pub async fn follow(
         let state = rx.borrow_and_update().clone();
         let previous = handle.load_full();
         let (opts, plugs) = (options.clone(), plugins.clone());
+        let woken = std::time::Instant::now();
         let compiled = tokio::task::spawn_blocking(move || {
             let started = std::time::Instant::now();
             let snapshot = Snapshot::compile(&state, &previous, &opts, &plugs);
-            (snapshot, started.elapsed(), previous)
+            (snapshot, started, started.elapsed(), previous)
         })
         .await;
-        let (snapshot, elapsed, previous) = match compiled {
+        let (snapshot, started, elapsed, previous) = match compiled {
             Ok(done) => done,
             // A panic in a compile is a bug; the last good snapshot keeps serving.
             Err(e) => {
@@ -51,14 +52,25 @@ pub async fn follow(
                 continue;
             }
         };
+        let stages = snapshot.stages;
+        let (revision, routes) = (snapshot.revision, snapshot.router.len());
+        let quarantined = snapshot.quarantine.len();
+        handle.store(Arc::new(snapshot));
+        // `elapsed_us` is the compile; `validate_us`, `routes_us` and `table_us` its stages;
+        // `queued_us` the wait for a blocking thread, and `applied_us` the store's change
+        // to the snapshot serving (both waits and the publish included).
         tracing::info!(
-            revision = snapshot.revision,
-            routes = snapshot.router.len(),
-            quarantined = snapshot.quarantine.len(),
-            elapsed_us = elapsed.as_micros() as u64,
+            revision,
+            routes,
+            quarantined,
+            elapsed_us = micros(elapsed),
+            validate_us = micros(stages.validate),
+            routes_us = micros(stages.routes),
+            table_us = micros(stages.table),
+            queued_us = micros(started - woken),
+            applied_us = micros(woken.elapsed()),
             "configuration applied"
         );
-        handle.store(Arc::new(snapshot));
         // Let the replaced snapshot go now, not at the next change: what only it referenced
         // (plugin state of deleted routes) is released with it.
         drop(previous);
@@ -66,4 +78,8 @@ pub async fn follow(
             return;
         }
     }
+}
+
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }

@@ -1,0 +1,79 @@
+//! Work a compile spreads over the cores when there is a lot of it: the first compile at
+//! boot validates every stored resource (100,000 routes), which on one thread was most of
+//! the time to serving. A compile after one change has a handful of items and stays on its
+//! thread.
+
+/// Fewer items than this are mapped on the calling thread: starting threads costs more than
+/// a few hundred validations.
+pub(super) const PARALLEL_FROM: usize = 512;
+
+/// `items.iter().map(f).collect()`, in the same order, on up to `available_parallelism`
+/// threads (the caller's included) when there are at least [`PARALLEL_FROM`] items.
+///
+/// Scoped threads, not the Tokio blocking pool: the compile already runs on a blocking
+/// thread (or on the main thread before serving), and waits for all of them before it goes
+/// on, so nothing outlives it. A panic in `f` is a bug and is raised again here, as it would
+/// have been on one thread.
+pub(super) fn map<I: Sync, O: Send>(items: &[I], f: impl Fn(&I) -> O + Sync) -> Vec<O> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads < 2 || items.len() < PARALLEL_FROM {
+        return items.iter().map(f).collect();
+    }
+    let chunk = items.len().div_ceil(threads);
+    let f = &f;
+    std::thread::scope(|scope| {
+        let others: Vec<_> = items
+            .chunks(chunk)
+            .skip(1)
+            .map(|part| scope.spawn(move || part.iter().map(f).collect::<Vec<O>>()))
+            .collect();
+        let mut out: Vec<O> = items[..chunk].iter().map(f).collect();
+        out.reserve(items.len() - out.len());
+        for other in others {
+            match other.join() {
+                Ok(part) => out.extend(part),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        out
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_the_order_below_and_above_the_threshold() {
+        for n in [
+            0,
+            1,
+            PARALLEL_FROM - 1,
+            PARALLEL_FROM,
+            10 * PARALLEL_FROM + 7,
+        ] {
+            let items: Vec<usize> = (0..n).collect();
+            let out = map(&items, |i| i * 3);
+            assert_eq!(
+                out,
+                items.iter().map(|i| i * 3).collect::<Vec<_>>(),
+                "n={n}"
+            );
+        }
+    }
+
+    #[test]
+    fn uses_other_threads_for_many_items() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let items: Vec<usize> = (0..4 * PARALLEL_FROM).collect();
+        let caller = std::thread::current().id();
+        let ids = map(&items, |_| std::thread::current().id());
+        let elsewhere = ids.iter().filter(|id| **id != caller).count();
+        if cores > 1 {
+            assert!(elsewhere > 0, "some items ran on another thread");
+            assert!(elsewhere < items.len(), "the caller took its share");
+        } else {
+            assert_eq!(elsewhere, 0);
+        }
+    }
+}

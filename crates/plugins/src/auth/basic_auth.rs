@@ -182,17 +182,29 @@ mod tests {
     #[test]
     fn good_and_bad_credentials() {
         let ok = basic("user:pass");
-        let (flow, req) = run(json!({}), TestRequest::get("/").header("authorization", &ok));
+        let (flow, req) = run(
+            json!({}),
+            TestRequest::get("/").header("authorization", &ok),
+        );
         assert_eq!(flow, Flow::Continue);
         assert_eq!(req.headers["x-consumer-username"], "jack");
         assert!(req.headers.get("authorization").is_some());
         let lower = ok.replace("Basic", "bAsIc");
-        let (flow, _) = run(json!({}), TestRequest::get("/").header("authorization", &lower));
+        let (flow, _) = run(
+            json!({}),
+            TestRequest::get("/").header("authorization", &lower),
+        );
         assert_eq!(flow, Flow::Continue, "the scheme is case-insensitive");
         for (header, msg) in [
             (None, "Missing authorization in request"),
-            (Some("Bearer abc".to_owned()), "Invalid authorization in request"),
-            (Some("Basic !!!".to_owned()), "Invalid authorization in request"),
+            (
+                Some("Bearer abc".to_owned()),
+                "Invalid authorization in request",
+            ),
+            (
+                Some("Basic !!!".to_owned()),
+                "Invalid authorization in request",
+            ),
             (Some(basic("nocolon")), "Invalid authorization in request"),
             (Some(basic("user:wrong")), "Invalid user authorization"),
             (Some(basic("user:pas")), "Invalid user authorization"),
@@ -203,7 +215,11 @@ mod tests {
                 req = req.header("authorization", h);
             }
             let (flow, _) = run(json!({}), req);
-            assert_eq!(message(&flow), format!("{{\"message\":\"{msg}\"}}\n"), "{header:?}");
+            assert_eq!(
+                message(&flow),
+                format!("{{\"message\":\"{msg}\"}}\n"),
+                "{header:?}"
+            );
         }
         // Whitespace inside the decoded pair is dropped, as APISIX does.
         let (flow, _) = run(
@@ -230,7 +246,10 @@ mod tests {
         let (flow, req) = run(json!({"anonymous_consumer": "anon"}), TestRequest::get("/"));
         assert_eq!(flow, Flow::Continue);
         assert_eq!(req.headers["x-consumer-username"], "anon");
-        let (flow, _) = run(json!({"anonymous_consumer": "ghost"}), TestRequest::get("/"));
+        let (flow, _) = run(
+            json!({"anonymous_consumer": "ghost"}),
+            TestRequest::get("/"),
+        );
         assert_eq!(
             message(&flow),
             "{\"message\":\"Invalid user authorization\"}\n"
@@ -244,6 +263,9 @@ mod tests {
             c.registry.check_consumer(NAME, &json!({"username": "u"})),
             Err("failed to check the configuration of plugin basic-auth err: property \"password\" is required".into())
         );
-        assert!(c.registry.check(NAME, &json!({"hide_credentials": true})).is_ok());
+        assert!(c
+            .registry
+            .check(NAME, &json!({"hide_credentials": true}))
+            .is_ok());
     }
 }

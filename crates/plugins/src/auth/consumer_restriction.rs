@@ -205,7 +205,10 @@ mod tests {
         assert_eq!(run(white.clone(), Method::GET, Some(("jack", None))).0, 200);
         assert_eq!(
             run(white.clone(), Method::GET, Some(("rose", None))),
-            (403, "{\"message\":\"The consumer_name is forbidden.\"}\n".into())
+            (
+                403,
+                "{\"message\":\"The consumer_name is forbidden.\"}\n".into()
+            )
         );
         assert_eq!(
             run(white, Method::GET, None),
@@ -222,8 +225,14 @@ mod tests {
         );
         assert_eq!(run(black, Method::GET, Some(("rose", None))).0, 200);
         let methods = json!({"allowed_by_methods": [{"user": "jack", "methods": ["POST"]}]});
-        assert_eq!(run(methods.clone(), Method::GET, Some(("jack", None))).0, 403);
-        assert_eq!(run(methods.clone(), Method::POST, Some(("jack", None))).0, 200);
+        assert_eq!(
+            run(methods.clone(), Method::GET, Some(("jack", None))).0,
+            403
+        );
+        assert_eq!(
+            run(methods.clone(), Method::POST, Some(("jack", None))).0,
+            200
+        );
         assert_eq!(run(methods, Method::GET, Some(("rose", None))).0, 200);
         // A whitelisted consumer is not held to its methods.
         let both = json!({"whitelist": ["jack"],
@@ -241,8 +250,14 @@ mod tests {
         let service = json!({"type": "service_id", "whitelist": ["s1"]});
         assert_eq!(run(service, Method::GET, None).0, 200);
         let group = json!({"type": "consumer_group_id", "blacklist": ["g1"]});
-        assert_eq!(run(group.clone(), Method::GET, Some(("jack", Some("g1")))).0, 403);
-        assert_eq!(run(group.clone(), Method::GET, Some(("jack", Some("g2")))).0, 200);
+        assert_eq!(
+            run(group.clone(), Method::GET, Some(("jack", Some("g1")))).0,
+            403
+        );
+        assert_eq!(
+            run(group.clone(), Method::GET, Some(("jack", Some("g2")))).0,
+            200
+        );
         assert_eq!(run(group, Method::GET, Some(("jack", None))).0, 401);
     }
 
@@ -253,7 +268,10 @@ mod tests {
         assert!(c.registry.check(NAME, &json!({"whitelist": []})).is_err());
         assert!(c
             .registry
-            .check(NAME, &json!({"allowed_by_methods": [{"user": "a", "methods": ["NOPE"]}]}))
+            .check(
+                NAME,
+                &json!({"allowed_by_methods": [{"user": "a", "methods": ["NOPE"]}]})
+            )
             .is_err());
         assert!(c
             .registry

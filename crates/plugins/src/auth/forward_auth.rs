@@ -190,7 +190,10 @@ impl ForwardAuth {
         };
         let req = self.auth_request(ctx, body);
         let client: &HttpClient = self.services.http();
-        let resp = match client.send_verified(req, self.timeout, self.ssl_verify).await {
+        let resp = match client
+            .send_verified(req, self.timeout, self.ssl_verify)
+            .await
+        {
             Ok(r) => r,
             Err(_) if self.allow_degradation => return Flow::Continue,
             Err(e) => {
@@ -257,7 +260,9 @@ mod tests {
         let s = seen.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((mut conn, _)) = listener.accept().await else { return };
+                let Ok((mut conn, _)) = listener.accept().await else {
+                    return;
+                };
                 let s = s.clone();
                 tokio::spawn(async move {
                     let mut buf = vec![0u8; 65536];
@@ -269,7 +274,9 @@ mod tests {
                         }
                         got.extend_from_slice(&buf[..n]);
                         let text = String::from_utf8_lossy(&got).to_string();
-                        let Some(end) = text.find("\r\n\r\n") else { continue };
+                        let Some(end) = text.find("\r\n\r\n") else {
+                            continue;
+                        };
                         let head = text[..end].to_ascii_lowercase();
                         let len: usize = head
                             .lines()
@@ -335,7 +342,9 @@ mod tests {
             assert!(head.contains(line), "{line} in {head}");
         }
         let (flow, _) = run(conf, TestRequest::get("/p")).await;
-        let Flow::Exit(e) = flow else { panic!("refused") };
+        let Flow::Exit(e) = flow else {
+            panic!("refused")
+        };
         assert_eq!(e.status, 401);
         assert_eq!(e.body.as_deref(), Some(&b"denied"[..]));
         assert_eq!(e.headers.len(), 1, "only the client_headers");
@@ -349,23 +358,37 @@ mod tests {
             "request_headers": ["authorization"]});
         let mut req = TestRequest::new(Method::POST, "/").header("authorization", "ok");
         req.state
-            .set_body(ferrisix_plugin_api::RequestBody::Buffered(Bytes::from_static(b"hello")));
+            .set_body(ferrisix_plugin_api::RequestBody::Buffered(
+                Bytes::from_static(b"hello"),
+            ));
         let (flow, _) = run(conf, req).await;
         assert_eq!(flow, Flow::Continue);
-        assert!(seen.lock().unwrap().last().unwrap().ends_with("\r\n\r\nhello"));
+        assert!(seen
+            .lock()
+            .unwrap()
+            .last()
+            .unwrap()
+            .ends_with("\r\n\r\nhello"));
         // Nobody listens on the port of a closed listener.
         let dead = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap()
         };
-        let (flow, _) = run(json!({"uri": format!("http://{dead}/")}), TestRequest::get("/")).await;
+        let (flow, _) = run(
+            json!({"uri": format!("http://{dead}/")}),
+            TestRequest::get("/"),
+        )
+        .await;
         assert_eq!(flow, Flow::Exit(Exit::status(StatusCode::FORBIDDEN)));
         let (flow, _) = run(
             json!({"uri": format!("http://{dead}/"), "status_on_error": 503}),
             TestRequest::get("/"),
         )
         .await;
-        assert_eq!(flow, Flow::Exit(Exit::status(StatusCode::SERVICE_UNAVAILABLE)));
+        assert_eq!(
+            flow,
+            Flow::Exit(Exit::status(StatusCode::SERVICE_UNAVAILABLE))
+        );
         let (flow, _) = run(
             json!({"uri": format!("http://{dead}/"), "allow_degradation": true}),
             TestRequest::get("/"),

@@ -100,7 +100,10 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     };
     Ok(Arc::new(HmacAuth {
         allowed_algorithms: strings("allowed_algorithms"),
-        clock_skew: conf.get("clock_skew").and_then(Value::as_u64).unwrap_or(300),
+        clock_skew: conf
+            .get("clock_skew")
+            .and_then(Value::as_u64)
+            .unwrap_or(300),
         signed_headers: strings("signed_headers"),
         validate_request_body: conf.get("validate_request_body").and_then(Value::as_bool)
             == Some(true),
@@ -214,8 +217,8 @@ impl HmacAuth {
             let date = ctx
                 .header("date")
                 .ok_or_else(|| invalid("Date header missing. failed to validate clock skew"))?;
-            let time = httpdate::parse_http_date(date)
-                .map_err(|_| invalid("Invalid GMT format time"))?;
+            let time =
+                httpdate::parse_http_date(date).map_err(|_| invalid("Invalid GMT format time"))?;
             let then = time
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or(Duration::ZERO)
@@ -394,7 +397,11 @@ mod tests {
         STANDARD.encode(sign(alg, secret.as_bytes(), signing.as_bytes()).unwrap())
     }
 
-    async fn run(conf: Value, mut req: TestRequest, body: Option<&'static str>) -> (Flow, TestRequest) {
+    async fn run(
+        conf: Value,
+        mut req: TestRequest,
+        body: Option<&'static str>,
+    ) -> (Flow, TestRequest) {
         let services = Arc::new(PluginServices::new(
             Default::default(),
             ferrisix_plugin_api::Executor::current(),
@@ -408,7 +415,8 @@ mod tests {
             json!({"key_id": "my-key", "secret_key": "my-secret"}),
         ));
         if let Some(b) = body {
-            req.state.set_body(RequestBody::Buffered(Bytes::from_static(b.as_bytes())));
+            req.state
+                .set_body(RequestBody::Buffered(Bytes::from_static(b.as_bytes())));
         }
         let flow = match p.rewrite(&mut req.ctx()) {
             Step::Done(f) => f,
@@ -417,7 +425,13 @@ mod tests {
         (flow, req)
     }
 
-    fn signed(alg: &str, secret: &str, headers: &str, date: &str, extra: &[(&'static str, &str)]) -> TestRequest {
+    fn signed(
+        alg: &str,
+        secret: &str,
+        headers: &str,
+        date: &str,
+        extra: &[(&'static str, &str)],
+    ) -> TestRequest {
         let mut signing = "my-key".to_owned();
         let mut req = TestRequest::get("/hello?a=1").header("date", date);
         for (n, v) in extra {
@@ -459,8 +473,19 @@ mod tests {
             assert_eq!(req.headers["x-consumer-username"], "jack");
             assert!(req.headers.get("authorization").is_some());
         }
-        let req = signed("hmac-sha256", "my-secret", "date x-custom", &date(0), &[("x-custom", "v")]);
-        let (flow, req) = run(json!({"hide_credentials": true, "signed_headers": ["x-custom"]}), req, None).await;
+        let req = signed(
+            "hmac-sha256",
+            "my-secret",
+            "date x-custom",
+            &date(0),
+            &[("x-custom", "v")],
+        );
+        let (flow, req) = run(
+            json!({"hide_credentials": true, "signed_headers": ["x-custom"]}),
+            req,
+            None,
+        )
+        .await;
         assert_eq!(flow, Flow::Continue);
         assert!(req.headers.get("authorization").is_none());
     }
@@ -519,14 +544,28 @@ mod tests {
             let (flow, _) = run(conf, req, None).await;
             assert_eq!(message(&flow), want, "case {i}");
             if let Flow::Exit(e) = &flow {
-                assert!(e.headers.iter().any(|(n, v)| n == "www-authenticate" && v == "hmac realm=\"hmac\""));
+                assert!(e
+                    .headers
+                    .iter()
+                    .any(|(n, v)| n == "www-authenticate" && v == "hmac realm=\"hmac\""));
             }
         }
         // The clock skew check is within the window either way.
-        let req = signed("hmac-sha256", "my-secret", "@request-target date", &date(299), &[]);
+        let req = signed(
+            "hmac-sha256",
+            "my-secret",
+            "@request-target date",
+            &date(299),
+            &[],
+        );
         assert_eq!(run(json!({}), req, None).await.0, Flow::Continue);
         // Anonymous consumer.
-        let (flow, req) = run(json!({"anonymous_consumer": "anon"}), TestRequest::get("/"), None).await;
+        let (flow, req) = run(
+            json!({"anonymous_consumer": "anon"}),
+            TestRequest::get("/"),
+            None,
+        )
+        .await;
         assert_eq!(flow, Flow::Continue);
         assert_eq!(req.headers["x-consumer-username"], "anon");
     }
@@ -539,26 +578,50 @@ mod tests {
             STANDARD.encode(ring::digest::digest(&ring::digest::SHA256, body.as_bytes()).as_ref())
         );
         let conf = json!({"validate_request_body": true});
-        let req = signed("hmac-sha256", "my-secret", "date", &date(0), &[("digest", &digest)]);
+        let req = signed(
+            "hmac-sha256",
+            "my-secret",
+            "date",
+            &date(0),
+            &[("digest", &digest)],
+        );
         assert_eq!(run(conf.clone(), req, Some(body)).await.0, Flow::Continue);
-        let req = signed("hmac-sha256", "my-secret", "date", &date(0), &[("digest", &digest)]);
+        let req = signed(
+            "hmac-sha256",
+            "my-secret",
+            "date",
+            &date(0),
+            &[("digest", &digest)],
+        );
         assert_eq!(
             message(&run(conf.clone(), req, Some("{\"a\":2}")).await.0),
             (401, "client request can't be validated".into())
         );
         let req = signed("hmac-sha256", "my-secret", "date", &date(0), &[]);
         assert_eq!(message(&run(conf, req, Some(body)).await.0).0, 401);
-        let req = signed("hmac-sha256", "my-secret", "date", &date(0), &[("digest", &digest)]);
+        let req = signed(
+            "hmac-sha256",
+            "my-secret",
+            "date",
+            &date(0),
+            &[("digest", &digest)],
+        );
         let small = json!({"validate_request_body": true, "max_req_body_size": 3});
         assert_eq!(
             message(&run(small, req, Some(body)).await.0),
-            (413, "request size 7 is greater than the maximum size 3 allowed".into())
+            (
+                413,
+                "request size 7 is greater than the maximum size 3 allowed".into()
+            )
         );
     }
 
     #[test]
     fn header_fields() {
-        let p = parse_params("Signature keyId=\"k\",algorithm=\"hmac-sha1\",headers=\"a b\",signature=\"s=\"").unwrap();
+        let p = parse_params(
+            "Signature keyId=\"k\",algorithm=\"hmac-sha1\",headers=\"a b\",signature=\"s=\"",
+        )
+        .unwrap();
         assert_eq!(p.key_id.as_deref(), Some("k"));
         assert_eq!(p.headers, Some(vec!["a".to_owned(), "b".to_owned()]));
         assert_eq!(p.signature.as_deref(), Some("s="));

@@ -107,7 +107,10 @@ fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
         return Ok(());
     }
     let conf = cx.filled()?;
-    let alg = conf.get("algorithm").and_then(Value::as_str).unwrap_or("HS256");
+    let alg = conf
+        .get("algorithm")
+        .and_then(Value::as_str)
+        .unwrap_or("HS256");
     let secret = conf.get("secret").and_then(Value::as_str);
     let is_hs = alg.starts_with("HS");
     if is_hs && secret.is_none() {
@@ -208,7 +211,9 @@ fn prepare(conf: &Value) -> Result<Prepared, String> {
             DecodingKey::from_secret(secret.as_bytes())
         }
     } else {
-        let pem = text("public_key").ok_or("missing valid public key")?.as_bytes();
+        let pem = text("public_key")
+            .ok_or("missing valid public key")?
+            .as_bytes();
         let made = if alg_name.starts_with("RS") || alg_name.starts_with("PS") {
             DecodingKey::from_rsa_pem(pem)
         } else if alg_name.starts_with("ES") {
@@ -653,7 +658,10 @@ mod tests {
             ("not-a-jwt".to_owned(), "JWT token invalid"),
             (format!("x{good}"), "JWT token invalid"),
             ("a.b".to_owned(), "JWT token invalid"),
-            (hs(json!({"key": "k-hs"}), "other-secret"), "failed to verify jwt"),
+            (
+                hs(json!({"key": "k-hs"}), "other-secret"),
+                "failed to verify jwt",
+            ),
             (
                 hs(json!({"key": "k-hs", "exp": NOW - 1}), "my-secret"),
                 "failed to verify jwt",
@@ -666,9 +674,18 @@ mod tests {
                 hs(json!({"key": "k-hs", "exp": "tomorrow"}), "my-secret"),
                 "failed to verify jwt",
             ),
-            (hs(json!({"key": "nobody"}), "my-secret"), "Invalid user key in JWT token"),
-            (hs(json!({"key": 12}), "my-secret"), "Invalid user key in JWT token"),
-            (hs(json!({"exp": NOW + 60}), "my-secret"), "missing user key in JWT token"),
+            (
+                hs(json!({"key": "nobody"}), "my-secret"),
+                "Invalid user key in JWT token",
+            ),
+            (
+                hs(json!({"key": 12}), "my-secret"),
+                "Invalid user key in JWT token",
+            ),
+            (
+                hs(json!({"exp": NOW + 60}), "my-secret"),
+                "missing user key in JWT token",
+            ),
         ];
         for (token, msg) in cases {
             assert_eq!(message(&run(json!({}), bearer(&token)).0), msg, "{token}");
@@ -776,7 +793,10 @@ mod tests {
         let t = hs(json!({"key": "k-grace", "exp": NOW - 50}), "s");
         assert_eq!(message(&run(json!({}), bearer(&t)).0), "passed");
         let t = hs(json!({"key": "k-grace", "exp": NOW - 150}), "s");
-        assert_eq!(message(&run(json!({}), bearer(&t)).0), "failed to verify jwt");
+        assert_eq!(
+            message(&run(json!({}), bearer(&t)).0),
+            "failed to verify jwt"
+        );
         // claims_to_verify makes the listed claims required.
         let no_exp = hs(json!({"key": "k-hs"}), "my-secret");
         assert_eq!(message(&run(json!({}), bearer(&no_exp)).0), "passed");
@@ -793,7 +813,9 @@ mod tests {
         // store_in_ctx keeps the payload for later plugins.
         let (_, mut req) = run(json!({"store_in_ctx": true}), bearer(&no_exp));
         assert_eq!(
-            req.ctx().get::<JwtAuthPayload>().map(|p| p.0["key"].clone()),
+            req.ctx()
+                .get::<JwtAuthPayload>()
+                .map(|p| p.0["key"].clone()),
             Some(json!("k-hs"))
         );
         // A custom key claim.
@@ -809,25 +831,32 @@ mod tests {
         let c = Compiler::new();
         let r = &c.registry;
         let err = |conf: Value| r.check_consumer(NAME, &conf).unwrap_err();
-        assert!(err(json!({"key": "k"})).ends_with(
-            "property \"secret\" is required when using HS based algorithms"
-        ));
-        assert!(err(json!({"key": "k", "secret": "!!", "base64_secret": true}))
-            .ends_with("base64_secret required but the secret is not in base64 format"));
-        assert!(err(json!({"key": "k", "algorithm": "RS256"})).ends_with("missing valid public key"));
+        assert!(err(json!({"key": "k"}))
+            .ends_with("property \"secret\" is required when using HS based algorithms"));
+        assert!(
+            err(json!({"key": "k", "secret": "!!", "base64_secret": true}))
+                .ends_with("base64_secret required but the secret is not in base64 format")
+        );
+        assert!(
+            err(json!({"key": "k", "algorithm": "RS256"})).ends_with("missing valid public key")
+        );
         assert!(err(json!({"key": "k", "algorithm": "XX", "secret": "s"})).contains("algorithm"));
         assert!(r
             .check_consumer(NAME, &json!({"key": "k", "secret": "s"}))
             .is_ok());
         // The route conf has none of the consumer's rules.
         assert!(r.check(NAME, &json!({})).is_ok());
-        assert!(r.check(NAME, &json!({"claims_to_verify": ["iat"]})).is_err());
+        assert!(r
+            .check(NAME, &json!({"claims_to_verify": ["iat"]}))
+            .is_err());
         // A key of another curve for ES512, and a public key that is not one, are refused
         // when compiled.
         assert!(prepare(&json!({"key": "k", "algorithm": "ES512", "public_key": EC_PUB})).is_err());
         assert!(prepare(&json!({"key": "k", "algorithm": "ES512", "public_key": "nope"})).is_err());
         assert!(prepare(&json!({"key": "k", "algorithm": "RS256", "public_key": "nope"})).is_err());
-        assert!(prepare(&json!({"key": "k", "algorithm": "ES512", "public_key": ES512_PUB})).is_ok());
+        assert!(
+            prepare(&json!({"key": "k", "algorithm": "ES512", "public_key": ES512_PUB})).is_ok()
+        );
     }
 
     #[test]
@@ -839,16 +868,28 @@ mod tests {
         let (flow, req) = run(json!({}), bearer(good));
         assert_eq!(message(&flow), "passed");
         assert_eq!(req.headers["x-consumer-username"], "es512");
-        assert_eq!(message(&run(json!({}), bearer(other_key)).0), "failed to verify jwt");
-        assert_eq!(message(&run(json!({}), bearer(expired)).0), "failed to verify jwt");
+        assert_eq!(
+            message(&run(json!({}), bearer(other_key)).0),
+            "failed to verify jwt"
+        );
+        assert_eq!(
+            message(&run(json!({}), bearer(expired)).0),
+            "failed to verify jwt"
+        );
         // A flipped bit of the signature, a signature cut short, a DER-encoded one.
         let (input, sig) = good.rsplit_once('.').unwrap();
         let mut raw = BASE64URL.decode(sig).unwrap();
         raw[10] ^= 1;
         let flipped = format!("{input}.{}", BASE64URL.encode(&raw));
-        assert_eq!(message(&run(json!({}), bearer(&flipped)).0), "failed to verify jwt");
+        assert_eq!(
+            message(&run(json!({}), bearer(&flipped)).0),
+            "failed to verify jwt"
+        );
         let short = format!("{input}.{}", BASE64URL.encode(&raw[..100]));
-        assert_eq!(message(&run(json!({}), bearer(&short)).0), "failed to verify jwt");
+        assert_eq!(
+            message(&run(json!({}), bearer(&short)).0),
+            "failed to verify jwt"
+        );
         // The consumer's algorithm wins: an HS512 token naming the ES512 consumer, signed
         // with its public key as the secret, is refused.
         let confused = encode(
@@ -857,7 +898,10 @@ mod tests {
             &EncodingKey::from_secret(ES512_PUB.as_bytes()),
         )
         .unwrap();
-        assert_eq!(message(&run(json!({}), bearer(&confused)).0), "failed to verify jwt");
+        assert_eq!(
+            message(&run(json!({}), bearer(&confused)).0),
+            "failed to verify jwt"
+        );
     }
 
     #[test]

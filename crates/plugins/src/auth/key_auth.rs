@@ -195,7 +195,10 @@ mod tests {
         assert_eq!(flow, Flow::Continue);
         assert_eq!(req.headers["x-consumer-username"], "jack");
         assert!(req.headers.get("x-credential-identifier").is_none());
-        assert_eq!(req.headers["apikey"], "k-jack", "kept without hide_credentials");
+        assert_eq!(
+            req.headers["apikey"], "k-jack",
+            "kept without hide_credentials"
+        );
 
         let (flow, req) = run(json!({}), TestRequest::get("/?apikey=k-rose"));
         assert_eq!(flow, Flow::Continue);
@@ -231,7 +234,10 @@ mod tests {
     fn custom_names_hide_credentials_and_realm() {
         let conf = json!({"header": "X-Key", "query": "k", "hide_credentials": true,
             "realm": "mine"});
-        let (flow, _) = run(conf.clone(), TestRequest::get("/").header("apikey", "k-jack"));
+        let (flow, _) = run(
+            conf.clone(),
+            TestRequest::get("/").header("apikey", "k-jack"),
+        );
         let Flow::Exit(e) = flow else {
             panic!("the default header no longer counts")
         };

@@ -187,7 +187,9 @@ mod tests {
         assert_eq!(flow, Flow::Continue);
         assert_eq!(req.headers["x-consumer-username"], "jack");
         let (flow, _) = run(TestRequest::get("/").header("x-key", "nope")).await;
-        let Flow::Exit(e) = flow else { panic!("refused") };
+        let Flow::Exit(e) = flow else {
+            panic!("refused")
+        };
         assert_eq!(e.status, 401);
         assert_eq!(
             e.body.as_deref(),
@@ -204,15 +206,26 @@ mod tests {
         let c = Compiler::new();
         let r = &c.registry;
         let err = |conf: Value| r.check(NAME, &conf).unwrap_err();
-        assert!(r.check(NAME, &json!({"auth_plugins": [{"key-auth": {}}]})).is_err());
-        assert!(err(json!({"auth_plugins": [{"key-auth": {}}, {"nope": {}}]}))
-            .ends_with("nope plugin did not found"));
-        assert!(err(json!({"auth_plugins": [{"key-auth": {}}, {"limit-count": {}}]}))
-            .ends_with("limit-count plugin is not supported"));
-        assert!(err(json!({"auth_plugins": [{"key-auth": {"header": 1}}, {"basic-auth": {}}]}))
-            .contains("plugin key-auth check schema failed: "));
         assert!(r
-            .check(NAME, &json!({"auth_plugins": [{"key-auth": {}}, {"jwt-auth": {}}]}))
+            .check(NAME, &json!({"auth_plugins": [{"key-auth": {}}]}))
+            .is_err());
+        assert!(
+            err(json!({"auth_plugins": [{"key-auth": {}}, {"nope": {}}]}))
+                .ends_with("nope plugin did not found")
+        );
+        assert!(
+            err(json!({"auth_plugins": [{"key-auth": {}}, {"limit-count": {}}]}))
+                .ends_with("limit-count plugin is not supported")
+        );
+        assert!(
+            err(json!({"auth_plugins": [{"key-auth": {"header": 1}}, {"basic-auth": {}}]}))
+                .contains("plugin key-auth check schema failed: ")
+        );
+        assert!(r
+            .check(
+                NAME,
+                &json!({"auth_plugins": [{"key-auth": {}}, {"jwt-auth": {}}]})
+            )
             .is_ok());
     }
 }

@@ -115,9 +115,14 @@ mod tests {
         let edits = respond(json!({"vary": true}), "gzip, br;q=0.8", &mut h);
         assert_eq!(h[header::CONTENT_ENCODING], "br");
         assert_eq!(h[header::VARY], "Accept-Encoding");
-        assert!(!h.contains_key(header::ETAG), "an unquoted ETag cannot be weakened");
+        assert!(
+            !h.contains_key(header::ETAG),
+            "an unquoted ETag cannot be weakened"
+        );
         let mut filters = edits.filters;
-        let first = filters.run(Bytes::from("<p>hello</p>".repeat(50)), false).data;
+        let first = filters
+            .run(Bytes::from("<p>hello</p>".repeat(50)), false)
+            .data;
         let mut partial = String::new();
         // A flushed chunk decodes on its own.
         let _ = brotli::Decompressor::new(&first[..], 4096).read_to_string(&mut partial);
@@ -125,7 +130,9 @@ mod tests {
         let mut all = first.to_vec();
         all.extend_from_slice(&filters.run(Bytes::from("end"), true).data);
         let mut plain = String::new();
-        brotli::Decompressor::new(&all[..], 4096).read_to_string(&mut plain).unwrap();
+        brotli::Decompressor::new(&all[..], 4096)
+            .read_to_string(&mut plain)
+            .unwrap();
         assert_eq!(plain, format!("{}end", "<p>hello</p>".repeat(50)));
     }
 
@@ -147,6 +154,11 @@ mod tests {
         assert!(r.check(NAME, &json!({"lgwin": 9})).is_err());
         assert!(r.check(NAME, &json!({"comp_level": 12})).is_err());
         assert!(r.check(NAME, &json!({"mode": 3})).is_err());
-        assert!(r.check(NAME, &json!({"lgblock": 16, "lgwin": 24, "mode": 1, "comp_level": 0})).is_ok());
+        assert!(r
+            .check(
+                NAME,
+                &json!({"lgblock": 16, "lgwin": 24, "mode": 1, "comp_level": 0})
+            )
+            .is_ok());
     }
 }

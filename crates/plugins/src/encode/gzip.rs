@@ -97,7 +97,12 @@ mod tests {
     use super::*;
     use crate::testing::Compiler;
 
-    fn respond(conf: Value, req: TestRequest, ct: &str, len: Option<&str>) -> (HeaderMap, BodyEdits) {
+    fn respond(
+        conf: Value,
+        req: TestRequest,
+        ct: &str,
+        len: Option<&str>,
+    ) -> (HeaderMap, BodyEdits) {
         let mut req = req;
         let c = Compiler::new();
         let p = (DEF.compile)(&c.cx(NAME, &conf, "gz", None)).unwrap();
@@ -119,7 +124,12 @@ mod tests {
 
     #[test]
     fn compresses_matching_answers() {
-        let (h, edits) = respond(json!({"types": ["application/json"]}), gz_req(), "application/json; charset=utf-8", Some("100"));
+        let (h, edits) = respond(
+            json!({"types": ["application/json"]}),
+            gz_req(),
+            "application/json; charset=utf-8",
+            Some("100"),
+        );
         assert_eq!(h[header::CONTENT_ENCODING], "gzip");
         assert!(!h.contains_key(header::CONTENT_LENGTH) && !h.contains_key(header::VARY));
         assert_eq!(h[header::ETAG], "W/\"abc\"");
@@ -128,7 +138,9 @@ mod tests {
         let mut packed = filters.run(Bytes::from(body.clone()), false).data.to_vec();
         packed.extend_from_slice(&filters.run(Bytes::new(), true).data);
         let mut plain = String::new();
-        flate2::read::GzDecoder::new(&packed[..]).read_to_string(&mut plain).unwrap();
+        flate2::read::GzDecoder::new(&packed[..])
+            .read_to_string(&mut plain)
+            .unwrap();
         assert_eq!(plain, body);
     }
 
@@ -136,15 +148,37 @@ mod tests {
     fn leaves_others_alone() {
         let conf = json!({"types": ["text/plain"], "min_length": 50, "vary": true});
         let none = |h: &HeaderMap| !h.contains_key(header::CONTENT_ENCODING);
-        assert!(none(&respond(conf.clone(), TestRequest::get("/"), "text/plain", None).0));
+        assert!(none(
+            &respond(conf.clone(), TestRequest::get("/"), "text/plain", None).0
+        ));
         assert!(none(&respond(conf.clone(), gz_req(), "text/html", None).0));
-        assert!(none(&respond(conf.clone(), gz_req(), "text/plain", Some("49")).0));
-        assert!(none(&respond(conf.clone(), gz_req().header("via", "1.1 proxy"), "text/plain", None).0));
-        assert!(none(&respond(conf.clone(), TestRequest::get("/").header("accept-encoding", "gzip;q=0"), "text/plain", None).0));
+        assert!(none(
+            &respond(conf.clone(), gz_req(), "text/plain", Some("49")).0
+        ));
+        assert!(none(
+            &respond(
+                conf.clone(),
+                gz_req().header("via", "1.1 proxy"),
+                "text/plain",
+                None
+            )
+            .0
+        ));
+        assert!(none(
+            &respond(
+                conf.clone(),
+                TestRequest::get("/").header("accept-encoding", "gzip;q=0"),
+                "text/plain",
+                None
+            )
+            .0
+        ));
         let (h, _) = respond(conf.clone(), gz_req(), "text/plain", Some("50"));
         assert_eq!(h[header::VARY], "Accept-Encoding");
         // Every type with "*"; the default is text/html.
-        assert!(!none(&respond(json!({"types": "*"}), gz_req(), "image/svg+xml", None).0));
+        assert!(!none(
+            &respond(json!({"types": "*"}), gz_req(), "image/svg+xml", None).0
+        ));
         assert!(!none(&respond(json!({}), gz_req(), "text/html", None).0));
         let r = crate::PluginRegistry::builtin();
         assert!(r.check(NAME, &json!({"comp_level": 10})).is_err());

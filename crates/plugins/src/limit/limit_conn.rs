@@ -265,38 +265,39 @@ pub async fn remote_incoming(
         key,
         member: request_id(),
     };
-    let job = remote.spawn(async move {
-        let answer = slot
-            .remote
-            .invoke::<(i64, i64)>(
-                incoming_script()
-                    .key(&slot.key)
-                    .arg(max)
-                    .arg(key_ttl)
-                    .arg(now_s)
-                    .arg(&slot.member),
-            )
-            .await;
-        match answer {
-            Ok((1, count)) => Ok(Some((count.max(1) as u64, slot))),
-            Ok(_) => {
-                // Rejected: nothing was added.
-                slot.disarm();
-                Ok(None)
-            }
-            Err(e) => {
-                // The member may have been added after all: removing it is harmless if not.
-                if !e.maybe_applied {
+    let job = remote
+        .spawn(async move {
+            let answer = slot
+                .remote
+                .invoke::<(i64, i64)>(
+                    incoming_script()
+                        .key(&slot.key)
+                        .arg(max)
+                        .arg(key_ttl)
+                        .arg(now_s)
+                        .arg(&slot.member),
+                )
+                .await;
+            match answer {
+                Ok((1, count)) => Ok(Some((count.max(1) as u64, slot))),
+                Ok(_) => {
+                    // Rejected: nothing was added.
                     slot.disarm();
+                    Ok(None)
                 }
-                Err(e)
+                Err(e) => {
+                    // The member may have been added after all: removing it is harmless if not.
+                    if !e.maybe_applied {
+                        slot.disarm();
+                    }
+                    Err(e)
+                }
             }
-        }
-    })
-    .map_err(|message| RemoteError {
-        message,
-        maybe_applied: false,
-    })?;
+        })
+        .map_err(|message| RemoteError {
+            message,
+            maybe_applied: false,
+        })?;
     job.await.unwrap_or_else(|e| {
         Err(RemoteError {
             message: format!("limit-conn redis task: {e}"),
@@ -390,9 +391,9 @@ impl LimitConn {
             key_ttl: c.get("key_ttl").and_then(Value::as_i64).unwrap_or(3600),
         });
         Ok(LimitConn {
-            space: services
-                .shared::<ConnSpaces>()
-                .lease(&prefix, || ConnSpace::new(default_delay, services.clock().clone())),
+            space: services.shared::<ConnSpaces>().lease(&prefix, || {
+                ConnSpace::new(default_delay, services.clock().clone())
+            }),
             remote,
             conn,
             burst,
@@ -736,7 +737,13 @@ mod tests {
         let r = remote(server.port);
         let key = "limit_conn:t:abandoned".to_string();
         {
-            let fut = std::pin::pin!(remote_incoming(&r, key.clone(), 5, 3600, Clock::system().epoch_ms() / 1000));
+            let fut = std::pin::pin!(remote_incoming(
+                &r,
+                key.clone(),
+                5,
+                3600,
+                Clock::system().epoch_ms() / 1000
+            ));
             // Polled once (the increment is under way on the Redis thread), then dropped.
             assert!(futures_poll_once(fut).is_none());
         }

@@ -210,7 +210,11 @@ impl LimitCount {
         let backend = match (policy, Target::from_conf(policy, c)?) {
             ("local", _) => {
                 let clock = services.clock().clone();
-                Backend::Local(services.shared::<Spaces>().lease(&prefix, || Space::new(clock)))
+                Backend::Local(
+                    services
+                        .shared::<Spaces>()
+                        .lease(&prefix, || Space::new(clock)),
+                )
             }
             (_, Some(target)) => Backend::Remote(services.shared::<RedisPools>().get(target)?),
             // The schema's enum refuses any other policy before this.
@@ -286,12 +290,7 @@ impl LimitCount {
         if let Some(rule) = &self.single {
             let limit = rule.count.resolve(ctx)?;
             let window = rule.window.resolve(ctx)?;
-            return Ok(vec![(
-                rule.key.resolve(ctx),
-                limit,
-                window,
-                &rule.headers,
-            )]);
+            return Ok(vec![(rule.key.resolve(ctx), limit, window, &rule.headers)]);
         }
         let mut out = Vec::with_capacity(self.rules.len());
         for (key, count, window, names) in &self.rules {

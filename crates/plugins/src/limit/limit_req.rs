@@ -108,8 +108,11 @@ impl ReqSpace {
             excess: 0.0,
             last_ms: now_ms,
         };
-        self.buckets
-            .update(key, now_ms, Self::drained(rate, now_ms), |prev| match prev {
+        self.buckets.update(
+            key,
+            now_ms,
+            Self::drained(rate, now_ms),
+            |prev| match prev {
                 Some(b) => {
                     let elapsed = now_ms.abs_diff(b.last_ms) as f64;
                     let excess = (b.excess - rate * elapsed / 1000.0 + 1000.0).max(0.0);
@@ -123,7 +126,8 @@ impl ReqSpace {
                     (Slot::Keep, Decision::Accepted(excess / rate))
                 }
                 None => (Slot::Insert(fresh), Decision::Accepted(0.0)),
-            })
+            },
+        )
     }
 }
 

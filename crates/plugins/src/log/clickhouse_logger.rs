@@ -59,7 +59,11 @@ impl ClickHouseSink {
         let host = uri.host().unwrap_or("");
         let port = uri
             .port_u16()
-            .unwrap_or(if uri.scheme_str() == Some("https") { 443 } else { 80 });
+            .unwrap_or(if uri.scheme_str() == Some("https") {
+                443
+            } else {
+                80
+            });
         let mut body = BytesMut::with_capacity(rows.len() + self.logtable.len() + 40);
         body.put_slice(b"INSERT INTO ");
         body.put_slice(self.logtable.as_bytes());
@@ -77,7 +81,9 @@ impl ClickHouseSink {
                 )))
             }
             Ok(_) => Ok(()),
-            Err(e) => Err(e.into_send_error(&format!("error while sending data to [{host}] port[{port}] "))),
+            Err(e) => Err(e.into_send_error(&format!(
+                "error while sending data to [{host}] port[{port}] "
+            ))),
         }
     }
 }
@@ -93,7 +99,10 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let logger = Logger::compile(cx, NAME, false, |c| {
         let endpoints: Vec<Uri> = conf::endpoints(c, NAME)?
             .into_iter()
-            .map(|u| u.parse::<Uri>().map_err(|e| format!("invalid endpoint {u}: {e}")))
+            .map(|u| {
+                u.parse::<Uri>()
+                    .map_err(|e| format!("invalid endpoint {u}: {e}"))
+            })
             .collect::<Result<_, _>>()?;
         let mut headers = vec![(
             header::CONTENT_TYPE,
@@ -155,7 +164,10 @@ mod tests {
         assert!(head.contains("x-clickhouse-user: default"));
         assert!(head.contains("x-clickhouse-key: pw"));
         assert!(head.contains("x-clickhouse-database: logs"));
-        assert_eq!(body, "INSERT INTO t FORMAT JSONEachRow {\"s\":\"200\"} {\"s\":\"500\"}");
+        assert_eq!(
+            body,
+            "INSERT INTO t FORMAT JSONEachRow {\"s\":\"200\"} {\"s\":\"500\"}"
+        );
     }
 
     #[tokio::test]
@@ -170,18 +182,28 @@ mod tests {
             status: 200,
             ..Default::default()
         });
-        assert_eq!(next(&mut rx).await.text(), "INSERT INTO t FORMAT JSONEachRow {\"s\":\"200\"}");
+        assert_eq!(
+            next(&mut rx).await.text(),
+            "INSERT INTO t FORMAT JSONEachRow {\"s\":\"200\"}"
+        );
         // `ssl_verify` defaults to true: the test certificate is not in the system's bundle.
         let schema = &c.registry.get(NAME).unwrap().schema;
         assert_eq!(schema["properties"]["ssl_verify"]["default"], true);
         let sink = ClickHouseSink {
             endpoints: vec![format!("https://127.0.0.1:{port}").parse().unwrap()],
             logtable: "t".into(),
-            target: HttpTarget::new(c.registry.services(), std::time::Duration::from_secs(3), true, Vec::new()),
+            target: HttpTarget::new(
+                c.registry.services(),
+                std::time::Duration::from_secs(3),
+                true,
+                Vec::new(),
+            ),
         };
         let err = sink.insert(Bytes::from_static(b"{}")).await.unwrap_err();
         assert!(
-            err.message.starts_with(&format!("error while sending data to [127.0.0.1] port[{port}] TLS handshake failed: ")),
+            err.message.starts_with(&format!(
+                "error while sending data to [127.0.0.1] port[{port}] TLS handshake failed: "
+            )),
             "{}",
             err.message
         );
@@ -191,8 +213,11 @@ mod tests {
     fn schema_messages() {
         let r = crate::PluginRegistry::builtin();
         assert!(r
-            .check(NAME, &json!({"endpoint_addr": "http://127.0.0.1:8123", "user": "u",
-                "password": "p", "database": "d", "logtable": "t"}))
+            .check(
+                NAME,
+                &json!({"endpoint_addr": "http://127.0.0.1:8123", "user": "u",
+                "password": "p", "database": "d", "logtable": "t"})
+            )
             .is_ok());
         // user, password, database and logtable have defaults; an endpoint has none.
         assert!(r.check(NAME, &json!({"user": "u"})).is_err());

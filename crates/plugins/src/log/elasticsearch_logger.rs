@@ -16,8 +16,8 @@ use ferrisix_plugin_api::{CompileCtx, LogCtx, Plugin, PluginDef, Template};
 use http::{header, HeaderValue, Method};
 use serde_json::{json, Value};
 
-use super::sink::http::{status_and_body, HttpTarget};
 use super::log_entry::civil;
+use super::sink::http::{status_and_body, HttpTarget};
 use super::sink::{self, conf, BatchSink, Logger, SendError, SendFuture};
 
 pub const NAME: &str = "elasticsearch-logger";
@@ -73,23 +73,29 @@ impl EsSink {
         if self.version.load(Ordering::Relaxed) != 0 {
             return;
         }
-        let req = self.target.request(Method::GET, conf::pick(&self.endpoints).as_str());
-        let major = match self.target.call(req, Bytes::new()).await {
-            Ok(r) if r.status() == 200 => serde_json::from_slice::<Value>(r.body())
-                .ok()
-                .and_then(|v| {
-                    let n = v.pointer("/version/number")?.as_str()?.to_owned();
-                    n.split('.').next()?.parse::<u8>().ok()
-                }),
-            Ok(r) => {
-                tracing::error!(status = r.status().as_u16(), "failed to get Elasticsearch version");
-                None
-            }
-            Err(e) => {
-                tracing::error!(error = ?e, "failed to get Elasticsearch version");
-                None
-            }
-        };
+        let req = self
+            .target
+            .request(Method::GET, conf::pick(&self.endpoints).as_str());
+        let major =
+            match self.target.call(req, Bytes::new()).await {
+                Ok(r) if r.status() == 200 => serde_json::from_slice::<Value>(r.body())
+                    .ok()
+                    .and_then(|v| {
+                        let n = v.pointer("/version/number")?.as_str()?.to_owned();
+                        n.split('.').next()?.parse::<u8>().ok()
+                    }),
+                Ok(r) => {
+                    tracing::error!(
+                        status = r.status().as_u16(),
+                        "failed to get Elasticsearch version"
+                    );
+                    None
+                }
+                Err(e) => {
+                    tracing::error!(error = ?e, "failed to get Elasticsearch version");
+                    None
+                }
+            };
         if let Some(m) = major {
             self.version.store(m, Ordering::Relaxed);
         }
@@ -103,7 +109,10 @@ impl EsSink {
         }
         let req = self
             .target
-            .request(Method::POST, &format!("{}/_bulk", conf::pick(&self.endpoints).as_str()))
+            .request(
+                Method::POST,
+                &format!("{}/_bulk", conf::pick(&self.endpoints).as_str()),
+            )
             .header(header::CONTENT_TYPE, "application/x-ndjson")
             .header(header::ACCEPT, "application/vnd.elasticsearch+json");
         match self.target.call(req, body.freeze()).await {
@@ -231,10 +240,10 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
 
 #[cfg(test)]
 mod tests {
-    use ferrisix_config::validate::PluginCheck;
     use super::*;
     use crate::log::sink::testing::{answer, http_server, https_server, next, Captured};
     use crate::testing::Compiler;
+    use ferrisix_config::validate::PluginCheck;
 
     /// Elasticsearch's root (version 6.8.0) and `_bulk` APIs.
     fn elasticsearch(req: &Captured) -> Vec<u8> {
@@ -246,7 +255,9 @@ mod tests {
     }
 
     /// The next `_bulk` request.
-    async fn next_bulk(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Captured>) -> (String, String) {
+    async fn next_bulk(
+        rx: &mut tokio::sync::mpsc::UnboundedReceiver<Captured>,
+    ) -> (String, String) {
         loop {
             let req = next(rx).await;
             if !req.head.starts_with("GET / ") {
@@ -273,8 +284,14 @@ mod tests {
         assert!(head.contains("authorization: basic dtpw"), "{head}");
         let lines: Vec<&str> = body.lines().collect();
         let action: Value = serde_json::from_str(lines[0]).unwrap();
-        assert!(action["index"]["_index"].as_str().unwrap().starts_with("gw-20"));
-        assert_eq!(serde_json::from_str::<Value>(lines[1]).unwrap(), json!({"s": "200"}));
+        assert!(action["index"]["_index"]
+            .as_str()
+            .unwrap()
+            .starts_with("gw-20"));
+        assert_eq!(
+            serde_json::from_str::<Value>(lines[1]).unwrap(),
+            json!({"s": "200"})
+        );
         // The version is known now: 6.x actions name the type.
         p.log(&LogCtx {
             status: 201,
@@ -301,18 +318,36 @@ mod tests {
         assert!(body.ends_with("{\"s\":\"200\"}\n"), "{body}");
         let verified = EsSink {
             endpoints: vec![format!("https://127.0.0.1:{port}")],
-            target: HttpTarget::new(c.registry.services(), std::time::Duration::from_secs(3), true, Vec::new()),
+            target: HttpTarget::new(
+                c.registry.services(),
+                std::time::Duration::from_secs(3),
+                true,
+                Vec::new(),
+            ),
             version: Arc::new(AtomicU8::new(7)),
         };
-        let err = verified.bulk(&[Bytes::from_static(b"{}\n")]).await.unwrap_err();
-        assert!(err.message.starts_with("TLS handshake failed: "), "{}", err.message);
+        let err = verified
+            .bulk(&[Bytes::from_static(b"{}\n")])
+            .await
+            .unwrap_err();
+        assert!(
+            err.message.starts_with("TLS handshake failed: "),
+            "{}",
+            err.message
+        );
     }
 
     #[test]
     fn index_time_formats() {
         // 2024-01-02T03:04:05Z
-        assert_eq!(strftime_parts("a-{%Y.%m.%d}-b", 1_704_164_645), "a-2024.01.02-b");
-        assert_eq!(strftime_parts("x{%H:%M:%S}{%j}", 1_704_164_645), "x03:04:05002");
+        assert_eq!(
+            strftime_parts("a-{%Y.%m.%d}-b", 1_704_164_645),
+            "a-2024.01.02-b"
+        );
+        assert_eq!(
+            strftime_parts("x{%H:%M:%S}{%j}", 1_704_164_645),
+            "x03:04:05002"
+        );
         assert_eq!(strftime_parts("plain", 0), "plain");
     }
 
@@ -320,11 +355,19 @@ mod tests {
     fn schema_messages() {
         let r = crate::PluginRegistry::builtin();
         assert!(r
-            .check(NAME, &json!({"endpoint_addr": "http://127.0.0.1:9200", "field": {"index": "i"}}))
+            .check(
+                NAME,
+                &json!({"endpoint_addr": "http://127.0.0.1:9200", "field": {"index": "i"}})
+            )
             .is_ok());
-        assert!(r.check(NAME, &json!({"endpoint_addr": "http://127.0.0.1:9200"})).is_err());
         assert!(r
-            .check(NAME, &json!({"endpoint_addr": "http://127.0.0.1:9200/", "field": {"index": "i"}}))
+            .check(NAME, &json!({"endpoint_addr": "http://127.0.0.1:9200"}))
+            .is_err());
+        assert!(r
+            .check(
+                NAME,
+                &json!({"endpoint_addr": "http://127.0.0.1:9200/", "field": {"index": "i"}})
+            )
             .is_err());
         assert_eq!(r.get(NAME).unwrap().priority, 413);
     }

@@ -167,7 +167,12 @@ impl FileWriters {
         services
             .executor()
             .spawn(task.run(rx, shutdown, hold))
-            .map_err(|e| format!("file-logger: cannot start the writer of {}: {e}", path.display()))?;
+            .map_err(|e| {
+                format!(
+                    "file-logger: cannot start the writer of {}: {e}",
+                    path.display()
+                )
+            })?;
         map.insert(path.to_owned(), Arc::downgrade(&writer));
         Ok(writer)
     }
@@ -189,12 +194,7 @@ struct WriterTask {
 }
 
 impl WriterTask {
-    async fn run(
-        mut self,
-        mut rx: mpsc::Receiver<Bytes>,
-        shutdown: Shutdown,
-        hold: ShutdownHold,
-    ) {
+    async fn run(mut self, mut rx: mpsc::Receiver<Bytes>, shutdown: Shutdown, hold: ShutdownHold) {
         let mut hold = Some(hold);
         let mut buf = BytesMut::new();
         loop {
@@ -292,10 +292,11 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let filled = cx.filled();
     let conf = filled.as_object().ok_or("conf is not an object")?;
     let entry = LogEntryConf::compile(conf, cx.metadata)?;
-    let path = conf
-        .get("path")
-        .and_then(Value::as_str)
-        .or_else(|| cx.metadata.and_then(|m| m.get("path")).and_then(Value::as_str));
+    let path = conf.get("path").and_then(Value::as_str).or_else(|| {
+        cx.metadata
+            .and_then(|m| m.get("path"))
+            .and_then(Value::as_str)
+    });
     let writer = match path {
         Some(p) => Some(
             cx.services
@@ -369,7 +370,10 @@ mod tests {
         for _ in 0..500 {
             let text = std::fs::read_to_string(path).unwrap_or_default();
             if text.lines().count() >= n {
-                return text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+                return text
+                    .lines()
+                    .map(|l| serde_json::from_str(l).unwrap())
+                    .collect();
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -390,7 +394,10 @@ mod tests {
         let got = lines(&path, 2).await;
         assert_eq!(
             got,
-            vec![json!({"s": "200", "route_id": "r1"}), json!({"s": "500", "route_id": "r1"})]
+            vec![
+                json!({"s": "200", "route_id": "r1"}),
+                json!({"s": "500", "route_id": "r1"})
+            ]
         );
     }
 
@@ -402,7 +409,10 @@ mod tests {
         let meta = json!({"path": path.to_str().unwrap(), "log_format": {"m": "$status"}});
         let p = (DEF.compile)(&c.cx(NAME, &json!({}), "fl-2", Some(&meta))).unwrap();
         p.log(&ctx_with(&*p, 404, ""));
-        assert_eq!(lines(&path, 1).await, vec![json!({"m": "404", "route_id": "r1"})]);
+        assert_eq!(
+            lines(&path, 1).await,
+            vec![json!({"m": "404", "route_id": "r1"})]
+        );
     }
 
     #[tokio::test]
@@ -418,10 +428,17 @@ mod tests {
         let rotated = dir.path().join("rot.log.1");
         std::fs::rename(&path, &rotated).unwrap();
         p.log(&ctx_with(&*p, 201, ""));
-        assert_eq!(lines(&rotated, 2).await.len(), 2, "before the signal the old file is written");
+        assert_eq!(
+            lines(&rotated, 2).await.len(),
+            2,
+            "before the signal the old file is written"
+        );
         c.registry.services().log_reopen().trigger();
         p.log(&ctx_with(&*p, 202, ""));
-        assert_eq!(lines(&path, 1).await, vec![json!({"s": "202", "route_id": "r1"})]);
+        assert_eq!(
+            lines(&path, 1).await,
+            vec![json!({"s": "202", "route_id": "r1"})]
+        );
         assert_eq!(lines(&rotated, 2).await.len(), 2);
     }
 
@@ -484,7 +501,10 @@ mod tests {
         // The directory appears: the next lines are written.
         std::fs::create_dir(path.parent().unwrap()).unwrap();
         p.log(&ctx_with(&*p, 201, ""));
-        assert_eq!(lines(&path, 1).await, vec![json!({"s": "201", "route_id": "r1"})]);
+        assert_eq!(
+            lines(&path, 1).await,
+            vec![json!({"s": "201", "route_id": "r1"})]
+        );
     }
 
     #[tokio::test]
@@ -497,7 +517,13 @@ mod tests {
         for i in 0..100 {
             p.log(&ctx_with(&*p, 200 + i, ""));
         }
-        assert!(c.registry.services().shutdown().drain(Duration::from_secs(5)).await);
+        assert!(
+            c.registry
+                .services()
+                .shutdown()
+                .drain(Duration::from_secs(5))
+                .await
+        );
         let n = std::fs::read_to_string(&path).unwrap().lines().count();
         assert_eq!(n, 100);
     }
@@ -511,7 +537,9 @@ mod tests {
             Err("failed to check the configuration of plugin file-logger err: failed to validate the 'match' expression: invalid operator '=x'".into())
         );
         assert!(r.check(NAME, &json!({"path": 1})).is_err());
-        assert!(r.check_metadata(NAME, &json!({"path": "logs/x.log"})).is_ok());
+        assert!(r
+            .check_metadata(NAME, &json!({"path": "logs/x.log"}))
+            .is_ok());
         assert_eq!(r.get(NAME).unwrap().priority, 399);
     }
 }

@@ -57,7 +57,11 @@ impl HttpSink {
         let host = uri.host().unwrap_or("").to_owned();
         let port = uri
             .port_u16()
-            .unwrap_or(if uri.scheme_str() == Some("https") { 443 } else { 80 });
+            .unwrap_or(if uri.scheme_str() == Some("https") {
+                443
+            } else {
+                80
+            });
         let concat = match conf.get("concat_method").and_then(Value::as_str) {
             Some("new_line") => Concat::NewLine,
             _ => Concat::Json,
@@ -96,7 +100,11 @@ impl HttpSink {
 
     async fn post(&self, body: Bytes) -> Result<(), SendError> {
         let (host, port) = (&self.host, self.port);
-        match self.target.call(self.target.request(Method::POST, &self.uri), body).await {
+        match self
+            .target
+            .call(self.target.request(Method::POST, &self.uri), body)
+            .await
+        {
             Ok(resp) if resp.status().as_u16() >= 400 => {
                 let (status, body) = status_and_body(&resp);
                 Err(SendError::new(format!(
@@ -110,7 +118,9 @@ impl HttpSink {
             Err(CallError::Http(HttpError::Tls(e))) => Err(SendError::new(format!(
                 "failed to perform SSL with host[{host}] port[{port}] {e}"
             ))),
-            Err(e) => Err(e.into_send_error(&format!("error while sending data to [{host}] port[{port}] "))),
+            Err(e) => Err(e.into_send_error(&format!(
+                "error while sending data to [{host}] port[{port}] "
+            ))),
         }
     }
 }
@@ -155,7 +165,11 @@ mod tests {
         }
         let req = next(&mut rx).await;
         next(&mut rx).await;
-        assert!(req.head.starts_with("POST /log?a=1 HTTP/1.1\r\n"), "{}", req.head);
+        assert!(
+            req.head.starts_with("POST /log?a=1 HTTP/1.1\r\n"),
+            "{}",
+            req.head
+        );
         let lower = req.lower();
         assert!(lower.contains("content-type: application/json"));
         assert!(lower.contains("authorization: basic x"));
@@ -202,7 +216,9 @@ mod tests {
         let verified = sink_of(&services, json!({"uri": uri, "ssl_verify": true}));
         let err = verified.post(Bytes::from_static(b"{}")).await.unwrap_err();
         assert!(
-            err.message.starts_with(&format!("failed to perform SSL with host[127.0.0.1] port[{port}] ")),
+            err.message.starts_with(&format!(
+                "failed to perform SSL with host[127.0.0.1] port[{port}] "
+            )),
             "{}",
             err.message
         );
@@ -227,6 +243,9 @@ mod tests {
         );
         assert!(r.check(NAME, &json!({"uri": "127.0.0.1"})).is_err());
         assert_eq!(r.get(NAME).unwrap().priority, 410);
-        assert_eq!(r.get(NAME).unwrap().schema["properties"]["name"]["default"], "http logger");
+        assert_eq!(
+            r.get(NAME).unwrap().schema["properties"]["name"]["default"],
+            "http logger"
+        );
     }
 }

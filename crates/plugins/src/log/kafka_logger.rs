@@ -131,7 +131,8 @@ fn schema() -> Value {
         "timeout".into(),
         json!({"type": "integer", "minimum": 1, "default": 3}),
     );
-    let int = |min: u64, default: u64| json!({"type": "integer", "minimum": min, "default": default});
+    let int =
+        |min: u64, default: u64| json!({"type": "integer", "minimum": min, "default": default});
     props.insert("cluster_name".into(), int(1, 1));
     props.insert("producer_batch_num".into(), int(1, 200));
     props.insert("producer_batch_size".into(), int(0, 1_048_576));
@@ -177,7 +178,12 @@ impl ProducerConf {
         let int = |k: &str, d: u64| conf.get(k).and_then(Value::as_u64).unwrap_or(d);
         let mut brokers = Vec::new();
         let mut sasl = None;
-        for b in conf.get("brokers").and_then(Value::as_array).into_iter().flatten() {
+        for b in conf
+            .get("brokers")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             let host = b.get("host").and_then(Value::as_str).unwrap_or("");
             let port = b.get("port").and_then(Value::as_u64).unwrap_or(9092);
             brokers.push(broker_addr(host, port));
@@ -191,7 +197,12 @@ impl ProducerConf {
                 });
             }
         }
-        for (host, port) in conf.get("broker_list").and_then(Value::as_object).into_iter().flatten() {
+        for (host, port) in conf
+            .get("broker_list")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+        {
             brokers.push(broker_addr(host, port.as_u64().unwrap_or(9092)));
         }
         if brokers.is_empty() {
@@ -293,7 +304,12 @@ impl Producer {
     }
 
     /// The topic's partitions and the one for `key`.
-    async fn partition(&self, cluster: &mut Cluster, topic: &str, key: Option<&[u8]>) -> Result<i32, String> {
+    async fn partition(
+        &self,
+        cluster: &mut Cluster,
+        topic: &str,
+        key: Option<&[u8]>,
+    ) -> Result<i32, String> {
         let client = match &cluster.client {
             Some(c) => c.clone(),
             None => {
@@ -323,7 +339,12 @@ impl Producer {
         Ok(parts[id as usize % parts.len()])
     }
 
-    async fn leader(&self, cluster: &mut Cluster, topic: &str, partition: i32) -> Result<Arc<PartitionClient>, String> {
+    async fn leader(
+        &self,
+        cluster: &mut Cluster,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Arc<PartitionClient>, String> {
         let k = (topic.to_owned(), partition);
         if let Some(c) = cluster.leaders.get(&k) {
             return Ok(c.clone());
@@ -341,7 +362,12 @@ impl Producer {
 
     /// Places and sends `records` (all for `topic`, with `key`), bounded by the timeout; a
     /// failure forgets the connection so the next call starts afresh.
-    async fn send_now(&self, topic: &str, key: Option<&[u8]>, values: Vec<Bytes>) -> Result<(), String> {
+    async fn send_now(
+        &self,
+        topic: &str,
+        key: Option<&[u8]>,
+        values: Vec<Bytes>,
+    ) -> Result<(), String> {
         let attempt = async {
             let mut cluster = self.cluster.lock().await;
             let mut by_partition: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
@@ -462,7 +488,10 @@ impl Producer {
         }
         let mut groups: BTreeMap<(Arc<str>, i32), Vec<Record>> = BTreeMap::new();
         for p in placed {
-            groups.entry((p.topic, p.partition)).or_default().push(p.record);
+            groups
+                .entry((p.topic, p.partition))
+                .or_default()
+                .push(p.record);
         }
         for ((topic, partition), records) in groups {
             for chunk in self.chunks(records) {
@@ -491,7 +520,12 @@ impl Producer {
         dropped
     }
 
-    async fn produce(&self, topic: &str, partition: i32, records: Vec<Record>) -> Result<(), String> {
+    async fn produce(
+        &self,
+        topic: &str,
+        partition: i32,
+        records: Vec<Record>,
+    ) -> Result<(), String> {
         let attempt = async {
             let mut cluster = self.cluster.lock().await;
             if cluster.client.is_none() {
@@ -572,7 +606,8 @@ impl KafkaSink {
         let p = &self.producer;
         // At shutdown the async task may be gone: the last batches are sent at once.
         let r = if p.conf.sync || self.shutdown.is_started() {
-            p.send_now(&self.topic, self.key.as_deref(), vec![message]).await
+            p.send_now(&self.topic, self.key.as_deref(), vec![message])
+                .await
         } else {
             p.buffer(self.topic.clone(), self.key.clone(), message)
         };
@@ -782,7 +817,10 @@ mod tests {
         );
         assert!(got.iter().all(|r| r.key.is_none() && r.topic == "raw"));
         let on_0 = got.iter().filter(|r| r.partition == 0).count();
-        assert_eq!(on_0, 2, "keyless messages rotate over the partitions: {got:?}");
+        assert_eq!(
+            on_0, 2,
+            "keyless messages rotate over the partitions: {got:?}"
+        );
     }
 
     #[tokio::test]
@@ -803,7 +841,11 @@ mod tests {
         // The test CA is none of the system's roots: nothing is sent.
         let p = compile(&c, &conf(true), "kl-6");
         p.log(&log_ctx(&*p, 4));
-        assert!(tokio::time::timeout(Duration::from_millis(1500), b.records.recv()).await.is_err());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(1500), b.records.recv())
+                .await
+                .is_err()
+        );
         // Verified against a trusted bundle that holds it (the gateway's
         // `ssl_trusted_certificate`), the same connection goes through: the broker is named
         // by its IP, which the certificate lists.
@@ -816,7 +858,10 @@ mod tests {
         let trusted = TlsClient::new(Some(Arc::new(roots)));
         let pc = ProducerConf::new(conf(true).as_object().unwrap(), &trusted).unwrap();
         let producer = Producer::new(pc);
-        producer.send_now("sec", None, vec![Bytes::from("verified")]).await.unwrap();
+        producer
+            .send_now("sec", None, vec![Bytes::from("verified")])
+            .await
+            .unwrap();
         assert_eq!(next(&mut b.records).await.value, b"verified");
     }
 
@@ -831,7 +876,10 @@ mod tests {
         p.log(&log_ctx(&*p, 7));
         let r = next(&mut b.records).await;
         let entry: Value = serde_json::from_slice(&r.value).unwrap();
-        assert_eq!(entry["request"]["uri"], "/x?n=7", "a lone entry is not wrapped");
+        assert_eq!(
+            entry["request"]["uri"], "/x?n=7",
+            "a lone entry is not wrapped"
+        );
         assert_eq!(b.auths.recv().await.unwrap(), b"\0user\0pass");
     }
 
@@ -852,14 +900,22 @@ mod tests {
             let conf = json!({"brokers": [{"host": "127.0.0.1", "port": port}], "kafka_topic": "t",
                 "producer_type": kind, "batch_max_size": 10, "timeout": 1});
             let p = (DEF.compile)(&c.cx(NAME, &conf, &format!("kl-4-{i}"), Some(&meta))).unwrap();
-            let backlog = c.registry.services().shared::<super::super::batch_processor::Backlogs>().of(NAME);
+            let backlog = c
+                .registry
+                .services()
+                .shared::<super::super::batch_processor::Backlogs>()
+                .of(NAME);
             let discarded = backlog.discarded();
             // Pushes only: if the log phase waited for the broker this would hang.
             for n in 0..1000 {
                 p.log(&log_ctx(&*p, n));
             }
             assert!(backlog.pending() <= 100, "{kind}: {}", backlog.pending());
-            assert!(backlog.discarded() - discarded >= 800, "{kind}: {}", backlog.discarded());
+            assert!(
+                backlog.discarded() - discarded >= 800,
+                "{kind}: {}",
+                backlog.discarded()
+            );
         }
     }
 
@@ -868,49 +924,96 @@ mod tests {
         let r = crate::PluginRegistry::builtin();
         let ok = json!({"brokers": [{"host": "127.0.0.1", "port": 9092}], "kafka_topic": "t"});
         assert!(r.check(NAME, &ok).is_ok());
-        assert!(r.check(NAME, &json!({"broker_list": {"127.0.0.1": 9092}, "kafka_topic": "t"})).is_ok());
+        assert!(r
+            .check(
+                NAME,
+                &json!({"broker_list": {"127.0.0.1": 9092}, "kafka_topic": "t"})
+            )
+            .is_ok());
         assert!(r.check(NAME, &json!({"kafka_topic": "t"})).is_err());
-        assert!(r.check(NAME, &json!({"brokers": [{"host": "127.0.0.1", "port": 9092}]})).is_err());
+        assert!(r
+            .check(
+                NAME,
+                &json!({"brokers": [{"host": "127.0.0.1", "port": 9092}]})
+            )
+            .is_err());
         let bad_port = json!({"brokers": [{"host": "127.0.0.1", "port": 0}], "kafka_topic": "t"});
         assert!(r.check(NAME, &bad_port).unwrap_err().contains("port"));
-        let bad_acks = json!({"brokers": [{"host": "a", "port": 1}], "kafka_topic": "t", "required_acks": 0});
-        assert!(r.check(NAME, &bad_acks).unwrap_err().contains("required_acks"));
+        let bad_acks =
+            json!({"brokers": [{"host": "a", "port": 1}], "kafka_topic": "t", "required_acks": 0});
+        assert!(r
+            .check(NAME, &bad_acks)
+            .unwrap_err()
+            .contains("required_acks"));
         let tls = json!({"brokers": [{"host": "a", "port": 1}], "kafka_topic": "t", "tls": {"verify": true}});
         assert!(r.check(NAME, &tls).is_ok());
         let info = r.get(NAME).unwrap();
         assert_eq!(info.priority, 403);
         assert_eq!(info.schema["properties"]["name"]["default"], "kafka logger");
-        assert_eq!(info.schema["properties"]["producer_max_buffering"]["default"], 50000);
+        assert_eq!(
+            info.schema["properties"]["producer_max_buffering"]["default"],
+            50000
+        );
     }
 
     #[tokio::test]
     async fn the_async_buffer_is_bounded_and_dropped_when_kafka_is_down() {
-        let port = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let conf = json!({"broker_list": {"127.0.0.1": port}, "timeout": 1,
             "producer_max_buffering": 2});
-        let p = Producer::new(ProducerConf::new(conf.as_object().unwrap(), &TlsClient::new(None)).unwrap());
+        let p = Producer::new(
+            ProducerConf::new(conf.as_object().unwrap(), &TlsClient::new(None)).unwrap(),
+        );
         let topic: Arc<str> = "t".into();
         assert_eq!(p.buffer(topic.clone(), None, Bytes::from("a")), Ok(()));
         assert_eq!(p.buffer(topic.clone(), None, Bytes::from("b")), Ok(()));
-        assert_eq!(p.buffer(topic.clone(), None, Bytes::from("c")), Err("buffer overflow".into()));
+        assert_eq!(
+            p.buffer(topic.clone(), None, Bytes::from("c")),
+            Err("buffer overflow".into())
+        );
         let start = Instant::now();
         assert_eq!(p.flush().await, 2, "both dropped");
-        assert!(start.elapsed() < Duration::from_secs(3), "one timeout, not one per message");
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "one timeout, not one per message"
+        );
         assert_eq!(p.buffered.load(Ordering::Relaxed), 0);
-        assert_eq!(p.buffer(topic, None, Bytes::from("d")), Ok(()), "room again");
+        assert_eq!(
+            p.buffer(topic, None, Bytes::from("d")),
+            Ok(()),
+            "room again"
+        );
     }
 
     #[test]
     fn chunks_respect_batch_num_and_size() {
-        let mut conf = ProducerConf::new(json!({"broker_list": {"h": 1}}).as_object().unwrap(), &TlsClient::new(None)).unwrap();
+        let mut conf = ProducerConf::new(
+            json!({"broker_list": {"h": 1}}).as_object().unwrap(),
+            &TlsClient::new(None),
+        )
+        .unwrap();
         conf.batch_num = 2;
         conf.batch_size = 10;
         let p = Producer::new(conf);
-        let recs = |sizes: &[usize]| sizes.iter().map(|n| record(None, &vec![b'x'; *n])).collect();
+        let recs = |sizes: &[usize]| {
+            sizes
+                .iter()
+                .map(|n| record(None, &vec![b'x'; *n]))
+                .collect()
+        };
         let lens = |c: Vec<Vec<Record>>| c.iter().map(Vec::len).collect::<Vec<_>>();
         assert_eq!(lens(p.chunks(recs(&[1, 1, 1, 1, 1]))), [2, 2, 1]);
         assert_eq!(lens(p.chunks(recs(&[6, 6, 3]))), [1, 2]);
-        assert_eq!(lens(p.chunks(recs(&[20]))), [1], "an oversized message still goes alone");
+        assert_eq!(
+            lens(p.chunks(recs(&[20]))),
+            [1],
+            "an oversized message still goes alone"
+        );
         assert_eq!(broker_addr("::1", 9092), "[::1]:9092");
     }
 }

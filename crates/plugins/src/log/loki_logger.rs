@@ -26,7 +26,8 @@ pub static DEF: PluginDef = PluginDef {
 };
 
 fn schema() -> Value {
-    let strings = json!({"type": "object", "patternProperties": {".*": {"type": "string", "minLength": 1}}});
+    let strings =
+        json!({"type": "object", "patternProperties": {".*": {"type": "string", "minLength": 1}}});
     let mut labels = strings.clone();
     labels["default"] = json!({"job": "apisix"});
     sink::schema(
@@ -82,7 +83,11 @@ impl LokiSink {
     async fn push(&self, entries: &[Bytes]) -> Result<(), SendError> {
         let body = Bytes::from(lua::cjson_encode(&push_body(entries)));
         let url = conf::pick(&self.urls);
-        match self.target.call(self.target.request(Method::POST, url), body).await {
+        match self
+            .target
+            .call(self.target.request(Method::POST, url), body)
+            .await
+        {
             Ok(r) if r.status().as_u16() >= 300 => {
                 let (status, body) = status_and_body(&r);
                 Err(SendError::new(format!(
@@ -200,16 +205,24 @@ mod tests {
             });
         }
         let req = next(&mut rx).await;
-        let (head, body): (String, Value) = (req.lower(), serde_json::from_slice(&req.body).unwrap());
-        assert!(head.starts_with("post /loki/api/v1/push http/1.1"), "{head}");
+        let (head, body): (String, Value) =
+            (req.lower(), serde_json::from_slice(&req.body).unwrap());
+        assert!(
+            head.starts_with("post /loki/api/v1/push http/1.1"),
+            "{head}"
+        );
         assert!(head.contains("x-scope-orgid: t1"));
         let streams = body["streams"].as_array().unwrap();
         assert_eq!(streams.len(), 2);
         assert_eq!(streams[0]["stream"], json!({"job": "gw", "code": "200"}));
         assert_eq!(streams[0]["values"].as_array().unwrap().len(), 2);
-        let line: Value = serde_json::from_str(streams[1]["values"][0][1].as_str().unwrap()).unwrap();
+        let line: Value =
+            serde_json::from_str(streams[1]["values"][0][1].as_str().unwrap()).unwrap();
         assert_eq!(line, json!({"s": "500", "route_id": "no-matched"}));
-        assert!(streams[1]["values"][0][0].as_str().unwrap().ends_with("000000"));
+        assert!(streams[1]["values"][0][0]
+            .as_str()
+            .unwrap()
+            .ends_with("000000"));
     }
 
     #[tokio::test]
@@ -229,16 +242,27 @@ mod tests {
         // Verified against the system's bundle, the test certificate fails.
         let sink = LokiSink {
             urls: vec![format!("https://127.0.0.1:{port}/loki/api/v1/push")],
-            target: HttpTarget::new(c.registry.services(), std::time::Duration::from_secs(3), true, Vec::new()),
+            target: HttpTarget::new(
+                c.registry.services(),
+                std::time::Duration::from_secs(3),
+                true,
+                Vec::new(),
+            ),
         };
         let err = sink.push(&[Bytes::from_static(b"{}")]).await.unwrap_err();
-        assert!(err.message.starts_with("TLS handshake failed: "), "{}", err.message);
+        assert!(
+            err.message.starts_with("TLS handshake failed: "),
+            "{}",
+            err.message
+        );
     }
 
     #[test]
     fn schema_messages() {
         let r = crate::PluginRegistry::builtin();
-        assert!(r.check(NAME, &json!({"endpoint_addrs": ["http://127.0.0.1:3100"]})).is_ok());
+        assert!(r
+            .check(NAME, &json!({"endpoint_addrs": ["http://127.0.0.1:3100"]}))
+            .is_ok());
         assert!(r.check(NAME, &json!({"endpoint_addrs": []})).is_err());
         assert_eq!(r.get(NAME).unwrap().priority, 414);
     }

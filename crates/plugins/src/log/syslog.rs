@@ -41,14 +41,20 @@ fn schema() -> Value {
 /// log-util's `get_rfc3339_zulu_timestamp`: `2024-01-02T03:04:05.678Z`.
 fn rfc3339_ms(ms: u64) -> String {
     let (y, m, d, h, mi, s, _) = civil(ms / 1000);
-    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{:03}Z", ms % 1000)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{:03}Z",
+        ms % 1000
+    )
 }
 
 /// `rfc5424.encode("SYSLOG", "INFO", host, "apisix", pid, msg)`.
 fn rfc5424(ms: u64, host: Option<&str>, pid: u32, msg: &str) -> String {
     const PRI: u32 = 5 * 8 + 6;
     let host = host.filter(|h| !h.is_empty()).unwrap_or("-");
-    format!("<{PRI}>1 {} {host} apisix {pid} - - {msg}\n", rfc3339_ms(ms))
+    format!(
+        "<{PRI}>1 {} {host} apisix {pid} - - {msg}\n",
+        rfc3339_ms(ms)
+    )
 }
 
 struct SyslogSink {
@@ -67,9 +73,11 @@ impl SyslogSink {
         } else {
             net::tcp(host, port, self.timeout, self.tls.as_ref(), &data).await
         };
-        sent.map_err(|(NetError::Connect(e) | NetError::Handshake(e) | NetError::Send(e))| {
-            SendError::new(format!("failed to log message: {e}"))
-        })
+        sent.map_err(
+            |(NetError::Connect(e) | NetError::Handshake(e) | NetError::Send(e))| {
+                SendError::new(format!("failed to log message: {e}"))
+            },
+        )
     }
 }
 
@@ -192,9 +200,14 @@ mod tests {
     #[test]
     fn schema_messages() {
         let r = crate::PluginRegistry::builtin();
-        assert!(r.check(NAME, &json!({"host": "127.0.0.1", "port": 514})).is_ok());
         assert!(r
-            .check(NAME, &json!({"host": "127.0.0.1", "port": 514, "sock_type": "unix"}))
+            .check(NAME, &json!({"host": "127.0.0.1", "port": 514}))
+            .is_ok());
+        assert!(r
+            .check(
+                NAME,
+                &json!({"host": "127.0.0.1", "port": 514, "sock_type": "unix"})
+            )
             .is_err());
         assert_eq!(r.get(NAME).unwrap().priority, 401);
     }

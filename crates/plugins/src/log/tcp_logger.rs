@@ -117,7 +117,13 @@ mod tests {
             got.push(serde_json::from_str::<Value>(&text).unwrap());
         }
         got.sort_by_key(|v| v["code"].as_str().unwrap().to_owned());
-        assert_eq!(got, vec![json!({"case": "meta", "code": "200"}), json!({"case": "meta", "code": "404"})]);
+        assert_eq!(
+            got,
+            vec![
+                json!({"case": "meta", "code": "200"}),
+                json!({"case": "meta", "code": "404"})
+            ]
+        );
     }
 
     #[tokio::test]
@@ -138,7 +144,10 @@ mod tests {
         assert_eq!(s.get_ref().1.server_name(), Some("logs.example"));
         let mut text = String::new();
         s.read_to_string(&mut text).await.unwrap();
-        assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), json!({"s": "201"}));
+        assert_eq!(
+            serde_json::from_str::<Value>(&text).unwrap(),
+            json!({"s": "201"})
+        );
     }
 
     #[tokio::test]
@@ -150,7 +159,8 @@ mod tests {
             let _ = tokio::io::AsyncWriteExt::write_all(&mut s, b"HTTP/1.1 400 Bad\r\n\r\n").await;
         });
         let c = Compiler::new();
-        let conf = serde_json::from_value(json!({"host": "127.0.0.1", "port": port, "tls": true})).unwrap();
+        let conf = serde_json::from_value(json!({"host": "127.0.0.1", "port": port, "tls": true}))
+            .unwrap();
         let sink = TcpSink {
             host: "127.0.0.1".into(),
             port,
@@ -178,7 +188,9 @@ mod tests {
             r.check(NAME, &json!({"host": "127.0.0.1"})),
             Err("failed to check the configuration of plugin tcp-logger err: property \"port\" is required".into())
         );
-        assert!(r.check(NAME, &json!({"host": "127.0.0.1", "port": 1})).is_ok());
+        assert!(r
+            .check(NAME, &json!({"host": "127.0.0.1", "port": 1}))
+            .is_ok());
         assert_eq!(r.get(NAME).unwrap().priority, 405);
     }
 }

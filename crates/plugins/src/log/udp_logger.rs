@@ -101,7 +101,9 @@ mod tests {
     #[test]
     fn schema_messages() {
         let r = crate::PluginRegistry::builtin();
-        assert!(r.check(NAME, &json!({"host": "127.0.0.1", "port": 1})).is_ok());
+        assert!(r
+            .check(NAME, &json!({"host": "127.0.0.1", "port": 1}))
+            .is_ok());
         assert!(r.check(NAME, &json!({"port": 1})).is_err());
         assert_eq!(r.get(NAME).unwrap().priority, 400);
     }

@@ -26,7 +26,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferrisix_plugin_api::{
-    CompileCtx, LogCtx, LogNeeds, Phases, Plugin, PluginCtx, PluginDef, ResponseSource, StateMap, Step, VarNames,
+    CompileCtx, LogCtx, LogNeeds, Phases, Plugin, PluginCtx, PluginDef, ResponseSource, StateMap,
+    Step, VarNames,
 };
 use ferrisix_router::VarSource;
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -38,14 +39,16 @@ use opentelemetry::Context;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
 use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{span, status, ResourceSpans, ScopeSpans, Span, Status};
+use opentelemetry_proto::tonic::trace::v1::{
+    span, status, ResourceSpans, ScopeSpans, Span, Status,
+};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{Sampler, SamplingDecision, ShouldSample};
 use prost::Message;
 use serde_json::{json, Map, Value};
 
 use crate::log::batch_processor::{
-    BatchConfig, BatchProcessor, BatchSink, Backlogs, SendError, SendFuture,
+    Backlogs, BatchConfig, BatchProcessor, BatchSink, SendError, SendFuture,
 };
 use crate::support::trace::{new_span_id, new_trace_id, now_ns, Collector};
 
@@ -226,10 +229,7 @@ impl Exporter {
                 .and_then(Value::as_str)
                 .unwrap_or("127.0.0.1:4318")
                 .to_owned(),
-            timeout: Duration::from_secs(int(
-                collector.and_then(|c| c.get("request_timeout")),
-                3,
-            )),
+            timeout: Duration::from_secs(int(collector.and_then(|c| c.get("request_timeout")), 3)),
             headers,
             resource,
             x_request_id: settings.get("trace_id_source").and_then(Value::as_str)
@@ -278,7 +278,10 @@ impl OtlpSink {
             }],
         };
         self.collector
-            .post(Bytes::from(req.encode_to_vec()), "failed to export traces: ")
+            .post(
+                Bytes::from(req.encode_to_vec()),
+                "failed to export traces: ",
+            )
             .await
     }
 }
@@ -346,9 +349,9 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let header_prefixes = list("additional_header_prefix_attributes");
     let services = cx.services;
     let e = exporter.clone();
-    let processor = services
-        .shared::<StateMap<BatchProcessor>>()
-        .lease(&format!("opentelemetry:{}", exporter.key()), || {
+    let processor = services.shared::<StateMap<BatchProcessor>>().lease(
+        &format!("opentelemetry:{}", exporter.key()),
+        || {
             let sink = OtlpSink {
                 collector: Collector {
                     url: format!("http://{}/v1/traces", e.address),
@@ -374,10 +377,17 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
                 e.max_queue_size,
                 services,
             )
-        });
+        },
+    );
     let needs = LogNeeds {
-        vars: (!additional.is_empty())
-            .then(|| VarNames::from(additional.iter().map(|a| a.as_str().into()).collect::<Vec<_>>())),
+        vars: (!additional.is_empty()).then(|| {
+            VarNames::from(
+                additional
+                    .iter()
+                    .map(|a| a.as_str().into())
+                    .collect::<Vec<_>>(),
+            )
+        }),
         request_headers: !header_prefixes.is_empty(),
         ..LogNeeds::default()
     };
@@ -407,7 +417,10 @@ struct HeadersMut<'a>(&'a mut HeaderMap);
 
 impl Injector for HeadersMut<'_> {
     fn set(&mut self, key: &str, value: String) {
-        if let (Ok(k), Ok(v)) = (HeaderName::from_bytes(key.as_bytes()), HeaderValue::from_str(&value)) {
+        if let (Ok(k), Ok(v)) = (
+            HeaderName::from_bytes(key.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
             self.0.insert(k, v);
         }
     }
@@ -419,7 +432,9 @@ fn trace_id_from_request_id(id: &str) -> Option<TraceId> {
     if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
-    TraceId::from_hex(&id).ok().filter(|t| *t != TraceId::INVALID)
+    TraceId::from_hex(&id)
+        .ok()
+        .filter(|t| *t != TraceId::INVALID)
 }
 
 impl Opentelemetry {
@@ -433,7 +448,10 @@ impl Opentelemetry {
         } else {
             self.exporter
                 .x_request_id
-                .then(|| ctx.header("x-request-id").and_then(trace_id_from_request_id))
+                .then(|| {
+                    ctx.header("x-request-id")
+                        .and_then(trace_id_from_request_id)
+                })
                 .flatten()
                 .unwrap_or_else(new_trace_id)
         };
@@ -455,7 +473,10 @@ impl Opentelemetry {
         if let Some(route) = ctx.route() {
             let path = ctx.matched_uri().to_owned();
             attributes.push(string_kv("apisix.route_id", route.id.clone()));
-            attributes.push(string_kv("apisix.route_name", route.name.clone().unwrap_or_default()));
+            attributes.push(string_kv(
+                "apisix.route_name",
+                route.name.clone().unwrap_or_default(),
+            ));
             attributes.push(string_kv("http.route", path.clone()));
             name = format!("{name} {path}");
             if let Some(s) = &route.service_id {
@@ -524,7 +545,8 @@ impl Opentelemetry {
             ResponseSource::Nginx => "nginx",
             ResponseSource::Apisix => "apisix",
         };
-        span.attributes.push(string_kv("apisix.response_source", source));
+        span.attributes
+            .push(string_kv("apisix.response_source", source));
         if ctx.status >= 500 {
             span.status = Some(Status {
                 message: format!("{source} error: {}", ctx.status),
@@ -532,9 +554,12 @@ impl Opentelemetry {
             });
         }
         let code = i64::from(ctx.status);
-        span.attributes.push(kv("http.status_code", any_value::Value::IntValue(code)));
         span.attributes
-            .push(kv("http.response.status_code", any_value::Value::IntValue(code)));
+            .push(kv("http.status_code", any_value::Value::IntValue(code)));
+        span.attributes.push(kv(
+            "http.response.status_code",
+            any_value::Value::IntValue(code),
+        ));
         for key in &self.additional {
             if let Some(v) = ctx.var(key) {
                 span.attributes.push(string_kv(key, v.into_owned()));
@@ -653,13 +678,25 @@ mod tests {
                 .find(|a| a.key == k)
                 .and_then(|a| a.value.clone()?.value)
         };
-        assert_eq!(attr("http.route"), Some(any_value::Value::StringValue("/a/*".into())));
-        assert_eq!(attr("http.target"), Some(any_value::Value::StringValue("/a/b?x=1".into())));
-        assert_eq!(attr("user_agent.original"), Some(any_value::Value::StringValue("curl".into())));
+        assert_eq!(
+            attr("http.route"),
+            Some(any_value::Value::StringValue("/a/*".into()))
+        );
+        assert_eq!(
+            attr("http.target"),
+            Some(any_value::Value::StringValue("/a/b?x=1".into()))
+        );
+        assert_eq!(
+            attr("user_agent.original"),
+            Some(any_value::Value::StringValue("curl".into()))
+        );
         let sent = req.headers["traceparent"].to_str().unwrap().to_owned();
         assert_eq!(
             sent,
-            format!("00-0af7651916cd43dd8448eb211c80319c-{}-01", hex(&span.span_id))
+            format!(
+                "00-0af7651916cd43dd8448eb211c80319c-{}-01",
+                hex(&span.span_id)
+            )
         );
         assert_eq!(req.headers["tracestate"], "k=v");
     }
@@ -674,25 +711,35 @@ mod tests {
         let mut req = TestRequest::get("/");
         let (_, span) = run(json!({}), &mut req);
         assert!(span.is_none());
-        assert!(req.headers["traceparent"].to_str().unwrap().ends_with("-00"));
+        assert!(req.headers["traceparent"]
+            .to_str()
+            .unwrap()
+            .ends_with("-00"));
         // parent_base follows the parent's flag, else its root.
         let mut req = TestRequest::get("/").header("traceparent", PARENT);
         let (_, span) = run(json!({"sampler": {"name": "parent_base"}}), &mut req);
         assert!(span.is_some());
         let unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
         let mut req = TestRequest::get("/").header("traceparent", unsampled);
-        let conf = json!({"sampler": {"name": "parent_base", "options": {"root": {"name": "always_on"}}}});
+        let conf =
+            json!({"sampler": {"name": "parent_base", "options": {"root": {"name": "always_on"}}}});
         let (_, span) = run(conf.clone(), &mut req);
         assert!(span.is_none());
         let mut req = TestRequest::get("/");
-        assert!(run(conf, &mut req).1.is_some(), "no parent: the root decides");
+        assert!(
+            run(conf, &mut req).1.is_some(),
+            "no parent: the root decides"
+        );
         // trace_id_ratio: about the fraction.
         let sampled = (0..1000)
             .filter(|_| {
                 let mut req = TestRequest::get("/");
-                run(json!({"sampler": {"name": "trace_id_ratio", "options": {"fraction": 0.3}}}), &mut req)
-                    .1
-                    .is_some()
+                run(
+                    json!({"sampler": {"name": "trace_id_ratio", "options": {"fraction": 0.3}}}),
+                    &mut req,
+                )
+                .1
+                .is_some()
             })
             .count();
         assert!((200..400).contains(&sampled), "{sampled}");
@@ -743,10 +790,20 @@ mod tests {
         let head = got.lower();
         let export = ExportTraceServiceRequest::decode(&got.body[..]).unwrap();
         assert!(head.starts_with("post /v1/traces http/1.1"), "{head}");
-        assert!(head.contains("content-type: application/x-protobuf"), "{head}");
+        assert!(
+            head.contains("content-type: application/x-protobuf"),
+            "{head}"
+        );
         assert!(head.contains("x-tenant: t1"), "{head}");
         let rs = &export.resource_spans[0];
-        let res: Vec<&str> = rs.resource.as_ref().unwrap().attributes.iter().map(|a| a.key.as_str()).collect();
+        let res: Vec<&str> = rs
+            .resource
+            .as_ref()
+            .unwrap()
+            .attributes
+            .iter()
+            .map(|a| a.key.as_str())
+            .collect();
         assert!(res.contains(&"hostname") && res.contains(&"service.name") && res.contains(&"env"));
         let span = &rs.scope_spans[0].spans[0];
         assert_eq!(hex(&span.trace_id), "0af7651916cd43dd8448eb211c80319c");
@@ -755,7 +812,10 @@ mod tests {
         assert!(before <= span.start_time_unix_nano && span.end_time_unix_nano <= after);
         assert!(span.end_time_unix_nano - span.start_time_unix_nano >= 20_000_000);
         let status = span.status.as_ref().unwrap();
-        assert_eq!((status.code, status.message.as_str()), (status::StatusCode::Error as i32, "nginx error: 502"));
+        assert_eq!(
+            (status.code, status.message.as_str()),
+            (status::StatusCode::Error as i32, "nginx error: 502")
+        );
         let attr = |k: &str| {
             span.attributes
                 .iter()
@@ -763,7 +823,10 @@ mod tests {
                 .and_then(|a| a.value.clone()?.value)
         };
         let s = |v: &str| Some(any_value::Value::StringValue(v.into()));
-        assert_eq!(attr("http.status_code"), Some(any_value::Value::IntValue(502)));
+        assert_eq!(
+            attr("http.status_code"),
+            Some(any_value::Value::IntValue(502))
+        );
         assert_eq!(attr("apisix.response_source"), s("nginx"));
         assert_eq!(attr("arg_q"), s("7"));
         assert_eq!(attr("x-my-a"), s("1"));
@@ -775,16 +838,26 @@ mod tests {
     #[test]
     fn schema_and_metadata() {
         let r = crate::PluginRegistry::builtin();
-        assert!(r.check(NAME, &json!({"sampler": {"name": "always_on"}})).is_ok());
-        assert!(r.check(NAME, &json!({"sampler": {"name": "sometimes"}})).is_err());
         assert!(r
-            .check_metadata(NAME, &json!({"collector": {"address": "127.0.0.1:4318"},
-                "resource": {"service.name": "gw", "n": 1}}))
+            .check(NAME, &json!({"sampler": {"name": "always_on"}}))
+            .is_ok());
+        assert!(r
+            .check(NAME, &json!({"sampler": {"name": "sometimes"}}))
+            .is_err());
+        assert!(r
+            .check_metadata(
+                NAME,
+                &json!({"collector": {"address": "127.0.0.1:4318"},
+                "resource": {"service.name": "gw", "n": 1}})
+            )
             .is_ok());
         assert_eq!(r.get(NAME).unwrap().priority, 12009);
         let e = Exporter::new(&json!({"resource": {"service.name": "gw"}}));
         assert!(e.resource.iter().all(|kv| kv.key != "service.name"
-            || kv.value == Some(AnyValue { value: Some(any_value::Value::StringValue("gw".into())) })));
+            || kv.value
+                == Some(AnyValue {
+                    value: Some(any_value::Value::StringValue("gw".into()))
+                })));
         assert_eq!(e.max_export_batch_size, 256);
     }
 }

@@ -23,8 +23,8 @@ use ferrisix_config::schema::lua;
 use ferrisix_config::settings::{MetricAttr, PrometheusAttr};
 use ferrisix_plugin_api::{
     ApiAnswer, Clock, CompileCtx, ConnStats, Lease, LogCtx, LogNeeds, Phases, Plugin, PluginApi,
-    PluginDef, PluginServices, ResponseSource, Retain, RouteInfo, RunPolicy, SharedState,
-    StateMap, VarNames,
+    PluginDef, PluginServices, ResponseSource, Retain, RouteInfo, RunPolicy, SharedState, StateMap,
+    VarNames,
 };
 use ferrisix_router::VarSource;
 use http::{HeaderValue, Method, StatusCode};
@@ -612,7 +612,9 @@ impl Metrics {
         }
         for (values, child) in &v.extra {
             // Each child holds one metric's series; the pairs of the others go unused.
-            let (consumer, values) = values.split_first().map_or(("", &[][..]), |(c, rest)| (c.as_str(), rest));
+            let (consumer, values) = values
+                .split_first()
+                .map_or(("", &[][..]), |(c, rest)| (c.as_str(), rest));
             let (s, l, b) = (
                 self.extra_status.pairs(values),
                 self.extra_latency.pairs(values),
@@ -637,7 +639,15 @@ impl Metrics {
         let disabled = self.disabled.load_full();
         for g in &groups {
             let v = g.read(now);
-            self.group_lines(g, &v, &v, disabled.as_deref(), "", [&[], &[], &[]], &mut lines);
+            self.group_lines(
+                g,
+                &v,
+                &v,
+                disabled.as_deref(),
+                "",
+                [&[], &[], &[]],
+                &mut lines,
+            );
         }
 
         let c = self.conn_stats.read();
@@ -1073,7 +1083,9 @@ plugin_attr:
         assert!(text.contains("apisix_bandwidth{type=\"egress\",route=\"c\",service=\"\",consumer=\"jack\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\"} 1224\n"), "{text}");
         assert!(text.contains("apisix_bandwidth{type=\"egress\",route=\"c\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\"} 612\n"), "{text}");
         // disabled_labels blanks it, and the series that then share a key are summed.
-        m.set_metadata(Some(&json!({"disabled_labels": {"bandwidth": ["consumer"]}})));
+        m.set_metadata(Some(
+            &json!({"disabled_labels": {"bandwidth": ["consumer"]}}),
+        ));
         let text = m.render();
         assert!(text.contains("apisix_bandwidth{type=\"egress\",route=\"c\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\"} 1836\n"), "{text}");
     }

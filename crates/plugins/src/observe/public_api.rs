@@ -28,7 +28,11 @@ fn schema() -> Value {
 
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     Ok(Arc::new(PublicApi {
-        uri: cx.conf.get("uri").and_then(Value::as_str).map(str::to_owned),
+        uri: cx
+            .conf
+            .get("uri")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
         apis: cx.apis.clone(),
     }))
 }

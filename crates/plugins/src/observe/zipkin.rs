@@ -37,8 +37,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferrisix_plugin_api::{
-    CompileCtx, Exit, Lease, LogCtx, Phases, Plugin, PluginCtx, PluginDef, ResponseHead,
-    StateMap, Step,
+    CompileCtx, Exit, Lease, LogCtx, Phases, Plugin, PluginCtx, PluginDef, ResponseHead, StateMap,
+    Step,
 };
 use ferrisix_router::VarSource;
 use http::{HeaderName, HeaderValue, StatusCode};
@@ -93,10 +93,10 @@ struct ZipkinSink(Collector);
 
 impl BatchSink for ZipkinSink {
     fn send<'a>(&'a self, entries: &'a [Bytes], batch_max_size: usize) -> SendFuture<'a> {
-        Box::pin(
-            self.0
-                .post(encode_batch(entries, batch_max_size, Concat::Json), "failed: "),
-        )
+        Box::pin(self.0.post(
+            encode_batch(entries, batch_max_size, Concat::Json),
+            "failed: ",
+        ))
     }
 }
 
@@ -116,9 +116,9 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         .ok_or("endpoint is required")?
         .to_owned();
     let services = cx.services;
-    let processor = services
-        .shared::<StateMap<BatchProcessor>>()
-        .lease(&format!("{NAME}:{}", cx.state_key()), || {
+    let processor = services.shared::<StateMap<BatchProcessor>>().lease(
+        &format!("{NAME}:{}", cx.state_key()),
+        || {
             let sink = ZipkinSink(Collector {
                 url: endpoint,
                 content_type: HeaderValue::from_static("application/json"),
@@ -134,7 +134,8 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
                 DEFAULT_MAX_PENDING_ENTRIES,
                 services,
             )
-        });
+        },
+    );
     Ok(Arc::new(Zipkin {
         sample_ratio: conf
             .get("sample_ratio")
@@ -196,7 +197,12 @@ struct RequestTrace {
 }
 
 /// The `b3` single header: `(trace, span, sampled, parent)`, or why it is refused.
-type B3 = (Option<String>, Option<String>, Option<String>, Option<String>);
+type B3 = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
 
 fn parse_b3(b3: &str) -> Result<B3, &'static str> {
     if b3 == "0" {
@@ -204,7 +210,10 @@ fn parse_b3(b3: &str) -> Result<B3, &'static str> {
     }
     // ngx_re.split(b3, "-", nil, nil, 4): at most four pieces, the last keeping any rest.
     let mut pieces = b3.splitn(4, '-').map(str::to_owned);
-    let trace = pieces.next().filter(|s| !s.is_empty()).ok_or("missing trace_id")?;
+    let trace = pieces
+        .next()
+        .filter(|s| !s.is_empty())
+        .ok_or("missing trace_id")?;
     let span = pieces.next().ok_or("missing span_id")?;
     Ok((Some(trace), Some(span), pieces.next(), pieces.next()))
 }
@@ -351,7 +360,13 @@ impl Zipkin {
             if self.v1 {
                 let rewrite = SpanIds::child_of(&trace.request.id);
                 trace.rewrite_end_us = now_ns() / 1000;
-                self.report(&trace, "apisix.rewrite", &rewrite, start_us, trace.rewrite_end_us);
+                self.report(
+                    &trace,
+                    "apisix.rewrite",
+                    &rewrite,
+                    start_us,
+                    trace.rewrite_end_us,
+                );
             } else {
                 trace.proxy = Some(SpanIds::child_of(&trace.request.id));
             }
@@ -369,7 +384,13 @@ impl Zipkin {
             trace.access_end_us = now_ns() / 1000;
             trace.proxy = Some(SpanIds::child_of(&trace.request.id));
             let trace = trace.clone();
-            self.report(&trace, "apisix.access", &access, trace.rewrite_end_us, trace.access_end_us);
+            self.report(
+                &trace,
+                "apisix.access",
+                &access,
+                trace.rewrite_end_us,
+                trace.access_end_us,
+            );
         }
         let Some(trace) = ctx.get::<RequestTrace>() else {
             return;
@@ -609,7 +630,10 @@ mod tests {
         let after = now_ns() / 1000;
         drop(p); // the processor flushes what it holds
         let (head, spans) = spans(&mut rx).await;
-        assert!(head.starts_with("post /api/v2/spans?x=1 http/1.1"), "{head}");
+        assert!(
+            head.starts_with("post /api/v2/spans?x=1 http/1.1"),
+            "{head}"
+        );
         assert!(head.contains("content-type: application/json"), "{head}");
         assert_eq!(spans.len(), 3, "{spans:?}");
         let (request, proxy, response) = (
@@ -618,8 +642,14 @@ mod tests {
             by_name(&spans, "apisix.response_span"),
         );
         for s in [request, proxy, response] {
-            assert_eq!(s["traceId"], TRACE, "sampled by x-b3-flags: 1, the id lower-cased");
-            assert_eq!(s["localEndpoint"], json!({"serviceName": "gw", "ipv4": "127.0.0.1", "port": 9080}));
+            assert_eq!(
+                s["traceId"], TRACE,
+                "sampled by x-b3-flags: 1, the id lower-cased"
+            );
+            assert_eq!(
+                s["localEndpoint"],
+                json!({"serviceName": "gw", "ipv4": "127.0.0.1", "port": 9080})
+            );
             assert_eq!(s["id"].as_str().unwrap().len(), 16);
         }
         assert_eq!(request["parentId"], SPAN);
@@ -627,7 +657,10 @@ mod tests {
         assert_eq!(response["parentId"], request["id"]);
         assert_eq!(request["kind"], "SERVER");
         assert!(proxy.get("kind").is_none());
-        assert_eq!(request["remoteEndpoint"], json!({"ipv4": "127.0.0.1", "port": 40000}));
+        assert_eq!(
+            request["remoteEndpoint"],
+            json!({"ipv4": "127.0.0.1", "port": 40000})
+        );
         assert_eq!(proxy["remoteEndpoint"], Value::Null);
         assert_eq!(
             request["tags"],
@@ -644,7 +677,10 @@ mod tests {
         // log phase, the proxy span up to the response head, the response span after it.
         let ts = |s: &Value| s["timestamp"].as_u64().unwrap();
         let dur = |s: &Value| s["duration"].as_u64().unwrap();
-        assert!(ts(request) <= ts(proxy) && ts(request) + 12_000 >= before, "{request}");
+        assert!(
+            ts(request) <= ts(proxy) && ts(request) + 12_000 >= before,
+            "{request}"
+        );
         assert!(ts(proxy) >= before && ts(proxy) + dur(proxy) <= ts(response));
         assert!(dur(proxy) >= 5_000 && dur(response) >= 5_000);
         assert!(ts(response) + dur(response) <= after);
@@ -667,7 +703,13 @@ mod tests {
         let names: Vec<&str> = spans.iter().map(|s| s["name"].as_str().unwrap()).collect();
         assert_eq!(
             names,
-            ["apisix.rewrite", "apisix.access", "apisix.body_filter", "apisix.proxy", "apisix.request"],
+            [
+                "apisix.rewrite",
+                "apisix.access",
+                "apisix.body_filter",
+                "apisix.proxy",
+                "apisix.request"
+            ],
             "reported as they finish"
         );
         let request = by_name(&spans, "apisix.request");
@@ -676,11 +718,17 @@ mod tests {
         for n in ["apisix.rewrite", "apisix.access", "apisix.proxy"] {
             assert_eq!(by_name(&spans, n)["parentId"], request["id"], "{n}");
         }
-        assert_eq!(by_name(&spans, "apisix.body_filter")["parentId"], proxy["id"]);
+        assert_eq!(
+            by_name(&spans, "apisix.body_filter")["parentId"],
+            proxy["id"]
+        );
         assert_eq!(request["tags"]["http.status_code"], "502");
         assert_eq!(request["localEndpoint"]["ipv4"], "1.2.3.4");
         let end = |s: &Value| s["timestamp"].as_u64().unwrap() + s["duration"].as_u64().unwrap();
-        assert_eq!(end(by_name(&spans, "apisix.rewrite")), by_name(&spans, "apisix.access")["timestamp"]);
+        assert_eq!(
+            end(by_name(&spans, "apisix.rewrite")),
+            by_name(&spans, "apisix.access")["timestamp"]
+        );
         assert_eq!(end(by_name(&spans, "apisix.access")), proxy["timestamp"]);
         assert_eq!(sent["x-b3-spanid"], proxy["id"].as_str().unwrap());
         assert_eq!(sent["uberctx-user"], "a%20b%2Fc", "baggage re-escaped");
@@ -702,13 +750,16 @@ mod tests {
         assert_eq!(sent["x-b3-traceid"].len(), 32);
         assert!(sent.get("x-b3-parentspanid").is_none(), "a new trace");
         // b3 "-0-": not sampled; the upstream gets the request span, child of the client's.
-        let mut req = TestRequest::get("/").header("b3", &format!("{TRACE}-{SPAN}-0-05e3ac9a4f6e3b90"));
+        let mut req =
+            TestRequest::get("/").header("b3", &format!("{TRACE}-{SPAN}-0-05e3ac9a4f6e3b90"));
         let sent = run(&*p, &mut req, 200);
         assert_eq!(sent["x-b3-sampled"], "0");
         assert_eq!(sent["x-b3-traceid"], TRACE);
         assert_eq!(sent["x-b3-parentspanid"], SPAN);
         // An explicit x-b3-sampled: 0 wins over the debug flag, as in zipkin.lua.
-        let mut req = TestRequest::get("/").header("x-b3-flags", "1").header("x-b3-sampled", "0");
+        let mut req = TestRequest::get("/")
+            .header("x-b3-flags", "1")
+            .header("x-b3-sampled", "0");
         assert_eq!(run(&*p, &mut req, 200)["x-b3-sampled"], "0");
         // b3 "0" alone.
         let mut req = TestRequest::get("/").header("b3", "0");
@@ -721,13 +772,19 @@ mod tests {
         assert_ne!(sent["x-b3-traceid"], "xyz");
         assert!(sent.get("x-b3-parentspanid").is_none());
         drop(p);
-        assert!(tokio::time::timeout(Duration::from_millis(300), rx.recv()).await.is_err());
+        assert!(tokio::time::timeout(Duration::from_millis(300), rx.recv())
+            .await
+            .is_err());
     }
 
     #[test]
     fn a_b3_header_without_span_id_is_refused() {
         let c = Compiler::new();
-        let p = compile(&c, &json!({"endpoint": "http://127.0.0.1:1/", "sample_ratio": 1}), "zk-4");
+        let p = compile(
+            &c,
+            &json!({"endpoint": "http://127.0.0.1:1/", "sample_ratio": 1}),
+            "zk-4",
+        );
         for bad in [TRACE, ""] {
             let mut req = TestRequest::get("/").header("b3", bad);
             let mut ctx = req.ctx();
@@ -747,7 +804,11 @@ mod tests {
     #[test]
     fn sample_ratio_is_honoured() {
         let c = Compiler::new();
-        let p = compile(&c, &json!({"endpoint": "http://127.0.0.1:1/", "sample_ratio": 0.3}), "zk-5");
+        let p = compile(
+            &c,
+            &json!({"endpoint": "http://127.0.0.1:1/", "sample_ratio": 0.3}),
+            "zk-5",
+        );
         let sampled = (0..1000)
             .filter(|_| {
                 let mut req = TestRequest::get("/");
@@ -769,7 +830,12 @@ mod tests {
     fn schema_messages() {
         let r = crate::PluginRegistry::builtin();
         let err = |c: Value| r.check(NAME, &c).unwrap_err();
-        assert!(r.check(NAME, &json!({"endpoint": "http://127.0.0.1", "sample_ratio": 0.001})).is_ok());
+        assert!(r
+            .check(
+                NAME,
+                &json!({"endpoint": "http://127.0.0.1", "sample_ratio": 0.001})
+            )
+            .is_ok());
         assert_eq!(
             err(json!({"endpoint": "http://127.0.0.1", "sample_ratio": 2})),
             "failed to check the configuration of plugin zipkin err: property \"sample_ratio\" validation failed: expected 2 to be at most 1"
@@ -778,7 +844,10 @@ mod tests {
             err(json!({"endpoint": "http://127.0.0.1", "sample_ratio": 0.1, "server_addr": "badip"})),
             "failed to check the configuration of plugin zipkin err: property \"server_addr\" validation failed: failed to match pattern \"^[0-9]{1,3}.[0-9]{1,3}.[0-9]{1,3}.[0-9]{1,3}$\" with \"badip\""
         );
-        assert!(err(json!({"endpoint": "http://127.0.0.1", "sample_ratio": 1, "span_version": 3})).contains("span_version"));
+        assert!(
+            err(json!({"endpoint": "http://127.0.0.1", "sample_ratio": 1, "span_version": 3}))
+                .contains("span_version")
+        );
         assert!(err(json!({"sample_ratio": 1})).contains("\"endpoint\" is required"));
         assert_eq!(r.get(NAME).unwrap().priority, 12011);
     }

@@ -78,11 +78,20 @@ mod tests {
 
     #[test]
     fn limits() {
-        let (exit, limit) = run(json!({"max_body_size": 5}), TestRequest::get("/").header("content-length", "5"));
+        let (exit, limit) = run(
+            json!({"max_body_size": 5}),
+            TestRequest::get("/").header("content-length", "5"),
+        );
         assert_eq!((exit, limit), (None, Some(5)));
-        let (exit, _) = run(json!({"max_body_size": 5}), TestRequest::get("/").header("content-length", "6"));
+        let (exit, _) = run(
+            json!({"max_body_size": 5}),
+            TestRequest::get("/").header("content-length", "6"),
+        );
         assert_eq!(exit.unwrap().status, 413);
-        let (exit, limit) = run(json!({"max_body_size": 0}), TestRequest::get("/").header("content-length", "60"));
+        let (exit, limit) = run(
+            json!({"max_body_size": 0}),
+            TestRequest::get("/").header("content-length", "60"),
+        );
         assert_eq!((exit, limit), (None, Some(u64::MAX)));
         assert_eq!(run(json!({}), TestRequest::get("/")), (None, None));
         let r = crate::PluginRegistry::builtin();

@@ -52,7 +52,10 @@ mod tests {
     #[test]
     fn sets_buffering() {
         let c = Compiler::new();
-        for (conf, want) in [(json!({}), true), (json!({"request_buffering": false}), false)] {
+        for (conf, want) in [
+            (json!({}), true),
+            (json!({"request_buffering": false}), false),
+        ] {
             let p = (DEF.compile)(&c.cx(NAME, &conf, "pc", None)).unwrap();
             let mut req = TestRequest::get("/");
             let _ = p.rewrite(&mut req.ctx());

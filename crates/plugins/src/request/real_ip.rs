@@ -97,7 +97,11 @@ impl RealIp {
             return ctx.var(&self.source).map(|v| v.into_owned());
         }
         // The last X-Forwarded-For header line.
-        let line = ctx.headers().get_all("x-forwarded-for").iter().next_back()?;
+        let line = ctx
+            .headers()
+            .get_all("x-forwarded-for")
+            .iter()
+            .next_back()?;
         let line = String::from_utf8_lossy(line.as_bytes());
         let Some(idx) = line.rfind(',') else {
             return Some(line.into_owned());
@@ -163,12 +167,28 @@ mod tests {
     fn sources() {
         let conf = json!({"source": "http_x_real"});
         let req = || TestRequest::get("/?ip=3.3.3.3");
-        assert_eq!(addr_after(conf.clone(), req().header("x-real", "1.1.1.1")), "1.1.1.1");
-        assert_eq!(addr_after(conf.clone(), req().header("x-real", "1.1.1.1:80")), "1.1.1.1");
-        assert_eq!(addr_after(conf.clone(), req().header("x-real", "[::2]:80")), "::2");
-        assert_eq!(addr_after(conf.clone(), req().header("x-real", "::2")), "::2");
+        assert_eq!(
+            addr_after(conf.clone(), req().header("x-real", "1.1.1.1")),
+            "1.1.1.1"
+        );
+        assert_eq!(
+            addr_after(conf.clone(), req().header("x-real", "1.1.1.1:80")),
+            "1.1.1.1"
+        );
+        assert_eq!(
+            addr_after(conf.clone(), req().header("x-real", "[::2]:80")),
+            "::2"
+        );
+        assert_eq!(
+            addr_after(conf.clone(), req().header("x-real", "::2")),
+            "::2"
+        );
         for bad in ["1.1.1.1.1", "1.1.1.1:65536", "1.1.1.1:0", "x"] {
-            assert_eq!(addr_after(conf.clone(), req().header("x-real", bad)), "127.0.0.1", "{bad}");
+            assert_eq!(
+                addr_after(conf.clone(), req().header("x-real", bad)),
+                "127.0.0.1",
+                "{bad}"
+            );
         }
         assert_eq!(addr_after(conf, req()), "127.0.0.1");
         assert_eq!(addr_after(json!({"source": "arg_ip"}), req()), "3.3.3.3");
@@ -206,7 +226,10 @@ mod tests {
         assert_eq!(addr_after(conf, xff("1.1.1.1")), "1.1.1.1");
         let conf = json!({"source": "http_x_forwarded_for", "recursive": true,
             "trusted_addresses": ["127.0.0.0/24", "2.2.2.2"]});
-        assert_eq!(addr_after(conf.clone(), xff("1.1.1.1, 3.3.3.3, 2.2.2.2")), "3.3.3.3");
+        assert_eq!(
+            addr_after(conf.clone(), xff("1.1.1.1, 3.3.3.3, 2.2.2.2")),
+            "3.3.3.3"
+        );
         assert_eq!(addr_after(conf, xff("1.1.1.1, 2.2.2.2")), "1.1.1.1");
         // An untrusted connection keeps its own address.
         let conf = json!({"source": "http_x_forwarded_for", "trusted_addresses": ["10.0.0.1"]});

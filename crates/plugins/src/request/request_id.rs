@@ -7,9 +7,7 @@
 use std::fmt::Write;
 use std::sync::Arc;
 
-use ferrisix_plugin_api::{
-    CompileCtx, Phases, Plugin, PluginCtx, PluginDef, ResponseHead, Step,
-};
+use ferrisix_plugin_api::{CompileCtx, Phases, Plugin, PluginCtx, PluginDef, ResponseHead, Step};
 use http::{HeaderName, HeaderValue};
 use rand::{Rng, RngCore};
 use serde_json::{json, Value};
@@ -301,7 +299,10 @@ mod tests {
         assert!(r.bytes().all(|b| b"abcdef".contains(&b)));
         let reg = crate::PluginRegistry::builtin();
         assert!(reg
-            .check(NAME, &json!({"algorithm": "range_id", "range_id": {"length": 5}}))
+            .check(
+                NAME,
+                &json!({"algorithm": "range_id", "range_id": {"length": 5}})
+            )
             .unwrap_err()
             .contains("length"));
         assert!(reg.check(NAME, &json!({"algorithm": "x"})).is_err());

@@ -4,9 +4,7 @@
 
 use std::sync::Arc;
 
-use ferrisix_plugin_api::{
-    CheckCtx, CompileCtx, Exit, Phases, Plugin, PluginCtx, PluginDef, Step,
-};
+use ferrisix_plugin_api::{CheckCtx, CompileCtx, Exit, Phases, Plugin, PluginCtx, PluginDef, Step};
 use http::StatusCode;
 use serde_json::{json, Value};
 
@@ -65,7 +63,9 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         blacklist: IpMatcher::from_conf(conf.get("blacklist"))?,
         exit: super::message_exit(
             status,
-            conf["message"].as_str().unwrap_or("Your IP address is not allowed"),
+            conf["message"]
+                .as_str()
+                .unwrap_or("Your IP address is not allowed"),
         ),
     }))
 }
@@ -116,7 +116,10 @@ mod tests {
         }
         let e = verdict(w, "10.0.0.1").unwrap();
         assert_eq!(e.status, 403);
-        assert_eq!(e.body.unwrap(), "{\"message\":\"Your IP address is not allowed\"}\n");
+        assert_eq!(
+            e.body.unwrap(),
+            "{\"message\":\"Your IP address is not allowed\"}\n"
+        );
         let b = json!({"blacklist": ["10.0.0.0/8"], "message": "go away", "response_code": 404});
         assert!(verdict(b.clone(), "127.0.0.1").is_none());
         let e = verdict(b, "10.9.9.9").unwrap();
@@ -128,12 +131,19 @@ mod tests {
     fn validation() {
         let r = crate::PluginRegistry::builtin();
         let err = |c: Value| r.check(NAME, &c).unwrap_err();
-        assert!(err(json!({"whitelist": ["127.0.0.1"], "blacklist": ["1.1.1.1"]})).contains("oneOf") ||
-            err(json!({"whitelist": ["127.0.0.1"], "blacklist": ["1.1.1.1"]})).contains("matches"));
+        assert!(
+            err(json!({"whitelist": ["127.0.0.1"], "blacklist": ["1.1.1.1"]})).contains("oneOf")
+                || err(json!({"whitelist": ["127.0.0.1"], "blacklist": ["1.1.1.1"]}))
+                    .contains("matches")
+        );
         assert!(err(json!({"whitelist": ["not-an-ip"]})).contains("whitelist"));
         assert!(err(json!({"whitelist": []})).contains("whitelist"));
-        assert!(err(json!({"blacklist": ["1.1.1.1"], "response_code": 405})).contains("response_code"));
+        assert!(
+            err(json!({"blacklist": ["1.1.1.1"], "response_code": 405})).contains("response_code")
+        );
         assert!(err(json!({"whitelist": ["::1/129"]})).ends_with("invalid ip address: ::1/129"));
-        assert!(r.check(NAME, &json!({"whitelist": ["10.0.0.0/8", "::/0"]})).is_ok());
+        assert!(r
+            .check(NAME, &json!({"whitelist": ["10.0.0.0/8", "::/0"]}))
+            .is_ok());
     }
 }

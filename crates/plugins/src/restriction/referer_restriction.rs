@@ -179,7 +179,12 @@ mod tests {
         assert!(!refused(&b, None));
         let r = crate::PluginRegistry::builtin();
         assert!(r.check(NAME, &json!({"whitelist": ["a b"]})).is_err());
-        assert!(r.check(NAME, &json!({"whitelist": ["a.com"], "blacklist": ["b.com"]})).is_err());
+        assert!(r
+            .check(
+                NAME,
+                &json!({"whitelist": ["a.com"], "blacklist": ["b.com"]})
+            )
+            .is_err());
         assert!(r.check(NAME, &json!({"whitelist": ["*"]})).is_ok());
     }
 }

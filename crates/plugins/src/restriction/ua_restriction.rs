@@ -6,9 +6,7 @@
 
 use std::sync::Arc;
 
-use ferrisix_plugin_api::{
-    CheckCtx, CompileCtx, Exit, Phases, Plugin, PluginCtx, PluginDef, Step,
-};
+use ferrisix_plugin_api::{CheckCtx, CompileCtx, Exit, Phases, Plugin, PluginCtx, PluginDef, Step};
 use http::StatusCode;
 use regex::Regex;
 use serde_json::{json, Value};
@@ -147,7 +145,10 @@ mod tests {
     fn deny_and_allow() {
         let deny = json!({"denylist": ["(Baiduspider)/(\\d+)\\.(\\d+)", "bad-bot"]});
         let e = refused(&deny, &["Baiduspider/3.0"]).unwrap();
-        assert_eq!((e.status.as_u16(), e.body.unwrap()), (403, "{\"message\":\"Not allowed\"}\n".into()));
+        assert_eq!(
+            (e.status.as_u16(), e.body.unwrap()),
+            (403, "{\"message\":\"Not allowed\"}\n".into())
+        );
         assert!(refused(&deny, &["Mozilla/5.0"]).is_none());
         assert!(refused(&deny, &["Mozilla/5.0", "  bad-bot  "]).is_some());
         // Missing header: refused unless bypassed.
@@ -164,10 +165,20 @@ mod tests {
     #[test]
     fn validation() {
         let r = crate::PluginRegistry::builtin();
-        assert!(r.check(NAME, &json!({"allowlist": ["a"], "denylist": ["b"]})).is_err());
+        assert!(r
+            .check(NAME, &json!({"allowlist": ["a"], "denylist": ["b"]}))
+            .is_err());
         assert!(r.check(NAME, &json!({"denylist": []})).is_err());
-        assert!(r.check(NAME, &json!({"denylist": ["("]})).unwrap_err().contains("invalid regex"));
-        assert!(r.check(NAME, &json!({"denylist": ["(?!x)"]})).unwrap_err().contains("not supported"));
-        assert!(r.check(NAME, &json!({"denylist": ["a"], "message": ""})).is_err());
+        assert!(r
+            .check(NAME, &json!({"denylist": ["("]}))
+            .unwrap_err()
+            .contains("invalid regex"));
+        assert!(r
+            .check(NAME, &json!({"denylist": ["(?!x)"]}))
+            .unwrap_err()
+            .contains("not supported"));
+        assert!(r
+            .check(NAME, &json!({"denylist": ["a"], "message": ""}))
+            .is_err());
     }
 }

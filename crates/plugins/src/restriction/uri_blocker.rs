@@ -5,9 +5,7 @@
 
 use std::sync::Arc;
 
-use ferrisix_plugin_api::{
-    CheckCtx, CompileCtx, Exit, Phases, Plugin, PluginCtx, PluginDef, Step,
-};
+use ferrisix_plugin_api::{CheckCtx, CompileCtx, Exit, Phases, Plugin, PluginCtx, PluginDef, Step};
 use http::StatusCode;
 use regex::Regex;
 use serde_json::{json, Value};
@@ -121,18 +119,29 @@ mod tests {
         let conf = json!({"block_rules": ["root.exe", "root.m+"]});
         let e = verdict(&conf, "/root.exe").unwrap();
         assert_eq!((e.status.as_u16(), e.body), (403, None));
-        assert!(verdict(&conf, "/x?f=root.mmm").is_some(), "the query counts");
+        assert!(
+            verdict(&conf, "/x?f=root.mmm").is_some(),
+            "the query counts"
+        );
         assert!(verdict(&conf, "/ROOT.exe").is_none());
         let conf = json!({"block_rules": ["root.exe"], "rejected_code": 410,
             "rejected_msg": "access is not allowed", "case_insensitive": true});
         let e = verdict(&conf, "/ROOT.EXE").unwrap();
         assert_eq!(e.status, 410);
-        assert_eq!(e.body.unwrap(), "{\"error_msg\":\"access is not allowed\"}\n");
+        assert_eq!(
+            e.body.unwrap(),
+            "{\"error_msg\":\"access is not allowed\"}\n"
+        );
         assert!(verdict(&json!({"block_rules": []}), "/x").is_none());
         let r = crate::PluginRegistry::builtin();
         assert!(r.check(NAME, &json!({"block_rules": ["a", "a"]})).is_err());
-        assert!(r.check(NAME, &json!({"block_rules": [".+("]})).unwrap_err().contains("invalid regex"));
+        assert!(r
+            .check(NAME, &json!({"block_rules": [".+("]}))
+            .unwrap_err()
+            .contains("invalid regex"));
         assert!(r.check(NAME, &json!({})).is_err());
-        assert!(r.check(NAME, &json!({"block_rules": ["a"], "rejected_code": 199})).is_err());
+        assert!(r
+            .check(NAME, &json!({"block_rules": ["a"], "rejected_code": 199}))
+            .is_err());
     }
 }

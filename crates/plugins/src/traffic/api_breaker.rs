@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use ferrisix_plugin_api::{
-    Clock, CompileCtx, Exit, KeyRef, Keyed, LogCtx, LogNeeds, Phases, Plugin, PluginCtx,
-    PluginDef, PluginServices, SharedState, Slot, Step, Template, VarNames,
+    Clock, CompileCtx, Exit, KeyRef, Keyed, LogCtx, LogNeeds, Phases, Plugin, PluginCtx, PluginDef,
+    PluginServices, SharedState, Slot, Step, Template, VarNames,
 };
 use ferrisix_router::VarSource;
 use http::{HeaderName, HeaderValue, StatusCode};
@@ -110,21 +110,20 @@ impl Breakers {
         key: &str,
         f: impl FnOnce(Option<&mut Counters>) -> (Slot<Counters>, R),
     ) -> R {
-        self.counters
-            .update(KeyRef::Text(key), 0, never_idle, |c| {
-                let had = c.is_some();
-                let (slot, r) = f(c);
-                match (&slot, had) {
-                    (Slot::Insert(_), false) => {
-                        self.keys.fetch_add(1, Ordering::Relaxed);
-                    }
-                    (Slot::Remove, true) => {
-                        self.keys.fetch_sub(1, Ordering::Relaxed);
-                    }
-                    _ => {}
+        self.counters.update(KeyRef::Text(key), 0, never_idle, |c| {
+            let had = c.is_some();
+            let (slot, r) = f(c);
+            match (&slot, had) {
+                (Slot::Insert(_), false) => {
+                    self.keys.fetch_add(1, Ordering::Relaxed);
                 }
-                (slot, r)
-            })
+                (Slot::Remove, true) => {
+                    self.keys.fetch_sub(1, Ordering::Relaxed);
+                }
+                _ => {}
+            }
+            (slot, r)
+        })
     }
 
     fn full(&self) -> bool {
@@ -372,7 +371,11 @@ mod tests {
         if let Flow::Exit(e) = flow {
             return Some(e);
         }
-        let vars = [("host", "a.test"), ("uri", "/s"), ("upstream_status", status)];
+        let vars = [
+            ("host", "a.test"),
+            ("uri", "/s"),
+            ("upstream_status", status),
+        ];
         let vars: &'static [_] = Box::leak(Box::new(vars));
         let log = LogCtx {
             vars: LogVars::capture(p.log_needs().vars.unwrap(), &Vars(vars)),
@@ -395,10 +398,16 @@ mod tests {
             "max_breaker_sec": 3, "unhealthy": {"failures": 2, "http_statuses": [500, 503]}});
         let p = (DEF.compile)(&c.cx(NAME, &conf, "ab", None)).unwrap();
         assert!(answer(&*p, "500").is_none());
-        assert!(answer(&*p, "200").is_none(), "healthy only counts once unhealthy");
+        assert!(
+            answer(&*p, "200").is_none(),
+            "healthy only counts once unhealthy"
+        );
         assert!(answer(&*p, "502, 503").is_none());
         let e = answer(&*p, "500").expect("open after 2 failures");
-        assert_eq!((e.status.as_u16(), e.body.unwrap()), (502, Bytes::from("open")));
+        assert_eq!(
+            (e.status.as_u16(), e.body.unwrap()),
+            (502, Bytes::from("open"))
+        );
         assert_eq!(e.headers[0].1, "a.test");
         // 2^1 = 2 s, then it lets requests through.
         services.clock().advance(3_000);

@@ -220,11 +220,12 @@ impl FaultInjection {
         for (name, value) in &abort.headers {
             let value = match value {
                 HeaderValueSource::Fixed(v) => v.clone(),
-                HeaderValueSource::Template(t) => match HeaderValue::from_str(&t.resolve(&*ctx).text)
-                {
-                    Ok(v) => v,
-                    Err(_) => continue,
-                },
+                HeaderValueSource::Template(t) => {
+                    match HeaderValue::from_str(&t.resolve(&*ctx).text) {
+                        Ok(v) => v,
+                        Err(_) => continue,
+                    }
+                }
             };
             exit.headers.push((name.clone(), value));
         }
@@ -302,8 +303,14 @@ mod tests {
         let conf = json!({"abort": {"http_status": 403, "vars": [
             [["arg_name", "==", "jack"], ["arg_age", "!", "<", 18]],
             [["http_apikey", "==", "api-key"]]]}});
-        assert!(matches!(run(conf.clone(), "/?name=jack&age=20").await, Flow::Exit(_)));
-        assert_eq!(run(conf.clone(), "/?name=jack&age=10").await, Flow::Continue);
+        assert!(matches!(
+            run(conf.clone(), "/?name=jack&age=20").await,
+            Flow::Exit(_)
+        ));
+        assert_eq!(
+            run(conf.clone(), "/?name=jack&age=10").await,
+            Flow::Continue
+        );
         assert_eq!(run(conf, "/?name=rose").await, Flow::Continue);
         // percentage 0 never hits; an empty vars list never matches.
         let conf = json!({"abort": {"http_status": 403, "percentage": 0}});
@@ -340,7 +347,10 @@ mod tests {
         assert_eq!(err(json!({"abort": {"http_status": 100}})), "failed to check the configuration of plugin fault-injection err: property \"abort\" validation failed: property \"http_status\" validation failed: expected 100 to be at least 200");
         assert_eq!(err(json!({"abort": {"body": "x"}})), "failed to check the configuration of plugin fault-injection err: property \"abort\" validation failed: property \"http_status\" is required");
         let e = err(json!({"abort": {"http_status": 200, "vars": [[["a", "=", "b"]]]}}));
-        assert_eq!(e, "failed to check the configuration of plugin fault-injection err: invalid operator '='");
+        assert_eq!(
+            e,
+            "failed to check the configuration of plugin fault-injection err: invalid operator '='"
+        );
         assert_eq!(r.get(NAME).unwrap().priority, 11000);
     }
 }

@@ -96,8 +96,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
 fn has_body(ctx: &PluginCtx<'_>) -> bool {
     let h = ctx.headers();
     h.contains_key(header::TRANSFER_ENCODING)
-        || h
-            .get(header::CONTENT_LENGTH)
+        || h.get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.trim() != "0")
 }
@@ -109,8 +108,7 @@ impl ProxyMirror {
             Some(q) => format!("?{q}"),
             None => String::new(),
         };
-        let uri = if ctx.upstream_edits().path.is_some() || ctx.upstream_edits().query.is_some()
-        {
+        let uri = if ctx.upstream_edits().path.is_some() || ctx.upstream_edits().query.is_some() {
             ctx.upstream_uri().into_owned()
         } else {
             format!("{}{args}", ctx.uri())
@@ -125,7 +123,10 @@ impl ProxyMirror {
 
     fn send(&self, ctx: &PluginCtx<'_>, url: String, body: Bytes) {
         if !url.starts_with("http://") {
-            tracing::error!(url, "proxy-mirror: only http:// mirrors are supported; copy dropped");
+            tracing::error!(
+                url,
+                "proxy-mirror: only http:// mirrors are supported; copy dropped"
+            );
             return;
         }
         let mut req = Request::builder().method(ctx.method().clone()).uri(&url);
@@ -176,7 +177,8 @@ impl Plugin for ProxyMirror {
     }
 
     fn rewrite<'a>(&'a self, ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
-        let sampled = self.sample_ratio >= 1.0 || rand::thread_rng().gen::<f64>() < self.sample_ratio;
+        let sampled =
+            self.sample_ratio >= 1.0 || rand::thread_rng().gen::<f64>() < self.sample_ratio;
         if sampled {
             let uri = self.mirror_uri(ctx);
             ctx.insert(MirrorUri(uri));
@@ -200,7 +202,9 @@ impl Plugin for ProxyMirror {
                     let body = body.clone();
                     self.send(ctx, url, body);
                 }
-                Err(e) => tracing::warn!(url, error = %e, "proxy-mirror: body not mirrored; copy dropped"),
+                Err(e) => {
+                    tracing::warn!(url, error = %e, "proxy-mirror: body not mirrored; copy dropped")
+                }
             }
             ferrisix_plugin_api::Flow::Continue
         }))
@@ -237,7 +241,11 @@ mod tests {
             "http://127.0.0.1:1986/m?x=1"
         );
         assert_eq!(
-            uri_of(json!({"host": host, "path": "/m", "path_concat_mode": "prefix"}), "/a/b").unwrap(),
+            uri_of(
+                json!({"host": host, "path": "/m", "path_concat_mode": "prefix"}),
+                "/a/b"
+            )
+            .unwrap(),
             "http://127.0.0.1:1986/m/a/b"
         );
         let sampled = (0..2000)
@@ -270,12 +278,17 @@ mod tests {
         let mut req = TestRequest::new(http::Method::POST, "/p?q=1")
             .header("host", "m.test")
             .header("content-length", "5");
-        req.state.set_body(ferrisix_plugin_api::RequestBody::Buffered(Bytes::from("hello")));
+        req.state
+            .set_body(ferrisix_plugin_api::RequestBody::Buffered(Bytes::from(
+                "hello",
+            )));
         let mut ctx = req.ctx();
         assert!(matches!(p.rewrite(&mut ctx), Step::Done(_)));
         let flow = match p.before_proxy(&mut ctx) {
             Step::Done(f) => f,
-            Step::Wait(f) => tokio::time::timeout(Duration::from_secs(1), f).await.unwrap(),
+            Step::Wait(f) => tokio::time::timeout(Duration::from_secs(1), f)
+                .await
+                .unwrap(),
         };
         assert_eq!(flow, ferrisix_plugin_api::Flow::Continue);
         let seen = rx.recv().await.unwrap();
@@ -287,10 +300,14 @@ mod tests {
     #[test]
     fn schema_messages() {
         let r = crate::PluginRegistry::builtin();
-        assert!(r.check(NAME, &json!({"host": "http://127.0.0.1:1999"})).is_ok());
+        assert!(r
+            .check(NAME, &json!({"host": "http://127.0.0.1:1999"}))
+            .is_ok());
         let e = r.check(NAME, &json!({"host": "http://a/b"})).unwrap_err();
         assert!(e.contains("property \"host\" validation failed"), "{e}");
-        let e = r.check(NAME, &json!({"host": "http://a", "path": "/a?b"})).unwrap_err();
+        let e = r
+            .check(NAME, &json!({"host": "http://a", "path": "/a?b"}))
+            .unwrap_err();
         assert!(e.contains("property \"path\" validation failed"), "{e}");
         assert_eq!(r.get(NAME).unwrap().priority, 1010);
     }

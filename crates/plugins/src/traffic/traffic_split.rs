@@ -266,8 +266,7 @@ mod tests {
 
         fn compile_inline_upstream(&self, key: &str, conf: &Value) -> Result<UpstreamRef, String> {
             assert!(
-                key.contains("#plugins['traffic-split'].rules[")
-                    && key.ends_with("].upstream"),
+                key.contains("#plugins['traffic-split'].rules[") && key.ends_with("].upstream"),
                 "{key}"
             );
             Ok(UpstreamRef::new(Arc::new(conf.to_string())))
@@ -368,9 +367,15 @@ mod tests {
             Err("failed to check the configuration of plugin traffic-split err: failed to validate the 'vars' expression: invalid operator '123'".into())
         );
         let e = r
-            .check(NAME, &json!({"rules": [{"weighted_upstreams": [{"weight": -1}]}]}))
+            .check(
+                NAME,
+                &json!({"rules": [{"weighted_upstreams": [{"weight": -1}]}]}),
+            )
             .unwrap_err();
-        assert!(e.contains("property \"weight\" validation failed: expected -1 to be at least 0"), "{e}");
+        assert!(
+            e.contains("property \"weight\" validation failed: expected -1 to be at least 0"),
+            "{e}"
+        );
         assert!(r.check(NAME, &json!({})).is_ok());
         assert_eq!(r.get(NAME).unwrap().priority, 966);
     }

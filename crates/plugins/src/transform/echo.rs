@@ -234,7 +234,10 @@ mod tests {
             Err("failed to check the configuration of plugin echo err: object matches none of the required: [\"before_body\"] or [\"body\"] or [\"after_body\"]".into())
         );
         let e = r.check(NAME, &json!({})).unwrap_err();
-        assert!(e.starts_with("failed to check the configuration of plugin echo err: "), "{e}");
+        assert!(
+            e.starts_with("failed to check the configuration of plugin echo err: "),
+            "{e}"
+        );
         let e = r
             .check(NAME, &json!({"body": "x", "headers": {}}))
             .unwrap_err();
@@ -273,10 +276,7 @@ mod tests {
             HeaderMap::new(),
             &["hello world\n"],
         );
-        assert_eq!(
-            joined(&body),
-            "before the body modification hello world\n"
-        );
+        assert_eq!(joined(&body), "before the body modification hello world\n");
     }
 
     #[test]

@@ -51,7 +51,9 @@ fn schema() -> Value {
 
 /// The media type of `content_type` (before a `;`).
 fn media_type(content_type: &str) -> &str {
-    content_type.split_once(';').map_or(content_type, |(t, _)| t)
+    content_type
+        .split_once(';')
+        .map_or(content_type, |(t, _)| t)
 }
 
 const SUPPORTED: [&str; 5] = [
@@ -98,11 +100,16 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         .ok()
         .and_then(|s| StatusCode::from_u16(s).ok())
         .ok_or_else(|| format!("invalid response_status {status}"))?;
-    let ct = conf["content_type"].as_str().unwrap_or("application/json;charset=utf8");
+    let ct = conf["content_type"]
+        .as_str()
+        .unwrap_or("application/json;charset=utf8");
     let body = if let Some(ex) = conf.get("response_example").and_then(Value::as_str) {
         Body::Example(Template::parse(ex))
     } else {
-        let schema = conf["response_schema"].as_object().cloned().unwrap_or_default();
+        let schema = conf["response_schema"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
         match media_type(ct) {
             "application/xml" | "text/xml" => Body::Xml(schema),
             "application/json" | "text/plain" => Body::Json(schema),
@@ -215,12 +222,18 @@ impl Mocking {
         let body = match &self.body {
             Body::Example(t) => t.resolve(ctx).text,
             Body::Json(schema) => {
-                let v = Value::Object(object(&Value::Object(schema.clone()), &mut rand::thread_rng()));
+                let v = Value::Object(object(
+                    &Value::Object(schema.clone()),
+                    &mut rand::thread_rng(),
+                ));
                 // An empty table encodes as `{}` in cjson.
                 lua::cjson_encode(&v)
             }
             Body::Xml(schema) => {
-                let v = Value::Object(object(&Value::Object(schema.clone()), &mut rand::thread_rng()));
+                let v = Value::Object(object(
+                    &Value::Object(schema.clone()),
+                    &mut rand::thread_rng(),
+                ));
                 let mut out = String::new();
                 to_xml("data", &v, &mut out);
                 out
@@ -304,7 +317,10 @@ mod tests {
         assert!(header(&e, "x-mock-by").unwrap().starts_with("ferrisix/"));
         let e = exit(json!({"response_example": "{}", "with_mock_header": false}));
         assert_eq!(header(&e, "x-mock-by"), None);
-        assert_eq!(header(&e, "content-type"), Some("application/json;charset=utf8"));
+        assert_eq!(
+            header(&e, "content-type"),
+            Some("application/json;charset=utf8")
+        );
     }
 
     #[test]
@@ -323,8 +339,10 @@ mod tests {
         assert!(v["b"].is_boolean() && v["n"].is_number());
         assert!(v["a"].as_array().unwrap().iter().all(|x| x == "x"));
         assert_eq!(v["o"]["k"], "v");
-        let e = exit(json!({"response_schema": {"properties": {"s": {"type": "string", "example": "a<b"}}},
-            "content_type": "application/xml"}));
+        let e = exit(
+            json!({"response_schema": {"properties": {"s": {"type": "string", "example": "a<b"}}},
+            "content_type": "application/xml"}),
+        );
         assert_eq!(e.body.unwrap(), "<data><s>a&lt;b</s></data>");
     }
 
@@ -335,8 +353,15 @@ mod tests {
             r.check(NAME, &json!({"response_example": "x", "content_type": "image/png"})),
             Err("failed to check the configuration of plugin mocking err: unsupported content type!".into())
         );
-        assert!(r.check(NAME, &json!({"content_type": "text/plain"})).is_err());
-        assert!(r.check(NAME, &json!({"response_example": "x", "content_type": "text/html; charset=utf-8"})).is_ok());
+        assert!(r
+            .check(NAME, &json!({"content_type": "text/plain"}))
+            .is_err());
+        assert!(r
+            .check(
+                NAME,
+                &json!({"response_example": "x", "content_type": "text/html; charset=utf-8"})
+            )
+            .is_ok());
         let c = Compiler::new();
         let conf = json!({"response_example": "x", "delay": 1});
         let p = (DEF.compile)(&c.cx(NAME, &conf, "mock", None)).unwrap();

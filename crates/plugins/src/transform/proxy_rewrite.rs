@@ -32,8 +32,8 @@ pub static DEF: PluginDef = PluginDef {
 
 /// The methods nginx can send (`ngx.HTTP_*`).
 const METHODS: [&str; 14] = [
-    "GET", "POST", "PUT", "HEAD", "DELETE", "OPTIONS", "MKCOL", "COPY", "MOVE", "PROPFIND",
-    "LOCK", "UNLOCK", "PATCH", "TRACE",
+    "GET", "POST", "PUT", "HEAD", "DELETE", "OPTIONS", "MKCOL", "COPY", "MOVE", "PROPFIND", "LOCK",
+    "UNLOCK", "PATCH", "TRACE",
 ];
 
 fn header_values() -> Value {
@@ -129,7 +129,10 @@ fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
             return Err("The length of regex_uri should be an even number".into());
         }
         for pair in pairs.chunks(2) {
-            let (p, r) = (pair[0].as_str().unwrap_or(""), pair[1].as_str().unwrap_or(""));
+            let (p, r) = (
+                pair[0].as_str().unwrap_or(""),
+                pair[1].as_str().unwrap_or(""),
+            );
             Substitution::new(p, r).map_err(|e| format!("invalid regex_uri({p}, {r}): {e}"))?;
         }
     }
@@ -178,7 +181,9 @@ fn header_ops(conf: &Map<String, Value>) -> HeaderOps {
                 continue;
             };
             let (values, array) = match v {
-                Value::Array(items) => (items.iter().filter_map(headers::value_text).collect(), true),
+                Value::Array(items) => {
+                    (items.iter().filter_map(headers::value_text).collect(), true)
+                }
                 other => (headers::value_text(other).into_iter().collect(), false),
             };
             let values: Vec<String> = values;
@@ -245,7 +250,10 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         regex_uri,
         method,
         host,
-        headers: conf.get("headers").and_then(Value::as_object).map(header_ops),
+        headers: conf
+            .get("headers")
+            .and_then(Value::as_object)
+            .map(header_ops),
         unsafe_uri: conf
             .get("use_real_request_uri_unsafe")
             .and_then(Value::as_bool)
@@ -482,13 +490,26 @@ mod tests {
             err(json!({"regex_uri": ["^/a", "/b", "^/c"]})),
             "The length of regex_uri should be an even number"
         );
-        assert!(err(json!({"regex_uri": ["^/(a", "/b"]})).starts_with("invalid regex_uri(^/(a, /b): "));
+        assert!(
+            err(json!({"regex_uri": ["^/(a", "/b"]})).starts_with("invalid regex_uri(^/(a, /b): ")
+        );
         assert!(err(json!({"regex_uri": ["(?<=a)b", "/b"]})).contains("not supported"));
-        assert_eq!(err(json!({"headers": {"X A": "1"}})), "invalid field character in header");
-        assert_eq!(err(json!({"headers": {"X-A": "a\u{1}"}})), "invalid value character in header");
+        assert_eq!(
+            err(json!({"headers": {"X A": "1"}})),
+            "invalid field character in header"
+        );
+        assert_eq!(
+            err(json!({"headers": {"X-A": "a\u{1}"}})),
+            "invalid value character in header"
+        );
         assert!(err(json!({"host": "a b"})).contains("host"));
         let r = crate::PluginRegistry::builtin();
-        assert!(r.check(NAME, &json!({"headers": {"add": {"X-A": ["1", 2]}, "remove": ["X-B"]}})).is_ok());
+        assert!(r
+            .check(
+                NAME,
+                &json!({"headers": {"add": {"X-A": ["1", 2]}, "remove": ["X-B"]}})
+            )
+            .is_ok());
         assert_eq!(r.get(NAME).unwrap().priority, 1008);
     }
 
@@ -504,10 +525,16 @@ mod tests {
         assert_eq!(e.method, Some(Method::POST));
         assert_eq!(req.ctx().uri(), "/new");
         // A rewritten query goes first, the client's after it.
-        let mut req = run(json!({"uri": "/new?x=$arg_q"}), TestRequest::get("/old?q=1"));
+        let mut req = run(
+            json!({"uri": "/new?x=$arg_q"}),
+            TestRequest::get("/old?q=1"),
+        );
         assert_eq!(upstream(&mut req), "/new?x=1&q=1");
         // A variable's `?` cannot start a query; spaces are escaped.
-        let mut req = run(json!({"uri": "/a$http_x"}), TestRequest::get("/o").header("x", "?b c"));
+        let mut req = run(
+            json!({"uri": "/a$http_x"}),
+            TestRequest::get("/o").header("x", "?b c"),
+        );
         assert_eq!(upstream(&mut req), "/a%253Fb%20c");
         let mut req = run(json!({"uri": "/up$uri"}), TestRequest::get("/p"));
         assert_eq!(upstream(&mut req), "/up/p");
@@ -542,7 +569,11 @@ mod tests {
                 .header("x-empty", "gone"),
         );
         let all = |n: &str| -> Vec<&str> {
-            req.headers.get_all(n).iter().map(|v| v.to_str().unwrap()).collect()
+            req.headers
+                .get_all(n)
+                .iter()
+                .map(|v| v.to_str().unwrap())
+                .collect()
         };
         assert_eq!(all("x-add"), ["sssss", "123"]);
         assert_eq!(all("x-set"), ["2233"]);

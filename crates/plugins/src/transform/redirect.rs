@@ -9,9 +9,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use ferrisix_plugin_api::{
-    CheckCtx, CompileCtx, Exit, Phases, Plugin, PluginCtx, PluginDef, Step,
-};
+use ferrisix_plugin_api::{CheckCtx, CompileCtx, Exit, Phases, Plugin, PluginCtx, PluginDef, Step};
 use ferrisix_router::VarSource;
 use http::{header, HeaderValue, Method, StatusCode};
 use rand::Rng;
@@ -58,10 +56,7 @@ fn schema() -> Value {
 fn substitution(conf: &Value) -> Option<Result<Substitution, String>> {
     let pair = conf.get("regex_uri")?.as_array()?;
     let (p, r) = (pair.first()?.as_str()?, pair.get(1)?.as_str()?);
-    Some(
-        Substitution::new(p, r)
-            .map_err(|e| format!("invalid regex_uri ({p}, {r}), err:{e}")),
-    )
+    Some(Substitution::new(p, r).map_err(|e| format!("invalid regex_uri ({p}, {r}), err:{e}")))
 }
 
 fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
@@ -192,7 +187,12 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         .and_then(Value::as_i64);
     let https_ports = match attr_port {
         Some(p) => vec![p],
-        None => cx.services.tls_ports().iter().map(|p| i64::from(*p)).collect(),
+        None => cx
+            .services
+            .tls_ports()
+            .iter()
+            .map(|p| i64::from(*p))
+            .collect(),
     };
     Ok(Arc::new(Redirect {
         ret_code,
@@ -312,7 +312,10 @@ mod tests {
     #[test]
     fn uri_templates() {
         assert_eq!(
-            redirect(json!({"uri": "/test/add/${uri}/$arg_a?x=\\$uri", "ret_code": 301}), TestRequest::get("/p?a=1")),
+            redirect(
+                json!({"uri": "/test/add/${uri}/$arg_a?x=\\$uri", "ret_code": 301}),
+                TestRequest::get("/p?a=1")
+            ),
             Some((301, "/test/add//p/1?x=\\$uri".into()))
         );
         assert_eq!(
@@ -320,15 +323,24 @@ mod tests {
             Some((302, "/t$".into()))
         );
         assert_eq!(
-            redirect(json!({"uri": "/a b", "encode_uri": true}), TestRequest::get("/")),
+            redirect(
+                json!({"uri": "/a b", "encode_uri": true}),
+                TestRequest::get("/")
+            ),
             Some((302, "/a%20b".into()))
         );
         assert_eq!(
-            redirect(json!({"uri": "/n?k=v", "append_query_string": true}), TestRequest::get("/o?a=1")),
+            redirect(
+                json!({"uri": "/n?k=v", "append_query_string": true}),
+                TestRequest::get("/o?a=1")
+            ),
             Some((302, "/n?k=v&a=1".into()))
         );
         assert_eq!(
-            redirect(json!({"uri": "/n", "append_query_string": true}), TestRequest::get("/o?a=1")),
+            redirect(
+                json!({"uri": "/n", "append_query_string": true}),
+                TestRequest::get("/o?a=1")
+            ),
             Some((302, "/n?a=1".into()))
         );
     }
@@ -336,22 +348,47 @@ mod tests {
     #[test]
     fn regex_uri() {
         let conf = json!({"regex_uri": ["^/c/(.*)/(.*)", "/t/$1_$2"]});
-        assert_eq!(redirect(conf.clone(), TestRequest::get("/c/a/b")), Some((302, "/t/a_b".into())));
+        assert_eq!(
+            redirect(conf.clone(), TestRequest::get("/c/a/b")),
+            Some((302, "/t/a_b".into()))
+        );
         assert_eq!(redirect(conf, TestRequest::get("/x")), None);
     }
 
     #[test]
     fn http_to_https_ports() {
         let conf = json!({"http_to_https": true});
-        assert_eq!(redirect(conf.clone(), host("/h?x=1", "foo.com")), Some((301, "https://foo.com/h?x=1".into())));
+        assert_eq!(
+            redirect(conf.clone(), host("/h?x=1", "foo.com")),
+            Some((301, "https://foo.com/h?x=1".into()))
+        );
         let mut post = TestRequest::new(Method::POST, "/h");
         post.host = Some("foo.com".into());
-        assert_eq!(redirect(conf.clone(), post), Some((308, "https://foo.com/h".into())));
-        assert_eq!(redirect(conf.clone(), host("/h", "foo.com").header("x-forwarded-proto", "https")), None);
-        let tls = Compiler::with(Arc::new(PluginServices::default().with_tls_ports(vec![9443])));
-        assert_eq!(redirect_with(&tls, conf.clone(), host("/h", "foo.com")), Some((301, "https://foo.com:9443/h".into())));
-        let std = Compiler::with(Arc::new(PluginServices::default().with_tls_ports(vec![443])));
-        assert_eq!(redirect_with(&std, conf, host("/h", "foo.com")), Some((301, "https://foo.com/h".into())));
+        assert_eq!(
+            redirect(conf.clone(), post),
+            Some((308, "https://foo.com/h".into()))
+        );
+        assert_eq!(
+            redirect(
+                conf.clone(),
+                host("/h", "foo.com").header("x-forwarded-proto", "https")
+            ),
+            None
+        );
+        let tls = Compiler::with(Arc::new(
+            PluginServices::default().with_tls_ports(vec![9443]),
+        ));
+        assert_eq!(
+            redirect_with(&tls, conf.clone(), host("/h", "foo.com")),
+            Some((301, "https://foo.com:9443/h".into()))
+        );
+        let std = Compiler::with(Arc::new(
+            PluginServices::default().with_tls_ports(vec![443]),
+        ));
+        assert_eq!(
+            redirect_with(&std, conf, host("/h", "foo.com")),
+            Some((301, "https://foo.com/h".into()))
+        );
     }
 
     #[test]
@@ -361,9 +398,16 @@ mod tests {
             r.check(NAME, &json!({"http_to_https": true, "append_query_string": true})),
             Err("failed to check the configuration of plugin redirect err: only one of `http_to_https` and `append_query_string` can be configured.".into())
         );
-        assert!(r.check(NAME, &json!({"uri": "/a", "regex_uri": ["a", "b"]})).is_err());
-        assert!(r.check(NAME, &json!({"regex_uri": ["(", "b"]})).unwrap_err().contains("invalid regex_uri ((, b), err:"));
+        assert!(r
+            .check(NAME, &json!({"uri": "/a", "regex_uri": ["a", "b"]}))
+            .is_err());
+        assert!(r
+            .check(NAME, &json!({"regex_uri": ["(", "b"]}))
+            .unwrap_err()
+            .contains("invalid regex_uri ((, b), err:"));
         assert!(r.check(NAME, &json!({"uri": "/"})).is_err(), "minLength 2");
-        assert!(r.check(NAME, &json!({"uri": "/a", "ret_code": 100})).is_err());
+        assert!(r
+            .check(NAME, &json!({"uri": "/a", "ret_code": 100}))
+            .is_err());
     }
 }

@@ -18,8 +18,7 @@ use base64::Engine;
 use bytes::Bytes;
 use ferrisix_config::vars::compile_vars;
 use ferrisix_plugin_api::{
-    BodyChunk, BodyFilter, CheckCtx, CompileCtx, Phases, Plugin, PluginCtx, PluginDef,
-    ResponseHead,
+    BodyChunk, BodyFilter, CheckCtx, CompileCtx, Phases, Plugin, PluginCtx, PluginDef, ResponseHead,
 };
 use ferrisix_router::{Expr, VarSource};
 use http::{header, HeaderMap, HeaderName, StatusCode};
@@ -163,7 +162,12 @@ fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
     if let Some(v) = conf.get("vars") {
         compile_vars(v).map_err(|e| format!("failed to validate the 'vars' expression: {e}"))?;
     }
-    for f in conf.get("filters").and_then(Value::as_array).into_iter().flatten() {
+    for f in conf
+        .get("filters")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         let re = f["regex"].as_str().unwrap_or("");
         compile_bytes(re, f["options"].as_str().unwrap_or("jo"))
             .map_err(|e| format!("regex \"{re}\" validation failed: {e}"))?;
@@ -191,7 +195,10 @@ fn header_ops(h: &Map<String, Value>) -> Option<HeaderOps> {
     let set_of = |m: &Map<String, Value>| -> Vec<(HeaderName, ValueTemplate)> {
         m.iter()
             .filter_map(|(k, v)| {
-                Some((headers::name(k, NAME)?, ValueTemplate::new(&headers::value_text(v)?)))
+                Some((
+                    headers::name(k, NAME)?,
+                    ValueTemplate::new(&headers::value_text(v)?),
+                ))
             })
             .collect()
     };
@@ -214,7 +221,8 @@ fn header_ops(h: &Map<String, Value>) -> Option<HeaderOps> {
         if value.is_empty() {
             return None;
         }
-        ops.add.push((headers::name(name, NAME)?, ValueTemplate::new(value)));
+        ops.add
+            .push((headers::name(name, NAME)?, ValueTemplate::new(value)));
     }
     if let Some(set) = h.get("set").and_then(Value::as_object) {
         ops.set = set_of(set);
@@ -254,9 +262,9 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         })
         .transpose()?;
     let body = match conf.get("body").and_then(Value::as_str) {
-        Some(b) if conf["body_base64"].as_bool() == Some(true) => {
-            Some(Bytes::from(decode_base64(b).ok_or("invalid base64 content")?))
-        }
+        Some(b) if conf["body_base64"].as_bool() == Some(true) => Some(Bytes::from(
+            decode_base64(b).ok_or("invalid base64 content")?,
+        )),
         Some(b) => Some(Bytes::from(b.to_owned())),
         None => None,
     };
@@ -315,9 +323,10 @@ impl VarSource for ResponseVars<'_, '_> {
                 .from_upstream
                 .then(|| Cow::Owned(self.status.as_u16().to_string()));
         }
-        let resp_header = name
-            .strip_prefix("sent_http_")
-            .or_else(|| name.strip_prefix("upstream_http_").filter(|_| self.from_upstream));
+        let resp_header = name.strip_prefix("sent_http_").or_else(|| {
+            name.strip_prefix("upstream_http_")
+                .filter(|_| self.from_upstream)
+        });
         if let Some(h) = resp_header {
             return ferrisix_plugin_api::vars::header_var(self.headers, h);
         }
@@ -475,7 +484,9 @@ impl BodyFilter for FilterBody {
                             data = Bytes::from(all);
                         }
                         Ok(_) => {}
-                        Err(e) => tracing::error!(error = %e, "response-rewrite: filters may not work as expected"),
+                        Err(e) => {
+                            tracing::error!(error = %e, "response-rewrite: filters may not work as expected")
+                        }
                     }
                 }
             }
@@ -556,7 +567,11 @@ mod tests {
         assert_eq!(a.headers["x-server-status"], "on");
         assert!(!a.headers.contains_key(header::CONTENT_LENGTH));
         assert!(!a.headers.contains_key("x-up"), "set to empty clears");
-        let a = respond(json!({"body": "aGVsbG8=", "body_base64": true}), StatusCode::OK, HeaderMap::new());
+        let a = respond(
+            json!({"body": "aGVsbG8=", "body_base64": true}),
+            StatusCode::OK,
+            HeaderMap::new(),
+        );
         assert_eq!(a.edits.replacement.as_deref(), Some(&b"hello"[..]));
     }
 
@@ -587,12 +602,18 @@ mod tests {
     #[test]
     fn vars_on_the_response() {
         let conf = json!({"vars": [["status", "==", 200]], "status_code": 403, "body": "no"});
-        assert_eq!(respond(conf.clone(), StatusCode::OK, HeaderMap::new()).status, 403);
+        assert_eq!(
+            respond(conf.clone(), StatusCode::OK, HeaderMap::new()).status,
+            403
+        );
         let a = respond(conf, StatusCode::NOT_FOUND, HeaderMap::new());
         assert_eq!(a.status, 404);
         assert!(a.edits.is_empty());
         let conf = json!({"vars": [["sent_http_x_up", "==", "1"], ["arg_a", "==", "1"]], "status_code": 500});
-        assert_eq!(respond(conf, StatusCode::OK, upstream_headers()).status, 500);
+        assert_eq!(
+            respond(conf, StatusCode::OK, upstream_headers()).status,
+            500
+        );
     }
 
     #[test]
@@ -603,14 +624,20 @@ mod tests {
             upstream_headers(),
         );
         assert!(!a.headers.contains_key(header::CONTENT_LENGTH));
-        assert_eq!(body_through(a.edits.filters, &[b"hello ", b"world"]), b"heXlo world");
+        assert_eq!(
+            body_through(a.edits.filters, &[b"hello ", b"world"]),
+            b"heXlo world"
+        );
         let a = respond(
             json!({"filters": [{"regex": "L", "replace": "X", "scope": "global", "options": "joi"},
                 {"regex": "(w)or", "replace": "${1}0r", "scope": "global"}]}),
             StatusCode::OK,
             HeaderMap::new(),
         );
-        assert_eq!(body_through(a.edits.filters, &[b"hello ", b"world"]), b"heXXo w0rXd");
+        assert_eq!(
+            body_through(a.edits.filters, &[b"hello ", b"world"]),
+            b"heXXo w0rXd"
+        );
         let a = respond(
             json!({"filters": [{"regex": "o", "replace": "0", "scope": "global"}], "max_resp_body_size": 4}),
             StatusCode::OK,
@@ -637,22 +664,41 @@ mod tests {
         // An encoding it cannot decode: no filter.
         let mut h = HeaderMap::new();
         h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("zstd"));
-        let a = respond(json!({"filters": [{"regex": "a", "replace": "b"}]}), StatusCode::OK, h);
+        let a = respond(
+            json!({"filters": [{"regex": "a", "replace": "b"}]}),
+            StatusCode::OK,
+            h,
+        );
         assert!(a.edits.filters.is_empty());
     }
 
     #[test]
     fn validation() {
         let r = crate::PluginRegistry::builtin();
-        let err = |c: Value| r.check(NAME, &c).expect_err(&c.to_string()).replace("failed to check the configuration of plugin response-rewrite err: ", "");
-        assert_eq!(err(json!({"body": "x", "body_base64": true})), "invalid base64 content");
+        let err = |c: Value| {
+            r.check(NAME, &c).expect_err(&c.to_string()).replace(
+                "failed to check the configuration of plugin response-rewrite err: ",
+                "",
+            )
+        };
+        assert_eq!(
+            err(json!({"body": "x", "body_base64": true})),
+            "invalid base64 content"
+        );
         assert_eq!(err(json!({"body_base64": true})), "invalid base64 content");
         assert!(err(json!({"status_code": 100})).contains("status_code"));
         assert!(err(json!({"status_code": 599})).contains("status_code"));
-        assert!(err(json!({"vars": [["status", "~~~", 1]]})).starts_with("failed to validate the 'vars' expression: "));
-        assert!(err(json!({"filters": [{"regex": "(", "replace": "x"}]})).starts_with("regex \"(\" validation failed: "));
-        assert!(err(json!({"filters": [{"regex": "a", "replace": "x", "options": "jz"}]})).contains("unknown flag"));
-        assert!(err(json!({"filters": [{"regex": "a", "replace": "b"}], "body": "x"})).contains("body") );
+        assert!(err(json!({"vars": [["status", "~~~", 1]]}))
+            .starts_with("failed to validate the 'vars' expression: "));
+        assert!(err(json!({"filters": [{"regex": "(", "replace": "x"}]}))
+            .starts_with("regex \"(\" validation failed: "));
+        assert!(
+            err(json!({"filters": [{"regex": "a", "replace": "x", "options": "jz"}]}))
+                .contains("unknown flag")
+        );
+        assert!(
+            err(json!({"filters": [{"regex": "a", "replace": "b"}], "body": "x"})).contains("body")
+        );
         assert!(err(json!({"headers": {"add": ["X-A: 1/"]}})).contains("headers"));
         assert!(r.check(NAME, &json!({"headers": {"X-A": 1}})).is_ok());
     }

@@ -343,6 +343,9 @@ mod tests {
         assert!(spaces.is_empty(), "released once the window is over");
         let idle = spaces.lease("p2", || Space::new(clock.clone()));
         drop(idle);
-        assert!(spaces.is_empty(), "a space without counts goes with its conf");
+        assert!(
+            spaces.is_empty(),
+            "a space without counts goes with its conf"
+        );
     }
 }

@@ -148,7 +148,13 @@ pub async fn tls_broker(topic: &'static str, partitions: i32, cert: &str, key: &
         .with_no_client_auth()
         .with_single_cert(certs, key)
         .unwrap();
-    start(topic, partitions, false, Some(TlsAcceptor::from(Arc::new(config)))).await
+    start(
+        topic,
+        partitions,
+        false,
+        Some(TlsAcceptor::from(Arc::new(config))),
+    )
+    .await
 }
 
 async fn start(
@@ -180,7 +186,11 @@ async fn start(
             }
         }
     });
-    Broker { port, records, auths }
+    Broker {
+        port,
+        records,
+        auths,
+    }
 }
 
 async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
@@ -237,7 +247,11 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             }
             (3, 1) => {
                 assert!(authenticated, "metadata before authentication");
-                out.i32(1).i32(1).string("127.0.0.1").i32(port as i32).i16(-1);
+                out.i32(1)
+                    .i32(1)
+                    .string("127.0.0.1")
+                    .i32(port as i32)
+                    .i16(-1);
                 out.i32(1); // controller
                 out.i32(1).i16(0).string(topic).0.push(0);
                 out.i32(partitions);
@@ -290,4 +304,3 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         }
     }
 }
-

@@ -72,7 +72,10 @@ pub async fn serve(
                 let resp = requests.respond(resp, in_flight, req.version());
                 async move { Ok::<_, Infallible>(resp) }
             });
-            if let Some(Err(e)) = conn_watch.serve(builder.serve_connection(io, service)).await {
+            if let Some(Err(e)) = conn_watch
+                .serve(builder.serve_connection(io, service))
+                .await
+            {
                 tracing::debug!(error = %e, "prometheus export connection ended with an error");
             }
         });

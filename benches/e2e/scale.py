@@ -521,6 +521,11 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     ap.add_argument("--note", default="")
+    ap.add_argument(
+        "--keep-work",
+        action="store_true",
+        help="leave each N's work directory (config, store, logs) for profiling a boot",
+    )
     args = ap.parse_args()
     for tool in ("nginx", "wrk") + (("etcd",) if args.store == "etcd" else ()):
         if not (shutil.which(tool) or os.path.exists(f"/usr/sbin/{tool}")):
@@ -534,7 +539,10 @@ def main():
             r["bench_wall_s"] = round(time.time() - started, 1)
             results.append(r)
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            if args.keep_work:
+                print(f"work directory kept: {work}", file=sys.stderr)
+            else:
+                shutil.rmtree(work, ignore_errors=True)
     md = markdown(results, args.note)
     print(md)
     if args.json:

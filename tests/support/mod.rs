@@ -16,14 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// A port that was free a moment ago.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+/// A 127.0.0.1 port no other pick of this test process got (see its docs).
+pub use ferrisix_config::test_support::free_port;
 
 /// A running gateway process with its own config directory.
 pub struct Gateway {

@@ -10,11 +10,48 @@ pub mod debian;
 pub mod etcd;
 
 use std::net::TcpListener;
+use std::sync::atomic::{AtomicU32, Ordering};
 
-/// A 127.0.0.1 port that was free a moment ago.
+/// The ports [`free_port`] hands out: below Linux's ephemeral range (32768–60999), so an
+/// outgoing connection or another `bind(:0)` never takes one between the pick and its use.
+const PORTS: std::ops::Range<u32> = 20_000..32_000;
+
+/// A 127.0.0.1 port, free when picked and never handed out before in this process.
+///
+/// `bind(:0)` and let go is not enough: the kernel may give the same ephemeral port to the
+/// next caller (two listeners of one node collided that way in CI) or to a client socket.
+/// A process-wide cursor over [`PORTS`], started at a point drawn from the pid and the
+/// clock, keeps the picks of one test process apart and different processes unlikely to meet.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind 127.0.0.1:0")
+    static CURSOR: AtomicU32 = AtomicU32::new(u32::MAX);
+    let span = PORTS.end - PORTS.start;
+    if CURSOR.load(Ordering::Relaxed) == u32::MAX {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let seed = std::process::id().wrapping_mul(7919).wrapping_add(nanos) % span;
+        let _ = CURSOR.compare_exchange(u32::MAX, seed, Ordering::Relaxed, Ordering::Relaxed);
+    }
+    for _ in 0..span {
+        let offset = CURSOR.fetch_add(1, Ordering::Relaxed) % span;
+        let port = (PORTS.start + offset) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free 127.0.0.1 port in {PORTS:?}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::free_port;
+
+    #[test]
+    fn picks_are_distinct_bindable_and_outside_the_ephemeral_range() {
+        let ports: Vec<u16> = (0..200).map(|_| free_port()).collect();
+        let distinct: std::collections::HashSet<_> = ports.iter().collect();
+        assert_eq!(distinct.len(), ports.len());
+        assert!(ports.iter().all(|p| (20_000..32_000).contains(p)));
+        assert!(std::net::TcpListener::bind(("127.0.0.1", ports[0])).is_ok());
+    }
 }

@@ -693,3 +693,122 @@ async fn fails_over_to_the_next_endpoint() {
     })
     .await;
 }
+
+/// What a page of `/apisix/routes/` must be, from a full listing: the items directly under
+/// the directory in creation order (create revision, then key).
+async fn expected_page(etcd: &Etcd, offset: usize, limit: usize) -> (Vec<KeyValue>, usize) {
+    let mut client = etcd.client().await;
+    let response = client
+        .get("/apisix/routes/", Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let mut kvs: Vec<KeyValue> = response
+        .kvs()
+        .iter()
+        .map(|kv| KeyValue {
+            key: String::from_utf8(kv.key().to_vec()).unwrap(),
+            value: kv.value().to_vec(),
+            create_revision: kv.create_revision(),
+            mod_revision: kv.mod_revision(),
+        })
+        .filter(|kv| kv.key != "/apisix/routes/")
+        .collect();
+    kvs.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+    let total = kvs.len();
+    (kvs.into_iter().skip(offset).take(limit).collect(), total)
+}
+
+/// Admin pages come from the followed state (a count-only read of etcd, no sorted range)
+/// while it holds exactly the directory, and match what etcd holds, own writes and another
+/// writer's alike; a key further down or a value that is not JSON sends them to etcd's range.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_come_from_the_followed_state_while_it_matches_etcd() {
+    let Some(etcd) = Etcd::start() else { return };
+    let store = EtcdStore::connect(&settings(vec![etcd.endpoint()]), None)
+        .await
+        .unwrap();
+    let mut direct = etcd.client().await;
+    direct
+        .put("/apisix/routes/", "init_dir", None)
+        .await
+        .unwrap();
+    for i in 0..40 {
+        let id = (i * 17) % 40;
+        store
+            .put(
+                &format!("/apisix/routes/{id}"),
+                route(&format!("/{id}")),
+                None,
+            )
+            .await
+            .unwrap();
+    }
+    // Two keys created in one transaction share their create revision: key order then.
+    let txn = etcd_client::Txn::new().and_then([
+        etcd_client::TxnOp::put("/apisix/routes/tx-b", route("/b"), None),
+        etcd_client::TxnOp::put("/apisix/routes/tx-a", route("/a"), None),
+    ]);
+    direct.txn(txn).await.unwrap();
+    // Another writer's change, read back at once through this store.
+    direct
+        .put("/apisix/routes/17", route("/changed"), None)
+        .await
+        .unwrap();
+    let before = store.stats().pages_from_state;
+    for (offset, limit) in [(0, 10), (35, 10), (10, 25), (42, 10), (100, 10)] {
+        let page = store
+            .list_page("/apisix/routes/", offset, limit)
+            .await
+            .unwrap()
+            .expect("routes page");
+        let (kvs, total) = expected_page(&etcd, offset, limit).await;
+        assert_eq!(page.total, total, "offset {offset}");
+        assert_eq!(page.kvs, kvs, "offset {offset}, limit {limit}");
+    }
+    assert_eq!(store.stats().pages_from_state, before + 5);
+
+    // A key further down: etcd's count includes it, the state does not hold it.
+    direct
+        .put("/apisix/routes/a/b", route("/deep"), None)
+        .await
+        .unwrap();
+    let before = store.stats().pages_from_state;
+    assert_eq!(
+        store.list_page("/apisix/routes/", 0, 10).await.unwrap(),
+        None,
+        "the directory is listed whole"
+    );
+    assert_eq!(store.stats().pages_from_state, before);
+    direct.delete("/apisix/routes/a/b", None).await.unwrap();
+
+    // A value that is not JSON is listed as etcd holds it.
+    direct
+        .put("/apisix/routes/0garbage", "garbage{", None)
+        .await
+        .unwrap();
+    let page = store
+        .list_page("/apisix/routes/", 40, 10)
+        .await
+        .unwrap()
+        .unwrap();
+    let (kvs, total) = expected_page(&etcd, 40, 10).await;
+    assert!(page
+        .kvs
+        .iter()
+        .any(|kv| kv.key == "/apisix/routes/0garbage"));
+    assert_eq!((page.kvs, page.total), (kvs, total));
+    assert_eq!(store.stats().pages_from_state, before);
+
+    // Deleted again: the state serves pages once more.
+    direct
+        .delete("/apisix/routes/0garbage", None)
+        .await
+        .unwrap();
+    let page = store
+        .list_page("/apisix/routes/", 0, 50)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(page.total, 42);
+    assert_eq!(store.stats().pages_from_state, before + 1);
+}

@@ -50,12 +50,19 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::{KeyValue, Page, PutOutcome, StateBuilder, Store, StoreError, StoreHealth};
+use crate::model::ResourceKind;
 use crate::settings::EtcdSettings;
-use crate::state::ConfigState;
+use crate::state::{ConfigState, StoredItem};
 
 /// First reconnect delay; doubled after each failure up to [`BACKOFF_MAX`].
 pub const BACKOFF_START: Duration = Duration::from_millis(100);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// How long a page waits for the followed state to reach the revision of its count before
+/// it reads etcd's sorted range instead. The watch is normally milliseconds behind; it stays
+/// behind only when the newest revision changed keys outside the prefix (another cluster's
+/// prefix in the same etcd), until etcd's next progress report.
+const STATE_CATCH_UP: Duration = Duration::from_millis(50);
 
 /// etcd's default `--max-txn-ops`: a page's values are read in transactions of at most this
 /// many gets.
@@ -87,6 +94,8 @@ pub struct SyncStats {
     pub duplicates: u64,
     /// States published.
     pub publishes: u64,
+    /// Admin pages read from the followed state (the rest were read from etcd's sorted range).
+    pub pages_from_state: u64,
 }
 
 #[derive(Default)]
@@ -97,6 +106,7 @@ struct Counters {
     events: AtomicU64,
     duplicates: AtomicU64,
     publishes: AtomicU64,
+    pages_from_state: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -216,6 +226,10 @@ struct Shared {
     /// fresh connection too. `None` until one could be built (with auth, that needs etcd).
     client: RwLock<Option<Client>>,
     states: watch::Sender<Arc<ConfigState>>,
+    /// The etcd revision the published state is known to reflect: of the last listing, of
+    /// the last event applied, or of a progress report (after which etcd sends only newer
+    /// events). A page read from the state waits for it to reach the revision of its count.
+    followed: watch::Sender<i64>,
     health: Mutex<StoreHealth>,
     counters: Counters,
     /// States published from etcd, for the local-copy writer.
@@ -293,6 +307,7 @@ impl EtcdStore {
         let shared = Arc::new(Shared {
             client: RwLock::new(None),
             states,
+            followed: watch::channel(0).0,
             health: Mutex::new(StoreHealth {
                 reachable: false,
                 synced: false,
@@ -371,6 +386,157 @@ impl EtcdStore {
         Ok(Arc::new(EtcdStore { shared, sync_task }))
     }
 
+    /// A page from the state the sync loop follows, when it is known to hold exactly what
+    /// etcd holds in `dir`: one count-only transaction (served from etcd's in-memory index,
+    /// not its disk: a sorted range reads every key of the directory, 200 ms at 100,000
+    /// routes) gives the revision and the count; once the state is followed through that
+    /// revision (normally at once: the watch delivers this node's own writes before their
+    /// acknowledgment is read here, and others' within milliseconds) and holds that many
+    /// items of the directory, none of them unreadable, the page is cut from it.
+    async fn page_from_state(
+        &self,
+        dir: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<StatePage, StoreError> {
+        let prefix = format!("{}/", self.shared.config.prefix);
+        let Some(kind) = dir
+            .strip_prefix(&prefix)
+            .and_then(|d| d.strip_suffix('/'))
+            .and_then(ResourceKind::from_dir)
+        else {
+            return Ok(StatePage::Unknown);
+        };
+        let mut kv = self.client()?.kv_client();
+        let count = GetOptions::new().with_prefix().with_count_only();
+        let placeholder = GetOptions::new().with_count_only();
+        let txn = Txn::new().and_then([
+            TxnOp::get(dir, Some(count)),
+            TxnOp::get(dir, Some(placeholder)),
+        ]);
+        let response = self.call(kv.txn(txn)).await?;
+        let revision = header_revision(response.header());
+        let responses = response.op_responses();
+        let (Some(TxnOpResponse::Get(listed)), Some(TxnOpResponse::Get(own))) =
+            (responses.first(), responses.get(1))
+        else {
+            return Ok(StatePage::Unknown);
+        };
+        let total = usize::try_from(listed.count() - own.count()).unwrap_or(0);
+        let mut followed = self.shared.followed.subscribe();
+        let caught_up =
+            tokio::time::timeout(STATE_CATCH_UP, followed.wait_for(|r| *r >= revision)).await;
+        if !matches!(caught_up, Ok(Ok(_))) {
+            return Ok(StatePage::Unknown);
+        }
+        let state = self.shared.states.borrow().clone();
+        let items = state.resources.get(&kind);
+        let unreadable = state
+            .unreadable
+            .range((kind, String::new())..)
+            .next()
+            .is_some_and(|((k, _), _)| *k == kind);
+        if unreadable {
+            // etcd's range lists such a value as stored.
+            return Ok(StatePage::Unknown);
+        }
+        if items.map_or(0, |m| m.len()) != total {
+            // Keys further down (which the state does not hold and the count includes), or
+            // changes since the count: the whole directory says which.
+            return Ok(StatePage::WholeDirectory);
+        }
+        let Some(items) = items else {
+            return Ok(StatePage::Page(Page {
+                kvs: Vec::new(),
+                total,
+            }));
+        };
+        Ok(StatePage::Page(Page {
+            kvs: creation_order_page(items.values(), offset, limit)
+                .into_iter()
+                .map(|item| KeyValue {
+                    key: format!("{dir}{}", item.id),
+                    value: item.value.text().as_bytes().to_vec(),
+                    create_revision: item.create_revision,
+                    mod_revision: item.mod_revision,
+                })
+                .collect(),
+            total,
+        }))
+    }
+
+    /// A page without reading the directory's values: one range of the directory's keys
+    /// only, sorted by create revision and cut at the page's end, with its count and the
+    /// directory placeholder's in the same transaction; then the page's values by key. etcd
+    /// sorts the whole range server-side, but only the keys up to the page's end and the
+    /// page's values cross the wire and are parsed.
+    async fn page_from_sorted_range(
+        &self,
+        dir: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Option<Page>, StoreError> {
+        let mut kv = self
+            .client()?
+            .kv_client()
+            .max_decoding_message_size(MAX_MESSAGE);
+        // One more than the page's end: the placeholder may be among them.
+        let window = offset.saturating_add(limit).saturating_add(1);
+        let keys = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(i64::try_from(window).unwrap_or(i64::MAX));
+        let placeholder = GetOptions::new().with_count_only();
+        let txn = Txn::new().and_then([
+            TxnOp::get(dir, Some(keys)),
+            TxnOp::get(dir, Some(placeholder)),
+        ]);
+        let responses = self.call(kv.txn(txn)).await?.op_responses();
+        let (Some(TxnOpResponse::Get(listed)), Some(TxnOpResponse::Get(own))) =
+            (responses.first(), responses.get(1))
+        else {
+            return Err(StoreError::Unavailable(
+                "etcd: unexpected answer to a page's range".into(),
+            ));
+        };
+        let mut names: Vec<(i64, &[u8])> = Vec::with_capacity(listed.kvs().len());
+        for kv in listed.kvs() {
+            let key = kv.key();
+            if key == dir.as_bytes() {
+                continue;
+            }
+            // A key further down is not an item of this directory, and the count above
+            // included it: list the directory whole instead.
+            if key[dir.len()..].contains(&b'/') {
+                return Ok(None);
+            }
+            names.push((kv.create_revision(), key));
+        }
+        // Creation order, then key order for keys created in one transaction (etcd leaves
+        // their order open), as the embedded store pages.
+        names.sort();
+        let total = usize::try_from(listed.count() - own.count()).unwrap_or(0);
+        let page: Vec<Vec<u8>> = names
+            .into_iter()
+            .skip(offset)
+            .take(limit)
+            .map(|(_, key)| key.to_vec())
+            .collect();
+        let mut kvs = Vec::with_capacity(page.len());
+        for chunk in page.chunks(MAX_TXN_OPS) {
+            let gets: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
+            let responses = self.call(kv.txn(Txn::new().and_then(gets))).await?;
+            for response in responses.op_responses() {
+                // A key deleted since the range was read is left out of this page.
+                if let TxnOpResponse::Get(got) = response {
+                    kvs.extend(got.kvs().first().map(kv_of));
+                }
+            }
+        }
+        Ok(Some(Page { kvs, total }))
+    }
+
     /// The sync loop's counters.
     pub fn stats(&self) -> SyncStats {
         let c = &self.shared.counters;
@@ -382,6 +548,7 @@ impl EtcdStore {
             events: get(&c.events),
             duplicates: get(&c.duplicates),
             publishes: get(&c.publishes),
+            pages_from_state: get(&c.pages_from_state),
         }
     }
 
@@ -520,11 +687,9 @@ impl Store for EtcdStore {
         ))
     }
 
-    /// A page in creation order without reading the directory's values: one range of the
-    /// directory's keys only, sorted by create revision (APISIX's page order) and cut at the
-    /// page's end, with its count and the directory placeholder's in the same transaction;
-    /// then the page's values by key. etcd sorts the whole range server-side, but only the
-    /// keys up to the page's end and ten values cross the wire and are parsed.
+    /// A page in creation order (APISIX's page order), without reading the directory from
+    /// etcd when the followed state can say it: see [`EtcdStore::page_from_state`]; else
+    /// [`EtcdStore::page_from_sorted_range`].
     async fn list_page(
         &self,
         dir: &str,
@@ -536,65 +701,14 @@ impl Store for EtcdStore {
         if dir.ends_with("/consumers/") || !dir.ends_with('/') {
             return Ok(None);
         }
-        let mut kv = self
-            .client()?
-            .kv_client()
-            .max_decoding_message_size(MAX_MESSAGE);
-        // One more than the page's end: the placeholder may be among them.
-        let window = offset.saturating_add(limit).saturating_add(1);
-        let keys = GetOptions::new()
-            .with_prefix()
-            .with_keys_only()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(i64::try_from(window).unwrap_or(i64::MAX));
-        let placeholder = GetOptions::new().with_count_only();
-        let txn = Txn::new().and_then([
-            TxnOp::get(dir, Some(keys)),
-            TxnOp::get(dir, Some(placeholder)),
-        ]);
-        let responses = self.call(kv.txn(txn)).await?.op_responses();
-        let (Some(TxnOpResponse::Get(listed)), Some(TxnOpResponse::Get(own))) =
-            (responses.first(), responses.get(1))
-        else {
-            return Err(StoreError::Unavailable(
-                "etcd: unexpected answer to a page's range".into(),
-            ));
-        };
-        let mut names: Vec<(i64, &[u8])> = Vec::with_capacity(listed.kvs().len());
-        for kv in listed.kvs() {
-            let key = kv.key();
-            if key == dir.as_bytes() {
-                continue;
+        match self.page_from_state(dir, offset, limit).await? {
+            StatePage::Page(page) => {
+                bump(&self.shared.counters.pages_from_state);
+                Ok(Some(page))
             }
-            // A key further down is not an item of this directory, and the count above
-            // included it: list the directory whole instead.
-            if key[dir.len()..].contains(&b'/') {
-                return Ok(None);
-            }
-            names.push((kv.create_revision(), key));
+            StatePage::WholeDirectory => Ok(None),
+            StatePage::Unknown => self.page_from_sorted_range(dir, offset, limit).await,
         }
-        // Creation order, then key order for keys created in one transaction (etcd leaves
-        // their order open), as the embedded store pages.
-        names.sort();
-        let total = usize::try_from(listed.count() - own.count()).unwrap_or(0);
-        let page: Vec<Vec<u8>> = names
-            .into_iter()
-            .skip(offset)
-            .take(limit)
-            .map(|(_, key)| key.to_vec())
-            .collect();
-        let mut kvs = Vec::with_capacity(page.len());
-        for chunk in page.chunks(MAX_TXN_OPS) {
-            let gets: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
-            let responses = self.call(kv.txn(Txn::new().and_then(gets))).await?;
-            for response in responses.op_responses() {
-                // A key deleted since the range was read is left out of this page.
-                if let TxnOpResponse::Get(got) = response {
-                    kvs.extend(got.kvs().first().map(kv_of));
-                }
-            }
-        }
-        Ok(Some(Page { kvs, total }))
     }
 
     async fn put(
@@ -824,6 +938,7 @@ impl Syncer {
         if changed || self.shared.counters.publishes.load(Ordering::Relaxed) == 0 {
             self.publish();
         }
+        self.followed_through(revision);
         let detail = format!("following etcd at {}", self.endpoint());
         self.shared.set_health(|h| {
             *h = StoreHealth {
@@ -834,6 +949,15 @@ impl Syncer {
             }
         });
         Ok(())
+    }
+
+    /// Records that the published state reflects etcd through `revision`.
+    fn followed_through(&self, revision: i64) {
+        self.shared.followed.send_if_modified(|r| {
+            let newer = revision > *r;
+            *r = (*r).max(revision);
+            newer
+        });
     }
 
     fn publish(&self) {
@@ -959,6 +1083,13 @@ impl Syncer {
         }
         if changed {
             self.publish();
+        }
+        // A progress report (no events) promises only newer events from here on; a response
+        // with events is followed through the newest of them.
+        let progress = !response.created() && response.events().is_empty();
+        match response.header() {
+            Some(header) if progress => self.followed_through(header.revision()),
+            _ => self.followed_through(self.applied),
         }
         Ok(None)
     }
@@ -1155,6 +1286,39 @@ async fn copy_writer(
     }
 }
 
+/// What the followed state says of a page ([`EtcdStore::page_from_state`]).
+enum StatePage {
+    Page(Page),
+    /// The directory holds keys that are no items of it: list it whole.
+    WholeDirectory,
+    /// The state cannot say (not caught up, a value that is not JSON, no resource directory).
+    Unknown,
+}
+
+/// Items `offset..offset + limit` in creation order (create revision, then id: keys created in
+/// one transaction share their revision), without sorting the whole directory.
+fn creation_order_page<'a>(
+    items: impl Iterator<Item = &'a StoredItem>,
+    offset: usize,
+    limit: usize,
+) -> Vec<&'a StoredItem> {
+    fn order<'i>(i: &&'i StoredItem) -> (i64, &'i str) {
+        (i.create_revision, i.id.as_str())
+    }
+    let mut all: Vec<&StoredItem> = items.collect();
+    let end = offset.saturating_add(limit).min(all.len());
+    if offset >= end {
+        return Vec::new();
+    }
+    if end < all.len() {
+        all.select_nth_unstable_by_key(end - 1, order);
+        all.truncate(end);
+    }
+    all.sort_unstable_by_key(order);
+    all.drain(..offset);
+    all
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1214,6 +1378,37 @@ mod tests {
         assert_eq!(lease_secs(Duration::ZERO), 1);
         assert_eq!(lease_secs(Duration::from_millis(1500)), 2);
         assert_eq!(lease_secs(Duration::from_secs(60)), 60);
+    }
+
+    #[test]
+    fn creation_order_pages_match_a_full_sort() {
+        use crate::state::StoredValue;
+        // Create revisions with repeats (one transaction's keys), ids out of order.
+        let items: Vec<StoredItem> = (0..97u32)
+            .map(|i| StoredItem {
+                id: format!("r{}", (i * 31) % 97),
+                value: StoredValue::from_json(b"{}").unwrap(),
+                create_revision: i64::from((i * 7) % 50),
+                mod_revision: 0,
+                seq: 0,
+            })
+            .collect();
+        let mut sorted: Vec<&StoredItem> = items.iter().collect();
+        sorted.sort_by_key(|i| (i.create_revision, i.id.clone()));
+        for (offset, limit) in [
+            (0, 10),
+            (0, 97),
+            (5, 200),
+            (90, 10),
+            (96, 1),
+            (97, 10),
+            (200, 5),
+        ] {
+            let page = creation_order_page(items.iter(), offset, limit);
+            let want: Vec<&StoredItem> = sorted.iter().skip(offset).take(limit).copied().collect();
+            let ids = |v: &[&StoredItem]| v.iter().map(|i| i.id.clone()).collect::<Vec<_>>();
+            assert_eq!(ids(&page), ids(&want), "offset {offset}, limit {limit}");
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod encrypt;
 pub mod env;
 pub mod model;
 pub mod nesting;
+pub mod parallel;
 pub mod pem;
 pub mod provider;
 pub mod reopen;

@@ -36,7 +36,8 @@ impl fmt::Debug for UpstreamRef {
 }
 
 /// The upstreams a plugin may choose, offered by the proxy while it compiles a snapshot.
-pub trait UpstreamResolver {
+/// `Sync`: a snapshot's routes are compiled on several threads at boot.
+pub trait UpstreamResolver: Sync {
     /// The upstream `/apisix/upstreams/<id>` of the snapshot being compiled.
     fn upstream_by_id(&self, id: &str) -> Result<UpstreamRef, String>;
 

@@ -20,7 +20,6 @@
 mod accept;
 mod compile;
 mod diff;
-mod parallel;
 mod publish;
 mod routes;
 mod ssls;

@@ -16,7 +16,7 @@ use ferrisix_router::Expr;
 use serde_json::Value;
 
 use super::diff::{ConfigDiff, Difference};
-use super::parallel;
+use ferrisix_config::parallel;
 
 /// A resource left out of (or held at an older version in) the snapshot.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -31,7 +31,7 @@ use ferrisix_router::{RouteTable, RouterKind};
 use ferrisix_tls::{CertStore, TlsContext};
 use serde_json::Value;
 
-use super::accept::{Applied, Quarantined};
+use super::accept::{Applied, Quarantined, RouteDef};
 use super::diff::{ConfigDiff, Difference, SnapshotDiff};
 use super::routes::{compile_slot, Changes, CompiledRoute, RouteInputs, RouteSlot};
 use super::ssls;
@@ -41,6 +41,7 @@ use super::upstreams::{
 };
 use crate::health::UpstreamChecker;
 use crate::nodes::UpstreamServices;
+use ferrisix_config::parallel;
 
 /// The published, immutable serving state.
 pub struct Snapshot {
@@ -341,7 +342,11 @@ impl Snapshot {
         let mut route_diff = Difference::default();
         let mut removed_keys = Vec::new();
         let mut placed: Vec<(String, RouteSlot)> = Vec::new();
+        // Which candidates are compiled is decided here, in order; the compiles themselves
+        // are independent of each other and run on every core when there are many (boot),
+        // then their outcomes are applied in the same order.
         let mut seen = std::collections::HashSet::new();
+        let mut steps: Vec<RouteStep<'_>> = Vec::new();
         for id in candidates {
             if !seen.insert(id) {
                 continue;
@@ -353,7 +358,7 @@ impl Snapshot {
                 .get(id)
                 .filter(|acc| acc.typed.0.enabled)
                 .zip(state.get(ResourceKind::Routes, id));
-            let slot = match acc {
+            let compile = match acc {
                 None => None,
                 Some((acc, item)) => {
                     let inline_still_valid =
@@ -370,17 +375,31 @@ impl Snapshot {
                     if reused {
                         continue;
                     }
-                    match compile_slot(&acc.typed, item.seq, &inputs, before) {
-                        Ok(slot) => Some(slot),
-                        Err(e) => {
-                            route_refusals
-                                .insert(id.clone(), Quarantined::new(ResourceKind::Routes, id, e));
-                            None
-                        }
-                    }
+                    Some((&acc.typed, item.seq))
                 }
             };
-            if let Some(b) = before {
+            steps.push(RouteStep {
+                id,
+                before,
+                compile,
+            });
+        }
+        let outcomes = parallel::map(&steps, |step| {
+            step.compile
+                .map(|(def, seq)| compile_slot(def, seq, &inputs, step.before))
+        });
+        for (step, outcome) in steps.into_iter().zip(outcomes) {
+            let id = step.id;
+            let slot = match outcome {
+                None => None,
+                Some(Ok(slot)) => Some(slot),
+                Some(Err(e)) => {
+                    route_refusals
+                        .insert(id.clone(), Quarantined::new(ResourceKind::Routes, id, e));
+                    None
+                }
+            };
+            if let Some(b) = step.before {
                 removed_keys.push(table_key(b.seq, id));
             }
             match slot {
@@ -650,4 +669,12 @@ fn prepare_globals(state: &ConfigState, applied: &Applied, env: CompileEnv<'_>) 
             .map(|acc| (acc.typed.id.as_str(), &acc.typed.plugins)),
     )
     .prepare(env)
+}
+
+/// One route the compile looks at: its previous slot, and what to compile it from (`None`:
+/// disabled or gone).
+struct RouteStep<'c> {
+    id: &'c String,
+    before: Option<&'c RouteSlot>,
+    compile: Option<(&'c Arc<RouteDef>, u64)>,
 }

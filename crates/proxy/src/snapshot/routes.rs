@@ -19,7 +19,7 @@ use super::accept::{Applied, RouteDef};
 use super::diff::{ConfigDiff, Difference};
 use super::upstreams::{
     inline_upstream, try_timeouts, CompiledUpstream, CompiledUpstreams, Holder, PluginUpstreams,
-    UpstreamEnv,
+    RouteUpstreams, UpstreamEnv,
 };
 use crate::client::TryTimeouts;
 
@@ -187,8 +187,13 @@ pub(super) fn compile_slot(
     previous: Option<&RouteSlot>,
 ) -> Result<RouteSlot, String> {
     let (route, _) = &**def;
-    // What an earlier route that failed to compile left.
-    inputs.resolver.take_asked();
+    // This route's plugins record the inline upstreams they ask for here (routes may compile
+    // on several threads).
+    let resolver = RouteUpstreams::new(inputs.resolver);
+    let env = CompileEnv {
+        upstreams: &resolver,
+        ..inputs.env
+    };
     let (compiled, hosts, inline) =
         merge_route(route, inputs, previous.and_then(|p| p.inline.as_ref()))?;
     let service = route
@@ -197,14 +202,7 @@ pub(super) fn compile_slot(
         .and_then(|s| inputs.applied.services.get(s))
         .map(|s| &*s.typed);
     let deps = RouteDeps::of(route, service, &compiled.plugins);
-    let compiled = attach_plugins(
-        route,
-        compiled,
-        &hosts,
-        inputs.applied,
-        inputs.globals,
-        inputs.env,
-    )?;
+    let compiled = attach_plugins(route, compiled, &hosts, inputs.applied, inputs.globals, env)?;
     let methods = match &route.methods {
         Some(m) => MethodSet::from_names(m.iter().map(String::as_str))?,
         None => MethodSet::ALL,
@@ -218,7 +216,7 @@ pub(super) fn compile_slot(
         methods,
         remote_addrs,
         inline,
-        plugin_upstreams: inputs.resolver.take_asked(),
+        plugin_upstreams: resolver.into_asked(),
         deps,
     })
 }

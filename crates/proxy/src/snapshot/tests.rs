@@ -747,3 +747,77 @@ fn plugins_inline_upstreams_are_listed_under_their_resource_path() {
         .collect();
     assert_eq!(names, [s1.as_str()]);
 }
+
+/// A boot's compile of many routes runs on several threads: its snapshot is the one a compile
+/// of the same routes a few at a time (on one thread) gives: the same routes serving, the
+/// same checkers (a service's traffic-split upstream shared by its routes listed once, each
+/// route's own listed under it), the same refusals.
+#[test]
+fn routes_compiled_on_several_threads_match_one_at_a_time() {
+    let checks = json!({"active": {"healthy": {"interval": 100}}});
+    let split = |port: u16| {
+        json!({"traffic-split": {"rules": [{"weighted_upstreams": [
+            {"upstream": {"type": "roundrobin", "checks": checks,
+                          "nodes": {format!("127.0.0.1:{port}"): 1}}, "weight": 1},
+            {"weight": 1}
+        ]}]}})
+    };
+    let n = 4 * ferrisix_config::parallel::PARALLEL_FROM;
+    let body = |i: usize| match i % 5 {
+        0 => route(
+            &format!("/r{i}"),
+            json!({"service_id": "s1", "upstream": node(5)}),
+        ),
+        1 => route(
+            &format!("/r{i}"),
+            json!({"plugins": split(6), "upstream": node(7)}),
+        ),
+        // Refused.
+        2 if i % 3 == 0 => route(
+            &format!("/r{i}"),
+            json!({"methods": ["FETCH"], "upstream": node(4)}),
+        ),
+        3 => route(
+            &format!("/r{i}/*"),
+            json!({"upstream": node(8), "status": 0}),
+        ),
+        _ => route(&format!("/r{i}"), json!({"upstream": node(9)})),
+    };
+    let mut all = Store::new();
+    all.put("services/s1", json!({"plugins": split(3)}));
+    let mut few = Store::new();
+    few.put("services/s1", json!({"plugins": split(3)}));
+    let mut stepwise = first(&few);
+    for i in 0..n {
+        all.put(&format!("routes/{i}"), body(i));
+        few.put(&format!("routes/{i}"), body(i));
+        if i % 100 == 99 {
+            stepwise = compile(&few, &stepwise);
+        }
+    }
+    let stepwise = compile(&few, &stepwise);
+    let boot = first(&all);
+    for i in 0..n {
+        let path = format!("/r{i}");
+        assert_eq!(serving(&boot, &path), serving(&stepwise, &path), "{path}");
+    }
+    let names = |s: &Snapshot| -> Vec<String> {
+        let mut v: Vec<String> = s.checkers.iter().map(|c| c.checker.name.clone()).collect();
+        v.sort();
+        v
+    };
+    let listed = names(&boot);
+    assert_eq!(listed, names(&stepwise));
+    let service_split =
+        "/apisix/services/s1#plugins['traffic-split'].rules[0].weighted_upstreams[0].upstream";
+    assert_eq!(listed.iter().filter(|c| *c == service_split).count(), 1);
+    let own_splits = listed
+        .iter()
+        .filter(|c| c.starts_with("/apisix/routes/") && c.contains("traffic-split"))
+        .count();
+    assert_eq!(own_splits, (0..n).filter(|i| i % 5 == 1).count());
+    let refused =
+        |s: &Snapshot| -> BTreeSet<String> { s.quarantine.iter().map(|q| q.id.clone()).collect() };
+    assert_eq!(refused(&boot), refused(&stepwise));
+    assert!(!refused(&boot).is_empty());
+}

@@ -371,23 +371,22 @@ impl<'a> CompiledUpstreams<'a> {
         }
     }
 
-    /// The plugins' inline upstreams asked for since the last call (one compile's: a route's
-    /// chain, the global rules, the consumers).
+    /// The plugins' inline upstreams asked for since the last call (one compile's: the
+    /// global rules, the consumers; each route records its own, see [`RouteUpstreams`]).
     pub fn take_asked(&self) -> PluginUpstreams {
         let mut made = self.made.lock().unwrap_or_else(PoisonError::into_inner);
         std::mem::take(&mut made.asked)
     }
-}
 
-impl UpstreamResolver for CompiledUpstreams<'_> {
-    fn upstream_by_id(&self, id: &str) -> Result<UpstreamRef, String> {
+    fn by_id(&self, id: &str) -> Result<UpstreamRef, String> {
         self.by_id
             .get(id)
             .map(|u| UpstreamRef::new(u.clone()))
             .ok_or_else(|| format!("failed to find upstream by id: {id}"))
     }
 
-    fn compile_inline_upstream(&self, key: &str, conf: &Value) -> Result<UpstreamRef, String> {
+    /// A plugin's inline upstream for this compile (the caller records it as asked for).
+    fn inline(&self, key: &str, conf: &Value) -> Result<Arc<CompiledUpstream>, String> {
         let up = Arc::new(
             ferrisix_config::validate::upstream_from_value(None, conf).map_err(|e| e.message)?,
         );
@@ -409,9 +408,62 @@ impl UpstreamResolver for CompiledUpstreams<'_> {
             )?),
         };
         made.by_key.insert(key.to_string(), compiled.clone());
-        if !made.asked.iter().any(|(k, _)| k == key) {
-            made.asked.push((key.to_string(), compiled.clone()));
+        Ok(compiled)
+    }
+}
+
+/// Adds `key`'s upstream to `asked` unless it is there already.
+fn record(asked: &mut PluginUpstreams, key: &str, compiled: &Arc<CompiledUpstream>) {
+    if !asked.iter().any(|(k, _)| k == key) {
+        asked.push((key.to_string(), compiled.clone()));
+    }
+}
+
+impl UpstreamResolver for CompiledUpstreams<'_> {
+    fn upstream_by_id(&self, id: &str) -> Result<UpstreamRef, String> {
+        self.by_id(id)
+    }
+
+    fn compile_inline_upstream(&self, key: &str, conf: &Value) -> Result<UpstreamRef, String> {
+        let compiled = self.inline(key, conf)?;
+        let mut made = self.made.lock().unwrap_or_else(PoisonError::into_inner);
+        record(&mut made.asked, key, &compiled);
+        Ok(UpstreamRef::new(compiled))
+    }
+}
+
+/// One route's view of [`CompiledUpstreams`]: what its plugins ask for is recorded for it
+/// alone, so that routes can compile on several threads at once.
+pub(super) struct RouteUpstreams<'r, 'a> {
+    shared: &'r CompiledUpstreams<'a>,
+    asked: Mutex<PluginUpstreams>,
+}
+
+impl<'r, 'a> RouteUpstreams<'r, 'a> {
+    pub fn new(shared: &'r CompiledUpstreams<'a>) -> Self {
+        RouteUpstreams {
+            shared,
+            asked: Mutex::default(),
         }
+    }
+
+    /// The inline upstreams this route's plugins asked for.
+    pub fn into_asked(self) -> PluginUpstreams {
+        self.asked
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl UpstreamResolver for RouteUpstreams<'_, '_> {
+    fn upstream_by_id(&self, id: &str) -> Result<UpstreamRef, String> {
+        self.shared.by_id(id)
+    }
+
+    fn compile_inline_upstream(&self, key: &str, conf: &Value) -> Result<UpstreamRef, String> {
+        let compiled = self.shared.inline(key, conf)?;
+        let mut asked = self.asked.lock().unwrap_or_else(PoisonError::into_inner);
+        record(&mut asked, key, &compiled);
         Ok(UpstreamRef::new(compiled))
     }
 }

@@ -1,20 +1,20 @@
-//! Work a compile spreads over the cores when there is a lot of it: the first compile at
-//! boot validates every stored resource (100,000 routes), which on one thread was most of
-//! the time to serving. A compile after one change has a handful of items and stays on its
-//! thread.
+//! Work spread over the cores when there is a lot of it: at boot every stored value is
+//! parsed, and the first compile validates and compiles every stored resource (100,000
+//! routes), which on one thread was most of the time to serving. A change has a handful of
+//! items and stays on its thread.
 
 /// Fewer items than this are mapped on the calling thread: starting threads costs more than
 /// a few hundred validations.
-pub(super) const PARALLEL_FROM: usize = 512;
+pub const PARALLEL_FROM: usize = 512;
 
 /// `items.iter().map(f).collect()`, in the same order, on up to `available_parallelism`
 /// threads (the caller's included) when there are at least [`PARALLEL_FROM`] items.
 ///
-/// Scoped threads, not the Tokio blocking pool: the compile already runs on a blocking
-/// thread (or on the main thread before serving), and waits for all of them before it goes
-/// on, so nothing outlives it. A panic in `f` is a bug and is raised again here, as it would
+/// Scoped threads, not the Tokio blocking pool: the callers already run on a blocking
+/// thread (or on the main thread before serving), and wait for all of them before they go
+/// on, so nothing outlives them. A panic in `f` is a bug and is raised again here, as it would
 /// have been on one thread.
-pub(super) fn map<I: Sync, O: Send>(items: &[I], f: impl Fn(&I) -> O + Sync) -> Vec<O> {
+pub fn map<I: Sync, O: Send>(items: &[I], f: impl Fn(&I) -> O + Sync) -> Vec<O> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     if threads < 2 || items.len() < PARALLEL_FROM {
         return items.iter().map(f).collect();

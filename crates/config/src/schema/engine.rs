@@ -6,7 +6,7 @@
 //! it checks. That matters beyond the defaults themselves: later checks (other branches of an
 //! `anyOf`, APISIX's own checks after the schema) see the filled-in value.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -207,21 +207,39 @@ fn duplicate_items(items: &[Value]) -> Option<(usize, usize)> {
 static REGEX_CACHE: LazyLock<Mutex<HashMap<String, Option<Arc<Regex>>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
+thread_local! {
+    /// This thread's view of [`REGEX_CACHE`]: a boot validates on every core, and every
+    /// pattern search taking one lock made the threads wait on each other.
+    static LOCAL_REGEXES: std::cell::RefCell<HashMap<String, Option<Arc<Regex>>>> =
+        std::cell::RefCell::new(HashMap::new());
+}
+
 /// Compiles a schema pattern once. `ngx.re.find` without the `u` flag runs PCRE on bytes, so the
 /// pattern is compiled for bytes with Unicode classes off (ASCII `\d`, `\s`, `.` = one byte);
 /// patterns that need Unicode mode to compile (non-ASCII class members) fall back to it.
 fn compiled(pattern: &str) -> Option<Arc<Regex>> {
-    let mut cache = REGEX_CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(r) = cache.get(pattern) {
-        return r.clone();
+    if let Some(r) = LOCAL_REGEXES.with(|local| local.borrow().get(pattern).cloned()) {
+        return r;
     }
-    let r = RegexBuilder::new(pattern)
-        .unicode(false)
-        .build()
-        .or_else(|_| RegexBuilder::new(pattern).build())
-        .ok()
-        .map(Arc::new);
-    cache.insert(pattern.to_string(), r.clone());
+    let r = {
+        let mut cache = REGEX_CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        match cache.get(pattern) {
+            Some(r) => r.clone(),
+            None => {
+                let r = RegexBuilder::new(pattern)
+                    .unicode(false)
+                    .build()
+                    .or_else(|_| RegexBuilder::new(pattern).build())
+                    .ok()
+                    .map(Arc::new);
+                cache.insert(pattern.to_string(), r.clone());
+                r
+            }
+        }
+    };
+    LOCAL_REGEXES.with(|local| {
+        local.borrow_mut().insert(pattern.to_string(), r.clone());
+    });
     r
 }
 
@@ -642,7 +660,8 @@ impl<'s> Engine<'s> {
             .and_then(Value::as_array)
             .map(|r| r.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default();
-        let mut required_done: HashSet<&str> = HashSet::new();
+        // Which of `required` the properties' loop has seen (a few names: no hashing).
+        let mut required_done = vec![false; required.len()];
 
         if let Some(props) = props {
             for (name, sub) in props {
@@ -658,11 +677,12 @@ impl<'s> Engine<'s> {
                     if let Some(dep) = deps.and_then(|m| m.get(name)) {
                         self.check_dependency(name, dep, v, d)?;
                     }
-                } else if required.contains(&name.as_str()) {
-                    return Err(format!("property \"{name}\" is required"));
                 }
-                if required.contains(&name.as_str()) {
-                    required_done.insert(name.as_str());
+                if let Some(i) = required.iter().position(|r| *r == name.as_str()) {
+                    if !present {
+                        return Err(format!("property \"{name}\" is required"));
+                    }
+                    required_done[i] = true;
                 }
                 if !present {
                     if let Some(default) = get(sub, "default") {
@@ -674,8 +694,8 @@ impl<'s> Engine<'s> {
             }
         }
 
-        for name in &required {
-            if !required_done.contains(name) && get(v, name).is_none() {
+        for (name, done) in required.iter().zip(required_done) {
+            if !done && get(v, name).is_none() {
                 return Err(format!("property \"{name}\" is required"));
             }
         }
@@ -695,9 +715,19 @@ impl<'s> Engine<'s> {
         let restricted = matches!(additional, Some(a) if a != &Value::Bool(true));
         let patterns = k.pattern_properties.and_then(Value::as_object);
         if restricted || patterns.is_some() {
+            // Only the keys a pattern or `additionalProperties` applies to are copied (their
+            // values are checked mutably); a declared property needs nothing here.
             let keys: Vec<String> = v
                 .as_object()
-                .map(|m| m.keys().cloned().collect())
+                .map(|m| {
+                    m.keys()
+                        .filter(|key| {
+                            patterns.is_some_and(|ps| ps.keys().any(|p| pattern_search(p, key)))
+                                || (restricted && !props.is_some_and(|p| p.contains_key(*key)))
+                        })
+                        .cloned()
+                        .collect()
+                })
                 .unwrap_or_default();
             for key in keys {
                 let mut matched = false;

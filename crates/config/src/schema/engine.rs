@@ -28,7 +28,11 @@ pub fn validate(schema: &Value, value: &Value) -> Result<(), String> {
 /// Like [`validate`], but writes schema defaults into `value` as APISIX's validator does (also
 /// when validation fails part-way, and also from `anyOf`/`oneOf` branches that did not match).
 pub fn validate_and_fill(schema: &Value, value: &mut Value) -> Result<(), String> {
-    Engine { root: schema }.check(schema, value, 0)
+    Engine {
+        root: schema,
+        quiet: false,
+    }
+    .check(schema, value, 0)
 }
 
 /// How Lua sees a decoded JSON table (api7's `tablekind`).
@@ -410,28 +414,50 @@ impl<'s> Keywords<'s> {
 
 struct Engine<'s> {
     root: &'s Value,
+    /// See [`Engine::quiet`].
+    quiet: bool,
 }
 
 impl<'s> Engine<'s> {
+    /// This engine for a check whose error is not reported (a branch of `anyOf`, `oneOf`,
+    /// `if`, `not`): its messages are not built. Defaults are still written.
+    fn quiet(&self) -> Engine<'s> {
+        Engine {
+            root: self.root,
+            quiet: true,
+        }
+    }
+
+    /// An error message, built only when it may be reported: most branches of `anyOf` and
+    /// `oneOf` fail by design, and formatting their messages was a tenth of validating a
+    /// route.
+    fn fail(&self, message: impl FnOnce() -> String) -> String {
+        if self.quiet {
+            String::new()
+        } else {
+            message()
+        }
+    }
+
     fn resolve(&self, reference: &str) -> Result<&'s Value, String> {
         let pointer = reference
             .strip_prefix('#')
-            .ok_or_else(|| format!("failed to resolve reference {reference}"))?;
+            .ok_or_else(|| self.fail(|| format!("failed to resolve reference {reference}")))?;
         if pointer.is_empty() {
             return Ok(self.root);
         }
         self.root
             .pointer(pointer)
-            .ok_or_else(|| format!("failed to resolve reference {reference}"))
+            .ok_or_else(|| self.fail(|| format!("failed to resolve reference {reference}")))
     }
 
     fn check(&self, schema: &'s Value, v: &mut Value, depth: usize) -> Result<(), String> {
         if depth > MAX_DEPTH {
-            return Err("schema nesting too deep".to_string());
+            return Err(self.fail(|| "schema nesting too deep".to_string()));
         }
         let s = match schema {
             Value::Bool(true) => return Ok(()),
-            Value::Bool(false) => return Err("expect false always".to_string()),
+            Value::Bool(false) => return Err(self.fail(|| "expect false always".to_string())),
             Value::Object(s) => Keywords::of(s),
             _ => return Ok(()),
         };
@@ -454,7 +480,7 @@ impl<'s> Engine<'s> {
             // `required: []` means "must be an empty table".
             if let Some(Value::Array(req)) = k.required {
                 if req.is_empty() && table_kind(v) != Some(TableKind::Empty) {
-                    return Err("the input data should be an empty table".to_string());
+                    return Err(self.fail(|| "the input data should be an empty table".to_string()));
                 }
             }
         }
@@ -483,21 +509,21 @@ impl<'s> Engine<'s> {
                 _ => lua_eq(v, e),
             });
             if !hit {
-                return Err("matches none of the enum values".to_string());
+                return Err(self.fail(|| "matches none of the enum values".to_string()));
             }
         }
 
         if let Some(Value::Array(subs)) = k.all_of {
             for (i, sub) in subs.iter().enumerate() {
                 self.check(sub, v, d)
-                    .map_err(|e| format!("allOf {} failed: {e}", i + 1))?;
+                    .map_err(|e| self.fail(|| format!("allOf {} failed: {e}", i + 1)))?;
             }
         }
 
         if let Some(Value::Array(subs)) = k.any_of {
             let mut matched = false;
             for sub in subs {
-                if self.check(sub, v, d).is_ok() {
+                if self.quiet().check(sub, v, d).is_ok() {
                     matched = true;
                     break;
                 }
@@ -511,10 +537,12 @@ impl<'s> Engine<'s> {
                 return Err(if requires.is_empty() {
                     "object matches none of the required".to_string()
                 } else {
-                    format!(
-                        "object matches none of the required: {}",
-                        requires.join(" or ")
-                    )
+                    self.fail(|| {
+                        format!(
+                            "object matches none of the required: {}",
+                            requires.join(" or ")
+                        )
+                    })
                 });
             }
         }
@@ -522,39 +550,40 @@ impl<'s> Engine<'s> {
         if let Some(Value::Array(subs)) = k.one_of {
             let mut matched: Option<usize> = None;
             for (i, sub) in subs.iter().enumerate() {
-                if self.check(sub, v, d).is_ok() {
+                if self.quiet().check(sub, v, d).is_ok() {
                     if let Some(first) = matched {
-                        return Err(format!(
+                        return Err(self.fail(|| format!(
                             "value should match only one schema, but matches both schemas {first} and {}",
                             i + 1
-                        ));
+                        )));
                     }
                     matched = Some(i + 1);
                 }
             }
             if matched.is_none() {
-                return Err("value should match only one schema, but matches none".to_string());
+                return Err(self
+                    .fail(|| "value should match only one schema, but matches none".to_string()));
             }
         }
 
         if let Some(cond) = k.if_ {
-            let ok = self.check(cond, v, d).is_ok();
+            let ok = self.quiet().check(cond, v, d).is_ok();
             if ok {
                 if let Some(then) = k.then {
-                    if self.check(then, v, d).is_err() {
-                        return Err("then clause did not match".to_string());
+                    if self.quiet().check(then, v, d).is_err() {
+                        return Err(self.fail(|| "then clause did not match".to_string()));
                     }
                 }
             } else if let Some(otherwise) = k.else_ {
-                if self.check(otherwise, v, d).is_err() {
-                    return Err("else clause did not match".to_string());
+                if self.quiet().check(otherwise, v, d).is_err() {
+                    return Err(self.fail(|| "else clause did not match".to_string()));
                 }
             }
         }
 
         if let Some(not) = k.not {
-            if self.check(not, v, d).is_ok() {
-                return Err("value wasn't supposed to match schema".to_string());
+            if self.quiet().check(not, v, d).is_ok() {
+                return Err(self.fail(|| "value wasn't supposed to match schema".to_string()));
             }
         }
 
@@ -566,13 +595,13 @@ impl<'s> Engine<'s> {
 
         if let (Some(Value::String(format)), Value::String(text)) = (k.format, &*v) {
             if format_ok(format, text) == Some(false) {
-                return Err(format!("expect valid {format} format but got: {text}"));
+                return Err(self.fail(|| format!("expect valid {format} format but got: {text}")));
             }
         }
 
         if let Some(c) = k.const_ {
             if !deep_eq(v, c) {
-                return Err("failed to check const value".to_string());
+                return Err(self.fail(|| "failed to check const value".to_string()));
             }
         }
 
@@ -582,19 +611,19 @@ impl<'s> Engine<'s> {
                 return if table_kind(v) == Some(TableKind::Array) {
                     Ok(())
                 } else {
-                    Err("check contains: expect array table".to_string())
+                    Err(self.fail(|| "check contains: expect array table".to_string()))
                 };
             }
             Some(Value::Bool(false)) => {
                 return if table_kind(v).is_none() {
                     Ok(())
                 } else {
-                    Err("check contains: expect table".to_string())
+                    Err(self.fail(|| "check contains: expect table".to_string()))
                 };
             }
             Some(sub) => {
                 if table_kind(v) == Some(TableKind::Empty) {
-                    return Err("check contains: empty array is invalid".to_string());
+                    return Err(self.fail(|| "check contains: empty array is invalid".to_string()));
                 }
                 if let Value::Array(items) = v {
                     let n = items.len();
@@ -605,7 +634,7 @@ impl<'s> Engine<'s> {
                         }
                     }
                     if n > 0 && misses == n {
-                        return Err("failed to check contains".to_string());
+                        return Err(self.fail(|| "failed to check contains".to_string()));
                     }
                 }
             }
@@ -621,10 +650,8 @@ impl<'s> Engine<'s> {
                 if type_matches(t, v)? {
                     Ok(())
                 } else {
-                    Err(format!(
-                        "wrong type: expected {t}, got {}",
-                        lua::type_name(v)
-                    ))
+                    Err(self
+                        .fail(|| format!("wrong type: expected {t}, got {}", lua::type_name(v))))
                 }
             }
             Some(Value::Array(types)) => {
@@ -638,17 +665,18 @@ impl<'s> Engine<'s> {
                 if hit {
                     Ok(())
                 } else {
-                    Err(format!(
-                        "wrong type: expected one of {}, got {}",
-                        names.join(", "),
-                        lua::type_name(v)
-                    ))
+                    Err(self.fail(|| {
+                        format!(
+                            "wrong type: expected one of {}, got {}",
+                            names.join(", "),
+                            lua::type_name(v)
+                        )
+                    }))
                 }
             }
-            Some(other) => Err(format!(
-                "invalid \"type\" type: got {}",
-                lua::type_name(other)
-            )),
+            Some(other) => {
+                Err(self.fail(|| format!("invalid \"type\" type: got {}", lua::type_name(other))))
+            }
         }
     }
 
@@ -667,8 +695,9 @@ impl<'s> Engine<'s> {
             for (name, sub) in props {
                 let present = match get_mut(v, name) {
                     Some(pv) => {
-                        self.check(sub, pv, d)
-                            .map_err(|e| format!("property \"{name}\" validation failed: {e}"))?;
+                        self.check(sub, pv, d).map_err(|e| {
+                            self.fail(|| format!("property \"{name}\" validation failed: {e}"))
+                        })?;
                         true
                     }
                     None => false,
@@ -680,7 +709,7 @@ impl<'s> Engine<'s> {
                 }
                 if let Some(i) = required.iter().position(|r| *r == name.as_str()) {
                     if !present {
-                        return Err(format!("property \"{name}\" is required"));
+                        return Err(self.fail(|| format!("property \"{name}\" is required")));
                     }
                     required_done[i] = true;
                 }
@@ -696,7 +725,7 @@ impl<'s> Engine<'s> {
 
         for (name, done) in required.iter().zip(required_done) {
             if !done && get(v, name).is_none() {
-                return Err(format!("property \"{name}\" is required"));
+                return Err(self.fail(|| format!("property \"{name}\" is required")));
             }
         }
 
@@ -736,9 +765,11 @@ impl<'s> Engine<'s> {
                         if pattern_search(pattern, &key) {
                             if let Some(pv) = get_mut(v, &key) {
                                 self.check(sub, pv, d).map_err(|e| {
-                                    format!(
+                                    self.fail(|| {
+                                        format!(
                                         "failed to validate {key} (matching \"{pattern}\"): {e}"
                                     )
+                                    })
                                 })?;
                             }
                             matched = true;
@@ -751,11 +782,16 @@ impl<'s> Engine<'s> {
                         Some(sub @ Value::Object(_)) => {
                             if let Some(pv) = get_mut(v, &key) {
                                 self.check(sub, pv, d).map_err(|e| {
-                                    format!("failed to validate additional property {key}: {e}")
+                                    self.fail(|| {
+                                        format!("failed to validate additional property {key}: {e}")
+                                    })
                                 })?;
                             }
                         }
-                        _ => return Err(format!("additional properties forbidden, found {key}")),
+                        _ => {
+                            return Err(self
+                                .fail(|| format!("additional properties forbidden, found {key}")))
+                        }
                     }
                 }
             }
@@ -781,16 +817,16 @@ impl<'s> Engine<'s> {
             Value::Array(list) if !list.is_empty() => {
                 for other in list.iter().filter_map(Value::as_str) {
                     if get(v, other).is_none() {
-                        return Err(format!(
-                            "property \"{other}\" is required when \"{name}\" is set"
-                        ));
+                        return Err(self.fail(|| {
+                            format!("property \"{other}\" is required when \"{name}\" is set")
+                        }));
                     }
                 }
                 Ok(())
             }
-            schema => self
-                .check(schema, v, d)
-                .map_err(|e| format!("failed to validate dependent schema for \"{name}\": {e}")),
+            schema => self.check(schema, v, d).map_err(|e| {
+                self.fail(|| format!("failed to validate dependent schema for \"{name}\": {e}"))
+            }),
         }
     }
 
@@ -806,18 +842,25 @@ impl<'s> Engine<'s> {
                             complete = false;
                             break;
                         };
-                        self.check(sub, item, d)
-                            .map_err(|e| format!("failed to validate item {}: {e}", i + 1))?;
+                        self.check(sub, item, d).map_err(|e| {
+                            self.fail(|| format!("failed to validate item {}: {e}", i + 1))
+                        })?;
                     }
                     if complete {
                         match k.additional_items {
                             Some(Value::Bool(false)) if items.len() > tuple.len() => {
-                                return Err("found unexpected extra items in array".to_string());
+                                return Err(self
+                                    .fail(|| "found unexpected extra items in array".to_string()));
                             }
                             Some(sub @ Value::Object(_)) => {
                                 for (i, item) in items.iter_mut().enumerate().skip(tuple.len()) {
                                     self.check(sub, item, d).map_err(|e| {
-                                        format!("failed to validate additional item {}: {e}", i + 1)
+                                        self.fail(|| {
+                                            format!(
+                                                "failed to validate additional item {}: {e}",
+                                                i + 1
+                                            )
+                                        })
                                     })?;
                                 }
                             }
@@ -827,8 +870,9 @@ impl<'s> Engine<'s> {
                 }
                 Some(sub) => {
                     for (i, item) in items.iter_mut().enumerate() {
-                        self.check(sub, item, d)
-                            .map_err(|e| format!("failed to validate item {}: {e}", i + 1))?;
+                        self.check(sub, item, d).map_err(|e| {
+                            self.fail(|| format!("failed to validate item {}: {e}", i + 1))
+                        })?;
                     }
                 }
                 None => {}
@@ -837,9 +881,9 @@ impl<'s> Engine<'s> {
                 .is_some_and(|u| !matches!(u, Value::Bool(false) | Value::Null))
             {
                 if let Some((i, j)) = duplicate_items(items) {
-                    return Err(format!(
-                        "expected unique items but items {i} and {j} are equal"
-                    ));
+                    return Err(self.fail(|| {
+                        format!("expected unique items but items {i} and {j} are equal")
+                    }));
                 }
             }
         }

@@ -27,9 +27,10 @@ pub struct StoredValue(Arc<str>);
 impl StoredValue {
     /// `bytes` as a stored value, `None` when they are not one JSON document.
     pub fn from_json(bytes: &[u8]) -> Option<StoredValue> {
-        // Parsed whole (and dropped): skipping a value does not check what parsing does (a
-        // number out of range), and `parse` must not meet text it refuses.
-        serde_json::from_slice::<Value>(bytes).ok()?;
+        // Parsed whole, as `Value` parses (skipping a value does not check what parsing
+        // does: a number out of range), so that `parse` never meets text it refuses; but
+        // into nothing, so nothing is built and dropped.
+        serde_json::from_slice::<Accepted>(bytes).ok()?;
         let text = std::str::from_utf8(bytes).ok()?;
         Some(StoredValue(Arc::from(text)))
     }
@@ -54,6 +55,63 @@ impl StoredValue {
     /// Whether both are the same allocation (a clone of one another).
     pub fn ptr_eq(&self, other: &StoredValue) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// A JSON document read the way [`Value`] reads it (every value through `deserialize_any`,
+/// numbers as `Value` takes them, keys as strings) and kept nowhere: what it accepts is what
+/// `Value` accepts.
+struct Accepted;
+
+impl<'de> serde::Deserialize<'de> for Accepted {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Accepted, D::Error> {
+        d.deserialize_any(AcceptedVisitor)
+    }
+}
+
+struct AcceptedVisitor;
+
+impl<'de> serde::de::Visitor<'de> for AcceptedVisitor {
+    type Value = Accepted;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Accepted, E> {
+        Ok(Accepted)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Accepted, E> {
+        Ok(Accepted)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Accepted, E> {
+        Ok(Accepted)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Accepted, E> {
+        Ok(Accepted)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Accepted, E> {
+        Ok(Accepted)
+    }
+
+    fn visit_unit<E>(self) -> Result<Accepted, E> {
+        Ok(Accepted)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Accepted, A::Error> {
+        while seq.next_element::<Accepted>()?.is_some() {}
+        Ok(Accepted)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Accepted, A::Error> {
+        while map.next_key::<Accepted>()?.is_some() {
+            map.next_value::<Accepted>()?;
+        }
+        Ok(Accepted)
     }
 }
 
@@ -194,6 +252,38 @@ impl ConfigState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stored_values_are_what_value_accepts() {
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        let cases = [
+            r#"{"uri":"/a","upstream":{"nodes":{"127.0.0.1:1980":1}},"n":[1,-2,3.5e3,null,true]}"#
+                .to_string(),
+            r#"{"a":1,"a":2}"#.into(),
+            r#""\u00e9\n""#.into(),
+            r#""\ud800""#.into(),
+            "1e400".into(),
+            "-1e-400".into(),
+            "18446744073709551616".into(),
+            "[1,]".into(),
+            "{\"a\" 1}".into(),
+            "01".into(),
+            "".into(),
+            "{} {}".into(),
+            "\"\u{1}\"".into(),
+            deep(100),
+            deep(200),
+        ];
+        for text in &cases {
+            let by_value = serde_json::from_str::<Value>(text).is_ok();
+            assert_eq!(
+                StoredValue::from_json(text.as_bytes()).is_some(),
+                by_value,
+                "{text:?}"
+            );
+        }
+        assert!(StoredValue::from_json(b"\"\xff\"").is_none(), "not UTF-8");
+    }
 
     #[test]
     fn stored_values_keep_the_text_and_parse_it() {

@@ -658,20 +658,29 @@ fn route_checkers_follow_the_routes_a_compile_touches() {
     assert!(v4.checkers.is_empty());
 }
 
+/// The active checks of [`health_checked_split`]'s upstream.
+fn split_checks() -> Value {
+    json!({"active": {"healthy": {"interval": 100}}})
+}
+
+/// A traffic-split conf sending half the requests to a health-checked inline upstream on
+/// `port`, the other half to the route's own upstream.
+fn health_checked_split(port: u16) -> Value {
+    json!({"traffic-split": {"rules": [{"weighted_upstreams": [
+        {"upstream": {"type": "roundrobin", "checks": split_checks(),
+                      "nodes": {format!("127.0.0.1:{port}"): 1}}, "weight": 1},
+        {"weight": 1}
+    ]}]}})
+}
+
 /// Issue 11: traffic-split's inline upstreams are checked, and listed under APISIX's resource
 /// path for a plugin's upstream, beside their holder; a route compiled again with the same
 /// conf keeps the same upstream (its nodes' health), and a service's conf merged into two
 /// routes has one checker.
 #[test]
 fn plugins_inline_upstreams_are_listed_under_their_resource_path() {
-    let checks = json!({"active": {"healthy": {"interval": 100}}});
-    let split = |port: u16| {
-        json!({"traffic-split": {"rules": [{"weighted_upstreams": [
-            {"upstream": {"type": "roundrobin", "checks": checks,
-                          "nodes": {format!("127.0.0.1:{port}"): 1}}, "weight": 1},
-            {"weight": 1}
-        ]}]}})
-    };
+    let split = health_checked_split;
+    let checks = split_checks();
     let mut s = Store::new();
     s.put("services/s1", json!({"plugins": split(3)}));
     s.put(
@@ -754,14 +763,7 @@ fn plugins_inline_upstreams_are_listed_under_their_resource_path() {
 /// route's own listed under it), the same refusals.
 #[test]
 fn routes_compiled_on_several_threads_match_one_at_a_time() {
-    let checks = json!({"active": {"healthy": {"interval": 100}}});
-    let split = |port: u16| {
-        json!({"traffic-split": {"rules": [{"weighted_upstreams": [
-            {"upstream": {"type": "roundrobin", "checks": checks,
-                          "nodes": {format!("127.0.0.1:{port}"): 1}}, "weight": 1},
-            {"weight": 1}
-        ]}]}})
-    };
+    let split = health_checked_split;
     let n = 4 * ferrisix_config::parallel::PARALLEL_FROM;
     let body = |i: usize| match i % 5 {
         0 => route(

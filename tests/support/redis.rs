@@ -76,7 +76,13 @@ impl Redis {
     /// A plain server, or (`cluster`) a node for [`redis_cluster`].
     pub fn start(cluster: bool) -> Redis {
         let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
+        // A cluster node also listens on its port + 10000 (the cluster bus).
+        let port = if cluster {
+            ferrisix_config::test_support::free_port_and(10_000)
+        } else {
+            free_port()
+        };
+        let log = std::fs::File::create(dir.path().join("redis.log")).unwrap();
         let mut cmd = Command::new("redis-server");
         cmd.args([
             "--port",
@@ -99,7 +105,7 @@ impl Redis {
             ]);
         }
         let child = cmd
-            .stdout(Stdio::null())
+            .stdout(log)
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server");
@@ -108,10 +114,14 @@ impl Redis {
             port,
             _dir: dir,
         };
-        poll_until(Duration::from_secs(10), || {
+        if poll_until(Duration::from_secs(10), || {
             redis_cli(port, &["ping"]).trim() == "PONG"
         })
-        .expect("redis-server did not start");
+        .is_none()
+        {
+            let log = std::fs::read_to_string(r._dir.path().join("redis.log")).unwrap_or_default();
+            panic!("redis-server on port {port} did not start:\n{log}");
+        }
         r
     }
 

@@ -42,9 +42,46 @@ pub fn free_port() -> u16 {
     panic!("no free 127.0.0.1 port in {PORTS:?}");
 }
 
+/// A 127.0.0.1 port `p` with `p + offset` free too (a redis cluster node listens on `p` and
+/// its cluster bus on `p + 10000`), both below [`PORTS`] so that [`free_port`] never hands
+/// either out; never the same `p` twice in this process.
+pub fn free_port_and(offset: u16) -> u16 {
+    static CURSOR: AtomicU32 = AtomicU32::new(u32::MAX);
+    let offset = u32::from(offset);
+    assert!(offset < PORTS.start - 2048, "offset {offset} too large");
+    let low = 1024..PORTS.start - offset;
+    let span = low.end - low.start;
+    if CURSOR.load(Ordering::Relaxed) == u32::MAX {
+        let seed = std::process::id().wrapping_mul(7919) % span;
+        let _ = CURSOR.compare_exchange(u32::MAX, seed, Ordering::Relaxed, Ordering::Relaxed);
+    }
+    for _ in 0..span {
+        let port = low.start + CURSOR.fetch_add(1, Ordering::Relaxed) % span;
+        let free = |p: u32| TcpListener::bind(("127.0.0.1", p as u16)).is_ok();
+        if free(port) && free(port + offset) {
+            return port as u16;
+        }
+    }
+    panic!(
+        "no free 127.0.0.1 port pair {offset} apart below {}",
+        PORTS.start
+    );
+}
+
 #[cfg(test)]
 mod tests {
-    use super::free_port;
+    use super::{free_port, free_port_and};
+
+    #[test]
+    fn port_pairs_are_free_and_below_the_single_ports() {
+        let a = free_port_and(10_000);
+        let b = free_port_and(10_000);
+        assert_ne!(a, b);
+        for p in [a, b] {
+            assert!(u32::from(p) + 10_000 < 20_000);
+            assert!(std::net::TcpListener::bind(("127.0.0.1", p + 10_000)).is_ok());
+        }
+    }
 
     #[test]
     fn picks_are_distinct_bindable_and_outside_the_ephemeral_range() {

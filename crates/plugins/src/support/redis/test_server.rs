@@ -9,13 +9,10 @@ use serde_json::json;
 
 use super::{RedisPools, Remote, Target};
 
-/// A port on 127.0.0.1 that was free a moment ago (bound, then let go): nothing listens there.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
+/// A port on 127.0.0.1 where nothing listens, below the ephemeral range: a port from
+/// `bind(:0)` could be taken by a client socket meanwhile, or a connect to it could meet
+/// itself (a TCP self-connection) and pass for a server that is up.
+pub use ferrisix_config::test_support::free_port;
 
 /// A pool of connections to the `redis` policy's server at `127.0.0.1:port`.
 pub fn remote(port: u16) -> Remote {
@@ -42,11 +39,7 @@ impl TestRedis {
     /// `None` (after saying so) when there is no `redis-server` to run.
     pub fn start() -> Option<TestRedis> {
         for _ in 0..3 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .ok()?
-                .local_addr()
-                .ok()?
-                .port();
+            let port = free_port();
             let Ok(child) = Command::new("redis-server")
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
                 .args(["--save", "", "--appendonly", "no"])

@@ -179,6 +179,7 @@ pub fn upstream_services(
         balancer: Default::default(),
         dns: ferrisix_proxy::dns::DnsResolver::new(&options, Some(executor)),
         prefix: settings.deployment.etcd.prefix.clone(),
+        inline: Default::default(),
     })
 }
 

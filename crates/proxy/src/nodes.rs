@@ -35,6 +35,8 @@ pub struct UpstreamServices {
     pub dns: DnsResolver,
     /// The etcd key prefix (`/apisix`), which names health checkers as APISIX does.
     pub prefix: String,
+    /// Equal inline upstreams of every snapshot, shared.
+    pub inline: crate::snapshot::InlineUpstreams,
 }
 
 impl Default for UpstreamServices {
@@ -44,6 +46,7 @@ impl Default for UpstreamServices {
             balancer: BalancerEnv::default(),
             dns: DnsResolver::new(&dns::DnsOptions::default(), None),
             prefix: "/apisix".to_string(),
+            inline: Default::default(),
         }
     }
 }
@@ -81,7 +84,7 @@ impl std::fmt::Debug for NodeSet {
     }
 }
 
-fn is_ip(host: &str) -> bool {
+pub(crate) fn is_ip(host: &str) -> bool {
     host.trim_start_matches('[')
         .trim_end_matches(']')
         .parse::<IpAddr>()

@@ -65,7 +65,7 @@ pub fn route(ctx: &mut RequestCtx<'_>) -> Result<Option<Matched>, ProxyError> {
             });
             let matched = Matched {
                 target: route.target.clone(),
-                timeouts: route.timeout,
+                timeouts: route.timeout.as_deref().copied(),
                 websocket: route.enable_websocket,
             };
             (matched, wants_id.then(|| route.log_id.clone()), plugins)

@@ -11,6 +11,7 @@
 //! - `diff`: the per-kind diff and what a compile changed ([`SnapshotDiff`]);
 //! - `accept`: validation, quarantine and fallback to the last good version;
 //! - `upstreams`: compiled upstreams;
+//! - `intern`: the pool that lets equal inline upstreams share one copy;
 //! - `routes`: compiled routes and what each depends on;
 //! - `ssls`: the certificate store the TLS listeners read;
 //! - `parallel`: the first compile's validation spread over the cores;
@@ -20,6 +21,7 @@
 mod accept;
 mod compile;
 mod diff;
+mod intern;
 mod publish;
 mod routes;
 mod ssls;
@@ -30,7 +32,7 @@ pub use compile::{CheckerEntry, CompileOptions, CompileStages, Snapshot};
 pub use diff::{ConfigDiff, Difference, SnapshotDiff};
 pub use publish::{follow, new_handle, SnapshotHandle};
 pub use routes::{CompiledRoute, RouteTarget};
-pub use upstreams::CompiledUpstream;
+pub use upstreams::{CompiledUpstream, InlineUpstreams};
 
 #[cfg(test)]
 mod tests;

@@ -16,6 +16,7 @@ use ferrisix_router::Expr;
 use serde_json::Value;
 
 use super::diff::{ConfigDiff, Difference};
+use super::upstreams::InlineUpstreams;
 use ferrisix_config::parallel;
 
 /// A resource left out of (or held at an older version in) the snapshot.
@@ -84,12 +85,14 @@ pub(super) struct Applied {
 impl Applied {
     /// Accepts `state`: what `diff` says is unchanged keeps its `previous` form, the rest is
     /// validated. Returns what changed in what is served: a refused update that keeps the
-    /// previous version serving is no change.
+    /// previous version serving is no change. Inline upstreams equal to one in `inline` share
+    /// its copy.
     pub fn accept(
         state: &ConfigState,
         diff: &ConfigDiff,
         previous: &Applied,
         plugins: &(dyn PluginCheck + Sync),
+        inline: &InlineUpstreams,
         quarantine: &mut Vec<Quarantined>,
     ) -> (Applied, ConfigDiff) {
         let mut applied_diff = ConfigDiff::default();
@@ -113,7 +116,12 @@ impl Applied {
                 &previous.services,
                 r_svc,
                 &mut applied_diff.services,
-                |id, v| validate::service_from_value(id, v, plugins).map_err(|e| e.message),
+                |id, v| {
+                    let mut service =
+                        validate::service_from_value(id, v, plugins).map_err(|e| e.message)?;
+                    service.upstream = service.upstream.map(|u| inline.definition(u));
+                    Ok(service)
+                },
             ),
             plugin_configs: accept_kind(
                 state,
@@ -141,8 +149,9 @@ impl Applied {
                 r_routes,
                 &mut applied_diff.routes,
                 |id, v| {
-                    let route =
+                    let mut route =
                         validate::route_from_value(id, v, plugins).map_err(|e| e.message)?;
+                    route.upstream = route.upstream.map(|u| inline.definition(u));
                     let vars = match &route.vars {
                         Some(v) => Some(compile_vars(v)?),
                         None => None,
@@ -194,6 +203,14 @@ impl Applied {
         for kind in &applied.refusals {
             quarantine.extend(kind.values().cloned());
         }
+        // Each replaced or removed route and service may have let go of a shared upstream.
+        let [routes, services] = [&applied_diff.routes, &applied_diff.services];
+        inline.released(
+            routes.changed.len()
+                + routes.removed.len()
+                + services.changed.len()
+                + services.removed.len(),
+        );
         applied_diff.plugin_metadata = Difference::between(
             &previous.plugin_metadata,
             &applied.plugin_metadata,

@@ -115,7 +115,9 @@ struct CompileCache {
     globals: Arc<GlobalChains>,
     /// Compiled routes by route id (enabled routes that compiled); shared with the next
     /// compile, which changes only the routes it touches.
-    routes: SharedMap<RouteSlot>,
+    /// Boxed: a shard copied for a change copies pointers, and the maps' spare buckets are
+    /// pointer-sized.
+    routes: SharedMap<Arc<RouteSlot>>,
     /// Routes that failed to compile or to enter the table, by id: reported again by every
     /// compile until they change.
     route_refusals: SharedMap<Quarantined>,
@@ -196,8 +198,14 @@ impl Snapshot {
             services: &options.upstreams,
         };
 
-        let (applied, mut applied_diff) =
-            Applied::accept(state, &config, &prev.applied, plugins, &mut quarantine);
+        let (applied, mut applied_diff) = Applied::accept(
+            state,
+            &config,
+            &prev.applied,
+            plugins,
+            &options.upstreams.inline,
+            &mut quarantine,
+        );
         // The certificate store reuses what did not change; what it applied is the store's
         // diff.
         applied_diff.ssls = config.ssls.clone();
@@ -341,7 +349,7 @@ impl Snapshot {
         };
         let mut route_diff = Difference::default();
         let mut removed_keys = Vec::new();
-        let mut placed: Vec<(String, RouteSlot)> = Vec::new();
+        let mut placed: Vec<(String, Arc<RouteSlot>)> = Vec::new();
         // Which candidates are compiled is decided here, in order; the compiles themselves
         // are independent of each other and run on every core when there are many (boot),
         // then their outcomes are applied in the same order.
@@ -386,13 +394,13 @@ impl Snapshot {
         }
         let outcomes = parallel::map(&steps, |step| {
             step.compile
-                .map(|(def, seq)| compile_slot(def, seq, &inputs, step.before))
+                .map(|(def, seq)| compile_slot(def, seq, &inputs, step.before.map(|b| &**b)))
         });
         for (step, outcome) in steps.into_iter().zip(outcomes) {
             let id = step.id;
             let slot = match outcome {
                 None => None,
-                Some(Ok(slot)) => Some(slot),
+                Some(Ok(slot)) => Some(Arc::new(slot)),
                 Some(Err(e)) => {
                     route_refusals
                         .insert(id.clone(), Quarantined::new(ResourceKind::Routes, id, e));
@@ -675,6 +683,6 @@ fn prepare_globals(state: &ConfigState, applied: &Applied, env: CompileEnv<'_>) 
 /// disabled or gone).
 struct RouteStep<'c> {
     id: &'c String,
-    before: Option<&'c RouteSlot>,
+    before: Option<&'c Arc<RouteSlot>>,
     compile: Option<(&'c Arc<RouteDef>, u64)>,
 }

@@ -74,6 +74,12 @@ pub async fn follow(
         // Let the replaced snapshot go now, not at the next change: what only it referenced
         // (plugin state of deleted routes) is released with it.
         drop(previous);
+        // Shared inline upstreams that only the replaced snapshot held are dead entries now;
+        // once there are enough of them they are swept (off the workers).
+        if options.upstreams.inline.sweep_due() {
+            let opts = options.clone();
+            tokio::task::spawn_blocking(move || opts.upstreams.inline.sweep());
+        }
         if rx.changed().await.is_err() {
             return;
         }

@@ -33,20 +33,18 @@ pub enum RouteTarget {
 
 /// A route as the request path needs it: merged with its service and plugin config, its
 /// upstream resolved.
+///
+/// One per route, so it holds only what requests read: the id, name and service are in
+/// `info`, the merged plugin confs only in the compiled chains.
 pub struct CompiledRoute {
-    pub id: String,
     /// The id shared with access-log records, so logging a request copies a pointer.
     pub log_id: Arc<str>,
-    pub name: Option<String>,
-    pub service_id: Option<String>,
-    pub service_name: Option<String>,
     pub target: RouteTarget,
-    /// The route's own `timeout`, which replaces the upstream's.
-    pub timeout: Option<TryTimeouts>,
+    /// The route's own `timeout`, which replaces the upstream's (boxed: most routes have
+    /// none).
+    pub timeout: Option<Box<TryTimeouts>>,
     pub enable_websocket: bool,
-    /// Effective plugins after the plugin_config and service merges (run by the plugins crate).
-    pub plugins: Map<String, Value>,
-    /// The route as plugins see it.
+    /// The route as plugins see it (its id, name, service, patterns).
     pub info: RouteInfo,
     /// False when APISIX ends the request before any plugin runs (the route's service or
     /// plugin_config is missing); only the global rules' log phase runs then.
@@ -194,15 +192,22 @@ pub(super) fn compile_slot(
         upstreams: &resolver,
         ..inputs.env
     };
-    let (compiled, hosts, inline) =
+    let (compiled, plugins, hosts, inline) =
         merge_route(route, inputs, previous.and_then(|p| p.inline.as_ref()))?;
     let service = route
         .service_id
         .as_deref()
         .and_then(|s| inputs.applied.services.get(s))
         .map(|s| &*s.typed);
-    let deps = RouteDeps::of(route, service, &compiled.plugins);
-    let compiled = attach_plugins(route, compiled, &hosts, inputs.applied, inputs.globals, env)?;
+    let deps = RouteDeps::of(route, service, &plugins);
+    let compiled = attach_plugins(
+        route,
+        compiled,
+        &plugins,
+        inputs.applied,
+        inputs.globals,
+        env,
+    )?;
     let methods = match &route.methods {
         Some(m) => MethodSet::from_names(m.iter().map(String::as_str))?,
         None => MethodSet::ALL,
@@ -232,7 +237,14 @@ fn parse_addrs(addrs: &[String]) -> Result<Vec<IpNet>, String> {
         .collect()
 }
 
-type CompiledParts = (CompiledRoute, Vec<String>, Option<Arc<CompiledUpstream>>);
+/// The compiled route, its effective plugins (after the plugin_config and service merges),
+/// its hosts and its own inline upstream.
+type CompiledParts = (
+    CompiledRoute,
+    Map<String, Value>,
+    Vec<String>,
+    Option<Arc<CompiledUpstream>>,
+);
 
 /// The route merged with its service and plugin config, its upstream resolved; its plugins
 /// are attached by [`attach_plugins`].
@@ -246,11 +258,9 @@ fn merge_route(
             Some(s) => Some(s.typed.clone()),
             // APISIX answers 404 with nginx's page when the service is gone.
             None => {
-                return Ok((
-                    failing_route(route, StatusCode::NOT_FOUND),
-                    route.hosts.clone(),
-                    None,
-                ))
+                let hosts = route.hosts.clone();
+                let failing = failing_route(route, None, &hosts, StatusCode::NOT_FOUND);
+                return Ok((failing, Map::new(), hosts, None));
             }
         },
         None => None,
@@ -267,11 +277,14 @@ fn merge_route(
                 plugins.extend(pc.typed.plugins.iter().map(|(k, v)| (k.clone(), v.clone())))
             }
             None => {
-                return Ok((
-                    failing_route(route, StatusCode::SERVICE_UNAVAILABLE),
-                    hosts_for(route, service.as_deref()),
-                    None,
-                ))
+                let hosts = hosts_for(route, service.as_deref());
+                let failing = failing_route(
+                    route,
+                    service.as_deref(),
+                    &hosts,
+                    StatusCode::SERVICE_UNAVAILABLE,
+                );
+                return Ok((failing, Map::new(), hosts, None));
             }
         }
     }
@@ -309,25 +322,33 @@ fn merge_route(
         t => t,
     };
 
+    let hosts = hosts_for(route, service.as_deref());
     let compiled = CompiledRoute {
-        id: route.id.clone(),
         log_id: Arc::from(route.id.as_str()),
-        name: route.name.clone(),
-        service_id: route.service_id.clone(),
-        service_name: service.as_ref().and_then(|s| s.name.clone()),
         target,
-        timeout: route.timeout.map(try_timeouts),
+        timeout: route.timeout.map(|t| Box::new(try_timeouts(t))),
         enable_websocket: route
             .enable_websocket
             .or_else(|| service.as_ref().and_then(|s| s.enable_websocket))
             .unwrap_or(false),
-        plugins,
-        info: RouteInfo::default(),
+        info: route_info(route, service.as_deref(), &hosts),
         plugins_run: true,
         chain: PluginChain::empty(),
         global_chain: PluginChain::empty(),
     };
-    Ok((compiled, hosts_for(route, service.as_deref()), inline))
+    Ok((compiled, plugins, hosts, inline))
+}
+
+/// The route as plugins see it.
+fn route_info(route: &Route, service: Option<&Service>, hosts: &[String]) -> RouteInfo {
+    RouteInfo {
+        id: route.id.clone(),
+        name: route.name.clone(),
+        service_id: route.service_id.clone(),
+        service_name: service.and_then(|s| s.name.clone()),
+        uris: route.uris.clone(),
+        hosts: hosts.to_vec(),
+    }
 }
 
 fn upstream_by_id(inputs: &RouteInputs<'_>, id: &str) -> RouteTarget {
@@ -352,19 +373,11 @@ fn hosts_for(route: &Route, service: Option<&Service>) -> Vec<String> {
 fn attach_plugins(
     route: &Route,
     mut compiled: CompiledRoute,
-    hosts: &[String],
+    plugins: &Map<String, Value>,
     applied: &Applied,
     globals: &GlobalChains,
     env: CompileEnv<'_>,
 ) -> Result<CompiledRoute, String> {
-    compiled.info = RouteInfo {
-        id: compiled.id.clone(),
-        name: compiled.name.clone(),
-        service_id: compiled.service_id.clone(),
-        service_name: compiled.service_name.clone(),
-        uris: route.uris.clone(),
-        hosts: hosts.to_vec(),
-    };
     let route_owner = Owner::new(ResourceKind::Routes, &route.id);
     let pc = route.plugin_config_id.as_deref().and_then(|id| {
         applied
@@ -376,8 +389,7 @@ fn attach_plugins(
         .service_id
         .as_deref()
         .map(|id| Owner::new(ResourceKind::Services, id));
-    let sources: Vec<PluginSource<'_>> = compiled
-        .plugins
+    let sources: Vec<PluginSource<'_>> = plugins
         .iter()
         .map(|(name, conf)| {
             // Precedence of the merge: route, then plugin_config, then service.
@@ -395,24 +407,24 @@ fn attach_plugins(
         })
         .collect();
     let chain = Arc::new(PluginChain::compile(&sources, Some(&compiled.info), env)?);
-    let global_chain = globals.for_route(&compiled.info, &compiled.plugins, env);
+    let global_chain = globals.for_route(&compiled.info, plugins, env);
     compiled.chain = chain;
     compiled.global_chain = global_chain;
     Ok(compiled)
 }
 
-fn failing_route(route: &Route, status: StatusCode) -> CompiledRoute {
+fn failing_route(
+    route: &Route,
+    service: Option<&Service>,
+    hosts: &[String],
+    status: StatusCode,
+) -> CompiledRoute {
     CompiledRoute {
-        id: route.id.clone(),
         log_id: Arc::from(route.id.as_str()),
-        name: route.name.clone(),
-        service_id: route.service_id.clone(),
-        service_name: None,
         target: RouteTarget::Fail(status),
         timeout: None,
         enable_websocket: false,
-        plugins: Map::new(),
-        info: RouteInfo::default(),
+        info: route_info(route, service, hosts),
         plugins_run: false,
         chain: PluginChain::empty(),
         global_chain: PluginChain::empty(),

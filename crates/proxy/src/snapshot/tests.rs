@@ -94,7 +94,7 @@ fn serving(snapshot: &Snapshot, path: &str) -> Option<String> {
     snapshot
         .router
         .lookup(&req, &NoVars)
-        .map(|m| m.value.id.clone())
+        .map(|m| m.value.info.id.clone())
 }
 
 fn node(port: u16) -> Value {
@@ -318,7 +318,7 @@ fn a_change_rebuilds_what_depends_on_it() {
     assert_eq!(v3.diff().applied.services.changed, ids(&["s1"]));
     assert_eq!(v3.diff().routes.changed, ids(&["service"]));
     assert_eq!(
-        v3.route("service").unwrap().service_name.as_deref(),
+        v3.route("service").unwrap().info.service_name.as_deref(),
         Some("svc")
     );
 
@@ -822,4 +822,86 @@ fn routes_compiled_on_several_threads_match_one_at_a_time() {
         |s: &Snapshot| -> BTreeSet<String> { s.quarantine.iter().map(|q| q.id.clone()).collect() };
     assert_eq!(refused(&boot), refused(&stepwise));
     assert!(!refused(&boot).is_empty());
+}
+
+#[test]
+fn equal_inline_upstreams_share_what_no_route_could_tell_apart() {
+    // Options of its own: the pools are the process' (one per `UpstreamServices`).
+    let opts = CompileOptions::default();
+    let registry = PluginRegistry::builtin();
+    let compile =
+        |store: &Store, prev: &Snapshot| Snapshot::compile(&store.state(), prev, &opts, &registry);
+    let one = json!({"type": "roundrobin", "nodes": {"127.0.0.1:1980": 1}});
+    let two = json!({"type": "roundrobin", "nodes": {"127.0.0.1:1980": 1, "127.0.0.1:1981": 1}});
+    let checked = json!({"type": "roundrobin", "nodes": {"127.0.0.1:1980": 1},
+        "checks": {"active": {"unhealthy": {"tcp_failures": 1}}}});
+    let named = json!({"type": "roundrobin", "nodes": {"localhost:1980": 1}});
+    let mut store = Store::new();
+    for (id, up) in [
+        ("a", &one),
+        ("b", &one),
+        ("c", &two),
+        ("d", &two),
+        ("e", &checked),
+        ("f", &checked),
+        ("g", &named),
+        ("h", &named),
+    ] {
+        store.put(
+            &format!("routes/{id}"),
+            json!({"uri": format!("/{id}"), "upstream": up}),
+        );
+    }
+    let s1 = compile(&store, &Snapshot::empty(&opts));
+    let up = |s: &Snapshot, id: &str| match &s.route(id).unwrap().target {
+        RouteTarget::Upstream(u) => u.clone(),
+        RouteTarget::Fail(status) => panic!("route {id} fails with {status}"),
+    };
+    assert!(
+        Arc::ptr_eq(&up(&s1, "a"), &up(&s1, "b")),
+        "one node by address"
+    );
+    for (x, y, why) in [
+        (
+            "c",
+            "d",
+            "roundrobin over two nodes keeps a position per route",
+        ),
+        ("e", "f", "a checker is named after its route"),
+        ("g", "h", "a name is resolved per upstream"),
+    ] {
+        assert!(!Arc::ptr_eq(&up(&s1, x), &up(&s1, y)), "{why}");
+        // The typed definitions are one all the same.
+        assert!(
+            Arc::ptr_eq(&up(&s1, x).source, &up(&s1, y).source),
+            "{x} {y}"
+        );
+    }
+    assert!(!Arc::ptr_eq(&up(&s1, "a").source, &up(&s1, "e").source));
+
+    // A route added later with an equal definition joins the shared form; one changed to
+    // another definition leaves it.
+    store
+        .put("routes/i", json!({"uri": "/i", "upstream": one}))
+        .put("routes/b", json!({"uri": "/b", "upstream": two}));
+    let s2 = compile(&store, &s1);
+    assert!(Arc::ptr_eq(&up(&s2, "i"), &up(&s1, "a")));
+    assert!(
+        Arc::ptr_eq(&up(&s2, "a"), &up(&s1, "a")),
+        "unchanged route, same form"
+    );
+    assert!(!Arc::ptr_eq(&up(&s2, "b"), &up(&s2, "a")));
+    assert_eq!(serving(&s2, "/i").as_deref(), Some("i"));
+
+    // Every holder gone: once the snapshots that held them are, a sweep empties the pools.
+    for id in ["a", "b", "c", "d", "e", "f", "g", "h", "i"] {
+        store.delete(&format!("routes/{id}"));
+    }
+    let s3 = compile(&store, &s2);
+    drop((s1, s2));
+    let inline = &opts.upstreams.inline;
+    assert!(inline.sweep_due());
+    inline.sweep();
+    assert_eq!(inline.len(), (0, 0));
+    assert_eq!(s3.router.len(), 0);
 }

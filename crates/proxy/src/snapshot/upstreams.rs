@@ -17,10 +17,11 @@ use serde_json::Value;
 
 use super::accept::{Accepted, Quarantined};
 use super::diff::Difference;
+use super::intern::InternPool;
 use crate::balancer::HashOn;
 use crate::client::{PoolLimits, TryTimeouts};
 use crate::health::{self, ChecksConfig, ProbeType, UpstreamChecker};
-use crate::nodes::{NodeSet, UpstreamNodes, UpstreamServices};
+use crate::nodes::{is_ip, NodeSet, UpstreamNodes, UpstreamServices};
 
 pub struct CompiledUpstream {
     pub id: Option<String>,
@@ -320,14 +321,98 @@ pub(super) fn upstreams_by_id(
     out
 }
 
+/// Equal inline upstreams (of routes and services), shared across holders and snapshots.
+#[derive(Debug, Default)]
+pub struct InlineUpstreams {
+    /// Typed definitions, by value: equal ones are one `Arc` (immutable, so sharing them is
+    /// invisible).
+    definitions: InternPool<Upstream>,
+    /// Compiled forms of the definitions that have no per-holder state ([`stateless`]), by
+    /// definition.
+    compiled: InternPool<CompiledUpstream>,
+}
+
+impl InlineUpstreams {
+    /// The shared copy of a definition equal to `up`.
+    pub(super) fn definition(&self, up: Arc<Upstream>) -> Arc<Upstream> {
+        self.definitions.share(fingerprint(&up), up, |a, b| a == b)
+    }
+
+    /// `n` holders of inline upstreams were replaced or removed.
+    pub(super) fn released(&self, n: usize) {
+        self.definitions.released(n);
+        self.compiled.released(n);
+    }
+
+    pub fn sweep_due(&self) -> bool {
+        self.definitions.sweep_due() || self.compiled.sweep_due()
+    }
+
+    /// Drops the entries of definitions nothing holds any more.
+    pub fn sweep(&self) {
+        self.compiled.sweep();
+        self.definitions.sweep();
+    }
+
+    /// Entries: (definitions, compiled forms).
+    #[cfg(test)]
+    pub fn len(&self) -> (usize, usize) {
+        (self.definitions.len(), self.compiled.len())
+    }
+}
+
+/// A hash of what makes two definitions equal (equality itself confirms a match).
+fn fingerprint(up: &Upstream) -> u64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    use std::mem::discriminant;
+    let mut h = foldhash::fast::FixedState::default().build_hasher();
+    (&up.id, &up.name, &up.hash_on, &up.key, up.retries).hash(&mut h);
+    for n in &up.nodes {
+        (&n.host, n.port, n.weight, n.priority, n.metadata.is_some()).hash(&mut h);
+    }
+    discriminant(&up.lb_type).hash(&mut h);
+    discriminant(&up.pass_host).hash(&mut h);
+    discriminant(&up.scheme).hash(&mut h);
+    up.retry_timeout.to_bits().hash(&mut h);
+    if let Some(t) = up.timeout {
+        (t.connect.to_bits(), t.send.to_bits(), t.read.to_bits()).hash(&mut h);
+    }
+    (&up.upstream_host, &up.discovery_type, &up.service_name).hash(&mut h);
+    (up.checks.is_some(), up.tls.is_some()).hash(&mut h);
+    h.finish()
+}
+
+/// Whether nothing of an upstream's compiled form could tell its holders apart: one node
+/// given by address (APISIX picks a lone node without a balancer, so there is no position or
+/// count to keep per route), no health checks (a checker is named after its holder), no
+/// name to resolve, no TLS. Such a compiled form is shared by every holder of an equal
+/// definition.
+fn stateless(up: &Upstream) -> bool {
+    matches!(&up.nodes[..], [node] if is_ip(&node.host))
+        && up.checks.is_none()
+        && up.discovery_type.is_none()
+        && up.tls.is_none()
+        && matches!(up.scheme, Scheme::Http | Scheme::Grpc)
+}
+
 /// An inline upstream (of a route or a service): the previous compiled form while it is still
-/// what compiling the definition would give, else a new one that takes over its state.
+/// what compiling the definition would give, else a new one that takes over its state. A
+/// [`stateless`] one is the compiled form every holder of the definition shares.
 pub(super) fn inline_upstream(
     up: &Arc<Upstream>,
     holder: Holder<'_>,
     previous: Option<&Arc<CompiledUpstream>>,
     env: UpstreamEnv<'_>,
 ) -> Result<Arc<CompiledUpstream>, String> {
+    if stateless(up) {
+        // Keyed by the definition's address: equal definitions are one (see `definition`),
+        // and a live compiled form keeps its definition, so the address is not reused.
+        return env.services.inline.compiled.get_or_make(
+            Arc::as_ptr(up) as usize as u64,
+            |c| Arc::ptr_eq(&c.source, up),
+            || CompiledUpstream::compile(up, holder, None, env).map(Arc::new),
+        );
+    }
     match previous.filter(|c| env.reusable(c, up)) {
         Some(c) => Ok(c.clone()),
         None => CompiledUpstream::compile(up, holder, previous, env).map(Arc::new),

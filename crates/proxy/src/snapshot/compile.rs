@@ -377,7 +377,7 @@ impl Snapshot {
                     let reused = before.is_some_and(|slot| {
                         slot.seq == item.seq
                             && !applied_diff.routes.touches(id)
-                            && !slot.deps.touched_by(&changes)
+                            && !slot.touched_by(&changes)
                             && inline_still_valid(slot)
                     });
                     if reused {

@@ -69,10 +69,19 @@ pub(super) struct RouteSlot {
     pub inline: Option<Arc<CompiledUpstream>>,
     /// Its plugins' inline upstreams (traffic-split's), by resource path.
     pub plugin_upstreams: PluginUpstreams,
-    pub deps: RouteDeps,
+    /// `None` when it depends on nothing but its own definition (boxed: most routes).
+    pub deps: Option<Box<RouteDeps>>,
 }
 
 impl RouteSlot {
+    /// Whether the route must be built again after `changes`.
+    pub fn touched_by(&self, changes: &Changes<'_>) -> bool {
+        match &self.deps {
+            Some(deps) => deps.touched_by(changes),
+            None => changes.globals,
+        }
+    }
+
     /// The route table's entry.
     pub fn entry(&self) -> RouteEntry<Arc<CompiledRoute>> {
         let (route, vars) = &*self.def;
@@ -81,7 +90,7 @@ impl RouteSlot {
             hosts: self.hosts.clone(),
             methods: self.methods,
             remote_addrs: self.remote_addrs.clone(),
-            vars: vars.clone(),
+            vars: vars.as_deref().cloned(),
             priority: route.priority,
             value: self.compiled.clone(),
         }
@@ -222,7 +231,7 @@ pub(super) fn compile_slot(
         remote_addrs,
         inline,
         plugin_upstreams: resolver.into_asked(),
-        deps,
+        deps: (deps != RouteDeps::default()).then(|| Box::new(deps)),
     })
 }
 

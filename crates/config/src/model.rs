@@ -4,7 +4,6 @@
 //! types are what the data plane compiles from. Fields the data plane does not act on yet are
 //! kept as raw JSON so nothing a user wrote is lost.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -228,9 +227,9 @@ pub struct Route {
     pub upstream_id: Option<String>,
     pub service_id: Option<String>,
     pub plugin_config_id: Option<String>,
-    pub timeout: Option<Timeout>,
+    /// Boxed: most routes have none.
+    pub timeout: Option<Box<Timeout>>,
     pub enable_websocket: Option<bool>,
-    pub labels: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -242,7 +241,6 @@ pub struct Service {
     pub upstream: Option<Arc<Upstream>>,
     pub upstream_id: Option<String>,
     pub enable_websocket: Option<bool>,
-    pub labels: BTreeMap<String, String>,
 }
 
 /// `plugin_configs/<id>`: a reusable set of plugins.

@@ -6,7 +6,6 @@
 //! Alternative spellings are normalised here: `uri`/`host`/`remote_addr` become one-element
 //! lists, map-form nodes become [`Node`]s in document order, hosts are lower-cased.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
@@ -52,9 +51,8 @@ pub fn route_from_value(
         upstream_id: conf.get("upstream_id").map(id_text),
         service_id: conf.get("service_id").map(id_text),
         plugin_config_id: conf.get("plugin_config_id").map(id_text),
-        timeout: timeout(conf.get("timeout")),
+        timeout: timeout(conf.get("timeout")).map(Box::new),
         enable_websocket: conf.get("enable_websocket").and_then(Value::as_bool),
-        labels: labels(conf.get("labels")),
     })
 }
 
@@ -82,7 +80,6 @@ pub fn service_from_value(
             .map(|u| Arc::new(build_upstream(None, u))),
         upstream_id: conf.get("upstream_id").map(id_text),
         enable_websocket: conf.get("enable_websocket").and_then(Value::as_bool),
-        labels: labels(conf.get("labels")),
     })
 }
 
@@ -351,16 +348,6 @@ fn lower(v: Vec<String>) -> Vec<String> {
 
 fn object(v: Option<&Value>) -> Map<String, Value> {
     v.and_then(Value::as_object).cloned().unwrap_or_default()
-}
-
-fn labels(v: Option<&Value>) -> BTreeMap<String, String> {
-    v.and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn timeout(v: Option<&Value>) -> Option<Timeout> {

@@ -744,10 +744,9 @@ fn route_conversion_normalises() {
     assert!(!r.enabled);
     assert_eq!(r.priority, 0);
     assert_eq!(r.name.as_deref(), Some("r"));
-    assert_eq!(r.labels.get("env").map(String::as_str), Some("prod"));
     assert_eq!(
-        r.timeout,
-        Some(Timeout {
+        r.timeout.as_deref(),
+        Some(&Timeout {
             connect: 1.0,
             send: 2.0,
             read: 3.5

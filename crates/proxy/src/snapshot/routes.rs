@@ -335,7 +335,7 @@ fn merge_route(
     let compiled = CompiledRoute {
         log_id: Arc::from(route.id.as_str()),
         target,
-        timeout: route.timeout.map(|t| Box::new(try_timeouts(t))),
+        timeout: route.timeout.as_deref().map(|t| Box::new(try_timeouts(*t))),
         enable_websocket: route
             .enable_websocket
             .or_else(|| service.as_ref().and_then(|s| s.enable_websocket))

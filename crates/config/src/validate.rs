@@ -22,7 +22,7 @@ pub use checks::{
 };
 pub use convert::{
     global_rule_from_value, plugin_config_from_value, route_from_value, service_from_value,
-    ssl_from_value, upstream_from_value,
+    ssl_from_value, upstream_from_value, Document,
 };
 
 #[cfg(test)]

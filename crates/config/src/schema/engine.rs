@@ -529,21 +529,22 @@ impl<'s> Engine<'s> {
                 }
             }
             if !matched {
-                let requires: Vec<String> = subs
-                    .iter()
-                    .filter_map(|sub| get(sub, "required"))
-                    .map(lua::cjson_encode)
-                    .collect();
-                return Err(if requires.is_empty() {
-                    "object matches none of the required".to_string()
-                } else {
-                    self.fail(|| {
+                // Built only when reported (`anyOf` branches of a quiet check fail by design).
+                return Err(self.fail(|| {
+                    let requires: Vec<String> = subs
+                        .iter()
+                        .filter_map(|sub| get(sub, "required"))
+                        .map(lua::cjson_encode)
+                        .collect();
+                    if requires.is_empty() {
+                        "object matches none of the required".to_string()
+                    } else {
                         format!(
                             "object matches none of the required: {}",
                             requires.join(" or ")
                         )
-                    })
-                });
+                    }
+                }));
             }
         }
 

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::addr::parse_addr;
-use super::checks::{check_in_place, id_text, AcceptAnyPlugin, PluginCheck, ValidationError};
+use super::checks::{
+    check_synced_in_place, id_text, AcceptAnyPlugin, PluginCheck, ValidationError,
+};
 use crate::model::{
     GlobalRule, KeepalivePool, LbType, Node, PassHost, PluginConfig, ResourceKind, Route, Scheme,
     Service, Ssl, SslClient, SslType, Timeout, Upstream,
@@ -21,7 +23,7 @@ use crate::model::{
 /// also written into the checked copy when the document has none, as the Admin API does.
 pub fn route_from_value(
     id: &str,
-    v: &Value,
+    v: impl Document,
     plugins: &dyn PluginCheck,
 ) -> Result<Route, ValidationError> {
     let conf = checked(ResourceKind::Routes, Some(id), v, plugins)?;
@@ -58,14 +60,17 @@ pub fn route_from_value(
 
 /// Validates a stored upstream and converts it; `id` is `None` for an upstream that is not
 /// stored on its own.
-pub fn upstream_from_value(id: Option<&str>, v: &Value) -> Result<Upstream, ValidationError> {
+pub fn upstream_from_value(
+    id: Option<&str>,
+    v: impl Document,
+) -> Result<Upstream, ValidationError> {
     let conf = checked(ResourceKind::Upstreams, id, v, &AcceptAnyPlugin)?;
     Ok(build_upstream(id.map(str::to_string), &conf))
 }
 
 pub fn service_from_value(
     id: &str,
-    v: &Value,
+    v: impl Document,
     plugins: &dyn PluginCheck,
 ) -> Result<Service, ValidationError> {
     let conf = checked(ResourceKind::Services, Some(id), v, plugins)?;
@@ -85,7 +90,7 @@ pub fn service_from_value(
 
 pub fn plugin_config_from_value(
     id: &str,
-    v: &Value,
+    v: impl Document,
     plugins: &dyn PluginCheck,
 ) -> Result<PluginConfig, ValidationError> {
     let conf = checked(ResourceKind::PluginConfigs, Some(id), v, plugins)?;
@@ -97,7 +102,7 @@ pub fn plugin_config_from_value(
 
 pub fn global_rule_from_value(
     id: &str,
-    v: &Value,
+    v: impl Document,
     plugins: &dyn PluginCheck,
 ) -> Result<GlobalRule, ValidationError> {
     let conf = checked(ResourceKind::GlobalRules, Some(id), v, plugins)?;
@@ -177,20 +182,39 @@ pub fn ssl_from_value(
     })
 }
 
+/// A document to validate: checking writes the schema defaults into it, so a borrowed one is
+/// copied first and an owned one (a stored value just parsed, at boot 100,000 of them) is
+/// checked in place.
+pub trait Document {
+    fn into_value(self) -> Value;
+}
+
+impl Document for &Value {
+    fn into_value(self) -> Value {
+        self.clone()
+    }
+}
+
+impl Document for Value {
+    fn into_value(self) -> Value {
+        self
+    }
+}
+
 fn checked(
     kind: ResourceKind,
     id: Option<&str>,
-    v: &Value,
+    v: impl Document,
     plugins: &dyn PluginCheck,
 ) -> Result<Value, ValidationError> {
-    let mut conf = v.clone();
+    let mut conf = v.into_value();
     if let (Some(id), Value::Object(m)) = (id, &mut conf) {
         // Global rules and plugin configs require an id in the document; the Admin API puts
         // the key's id there before checking, so a stored document may lack it.
         m.entry("id")
             .or_insert_with(|| Value::String(id.to_string()));
     }
-    check_in_place(kind, &mut conf, plugins, None)?;
+    check_synced_in_place(kind, &mut conf, plugins)?;
     Ok(conf)
 }
 

@@ -795,7 +795,7 @@ fn route_conversion_lists_and_defaults() {
 
 #[test]
 fn route_conversion_refuses_invalid_routes() {
-    let e = route_from_value("1", &json!({"uri": "/a"}), &AcceptAnyPlugin).unwrap_err();
+    let e = route_from_value("1", json!({"uri": "/a"}), &AcceptAnyPlugin).unwrap_err();
     assert!(
         e.message
             .starts_with("invalid configuration: object matches none of the required"),
@@ -803,7 +803,7 @@ fn route_conversion_refuses_invalid_routes() {
     );
     let e = route_from_value(
         "1",
-        &json!({"uri": "/a", "upstream_id": 1, "vars": [["a", "=", "b"]]}),
+        json!({"uri": "/a", "upstream_id": 1, "vars": [["a", "=", "b"]]}),
         &AcceptAnyPlugin,
     )
     .unwrap_err();
@@ -865,17 +865,17 @@ fn upstream_conversion() {
 
     let u = upstream_from_value(
         None,
-        &json!({"nodes": {"127.0.0.1:80": 1}, "type": "least_conn"}),
+        json!({"nodes": {"127.0.0.1:80": 1}, "type": "least_conn"}),
     )
     .unwrap();
     assert_eq!(u.id, None);
     assert_eq!(u.lb_type, LbType::LeastConn);
     assert_eq!(u.retries, None);
     assert_eq!(u.keepalive_pool, KeepalivePool::default());
-    let u = upstream_from_value(None, &json!({"nodes": {}, "type": "maglev"})).unwrap();
+    let u = upstream_from_value(None, json!({"nodes": {}, "type": "maglev"})).unwrap();
     assert_eq!(u.lb_type, LbType::Other("maglev".to_string()));
     assert_eq!(
-        upstream_from_value(None, &json!({"nodes": {"a:0": 1}}))
+        upstream_from_value(None, json!({"nodes": {"a:0": 1}}))
             .unwrap_err()
             .message,
         "invalid port 0"
@@ -886,7 +886,7 @@ fn upstream_conversion() {
 fn service_plugin_config_and_global_rule_conversion() {
     let s = service_from_value(
         "s1",
-        &json!({"hosts": ["Api.COM"], "upstream_id": 3, "plugins": {"prometheus": {}}, "enable_websocket": false}),
+        json!({"hosts": ["Api.COM"], "upstream_id": 3, "plugins": {"prometheus": {}}, "enable_websocket": false}),
         &TestPlugins::new(),
     )
     .unwrap();
@@ -899,7 +899,7 @@ fn service_plugin_config_and_global_rule_conversion() {
     // The id may be missing from the stored document; the key's id is used.
     let pc = plugin_config_from_value(
         "pc1",
-        &json!({"plugins": {"prometheus": {}}}),
+        json!({"plugins": {"prometheus": {}}}),
         &TestPlugins::new(),
     )
     .unwrap();
@@ -907,13 +907,13 @@ fn service_plugin_config_and_global_rule_conversion() {
     assert_eq!(pc.plugins.len(), 1);
     let gr = global_rule_from_value(
         "g1",
-        &json!({"id": "g1", "plugins": {"prometheus": {}}}),
+        json!({"id": "g1", "plugins": {"prometheus": {}}}),
         &TestPlugins::new(),
     )
     .unwrap();
     assert_eq!(gr.id, "g1");
     assert_eq!(
-        global_rule_from_value("g1", &json!({"plugins": {"nope": {}}}), &TestPlugins::new())
+        global_rule_from_value("g1", json!({"plugins": {"nope": {}}}), &TestPlugins::new())
             .unwrap_err()
             .message,
         "unknown plugin [nope]"
@@ -933,4 +933,39 @@ fn addresses_split_like_apisix() {
     assert_eq!(parse_addr("127.0.0.1:abc"), ("127.0.0.1", None));
     // A trailing colon stays in the host.
     assert_eq!(parse_addr("host:"), ("host:", None));
+}
+
+/// A synced route's inline upstream is checked by the route's schema once (as APISIX's config
+/// loader does), and its other upstream checks still run.
+#[test]
+fn a_synced_inline_upstream_is_checked_by_its_route_schema_and_the_upstream_checks() {
+    let synced = |up: Value| {
+        route_from_value("r", json!({"uri": "/a", "upstream": up}), &AcceptAnyPlugin)
+            .map(|_| ())
+            .map_err(|e| e.message)
+    };
+    let admin = |up: Value| check(ResourceKind::Routes, json!({"uri": "/a", "upstream": up}));
+    let cases = [
+        json!({"nodes": {"127.0.0.1:80": 1}, "retries": -1}),
+        json!({"nodes": {"127.0.0.1:70000": 1}}),
+        json!({"nodes": {"127.0.0.1:80": 1}, "pass_host": "rewrite"}),
+        json!({"nodes": [{"host": "::1", "port": 80, "weight": 1}]}),
+        json!({"nodes": {"127.0.0.1:80": 1}, "type": "chash", "hash_on": "header"}),
+    ];
+    for up in cases {
+        let (a, b) = (synced(up.clone()), admin(up.clone()));
+        assert!(a.is_err(), "{up}");
+        // The same refusal as through the Admin API.
+        assert_eq!(a, b, "{up}");
+    }
+    assert_eq!(synced(json!({"nodes": {"127.0.0.1:80": 1}})), Ok(()));
+    let route = route_from_value(
+        "r",
+        json!({"uri": "/a", "upstream": {"nodes": {"127.0.0.1:80": 1}}}),
+        &AcceptAnyPlugin,
+    )
+    .unwrap();
+    // The route schema wrote the upstream's defaults.
+    let up = route.upstream.unwrap();
+    assert_eq!((up.scheme, up.pass_host), (Scheme::Http, PassHost::Pass));
 }

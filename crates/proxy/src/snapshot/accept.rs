@@ -255,7 +255,7 @@ fn accept_checked(
     plugins: &(dyn PluginCheck + Sync),
 ) -> SharedMap<Accepted<()>> {
     accept_kind(state, kind, changed, previous, refusals, applied, |_, v| {
-        validate::check_resource(kind, v, plugins).map_err(|e| e.message)
+        validate::check_resource(kind, &v, plugins).map_err(|e| e.message)
     })
 }
 
@@ -271,7 +271,7 @@ fn accept_kind<T: Send>(
     previous: &SharedMap<Accepted<T>>,
     refusals: &mut BTreeMap<String, Quarantined>,
     applied: &mut Difference,
-    convert: impl Fn(&str, &Value) -> Result<T, String> + Sync,
+    convert: impl Fn(&str, Value) -> Result<T, String> + Sync,
 ) -> SharedMap<Accepted<T>> {
     let mut out = previous.clone();
     let named: Vec<(&String, Option<&StoredItem>)> = changed
@@ -284,7 +284,7 @@ fn accept_kind<T: Send>(
     // Validation is independent per item: at boot every stored item is named, and they are
     // validated on every core (the outcomes are applied below in the same order as before).
     let outcomes = parallel::map(&named, |(id, item)| {
-        item.map(|item| convert(id.as_str(), &item.value.parse()))
+        item.map(|item| convert(id.as_str(), item.value.parse()))
     });
     for ((id, item), outcome) in named.into_iter().zip(outcomes) {
         refusals.remove(id);

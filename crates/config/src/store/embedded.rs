@@ -66,7 +66,7 @@ pub const MAX_VALUE_BYTES: usize = 1536 * 1024;
 /// stays cached. Pages past this are read again through the kernel's page cache, fast enough
 /// for how the store is read (one key per Admin read, a whole-prefix scan only at open and
 /// for unpaged lists).
-const CACHE_BYTES: usize = 16 * 1024 * 1024;
+const CACHE_BYTES: usize = 4 * 1024 * 1024;
 
 /// How long [`EmbeddedStore::open`] waits for a previous handle on the same file to close (a
 /// restart overlapping the old process, or a sweep still finishing after a drop).

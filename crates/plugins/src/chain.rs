@@ -484,6 +484,7 @@ impl GlobalRules {
         }
         let mut chains = GlobalChains {
             unmatched: PluginChain::empty(),
+            empty: PluginChain::empty(),
             shared_chain: Arc::new(PluginChain::from_entries(shared.clone())),
             shared,
             per_route,
@@ -504,6 +505,9 @@ pub struct GlobalChains {
     /// Names of the plugins with `run_policy = "prefer_route"`.
     prefer_route: Vec<String>,
     unmatched: Arc<PluginChain>,
+    /// One empty chain for every route without plugins of its own (at 100,000 routes a chain
+    /// each was ~100 B a route).
+    empty: Arc<PluginChain>,
 }
 
 impl Default for GlobalChains {
@@ -514,6 +518,7 @@ impl Default for GlobalChains {
             per_route: Vec::new(),
             prefer_route: Vec::new(),
             unmatched: PluginChain::empty(),
+            empty: PluginChain::empty(),
         }
     }
 }
@@ -527,6 +532,11 @@ impl std::fmt::Debug for GlobalChains {
 }
 
 impl GlobalChains {
+    /// An empty chain, the same one for every caller: the chain of a route without plugins.
+    pub fn empty_chain(&self) -> Arc<PluginChain> {
+        self.empty.clone()
+    }
+
     /// The chain for requests that matched no route.
     pub fn unmatched(&self) -> Arc<PluginChain> {
         self.unmatched.clone()

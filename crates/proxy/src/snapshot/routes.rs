@@ -415,7 +415,11 @@ fn attach_plugins(
             PluginSource { name, conf, owner }
         })
         .collect();
-    let chain = Arc::new(PluginChain::compile(&sources, Some(&compiled.info), env)?);
+    let chain = if sources.is_empty() {
+        globals.empty_chain()
+    } else {
+        Arc::new(PluginChain::compile(&sources, Some(&compiled.info), env)?)
+    };
     let global_chain = globals.for_route(&compiled.info, plugins, env);
     compiled.chain = chain;
     compiled.global_chain = global_chain;

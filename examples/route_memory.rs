@@ -7,7 +7,12 @@
 //! ```sh
 //! cargo run --example route_memory -- 10000            # stages and sites
 //! cargo run --example route_memory -- 10000 --sites 40  # more sites
+//! cargo run --example route_memory -- 10000 --distinct  # a different upstream node per route
 //! ```
+//!
+//! The mix's routes all send to one node, so their inline upstreams are equal and share one
+//! compiled form; `--distinct` gives every route its own node (no two upstreams alike), the
+//! other end of what real configurations hold.
 //!
 //! Bytes are what the code asked the allocator for; mimalloc's size classes and free pages
 //! come on top of them in the process' RSS.
@@ -23,11 +28,17 @@ use serde_json::{json, Value};
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
 
-/// A route of the mix, as the Admin API stores it (with its id and timestamps).
-fn route_body(i: usize) -> Value {
+/// A route of the mix, as the Admin API stores it (with its id and timestamps); `distinct`:
+/// its upstream node is its own.
+fn route_body(i: usize, distinct: bool) -> Value {
+    let node = if distinct {
+        format!("127.0.{}.{}:1980", i / 250 % 250, i % 250 + 1)
+    } else {
+        "127.0.0.1:1980".to_string()
+    };
     let mut body = json!({
         "uri": if i % 2 == 0 { format!("/r{i}/exact") } else { format!("/p{i}/*") },
-        "upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:1980": 1}},
+        "upstream": {"type": "roundrobin", "nodes": {node: 1}},
         "id": i.to_string(),
         "create_time": 1_764_600_000 + i,
         "update_time": 1_764_600_000 + i,
@@ -54,6 +65,7 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .and_then(|a| a.parse().ok())
         .unwrap_or(25);
+    let distinct = args.iter().any(|a| a == "--distinct");
     let dir = tempfile::tempdir().unwrap();
     let profile = dir.path().join("dhat-heap.json");
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -77,7 +89,7 @@ fn main() {
             let batch: Vec<_> = (next..(next + 64).min(n))
                 .map(|i| {
                     let store = store.clone();
-                    let value = route_body(i).to_string().into_bytes();
+                    let value = route_body(i, distinct).to_string().into_bytes();
                     async move {
                         store
                             .put(&format!("/apisix/routes/{i}"), value, None)

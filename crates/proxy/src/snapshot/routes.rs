@@ -268,7 +268,7 @@ fn merge_route(
             // APISIX answers 404 with nginx's page when the service is gone.
             None => {
                 let hosts = route.hosts.clone();
-                let failing = failing_route(route, None, &hosts, StatusCode::NOT_FOUND);
+                let failing = failing_route(route, &hosts, StatusCode::NOT_FOUND);
                 return Ok((failing, Map::new(), hosts, None));
             }
         },
@@ -287,12 +287,9 @@ fn merge_route(
             }
             None => {
                 let hosts = hosts_for(route, service.as_deref());
-                let failing = failing_route(
-                    route,
-                    service.as_deref(),
-                    &hosts,
-                    StatusCode::SERVICE_UNAVAILABLE,
-                );
+                // APISIX ends the request before it merges the service: the service is not
+                // known to the log phase.
+                let failing = failing_route(route, &hosts, StatusCode::SERVICE_UNAVAILABLE);
                 return Ok((failing, Map::new(), hosts, None));
             }
         }
@@ -426,18 +423,13 @@ fn attach_plugins(
     Ok(compiled)
 }
 
-fn failing_route(
-    route: &Route,
-    service: Option<&Service>,
-    hosts: &[String],
-    status: StatusCode,
-) -> CompiledRoute {
+fn failing_route(route: &Route, hosts: &[String], status: StatusCode) -> CompiledRoute {
     CompiledRoute {
         log_id: Arc::from(route.id.as_str()),
         target: RouteTarget::Fail(status),
         timeout: None,
         enable_websocket: false,
-        info: route_info(route, service, hosts),
+        info: route_info(route, None, hosts),
         plugins_run: false,
         chain: PluginChain::empty(),
         global_chain: PluginChain::empty(),

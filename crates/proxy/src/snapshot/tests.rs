@@ -905,3 +905,28 @@ fn equal_inline_upstreams_share_what_no_route_could_tell_apart() {
     assert_eq!(inline.len(), (0, 0));
     assert_eq!(s3.router.len(), 0);
 }
+
+#[test]
+fn a_route_whose_plugin_config_is_gone_fails_before_its_service_is_merged() {
+    let mut store = Store::new();
+    store
+        .put(
+            "services/s1",
+            json!({"name": "svc", "upstream": {"nodes": {"127.0.0.1:1980": 1}}}),
+        )
+        .put(
+            "routes/r",
+            json!({"uri": "/r", "service_id": "s1", "plugin_config_id": "gone"}),
+        )
+        .put("routes/ok", json!({"uri": "/ok", "service_id": "s1"}));
+    let s = first(&store);
+    let r = s.route("r").unwrap();
+    assert!(matches!(r.target, RouteTarget::Fail(s) if s == 503));
+    // As in APISIX, which answers 503 before the service merge: no service name to log.
+    assert_eq!(r.info.service_name, None);
+    assert_eq!(r.info.service_id.as_deref(), Some("s1"));
+    assert_eq!(
+        s.route("ok").unwrap().info.service_name.as_deref(),
+        Some("svc")
+    );
+}

@@ -1185,19 +1185,15 @@ struct CopyItem {
 impl LocalCopy {
     /// The resources of `state` (the only keys the data plane uses; they are JSON).
     pub fn from_state(prefix: &str, state: &ConfigState) -> LocalCopy {
-        let mut kvs: Vec<KeyValue> = state
-            .resources
-            .iter()
-            .flat_map(|(kind, items)| {
-                items.values().map(move |item| KeyValue {
-                    key: format!("{prefix}/{}/{}", kind.dir(), item.id),
-                    value: item.value.text().as_bytes().to_vec(),
-                    create_revision: item.create_revision,
-                    mod_revision: item.mod_revision,
-                })
+        let kvs = keyed_items(prefix, state)
+            .into_iter()
+            .map(|(key, item)| KeyValue {
+                key,
+                value: item.value.text().as_bytes().to_vec(),
+                create_revision: item.create_revision,
+                mod_revision: item.mod_revision,
             })
             .collect();
-        kvs.sort_by(|a, b| a.key.cmp(&b.key));
         LocalCopy {
             prefix: prefix.to_owned(),
             revision: state.revision,
@@ -1252,22 +1248,28 @@ impl LocalCopy {
     /// 100,000 routes the copy and a parse of every value took ~170 MB and most of a core
     /// per write.
     pub fn write_state(prefix: &str, state: &ConfigState, path: &Path) -> std::io::Result<()> {
-        let mut items: Vec<(String, &StoredItem)> = state
-            .resources
-            .iter()
-            .flat_map(|(kind, items)| {
-                items
-                    .values()
-                    .map(move |item| (format!("{prefix}/{}/{}", kind.dir(), item.id), item))
-            })
-            .collect();
-        items.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let items = keyed_items(prefix, state);
         let items = items.iter().map(|(key, item)| {
             let text = item.value.text();
             (key.as_str(), item.create_revision, item.mod_revision, text)
         });
         write_copy_file(path, prefix, state.revision, items)
     }
+}
+
+/// The resources of `state` with their etcd keys, in key order.
+fn keyed_items<'s>(prefix: &str, state: &'s ConfigState) -> Vec<(String, &'s StoredItem)> {
+    let mut items: Vec<(String, &StoredItem)> = state
+        .resources
+        .iter()
+        .flat_map(|(kind, items)| {
+            items
+                .values()
+                .map(move |item| (format!("{prefix}/{}/{}", kind.dir(), item.id), item))
+        })
+        .collect();
+    items.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    items
 }
 
 /// Streams a [`CopyFile`] (key, create and mod revision, value as JSON text, per item) to a

@@ -140,19 +140,16 @@ pub(crate) fn check_synced_in_place(
 
 impl Checker<'_> {
     fn check(&self, kind: ResourceKind, conf: &mut Value) -> Result<(), ValidationError> {
-        let checker = self;
         match kind {
-            ResourceKind::Routes => checker.route(conf),
-            ResourceKind::Services => checker.service(conf),
-            ResourceKind::Upstreams => checker.upstream(conf),
-            ResourceKind::PluginConfigs | ResourceKind::GlobalRules => {
-                checker.plugin_set(kind, conf)
-            }
-            ResourceKind::Consumers => checker.consumer(conf),
-            ResourceKind::ConsumerGroups => checker.consumer_group(conf),
-            ResourceKind::Credentials => checker.credential(conf),
-            ResourceKind::Ssls => checker.ssl(conf),
-            ResourceKind::PluginMetadata => checker.plugin_metadata(conf),
+            ResourceKind::Routes => self.route(conf),
+            ResourceKind::Services => self.service(conf),
+            ResourceKind::Upstreams => self.upstream(conf),
+            ResourceKind::PluginConfigs | ResourceKind::GlobalRules => self.plugin_set(kind, conf),
+            ResourceKind::Consumers => self.consumer(conf),
+            ResourceKind::ConsumerGroups => self.consumer_group(conf),
+            ResourceKind::Credentials => self.credential(conf),
+            ResourceKind::Ssls => self.ssl(conf),
+            ResourceKind::PluginMetadata => self.plugin_metadata(conf),
         }
         .map_err(ValidationError::from)
     }

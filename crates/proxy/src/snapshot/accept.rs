@@ -61,11 +61,19 @@ impl<T> Clone for Accepted<T> {
 /// bytes inline).
 pub(super) type RouteDef = (Route, Option<Box<Expr>>);
 
+/// The typed routes this accept validated, by id: handed to the compile that follows and
+/// dropped with it. The accepted routes keep only their stored text, which a later compile
+/// that must build a route again (a dependency changed) converts again
+/// ([`Applied::route_def`]): a typed route is bigger than its text, and at 100,000 routes
+/// keeping every one cost a third of a kilobyte per route.
+pub(super) type FreshRoutes = HashMap<String, Arc<RouteDef>>;
+
 /// The accepted version of every resource the data plane compiles, by kind and id. The maps
 /// are shared with the previous compile's and changed where the diff says.
 #[derive(Clone, Default)]
 pub(super) struct Applied {
-    pub routes: SharedMap<Accepted<RouteDef>>,
+    /// Routes by their accepted stored value (see [`FreshRoutes`]).
+    pub routes: SharedMap<StoredValue>,
     pub services: SharedMap<Accepted<Service>>,
     pub upstreams: SharedMap<Accepted<Upstream>>,
     pub plugin_configs: SharedMap<Accepted<PluginConfig>>,
@@ -95,8 +103,9 @@ impl Applied {
         plugins: &(dyn PluginCheck + Sync),
         inline: &InlineUpstreams,
         quarantine: &mut Vec<Quarantined>,
-    ) -> (Applied, ConfigDiff) {
+    ) -> (Applied, ConfigDiff, FreshRoutes) {
         let mut applied_diff = ConfigDiff::default();
+        let mut fresh_routes = FreshRoutes::new();
         let mut refusals = previous.refusals.clone();
         let [r_up, r_svc, r_pc, r_gr, r_routes, r_consumers, r_groups, r_credentials] =
             &mut refusals;
@@ -109,6 +118,7 @@ impl Applied {
                 r_up,
                 &mut applied_diff.upstreams,
                 |id, v| validate::upstream_from_value(Some(id), v).map_err(|e| e.message),
+                keep_typed,
             ),
             services: accept_kind(
                 state,
@@ -123,6 +133,7 @@ impl Applied {
                     service.upstream = service.upstream.map(|u| inline.definition(u));
                     Ok(service)
                 },
+                keep_typed,
             ),
             plugin_configs: accept_kind(
                 state,
@@ -132,6 +143,7 @@ impl Applied {
                 r_pc,
                 &mut applied_diff.plugin_configs,
                 |id, v| validate::plugin_config_from_value(id, v, plugins).map_err(|e| e.message),
+                keep_typed,
             ),
             global_rules: accept_kind(
                 state,
@@ -141,6 +153,7 @@ impl Applied {
                 r_gr,
                 &mut applied_diff.global_rules,
                 |id, v| validate::global_rule_from_value(id, v, plugins).map_err(|e| e.message),
+                keep_typed,
             ),
             routes: accept_kind(
                 state,
@@ -149,15 +162,10 @@ impl Applied {
                 &previous.routes,
                 r_routes,
                 &mut applied_diff.routes,
-                |id, v| {
-                    let mut route =
-                        validate::route_from_value(id, v, plugins).map_err(|e| e.message)?;
-                    route.upstream = route.upstream.map(|u| inline.definition(u));
-                    let vars = match &route.vars {
-                        Some(v) => Some(Box::new(compile_vars(v)?)),
-                        None => None,
-                    };
-                    Ok((route, vars))
+                |id, v| route_def(id, v, plugins, inline),
+                |id, raw, def| {
+                    fresh_routes.insert(id.clone(), Arc::new(def));
+                    raw.clone()
                 },
             ),
             plugin_metadata: state
@@ -217,7 +225,24 @@ impl Applied {
             &applied.plugin_metadata,
             |a, b| Arc::ptr_eq(&a.typed, &b.typed) || a.raw == b.raw,
         );
-        (applied, applied_diff)
+        (applied, applied_diff, fresh_routes)
+    }
+
+    /// The typed form of accepted route `id`: from this compile's `fresh` ones, or converted
+    /// again from its accepted text (which passed this conversion before, with the same
+    /// plugins: it passes again).
+    pub fn route_def(
+        &self,
+        id: &str,
+        fresh: &FreshRoutes,
+        plugins: &dyn PluginCheck,
+        inline: &InlineUpstreams,
+    ) -> Option<Result<Arc<RouteDef>, String>> {
+        if let Some(def) = fresh.get(id) {
+            return Some(Ok(def.clone()));
+        }
+        let raw = self.routes.get(id)?;
+        Some(route_def(id, raw.parse(), plugins, inline).map(Arc::new))
     }
 
     /// The accepted stored values of one kind, by id, parsed.
@@ -231,7 +256,13 @@ impl Applied {
             v
         }
         match kind {
-            ResourceKind::Routes => raw(&self.routes),
+            ResourceKind::Routes => {
+                let mut v: Vec<_> = (self.routes.iter())
+                    .map(|(k, raw)| (k.clone(), Arc::new(raw.parse())))
+                    .collect();
+                v.sort_by(|a, b| a.0.cmp(&b.0));
+                v
+            }
             ResourceKind::Upstreams => raw(&self.upstreams),
             ResourceKind::Services => raw(&self.services),
             ResourceKind::PluginConfigs => raw(&self.plugin_configs),
@@ -254,25 +285,58 @@ fn accept_checked(
     applied: &mut Difference,
     plugins: &(dyn PluginCheck + Sync),
 ) -> SharedMap<Accepted<()>> {
-    accept_kind(state, kind, changed, previous, refusals, applied, |_, v| {
-        validate::check_resource(kind, &v, plugins).map_err(|e| e.message)
-    })
+    accept_kind(
+        state,
+        kind,
+        changed,
+        previous,
+        refusals,
+        applied,
+        |_, v| validate::check_resource(kind, &v, plugins).map_err(|e| e.message),
+        keep_typed,
+    )
+}
+
+/// What the accepted map keeps of an item: its stored value and typed form.
+fn keep_typed<T>(_: &String, raw: &StoredValue, typed: T) -> Accepted<T> {
+    Accepted {
+        raw: raw.clone(),
+        typed: Arc::new(typed),
+    }
+}
+
+/// A stored route validated and converted: its inline upstream shares an equal one's copy,
+/// its `vars` compiled.
+fn route_def(
+    id: &str,
+    v: Value,
+    plugins: &dyn PluginCheck,
+    inline: &InlineUpstreams,
+) -> Result<RouteDef, String> {
+    let mut route = validate::route_from_value(id, v, plugins).map_err(|e| e.message)?;
+    route.upstream = route.upstream.map(|u| inline.definition(u));
+    let vars = match &route.vars {
+        Some(v) => Some(Box::new(compile_vars(v)?)),
+        None => None,
+    };
+    Ok((route, vars))
 }
 
 /// Accepts the items of one kind that `changed` names (every other one keeps its previous
 /// outcome): each is validated, falling back to the last accepted version of an item that no
 /// longer validates. `refusals` keeps every refused item of the kind; `applied` receives what
-/// changed in what is served.
+/// changed in what is served; `keep` makes what the map holds of an accepted item.
 #[allow(clippy::too_many_arguments)]
-fn accept_kind<T: Send>(
+fn accept_kind<T: Send, V: Clone>(
     state: &ConfigState,
     kind: ResourceKind,
     changed: &Difference,
-    previous: &SharedMap<Accepted<T>>,
+    previous: &SharedMap<V>,
     refusals: &mut BTreeMap<String, Quarantined>,
     applied: &mut Difference,
     convert: impl Fn(&str, Value) -> Result<T, String> + Sync,
-) -> SharedMap<Accepted<T>> {
+    mut keep: impl FnMut(&String, &StoredValue, T) -> V,
+) -> SharedMap<V> {
     let mut out = previous.clone();
     let named: Vec<(&String, Option<&StoredItem>)> = changed
         .added
@@ -297,13 +361,7 @@ fn accept_kind<T: Send>(
         };
         match outcome {
             Ok(typed) => {
-                out.insert(
-                    id.clone(),
-                    Accepted {
-                        raw: item.value.clone(),
-                        typed: Arc::new(typed),
-                    },
-                );
+                out.insert(id.clone(), keep(id, &item.value, typed));
                 if prev.is_some() {
                     applied.changed.insert(id.clone());
                 } else {

@@ -27,11 +27,11 @@ use ferrisix_config::state::{ConfigState, StoredItem};
 use ferrisix_plugins::{
     CompileEnv, ConsumerChains, ConsumerSet, GlobalChains, GlobalRules, PluginChain, PluginRegistry,
 };
-use ferrisix_router::{RouteTable, RouterKind};
+use ferrisix_router::{RouteEntry, RouteTable, RouterKind};
 use ferrisix_tls::{CertStore, TlsContext};
 use serde_json::Value;
 
-use super::accept::{Applied, Quarantined, RouteDef};
+use super::accept::{Applied, Quarantined};
 use super::diff::{ConfigDiff, Difference, SnapshotDiff};
 use super::routes::{compile_slot, Changes, CompiledRoute, RouteInputs, RouteSlot};
 use super::ssls;
@@ -198,7 +198,7 @@ impl Snapshot {
             services: &options.upstreams,
         };
 
-        let (applied, mut applied_diff) = Applied::accept(
+        let (applied, mut applied_diff, fresh_routes) = Applied::accept(
             state,
             &config,
             &prev.applied,
@@ -349,7 +349,7 @@ impl Snapshot {
         };
         let mut route_diff = Difference::default();
         let mut removed_keys = Vec::new();
-        let mut placed: Vec<(String, Arc<RouteSlot>)> = Vec::new();
+        let mut placed: Vec<(String, PlacedRoute)> = Vec::new();
         // Which candidates are compiled is decided here, in order; the compiles themselves
         // are independent of each other and run on every core when there are many (boot),
         // then their outcomes are applied in the same order.
@@ -361,19 +361,16 @@ impl Snapshot {
             }
             route_refusals.remove(id);
             let before = prev.routes.get(id);
-            let acc = applied
-                .routes
-                .get(id)
-                .filter(|acc| acc.typed.0.enabled)
-                .zip(state.get(ResourceKind::Routes, id));
-            let compile = match acc {
-                None => None,
-                Some((acc, item)) => {
-                    let inline_still_valid =
-                        |slot: &RouteSlot| match (&slot.inline, &acc.typed.0.upstream) {
-                            (Some(c), Some(up)) => upstream_env.reusable(c, up),
-                            _ => true,
-                        };
+            // A route that is neither accepted nor stored is gone; one that is disabled is
+            // found so when its definition is read, below.
+            let compile = match state.get(ResourceKind::Routes, id) {
+                Some(item) if applied.routes.contains_key(id) => {
+                    // Its inline upstream's compiled form holds the definition it was built
+                    // from, which is the accepted one while the route is unchanged.
+                    let inline_still_valid = |slot: &RouteSlot| match &slot.inline {
+                        Some(c) => upstream_env.reusable(c, &c.source),
+                        None => true,
+                    };
                     let reused = before.is_some_and(|slot| {
                         slot.seq == item.seq
                             && !applied_diff.routes.touches(id)
@@ -383,8 +380,9 @@ impl Snapshot {
                     if reused {
                         continue;
                     }
-                    Some((&acc.typed, item.seq))
+                    Some(item.seq)
                 }
+                _ => None,
             };
             steps.push(RouteStep {
                 id,
@@ -393,14 +391,26 @@ impl Snapshot {
             });
         }
         let outcomes = parallel::map(&steps, |step| {
-            step.compile
-                .map(|(def, seq)| compile_slot(def, seq, &inputs, step.before.map(|b| &**b)))
+            let seq = step.compile?;
+            let def = match applied.route_def(
+                step.id,
+                &fresh_routes,
+                plugins,
+                &options.upstreams.inline,
+            )? {
+                Ok(def) => def,
+                Err(e) => return Some(Err(e)),
+            };
+            def.0
+                .enabled
+                .then(|| compile_slot(&def, seq, &inputs, step.before.map(|b| &**b)))
         });
+        drop(fresh_routes);
         for (step, outcome) in steps.into_iter().zip(outcomes) {
             let id = step.id;
             let slot = match outcome {
                 None => None,
-                Some(Ok(slot)) => Some(Arc::new(slot)),
+                Some(Ok((slot, entry))) => Some((Arc::new(slot), entry)),
                 Some(Err(e)) => {
                     route_refusals
                         .insert(id.clone(), Quarantined::new(ResourceKind::Routes, id, e));
@@ -420,9 +430,13 @@ impl Snapshot {
             }
         }
         let routes_compiled = Instant::now();
-        let inserts = placed
-            .iter()
-            .map(|(id, slot)| (table_key(slot.seq, id), slot.entry()))
+        let mut inserts = Vec::with_capacity(placed.len());
+        let placed: Vec<(String, Arc<RouteSlot>)> = placed
+            .into_iter()
+            .map(|(id, (slot, entry))| {
+                inserts.push((table_key(slot.seq, &id), entry));
+                (id, slot)
+            })
             .collect();
         let errors = router.apply(removed_keys, inserts);
         let stages = CompileStages {
@@ -679,10 +693,13 @@ fn prepare_globals(state: &ConfigState, applied: &Applied, env: CompileEnv<'_>) 
     .prepare(env)
 }
 
-/// One route the compile looks at: its previous slot, and what to compile it from (`None`:
-/// disabled or gone).
+/// One route the compile looks at: its previous slot, and its place in the insertion order
+/// when it is to be compiled (`None`: gone).
 struct RouteStep<'c> {
     id: &'c String,
     before: Option<&'c Arc<RouteSlot>>,
-    compile: Option<(&'c Arc<RouteDef>, u64)>,
+    compile: Option<u64>,
 }
+
+/// A compiled route with its route table entry.
+type PlacedRoute = (Arc<RouteSlot>, RouteEntry<Arc<CompiledRoute>>);

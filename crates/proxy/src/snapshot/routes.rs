@@ -55,16 +55,14 @@ pub struct CompiledRoute {
     pub global_chain: Arc<PluginChain>,
 }
 
-/// A route compiled for the table, with what it was built from.
+/// A route compiled for the table, with what it was built from besides its definition (which
+/// a compile that builds it again reads from its accepted text: the table holds what it
+/// matches on).
 #[derive(Clone)]
 pub(super) struct RouteSlot {
-    pub def: Arc<RouteDef>,
     /// The route's place in the router's insertion order (its key in the route table).
     pub seq: u64,
     pub compiled: Arc<CompiledRoute>,
-    pub hosts: Vec<String>,
-    pub methods: MethodSet,
-    pub remote_addrs: Vec<IpNet>,
     /// The route's own inline upstream, reused while its definition is equal.
     pub inline: Option<Arc<CompiledUpstream>>,
     /// Its plugins' inline upstreams (traffic-split's), by resource path.
@@ -79,20 +77,6 @@ impl RouteSlot {
         match &self.deps {
             Some(deps) => deps.touched_by(changes),
             None => changes.globals,
-        }
-    }
-
-    /// The route table's entry.
-    pub fn entry(&self) -> RouteEntry<Arc<CompiledRoute>> {
-        let (route, vars) = &*self.def;
-        RouteEntry {
-            paths: route.uris.clone(),
-            hosts: self.hosts.clone(),
-            methods: self.methods,
-            remote_addrs: self.remote_addrs.clone(),
-            vars: vars.as_deref().cloned(),
-            priority: route.priority,
-            value: self.compiled.clone(),
         }
     }
 }
@@ -192,8 +176,8 @@ pub(super) fn compile_slot(
     seq: u64,
     inputs: &RouteInputs<'_>,
     previous: Option<&RouteSlot>,
-) -> Result<RouteSlot, String> {
-    let (route, _) = &**def;
+) -> Result<(RouteSlot, RouteEntry<Arc<CompiledRoute>>), String> {
+    let (route, vars) = &**def;
     // This route's plugins record the inline upstreams they ask for here (routes may compile
     // on several threads).
     let resolver = RouteUpstreams::new(inputs.resolver);
@@ -222,17 +206,24 @@ pub(super) fn compile_slot(
         None => MethodSet::ALL,
     };
     let remote_addrs = parse_addrs(&route.remote_addrs)?;
-    Ok(RouteSlot {
-        def: def.clone(),
-        seq,
-        compiled: Arc::new(compiled),
+    let compiled = Arc::new(compiled);
+    let entry = RouteEntry {
+        paths: route.uris.clone(),
         hosts,
         methods,
         remote_addrs,
+        vars: vars.as_deref().cloned(),
+        priority: route.priority,
+        value: compiled.clone(),
+    };
+    let slot = RouteSlot {
+        seq,
+        compiled,
         inline,
         plugin_upstreams: resolver.into_asked(),
         deps: (deps != RouteDeps::default()).then(|| Box::new(deps)),
-    })
+    };
+    Ok((slot, entry))
 }
 
 fn parse_addrs(addrs: &[String]) -> Result<Vec<IpNet>, String> {

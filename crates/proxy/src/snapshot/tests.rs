@@ -930,3 +930,45 @@ fn a_route_whose_plugin_config_is_gone_fails_before_its_service_is_merged() {
         Some("svc")
     );
 }
+
+#[test]
+fn a_dependency_change_builds_a_held_route_from_its_accepted_version() {
+    let mut s = base();
+    s.put("services/s1", json!({"upstream_id": "u2", "name": "one"}));
+    let v1 = first(&s);
+    // The route's update is refused: its first version keeps serving.
+    s.put(
+        "routes/service",
+        route(
+            "/service-v2",
+            json!({"service_id": "s1", "priority": "high"}),
+        ),
+    );
+    let v2 = compile(&s, &v1);
+    assert!(same_route(&v1, &v2, "service"));
+    // The service changes: the route is built again, from the version that was accepted
+    // (the compile keeps its text, not its typed form), and takes the new service.
+    s.put("services/s1", json!({"upstream_id": "u1", "name": "two"}));
+    let v3 = compile(&s, &v2);
+    assert!(!same_route(&v2, &v3, "service"));
+    assert_eq!(serving(&v3, "/service").as_deref(), Some("service"));
+    assert_eq!(serving(&v3, "/service-v2"), None);
+    let r = v3.route("service").unwrap();
+    assert_eq!(r.info.service_name.as_deref(), Some("two"));
+    assert!(Arc::ptr_eq(&target(&v3, "service"), &v3.upstreams["u1"]));
+    assert!(v3
+        .quarantine
+        .iter()
+        .any(|q| q.id == "service" && q.serving_previous));
+    // A disabled route leaves the table and stays out across dependency changes.
+    s.put(
+        "routes/service",
+        route("/service", json!({"service_id": "s1", "status": 0})),
+    );
+    let v4 = compile(&s, &v3);
+    assert_eq!(serving(&v4, "/service"), None);
+    s.put("services/s1", json!({"upstream_id": "u2", "name": "three"}));
+    let v5 = compile(&s, &v4);
+    assert_eq!(serving(&v5, "/service"), None);
+    assert!(v5.route("service").is_none());
+}

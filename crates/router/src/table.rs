@@ -18,6 +18,7 @@
 //! Not `matchit`: APISIX semantics win — it has no character prefixes (`/foo*` matching
 //! `/foobar`), no fall-back through shorter prefixes, and one route per path.
 
+mod index;
 mod params;
 mod pattern;
 mod trie;
@@ -33,6 +34,7 @@ use ipnet::IpNet;
 
 use crate::expr::{Expr, VarSource};
 use crate::methods::{Method, MethodSet};
+use index::{Keyed, RouteIndex};
 pub use params::Params;
 use pattern::ParamCheck;
 use trie::{Fwd, Rev, Trie};
@@ -247,6 +249,12 @@ struct PathPlan {
     check: Option<ParamCheck>,
 }
 
+impl<T> Keyed for RouteData<T> {
+    fn key(&self) -> &[u8] {
+        &self.key
+    }
+}
+
 /// One registered path of one route, in a candidate list.
 struct Cand<T> {
     route: Arc<RouteData<T>>,
@@ -336,8 +344,8 @@ impl<T> Clone for HostBucket<T> {
 pub struct RouteTable<T> {
     kind: RouterKind,
     len: usize,
-    /// Every kept route by key (big-endian bytes), to find what a removal takes out.
-    index: Trie<Arc<RouteData<T>>>,
+    /// Every kept route by key, to find what a removal takes out.
+    index: RouteIndex<RouteData<T>>,
     /// Every route in the URI routers; the hostless ones in `HostUri`.
     uri: UriTable<T>,
     exact_hosts: Trie<HostBucket<T>>,
@@ -383,7 +391,7 @@ impl<T> RouteTable<T> {
         RouteTable {
             kind,
             len: 0,
-            index: Trie::default(),
+            index: RouteIndex::default(),
             uri: UriTable::default(),
             exact_hosts: Trie::default(),
             wild_hosts: Trie::default(),
@@ -432,10 +440,9 @@ impl<T> RouteTable<T> {
             if gone.contains(key.as_slice()) {
                 continue;
             }
-            let Some(old) = self.index.get(&Fwd(&key)).cloned() else {
+            let Some(old) = self.index.remove(&key) else {
                 continue;
             };
-            self.index.update(&key, |_| None);
             gone.insert(key.into_boxed_slice());
             self.len -= 1;
             // The entries it was filed under are rebuilt without it.
@@ -476,7 +483,7 @@ impl<T> RouteTable<T> {
                         path,
                     });
             });
-            self.index.update(&key, |_| Some(route));
+            self.index.insert(route);
             self.len += 1;
         }
 
@@ -505,7 +512,7 @@ impl<T> RouteTable<T> {
 
     /// The value of the route under `key`.
     pub fn get(&self, key: &[u8]) -> Option<&T> {
-        self.index.get(&Fwd(key)).map(|r| &r.value)
+        self.index.get(key).map(|r| &r.value)
     }
 
     /// Finds the route for a request.

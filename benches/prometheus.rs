@@ -56,8 +56,8 @@ fn metrics() -> Arc<Metrics> {
 
 fn route(id: usize) -> RouteInfo {
     RouteInfo {
-        id: id.to_string(),
-        uris: vec!["/hello".into()],
+        id: id.to_string().into(),
+        uris: vec!["/hello".into()].into(),
         ..Default::default()
     }
 }

@@ -31,15 +31,18 @@ use crate::vars::RequestVars;
 
 /// The matched route as plugins see it, built once per snapshot by the proxy.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+///
+/// One per route (100,000 of them in a large configuration), so it is compact: the id is
+/// shared with access-log records (logging a request copies a pointer), the lists are exact.
 pub struct RouteInfo {
-    pub id: String,
-    pub name: Option<String>,
-    pub service_id: Option<String>,
-    pub service_name: Option<String>,
+    pub id: Arc<str>,
+    pub name: Option<Box<str>>,
+    pub service_id: Option<Box<str>>,
+    pub service_name: Option<Box<str>>,
     /// The route's `uri`/`uris`, in order (the router reports which one matched).
-    pub uris: Vec<String>,
+    pub uris: Box<[String]>,
     /// The hosts used for matching (the route's, else its service's).
-    pub hosts: Vec<String>,
+    pub hosts: Box<[String]>,
 }
 
 impl RouteInfo {
@@ -772,7 +775,7 @@ impl VarSource for PluginCtx<'_> {
     fn var(&self, name: &str) -> Option<Cow<'_, str>> {
         let route = self.route;
         match name {
-            "route_id" => route.map(|r| Cow::Borrowed(r.id.as_str())),
+            "route_id" => route.map(|r| Cow::Borrowed(&*r.id)),
             "route_name" => route.and_then(|r| r.name.as_deref()).map(Cow::Borrowed),
             "service_id" => route
                 .and_then(|r| r.service_id.as_deref())
@@ -823,7 +826,7 @@ mod tests {
         let route = RouteInfo {
             id: "r1".into(),
             service_id: Some("s1".into()),
-            uris: vec!["/a/*".into()],
+            uris: vec!["/a/*".into()].into(),
             ..Default::default()
         };
         let mut req = TestRequest::get("/a/b?x=1").route(route);

@@ -660,7 +660,7 @@ mod tests {
 
         let route = RouteInfo {
             id: "r".into(),
-            uris: vec!["/".into()],
+            uris: vec!["/".into()].into(),
             ..Default::default()
         };
         let with_prom = json!({"prometheus": {}});
@@ -739,7 +739,7 @@ mod tests {
         ];
         let route = RouteInfo {
             id: "1".into(),
-            uris: vec!["/hello".into()],
+            uris: vec!["/hello".into()].into(),
             ..Default::default()
         };
         let c = PluginChain::compile(&srcs, Some(&route), env()).unwrap();

@@ -68,7 +68,7 @@ pub fn route(ctx: &mut RequestCtx<'_>) -> Result<Option<Matched>, ProxyError> {
                 timeouts: route.timeout.as_deref().copied(),
                 websocket: route.enable_websocket,
             };
-            (matched, wants_id.then(|| route.log_id.clone()), plugins)
+            (matched, wants_id.then(|| route.info.id.clone()), plugins)
         })
     };
     let Some((mut matched, log_id, plugins)) = found else {

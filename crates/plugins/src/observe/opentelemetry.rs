@@ -472,7 +472,7 @@ impl Opentelemetry {
         let mut name = method;
         if let Some(route) = ctx.route() {
             let path = ctx.matched_uri().to_owned();
-            attributes.push(string_kv("apisix.route_id", route.id.clone()));
+            attributes.push(string_kv("apisix.route_id", &*route.id));
             attributes.push(string_kv(
                 "apisix.route_name",
                 route.name.clone().unwrap_or_default(),
@@ -657,7 +657,7 @@ mod tests {
     fn continues_the_parent_and_injects_its_own_context() {
         let route = RouteInfo {
             id: "r1".into(),
-            uris: vec!["/a/*".into()],
+            uris: vec!["/a/*".into()].into(),
             ..Default::default()
         };
         let mut req = TestRequest::get("/a/b?x=1")

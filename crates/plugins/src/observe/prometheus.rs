@@ -773,17 +773,17 @@ impl Prometheus {
         let (route_label, service_label) = match route {
             None => (String::new(), String::new()),
             Some(r) => {
-                let service = r.service_id.clone().unwrap_or_default();
+                let service = r.service_id.as_deref().unwrap_or_default().to_string();
                 if prefer_name {
                     (
-                        r.name.clone().unwrap_or_else(|| r.id.clone()),
+                        r.name.as_deref().unwrap_or(&r.id).to_string(),
                         r.service_name
-                            .clone()
+                            .as_deref()
                             .filter(|_| !service.is_empty())
-                            .unwrap_or(service),
+                            .map_or(service, str::to_string),
                     )
                 } else {
-                    (r.id.clone(), service)
+                    (r.id.to_string(), service)
                 }
             }
         };
@@ -988,7 +988,7 @@ plugin_attr:
         );
         let route = RouteInfo {
             id: "x".into(),
-            uris: vec!["/x".into()],
+            uris: vec!["/x".into()].into(),
             ..Default::default()
         };
         let p = Prometheus::compile(&json!({}), Some(&route), m.clone());
@@ -1059,7 +1059,7 @@ plugin_attr:
         );
         let route = RouteInfo {
             id: "c".into(),
-            uris: vec!["/c".into()],
+            uris: vec!["/c".into()].into(),
             ..Default::default()
         };
         let p = Prometheus::compile(&json!({}), Some(&route), m.clone());
@@ -1105,7 +1105,7 @@ plugin_attr:
         );
         let route = RouteInfo {
             id: "e".into(),
-            uris: vec!["/e".into()],
+            uris: vec!["/e".into()].into(),
             ..Default::default()
         };
         let p = Prometheus::compile(&json!({}), Some(&route), m.clone());
@@ -1165,7 +1165,7 @@ plugin_attr:
         let route = RouteInfo {
             id: "1".into(),
             name: Some("named".into()),
-            uris: vec!["/hello".into()],
+            uris: vec!["/hello".into()].into(),
             ..Default::default()
         };
         let p = Prometheus::compile(&json!({}), Some(&route), m.clone());
@@ -1217,7 +1217,7 @@ plugin_attr:
         let m = metrics();
         let route = RouteInfo {
             id: "dl".into(),
-            uris: vec!["/a".into()],
+            uris: vec!["/a".into()].into(),
             ..Default::default()
         };
         let p = Prometheus::compile(&json!({}), Some(&route), m.clone());

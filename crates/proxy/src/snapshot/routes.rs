@@ -34,11 +34,10 @@ pub enum RouteTarget {
 /// A route as the request path needs it: merged with its service and plugin config, its
 /// upstream resolved.
 ///
-/// One per route, so it holds only what requests read: the id, name and service are in
-/// `info`, the merged plugin confs only in the compiled chains.
+/// One per route, so it holds only what requests read: the id (shared with access-log
+/// records), name and service are in `info`, the merged plugin confs only in the compiled
+/// chains.
 pub struct CompiledRoute {
-    /// The id shared with access-log records, so logging a request copies a pointer.
-    pub log_id: Arc<str>,
     pub target: RouteTarget,
     /// The route's own `timeout`, which replaces the upstream's (boxed: most routes have
     /// none).
@@ -321,7 +320,6 @@ fn merge_route(
 
     let hosts = hosts_for(route, service.as_deref());
     let compiled = CompiledRoute {
-        log_id: Arc::from(route.id.as_str()),
         target,
         timeout: route.timeout.as_deref().map(|t| Box::new(try_timeouts(*t))),
         enable_websocket: route
@@ -339,12 +337,12 @@ fn merge_route(
 /// The route as plugins see it.
 fn route_info(route: &Route, service: Option<&Service>, hosts: &[String]) -> RouteInfo {
     RouteInfo {
-        id: route.id.clone(),
-        name: route.name.clone(),
-        service_id: route.service_id.clone(),
-        service_name: service.and_then(|s| s.name.clone()),
-        uris: route.uris.clone(),
-        hosts: hosts.to_vec(),
+        id: route.id.as_str().into(),
+        name: route.name.as_deref().map(Box::from),
+        service_id: route.service_id.as_deref().map(Box::from),
+        service_name: service.and_then(|s| s.name.as_deref()).map(Box::from),
+        uris: route.uris.clone().into(),
+        hosts: hosts.into(),
     }
 }
 
@@ -416,7 +414,6 @@ fn attach_plugins(
 
 fn failing_route(route: &Route, hosts: &[String], status: StatusCode) -> CompiledRoute {
     CompiledRoute {
-        log_id: Arc::from(route.id.as_str()),
         target: RouteTarget::Fail(status),
         timeout: None,
         enable_websocket: false,

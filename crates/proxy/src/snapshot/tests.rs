@@ -94,7 +94,7 @@ fn serving(snapshot: &Snapshot, path: &str) -> Option<String> {
     snapshot
         .router
         .lookup(&req, &NoVars)
-        .map(|m| m.value.info.id.clone())
+        .map(|m| m.value.info.id.to_string())
 }
 
 fn node(port: u16) -> Value {

@@ -247,29 +247,29 @@ impl Applied {
 
     /// The accepted stored values of one kind, by id, parsed.
     pub fn raw(&self, kind: ResourceKind) -> Vec<(String, Arc<Value>)> {
-        fn raw<T>(m: &SharedMap<Accepted<T>>) -> Vec<(String, Arc<Value>)> {
+        fn raw<V>(
+            m: &SharedMap<V>,
+            text: impl Fn(&V) -> &StoredValue,
+        ) -> Vec<(String, Arc<Value>)> {
             let mut v: Vec<_> = m
                 .iter()
-                .map(|(k, a)| (k.clone(), Arc::new(a.raw.parse())))
+                .map(|(k, a)| (k.clone(), Arc::new(text(a).parse())))
                 .collect();
             v.sort_by(|a, b| a.0.cmp(&b.0));
             v
         }
+        fn of<T>(a: &Accepted<T>) -> &StoredValue {
+            &a.raw
+        }
         match kind {
-            ResourceKind::Routes => {
-                let mut v: Vec<_> = (self.routes.iter())
-                    .map(|(k, raw)| (k.clone(), Arc::new(raw.parse())))
-                    .collect();
-                v.sort_by(|a, b| a.0.cmp(&b.0));
-                v
-            }
-            ResourceKind::Upstreams => raw(&self.upstreams),
-            ResourceKind::Services => raw(&self.services),
-            ResourceKind::PluginConfigs => raw(&self.plugin_configs),
-            ResourceKind::GlobalRules => raw(&self.global_rules),
-            ResourceKind::Consumers => raw(&self.consumers),
-            ResourceKind::ConsumerGroups => raw(&self.consumer_groups),
-            ResourceKind::Credentials => raw(&self.credentials),
+            ResourceKind::Routes => raw(&self.routes, |t| t),
+            ResourceKind::Upstreams => raw(&self.upstreams, of),
+            ResourceKind::Services => raw(&self.services, of),
+            ResourceKind::PluginConfigs => raw(&self.plugin_configs, of),
+            ResourceKind::GlobalRules => raw(&self.global_rules, of),
+            ResourceKind::Consumers => raw(&self.consumers, of),
+            ResourceKind::ConsumerGroups => raw(&self.consumer_groups, of),
+            ResourceKind::Credentials => raw(&self.credentials, of),
             _ => Vec::new(),
         }
     }

@@ -27,7 +27,7 @@ use ferrisix_config::state::{ConfigState, StoredItem};
 use ferrisix_plugins::{
     CompileEnv, ConsumerChains, ConsumerSet, GlobalChains, GlobalRules, PluginChain, PluginRegistry,
 };
-use ferrisix_router::{RouteEntry, RouteTable, RouterKind};
+use ferrisix_router::{RouteTable, RouterKind};
 use ferrisix_tls::{CertStore, TlsContext};
 use serde_json::Value;
 
@@ -349,7 +349,9 @@ impl Snapshot {
         };
         let mut route_diff = Difference::default();
         let mut removed_keys = Vec::new();
-        let mut placed: Vec<(String, PlacedRoute)> = Vec::new();
+        let mut placed: Vec<(String, Arc<RouteSlot>)> = Vec::new();
+        // Their table entries, in the same order.
+        let mut inserts = Vec::new();
         // Which candidates are compiled is decided here, in order; the compiles themselves
         // are independent of each other and run on every core when there are many (boot),
         // then their outcomes are applied in the same order.
@@ -421,7 +423,10 @@ impl Snapshot {
                 removed_keys.push(table_key(b.seq, id));
             }
             match slot {
-                Some(slot) => placed.push((id.clone(), slot)),
+                Some((slot, entry)) => {
+                    inserts.push((table_key(slot.seq, id), entry));
+                    placed.push((id.clone(), slot));
+                }
                 None => {
                     if routes.remove(id).is_some() {
                         route_diff.removed.insert(id.clone());
@@ -430,14 +435,6 @@ impl Snapshot {
             }
         }
         let routes_compiled = Instant::now();
-        let mut inserts = Vec::with_capacity(placed.len());
-        let placed: Vec<(String, Arc<RouteSlot>)> = placed
-            .into_iter()
-            .map(|(id, (slot, entry))| {
-                inserts.push((table_key(slot.seq, &id), entry));
-                (id, slot)
-            })
-            .collect();
         let errors = router.apply(removed_keys, inserts);
         let stages = CompileStages {
             validate: validated - started,
@@ -700,6 +697,3 @@ struct RouteStep<'c> {
     before: Option<&'c Arc<RouteSlot>>,
     compile: Option<u64>,
 }
-
-/// A compiled route with its route table entry.
-type PlacedRoute = (Arc<RouteSlot>, RouteEntry<Arc<CompiledRoute>>);

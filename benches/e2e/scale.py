@@ -14,11 +14,16 @@ every fifth, methods on every seventh, an inline roundrobin upstream on each), a
   boot      a restart with the N routes already stored: start to the last route serving
   list      `GET /apisix/admin/routes?page=1&page_size=10` p50
   churn     wrk p99 of a routed request idle, and while 50 changes per second land
+  fan-out   with --service-fanout M (after the above): M more routes use one service; the
+            service's plugins change 5 times, and each change is timed from the PUT to the
+            last of those routes answering with it (and its compile), then 100 of the M
+            routes, picked at random, must all answer with the last change
 
 Ports are picked at random, so it runs beside other gateways (and the conformance runner).
 
 Usage: benches/e2e/scale.py [--binary target/release/ferrisix] [--routes 1000,10000]
                             [--store embedded|etcd] [--json out.json] [--markdown out.md]
+                            [--service-fanout 50000]
 """
 
 import argparse
@@ -26,6 +31,7 @@ import base64
 import http.client
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -244,6 +250,7 @@ class Client:
     def __init__(self, port):
         self.port = port
         self.conn = None
+        self.last_headers = {}
 
     def request(self, method, path, body=None, headers=None):
         for attempt in range(3):
@@ -253,6 +260,7 @@ class Client:
                 self.conn.request(method, path, body=body, headers=headers or {})
                 r = self.conn.getresponse()
                 data = r.read()
+                self.last_headers = r.headers
                 return r.status, data
             except (http.client.HTTPException, OSError):
                 if self.conn:
@@ -371,6 +379,84 @@ def put_to_served(gw, n, upstream_port, samples=50, acks=None):
     return out
 
 
+def fan_body(i):
+    return {"uri": f"/fan{i}", "service_id": "fan"}
+
+
+def fan_service(upstream_port, version):
+    return {"upstream": {"type": "roundrobin", "nodes": {f"127.0.0.1:{upstream_port}": 1}},
+            "plugins": {"response-rewrite": {"headers": {"set": {"X-Fan": str(version)}}}}}
+
+
+def service_fanout(gw, m, upstream_port, changes=5, checked=100):
+    """Loads a service and `m` routes using it, then times `changes` changes of the service
+    (PUT -> the last route answering with it, ms) and checks `checked` random routes."""
+    admin = Client(gw.admin)
+    headers = {"X-API-KEY": ADMIN_KEY, "Content-Type": "application/json"}
+
+    def put_service(version):
+        status, data = admin.request("PUT", "/apisix/admin/services/fan",
+                                     json.dumps(fan_service(upstream_port, version)), headers)
+        if status not in (200, 201):
+            raise RuntimeError(f"PUT services/fan: {status} {data[:200]!r}")
+
+    def version_of(c, i):
+        status, _ = c.request("GET", f"/fan{i}")
+        return c.last_headers.get("X-Fan") if status == 200 else None
+
+    put_service(0)
+    next_id = [0]
+    lock = threading.Lock()
+    errors = []
+
+    def worker():
+        c = Client(gw.admin)
+        while True:
+            with lock:
+                i = next_id[0]
+                next_id[0] += 1
+            if i >= m:
+                return
+            status, data = c.request("PUT", f"/apisix/admin/routes/fan{i}",
+                                     json.dumps(fan_body(i)), headers)
+            if status not in (200, 201):
+                errors.append(f"PUT routes/fan{i}: {status} {data[:200]!r}")
+                return
+
+    threads = [threading.Thread(target=worker) for _ in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(errors[0])
+    data = Client(gw.data)
+    last = m - 1
+    end = time.time() + 600
+    while version_of(data, last) != "0":
+        if time.time() > end:
+            raise RuntimeError("the fan-out routes were not served")
+        time.sleep(0.01)
+    before = len(gw.compile_times_us())
+    served = []
+    for v in range(1, changes + 1):
+        started = time.time()
+        put_service(v)
+        while version_of(data, last) != str(v):
+            if time.time() - started > 120:
+                raise RuntimeError(f"service change {v} not served in 120 s")
+            time.sleep(0.0005)
+        served.append((time.time() - started) * 1000)
+    compiles = [c / 1000 for c in gw.compile_times_us()[before:]]
+    wrong = [i for i in random.sample(range(m), min(checked, m))
+             if version_of(data, i) != str(changes)]
+    if wrong:
+        raise RuntimeError(f"routes {wrong[:5]} do not answer with the last service change")
+    return {"routes": m, "changes": changes, "checked": min(checked, m),
+            "put_to_served_ms": [round(x, 1) for x in served],
+            "compile_ms": [round(x, 1) for x in compiles]}
+
+
 def list_latency(gw, samples=20):
     c = Client(gw.admin)
     out = []
@@ -483,6 +569,9 @@ def run_one(args, n, work):
                                  for k, v in gw.boot_line().items()}
         time.sleep(1.0)
         res["rss_after_boot_kib"] = rss_kib(gw.proc.pid)
+        if args.service_fanout:
+            res["service_fanout"] = service_fanout(gw, args.service_fanout, up_port)
+            print(f"[{n}] fan-out {json.dumps(res['service_fanout'])}", file=sys.stderr)
     finally:
         gw.stop()
         for p in (upstream, etcd):
@@ -505,6 +594,15 @@ def markdown(results, note):
             f"| {r['rss_idle_kib'] / 1024:.0f} → {r['rss_loaded_kib'] / 1024:.0f} MiB ({r['bytes_per_route'] / 1024:.1f} KiB) "
             f"| {r['boot_s']} s | {r['load_puts_per_s']} | {r['list_10_ms']['p50']} ms "
             f"| {r['request_p99_ms']['idle']} / {r['request_p99_ms']['under_changes']} ms |")
+    for r in results:
+        f = r.get("service_fanout")
+        if f:
+            lines.append("")
+            lines.append(
+                f"Service used by {f['routes']:,} routes ({r['routes']:,} others, {r['store']}): "
+                f"PUT → served {', '.join(str(x) for x in f['put_to_served_ms'])} ms; "
+                f"compile {', '.join(str(x) for x in f['compile_ms'])} ms; "
+                f"{f['checked']} random routes checked.")
     if note:
         lines.append("")
         lines.append(note)
@@ -521,6 +619,8 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     ap.add_argument("--note", default="")
+    ap.add_argument("--service-fanout", type=int, default=0, metavar="M",
+                    help="then time changes of a service that M more routes use")
     ap.add_argument(
         "--keep-work",
         action="store_true",

@@ -62,8 +62,8 @@ impl<T> Clone for Accepted<T> {
 pub(super) type RouteDef = (Route, Option<Box<Expr>>);
 
 /// The typed routes this accept validated, by id: handed to the compile that follows and
-/// dropped with it. The accepted routes keep only their stored text, which a later compile
-/// that must build a route again (a dependency changed) converts again
+/// dropped with it. An accepted route is kept only as its stored text, which a later compile
+/// that must build the route again (a dependency changed) converts again
 /// ([`Applied::route_def`]): a typed route is bigger than its text, and at 100,000 routes
 /// keeping every one cost a third of a kilobyte per route.
 pub(super) type FreshRoutes = HashMap<String, Arc<RouteDef>>;
@@ -72,8 +72,11 @@ pub(super) type FreshRoutes = HashMap<String, Arc<RouteDef>>;
 /// are shared with the previous compile's and changed where the diff says.
 #[derive(Clone, Default)]
 pub(super) struct Applied {
-    /// Routes by their accepted stored value (see [`FreshRoutes`]).
-    pub routes: SharedMap<StoredValue>,
+    /// The accepted text of each route whose stored version is refused while an earlier
+    /// version keeps serving. Every other accepted route's text is the stored one, read from
+    /// the state ([`Applied::route_text`]): a map of every route's text beside the state's
+    /// cost a tenth of a kilobyte per route at 100,000.
+    held_routes: SharedMap<StoredValue>,
     pub services: SharedMap<Accepted<Service>>,
     pub upstreams: SharedMap<Accepted<Upstream>>,
     pub plugin_configs: SharedMap<Accepted<PluginConfig>>,
@@ -98,6 +101,7 @@ impl Applied {
     /// its copy.
     pub fn accept(
         state: &ConfigState,
+        previous_state: &ConfigState,
         diff: &ConfigDiff,
         previous: &Applied,
         plugins: &(dyn PluginCheck + Sync),
@@ -155,18 +159,15 @@ impl Applied {
                 |id, v| validate::global_rule_from_value(id, v, plugins).map_err(|e| e.message),
                 keep_typed,
             ),
-            routes: accept_kind(
+            held_routes: accept_routes(
                 state,
-                ResourceKind::Routes,
+                previous_state,
                 &diff.routes,
-                &previous.routes,
+                previous,
                 r_routes,
                 &mut applied_diff.routes,
+                &mut fresh_routes,
                 |id, v| route_def(id, v, plugins, inline),
-                |id, raw, def| {
-                    fresh_routes.insert(id.clone(), Arc::new(def));
-                    raw.clone()
-                },
             ),
             plugin_metadata: state
                 .items_unordered(ResourceKind::PluginMetadata)
@@ -228,11 +229,24 @@ impl Applied {
         (applied, applied_diff, fresh_routes)
     }
 
-    /// The typed form of accepted route `id`: from this compile's `fresh` ones, or converted
-    /// again from its accepted text (which passed this conversion before, with the same
-    /// plugins: it passes again).
+    /// The accepted text of route `id`, `state` being the state this was accepted from:
+    /// the held one, none while it is refused with nothing serving, else the stored one.
+    pub fn route_text<'a>(&'a self, state: &'a ConfigState, id: &str) -> Option<&'a StoredValue> {
+        if let Some(held) = self.held_routes.get(id) {
+            return Some(held);
+        }
+        if self.refusals[ROUTE_REFUSALS].contains_key(id) {
+            return None;
+        }
+        state.get(ResourceKind::Routes, id).map(|i| &i.value)
+    }
+
+    /// The typed form of accepted route `id` (`state` as for [`Applied::route_text`]): from
+    /// this compile's `fresh` ones, or converted again from its accepted text (which passed
+    /// this conversion before, with the same plugins: it passes again).
     pub fn route_def(
         &self,
+        state: &ConfigState,
         id: &str,
         fresh: &FreshRoutes,
         plugins: &dyn PluginCheck,
@@ -241,12 +255,13 @@ impl Applied {
         if let Some(def) = fresh.get(id) {
             return Some(Ok(def.clone()));
         }
-        let raw = self.routes.get(id)?;
+        let raw = self.route_text(state, id)?;
         Some(route_def(id, raw.parse(), plugins, inline).map(Arc::new))
     }
 
-    /// The accepted stored values of one kind, by id, parsed.
-    pub fn raw(&self, kind: ResourceKind) -> Vec<(String, Arc<Value>)> {
+    /// The accepted stored values of one kind, by id, parsed (`state` as for
+    /// [`Applied::route_text`]).
+    pub fn raw(&self, state: &ConfigState, kind: ResourceKind) -> Vec<(String, Arc<Value>)> {
         fn raw<V>(
             m: &SharedMap<V>,
             text: impl Fn(&V) -> &StoredValue,
@@ -262,7 +277,17 @@ impl Applied {
             &a.raw
         }
         match kind {
-            ResourceKind::Routes => raw(&self.routes, |t| t),
+            ResourceKind::Routes => {
+                let mut v: Vec<_> = state
+                    .items_unordered(ResourceKind::Routes)
+                    .filter_map(|i| {
+                        let text = self.route_text(state, &i.id)?;
+                        Some((i.id.clone(), Arc::new(text.parse())))
+                    })
+                    .collect();
+                v.sort_by(|a, b| a.0.cmp(&b.0));
+                v
+            }
             ResourceKind::Upstreams => raw(&self.upstreams, of),
             ResourceKind::Services => raw(&self.services, of),
             ResourceKind::PluginConfigs => raw(&self.plugin_configs, of),
@@ -320,6 +345,73 @@ fn route_def(
         None => None,
     };
     Ok((route, vars))
+}
+
+/// Where [`Applied::refusals`] keeps the routes' (the order of [`Applied::accept`]'s kinds).
+const ROUTE_REFUSALS: usize = 4;
+
+/// [`accept_kind`] for routes, which are kept as their stored text in the state: the routes
+/// `changed` names are validated, each typed route that passes goes to `fresh`, and one that
+/// fails keeps its earlier accepted version serving (if any), whose text is held. Returns the
+/// held texts.
+#[allow(clippy::too_many_arguments)]
+fn accept_routes(
+    state: &ConfigState,
+    previous_state: &ConfigState,
+    changed: &Difference,
+    previous: &Applied,
+    refusals: &mut BTreeMap<String, Quarantined>,
+    applied: &mut Difference,
+    fresh: &mut FreshRoutes,
+    convert: impl Fn(&str, Value) -> Result<RouteDef, String> + Sync,
+) -> SharedMap<StoredValue> {
+    let mut held = previous.held_routes.clone();
+    let named: Vec<(&String, Option<&StoredItem>)> = changed
+        .added
+        .iter()
+        .chain(&changed.changed)
+        .chain(&changed.removed)
+        .map(|id| (id, state.get(ResourceKind::Routes, id)))
+        .collect();
+    let outcomes = parallel::map(&named, |(id, item)| {
+        item.map(|item| convert(id.as_str(), item.value.parse()))
+    });
+    for ((id, item), outcome) in named.into_iter().zip(outcomes) {
+        let prev = previous.route_text(previous_state, id);
+        refusals.remove(id);
+        held.remove(id);
+        let (Some(_), Some(outcome)) = (item, outcome) else {
+            if prev.is_some() {
+                applied.removed.insert(id.clone());
+            }
+            continue;
+        };
+        match outcome {
+            Ok(def) => {
+                fresh.insert(id.clone(), Arc::new(def));
+                if prev.is_some() {
+                    applied.changed.insert(id.clone());
+                } else {
+                    applied.added.insert(id.clone());
+                }
+            }
+            Err(error) => {
+                if let Some(text) = prev {
+                    held.insert(id.clone(), text.clone());
+                }
+                refusals.insert(
+                    id.clone(),
+                    Quarantined {
+                        kind: ResourceKind::Routes,
+                        id: id.clone(),
+                        error,
+                        serving_previous: prev.is_some(),
+                    },
+                );
+            }
+        }
+    }
+    held
 }
 
 /// Accepts the items of one kind that `changed` names (every other one keeps its previous

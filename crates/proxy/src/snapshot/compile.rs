@@ -61,7 +61,6 @@ pub struct Snapshot {
     pub consumers: Arc<ConsumerChains>,
     /// How long the compile that made this snapshot spent in each stage.
     pub stages: CompileStages,
-    diff: SnapshotDiff,
     cache: CompileCache,
 }
 
@@ -148,7 +147,6 @@ impl Snapshot {
             checkers: Vec::new(),
             consumers: Arc::default(),
             stages: CompileStages::default(),
-            diff: SnapshotDiff::default(),
             cache: CompileCache {
                 options: options.clone(),
                 ..CompileCache::default()
@@ -158,12 +156,7 @@ impl Snapshot {
 
     /// The accepted (possibly previous, if quarantined) stored values of one kind, by id.
     pub fn applied(&self, kind: ResourceKind) -> Vec<(String, Arc<Value>)> {
-        self.cache.applied.raw(kind)
-    }
-
-    /// What this snapshot changed against the one it was compiled after.
-    pub fn diff(&self) -> &SnapshotDiff {
-        &self.diff
+        self.cache.applied.raw(&self.cache.source, kind)
     }
 
     /// The compiled route `id`, if it is in the route table.
@@ -179,6 +172,18 @@ impl Snapshot {
         options: &CompileOptions,
         plugins: &PluginRegistry,
     ) -> Snapshot {
+        Snapshot::compile_diffed(state, previous, options, plugins).0
+    }
+
+    /// [`Snapshot::compile`], with what the new snapshot changed against `previous`. The
+    /// snapshot does not keep it: the first one's would list every resource (a tenth of a
+    /// kilobyte per route at boot) for as long as it serves.
+    pub fn compile_diffed(
+        state: &ConfigState,
+        previous: &Snapshot,
+        options: &CompileOptions,
+        plugins: &PluginRegistry,
+    ) -> (Snapshot, SnapshotDiff) {
         // Other options change every compiled part: start over.
         let fresh;
         let same_options = previous.cache.options.same_as(options);
@@ -200,6 +205,7 @@ impl Snapshot {
 
         let (applied, mut applied_diff, fresh_routes) = Applied::accept(
             state,
+            &prev.source,
             &config,
             &prev.applied,
             plugins,
@@ -273,9 +279,9 @@ impl Snapshot {
             || !same_options;
         let consumers = if consumers_changed {
             let (set, problems) = ConsumerSet::compile(
-                &applied.raw(ResourceKind::Consumers),
-                &applied.raw(ResourceKind::ConsumerGroups),
-                &applied.raw(ResourceKind::Credentials),
+                &applied.raw(state, ResourceKind::Consumers),
+                &applied.raw(state, ResourceKind::ConsumerGroups),
+                &applied.raw(state, ResourceKind::Credentials),
                 &options.tls.keyring,
                 // `$env://` references read the gateway's environment, as APISIX's workers.
                 &ferrisix_config::env::process_env,
@@ -323,9 +329,12 @@ impl Snapshot {
             || !service_upstream_diff.is_empty()
             || !config.ssls.is_empty();
         let candidates: Vec<&String> = if dependencies_changed {
-            applied
-                .routes
-                .keys()
+            // Every stored route (those refused with nothing serving are found so below).
+            state
+                .resources
+                .get(&ResourceKind::Routes)
+                .into_iter()
+                .flat_map(|m| m.keys())
                 .chain(prev.routes.keys())
                 .chain(prev.route_refusals.keys())
                 .collect()
@@ -366,7 +375,7 @@ impl Snapshot {
             // A route that is neither accepted nor stored is gone; one that is disabled is
             // found so when its definition is read, below.
             let compile = match state.get(ResourceKind::Routes, id) {
-                Some(item) if applied.routes.contains_key(id) => {
+                Some(item) if applied.route_text(state, id).is_some() => {
                     // Its inline upstream's compiled form holds the definition it was built
                     // from, which is the accepted one while the route is unchanged.
                     let inline_still_valid = |slot: &RouteSlot| match &slot.inline {
@@ -395,6 +404,7 @@ impl Snapshot {
         let outcomes = parallel::map(&steps, |step| {
             let seq = step.compile?;
             let def = match applied.route_def(
+                state,
                 step.id,
                 &fresh_routes,
                 plugins,
@@ -546,7 +556,13 @@ impl Snapshot {
             &upstreams,
             &plugin_upstreams,
         );
-        Snapshot {
+        let diff = SnapshotDiff {
+            config,
+            applied: applied_diff,
+            routes: route_diff,
+            upstreams: upstream_diff,
+        };
+        let snapshot = Snapshot {
             revision: state.revision,
             router,
             upstreams: upstreams.clone(),
@@ -556,12 +572,6 @@ impl Snapshot {
             checkers,
             consumers,
             stages,
-            diff: SnapshotDiff {
-                config,
-                applied: applied_diff,
-                routes: route_diff,
-                upstreams: upstream_diff,
-            },
             cache: CompileCache {
                 source: state.clone(),
                 options: options.clone(),
@@ -576,7 +586,8 @@ impl Snapshot {
                 route_checkers,
                 route_plugin_upstreams,
             },
-        }
+        };
+        (snapshot, diff)
     }
 }
 

@@ -61,16 +61,33 @@ fn options() -> &'static CompileOptions {
     OPTIONS.get_or_init(CompileOptions::default)
 }
 
-fn compile(store: &Store, previous: &Snapshot) -> Snapshot {
-    Snapshot::compile(
+/// A snapshot with the diff its compile returned.
+struct Compiled(Snapshot, SnapshotDiff);
+
+impl Compiled {
+    fn diff(&self) -> &SnapshotDiff {
+        &self.1
+    }
+}
+
+impl std::ops::Deref for Compiled {
+    type Target = Snapshot;
+    fn deref(&self) -> &Snapshot {
+        &self.0
+    }
+}
+
+fn compile(store: &Store, previous: &Snapshot) -> Compiled {
+    let (snapshot, diff) = Snapshot::compile_diffed(
         &store.state(),
         previous,
         options(),
         &PluginRegistry::builtin(),
-    )
+    );
+    Compiled(snapshot, diff)
 }
 
-fn first(store: &Store) -> Snapshot {
+fn first(store: &Store) -> Compiled {
     compile(store, &Snapshot::empty(options()))
 }
 
@@ -971,4 +988,61 @@ fn a_dependency_change_builds_a_held_route_from_its_accepted_version() {
     let v5 = compile(&s, &v4);
     assert_eq!(serving(&v5, "/service"), None);
     assert!(v5.route("service").is_none());
+}
+
+#[test]
+fn a_refused_route_is_held_or_left_out_until_its_next_change() {
+    let mut s = base();
+    let v1 = first(&s);
+    // A new route that is refused serves nothing, and is not listed as applied, across a
+    // dependency change.
+    s.put("routes/bad", route("/bad", json!({"priority": "high"})));
+    let v2 = compile(&s, &v1);
+    assert_eq!(serving(&v2, "/bad"), None);
+    assert!(v2.diff().applied.routes.is_empty());
+    s.put("services/s1", json!({"upstream_id": "u1"}));
+    let v3 = compile(&s, &v2);
+    assert_eq!(serving(&v3, "/bad"), None);
+    let listed = |v: &Snapshot| -> Vec<String> {
+        v.applied(ResourceKind::Routes)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect()
+    };
+    assert!(!listed(&v3).contains(&"bad".to_string()));
+    assert!(v3
+        .quarantine
+        .iter()
+        .any(|q| q.id == "bad" && !q.serving_previous));
+    // A refused update of a served route lists (and serves) the accepted version.
+    s.put(
+        "routes/by-id",
+        route(
+            "/by-id-v2",
+            json!({"upstream_id": "u1", "priority": "high"}),
+        ),
+    );
+    let v4 = compile(&s, &v3);
+    let accepted = v4.applied(ResourceKind::Routes);
+    let (_, held) = accepted.iter().find(|(id, _)| id == "by-id").unwrap();
+    assert_eq!(held["uri"], "/by-id");
+    // Deleting the held route removes it; stored again valid, it serves its new version.
+    s.delete("routes/by-id");
+    let v5 = compile(&s, &v4);
+    assert_eq!(v5.diff().applied.routes.removed, ids(&["by-id"]));
+    assert_eq!(serving(&v5, "/by-id"), None);
+    assert!(!listed(&v5).contains(&"by-id".to_string()));
+    assert!(v5.quarantine.iter().all(|q| q.id != "by-id"));
+    s.put(
+        "routes/by-id",
+        route("/by-id-v3", json!({"upstream_id": "u1"})),
+    );
+    let v6 = compile(&s, &v5);
+    assert_eq!(v6.diff().applied.routes.added, ids(&["by-id"]));
+    assert_eq!(serving(&v6, "/by-id-v3").as_deref(), Some("by-id"));
+    // The refused new route, fixed, is added.
+    s.put("routes/bad", route("/bad", json!({"upstream_id": "u2"})));
+    let v7 = compile(&s, &v6);
+    assert_eq!(v7.diff().applied.routes.added, ids(&["bad"]));
+    assert_eq!(serving(&v7, "/bad").as_deref(), Some("bad"));
 }

@@ -106,12 +106,9 @@ fn run(
     // A thread of its own (not the main thread's block_on) drives the control tasks, so that
     // the main thread and the hand-over thread can wait on them (an Admin API drain) while
     // they run.
-    // Its threads (and the compiles' helpers they start) run nicer than the workers: on busy
-    // cores a change takes longer to apply rather than requests longer to answer.
     let control = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("ferrisix-control")
-        .on_thread_start(ferrisix_net::yield_to_workers)
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the control runtime: {e}"))?;

@@ -438,6 +438,8 @@ def service_fanout(gw, m, upstream_port, changes=5, checked=100):
             raise RuntimeError("the fan-out routes were not served")
         time.sleep(0.01)
     before = len(gw.compile_times_us())
+    stage_fields = ("validate_us", "routes_us", "table_us")
+    stages_before = {f: len(gw.stage_times_us(f)) for f in stage_fields}
     served = []
     for v in range(1, changes + 1):
         started = time.time()
@@ -448,13 +450,15 @@ def service_fanout(gw, m, upstream_port, changes=5, checked=100):
             time.sleep(0.0005)
         served.append((time.time() - started) * 1000)
     compiles = [c / 1000 for c in gw.compile_times_us()[before:]]
+    stages = {f.replace("_us", "_ms"): [round(v / 1000, 1) for v in gw.stage_times_us(f)[b:]]
+              for f, b in stages_before.items()}
     wrong = [i for i in random.sample(range(m), min(checked, m))
              if version_of(data, i) != str(changes)]
     if wrong:
         raise RuntimeError(f"routes {wrong[:5]} do not answer with the last service change")
     return {"routes": m, "changes": changes, "checked": min(checked, m),
             "put_to_served_ms": [round(x, 1) for x in served],
-            "compile_ms": [round(x, 1) for x in compiles]}
+            "compile_ms": [round(x, 1) for x in compiles], "compile_stages": stages}
 
 
 def list_latency(gw, samples=20):

@@ -385,16 +385,7 @@ impl EtcdStore {
         }
 
         if let Some(path) = local_copy {
-            let (runtime, prefix) = (
-                tokio::runtime::Handle::current(),
-                shared.config.prefix.clone(),
-            );
-            let writer = std::thread::Builder::new()
-                .name("ferrisix-etcd-copy".into())
-                .spawn(move || copy_writer(&runtime, &path, &prefix, copies_rx));
-            if let Err(e) = writer {
-                tracing::warn!("cannot start the local copy writer: {e}; the copy is not kept");
-            }
+            tokio::spawn(copy_writer(path, shared.config.prefix.clone(), copies_rx));
         }
         let sync_task = tokio::spawn(syncer.run());
         Ok(Arc::new(EtcdStore { shared, sync_task }))
@@ -1338,36 +1329,31 @@ fn write_copy_file<'a>(
 const COPY_INTERVAL: Duration = Duration::from_secs(1);
 const COPY_SPACING: u32 = 20;
 
-/// How much nicer than the rest of the process the local copy writer runs: the copy only
-/// matters at a boot with etcd down, and at 100,000 routes a write is a tenth of a second of
-/// a core, which on busy cores went to the requests' tail latency. Under full load the copy
-/// lags more (still written: a nice thread gets a small share, not none).
-const COPY_WRITER_NICENESS: i32 = 19;
-
 /// Writes each state published from etcd to the local copy, coalescing bursts (the channel
-/// keeps only the latest; see [`COPY_INTERVAL`]), on a thread of its own at the lowest
-/// priority ([`COPY_WRITER_NICENESS`]). Ends once the store is gone and the last state is
-/// written.
-fn copy_writer(
-    runtime: &tokio::runtime::Handle,
-    path: &Path,
-    prefix: &str,
+/// keeps only the latest; see [`COPY_INTERVAL`]). Ends once the store is gone and the last
+/// state is written.
+async fn copy_writer(
+    path: PathBuf,
+    prefix: String,
     mut states: watch::Receiver<Option<Arc<ConfigState>>>,
 ) {
-    // Linux keeps a nice value per thread: this one alone.
-    let me = rustix::thread::gettid();
-    if let Err(e) = rustix::process::setpriority_process(Some(me), COPY_WRITER_NICENESS) {
-        tracing::debug!("cannot lower the local copy writer's priority: {e}");
-    }
-    while runtime.block_on(states.changed()).is_ok() {
+    while states.changed().await.is_ok() {
         let Some(state) = states.borrow_and_update().clone() else {
             continue;
         };
+        let (target, prefix) = (path.clone(), prefix.clone());
         let started = Instant::now();
-        if let Err(e) = LocalCopy::write_state(prefix, &state, path) {
-            tracing::warn!(path = %path.display(), "cannot write the local copy: {e}");
+        let result =
+            tokio::task::spawn_blocking(move || LocalCopy::write_state(&prefix, &state, &target))
+                .await;
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(path = %path.display(), "cannot write the local copy: {e}")
+            }
+            Err(e) => tracing::warn!("local copy writer failed: {e}"),
         }
-        std::thread::sleep(COPY_INTERVAL.max(started.elapsed() * COPY_SPACING));
+        tokio::time::sleep(COPY_INTERVAL.max(started.elapsed() * COPY_SPACING)).await;
     }
 }
 

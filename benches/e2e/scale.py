@@ -278,14 +278,15 @@ def admin_put(client, i, body):
         raise RuntimeError(f"PUT routes/{i}: {status} {data[:200]!r}")
 
 
-def load_admin(gw, n, upstream_port):
-    """PUTs n routes with 16 clients; returns PUTs/s."""
+def put_all(port, n, put):
+    """Calls `put(client, i)` for i in 0..n from 16 clients (each its own keep-alive
+    connection to `port`); raises the first failure; returns the calls per second."""
     next_id = [0]
     lock = threading.Lock()
     errors = []
 
     def worker():
-        c = Client(gw.admin)
+        c = Client(port)
         while True:
             with lock:
                 i = next_id[0]
@@ -293,7 +294,7 @@ def load_admin(gw, n, upstream_port):
             if i >= n:
                 return
             try:
-                admin_put(c, i, route_body(i, upstream_port))
+                put(c, i)
             except Exception as e:  # noqa: BLE001 - reported below
                 errors.append(str(e))
                 return
@@ -309,34 +310,24 @@ def load_admin(gw, n, upstream_port):
     return n / (time.time() - started)
 
 
+def load_admin(gw, n, upstream_port):
+    """PUTs n routes with 16 clients; returns PUTs/s."""
+    return put_all(gw.admin, n, lambda c, i: admin_put(c, i, route_body(i, upstream_port)))
+
+
 def load_etcd(etcd_port, n, upstream_port):
     """Writes n routes straight into etcd (APISIX's layout) with 16 clients; returns puts/s."""
-    next_id = [0]
-    lock = threading.Lock()
 
-    def worker():
-        c = Client(etcd_port)
-        while True:
-            with lock:
-                i = next_id[0]
-                next_id[0] += 1
-            if i >= n:
-                return
-            body = route_body(i, upstream_port)
-            body.update({"id": str(i), "create_time": 1700000000, "update_time": 1700000000})
-            req = {"key": base64.b64encode(f"/apisix/routes/{i}".encode()).decode(),
-                   "value": base64.b64encode(json.dumps(body).encode()).decode()}
-            status, data = c.request("POST", "/v3/kv/put", json.dumps(req))
-            if status != 200:
-                raise RuntimeError(f"etcd put: {status} {data!r}")
+    def put(c, i):
+        body = route_body(i, upstream_port)
+        body.update({"id": str(i), "create_time": 1700000000, "update_time": 1700000000})
+        req = {"key": base64.b64encode(f"/apisix/routes/{i}".encode()).decode(),
+               "value": base64.b64encode(json.dumps(body).encode()).decode()}
+        status, data = c.request("POST", "/v3/kv/put", json.dumps(req))
+        if status != 200:
+            raise RuntimeError(f"etcd put: {status} {data!r}")
 
-    started = time.time()
-    threads = [threading.Thread(target=worker) for _ in range(CLIENTS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return n / (time.time() - started)
+    return put_all(etcd_port, n, put)
 
 
 def wait_served(gw, path, host, timeout=600.0):
@@ -405,31 +396,14 @@ def service_fanout(gw, m, upstream_port, changes=5, checked=100):
         return c.last_headers.get("X-Fan") if status == 200 else None
 
     put_service(0)
-    next_id = [0]
-    lock = threading.Lock()
-    errors = []
 
-    def worker():
-        c = Client(gw.admin)
-        while True:
-            with lock:
-                i = next_id[0]
-                next_id[0] += 1
-            if i >= m:
-                return
-            status, data = c.request("PUT", f"/apisix/admin/routes/fan{i}",
-                                     json.dumps(fan_body(i)), headers)
-            if status not in (200, 201):
-                errors.append(f"PUT routes/fan{i}: {status} {data[:200]!r}")
-                return
+    def put_route(c, i):
+        status, data = c.request("PUT", f"/apisix/admin/routes/fan{i}",
+                                 json.dumps(fan_body(i)), headers)
+        if status not in (200, 201):
+            raise RuntimeError(f"PUT routes/fan{i}: {status} {data[:200]!r}")
 
-    threads = [threading.Thread(target=worker) for _ in range(CLIENTS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise RuntimeError(errors[0])
+    put_all(gw.admin, m, put_route)
     data = Client(gw.data)
     last = m - 1
     end = time.time() + 600

@@ -262,32 +262,30 @@ impl Applied {
     /// The accepted stored values of one kind, by id, parsed (`state` as for
     /// [`Applied::route_text`]).
     pub fn raw(&self, state: &ConfigState, kind: ResourceKind) -> Vec<(String, Arc<Value>)> {
+        fn sorted<'a>(
+            texts: impl Iterator<Item = (&'a String, &'a StoredValue)>,
+        ) -> Vec<(String, Arc<Value>)> {
+            let mut v: Vec<_> = texts
+                .map(|(k, t)| (k.clone(), Arc::new(t.parse())))
+                .collect();
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v
+        }
         fn raw<V>(
             m: &SharedMap<V>,
             text: impl Fn(&V) -> &StoredValue,
         ) -> Vec<(String, Arc<Value>)> {
-            let mut v: Vec<_> = m
-                .iter()
-                .map(|(k, a)| (k.clone(), Arc::new(text(a).parse())))
-                .collect();
-            v.sort_by(|a, b| a.0.cmp(&b.0));
-            v
+            sorted(m.iter().map(|(k, a)| (k, text(a))))
         }
         fn of<T>(a: &Accepted<T>) -> &StoredValue {
             &a.raw
         }
         match kind {
-            ResourceKind::Routes => {
-                let mut v: Vec<_> = state
+            ResourceKind::Routes => sorted(
+                state
                     .items_unordered(ResourceKind::Routes)
-                    .filter_map(|i| {
-                        let text = self.route_text(state, &i.id)?;
-                        Some((i.id.clone(), Arc::new(text.parse())))
-                    })
-                    .collect();
-                v.sort_by(|a, b| a.0.cmp(&b.0));
-                v
-            }
+                    .filter_map(|i| Some((&i.id, self.route_text(state, &i.id)?))),
+            ),
             ResourceKind::Upstreams => raw(&self.upstreams, of),
             ResourceKind::Services => raw(&self.services, of),
             ResourceKind::PluginConfigs => raw(&self.plugin_configs, of),
@@ -366,21 +364,11 @@ fn accept_routes(
     convert: impl Fn(&str, Value) -> Result<RouteDef, String> + Sync,
 ) -> SharedMap<StoredValue> {
     let mut held = previous.held_routes.clone();
-    let named: Vec<(&String, Option<&StoredItem>)> = changed
-        .added
-        .iter()
-        .chain(&changed.changed)
-        .chain(&changed.removed)
-        .map(|id| (id, state.get(ResourceKind::Routes, id)))
-        .collect();
-    let outcomes = parallel::map(&named, |(id, item)| {
-        item.map(|item| convert(id.as_str(), item.value.parse()))
-    });
-    for ((id, item), outcome) in named.into_iter().zip(outcomes) {
+    for (id, named) in validate_named(state, ResourceKind::Routes, changed, convert) {
         let prev = previous.route_text(previous_state, id);
         refusals.remove(id);
         held.remove(id);
-        let (Some(_), Some(outcome)) = (item, outcome) else {
+        let Some((_, outcome)) = named else {
             if prev.is_some() {
                 applied.removed.insert(id.clone());
             }
@@ -414,6 +402,36 @@ fn accept_routes(
     held
 }
 
+/// A stored item and the outcome of its conversion.
+type Validated<'s, T> = (&'s StoredItem, Result<T, String>);
+
+/// The ids of one kind that `changed` names, each with its stored item and that item
+/// converted (`None` when it is no longer stored), in the diff's order.
+fn validate_named<'a, 's, T: Send>(
+    state: &'s ConfigState,
+    kind: ResourceKind,
+    changed: &'a Difference,
+    convert: impl Fn(&str, Value) -> Result<T, String> + Sync,
+) -> Vec<(&'a String, Option<Validated<'s, T>>)> {
+    let named: Vec<(&String, Option<&StoredItem>)> = changed
+        .added
+        .iter()
+        .chain(&changed.changed)
+        .chain(&changed.removed)
+        .map(|id| (id, state.get(kind, id)))
+        .collect();
+    // Validation is independent per item: at boot every stored item is named, and they are
+    // validated on every core (the outcomes are applied in the same order as named).
+    let outcomes = parallel::map(&named, |(id, item)| {
+        item.map(|item| convert(id.as_str(), item.value.parse()))
+    });
+    named
+        .into_iter()
+        .zip(outcomes)
+        .map(|((id, item), outcome)| (id, item.zip(outcome)))
+        .collect()
+}
+
 /// Accepts the items of one kind that `changed` names (every other one keeps its previous
 /// outcome): each is validated, falling back to the last accepted version of an item that no
 /// longer validates. `refusals` keeps every refused item of the kind; `applied` receives what
@@ -430,22 +448,10 @@ fn accept_kind<T: Send, V: Clone>(
     mut keep: impl FnMut(&String, &StoredValue, T) -> V,
 ) -> SharedMap<V> {
     let mut out = previous.clone();
-    let named: Vec<(&String, Option<&StoredItem>)> = changed
-        .added
-        .iter()
-        .chain(&changed.changed)
-        .chain(&changed.removed)
-        .map(|id| (id, state.get(kind, id)))
-        .collect();
-    // Validation is independent per item: at boot every stored item is named, and they are
-    // validated on every core (the outcomes are applied below in the same order as before).
-    let outcomes = parallel::map(&named, |(id, item)| {
-        item.map(|item| convert(id.as_str(), item.value.parse()))
-    });
-    for ((id, item), outcome) in named.into_iter().zip(outcomes) {
+    for (id, named) in validate_named(state, kind, changed, convert) {
         refusals.remove(id);
         let prev = previous.get(id);
-        let (Some(item), Some(outcome)) = (item, outcome) else {
+        let Some((item, outcome)) = named else {
             if out.remove(id).is_some() {
                 applied.removed.insert(id.clone());
             }

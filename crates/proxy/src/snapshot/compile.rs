@@ -331,10 +331,8 @@ impl Snapshot {
         let candidates: Vec<&String> = if dependencies_changed {
             // Every stored route (those refused with nothing serving are found so below).
             state
-                .resources
-                .get(&ResourceKind::Routes)
-                .into_iter()
-                .flat_map(|m| m.keys())
+                .items_unordered(ResourceKind::Routes)
+                .map(|i| &i.id)
                 .chain(prev.routes.keys())
                 .chain(prev.route_refusals.keys())
                 .collect()

@@ -200,8 +200,19 @@ impl PidFile {
     }
 }
 
+impl PidFile {
+    /// A successor took the sockets over: the file is its to write and remove. Checking
+    /// "is it still mine" before removing it would race the successor's rename.
+    pub fn hand_over(mut self) {
+        self.path = PathBuf::new();
+    }
+}
+
 impl Drop for PidFile {
     fn drop(&mut self) {
+        if self.path.as_os_str().is_empty() {
+            return;
+        }
         let mine = std::fs::read_to_string(&self.path)
             .is_ok_and(|s| s.trim() == std::process::id().to_string());
         if mine {
@@ -267,5 +278,12 @@ mod tests {
         std::fs::write(&path, "1\n").unwrap();
         drop(pid);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "1\n");
+        // Handed over before the successor wrote its own: left for the successor.
+        let pid = PidFile::write(&path).unwrap();
+        pid.hand_over();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap().trim(),
+            std::process::id().to_string()
+        );
     }
 }

@@ -339,7 +339,7 @@ fn run(
         stats: services.conn_stats().clone(),
         reopen: reopen.clone(),
     };
-    let handed_over = control.block_on(async {
+    let mut handed_over = control.block_on(async {
         while let Some(event) = events.recv().await {
             match event {
                 Event::Stop => return false,
@@ -406,11 +406,15 @@ fn run(
         });
         if came {
             tracing::info!("a successor took the listening sockets over");
+            handed_over = true;
         }
         sockets.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
     drop(handover_server);
-    drop(pid_file);
+    match pid_file {
+        Some(pid_file) if handed_over => pid_file.hand_over(),
+        other => drop(other),
+    }
     tracing::info!("stopped");
     Ok(())
 }

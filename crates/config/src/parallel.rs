@@ -15,8 +15,14 @@ pub const PARALLEL_FROM: usize = 512;
 /// on, so nothing outlives them. A panic in `f` is a bug and is raised again here, as it would
 /// have been on one thread.
 pub fn map<I: Sync, O: Send>(items: &[I], f: impl Fn(&I) -> O + Sync) -> Vec<O> {
+    // The length first: `available_parallelism` reads the cgroup's CPU quota from /proc and
+    // /sys on every call (tens of µs), which a one-route change called for each kind it
+    // validates.
+    if items.len() < PARALLEL_FROM {
+        return items.iter().map(f).collect();
+    }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if threads < 2 || items.len() < PARALLEL_FROM {
+    if threads < 2 {
         return items.iter().map(f).collect();
     }
     let chunk = items.len().div_ceil(threads);

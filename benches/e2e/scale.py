@@ -13,7 +13,9 @@ every fifth, methods on every seventh, an inline roundrobin upstream on each), a
   rss       resident memory idle (no routes) and loaded, and per route
   boot      a restart with the N routes already stored: start to the last route serving
   list      `GET /apisix/admin/routes?page=1&page_size=10` p50
-  churn     wrk p99 of a routed request idle, and while 50 changes per second land
+  churn     wrk p99 of a routed request idle, and while 50 changes per second land, in
+            alternating 5 s windows (--churn-rounds, default 5), medians and their ratio;
+            with etcd also while as many writes land in etcd outside the node's prefix
   fan-out   with --service-fanout M (after the above): M more routes use one service; the
             service's plugins change 5 times, and each change is timed from the PUT to the
             last of those routes answering with it (and its compile), then 100 of the M
@@ -458,36 +460,86 @@ def wrk_p99(gw, path, seconds=5):
     return v / 1000 if unit == "us" else v * 1000 if unit == "s" else v
 
 
-def churn_p99(gw, n, upstream_port, rate=50, seconds=5, writers=8):
-    """wrk p99 while `rate` changes per second land on other routes (from `writers` clients,
-    each pacing its own share, so a slow write does not lower the rate)."""
+def paced_writes(write, n, rate=50, writers=8):
+    """Starts `writers` threads that together call `write(writer, i, seq)` `rate` times per
+    second on routes other than the probed one (each thread paces its own share, so a slow
+    write does not lower the rate); returns a function that stops them and gives the count."""
     stop = threading.Event()
     done = [0] * writers
 
-    def changer(w):
-        c = Client(gw.admin)
+    def writer(w):
         k = 0
         started = time.time()
         while not stop.is_set():
             seq = k * writers + w
-            i = 1 + (seq * 104729) % max(1, n - 1)
-            admin_put(c, i, route_body(i, upstream_port, uri=f"/churn{i}_{seq}"))
+            write(w, 1 + (seq * 104729) % max(1, n - 1), seq)
             k += 1
             done[w] = k
             delay = started + k * writers / rate - time.time()
             if delay > 0:
                 time.sleep(delay)
 
-    threads = [threading.Thread(target=changer, args=(w,)) for w in range(writers)]
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
     for t in threads:
         t.start()
+
+    def finish():
+        stop.set()
+        for t in threads:
+            t.join()
+        return sum(done)
+
+    return finish
+
+
+def churn_window(gw, n, write, seconds=5):
+    """wrk p99 of the probed route while `write` lands 50 times per second; and the rate."""
+    finish = paced_writes(write, n)
     started = time.time()
     p99 = wrk_p99(gw, probe_path(1), seconds)
-    achieved = sum(done) / (time.time() - started)
-    stop.set()
-    for t in threads:
-        t.join()
-    return p99, achieved
+    elapsed = time.time() - started
+    return p99, finish() / elapsed
+
+
+def churn_rounds(gw, n, upstream_port, rounds, etcd_port=None):
+    """The request p99 idle and under 50 changes/s, in alternating 5 s windows over `rounds`
+    rounds, with the medians: on two shared cores one window's p99 moves 2-5x from the next
+    (wrk, the upstream and the worker take turns on them), so single windows cannot be
+    compared. With etcd a third window writes as often straight into etcd under a prefix the
+    node does not watch: etcd's own share of the cost, with no gateway work."""
+    admins = [Client(gw.admin) for _ in range(8)]
+
+    def change(w, i, seq):
+        admin_put(admins[w], i, route_body(i, upstream_port, uri=f"/churn{i}_{seq}"))
+
+    elsewhere = None
+    if etcd_port:
+        raw = [Client(etcd_port) for _ in range(8)]
+
+        def elsewhere(w, i, seq):
+            body = route_body(i, upstream_port, uri=f"/churn{i}_{seq}")
+            req = {"key": base64.b64encode(f"/elsewhere/routes/{i}".encode()).decode(),
+                   "value": base64.b64encode(json.dumps(body).encode()).decode()}
+            status, data = raw[w].request("POST", "/v3/kv/put", json.dumps(req))
+            if status != 200:
+                raise RuntimeError(f"etcd put: {status} {data!r}")
+
+    out = {"idle_rounds": [], "under_changes_rounds": [], "changes_per_s_rounds": []}
+    if elsewhere:
+        out["etcd_alone_rounds"] = []
+    for _ in range(rounds):
+        out["idle_rounds"].append(wrk_p99(gw, probe_path(1)))
+        p99, rate = churn_window(gw, n, change)
+        out["under_changes_rounds"].append(p99)
+        out["changes_per_s_rounds"].append(round(rate, 1))
+        if elsewhere:
+            out["etcd_alone_rounds"].append(churn_window(gw, n, elsewhere)[0])
+    for key in [k for k in out if k.endswith("_rounds")]:
+        values = [v for v in out[key] if v is not None]
+        out[key[: -len("_rounds")]] = round(statistics.median(values), 3) if values else None
+    if out["idle"] and out["under_changes"]:
+        out["ratio"] = round(out["under_changes"] / out["idle"], 2)
+    return out
 
 
 def run_one(args, n, work):
@@ -532,10 +584,7 @@ def run_one(args, n, work):
                                         "count": len(compiles)}
         lists = list_latency(gw)
         res["list_10_ms"] = {"p50": round(pct(lists, 50), 2), "p99": round(pct(lists, 99), 2)}
-        idle = wrk_p99(gw, probe_path(1))
-        churn, rate = churn_p99(gw, n, up_port)
-        res["request_p99_ms"] = {"idle": idle, "under_changes": churn,
-                                 "changes_per_s": round(rate, 1)}
+        res["request_p99_ms"] = churn_rounds(gw, n, up_port, args.churn_rounds, etcd_port)
         print(f"[{n}] {json.dumps(res)}", file=sys.stderr)
 
         # Boot with everything stored: start to the last route serving.
@@ -559,9 +608,14 @@ def run_one(args, n, work):
     return res
 
 
+def etcd_alone(r):
+    alone = r["request_p99_ms"].get("etcd_alone")
+    return f"; etcd alone {alone} ms" if alone is not None else ""
+
+
 def markdown(results, note):
     lines = [
-        "| routes | store | PUT → served p50 / p99 | compile per change p50 / p99 | RSS idle → loaded (per route) | boot | Admin PUTs/s (16 clients) | 10-item list p50 | request p99 idle / under 50 changes/s |",
+        "| routes | store | PUT → served p50 / p99 | compile per change p50 / p99 | RSS idle → loaded (per route) | boot | Admin PUTs/s (16 clients) | 10-item list p50 | request p99 idle / under 50 changes/s, medians of alternating windows |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -571,7 +625,8 @@ def markdown(results, note):
             f"| {r['compile_per_change_ms']['p50']} / {r['compile_per_change_ms']['p99']} ms "
             f"| {r['rss_idle_kib'] / 1024:.0f} → {r['rss_loaded_kib'] / 1024:.0f} MiB ({r['bytes_per_route'] / 1024:.1f} KiB) "
             f"| {r['boot_s']} s | {r['load_puts_per_s']} | {r['list_10_ms']['p50']} ms "
-            f"| {r['request_p99_ms']['idle']} / {r['request_p99_ms']['under_changes']} ms |")
+            f"| {r['request_p99_ms']['idle']} / {r['request_p99_ms']['under_changes']} ms "
+            f"({r['request_p99_ms'].get('ratio')}x{etcd_alone(r)}) |")
     for r in results:
         f = r.get("service_fanout")
         if f:
@@ -597,6 +652,8 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     ap.add_argument("--note", default="")
+    ap.add_argument("--churn-rounds", type=int, default=5,
+                    help="alternating idle / under-changes windows for the request p99")
     ap.add_argument("--service-fanout", type=int, default=0, metavar="M",
                     help="then time changes of a service that M more routes use")
     ap.add_argument(

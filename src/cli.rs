@@ -14,7 +14,7 @@ use ferrisix_plugin_api::PluginServices;
 use ferrisix_plugins::observe::prometheus::Metrics;
 use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::access_log::{AccessLog, LogSink};
-use ferrisix_proxy::server::{Http2Limits, TlsListen};
+use ferrisix_proxy::server::{Http2Limits, Listen};
 use ferrisix_proxy::{
     CompileOptions, Gateway, RealIpConfig, ServerOptions, SnapshotHandle, WorkerModel,
 };
@@ -236,7 +236,10 @@ pub fn server_options(settings: &Settings) -> ServerOptions {
             .apisix
             .node_listen
             .iter()
-            .map(|l| SocketAddr::new(l.ip, l.port))
+            .map(|l| Listen {
+                addr: SocketAddr::new(l.ip, l.port),
+                http2: l.enable_http2,
+            })
             .collect(),
         workers: settings.nginx_config.worker_processes.resolve(),
         model,
@@ -248,7 +251,7 @@ pub fn server_options(settings: &Settings) -> ServerOptions {
                 .ssl
                 .listen
                 .iter()
-                .map(|l| TlsListen {
+                .map(|l| Listen {
                     addr: SocketAddr::new(l.ip, l.port),
                     http2: l.enable_http2,
                 })

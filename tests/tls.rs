@@ -45,14 +45,15 @@ struct TlsGateway {
 }
 
 fn start(ssls: &str, routes: &str) -> TlsGateway {
-    start_with(ssls, routes, "")
+    start_with(ssls, routes, "", "")
 }
 
-fn start_with(ssls: &str, routes: &str, http_keys: &str) -> TlsGateway {
+/// `apisix_keys` are more keys of the `apisix:` section, `http_keys` of `nginx_config.http`.
+fn start_with(ssls: &str, routes: &str, apisix_keys: &str, http_keys: &str) -> TlsGateway {
     let tls_port = free_port();
     let gw = Gateway::start_tuned(
         &format!("ssls:\n{ssls}\nroutes:\n{routes}"),
-        &format!("ssl:\n  listen:\n    - ip: 127.0.0.1\n      port: {tls_port}"),
+        &format!("{apisix_keys}ssl:\n  listen:\n    - ip: 127.0.0.1\n      port: {tls_port}"),
         "",
         1,
         http_keys,
@@ -301,6 +302,66 @@ fn h2_by_alpn_and_h2c_with_prior_knowledge() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "2 200");
 }
 
+/// `apisix.enable_http2: false`: neither port speaks HTTP/2 (APISIX renders no `http2 on;`),
+/// so an h2c preface on the plain port is refused and ALPN offers no `h2`.
+#[test]
+fn http2_off_serves_http1_alone_on_both_ports() {
+    let up = Upstream::start("a", Behaviour::Echo);
+    let t = start_with(
+        &ssl_yaml("1", "server.local", "server.crt", "server.key", "\n"),
+        &route("1", "/t", &up.node()),
+        "enable_http2: false\n",
+        "",
+    );
+    let plain = |args: &[&str]| {
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "--max-time",
+                "5",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_version} %{http_code}",
+            ])
+            .args(args)
+            .arg(format!("http://127.0.0.1:{}/t", t.gw.port))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(plain(&["--http1.1"]), "1.1 200");
+    let h2c = plain(&["--http2-prior-knowledge"]);
+    assert!(!h2c.starts_with("2 "), "h2c must be refused, got {h2c:?}");
+    // Keep-alive still works on the HTTP/1 builder: two requests on one connection.
+    let url = format!("http://127.0.0.1:{}/t", t.gw.port);
+    let out = Command::new("curl")
+        .args([
+            "-sv",
+            "--max-time",
+            "5",
+            "-o",
+            "/dev/null",
+            "-o",
+            "/dev/null",
+        ])
+        .args([&url, &url])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Re-using existing connection") || err.contains("Reusing existing"),
+        "{err}"
+    );
+    let (_, v, err) = curl(
+        &t,
+        "server.local",
+        "/t",
+        &["--http2", "-o", "/dev/null", "-w", "%{http_version}"],
+    );
+    assert_eq!(v, "1.1", "ALPN must not offer h2: {err}");
+}
+
 #[test]
 fn certificate_swap_applies_to_new_handshakes_and_keeps_open_connections() {
     let up = Upstream::start("a", Behaviour::Echo);
@@ -399,6 +460,7 @@ fn bad_input_on_the_tls_port() {
     let t = start_with(
         &ssls,
         &route("1", "/t", &up.node()),
+        "",
         "client_header_timeout: 1s",
     );
     // Plain HTTP: nginx's 400.

@@ -346,9 +346,9 @@ http {{
     return p
 
 
-def start_ferrisix(work, cores, binary, baseline=False):
+def start_ferrisix(work, cores, binary, baseline=False, http2=True):
     """With `baseline`: the A/B's second gateway, on its own ports, without TLS, control API or
-    metrics export (they would clash with the first's)."""
+    metrics export (they would clash with the first's). `http2` is `apisix.enable_http2`."""
     port, admin = (BASELINE_PORT, BASELINE_ADMIN) if baseline else (FERRISIX_PORT, FERRISIX_ADMIN)
     if baseline:
         work = os.path.join(work, "baseline")
@@ -366,6 +366,7 @@ def start_ferrisix(work, cores, binary, baseline=False):
     with open(conf, "w") as f:
         f.write(f"""
 apisix:
+  enable_http2: {"true" if http2 else "false"}
   node_listen:
     - ip: 127.0.0.1
       port: {port}
@@ -495,6 +496,9 @@ def main():
     ap.add_argument("--binary", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")),
                                                      "release", "ferrisix"))
     ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--http2", choices=["on", "off"], default="on",
+                    help="apisix.enable_http2 for the gateways (APISIX's default: on; off serves "
+                         "HTTP/1 alone, without the protocol detection)")
     ap.add_argument("--baseline", help="a second ferrisix binary measured interleaved with the first (A/B)")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
@@ -522,7 +526,7 @@ def main():
         crt, key = make_certificate(work)
         ngx = start_nginx_proxy(work, cores["proxy"], crt, key)
         procs.append(ngx)
-        fx = start_ferrisix(work, cores["proxy"], args.binary)
+        fx = start_ferrisix(work, cores["proxy"], args.binary, http2=args.http2 == "on")
         procs.append(fx)
         time.sleep(0.5)
         ngx_pids = [ngx.pid] + children(ngx.pid)
@@ -532,7 +536,8 @@ def main():
         plain_targets = [("nginx", NGINX_PROXY_PORT, ngx_pids), ("ferrisix", FERRISIX_PORT, [fx.pid])]
         admins = [admin]
         if args.baseline:
-            fb = start_ferrisix(work, cores["proxy"], args.baseline, baseline=True)
+            fb = start_ferrisix(work, cores["proxy"], args.baseline, baseline=True,
+                                http2=args.http2 == "on")
             procs.append(fb)
             plain_targets.append(("ferrisix-baseline", BASELINE_PORT, [fb.pid]))
             admins.append(f"http://127.0.0.1:{BASELINE_ADMIN}")

@@ -27,7 +27,7 @@ use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::access_log::{AccessLog, LogSink};
 use ferrisix_proxy::snapshot::{self, Snapshot};
 use ferrisix_proxy::{
-    CompileOptions, Gateway, RealIpConfig, ServerHandle, ServerOptions, WorkerModel,
+    CompileOptions, Gateway, Listen, RealIpConfig, ServerHandle, ServerOptions, WorkerModel,
 };
 use ferrisix_router::RouterKind;
 use http::{HeaderName, HeaderValue};
@@ -178,7 +178,7 @@ pub fn start_proxy(route_json: &str, upstream_port: u16) -> Proxy {
             .port();
         let (shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
         let options = ServerOptions {
-            listen: vec![SocketAddr::from(([127, 0, 0, 1], port))],
+            listen: vec![Listen::new(SocketAddr::from(([127, 0, 0, 1], port)))],
             workers: 1,
             model: WorkerModel::PerCore,
             shutdown_timeout: Duration::from_secs(1),

@@ -32,7 +32,7 @@ pub use accept::Acceptor;
 pub use drain::{Drain, Open, IDLE_GRACE};
 pub use framing::{ChunkSizeTooLarge, FramingGuard, MAX_CHUNK_SIZE};
 pub use io::TimedIo;
-pub use lifetime::{ConnLimits, ConnWatch, InFlight, Tracked};
+pub use lifetime::{ConnLimits, ConnWatch, Graceful, InFlight, Tracked};
 pub use listeners::{bind, ListenerSet};
 
 /// The I/O a listener hands hyper: `send_timeout` on writes, nginx's chunk-size bound on
@@ -56,26 +56,44 @@ pub fn wrap(
     (served_io(stream, limits), ConnWatch::new(*limits))
 }
 
-/// A hyper server builder (HTTP/1.1 and cleartext HTTP/2) with `limits` applied: HTTP/1.1
-/// keep-alive unless `keepalive_timeout` is 0 (nginx: 0 disables it), hyper's own header
-/// timer as a backstop, nginx's header-count model, and a 64 KiB head limit.
+/// The HTTP/1 settings every listener shares, for hyper's HTTP/1 builder and for the HTTP/1
+/// half of hyper-util's auto-detecting one (two types with the same methods): keep-alive
+/// unless `keepalive_timeout` is 0 (nginx: 0 disables it), hyper's own header timer as a
+/// backstop, nginx's header-count model and a 64 KiB head limit.
+macro_rules! http1_settings {
+    ($builder:expr, $limits:expr) => {
+        $builder
+            .timer(hyper_util::rt::TokioTimer::new())
+            .keep_alive(!$limits.keepalive_timeout.is_zero())
+            // hyper arms this timer from the end of each response, so it counts the idle time
+            // before the next request too; [`ConnWatch`] enforces both limits exactly, this
+            // only catches what it cannot see (a head that starts and never ends on a later
+            // request).
+            .header_read_timeout($limits.header_timeout.max($limits.keepalive_timeout))
+            .max_headers(MAX_HEADERS)
+            // Heads past 64 KiB get 431 rather than exhausting memory.
+            .max_buf_size(64 * 1024)
+    };
+}
+
+/// hyper-util's builder for listeners that speak HTTP/1.1 and HTTP/2 (by ALPN, or h2c with
+/// prior knowledge), with the listeners' HTTP/1 settings.
 pub fn http_builder(
     limits: &ConnLimits,
 ) -> hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor> {
     use hyper_util::rt::{TokioExecutor, TokioTimer};
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .keep_alive(!limits.keepalive_timeout.is_zero())
-        // hyper arms this timer from the end of each response, so it counts the idle time
-        // before the next request too; [`ConnWatch`] enforces both limits exactly, this only
-        // catches what it cannot see (a head that starts and never ends on a later request).
-        .header_read_timeout(limits.header_timeout.max(limits.keepalive_timeout))
-        .max_headers(MAX_HEADERS)
-        // Heads past 64 KiB get 431 rather than exhausting memory.
-        .max_buf_size(64 * 1024);
+    http1_settings!(builder.http1(), limits);
     builder.http2().timer(TokioTimer::new());
+    builder
+}
+
+/// hyper's HTTP/1 builder with the same settings, for listeners without HTTP/2
+/// (`enable_http2: false`): their connections skip the auto builder's protocol detection, and
+/// an h2c preface is refused as nginx refuses it there.
+pub fn http1_builder(limits: &ConnLimits) -> hyper::server::conn::http1::Builder {
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    http1_settings!(builder, limits);
     builder
 }
 

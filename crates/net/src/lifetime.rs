@@ -8,10 +8,65 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::service::HttpService;
 use hyper_util::server::graceful::GracefulConnection;
 use tokio::time::Instant;
 
 use crate::drain::{Drain, IDLE_GRACE};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A served connection that can be told to finish what it has in flight and close. hyper-util's
+/// `GracefulConnection` covers its auto-detecting connections but not hyper's HTTP/1 connection
+/// with upgrades, which an HTTP/1-only listener serves (and which `GracefulConnection`, being
+/// sealed, cannot be given).
+pub trait Graceful: Future {
+    fn shut_down_gracefully(self: Pin<&mut Self>);
+}
+
+impl<I, B, S, E> Graceful for hyper_util::server::conn::auto::Connection<'_, I, S, E>
+where
+    S: hyper::service::Service<http::Request<Incoming>, Response = http::Response<B>>,
+    S::Error: Into<BoxError>,
+    S::Future: 'static,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
+    B: Body + 'static,
+    B::Error: Into<BoxError>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, B>,
+{
+    fn shut_down_gracefully(self: Pin<&mut Self>) {
+        GracefulConnection::graceful_shutdown(self);
+    }
+}
+
+impl<I, B, S, E> Graceful for hyper_util::server::conn::auto::UpgradeableConnection<'_, I, S, E>
+where
+    S: hyper::service::Service<http::Request<Incoming>, Response = http::Response<B>>,
+    S::Error: Into<BoxError>,
+    S::Future: 'static,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: Body + 'static,
+    B::Error: Into<BoxError>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, B>,
+{
+    fn shut_down_gracefully(self: Pin<&mut Self>) {
+        GracefulConnection::graceful_shutdown(self);
+    }
+}
+
+impl<I, B, S> Graceful for hyper::server::conn::http1::UpgradeableConnection<I, S>
+where
+    S: HttpService<Incoming, ResBody = B>,
+    S::Error: Into<BoxError>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: Body + 'static,
+    B::Error: Into<BoxError>,
+{
+    fn shut_down_gracefully(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
 
 /// nginx's per-connection timers, under APISIX's names (`nginx_config.http.*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,7 +166,7 @@ impl ConnWatch {
     /// gracefully: HTTP/2 at once (GOAWAY), HTTP/1.1 once no request is in flight and none came
     /// for [`IDLE_GRACE`] (a busy one is closed by its next `Connection: close` answer). The
     /// server's [`Drain`] counts the connection as open until this returns.
-    pub async fn serve<C: GracefulConnection>(&self, conn: C) -> Option<C::Output> {
+    pub async fn serve<C: Graceful>(&self, conn: C) -> Option<C::Output> {
         let Some(drain) = self.drain.clone() else {
             return self.run(conn).await;
         };
@@ -131,7 +186,7 @@ impl ConnWatch {
                 }
                 () = &mut quiet, if !shut => {
                     shut = true;
-                    conn.as_mut().graceful_shutdown();
+                    conn.as_mut().shut_down_gracefully();
                 }
             }
         }

@@ -45,5 +45,5 @@ mod websocket;
 pub use forwarded::RealIpConfig;
 pub use gateway::{ConnInfo, Gateway, LegacyAdmin};
 pub use nodes::UpstreamServices;
-pub use server::{ServerHandle, ServerOptions, WorkerModel};
+pub use server::{Listen, ServerHandle, ServerOptions, WorkerModel};
 pub use snapshot::{CompileOptions, Snapshot, SnapshotHandle};

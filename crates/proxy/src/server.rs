@@ -36,7 +36,8 @@ pub enum WorkerModel {
 
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
-    pub listen: Vec<SocketAddr>,
+    /// HTTP listeners (`apisix.node_listen`).
+    pub listen: Vec<Listen>,
     pub workers: usize,
     pub model: WorkerModel,
     /// How long in-flight requests may run after a shutdown signal.
@@ -45,17 +46,25 @@ pub struct ServerOptions {
     pub limits: ConnLimits,
     /// HTTPS listeners (`apisix.ssl.listen`), certificates from the snapshot's `ssls`. Their
     /// handshakes are bounded by `client_header_timeout`, as nginx bounds them.
-    pub tls_listen: Vec<TlsListen>,
+    pub tls_listen: Vec<Listen>,
     /// HTTP/2 limits for every listener.
     pub http2: Http2Limits,
 }
 
-/// One HTTPS listener.
+/// One listener.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TlsListen {
+pub struct Listen {
     pub addr: SocketAddr,
-    /// `h2` offered by ALPN.
+    /// HTTP/2 served: on an HTTPS listener `h2` offered by ALPN, on a plain one h2c with prior
+    /// knowledge (APISIX's `http2 on;`). Without it a listener speaks HTTP/1 alone.
     pub http2: bool,
+}
+
+impl Listen {
+    /// `addr` with HTTP/2 on, APISIX's default.
+    pub fn new(addr: SocketAddr) -> Listen {
+        Listen { addr, http2: true }
+    }
 }
 
 /// nginx's HTTP/2 limits (`http2_max_concurrent_streams` 128, header list 32 KiB ...).
@@ -80,8 +89,22 @@ impl Default for Http2Limits {
     }
 }
 
-/// A bound socket and, for HTTPS, whether it offers h2.
-type Bound = (std::net::TcpListener, Option<bool>);
+/// A bound socket, whether it is HTTPS, and whether it serves HTTP/2.
+type Bound = (std::net::TcpListener, Kind);
+
+#[derive(Clone, Copy, Debug)]
+struct Kind {
+    tls: bool,
+    http2: bool,
+}
+
+/// The two connection builders: hyper-util's auto-detecting one where HTTP/2 is on, hyper's
+/// HTTP/1 one where it is off (no detection step, and an h2c preface is refused).
+#[derive(Clone)]
+struct Builders {
+    auto: auto::Builder<TokioExecutor>,
+    http1: hyper::server::conn::http1::Builder,
+}
 
 /// The data plane's gateway, swapped whole when config.yaml is re-read (SIGHUP): each new
 /// connection takes the current one, so the request path reads no shared settings.
@@ -95,14 +118,19 @@ fn take_all(
     reuse_port: bool,
 ) -> io::Result<Vec<Vec<Bound>>> {
     let mut out: Vec<Vec<Bound>> = (0..groups).map(|_| Vec::new()).collect();
-    let plain = options.listen.iter().map(|a| (*a, None));
-    let tls = options.tls_listen.iter().map(|t| (t.addr, Some(t.http2)));
-    for (addr, http2) in plain.chain(tls) {
+    let plain = options.listen.iter().map(|l| (l, false));
+    let tls = options.tls_listen.iter().map(|l| (l, true));
+    for (listen, tls) in plain.chain(tls) {
+        let addr = listen.addr;
+        let kind = Kind {
+            tls,
+            http2: listen.http2,
+        };
         let taken = sockets
             .take(addr, groups, reuse_port)
             .map_err(|e| io::Error::new(e.kind(), format!("{addr}: {e}")))?;
         for (group, listeners) in out.iter_mut().zip(taken) {
-            group.extend(listeners.into_iter().map(|l| (l, http2)));
+            group.extend(listeners.into_iter().map(|l| (l, kind)));
         }
     }
     Ok(out)
@@ -204,15 +232,18 @@ async fn serve(
     mut shutdown: watch::Receiver<bool>,
     per_core: bool,
 ) {
-    let mut builder = ferrisix_net::http_builder(&options.limits);
+    let mut auto = ferrisix_net::http_builder(&options.limits);
     let h2 = options.http2;
-    builder
-        .http2()
+    auto.http2()
         .max_concurrent_streams(h2.max_concurrent_streams)
         .max_header_list_size(h2.max_header_list_size)
         .initial_stream_window_size(h2.initial_stream_window_size)
         .initial_connection_window_size(h2.initial_connection_window_size)
         .max_frame_size(h2.max_frame_size);
+    let builders = Builders {
+        auto,
+        http1: ferrisix_net::http1_builder(&options.limits),
+    };
     let limits = options.limits;
     let drain = Drain::new();
 
@@ -230,7 +261,7 @@ async fn serve(
 
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut accept_tasks = Vec::new();
-    for (std_listener, tls) in listeners {
+    for (std_listener, kind) in listeners {
         let listener = match TcpListener::from_std(std_listener) {
             Ok(l) => l,
             Err(e) => {
@@ -239,7 +270,7 @@ async fn serve(
             }
         };
         let gateways = gateway.clone();
-        let builder = builder.clone();
+        let builders = builders.clone();
         let drain = drain.clone();
         let mut stop = stop_tx.subscribe();
         accept_tasks.push(tokio::spawn(async move {
@@ -252,19 +283,20 @@ async fn serve(
                         let local = local.or_else(|| stream.local_addr().ok());
                         let Some(local) = local else { continue };
                         let info = ConnInfo::new(gateways.load_full(), peer, local);
-                        let Some(http2) = tls else {
+                        if !kind.tls {
                             let _ = stream.set_nodelay(true);
-                            serve_connection(&builder, &drain, &limits, stream, info);
+                            serve_connection(&builders, kind.http2, &drain, &limits, stream, info);
                             continue;
-                        };
-                        let builder = builder.clone();
+                        }
+                        let http2 = kind.http2;
+                        let builders = builders.clone();
                         let drain = drain.clone();
                         tokio::spawn(async move {
                             let _ = stream.set_nodelay(true);
                             let snapshot = info.gateway.snapshot.clone();
                             let store = move || snapshot.load().tls.clone();
                             match ferrisix_tls::accept(stream, store, http2, limits.header_timeout).await {
-                                Ok((tls_stream, conn)) => serve_connection(&builder, &drain, &limits, tls_stream, info.with_tls(conn)),
+                                Ok((tls_stream, conn)) => serve_connection(&builders, http2, &drain, &limits, tls_stream, info.with_tls(conn)),
                                 Err(e @ (ferrisix_tls::AcceptError::NoCertificate(_) | ferrisix_tls::AcceptError::Unusable(_))) => {
                                     tracing::error!(client = %peer, "{e}");
                                 }
@@ -297,7 +329,8 @@ async fn serve(
 }
 
 fn serve_connection<IO>(
-    builder: &auto::Builder<TokioExecutor>,
+    builders: &Builders,
+    http2: bool,
     drain: &Drain,
     limits: &ConnLimits,
     stream: IO,
@@ -322,15 +355,26 @@ fn serve_connection<IO>(
             Ok::<_, Infallible>(ctx.1.respond(resp, in_flight, version))
         }
     });
-    let connection = builder
-        .serve_connection_with_upgrades(io, service)
-        .into_owned();
     stats.connection_opened();
-    tokio::spawn(async move {
-        // Closed early (None) when client_header_timeout or keepalive_timeout passes.
-        if let Some(Err(e)) = conn_watch.serve(connection).await {
-            tracing::debug!(error = %e, "client connection ended with an error");
-        }
-        stats.connection_closed();
-    });
+    if http2 {
+        let connection = builders
+            .auto
+            .serve_connection_with_upgrades(io, service)
+            .into_owned();
+        tokio::spawn(async move {
+            // Closed early (None) when client_header_timeout or keepalive_timeout passes.
+            if let Some(Err(e)) = conn_watch.serve(connection).await {
+                tracing::debug!(error = %e, "client connection ended with an error");
+            }
+            stats.connection_closed();
+        });
+    } else {
+        let connection = builders.http1.serve_connection(io, service).with_upgrades();
+        tokio::spawn(async move {
+            if let Some(Err(e)) = conn_watch.serve(connection).await {
+                tracing::debug!(error = %e, "client connection ended with an error");
+            }
+            stats.connection_closed();
+        });
+    }
 }

@@ -15,7 +15,7 @@ use ferrisix_plugin_api::PluginServices;
 use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::access_log::{AccessLog, LogSink};
 use ferrisix_proxy::snapshot::{self, Snapshot};
-use ferrisix_proxy::{CompileOptions, Gateway, RealIpConfig, ServerOptions, WorkerModel};
+use ferrisix_proxy::{CompileOptions, Gateway, Listen, RealIpConfig, ServerOptions, WorkerModel};
 use http::{HeaderName, HeaderValue};
 use serde_json::Value;
 
@@ -107,7 +107,7 @@ pub fn serve(
     let server = ferrisix_proxy::server::start(
         gateway,
         ServerOptions {
-            listen: vec![addr],
+            listen: vec![Listen::new(addr)],
             workers: 1,
             model: WorkerModel::PerCore,
             shutdown_timeout: Duration::from_secs(1),

@@ -25,7 +25,6 @@ mod trie;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -130,51 +129,14 @@ impl fmt::Display for TableError {
 
 impl std::error::Error for TableError {}
 
-/// FxHash, for grouping a change's path entries and route keys: keys are the configured
-/// patterns, so there is nobody to mount a collision attack, and requests never hash. It is
-/// several times cheaper than SipHash on short paths.
-#[derive(Default, Clone, Copy)]
-struct FxHasher(u64);
-
-const FX_SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-impl FxHasher {
-    #[inline]
-    fn add(&mut self, w: u64) {
-        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(FX_SEED);
-    }
-}
-
-impl Hasher for FxHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.add(u64::from_le_bytes([
-                c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
-            ]));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut buf = [0u8; 8];
-            buf[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(buf) ^ ((rest.len() as u64) << 59));
-        }
-    }
-
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
-type FxSet<K> = HashSet<K, BuildHasherDefault<FxHasher>>;
+/// foldhash, randomly seeded, for grouping a change's path entries and route keys (requests
+/// never hash). It replaced an FxHash whose last step was a multiplication: bytes that differ
+/// only late in a word (the digits of `/api/v1/service123/items`, the low bytes of a route's
+/// big-endian sequence number) changed only the high bits, which hashbrown does not use to pick a
+/// bucket, so a 100,000-route build probed long runs of equal buckets comparing keys (2/3 of
+/// `compile/100000` in the router bench was `memcmp` and probing).
+type FoldMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+type FoldSet<K> = HashSet<K, foldhash::fast::RandomState>;
 
 /// One host pattern of a route.
 #[derive(Debug)]
@@ -383,7 +345,7 @@ enum Tree {
 }
 
 /// Pending changes of one tree: per (exact?, stored key), the candidates to add.
-type TreeEdits<T> = FxMap<(bool, Box<str>), Vec<Cand<T>>>;
+type TreeEdits<T> = FoldMap<(bool, Box<str>), Vec<Cand<T>>>;
 
 impl<T> RouteTable<T> {
     /// A table with no routes.
@@ -431,8 +393,8 @@ impl<T> RouteTable<T> {
         insert: Vec<(Vec<u8>, RouteEntry<T>)>,
     ) -> Vec<TableError> {
         let kind = self.kind;
-        let mut gone: FxSet<Box<[u8]>> = FxSet::default();
-        let mut edits: FxMap<Tree, TreeEdits<T>> = FxMap::default();
+        let mut gone: FoldSet<Box<[u8]>> = FoldSet::default();
+        let mut edits: FoldMap<Tree, TreeEdits<T>> = FoldMap::default();
         let outgoing = remove
             .into_iter()
             .chain(insert.iter().map(|(k, _)| k.clone()));
@@ -456,7 +418,7 @@ impl<T> RouteTable<T> {
         }
 
         let mut errors = Vec::new();
-        let mut added: FxSet<Vec<u8>> = FxSet::default();
+        let mut added: FoldSet<Vec<u8>> = FoldSet::default();
         for (index, (key, entry)) in insert.into_iter().enumerate() {
             if !added.insert(key.clone()) {
                 errors.push(TableError {
@@ -621,7 +583,7 @@ impl<T> RouteTable<T> {
 
 /// Rebuilds the path entries named in `lists`: the candidates of the routes in `gone` are
 /// taken out, the new ones merged in, and an entry left empty is removed.
-fn apply_lists<T>(table: &mut UriTable<T>, lists: TreeEdits<T>, gone: &FxSet<Box<[u8]>>) {
+fn apply_lists<T>(table: &mut UriTable<T>, lists: TreeEdits<T>, gone: &FoldSet<Box<[u8]>>) {
     for ((exact, stored), mut new) in lists {
         new.sort_by(|a, b| a.order().cmp(&b.order()));
         let trie = if exact {

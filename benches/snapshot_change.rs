@@ -14,30 +14,14 @@ use ferrisix_config::shared_map::SharedMap;
 use ferrisix_config::state::{ConfigState, StoredItem, StoredValue};
 use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::snapshot::{CompileOptions, Snapshot};
-use serde_json::{json, Value};
 
-/// A route of scale.py's mix, as the Admin API stores it.
-fn route_body(i: usize, uri: Option<&str>) -> Value {
-    let mut body = json!({
-        "uri": uri.map(str::to_string).unwrap_or_else(|| if i % 2 == 0 { format!("/r{i}/exact") } else { format!("/p{i}/*") }),
-        "upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:1980": 1}},
-        "id": i.to_string(),
-        "create_time": 1_764_600_000 + i,
-        "update_time": 1_764_600_000 + i,
-    });
-    if i % 5 == 0 {
-        body["host"] = json!(format!("h{i}.example.com"));
-    }
-    if i % 7 == 0 {
-        body["methods"] = json!(["GET", "POST"]);
-    }
-    body
-}
+#[path = "support/scale_mix.rs"]
+mod scale_mix;
 
 fn item(i: usize, uri: Option<&str>, revision: i64) -> StoredItem {
     StoredItem {
         id: i.to_string(),
-        value: StoredValue::from_value(&route_body(i, uri)),
+        value: StoredValue::from_value(&scale_mix::route_body(i, uri, "127.0.0.1:1980")),
         create_revision: i as i64 + 1,
         mod_revision: revision,
         seq: i as u64,

@@ -23,7 +23,10 @@ use ferrisix_config::store::embedded::EmbeddedStore;
 use ferrisix_config::store::Store;
 use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::snapshot::{CompileOptions, Snapshot};
-use serde_json::{json, Value};
+use serde_json::Value;
+
+#[path = "../benches/support/scale_mix.rs"]
+mod scale_mix;
 
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
@@ -36,20 +39,7 @@ fn route_body(i: usize, distinct: bool) -> Value {
     } else {
         "127.0.0.1:1980".to_string()
     };
-    let mut body = json!({
-        "uri": if i % 2 == 0 { format!("/r{i}/exact") } else { format!("/p{i}/*") },
-        "upstream": {"type": "roundrobin", "nodes": {node: 1}},
-        "id": i.to_string(),
-        "create_time": 1_764_600_000 + i,
-        "update_time": 1_764_600_000 + i,
-    });
-    if i % 5 == 0 {
-        body["host"] = json!(format!("h{i}.example.com"));
-    }
-    if i % 7 == 0 {
-        body["methods"] = json!(["GET", "POST"]);
-    }
-    body
+    scale_mix::route_body(i, None, &node)
 }
 
 fn live() -> u64 {

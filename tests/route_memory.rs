@@ -5,27 +5,17 @@
 use ferrisix_config::store::{KeyValue, StateBuilder};
 use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::snapshot::{CompileOptions, Snapshot};
-use serde_json::json;
 
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
 
 const ROUTES: usize = 5_000;
 
+#[path = "../benches/support/scale_mix.rs"]
+mod scale_mix;
+
 fn route(i: usize) -> KeyValue {
-    let mut body = json!({
-        "uri": if i % 2 == 0 { format!("/r{i}/exact") } else { format!("/p{i}/*") },
-        "upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:1980": 1}},
-        "id": i.to_string(),
-        "create_time": 1_764_600_000 + i,
-        "update_time": 1_764_600_000 + i,
-    });
-    if i % 5 == 0 {
-        body["host"] = json!(format!("h{i}.example.com"));
-    }
-    if i % 7 == 0 {
-        body["methods"] = json!(["GET", "POST"]);
-    }
+    let body = scale_mix::route_body(i, None, "127.0.0.1:1980");
     KeyValue {
         key: format!("/apisix/routes/{i}"),
         value: body.to_string().into_bytes(),

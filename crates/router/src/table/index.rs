@@ -141,10 +141,12 @@ mod tests {
         assert_eq!(b.get(b"7").map(|v| v.1), Some(70));
         assert!(b.get(b"8").is_none());
         assert_eq!(b.get(b"new").map(|v| v.1), Some(1));
-        // Shards the changes did not touch are the same allocation in both.
+        // Shards the changes did not touch are the same allocation in both (or empty in both:
+        // 2,000 keys leave one of the 256 shards empty in about one seeding of ten).
         let same = (a.shards.iter().zip(b.shards.iter()))
             .filter(|(x, y)| match (x, y) {
                 (Some(x), Some(y)) => Arc::ptr_eq(x, y),
+                (None, None) => true,
                 _ => false,
             })
             .count();

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use ferrisix_net::{Acceptor, ConnLimits, Drain, ListenerSet};
+use ferrisix_net::{Acceptor, ConnLimits, ConnWatch, Drain, Graceful, ListenerSet};
+use ferrisix_plugin_api::ConnStats;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioExecutor;
 use hyper_util::server::conn::auto;
@@ -100,7 +101,6 @@ struct Kind {
 
 /// The two connection builders: hyper-util's auto-detecting one where HTTP/2 is on, hyper's
 /// HTTP/1 one where it is off (no detection step, and an h2c preface is refused).
-#[derive(Clone)]
 struct Builders {
     auto: auto::Builder<TokioExecutor>,
     http1: hyper::server::conn::http1::Builder,
@@ -240,10 +240,11 @@ async fn serve(
         .initial_stream_window_size(h2.initial_stream_window_size)
         .initial_connection_window_size(h2.initial_connection_window_size)
         .max_frame_size(h2.max_frame_size);
-    let builders = Builders {
+    // Shared: a TLS connection takes them to its handshake task.
+    let builders = Arc::new(Builders {
         auto,
         http1: ferrisix_net::http1_builder(&options.limits),
-    };
+    });
     let limits = options.limits;
     let drain = Drain::new();
 
@@ -361,20 +362,24 @@ fn serve_connection<IO>(
             .auto
             .serve_connection_with_upgrades(io, service)
             .into_owned();
-        tokio::spawn(async move {
-            // Closed early (None) when client_header_timeout or keepalive_timeout passes.
-            if let Some(Err(e)) = conn_watch.serve(connection).await {
-                tracing::debug!(error = %e, "client connection ended with an error");
-            }
-            stats.connection_closed();
-        });
+        spawn_served(conn_watch, connection, stats);
     } else {
         let connection = builders.http1.serve_connection(io, service).with_upgrades();
-        tokio::spawn(async move {
-            if let Some(Err(e)) = conn_watch.serve(connection).await {
-                tracing::debug!(error = %e, "client connection ended with an error");
-            }
-            stats.connection_closed();
-        });
+        spawn_served(conn_watch, connection, stats);
     }
+}
+
+/// Runs a client connection on a task of its own until it ends, and counts it closed then.
+fn spawn_served<C, E>(conn_watch: ConnWatch, connection: C, stats: Arc<ConnStats>)
+where
+    C: Graceful<Output = Result<(), E>> + Send + 'static,
+    E: std::fmt::Display,
+{
+    tokio::spawn(async move {
+        // Closed early (None) when client_header_timeout or keepalive_timeout passes.
+        if let Some(Err(e)) = conn_watch.serve(connection).await {
+            tracing::debug!(error = %e, "client connection ended with an error");
+        }
+        stats.connection_closed();
+    });
 }

@@ -171,7 +171,17 @@ fn run(
     let prometheus_enabled = registry.get("prometheus").is_some();
     let plugins = Arc::new(registry.clone());
     let compiling = std::time::Instant::now();
-    let snapshot = snapshot::Snapshot::compile(&first, &handle.load(), &options, &plugins);
+    // On a thread that ends with the compile: the first snapshot's memory is freed later by
+    // other threads (compiles, the Admin API's deletions), and mimalloc gives a page back only
+    // once its owner collects it, which the main thread, parked until shutdown, never does;
+    // an ended thread's pages are collected by whoever frees into them.
+    let snapshot = std::thread::scope(|scope| {
+        let compile =
+            scope.spawn(|| snapshot::Snapshot::compile(&first, &handle.load(), &options, &plugins));
+        compile
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    });
     // The boot's stages, for whoever wonders where the time to serving went.
     tracing::info!(
         revision = snapshot.revision,

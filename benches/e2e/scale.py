@@ -18,6 +18,8 @@ every fifth, methods on every seventh, an inline roundrobin upstream on each), a
             alternating 5 s windows (--churn-rounds, default 5) after a warm-up window, medians
             and their ratio;
             with etcd also while as many writes land in etcd outside the node's prefix
+  delete    then (without --service-fanout) every route DELETEd through the Admin API with
+            16 clients: DELETEs/s, and the RSS 3 s after the empty table is served
   fan-out   with --service-fanout M (after the above): M more routes use one service; the
             service's plugins change 5 times, and each change is timed from the PUT to the
             last of those routes answering with it (and its compile), then 100 of the M
@@ -202,6 +204,17 @@ nginx_config:
                     out.append(int(m.group(1)))
         return out
 
+    def routes_applied(self):
+        """The route count of the last `configuration applied` line, if any."""
+        found = None
+        with open(self.log_path, errors="replace") as f:
+            for line in f:
+                if "configuration applied" in line:
+                    m = re.search(r"routes[=:]\s*(\d+)", line)
+                    if m:
+                        found = int(m.group(1))
+        return found
+
     def boot_line(self):
         """The fields of the last `first configuration compiled` line (newer builds)."""
         found = {}
@@ -317,6 +330,26 @@ def put_all(port, n, put):
 def load_admin(gw, n, upstream_port):
     """PUTs n routes with 16 clients; returns PUTs/s."""
     return put_all(gw.admin, n, lambda c, i: admin_put(c, i, route_body(i, upstream_port)))
+
+
+def admin_delete(client, i):
+    status, data = client.request("DELETE", f"/apisix/admin/routes/{i}", None,
+                                  {"X-API-KEY": ADMIN_KEY})
+    if status != 200:
+        raise RuntimeError(f"DELETE routes/{i}: {status} {data[:200]!r}")
+
+
+def delete_burst(gw, n):
+    """DELETEs the n routes with 16 clients, waits for the gateway to serve an empty table,
+    and returns the DELETEs/s and the RSS 3 s later (KiB)."""
+    rate = put_all(gw.admin, n, admin_delete)
+    end = time.time() + 120
+    while gw.routes_applied() != 0:
+        if time.time() > end:
+            raise RuntimeError("the deletions were not applied within 120 s")
+        time.sleep(0.05)
+    time.sleep(3.0)
+    return rate, rss_kib(gw.proc.pid)
 
 
 def load_etcd(etcd_port, n, upstream_port):
@@ -609,6 +642,11 @@ def run_one(args, n, work):
         if args.service_fanout:
             res["service_fanout"] = service_fanout(gw, args.service_fanout, up_port)
             print(f"[{n}] fan-out {json.dumps(res['service_fanout'])}", file=sys.stderr)
+        else:
+            # Every route deleted in a burst: the memory goes back near idle.
+            rate, rss = delete_burst(gw, n)
+            res["delete_burst"] = {"deletes_per_s": round(rate, 1), "rss_after_kib": rss}
+            print(f"[{n}] deleted at {rate:.1f}/s, RSS {rss} KiB", file=sys.stderr)
     finally:
         gw.stop()
         for p in (upstream, etcd):
@@ -649,6 +687,15 @@ def markdown(results, note):
                 f"PUT → served {', '.join(str(x) for x in f['put_to_served_ms'])} ms; "
                 f"compile {', '.join(str(x) for x in f['compile_ms'])} ms; "
                 f"{f['checked']} random routes checked.")
+    for r in results:
+        d = r.get("delete_burst")
+        if d:
+            lines.append("")
+            lines.append(
+                f"All {r['routes']:,} routes deleted in a burst ({r['store']}): "
+                f"{d['deletes_per_s']} DELETEs/s; RSS 3 s after the empty table serves "
+                f"{d['rss_after_kib'] / 1024:.0f} MiB (idle {r['rss_idle_kib'] / 1024:.0f}, "
+                f"loaded {r['rss_loaded_kib'] / 1024:.0f}).")
     if note:
         lines.append("")
         lines.append(note)

@@ -8,7 +8,12 @@
 //! cargo run --example route_memory -- 10000            # stages and sites
 //! cargo run --example route_memory -- 10000 --sites 40  # more sites
 //! cargo run --example route_memory -- 10000 --distinct  # a different upstream node per route
+//! cargo run --example route_memory -- 10000 --delete    # then every route deleted
 //! ```
+//!
+//! With `--delete` every route is then deleted from the store and the next snapshot compiled
+//! from the state it publishes, as a burst of Admin DELETEs does; the first snapshot and state
+//! are dropped, and the sites report what is still live.
 //!
 //! The mix's routes all send to one node, so their inline upstreams are equal and share one
 //! compiled form; `--distinct` gives every route its own node (no two upstreams alike), the
@@ -56,6 +61,7 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(25);
     let distinct = args.iter().any(|a| a == "--distinct");
+    let delete = args.iter().any(|a| a == "--delete");
     let dir = tempfile::tempdir().unwrap();
     let profile = dir.path().join("dhat-heap.json");
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -114,10 +120,29 @@ fn main() {
         "  total:                                   {:>8.0}",
         per(compiled - base)
     );
-    // Written with everything still alive, so its end-of-run bytes are what a route holds.
+    if !delete {
+        // Written with everything still alive, so its end-of-run bytes are what a route holds.
+        drop(profiler);
+        report_sites(&profile, n, sites);
+        drop((snapshot, state, store));
+        return;
+    }
+    runtime.block_on(async {
+        for i in 0..n {
+            store.delete(&format!("/apisix/routes/{i}")).await.unwrap();
+        }
+    });
+    let emptied = store.subscribe().borrow().clone();
+    let after = Snapshot::compile(&emptied, &snapshot, &options, &registry);
+    assert_eq!(after.router.len(), 0, "every route is gone");
+    drop((snapshot, state));
+    println!(
+        "  still live after every route was deleted: {:>8.0}",
+        per(live().saturating_sub(base))
+    );
     drop(profiler);
     report_sites(&profile, n, sites);
-    drop((snapshot, state, store));
+    drop((after, emptied, store));
 }
 
 /// Live bytes at the end by the innermost two ferrisix frames of their allocation site.

@@ -679,23 +679,19 @@ def markdown(results, note):
             f"| {r['request_p99_ms']['idle']} / {r['request_p99_ms']['under_changes']} ms "
             f"({r['request_p99_ms'].get('ratio')}x{etcd_alone(r)}) |")
     for r in results:
-        f = r.get("service_fanout")
+        f, d = r.get("service_fanout"), r.get("delete_burst")
         if f:
-            lines.append("")
-            lines.append(
+            lines += ["", (
                 f"Service used by {f['routes']:,} routes ({r['routes']:,} others, {r['store']}): "
                 f"PUT → served {', '.join(str(x) for x in f['put_to_served_ms'])} ms; "
                 f"compile {', '.join(str(x) for x in f['compile_ms'])} ms; "
-                f"{f['checked']} random routes checked.")
-    for r in results:
-        d = r.get("delete_burst")
+                f"{f['checked']} random routes checked.")]
         if d:
-            lines.append("")
-            lines.append(
+            lines += ["", (
                 f"All {r['routes']:,} routes deleted in a burst ({r['store']}): "
                 f"{d['deletes_per_s']} DELETEs/s; RSS 3 s after the empty table serves "
                 f"{d['rss_after_kib'] / 1024:.0f} MiB (idle {r['rss_idle_kib'] / 1024:.0f}, "
-                f"loaded {r['rss_loaded_kib'] / 1024:.0f}).")
+                f"loaded {r['rss_loaded_kib'] / 1024:.0f}).")]
     if note:
         lines.append("")
         lines.append(note)

@@ -120,29 +120,29 @@ fn main() {
         "  total:                                   {:>8.0}",
         per(compiled - base)
     );
-    if !delete {
-        // Written with everything still alive, so its end-of-run bytes are what a route holds.
-        drop(profiler);
-        report_sites(&profile, n, sites);
-        drop((snapshot, state, store));
-        return;
-    }
-    runtime.block_on(async {
-        for i in 0..n {
-            store.delete(&format!("/apisix/routes/{i}")).await.unwrap();
-        }
-    });
-    let emptied = store.subscribe().borrow().clone();
-    let after = Snapshot::compile(&emptied, &snapshot, &options, &registry);
-    assert_eq!(after.router.len(), 0, "every route is gone");
-    drop((snapshot, state));
-    println!(
-        "  still live after every route was deleted: {:>8.0}",
-        per(live().saturating_sub(base))
-    );
+    // With `--delete`, what stays is what the emptied state and its snapshot hold.
+    let held = if delete {
+        runtime.block_on(async {
+            for i in 0..n {
+                store.delete(&format!("/apisix/routes/{i}")).await.unwrap();
+            }
+        });
+        let emptied = store.subscribe().borrow().clone();
+        let after = Snapshot::compile(&emptied, &snapshot, &options, &registry);
+        assert_eq!(after.router.len(), 0, "every route is gone");
+        drop((snapshot, state));
+        println!(
+            "  still live after every route was deleted: {:>8.0}",
+            per(live().saturating_sub(base))
+        );
+        (after, emptied)
+    } else {
+        (snapshot, state)
+    };
+    // Written with `held` still alive, so its end-of-run bytes are what a route holds.
     drop(profiler);
     report_sites(&profile, n, sites);
-    drop((after, emptied, store));
+    drop((held, store));
 }
 
 /// Live bytes at the end by the innermost two ferrisix frames of their allocation site.

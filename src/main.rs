@@ -98,6 +98,20 @@ fn take_over(settings: &Settings) -> Result<(Option<Successor>, ListenerSet), St
     }
 }
 
+/// Runs `f` on a thread that ends with it. For the boot's big allocations (the store's read,
+/// the first compile): they are freed later by other threads (compiles, the Admin API's
+/// deletions), and mimalloc gives a page back only once its owner collects it, which the main
+/// thread, parked until shutdown, never does; an ended thread's pages are freed by whoever
+/// empties them.
+fn on_ending_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(f)
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
 fn run(
     mut settings: Settings,
     mut log: logging::LogControl,
@@ -154,13 +168,14 @@ fn run(
     let (predecessor, mut sockets) = take_over(&settings)?;
 
     let opening = std::time::Instant::now();
-    let source = control.block_on(sources::open(&settings))?;
+    // On a thread that ends with it, as the first compile below: the store's whole read (the
+    // stored texts of every route) is freed later by other threads, into pages the parked main
+    // thread would never collect (a boot then 100,000 deletions left 34 MiB more resident).
+    let source = on_ending_thread(|| control.block_on(sources::open(&settings)))?;
     let opened = opening.elapsed();
     let states = source.states.clone();
     let health = source.health.clone();
 
-    // Compile the first state before accepting traffic, so the first request sees the routes.
-    let first = states.borrow().clone();
     let (registry, unknown) = PluginRegistry::new(services.clone(), settings.plugins.as_deref());
     for name in unknown {
         tracing::warn!(plugin = %name, "config.yaml enables a plugin ferrisix does not have; ignored");
@@ -171,17 +186,14 @@ fn run(
     let prometheus_enabled = registry.get("prometheus").is_some();
     let plugins = Arc::new(registry.clone());
     let compiling = std::time::Instant::now();
-    // On a thread that ends with the compile: the first snapshot's memory is freed later by
-    // other threads (compiles, the Admin API's deletions), and mimalloc gives a page back only
-    // once its owner collects it, which the main thread, parked until shutdown, never does;
-    // an ended thread's pages are collected by whoever frees into them.
-    let snapshot = std::thread::scope(|scope| {
-        let compile =
-            scope.spawn(|| snapshot::Snapshot::compile(&first, &handle.load(), &options, &plugins));
-        compile
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-    });
+    // Compile the first state before accepting traffic, so the first request sees the routes.
+    // The state is let go once compiled: held here, it kept the boot's whole store read (32 MB
+    // at 100,000 routes) alive for the life of the process, after every route was replaced or
+    // deleted.
+    let snapshot = {
+        let first = states.borrow().clone();
+        on_ending_thread(|| snapshot::Snapshot::compile(&first, &handle.load(), &options, &plugins))
+    };
     // The boot's stages, for whoever wonders where the time to serving went.
     tracing::info!(
         revision = snapshot.revision,

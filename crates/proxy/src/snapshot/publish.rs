@@ -80,10 +80,33 @@ pub async fn follow(
             let opts = options.clone();
             tokio::task::spawn_blocking(move || opts.upstreams.inline.sweep());
         }
-        if rx.changed().await.is_err() {
+        // Once the changes stop for a while, one allocator nudge (see `settle`); none while
+        // they keep coming, and no timer while idle.
+        let changed = tokio::select! {
+            changed = rx.changed() => changed,
+            () = tokio::time::sleep(SETTLE_AFTER) => {
+                tokio::task::spawn_blocking(settle);
+                rx.changed().await
+            }
+        };
+        if changed.is_err() {
             return;
         }
     }
+}
+
+/// How long after the last publish the allocator is nudged: past mimalloc's purge delay (1 s).
+const SETTLE_AFTER: std::time::Duration = std::time::Duration::from_millis(1500);
+
+/// Allocates and frees one block large enough to get pages of its own. mimalloc hands freed
+/// pages back to the system only once they have been free for its purge delay, and only when
+/// some thread frees pages after that; a gateway that goes quiet after a burst of changes
+/// would keep what the compiles freed (all 100,000 routes deleted: 69 MiB resident where 26
+/// remain once anything frees again). This free is that next one. Safe code, no allocator
+/// API: `unsafe` is banned here and the nudge is harmless under any allocator.
+fn settle() {
+    const LARGE: usize = 8 << 20;
+    drop(std::hint::black_box(Vec::<u8>::with_capacity(LARGE)));
 }
 
 fn micros(d: std::time::Duration) -> u64 {

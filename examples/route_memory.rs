@@ -62,6 +62,7 @@ fn main() {
         .unwrap_or(25);
     let distinct = args.iter().any(|a| a == "--distinct");
     let delete = args.iter().any(|a| a == "--delete");
+    let reopen = args.iter().any(|a| a == "--reopen");
     let dir = tempfile::tempdir().unwrap();
     let profile = dir.path().join("dhat-heap.json");
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -101,6 +102,14 @@ fn main() {
         }
         store
     });
+    // With `--reopen`, the store is closed and opened again, as a restart reads it.
+    let store = if reopen {
+        let path = store.path().to_owned();
+        drop(store);
+        runtime.block_on(async { EmbeddedStore::open(&path, "/apisix").unwrap() })
+    } else {
+        store
+    };
     let state = store.subscribe().borrow().clone();
     let stored = live();
     let snapshot = Snapshot::compile(&state, &empty, &options, &registry);

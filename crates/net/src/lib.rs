@@ -18,6 +18,8 @@
 //!   answers, GOAWAY on HTTP/2, idle connections closed only after a grace period.
 //! * [`ListenerSet`] and [`handover`]: the process's listening sockets, bound once, and handed
 //!   to a successor process (binary upgrade, restart) with the connections in their queues.
+//! * [`yield_to_workers`]: the threads that are not serving requests (configuration, Admin
+//!   API, health probes) give way to the workers when the cores are busy.
 #![forbid(unsafe_code)]
 
 mod accept;
@@ -27,6 +29,7 @@ pub mod handover;
 mod io;
 mod lifetime;
 mod listeners;
+mod priority;
 
 pub use accept::Acceptor;
 pub use drain::{Drain, Open, IDLE_GRACE};
@@ -34,6 +37,7 @@ pub use framing::{ChunkSizeTooLarge, FramingGuard, MAX_CHUNK_SIZE};
 pub use io::TimedIo;
 pub use lifetime::{ConnLimits, ConnWatch, Graceful, InFlight, Tracked};
 pub use listeners::{bind, ListenerSet};
+pub use priority::{yield_to_workers, CONTROL_NICENESS};
 
 /// The I/O a listener hands hyper: `send_timeout` on writes, nginx's chunk-size bound on
 /// reads.

@@ -16,7 +16,8 @@ every fifth, methods on every seventh, an inline roundrobin upstream on each), a
   list      `GET /apisix/admin/routes?page=1&page_size=10` p50
   churn     wrk p99 of a routed request idle, and while 50 changes per second land, in
             alternating 5 s windows (--churn-rounds, default 5) after a warm-up window, medians
-            and their ratio;
+            and their ratio; also while as many Admin reads (GETs) land, from the same client
+            threads: the client's and the Admin API's share with no change applied;
             with etcd also while as many writes land in etcd outside the node's prefix
   delete    then (without --service-fanout) every route DELETEd through the Admin API with
             16 clients: DELETEs/s, and the RSS 3 s after the empty table is served
@@ -547,6 +548,12 @@ def churn_rounds(gw, n, upstream_port, rounds, etcd_port=None):
     def change(w, i, seq):
         admin_put(admins[w], i, route_body(i, upstream_port, uri=f"/churn{i}_{seq}"))
 
+    def read(w, i, seq):
+        status, data = admins[w].request("GET", f"/apisix/admin/routes/{i}", None,
+                                         {"X-API-KEY": ADMIN_KEY})
+        if status != 200:
+            raise RuntimeError(f"GET routes/{i}: {status} {data[:200]!r}")
+
     elsewhere = None
     if etcd_port:
         raw = [Client(etcd_port) for _ in range(8)]
@@ -559,7 +566,10 @@ def churn_rounds(gw, n, upstream_port, rounds, etcd_port=None):
             if status != 200:
                 raise RuntimeError(f"etcd put: {status} {data!r}")
 
-    out = {"idle_rounds": [], "under_changes_rounds": [], "changes_per_s_rounds": []}
+    # A window of as many Admin reads (GETs, through the same client threads): the share of
+    # the client and of the Admin API's HTTP on the two cores, with no change applied.
+    out = {"idle_rounds": [], "under_changes_rounds": [], "changes_per_s_rounds": [],
+           "admin_reads_rounds": []}
     if elsewhere:
         out["etcd_alone_rounds"] = []
     # The first window after the load ran 2-3.5 ms p99 where the next idle ones ran 0.4-0.9
@@ -571,6 +581,7 @@ def churn_rounds(gw, n, upstream_port, rounds, etcd_port=None):
         p99, rate = churn_window(gw, n, change)
         out["under_changes_rounds"].append(p99)
         out["changes_per_s_rounds"].append(round(rate, 1))
+        out["admin_reads_rounds"].append(churn_window(gw, n, read)[0])
         if elsewhere:
             out["etcd_alone_rounds"].append(churn_window(gw, n, elsewhere)[0])
     for key in [k for k in out if k.endswith("_rounds")]:
@@ -657,8 +668,13 @@ def run_one(args, n, work):
 
 
 def etcd_alone(r):
-    alone = r["request_p99_ms"].get("etcd_alone")
-    return f"; etcd alone {alone} ms" if alone is not None else ""
+    p99 = r["request_p99_ms"]
+    out = ""
+    if p99.get("admin_reads") is not None:
+        out += f"; Admin reads alone {p99['admin_reads']} ms"
+    if p99.get("etcd_alone") is not None:
+        out += f"; etcd alone {p99['etcd_alone']} ms"
+    return out
 
 
 def markdown(results, note):

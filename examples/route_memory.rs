@@ -9,6 +9,7 @@
 //! cargo run --example route_memory -- 10000 --sites 40  # more sites
 //! cargo run --example route_memory -- 10000 --distinct  # a different upstream node per route
 //! cargo run --example route_memory -- 10000 --delete    # then every route deleted
+//! cargo run --example route_memory -- 10000 --reopen --delete  # the store read as a boot reads it
 //! ```
 //!
 //! With `--delete` every route is then deleted from the store and the next snapshot compiled

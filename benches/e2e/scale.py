@@ -667,7 +667,8 @@ def run_one(args, n, work):
     return res
 
 
-def etcd_alone(r):
+def alone_windows(r):
+    """The control windows' p99s (Admin reads alone; etcd writes alone), for the table."""
     p99 = r["request_p99_ms"]
     out = ""
     if p99.get("admin_reads") is not None:
@@ -693,7 +694,7 @@ def markdown(results, note):
             f"({(r['rss_after_boot_kib'] - r['rss_idle_kib']) / r['routes']:.1f} KiB) "
             f"| {r['load_puts_per_s']} | {r['list_10_ms']['p50']} ms "
             f"| {r['request_p99_ms']['idle']} / {r['request_p99_ms']['under_changes']} ms "
-            f"({r['request_p99_ms'].get('ratio')}x{etcd_alone(r)}) |")
+            f"({r['request_p99_ms'].get('ratio')}x{alone_windows(r)}) |")
     for r in results:
         f, d = r.get("service_fanout"), r.get("delete_burst")
         if f:

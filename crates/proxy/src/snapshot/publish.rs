@@ -101,8 +101,8 @@ const SETTLE_AFTER: std::time::Duration = std::time::Duration::from_millis(1500)
 /// Allocates and frees one block large enough to get pages of its own. mimalloc hands freed
 /// pages back to the system only once they have been free for its purge delay, and only when
 /// some thread frees pages after that; a gateway that goes quiet after a burst of changes
-/// would keep what the compiles freed (all 100,000 routes deleted: 69 MiB resident where 26
-/// remain once anything frees again). This free is that next one. Safe code, no allocator
+/// would keep what the compiles freed (all 100,000 routes deleted: 63-69 MiB resident, 26
+/// once anything freed again). This free is that next one. Safe code, no allocator
 /// API: `unsafe` is banned here and the nudge is harmless under any allocator.
 fn settle() {
     const LARGE: usize = 8 << 20;

@@ -37,7 +37,7 @@ pub use framing::{ChunkSizeTooLarge, FramingGuard, MAX_CHUNK_SIZE};
 pub use io::TimedIo;
 pub use lifetime::{ConnLimits, ConnWatch, Graceful, InFlight, Tracked};
 pub use listeners::{bind, ListenerSet};
-pub use priority::{yield_to_workers, CONTROL_NICENESS};
+pub use priority::{thread_cpu_time, yield_to_workers, CONTROL_NICENESS};
 
 /// The I/O a listener hands hyper: `send_timeout` on writes, nginx's chunk-size bound on
 /// reads.

@@ -1,4 +1,4 @@
-//! CPU priority of the threads that are not the workers.
+//! CPU priority of the threads that are not the workers, and the CPU time a thread spent.
 
 /// How much nicer than the workers the control threads run (see [`yield_to_workers`]).
 pub const CONTROL_NICENESS: i32 = 10;
@@ -19,9 +19,38 @@ pub fn yield_to_workers() {
     }
 }
 
+/// The CPU time the calling thread has used so far (zero where the platform cannot say).
+///
+/// A control thread runs at [`CONTROL_NICENESS`], so on busy cores its wall time stretches
+/// by design; this is what its work itself cost, which the difference of two readings gives.
+pub fn thread_cpu_time() -> std::time::Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    let secs = u64::try_from(t.tv_sec).unwrap_or(0);
+    let nanos = u32::try_from(t.tv_nsec).unwrap_or(0);
+    std::time::Duration::new(secs, nanos)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thread_cpu_time_counts_this_threads_work_not_its_sleep() {
+        let before = thread_cpu_time();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let slept = thread_cpu_time() - before;
+        assert!(slept < std::time::Duration::from_millis(10), "{slept:?}");
+        // Spinning moves it (however busy the machine's other threads keep the cores).
+        let started = std::time::Instant::now();
+        let mut x = 0u64;
+        while thread_cpu_time() - before < std::time::Duration::from_millis(20) {
+            x = std::hint::black_box(x.wrapping_add(1));
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(30),
+                "it never moved"
+            );
+        }
+    }
 
     #[test]
     fn a_control_thread_runs_nicer_than_the_thread_that_started_it() {

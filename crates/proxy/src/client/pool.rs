@@ -120,8 +120,13 @@ struct Idle {
     limits: PoolLimits,
 }
 
+/// Keyed by upstream addresses, SNIs and TLS fingerprints from the configuration, never by
+/// anything a client sends, so the map needs no flood-resistant hash: SipHash cost two
+/// lookups' worth of it per request (~1,100 of ~42,600 instructions, callgrind).
+type PoolMap = HashMap<PoolKey, Vec<Idle>, foldhash::fast::RandomState>;
+
 thread_local! {
-    static POOL: RefCell<HashMap<PoolKey, Vec<Idle>>> = RefCell::new(HashMap::new());
+    static POOL: RefCell<PoolMap> = RefCell::new(PoolMap::default());
 }
 
 impl PooledConn {

@@ -27,7 +27,7 @@ use lifecycle::Event;
 // channels) cost glibc malloc ~4% of CPU under load in profiles; mimalloc's thread-local free
 // lists make them cheaper (benches/e2e, README "Performance").
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: ferrisix_alloc::Mimalloc = ferrisix_alloc::Mimalloc;
 
 fn main() -> ExitCode {
     let args = match cli::Args::parse(std::env::args().skip(1)) {

@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""User-space instructions per proxied request, counted by valgrind's callgrind.
+
+bench.py's CPU time per request is the truth, but on a 2-core machine it cannot resolve a
+step below ~3-5%: nginx's own figure moves 15-30% from round to round. An instruction count
+moves 0.1-0.2% between runs of one build, so a request-path step of 1% shows. It counts user
+space only (the kernel's share, about 70% of the CPU per request, is not in it) and
+instructions are not cycles (a cache miss costs no instruction): it tells whether a step
+removes work, the harness whether that work mattered.
+
+Each round starts the gateway under callgrind (1 worker, the embedded store, the access log
+on as in bench.py), PUTs bench.py's route (s1: no plugins; s2: limit-count + prometheus),
+warms up with wrk for 3 s, zeroes the counters, runs `wrk -t 1 -c 16` for --seconds, dumps
+the counters and divides by wrk's request count. With --baseline, the two binaries alternate
+in every round. With --nginx, nginx's proxy_pass (one process, bench.py's s1 configuration)
+is counted the same way, for the ratio. The upstream is bench.py's nginx on 127.0.0.1:1980.
+Under callgrind a gateway serves ~3,500 requests/s, so 5 s is ~17,000 requests.
+
+Usage: benches/e2e/instructions.py --binary target/release/ferrisix [--baseline OTHER]
+                                   [--nginx] [--rounds 3] [--seconds 5] [--scenario s1|s2]
+                                   [--keep DIR]   (keep the callgrind files for callgrind_annotate)
+"""
+
+import argparse
+import glob
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402
+
+NGINX_PORT = 9081
+S2_PLUGINS = {
+    "limit-count": {"count": 2000000000000, "time_window": 60, "rejected_code": 503,
+                    "key": "remote_addr"},
+    "prometheus": {},
+}
+
+
+def callgrind(out):
+    return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+            "--separate-threads=yes", "--dump-instr=no"]
+
+
+def wrk(port, seconds):
+    return subprocess.run(["wrk", "-t", "1", "-c", "16", "-d", f"{seconds}s",
+                           f"http://127.0.0.1:{port}/hello"],
+                          capture_output=True, text=True).stdout
+
+
+def start_gateway(work, binary, scenario):
+    """bench.py's ferrisix, launched under callgrind."""
+    real_popen = subprocess.Popen
+    out = os.path.join(work, "callgrind.out")
+
+    def popen(args, **kw):
+        if binary in args:
+            args = callgrind(out) + args[args.index(binary):]
+        return real_popen(args, **kw)
+
+    subprocess.Popen = popen
+    try:
+        proc = bench.start_ferrisix(work, None, binary)
+    finally:
+        subprocess.Popen = real_popen
+    plugins = S2_PLUGINS if scenario == "s2" else {}
+    for _ in range(60):
+        try:
+            bench.put_route(f"http://127.0.0.1:{bench.FERRISIX_ADMIN}", "benchmark-admin-key",
+                            plugins)
+            break
+        except OSError:
+            time.sleep(0.5)
+    return proc, bench.FERRISIX_PORT, out
+
+
+def start_nginx(work):
+    """bench.py's nginx proxy_pass for s1, as one process (no master) so that callgrind
+    follows it."""
+    conf = os.path.join(work, "proxy.conf")
+    with open(conf, "w") as f:
+        f.write(f"""
+master_process off;
+daemon off;
+pid {work}/proxy.pid;
+error_log {work}/proxy-error.log;
+events {{ worker_connections 10620; }}
+http {{
+  access_log {work}/proxy-access.log combined buffer=64k flush=1s;
+  upstream backend {{
+    server 127.0.0.1:{bench.UPSTREAM_PORT};
+    keepalive 320;
+  }}
+  server {{
+    listen 127.0.0.1:{NGINX_PORT} reuseport;
+    location / {{
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host $http_host;
+      proxy_set_header X-Real-IP $remote_addr;
+      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+      proxy_pass http://backend;
+    }}
+  }}
+}}
+""")
+    out = os.path.join(work, "callgrind.out")
+    proc = subprocess.Popen(callgrind(out) + [bench.nginx_bin(), "-c", conf, "-p", work],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    bench.wait_port(NGINX_PORT, timeout=60)
+    return proc, NGINX_PORT, out
+
+
+def count(work, start, seconds):
+    """Starts a target, loads it, and gives (requests, instructions of all its threads)."""
+    proc, port, out = start()
+    try:
+        wrk(port, 3)
+        subprocess.run(["callgrind_control", "-z", str(proc.pid)], capture_output=True,
+                       check=True)
+        text = wrk(port, seconds)
+        subprocess.run(["callgrind_control", "-d", str(proc.pid)], capture_output=True,
+                       check=True)
+    finally:
+        proc.terminate()
+        proc.wait()
+    m = re.search(r"(\d+) requests in", text)
+    if not m:
+        raise RuntimeError(f"no wrk result: {text}")
+    bad = re.search(r"Non-2xx or 3xx responses:\s*(\d+)", text)
+    if bad:
+        raise RuntimeError(f"{bad.group(1)} answers were not 2xx")
+    total = 0
+    # The zeroing dump and the final one at exit are separate files: only the `-d` dump
+    # (part 1) counts, one file per thread.
+    for path in glob.glob(out + ".1-*"):
+        with open(path) as f:
+            s = re.search(r"^summary:\s*(\d+)", f.read(), re.M)
+        if s:
+            total += int(s.group(1))
+    if not total:
+        raise RuntimeError(f"no callgrind dump in {work}")
+    return int(m.group(1)), total
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--binary", default=os.path.join(bench.ROOT, "target", "release", "ferrisix"))
+    ap.add_argument("--baseline")
+    ap.add_argument("--nginx", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=int, default=5)
+    ap.add_argument("--scenario", choices=["s1", "s2"], default="s1")
+    ap.add_argument("--keep")
+    args = ap.parse_args()
+    for tool in ("valgrind", "callgrind_control", "wrk"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} is needed (Debian: valgrind, wrk)")
+    targets = [("ferrisix", args.binary)]
+    if args.baseline:
+        targets.append(("baseline", args.baseline))
+    if args.nginx:
+        targets.append(("nginx", None))
+    work = args.keep or tempfile.mkdtemp(prefix="ferrisix-instructions-")
+    os.makedirs(work, exist_ok=True)
+    upstream = bench.start_upstream(work, None)
+    per_request = {name: [] for name, _ in targets}
+    try:
+        for r in range(args.rounds):
+            for name, binary in targets:
+                w = os.path.join(work, f"round{r}-{name}")
+                os.makedirs(w, exist_ok=True)
+                if binary:
+                    start = lambda w=w, b=binary: start_gateway(w, b, args.scenario)  # noqa: E731
+                else:
+                    start = lambda w=w: start_nginx(w)  # noqa: E731
+                n, total = count(w, start, args.seconds)
+                per_request[name].append(total / n)
+                print(f"round {r} {name}: {n} requests, {total / n:,.0f} instructions each",
+                      file=sys.stderr, flush=True)
+    finally:
+        upstream.terminate()
+        upstream.wait()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    first = statistics.median(per_request["ferrisix"])
+    print(f"| target | instructions per request ({args.scenario}, median of {args.rounds}) "
+          "| runs | vs ferrisix |")
+    print("|---|---:|---|---:|")
+    for name, _ in targets:
+        med = statistics.median(per_request[name])
+        runs = ", ".join(f"{v:,.0f}" for v in per_request[name])
+        print(f"| {name} | {med:,.0f} | {runs} | {med / first:.3f}× |")
+
+
+if __name__ == "__main__":
+    main()

@@ -19,18 +19,17 @@ pub fn yield_to_workers() {
     }
 }
 
-/// The CPU time the calling thread has used so far (zero where the platform cannot say).
+/// The CPU time the calling thread has used so far (its thread CPU clock).
 ///
 /// A control thread runs at [`CONTROL_NICENESS`], so on busy cores its wall time stretches
 /// by design; this is what its work itself cost, which the difference of two readings gives.
-/// Read from `/proc/thread-self/schedstat` (the scheduler's nanoseconds on a CPU), not from
-/// the vDSO's thread clock: rustix parses the vDSO itself, which tools that hide it
-/// (valgrind) do not survive. A few microseconds per reading, taken twice per compile.
+/// (Not `/proc/thread-self/schedstat`: the kernel brings that figure up to date only when
+/// the thread is switched out or a tick lands, so a 0.1 ms compile mostly read as zero.)
 pub fn thread_cpu_time() -> std::time::Duration {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .map_or(std::time::Duration::ZERO, std::time::Duration::from_nanos)
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    let secs = u64::try_from(t.tv_sec).unwrap_or(0);
+    let nanos = u32::try_from(t.tv_nsec).unwrap_or(0);
+    std::time::Duration::new(secs, nanos)
 }
 
 #[cfg(test)]
@@ -53,6 +52,26 @@ mod tests {
                 "it never moved"
             );
         }
+    }
+
+    #[test]
+    fn thread_cpu_time_resolves_far_below_a_scheduler_tick() {
+        // A clock updated only at ticks and switches moves in steps of a millisecond or more;
+        // a compile's 0.1 ms would read as zero. Consecutive readings must differ by less.
+        let mut smallest = std::time::Duration::MAX;
+        let mut last = thread_cpu_time();
+        let started = std::time::Instant::now();
+        while started.elapsed() < std::time::Duration::from_millis(200) {
+            let now = thread_cpu_time();
+            if now > last {
+                smallest = smallest.min(now - last);
+            }
+            last = now;
+        }
+        assert!(
+            smallest < std::time::Duration::from_micros(200),
+            "{smallest:?}"
+        );
     }
 
     #[test]

@@ -291,6 +291,28 @@ http {{
     return p
 
 
+def nginx_s1_http(work, port):
+    """The plain part of nginx's proxy_pass baseline, inside `http {}`: the buffered access
+    log, the upstream with keep-alive, and the s1 server on `port` (instructions.py counts
+    the same configuration)."""
+    return f"""  access_log {work}/proxy-access.log combined buffer=64k flush=1s;
+  upstream backend {{
+    server 127.0.0.1:{UPSTREAM_PORT};
+    keepalive 320;
+  }}
+  server {{
+    listen 127.0.0.1:{port} reuseport;
+    location / {{
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host $http_host;
+      proxy_set_header X-Real-IP $remote_addr;
+      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+      proxy_pass http://backend;
+    }}
+  }}"""
+
+
 def start_nginx_proxy(work, cores, crt, key):
     conf = os.path.join(work, "proxy.conf")
     with open(conf, "w") as f:
@@ -301,22 +323,7 @@ pid {work}/proxy.pid;
 error_log {work}/proxy-error.log;
 events {{ worker_connections 10620; }}
 http {{
-  access_log {work}/proxy-access.log combined buffer=64k flush=1s;
-  upstream backend {{
-    server 127.0.0.1:{UPSTREAM_PORT};
-    keepalive 320;
-  }}
-  server {{
-    listen 127.0.0.1:{NGINX_PROXY_PORT} reuseport;
-    location / {{
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_set_header Host $http_host;
-      proxy_set_header X-Real-IP $remote_addr;
-      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-      proxy_pass http://backend;
-    }}
-  }}
+{nginx_s1_http(work, NGINX_PROXY_PORT)}
   server {{
     # `listen ... http2` works on every nginx (`http2 on;` needs 1.25.1+).
     listen 127.0.0.1:{NGINX_TLS_PORT} ssl http2 reuseport;

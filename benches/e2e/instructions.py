@@ -92,22 +92,7 @@ pid {work}/proxy.pid;
 error_log {work}/proxy-error.log;
 events {{ worker_connections 10620; }}
 http {{
-  access_log {work}/proxy-access.log combined buffer=64k flush=1s;
-  upstream backend {{
-    server 127.0.0.1:{bench.UPSTREAM_PORT};
-    keepalive 320;
-  }}
-  server {{
-    listen 127.0.0.1:{NGINX_PORT} reuseport;
-    location / {{
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_set_header Host $http_host;
-      proxy_set_header X-Real-IP $remote_addr;
-      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-      proxy_pass http://backend;
-    }}
-  }}
+{bench.nginx_s1_http(work, NGINX_PORT)}
 }}
 """)
     out = os.path.join(work, "callgrind.out")

@@ -121,9 +121,9 @@ fn run(
     // the main thread and the hand-over thread can wait on them (an Admin API drain) while
     // they run. Its threads (and the compiles' helpers they start) run nicer than the
     // workers: on busy cores a change takes longer to apply rather than requests longer to
-    // answer (request p99 under 50 changes/s at 10,000 and 100,000 routes, two interleaved
-    // runs: 0.41-0.47 ms against 0.61-0.73 ms, idle 0.21-0.27; one change's compile p99
-    // 0.12-0.21 -> 0.53-0.58 ms).
+    // answer (request p99 under 50 changes/s at 10,000 routes, with wrk keeping both cores
+    // busy: 1.23x idle at nice +10 against 1.52x at nice 0; the compile's wall-time p99 then
+    // 2.2-3.6 ms against 0.2-0.95, its CPU time unchanged).
     let control = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("ferrisix-control")

@@ -8,9 +8,10 @@
 //! spellings share an entry as they do in APISIX. Idle entries (finished windows, drained
 //! buckets) are dropped per shard at most once a second, when that shard is touched.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::{BuildHasher, RandomState};
 use std::net::IpAddr;
+
+use hashbrown::HashTable;
 use std::sync::{Mutex, MutexGuard};
 
 const SHARDS: usize = 32;
@@ -78,8 +79,8 @@ pub enum Slot<V> {
 }
 
 struct Shard<V> {
-    ip: HashMap<IpAddr, V>,
-    text: HashMap<Box<str>, V>,
+    ip: HashTable<(IpAddr, V)>,
+    text: HashTable<(Box<str>, V)>,
     /// When idle entries were last dropped (monotonic ms).
     swept_ms: u64,
 }
@@ -87,8 +88,8 @@ struct Shard<V> {
 impl<V> Default for Shard<V> {
     fn default() -> Self {
         Shard {
-            ip: HashMap::new(),
-            text: HashMap::new(),
+            ip: HashTable::new(),
+            text: HashTable::new(),
             swept_ms: 0,
         }
     }
@@ -100,15 +101,18 @@ impl<V> Shard<V> {
     }
 
     fn drop_idle(&mut self, idle: &impl Fn(&V) -> bool) {
-        self.ip.retain(|_, v| !idle(v));
-        self.text.retain(|_, v| !idle(v));
+        self.ip.retain(|(_, v)| !idle(v));
+        self.text.retain(|(_, v)| !idle(v));
     }
 }
 
 /// Per-key values of type `V`, sharded.
+///
+/// Each key is hashed once, with std's randomly keyed SipHash (the keys come from clients):
+/// the hash picks the shard and is the shard's table hash too.
 pub struct Keyed<V> {
     shards: Box<[Mutex<Shard<V>>]>,
-    hasher: std::collections::hash_map::RandomState,
+    hasher: RandomState,
 }
 
 impl<V> Default for Keyed<V> {
@@ -126,16 +130,50 @@ impl<V> std::fmt::Debug for Keyed<V> {
     }
 }
 
-impl<V> Keyed<V> {
-    fn shard(&self, key: KeyRef<'_>) -> MutexGuard<'_, Shard<V>> {
-        let mut h = self.hasher.build_hasher();
-        match key {
-            KeyRef::Ip(ip) => ip.hash(&mut h),
-            KeyRef::Text(t) => t.hash(&mut h),
+/// The shard of a hash: bits the tables do not use (they index with the low bits and tag
+/// with the top seven), so one shard's keys still spread over its whole table.
+fn shard_index(hash: u64) -> usize {
+    (hash >> 40) as usize % SHARDS
+}
+
+/// [`Keyed::update`] on one table: `key` finds the entry, `owned` makes its key when `f`
+/// inserts one, `rehash` hashes a stored key when the table grows.
+fn update_entry<K, V, R>(
+    table: &mut HashTable<(K, V)>,
+    hash: u64,
+    key: impl Fn(&K) -> bool,
+    owned: impl FnOnce() -> K,
+    rehash: impl Fn(&K) -> u64,
+    f: impl FnOnce(Option<&mut V>) -> (Slot<V>, R),
+) -> R {
+    match table.find_entry(hash, |e| key(&e.0)) {
+        Ok(mut entry) => {
+            let (slot, r) = f(Some(&mut entry.get_mut().1));
+            match slot {
+                Slot::Keep => {}
+                Slot::Remove => {
+                    entry.remove();
+                }
+                Slot::Insert(v) => entry.get_mut().1 = v,
+            }
+            r
         }
-        let i = (h.finish() as usize) % SHARDS;
+        Err(_) => {
+            let (slot, r) = f(None);
+            if let Slot::Insert(v) = slot {
+                table.insert_unique(hash, (owned(), v), |e| rehash(&e.0));
+            }
+            r
+        }
+    }
+}
+
+impl<V> Keyed<V> {
+    fn lock(&self, hash: u64) -> MutexGuard<'_, Shard<V>> {
         // A panic while holding a shard leaves plain numbers behind: still usable.
-        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+        self.shards[shard_index(hash)]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Runs `f` on the entry of `key` (`None` if there is none) under its shard's lock; `f`
@@ -149,42 +187,33 @@ impl<V> Keyed<V> {
         f: impl FnOnce(Option<&mut V>) -> (Slot<V>, R),
     ) -> R {
         let key = key.normalized();
-        let mut guard = self.shard(key);
+        let hash = match key {
+            KeyRef::Ip(ip) => self.hasher.hash_one(ip),
+            KeyRef::Text(t) => self.hasher.hash_one(t),
+        };
+        let mut guard = self.lock(hash);
         let shard = &mut *guard;
         if now_ms >= shard.swept_ms + 1000 && shard.len() > 0 {
             shard.swept_ms = now_ms;
             shard.drop_idle(&idle);
         }
         match key {
-            KeyRef::Ip(ip) => {
-                let (slot, r) = f(shard.ip.get_mut(&ip));
-                match slot {
-                    Slot::Keep => {}
-                    Slot::Remove => {
-                        shard.ip.remove(&ip);
-                    }
-                    Slot::Insert(v) => {
-                        shard.ip.insert(ip, v);
-                    }
-                }
-                r
-            }
-            KeyRef::Text(t) => {
-                let (slot, r) = f(shard.text.get_mut(t));
-                match slot {
-                    Slot::Keep => {}
-                    Slot::Remove => {
-                        shard.text.remove(t);
-                    }
-                    Slot::Insert(v) => match shard.text.get_mut(t) {
-                        Some(e) => *e = v,
-                        None => {
-                            shard.text.insert(t.into(), v);
-                        }
-                    },
-                }
-                r
-            }
+            KeyRef::Ip(ip) => update_entry(
+                &mut shard.ip,
+                hash,
+                |k| *k == ip,
+                || ip,
+                |k| self.hasher.hash_one(k),
+                f,
+            ),
+            KeyRef::Text(t) => update_entry(
+                &mut shard.text,
+                hash,
+                |k| &**k == t,
+                || t.into(),
+                |k| self.hasher.hash_one(&**k),
+                f,
+            ),
         }
     }
 
@@ -239,6 +268,33 @@ mod tests {
         assert_eq!(k.len(), 1);
         assert!(!k.sweep(|_| true));
         assert!(k.is_empty());
+    }
+
+    #[test]
+    fn many_keys_grow_every_shard_and_keep_their_own_counts() {
+        let k: Keyed<u64> = Keyed::default();
+        let ips: Vec<IpAddr> = (0..5000u32)
+            .map(|i| IpAddr::from(i.to_be_bytes()))
+            .collect();
+        let texts: Vec<String> = (0..5000).map(|i| format!("user-{i}")).collect();
+        for round in 1..=2 {
+            for ip in &ips {
+                assert_eq!(k.update(KeyRef::Ip(*ip), 0, |_| false, incr), round);
+            }
+            for t in &texts {
+                assert_eq!(k.update(KeyRef::Text(t), 0, |_| false, incr), round);
+            }
+        }
+        assert_eq!(k.len(), 10_000);
+        for t in texts.iter().step_by(2) {
+            k.update(KeyRef::Text(t), 0, |_| false, |_| (Slot::Remove, ()));
+        }
+        assert_eq!(k.len(), 7_500);
+        // Removed keys start again; the others kept their counts.
+        assert_eq!(k.update(KeyRef::Text("user-0"), 0, |_| false, incr), 1);
+        assert_eq!(k.update(KeyRef::Text("user-1"), 0, |_| false, incr), 3);
+        // Every shard took keys.
+        assert!(k.shards.iter().all(|s| s.lock().unwrap().len() > 100));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::body::ResponseBody;
 use crate::ctx::{plugin_view, ClientHead, RequestCtx};
 use crate::log::PendingLog;
 use crate::record::tries;
-use crate::run::PluginRun;
+use crate::run::{log_needs, PluginRun};
 
 /// The request phases: 3.17+ order, global rewrite, route rewrite, global access, route
 /// access, then (when proxying) `before_proxy`. Answers the exit that ends the request, if
@@ -77,8 +77,8 @@ pub async fn request_phases(ctx: &mut RequestCtx<'_>, proxying: bool) -> Option<
     if let (Some(record), Some(consumer)) = (ctx.log.record.as_deref_mut(), run.state.consumer()) {
         record.consumer_name = Some(consumer.username.clone());
     }
-    let needs = run.log_needs();
-    if let Some(names) = needs.vars {
+    let needs = log_needs(&run.global, run.route.as_deref());
+    if let Some(names) = needs.vars.clone() {
         let view = plugin_view(
             &ctx.head,
             &ctx.conn.facts,
@@ -250,13 +250,21 @@ pub fn response_phases(ctx: &mut RequestCtx<'_>, resp: &mut Response<ResponseBod
     if !run.has(Phases::LOG) && !run.state.has_guards() {
         return;
     }
-    let needs = run.log_needs();
-    // What the request phases already captured for the log phase.
-    let early = ctx.log.plugins.take().map(|p| p.ctx);
+    let needs = log_needs(&run.global, run.route.as_deref());
+    // What the request phases already captured for the log phase; its box is reused.
+    let mut early = ctx.log.plugins.take();
     let record = &ctx.log.upstream;
-    let (mut vars, request_body) = match early {
-        Some(e) => (e.vars, e.request_body),
-        None => (std::mem::take(&mut run.log_vars), run.request_body.take()),
+    let (mut vars, request_body, request_length) = match early.as_deref_mut() {
+        Some(e) => (
+            std::mem::take(&mut e.ctx.vars),
+            e.ctx.request_body.take(),
+            e.ctx.request_length,
+        ),
+        None => (
+            std::mem::take(&mut run.log_vars),
+            run.request_body.take(),
+            request_length(&ctx.head, &ctx.headers),
+        ),
     };
     if !vars.is_empty() {
         vars.set("upstream_addr", || tries(&record.addrs));
@@ -272,7 +280,7 @@ pub fn response_phases(ctx: &mut RequestCtx<'_>, resp: &mut Response<ResponseBod
         } else {
             None
         },
-        request_length: request_length(&ctx.head, &ctx.headers),
+        request_length,
         bytes_sent: head_length(resp),
         request_time: Default::default(),
         upstream_time: None,
@@ -291,17 +299,25 @@ pub fn response_phases(ctx: &mut RequestCtx<'_>, resp: &mut Response<ResponseBod
         response_body: None,
         values: run.state.take_values(),
     };
-    ctx.log.plugins = Some(Box::new(PendingLog {
+    let body_limit = needs.response_body;
+    let pending = PendingLog {
         global: run.global,
         route: run.route,
         verdicts: run.verdicts,
         guards: run.state.take_guards(),
         ctx: log,
         start: ctx.started,
-        body_limit: needs.response_body,
+        body_limit,
         body: Default::default(),
         abandoned: false,
-    }));
+    };
+    ctx.log.plugins = Some(match early {
+        Some(mut boxed) => {
+            *boxed = pending;
+            boxed
+        }
+        None => Box::new(pending),
+    });
 }
 
 #[cfg(test)]

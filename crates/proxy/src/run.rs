@@ -1,6 +1,7 @@
 //! The plugin side of one request: the chains that run for it, the plugins' request state, and
 //! what the response and log phases need of the request phases.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -88,12 +89,16 @@ impl PluginRun {
     pub fn has(&self, phase: Phases) -> bool {
         self.chains().any(|c| c.has(phase))
     }
+}
 
-    /// What the chains' log phases read.
-    pub fn log_needs(&self) -> LogNeeds {
-        match &self.route {
-            Some(r) => self.global.log_needs().union(r.log_needs()),
-            None => self.global.log_needs().clone(),
-        }
+/// What the chains' log phases read: borrowed unless both chains read something (then the
+/// union is built per request; global rules that log are rare). A function of the two
+/// chains, not of the run, so it borrows only them.
+pub fn log_needs<'a>(global: &'a PluginChain, route: Option<&'a PluginChain>) -> Cow<'a, LogNeeds> {
+    let global_needs = global.log_needs();
+    match route {
+        Some(r) if !global_needs.is_empty() => Cow::Owned(global_needs.union(r.log_needs())),
+        Some(r) => Cow::Borrowed(r.log_needs()),
+        None => Cow::Borrowed(global_needs),
     }
 }

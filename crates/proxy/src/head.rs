@@ -17,35 +17,38 @@ use crate::request_head;
 const MAX_REQUEST_URI: usize = 8192;
 
 /// The host part of a Host header value, lower-cased, without the port; `None` if invalid.
+/// Byte loops, not `str` searches: every request runs this (a `..` substring search and a
+/// reverse char search cost ~400 instructions on a short host).
 pub fn host_without_port(raw: &str) -> Option<Cow<'_, str>> {
-    let host = if raw.starts_with('[') {
-        let end = raw.find(']')?;
-        let rest = &raw[end + 1..];
-        if !(rest.is_empty()
-            || rest
-                .strip_prefix(':')
-                .is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit())))
-        {
+    let bytes = raw.as_bytes();
+    let host = if bytes.first() == Some(&b'[') {
+        let end = bytes.iter().position(|&b| b == b']')?;
+        let rest = &bytes[end + 1..];
+        if !(rest.is_empty() || rest[0] == b':' && rest[1..].iter().all(u8::is_ascii_digit)) {
             return None;
         }
         &raw[..=end]
     } else {
-        match raw.rsplit_once(':') {
-            Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) => h,
+        match bytes.iter().rposition(|&b| b == b':') {
+            Some(i) if bytes[i + 1..].iter().all(u8::is_ascii_digit) => &raw[..i],
             Some(_) => return None,
             None => raw,
         }
     };
     // nginx refuses hosts with characters outside this set (and `..`, or a leading dot path).
-    let valid = host
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'[' | b']' | b':'))
-        && !host.contains("..");
-    if !valid {
-        return None;
+    let mut upper = false;
+    let mut prev = 0u8;
+    for &b in host.as_bytes() {
+        if !(b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'[' | b']' | b':'))
+            || b == b'.' && prev == b'.'
+        {
+            return None;
+        }
+        upper |= b.is_ascii_uppercase();
+        prev = b;
     }
     let host = host.trim_end_matches('.');
-    if host.bytes().any(|b| b.is_ascii_uppercase()) {
+    if upper {
         Some(Cow::Owned(host.to_ascii_lowercase()))
     } else {
         Some(Cow::Borrowed(host))
@@ -130,5 +133,59 @@ mod tests {
         assert_eq!(host_without_port("bad host"), None);
         assert_eq!(host_without_port("a/b"), None);
         assert_eq!(host_without_port("a.com:x"), None);
+    }
+
+    /// The straightforward `str` version, which the byte loops must agree with.
+    fn reference(raw: &str) -> Option<Cow<'_, str>> {
+        let host = if raw.starts_with('[') {
+            let end = raw.find(']')?;
+            let rest = &raw[end + 1..];
+            if !(rest.is_empty()
+                || rest
+                    .strip_prefix(':')
+                    .is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit())))
+            {
+                return None;
+            }
+            &raw[..=end]
+        } else {
+            match raw.rsplit_once(':') {
+                Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) => h,
+                Some(_) => return None,
+                None => raw,
+            }
+        };
+        // nginx refuses hosts with characters outside this set (and `..`, or a leading dot path).
+        let valid = host.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'[' | b']' | b':')
+        }) && !host.contains("..");
+        if !valid {
+            return None;
+        }
+        let host = host.trim_end_matches('.');
+        if host.bytes().any(|b| b.is_ascii_uppercase()) {
+            Some(Cow::Owned(host.to_ascii_lowercase()))
+        } else {
+            Some(Cow::Borrowed(host))
+        }
+    }
+
+    #[test]
+    fn byte_loops_agree_with_the_str_version() {
+        let parts = [
+            "", "a", "A", ".", "..", ":", "[", "]", "::1", "[::1]", "8080", "-", "_", "/", " ",
+            "é", "b.c", "X.Y", "a..b",
+        ];
+        let mut n = 0;
+        for a in parts {
+            for b in parts {
+                for c in parts {
+                    let raw = format!("{a}{b}{c}");
+                    assert_eq!(host_without_port(&raw), reference(&raw), "{raw:?}");
+                    n += 1;
+                }
+            }
+        }
+        assert_eq!(n, parts.len().pow(3));
     }
 }

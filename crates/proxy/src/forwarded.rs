@@ -127,7 +127,16 @@ impl ForwardedValues {
     }
 }
 
-/// The headers sent upstream, Host excepted (set per try).
+// Consts: `HeaderName::from_static` outside a const context validates the name on every call.
+const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_FORWARDED_PORT: HeaderName = HeaderName::from_static("x-forwarded-port");
+
+/// The headers sent upstream, Host excepted (set per try). The client's headers are read in
+/// one pass: the ones nginx drops are skipped there and the few read again (the first
+/// `X-Forwarded-For`, and `Upgrade`/`Connection` for a WebSocket) are kept on the way.
 pub fn upstream_headers(
     headers: &HeaderMap,
     remote_addr: IpAddr,
@@ -136,15 +145,22 @@ pub fn upstream_headers(
     websocket: bool,
 ) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(headers.len() + 6);
+    let (mut prev_xff, mut upgrade, mut connection) = (None, None, None);
     for (name, value) in headers {
         if !is_dropped_request_header(name) {
             out.append(name.clone(), value.clone());
+        } else if *name == X_FORWARDED_FOR {
+            prev_xff.get_or_insert(value);
+        } else if *name == header::UPGRADE {
+            upgrade.get_or_insert(value);
+        } else if *name == header::CONNECTION {
+            connection.get_or_insert(value);
         }
     }
     if websocket {
-        for h in [header::UPGRADE, header::CONNECTION] {
-            if let Some(v) = headers.get(&h) {
-                out.insert(h, v.clone());
+        for (name, value) in [(header::UPGRADE, upgrade), (header::CONNECTION, connection)] {
+            if let Some(v) = value {
+                out.insert(name, v.clone());
             }
         }
     }
@@ -153,8 +169,8 @@ pub fn upstream_headers(
     } else {
         ip_header(remote_addr)
     };
-    out.insert(HeaderName::from_static("x-real-ip"), remote.clone());
-    let xff = match headers.get(HeaderName::from_static("x-forwarded-for")) {
+    out.append(X_REAL_IP, remote.clone());
+    let xff = match prev_xff {
         Some(prev) => {
             let mut v = Vec::with_capacity(prev.len() + 2 + 39);
             v.extend_from_slice(prev.as_bytes());
@@ -164,14 +180,11 @@ pub fn upstream_headers(
         }
         None => remote,
     };
-    out.insert(HeaderName::from_static("x-forwarded-for"), xff);
-    out.insert(
-        HeaderName::from_static("x-forwarded-proto"),
-        HeaderValue::from_static(conn.scheme),
-    );
+    out.append(X_FORWARDED_FOR, xff);
+    out.append(X_FORWARDED_PROTO, HeaderValue::from_static(conn.scheme));
     let host_raw = host_value.and_then(|h| h.to_str().ok());
     if let Some(h) = host_value {
-        out.insert(HeaderName::from_static("x-forwarded-host"), h.clone());
+        out.append(X_FORWARDED_HOST, h.clone());
     }
     let port = match host_raw.and_then(port_of_host) {
         Some(p) if p.as_bytes() != conn.local_port_value.as_bytes() => {
@@ -179,13 +192,73 @@ pub fn upstream_headers(
         }
         _ => conn.local_port_value.clone(),
     };
-    out.insert(HeaderName::from_static("x-forwarded-port"), port);
+    out.append(X_FORWARDED_PORT, port);
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn values() -> ForwardedValues {
+        ForwardedValues::new(
+            "10.0.0.9:5000".parse().unwrap(),
+            "127.0.0.1:9080".parse().unwrap(),
+            "http",
+        )
+    }
+
+    #[test]
+    fn upstream_headers_drop_hop_by_hop_and_add_the_forwarded_ones() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("user-agent", "wrk"),
+            ("connection", "Upgrade"),
+            ("connection", "keep-alive"),
+            ("upgrade", "websocket"),
+            ("x-forwarded-for", "1.1.1.1"),
+            ("x-forwarded-for", "2.2.2.2"),
+            ("x-real-ip", "3.3.3.3"),
+            ("accept", "a"),
+            ("accept", "b"),
+            ("te", "trailers"),
+            ("content-length", "3"),
+            ("host", "h.com:8443"),
+        ] {
+            h.append(k, HeaderValue::from_static(v));
+        }
+        let host = HeaderValue::from_static("h.com:8443");
+        let peer = "10.0.0.9".parse().unwrap();
+        let out = upstream_headers(&h, peer, Some(&host), &values(), false);
+        let pairs: Vec<(&str, &str)> = out
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.to_str().unwrap()))
+            .collect();
+        assert_eq!(
+            pairs,
+            [
+                ("user-agent", "wrk"),
+                ("accept", "a"),
+                ("accept", "b"),
+                ("x-real-ip", "10.0.0.9"),
+                // The first X-Forwarded-For, as $http_x_forwarded_for gives it.
+                ("x-forwarded-for", "1.1.1.1, 10.0.0.9"),
+                ("x-forwarded-proto", "http"),
+                ("x-forwarded-host", "h.com:8443"),
+                ("x-forwarded-port", "8443"),
+            ]
+        );
+        // A WebSocket route passes the first Upgrade and Connection on; another client
+        // address (real-ip) is formatted for this request.
+        let other = "192.168.1.2".parse().unwrap();
+        let out = upstream_headers(&h, other, None, &values(), true);
+        assert_eq!(out["upgrade"], "websocket");
+        assert_eq!(out.get_all("connection").iter().count(), 1);
+        assert_eq!(out["connection"], "Upgrade");
+        assert_eq!(out["x-real-ip"], "192.168.1.2");
+        assert_eq!(out["x-forwarded-port"], "9080");
+        assert!(!out.contains_key("x-forwarded-host") && !out.contains_key("te"));
+    }
 
     #[test]
     fn ports_of_hosts() {

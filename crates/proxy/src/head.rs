@@ -5,13 +5,13 @@
 use std::borrow::Cow;
 
 use ferrisix_router::normalize_path;
-use http::header::{self, HeaderValue};
+use http::header::HeaderValue;
 use http::{StatusCode, Version};
 use http_body::Body as _;
 
 use crate::ctx::{HostName, RequestCtx};
 use crate::error::{ErrorKind, ProxyError};
-use crate::request_head;
+use crate::request_head::{self, HeadHeaders};
 
 /// nginx's `large_client_header_buffers 4 8k`: a longer request line is refused with 414.
 const MAX_REQUEST_URI: usize = 8192;
@@ -59,7 +59,8 @@ pub fn host_without_port(raw: &str) -> Option<Cow<'_, str>> {
 pub fn check(ctx: &mut RequestCtx<'_>) -> Result<(), ProxyError> {
     let bad = || ProxyError::new(ErrorKind::BadRequest);
     let head = &mut ctx.head;
-    request_head::check_head(&head.method, head.version, &ctx.headers).map_err(|status| {
+    let found = HeadHeaders::scan(&ctx.headers);
+    request_head::check_head(&head.method, head.version, &found).map_err(|status| {
         ProxyError::new(match status {
             StatusCode::METHOD_NOT_ALLOWED => ErrorKind::MethodNotAllowed,
             StatusCode::NOT_IMPLEMENTED => ErrorKind::UnknownCoding,
@@ -70,7 +71,7 @@ pub fn check(ctx: &mut RequestCtx<'_>) -> Result<(), ProxyError> {
     if raw_uri_len > MAX_REQUEST_URI {
         return Err(ErrorKind::UriTooLong.into());
     }
-    let host_header = match ctx.headers.get(header::HOST).map(HeaderValue::to_str) {
+    let host_header = match found.host.map(HeaderValue::to_str) {
         Some(Ok(h)) => Some(h),
         Some(Err(_)) => return Err(bad()),
         None => None,
@@ -84,7 +85,7 @@ pub fn check(ctx: &mut RequestCtx<'_>) -> Result<(), ProxyError> {
             }
             Some(HeaderValue::from_str(a.as_str()).map_err(|_| bad())?)
         }
-        None => ctx.headers.get(header::HOST).cloned(),
+        None => found.host.cloned(),
     };
     let host_raw = match &head.host_value {
         Some(v) => Some(v.to_str().map_err(|_| bad())?),

@@ -86,7 +86,9 @@ pub fn route(ctx: &mut RequestCtx<'_>) -> Result<Option<Matched>, ProxyError> {
         .filter(|(r, _, _)| r.chain.needs_consumers() || r.global_chain.needs_consumers())
         .map(|_| snapshot.consumers.clone());
     drop(snapshot);
-    matched.websocket &= ctx.headers.contains_key(http::header::UPGRADE);
+    if matched.websocket {
+        matched.websocket = ctx.headers.contains_key(http::header::UPGRADE);
+    }
     if let Some(r) = ctx.log.record.as_deref_mut() {
         r.route_id = log_id;
     }

@@ -121,6 +121,35 @@ fn read_timeout_is_504() {
     );
 }
 
+/// An upstream keep-alive connection keeps one response-head timer across its requests:
+/// moved for each, it neither fires early on a request after one that idled past the read
+/// timeout in the pool, nor fails to fire on a slow one.
+#[test]
+fn a_reused_connection_times_out_each_request_on_its_own() {
+    let up = Upstream::start("up", Behaviour::DelayPath("slow", Duration::from_secs(2)));
+    let gw = gateway_route(json!({
+        "id": "r1",
+        "uri": "/r/*",
+        "upstream": { "type": "roundrobin", "timeout": short(), "nodes": { up.node(): 1 } },
+    }));
+    for _ in 0..3 {
+        assert_eq!(get(gw.addr(), "/r/fast").status, 200);
+    }
+    // Longer than the read timeout: the timer's last deadline passes while the connection
+    // idles in the pool.
+    std::thread::sleep(Duration::from_millis(800));
+    let started = std::time::Instant::now();
+    let reply = get(gw.addr(), "/r/fast");
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let reply = get(gw.addr(), "/r/slow");
+    assert_eq!(reply.status, 504, "{reply:?}");
+    assert_eq!(reply.header("X-APISIX-Upstream-Status"), Some("504"));
+    assert!(started.elapsed() < Duration::from_millis(1900));
+    // The next request opens a new connection (the timed-out one is closed) and is served.
+    assert_eq!(get(gw.addr(), "/r/fast").status, 200);
+    assert_eq!(up.hits(), 6);
+}
+
 #[test]
 fn two_timeouts_list_both() {
     let slow1 = Upstream::start("slow1", Behaviour::Delay(Duration::from_secs(2)));

@@ -494,6 +494,9 @@ pub enum Behaviour {
     Status(u16),
     /// Sleeps this long before echoing.
     Delay(Duration),
+    /// Sleeps this long before echoing a request whose path contains the text; echoes the
+    /// others at once (one keep-alive connection can then be fast, then slow).
+    DelayPath(&'static str, Duration),
     /// Accepts the connection, reads the request, then closes without answering.
     Hangup,
 }
@@ -653,6 +656,12 @@ fn serve_upstream(mut s: TcpStream, name: &str, behaviour: Behaviour, hits: &Ato
             Behaviour::Status(code) => respond(&mut s, code, b""),
             Behaviour::Delay(d) => {
                 std::thread::sleep(d);
+                respond(&mut s, 200, echo().as_bytes())
+            }
+            Behaviour::DelayPath(text, d) => {
+                if path.contains(text) {
+                    std::thread::sleep(d);
+                }
                 respond(&mut s, 200, echo().as_bytes())
             }
             Behaviour::Hangup => return,

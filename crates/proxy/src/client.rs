@@ -147,8 +147,18 @@ pub async fn send(
     if conn.ready().await.is_err() {
         return SendOutcome::NotSent(req, ErrorKind::ConnectionBroken.into());
     }
+    let h1 = matches!(conn.sender(), Sender::H1(_));
     let fut = conn.sender().send(req);
     let result = match &progress {
+        // HTTP/1: one request at a time, so the connection's own timer serves.
+        None if h1 => {
+            let timer = conn.head_timer(tokio::time::Instant::now() + timeouts.read);
+            tokio::select! {
+                biased;
+                r = fut => r,
+                () = timer => return SendOutcome::Failed(ErrorKind::ReadTimeout.into()),
+            }
+        }
         None => match tokio::time::timeout(timeouts.read, fut).await {
             Ok(r) => r,
             Err(_) => return SendOutcome::Failed(ErrorKind::ReadTimeout.into()),

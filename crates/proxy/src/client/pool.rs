@@ -6,6 +6,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
+use tokio::time::Sleep;
 
 use super::body::UpstreamBody;
 
@@ -111,13 +113,22 @@ pub struct PooledConn {
     sender: Sender,
     served: u32,
     reused: bool,
+    timer: Option<HeadTimer>,
 }
+
+/// The response-head timer of an HTTP/1 connection, made on its first request and moved
+/// later for each next one. Moving a registered tokio timer's deadline later is an atomic
+/// update; a timer per request was a wheel insertion and removal (~430 instructions of
+/// ~40,000 per request, callgrind). While the connection idles in the pool the timer stays
+/// registered and may fire once, waking the task that last waited on it for nothing.
+type HeadTimer = Pin<Box<Sleep>>;
 
 struct Idle {
     sender: Sender,
     since: Instant,
     served: u32,
     limits: PoolLimits,
+    timer: Option<HeadTimer>,
 }
 
 /// Keyed by upstream addresses, SNIs and TLS fingerprints from the configuration, never by
@@ -137,7 +148,17 @@ impl PooledConn {
             sender,
             served: 0,
             reused: false,
+            timer: None,
         }
+    }
+
+    /// The connection's response-head timer, set to `deadline`.
+    pub(super) fn head_timer(&mut self, deadline: tokio::time::Instant) -> Pin<&mut Sleep> {
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        timer.as_mut().reset(deadline);
+        timer.as_mut()
     }
 
     pub(super) fn sender(&mut self) -> &mut Sender {
@@ -169,6 +190,7 @@ impl PooledConn {
             since: Instant::now(),
             served: self.served,
             limits: self.limits,
+            timer: self.timer,
         };
         POOL.with(|pool| {
             let mut pool = pool.borrow_mut();
@@ -199,6 +221,7 @@ pub(super) fn take_idle(key: &PoolKey) -> Option<PooledConn> {
                 sender: idle.sender,
                 served: idle.served,
                 reused: true,
+                timer: idle.timer,
             });
         }
         None

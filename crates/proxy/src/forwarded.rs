@@ -84,10 +84,9 @@ pub fn port_of_host(raw: &str) -> Option<&str> {
     } else {
         raw
     };
-    after
-        .rsplit_once(':')
-        .map(|(_, p)| p)
-        .filter(|p| !p.is_empty())
+    // A byte search: `rsplit_once(':')` sets up a char searcher on every request.
+    let colon = after.as_bytes().iter().rposition(|&b| b == b':')?;
+    Some(&after[colon + 1..]).filter(|p| !p.is_empty())
 }
 
 /// An address as a header value, formatted on the stack.
@@ -265,6 +264,10 @@ mod tests {
         assert_eq!(port_of_host("a.com:8080"), Some("8080"));
         assert_eq!(port_of_host("a.com"), None);
         assert_eq!(port_of_host("[::1]:81"), Some("81"));
+        assert_eq!(port_of_host("[::1]"), None);
+        assert_eq!(port_of_host("a.com:"), None);
+        assert_eq!(port_of_host("a:b:8"), Some("8"));
+        assert_eq!(port_of_host("é:9"), Some("9"));
     }
 
     #[test]

@@ -231,6 +231,21 @@ fn silent_half_preface_and_idle_connections_are_closed_on_every_listener() {
         "{:?}",
         idle.elapsed()
     );
+    // A later request's head that starts and never ends: closed after keepalive_timeout plus
+    // client_header_timeout at most, never kept.
+    let mut s = TcpStream::connect(Node::addr(node.data)).unwrap();
+    s.write_all(b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(read_reply(&mut s, false).status, 404);
+    s.write_all(b"GET /nothing HTTP/1.1\r\nHo").unwrap();
+    let partial = Instant::now();
+    assert!(closed_within(&mut s, Duration::from_secs(10)));
+    assert!(
+        partial.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        partial.elapsed()
+    );
 }
 
 /// Finding 2, idle HTTP/2: a session with no stream open is closed at keepalive_timeout.

@@ -9,6 +9,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
+use crate::lifetime::HeadSignal;
+
 pin_project_lite::pin_project! {
     /// A stream whose writes fail with `TimedOut` once one has made no progress for
     /// `send_timeout` (nginx: "the timeout is set only between two successive write
@@ -22,6 +24,7 @@ pin_project_lite::pin_project! {
         // Created at the first blocked write and reset, not reallocated, after that.
         stall: Option<Pin<Box<Sleep>>>,
         stalled: bool,
+        head: Option<HeadSignal>,
     }
 }
 
@@ -32,7 +35,15 @@ impl<T> TimedIo<T> {
             send_timeout,
             stall: None,
             stalled: false,
+            head: None,
         }
+    }
+
+    /// Reports reads to a [`crate::ConnWatch`], which then bounds a later request's head by
+    /// client_header_timeout.
+    pub fn with_head_signal(mut self, head: HeadSignal) -> TimedIo<T> {
+        self.head = Some(head);
+        self
     }
 
     pub fn get_ref(&self) -> &T {
@@ -84,7 +95,15 @@ impl<T: AsyncRead> AsyncRead for TimedIo<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        self.project().inner.poll_read(cx, buf)
+        let this = self.project();
+        let before = buf.filled().len();
+        let polled = this.inner.poll_read(cx, buf);
+        if let Some(head) = this.head {
+            if buf.filled().len() > before {
+                head.bytes_read();
+            }
+        }
+        polled
     }
 }
 

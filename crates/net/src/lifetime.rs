@@ -103,6 +103,9 @@ struct Activity {
     last_end_ms: AtomicU64,
     /// A request arrived over HTTP/2 (a GOAWAY drains it without racing a request).
     http2: AtomicBool,
+    /// Bytes arrived while no request was in flight and no head has completed since: the
+    /// start of the next request's head (see [`HeadSignal`]).
+    head_bytes: AtomicBool,
 }
 
 /// One connection's request activity, shared by its service (which reports each request)
@@ -127,6 +130,7 @@ impl ConnWatch {
                 in_flight: AtomicUsize::new(0),
                 last_end_ms: AtomicU64::new(0),
                 http2: AtomicBool::new(false),
+                head_bytes: AtomicBool::new(false),
             }),
             limits,
             drain: None,
@@ -220,6 +224,9 @@ impl ConnWatch {
     pub fn begin(&self) -> InFlight {
         let a = &self.activity;
         a.in_flight.fetch_add(1, Ordering::Relaxed);
+        if a.head_bytes.load(Ordering::Relaxed) {
+            a.head_bytes.store(false, Ordering::Relaxed);
+        }
         if !a.started.load(Ordering::Relaxed) {
             a.started.store(true, Ordering::Relaxed);
             a.first_request.notify_one();
@@ -256,22 +263,71 @@ impl ConnWatch {
         if idle.is_zero() {
             return std::future::pending().await;
         }
+        // The idle period a later request's head was found arriving in (its `last_end_ms`),
+        // given client_header_timeout from then.
+        let mut head_grace: Option<u64> = None;
         loop {
             let now = Instant::now();
             let next = if a.in_flight.load(Ordering::Acquire) > 0
                 || !a.started.load(Ordering::Relaxed)
             {
                 // Busy: look again one period later.
+                head_grace = None;
                 now + idle
             } else {
-                let since = a.born + Duration::from_millis(a.last_end_ms.load(Ordering::Acquire));
-                let deadline = since + idle;
+                let last_end = a.last_end_ms.load(Ordering::Acquire);
+                let since = a.born + Duration::from_millis(last_end);
+                let deadline = match head_grace {
+                    Some(end) if end == last_end => {
+                        // nginx: "client timed out" reading a later request's head.
+                        return "client_header_timeout on a later request";
+                    }
+                    _ => since + idle,
+                };
+                head_grace = None;
                 if deadline <= now {
-                    return "keepalive_timeout with no request in flight";
+                    // nginx switches from keepalive_timeout to client_header_timeout at a
+                    // head's first byte. ferrisix learns of those bytes only here, so the head
+                    // gets client_header_timeout from now: never less than nginx gives it.
+                    if a.head_bytes.load(Ordering::Relaxed) && !a.http2.load(Ordering::Relaxed) {
+                        head_grace = Some(last_end);
+                        now + self.limits.header_timeout
+                    } else {
+                        return "keepalive_timeout with no request in flight";
+                    }
+                } else {
+                    deadline
                 }
-                deadline
             };
             tokio::time::sleep_until(next).await;
+        }
+    }
+}
+
+impl ConnWatch {
+    /// The handle the connection's reads report to (see [`crate::TimedIo::with_head_signal`]).
+    pub fn head_signal(&self) -> HeadSignal {
+        HeadSignal {
+            activity: self.activity.clone(),
+        }
+    }
+}
+
+/// Tells a [`ConnWatch`] that bytes arrived while the connection was idle: a later request's
+/// head has started, so client_header_timeout, not keepalive_timeout, bounds it. hyper's own
+/// per-request header timer would do the same at the price of a boxed timer armed and
+/// dropped on every request; this costs an atomic load per read.
+#[derive(Clone, Debug)]
+pub struct HeadSignal {
+    activity: Arc<Activity>,
+}
+
+impl HeadSignal {
+    #[inline]
+    pub(crate) fn bytes_read(&self) {
+        let a = &self.activity;
+        if a.in_flight.load(Ordering::Relaxed) == 0 && !a.head_bytes.load(Ordering::Relaxed) {
+            a.head_bytes.store(true, Ordering::Relaxed);
         }
     }
 }
@@ -402,6 +458,56 @@ mod tests {
             took >= Duration::from_secs(7) && took <= Duration::from_secs(8),
             "{took:?}"
         );
+    }
+
+    /// A later request's head that starts and never ends is closed client_header_timeout
+    /// after the idle limit found it arriving, not kept forever; an idle connection without
+    /// such bytes is closed at the idle limit.
+    #[tokio::test(start_paused = true)]
+    async fn a_later_partial_head_is_bounded_by_the_header_timeout() {
+        for (partial, expect) in [(true, 5 + 1 + 3), (false, 5 + 1)] {
+            let watch = ConnWatch::new(limits(3, 5));
+            let signal = watch.head_signal();
+            let w = watch.clone();
+            let started = Instant::now();
+            tokio::spawn(async move {
+                let r = w.begin();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                drop(r);
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                if partial {
+                    signal.bytes_read();
+                }
+            });
+            assert!(watch.run(std::future::pending::<()>()).await.is_none());
+            let took = started.elapsed().as_secs();
+            assert!(
+                took == expect || took == expect + 1,
+                "partial {partial}: {took}"
+            );
+        }
+    }
+
+    /// A head that completes within the grace begins a request: the connection lives on.
+    #[tokio::test(start_paused = true)]
+    async fn a_later_head_that_completes_is_served() {
+        let watch = ConnWatch::new(limits(3, 5));
+        let signal = watch.head_signal();
+        let w = watch.clone();
+        let started = Instant::now();
+        tokio::spawn(async move {
+            drop(w.begin());
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            signal.bytes_read();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let r = w.begin();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            drop(r);
+        });
+        assert!(watch.run(std::future::pending::<()>()).await.is_none());
+        // Closed idle 5 s after the second request ended (at 7 s).
+        let took = started.elapsed().as_secs();
+        assert!((12..=13).contains(&took), "{took}");
     }
 
     #[tokio::test(start_paused = true)]

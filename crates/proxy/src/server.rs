@@ -341,8 +341,8 @@ fn serve_connection<IO>(
 {
     // What ferrisix_net::wrap does for TCP, for any stream (TLS too; nodelay is set on the
     // socket at accept).
-    let io = ferrisix_net::served_io(stream, limits);
     let conn_watch = ferrisix_net::ConnWatch::new(*limits).with_drain(drain);
+    let io = ferrisix_net::served_io(stream, limits, &conn_watch);
     // nginx's stub_status counters (prometheus' apisix_nginx_http_current_connections).
     let stats = conn.gateway.stats.clone();
     // One shared value per connection: each request clones a single Arc.

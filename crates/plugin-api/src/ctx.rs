@@ -810,6 +810,23 @@ mod tests {
     use crate::testing::TestRequest;
 
     #[test]
+    fn response_headers_insert_replaces_and_append_adds() {
+        let mut h = ResponseHeaders::default();
+        let name = |n: &'static str| HeaderName::from_static(n);
+        h.insert(name("x-a"), HeaderValue::from_static("1"));
+        h.append(name("x-b"), HeaderValue::from_static("1"));
+        h.append(name("x-b"), HeaderValue::from_static("2"));
+        h.insert(name("x-c"), HeaderValue::from_static("1"));
+        h.insert(name("x-b"), HeaderValue::from_static("3"));
+        h.insert(name("x-a"), HeaderValue::from_static("4"));
+        let all: Vec<(&str, &str)> = h
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
+            .collect();
+        assert_eq!(all, [("x-c", "1"), ("x-b", "3"), ("x-a", "4")]);
+    }
+
+    #[test]
     fn owner_keys() {
         assert_eq!(
             Owner::new(ResourceKind::Routes, "1").key,

@@ -268,16 +268,22 @@ def taskset_prefix(cores):
     return ["taskset", "-c", cores]
 
 
+def nginx_main(work, name, events):
+    """The top of an nginx.conf for one worker in the foreground, its pid and error log in
+    `work` under `name` (scale.py's upstream uses it too)."""
+    return f"""
+worker_processes 1;
+daemon off;
+pid {work}/{name}.pid;
+error_log {work}/{name}-error.log;
+events {{ {events} }}
+"""
+
+
 def start_upstream(work, cores):
     conf = os.path.join(work, "upstream.conf")
     with open(conf, "w") as f:
-        f.write(f"""
-worker_processes 1;
-daemon off;
-pid {work}/upstream.pid;
-error_log {work}/upstream-error.log;
-events {{ worker_connections 10620; accept_mutex off; }}
-http {{
+        f.write(nginx_main(work, "upstream", "worker_connections 10620; accept_mutex off;") + f"""http {{
   access_log off;
   server {{
     listen 127.0.0.1:{UPSTREAM_PORT} reuseport;
@@ -316,13 +322,7 @@ def nginx_s1_http(work, port):
 def start_nginx_proxy(work, cores, crt, key):
     conf = os.path.join(work, "proxy.conf")
     with open(conf, "w") as f:
-        f.write(f"""
-worker_processes 1;
-daemon off;
-pid {work}/proxy.pid;
-error_log {work}/proxy-error.log;
-events {{ worker_connections 10620; }}
-http {{
+        f.write(nginx_main(work, "proxy", "worker_connections 10620;") + f"""http {{
 {nginx_s1_http(work, NGINX_PROXY_PORT)}
   server {{
     # `listen ... http2` works on every nginx (`http2 on;` needs 1.25.1+).

@@ -53,6 +53,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402  (the nginx.conf preamble)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ADMIN_KEY = "scale-bench-admin-key"
 CLIENTS = 16
@@ -94,13 +97,7 @@ def start_upstream(work):
     port = free_port()
     conf = os.path.join(work, "upstream.conf")
     with open(conf, "w") as f:
-        f.write(f"""
-worker_processes 1;
-daemon off;
-pid {work}/upstream.pid;
-error_log {work}/upstream-error.log;
-events {{ worker_connections 4096; }}
-http {{
+        f.write(bench.nginx_main(work, "upstream", "worker_connections 4096;") + f"""http {{
     access_log off;
     server {{
         listen 127.0.0.1:{port} reuseport;

@@ -311,3 +311,52 @@ fn large_body_is_forwarded_whole() {
     assert_eq!(reply.status, 200);
     assert_eq!(reply.json()["body_len"], body.len());
 }
+
+/// nginx's `$request_length` in the access log: request line, headers and body, for a
+/// proxied request and for one no route matches (it was the body's length alone, and 0 for
+/// what was not proxied).
+#[test]
+fn the_access_log_request_length_counts_line_headers_and_body() {
+    let up = Upstream::start("echo", Behaviour::Echo);
+    let doc = json!({ "routes": [{ "id": "r1", "uri": "/len",
+        "upstream": { "type": "roundrobin", "nodes": { up.node(): 1 } } }] });
+    let gw = Gateway::start_tuned(
+        &doc.to_string(),
+        "",
+        "",
+        1,
+        "access_log_format: \"$request_uri $request_length\"",
+    );
+    let raw = |head: &str| {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(gw.addr()).unwrap();
+        s.write_all(head.as_bytes()).unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).unwrap();
+        assert!(
+            out.starts_with(b"HTTP/1.1 "),
+            "{}",
+            String::from_utf8_lossy(&out)
+        );
+    };
+    let post = "POST /len HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 3\r\n\r\nabc";
+    raw(post);
+    let miss = "GET /nowhere?a=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    raw(miss);
+    let log = access_log(&gw);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.lines().count() >= 2 {
+            break text;
+        }
+        assert!(std::time::Instant::now() < deadline, "access log: {text:?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    // Each head as sent, with the body: the lengths of what the client wrote.
+    assert!(text.contains(&format!("/len {}\n", post.len())), "{text}");
+    assert!(
+        text.contains(&format!("/nowhere?a=1 {}\n", miss.len())),
+        "{text}"
+    );
+}

@@ -81,6 +81,8 @@ pub struct AccessLog {
     segments: Vec<Segment>,
     /// Header names the format reads, in capture order.
     headers: Vec<http::HeaderName>,
+    /// The format has `$request_length` (its value costs a pass over the request's headers).
+    request_length: bool,
     /// A failed write was reported (once per log, not once per line).
     warned: AtomicBool,
 }
@@ -175,11 +177,13 @@ impl AccessLog {
         if !literal.is_empty() {
             segments.push(Segment::Literal(literal));
         }
+        let request_length = segments.contains(&Segment::Var(Var::RequestLength));
         AccessLog {
             sink,
             reopen: None,
             segments,
             headers,
+            request_length,
             warned: AtomicBool::new(false),
         }
     }
@@ -196,6 +200,11 @@ impl AccessLog {
 
     pub fn enabled(&self) -> bool {
         self.sink != LogSink::Off
+    }
+
+    /// Whether a record must carry `$request_length`.
+    pub fn wants_request_length(&self) -> bool {
+        self.enabled() && self.request_length
     }
 
     /// Header names whose values a record must capture, in order.
@@ -664,6 +673,14 @@ mod tests {
             String::from_utf8(out).unwrap(),
             "1.234 0.000 60.050 10.0.200.7 ::1 127.0.0.1:1980, [::1]:80 502, 200 HTTP/1.0"
         );
+    }
+
+    #[test]
+    fn only_a_format_with_request_length_asks_for_it() {
+        let file = LogSink::File(PathBuf::from("/dev/null"));
+        assert!(AccessLog::new(file.clone(), "$status ${request_length}").wants_request_length());
+        assert!(!AccessLog::new(file, "$status $request_time").wants_request_length());
+        assert!(!AccessLog::new(LogSink::Off, "$request_length").wants_request_length());
     }
 
     #[test]

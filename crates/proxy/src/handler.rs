@@ -52,7 +52,11 @@ impl ConnInfo {
                     .map(|h| parts.headers.get(h).cloned())
                     .collect(),
                 status: 0,
-                request_length: 0,
+                request_length: if gateway.access_log.wants_request_length() {
+                    phases::request_length_of(&parts.method, &parts.uri, &parts.headers)
+                } else {
+                    0
+                },
                 body_bytes_sent: 0,
                 route_id: None,
                 consumer_name: None,

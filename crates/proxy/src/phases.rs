@@ -183,16 +183,29 @@ async fn run_phases(
 
 /// nginx's `$request_length`: request line, headers and body.
 pub fn request_length(head: &ClientHead, headers: &HeaderMap) -> u64 {
-    let line = head.method.as_str().len()
-        + head.uri.path_and_query().map_or(1, |p| p.as_str().len())
+    request_length_of(&head.method, &head.uri, headers)
+}
+
+/// [`request_length`] from the request's own parts (the access log's record takes it before
+/// the head is checked).
+pub fn request_length_of(method: &http::Method, uri: &http::Uri, headers: &HeaderMap) -> u64 {
+    let line = method.as_str().len()
+        + uri.path_and_query().map_or(1, |p| p.as_str().len())
         + " HTTP/1.1\r\n".len()
         + 1;
+    // One pass: the body's length is the first Content-Length value met (`get`'s answer),
+    // without a second, hashed lookup.
+    let mut body: Option<&http::HeaderValue> = None;
     let header_bytes: usize = headers
         .iter()
-        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .map(|(k, v)| {
+            if body.is_none() && k == http::header::CONTENT_LENGTH {
+                body = Some(v);
+            }
+            k.as_str().len() + v.len() + 4
+        })
         .sum();
-    let body: u64 = headers
-        .get(http::header::CONTENT_LENGTH)
+    let body: u64 = body
         .and_then(|v| v.to_str().ok()?.parse().ok())
         .unwrap_or(0);
     (line + header_bytes + 2) as u64 + body
@@ -202,12 +215,16 @@ pub fn request_length(head: &ClientHead, headers: &HeaderMap) -> u64 {
 /// (it adds `date`, and `content-length` when the body's size is known).
 fn head_length<B: http_body::Body>(resp: &Response<B>) -> u64 {
     let mut n = "HTTP/1.1 200 OK\r\n".len() + "date: Mon, 01 Jan 2024 00:00:00 GMT\r\n".len() + 2;
+    let mut has_length = false;
     n += resp
         .headers()
         .iter()
-        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .map(|(k, v)| {
+            has_length |= k == http::header::CONTENT_LENGTH;
+            k.as_str().len() + v.len() + 4
+        })
         .sum::<usize>();
-    if !resp.headers().contains_key(http::header::CONTENT_LENGTH) {
+    if !has_length {
         if let Some(len) = resp.body().size_hint().exact() {
             n += "content-length: \r\n".len() + len.to_string().len();
         }
@@ -332,6 +349,7 @@ pub fn response_phases(ctx: &mut RequestCtx<'_>, resp: &mut Response<ResponseBod
 mod tests {
     use super::*;
     use crate::ctx::HostName;
+    use http::HeaderValue;
 
     #[test]
     fn request_length_counts_line_headers_and_body() {
@@ -353,5 +371,28 @@ mod tests {
         };
         // "POST /a?b=1 HTTP/1.1\r\n" + "host: x\r\n" + "content-length: 5\r\n" + "\r\n" + 5
         assert_eq!(request_length(&head, &parts.headers), 22 + 9 + 19 + 2 + 5);
+        // The body is the first Content-Length value, as `get` reads it; no valid one is 0.
+        let mut headers = parts.headers.clone();
+        headers.append("content-length", HeaderValue::from_static("7"));
+        headers.append("x-a", HeaderValue::from_static("1"));
+        let n = request_length_of(&head.method, &head.uri, &headers);
+        assert_eq!(n, 22 + 9 + 19 + 19 + 8 + 2 + 5);
+        headers.insert("content-length", HeaderValue::from_static("x"));
+        let n = request_length_of(&head.method, &head.uri, &headers);
+        assert_eq!(n, 22 + 9 + 19 + 8 + 2);
+    }
+
+    #[test]
+    fn head_length_counts_a_content_length_once() {
+        let sized = Response::builder()
+            .header("content-length", "3")
+            .body(ResponseBody::empty())
+            .unwrap();
+        let base =
+            "HTTP/1.1 200 OK\r\n".len() + "date: Mon, 01 Jan 2024 00:00:00 GMT\r\n".len() + 2;
+        assert_eq!(
+            head_length(&sized),
+            (base + "content-length: 3\r\n".len()) as u64
+        );
     }
 }

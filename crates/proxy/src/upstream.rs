@@ -325,13 +325,6 @@ pub async fn proxy(
     let replayable = pending_body
         .as_ref()
         .is_some_and(UpstreamBody::is_replayable);
-    if let Some(r) = ctx.log.record.as_deref_mut() {
-        r.request_length = ctx
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse().ok())
-            .unwrap_or(0);
-    }
 
     let upgrade = if websocket {
         ctx.extensions.remove::<hyper::upgrade::OnUpgrade>()

@@ -15,6 +15,9 @@ nginx proxy_pass (1 worker, upstream keepalive, buffered access log) each proxy 
       --baseline the baseline gateway serves s1 without checks, measured interleaved (A/B)
   key-auth  s1's route with key-auth, 10,000 key-auth consumers in the store
   jwt       s1's route with jwt-auth, an HS256 token of one consumer
+  big     s1 with a 256 KiB answer (a static file of the upstream): what a step costs the
+          bodies a request-path change may copy
+  upload  s1 with a 256 KiB POST body (the upstream discards it)
   http-logger  s1's route with http-logger (the default entry, batch_max_size 1000) posting to
          an in-bench HTTP sink that counts the entries: CPU per request against s1, and the
          sink's count checked against wrk's in every round (wrk does not count the answers
@@ -28,7 +31,7 @@ runs beside the first on ports 9082/9182 and is measured interleaved with it in 
 rounds of the plain scenarios (s1, s2): the A/B figures come from one run.
 
 Usage: benches/e2e/bench.py [--rounds 3] [--duration 5] [--connections 16] [--threads 2]
-                            [--scenarios s1,s2,s1c,route,tls,tls-hs,h2,key-auth,jwt,http-logger] [--json out.json] [--markdown out.md]
+                            [--scenarios s1,s2,s1c,route,tls,tls-hs,h2,key-auth,jwt,http-logger,big,upload] [--json out.json] [--markdown out.md]
                             [--baseline BINARY]
                             [--apisix URL --apisix-admin URL --apisix-key KEY]
 """
@@ -59,6 +62,9 @@ NGINX_PROXY_PORT = 9081
 FERRISIX_TLS_PORT = 9443
 NGINX_TLS_PORT = 9444
 TLS_SCENARIOS = ("tls", "tls-hs", "h2")
+# The large-body scenarios: their path on every target (the gateways' route lists both).
+BODY_PATHS = {"big": "/big", "upload": "/upload"}
+BODY_BYTES = 256 * 1024
 BASELINE_PORT = 9082
 BASELINE_ADMIN = 9182
 
@@ -282,12 +288,20 @@ events {{ {events} }}
 
 def start_upstream(work, cores):
     conf = os.path.join(work, "upstream.conf")
+    # The large-body scenarios' file, readable by nginx's unprivileged worker.
+    os.chmod(work, 0o755)
+    with open(os.path.join(work, "big"), "wb") as f:
+        f.write(os.urandom(BODY_BYTES))
+    os.chmod(os.path.join(work, "big"), 0o644)
     with open(conf, "w") as f:
         f.write(nginx_main(work, "upstream", "worker_connections 10620; accept_mutex off;") + f"""http {{
   access_log off;
   server {{
     listen 127.0.0.1:{UPSTREAM_PORT} reuseport;
+    client_max_body_size 10m;
+    client_body_buffer_size 1m;
     location / {{ return 200 "1234567890"; }}
+    location = /big {{ alias {work}/big; }}
   }}
 }}
 """)
@@ -308,7 +322,11 @@ def nginx_s1_http(work, port):
   }}
   server {{
     listen 127.0.0.1:{port} reuseport;
+    # The upload scenario's 256 KiB bodies stay in memory, as ferrisix keeps them.
+    client_body_buffer_size 1m;
     location / {{
+      # The big scenario's answers pass through memory, not a temporary file.
+      proxy_max_temp_file_size 0;
       proxy_http_version 1.1;
       proxy_set_header Connection "";
       proxy_set_header Host $http_host;
@@ -406,6 +424,18 @@ S1C_CHECKS = {"active": {"http_path": "/hello", "healthy": {"interval": 1},
                          "unhealthy": {"interval": 1}}}
 
 
+def put_body_route(admin, key):
+    """Route 2: the large-body scenarios' paths, no plugins (s1's route stays APISIX's)."""
+    body = json.dumps({
+        "uris": list(BODY_PATHS.values()),
+        "upstream": {"type": "roundrobin", "nodes": {f"127.0.0.1:{UPSTREAM_PORT}": 1}},
+    }).encode()
+    req = urllib.request.Request(f"{admin}/apisix/admin/routes/2", data=body, method="PUT",
+                                 headers={"X-API-KEY": key})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        r.read()
+
+
 def put_route(admin, key, plugins, checks=None):
     upstream = {"type": "roundrobin", "nodes": {f"127.0.0.1:{UPSTREAM_PORT}": 1}}
     if checks:
@@ -450,9 +480,16 @@ def run_wrk(port, args, cores, scenario="s1"):
     extra = ["-H", "Connection: close"] if scenario == "tls-hs" else scenario_headers(scenario)
     if scenario == "route":
         extra = ["-H", "Origin: http://app.example"]
+    if scenario == "upload":
+        script = os.path.join(tempfile.gettempdir(), f"ferrisix-bench-upload-{os.getpid()}.lua")
+        with open(script, "w") as f:
+            f.write(f'wrk.method = "POST"\nwrk.body = string.rep("x", {BODY_BYTES})\n'
+                    'wrk.headers["Content-Type"] = "application/octet-stream"\n')
+        extra = extra + ["-s", script]
+    path = BODY_PATHS.get(scenario, "/hello")
     cmd = taskset_prefix(cores) + ["wrk", "-t", str(args.threads), "-c", str(args.connections),
                                    "-d", f"{args.duration}s", "--latency"] + extra + \
-        [f"{scheme}://127.0.0.1:{port}/hello"]
+        [f"{scheme}://127.0.0.1:{port}{path}"]
     return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
 
@@ -572,6 +609,8 @@ def main():
                 # is one interleaved A/B (same binary twice: --baseline target/release/ferrisix).
                 own_checks = checks if a == admin else None
                 put_route(a, "benchmark-admin-key", plugins, own_checks)
+                if scenario in BODY_PATHS:
+                    put_body_route(a, "benchmark-admin-key")
             if args.apisix and args.apisix_admin and args.apisix_key:
                 put_route(args.apisix_admin, args.apisix_key, plugins, checks)
             time.sleep(1 if scenario in ("s1",) + TLS_SCENARIOS else 3)
@@ -657,8 +696,10 @@ def render_markdown(report):
         "| scenario | target | req/s | mean ms | p99 ms | CPU µs/req | req/s vs nginx | CPU vs nginx |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    base = res.get("s1", {}).get("nginx")
+    s1_nginx = res.get("s1", {}).get("nginx")
     for scenario, targets in res.items():
+        # The body scenarios against nginx with the same body; the others against s1's.
+        base = targets.get("nginx") if scenario in BODY_PATHS else s1_nginx
         for name, r in targets.items():
             rps_ratio = f"{r['rps'] / base['rps']:.2f}×" if base else "-"
             cpu_ratio = f"{r['cpu_us_per_req'] / base['cpu_us_per_req']:.2f}×" if base else "-"

@@ -217,7 +217,9 @@ pub fn gateway(
         },
         show_upstream_status: settings.apisix.show_upstream_status_in_response_header,
         access_log: Arc::new(
-            AccessLog::new(sink, &http.access_log_format).with_reopen(reopen.clone()),
+            AccessLog::new(sink, &http.access_log_format)
+                .with_escape(http.access_log_format_escape)
+                .with_reopen(reopen.clone()),
         ),
         stats,
         legacy_admin: None,

@@ -360,3 +360,34 @@ fn the_access_log_request_length_counts_line_headers_and_body() {
         "{text}"
     );
 }
+
+/// `access_log_format_escape` reaches the log: with `json` a quote in a header is `\"` and a
+/// variable without a value is empty (nginx's `escape=json`).
+#[test]
+fn the_access_log_escapes_values_as_configured() {
+    let up = Upstream::start("echo", Behaviour::Echo);
+    let doc = json!({ "routes": [{ "id": "r1", "uri": "/esc",
+        "upstream": { "type": "roundrobin", "nodes": { up.node(): 1 } } }] });
+    let gw = Gateway::start_tuned(
+        &doc.to_string(),
+        "",
+        "",
+        1,
+        "access_log_format: \"{\\\"ua\\\":\\\"$http_user_agent\\\",\\\"user\\\":\\\"$remote_user\\\"}\"\naccess_log_format_escape: json",
+    );
+    let reply = request(gw.addr(), "GET", "/esc", &[("User-Agent", "a\"b\\c")], b"");
+    assert_eq!(reply.status, 200);
+    let log = access_log(&gw);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains('\n') {
+            break text;
+        }
+        assert!(std::time::Instant::now() < deadline, "access log: {text:?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let line: Value = serde_json::from_str(text.lines().next().unwrap()).expect("a JSON line");
+    assert_eq!(line["ua"], "a\"b\\c");
+    assert_eq!(line["user"], "");
+}

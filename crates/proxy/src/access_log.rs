@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ferrisix_config::reopen::LogReopen;
+use ferrisix_config::settings::LogEscape;
 use http::{HeaderValue, Method, Uri, Version};
 use smallvec::SmallVec;
 
@@ -83,6 +84,8 @@ pub struct AccessLog {
     headers: Vec<http::HeaderName>,
     /// The format has `$request_length` (its value costs a pass over the request's headers).
     request_length: bool,
+    /// `access_log_format_escape`: how variables' values are written.
+    escape: LogEscape,
     /// A failed write was reported (once per log, not once per line).
     warned: AtomicBool,
 }
@@ -184,8 +187,15 @@ impl AccessLog {
             segments,
             headers,
             request_length,
+            escape: LogEscape::Default,
             warned: AtomicBool::new(false),
         }
+    }
+
+    /// Writes variables' values escaped as nginx's `log_format ... escape=` does.
+    pub fn with_escape(mut self, escape: LogEscape) -> AccessLog {
+        self.escape = escape;
+        self
     }
 
     /// Reopens a file sink whenever `reopen` fires.
@@ -217,10 +227,69 @@ impl AccessLog {
         for seg in &self.segments {
             match seg {
                 Segment::Literal(s) => out.extend_from_slice(s.as_bytes()),
-                Segment::Var(v) => r.write_var(v, up, now, out),
+                Segment::Var(v) => {
+                    let start = out.len();
+                    if r.write_var(v, up, now, out) {
+                        escape_from(self.escape, out, start);
+                    } else if self.escape == LogEscape::Default {
+                        // nginx: a variable without a value is `-`, except with `json` or
+                        // `none`, where it is left empty.
+                        out.push(b'-');
+                    }
+                }
             }
         }
         out.push(b'\n');
+    }
+}
+
+/// nginx escapes each variable's value, never the format's own text: `default` writes `"`,
+/// `\` and bytes below 32 or above 126 as `\xHH` (upper-case hex), `json` escapes as a JSON
+/// string (`\"`, `\\`, `\n` and the like, other control bytes as `\u00HH`), `none` leaves
+/// the value as it is. A header value can hold `"` and bytes above 126: unescaped, a
+/// client could end a quoted field of the line early.
+fn escape_from(escape: LogEscape, out: &mut Vec<u8>, start: usize) {
+    let needs = |b: u8| match escape {
+        LogEscape::Default => b == b'"' || b == b'\\' || !(32..=126).contains(&b),
+        LogEscape::Json => b == b'"' || b == b'\\' || b < 32,
+        LogEscape::NoEscape => false,
+    };
+    // Most values need nothing: one scan, no copy.
+    let Some(first) = out[start..].iter().position(|&b| needs(b)) else {
+        return;
+    };
+    let tail = out.split_off(start + first);
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for b in tail {
+        if !needs(b) {
+            out.push(b);
+            continue;
+        }
+        match escape {
+            LogEscape::Default => out.extend_from_slice(&[
+                b'\\',
+                b'x',
+                HEX[usize::from(b >> 4)],
+                HEX[usize::from(b & 0xf)],
+            ]),
+            _ => match b {
+                b'"' => out.extend_from_slice(b"\\\""),
+                b'\\' => out.extend_from_slice(b"\\\\"),
+                b'\n' => out.extend_from_slice(b"\\n"),
+                b'\r' => out.extend_from_slice(b"\\r"),
+                b'\t' => out.extend_from_slice(b"\\t"),
+                0x08 => out.extend_from_slice(b"\\b"),
+                0x0c => out.extend_from_slice(b"\\f"),
+                _ => out.extend_from_slice(&[
+                    b'\\',
+                    b'u',
+                    b'0',
+                    b'0',
+                    HEX[usize::from(b >> 4)],
+                    HEX[usize::from(b & 0xf)],
+                ]),
+            },
+        }
     }
 }
 
@@ -235,18 +304,24 @@ fn capture(headers: &mut Vec<http::HeaderName>, name: &str) -> usize {
     }
 }
 
-fn push_or_dash(out: &mut Vec<u8>, v: Option<&HeaderValue>) {
-    match v.and_then(|v| v.to_str().ok()) {
-        Some(s) if !s.is_empty() => out.extend_from_slice(s.as_bytes()),
-        _ => out.push(b'-'),
+/// A header's bytes as they came (the escape deals with what is not printable ASCII); `false`
+/// when it is absent.
+fn push_header(out: &mut Vec<u8>, v: Option<&HeaderValue>) -> bool {
+    match v {
+        Some(v) => {
+            out.extend_from_slice(v.as_bytes());
+            true
+        }
+        None => false,
     }
 }
 
 impl LogRecord {
-    fn write_var(&self, v: &Var, up: &UpstreamRecord, now: Instant, out: &mut Vec<u8>) {
+    /// Writes `v`'s value; `false` (nothing written) when it has none.
+    fn write_var(&self, v: &Var, up: &UpstreamRecord, now: Instant, out: &mut Vec<u8>) -> bool {
         match v {
             Var::RemoteAddr => push_ip(out, self.remote_addr),
-            Var::RemoteUser | Var::Unknown => out.push(b'-'),
+            Var::RemoteUser | Var::Unknown => return false,
             Var::TimeLocal => TIME
                 .with(|t| out.extend_from_slice(t.borrow_mut().local(self.start_wall).as_bytes())),
             Var::TimeIso8601 => {
@@ -276,25 +351,28 @@ impl LogRecord {
             Var::BodyBytesSent => push_int(out, self.body_bytes_sent),
             Var::RequestTime => push_secs_ms(out, now.saturating_duration_since(self.start)),
             Var::RequestLength => push_int(out, self.request_length),
-            Var::Header(i) => push_or_dash(out, self.headers.get(*i).and_then(Option::as_ref)),
-            Var::UpstreamAddr => join_or_dash(out, &up.addrs),
-            Var::UpstreamStatus => join_or_dash(out, &up.statuses),
+            Var::Header(i) => {
+                return push_header(out, self.headers.get(*i).and_then(Option::as_ref))
+            }
+            Var::UpstreamAddr => return join(out, &up.addrs),
+            Var::UpstreamStatus => return join(out, &up.statuses),
             Var::UpstreamResponseTime => match up.start {
                 Some(s) => push_secs_ms(out, now.saturating_duration_since(s)),
-                None => out.push(b'-'),
+                None => return false,
             },
             Var::UpstreamScheme | Var::Scheme => out.extend_from_slice(b"http"),
-            Var::UpstreamHost => push_or_dash(out, up.host.as_ref()),
+            Var::UpstreamHost => return push_header(out, up.host.as_ref()),
             Var::ServerPort => push_int(out, self.server_port),
             Var::RouteId => match &self.route_id {
                 Some(id) => out.extend_from_slice(id.as_bytes()),
-                None => out.push(b'-'),
+                None => return false,
             },
             Var::ConsumerName => match &self.consumer_name {
                 Some(name) => out.extend_from_slice(name.as_bytes()),
-                None => out.push(b'-'),
+                None => return false,
             },
         }
+        true
     }
 
     /// Formats the line into this worker's buffer; `now` is the end of the request.
@@ -402,17 +480,15 @@ impl LogValue for SocketAddr {
     }
 }
 
-fn join_or_dash<T: LogValue>(out: &mut Vec<u8>, items: &[T]) {
-    if items.is_empty() {
-        out.push(b'-');
-        return;
-    }
+/// The values joined by `, `; `false` when there are none.
+fn join<T: LogValue>(out: &mut Vec<u8>, items: &[T]) -> bool {
     for (i, item) in items.iter().enumerate() {
         if i > 0 {
             out.extend_from_slice(b", ");
         }
         item.push_to(out);
     }
+    !items.is_empty()
 }
 
 struct WorkerBuffer {
@@ -664,9 +740,9 @@ mod tests {
             "127.0.0.1:1980".parse().unwrap(),
             "[::1]:80".parse().unwrap(),
         ];
-        join_or_dash(&mut out, &addrs);
+        join(&mut out, &addrs);
         out.push(b' ');
-        join_or_dash::<u16>(&mut out, &[502, 200]);
+        join::<u16>(&mut out, &[502, 200]);
         out.push(b' ');
         out.extend_from_slice(protocol(Version::HTTP_10).as_bytes());
         assert_eq!(
@@ -681,6 +757,89 @@ mod tests {
         assert!(AccessLog::new(file.clone(), "$status ${request_length}").wants_request_length());
         assert!(!AccessLog::new(file, "$status $request_time").wants_request_length());
         assert!(!AccessLog::new(LogSink::Off, "$request_length").wants_request_length());
+    }
+
+    /// `value` appended to a literal and escaped from the value's start.
+    fn escaped(escape: LogEscape, value: &[u8]) -> Vec<u8> {
+        let mut out = b"lit\"".to_vec();
+        out.extend_from_slice(value);
+        escape_from(escape, &mut out, 4);
+        out
+    }
+
+    #[test]
+    fn values_are_escaped_as_nginx_escapes_them() {
+        let raw = b"a\"b\\c\td\x01e\x7ff\x80g\xffh\ni\rj\x08k\x0cl";
+        assert_eq!(
+            escaped(LogEscape::Default, raw),
+            b"lit\"a\\x22b\\x5Cc\\x09d\\x01e\\x7Ff\\x80g\\xFFh\\x0Ai\\x0Dj\\x08k\\x0Cl"
+        );
+        // JSON: quotes, backslashes and control bytes; DEL and bytes above 127 as they are.
+        assert_eq!(
+            escaped(LogEscape::Json, raw),
+            b"lit\"a\\\"b\\\\c\\td\\u0001e\x7ff\x80g\xffh\\ni\\rj\\bk\\fl"
+        );
+        assert_eq!(escaped(LogEscape::Json, b"\x1f"), b"lit\"\\u001F");
+        let mut none = b"lit\"".to_vec();
+        none.extend_from_slice(raw);
+        assert_eq!(escaped(LogEscape::NoEscape, raw), none);
+        assert_eq!(
+            escaped(LogEscape::Default, b"plain/text 1.0"),
+            b"lit\"plain/text 1.0"
+        );
+    }
+
+    /// A variable without a value is `-` by default and empty with `json` or `none`; a header
+    /// that is present but empty is empty in every mode; the format's own text is never
+    /// escaped.
+    #[test]
+    fn missing_values_and_the_escape_modes() {
+        let line = |escape: LogEscape, referer: Option<&'static [u8]>| {
+            let log = AccessLog::new(
+                LogSink::Off,
+                "\"$http_referer\" \"$http_user_agent\" $remote_user $route_id",
+            )
+            .with_escape(escape);
+            let headers = log
+                .captured_headers()
+                .iter()
+                .map(|h| match h.as_str() {
+                    "referer" => referer.map(|r| HeaderValue::from_bytes(r).unwrap()),
+                    _ => None,
+                })
+                .collect();
+            let r = LogRecord {
+                start: Instant::now(),
+                start_wall: UNIX_EPOCH,
+                remote_addr: "127.0.0.1".parse().unwrap(),
+                server_port: 9080,
+                method: Method::GET,
+                uri: "/".parse().unwrap(),
+                version: Version::HTTP_11,
+                headers,
+                status: 200,
+                request_length: 0,
+                body_bytes_sent: 0,
+                route_id: Some(Arc::from("r\"1")),
+                consumer_name: None,
+            };
+            let mut out = Vec::new();
+            log.format(&r, &UpstreamRecord::default(), Instant::now(), &mut out);
+            out
+        };
+        assert_eq!(
+            line(LogEscape::Default, Some(b"x\"y\x80")),
+            b"\"x\\x22y\\x80\" \"-\" - r\\x221\n"
+        );
+        assert_eq!(
+            line(LogEscape::Json, Some(b"x\"y")),
+            b"\"x\\\"y\" \"\"  r\\\"1\n"
+        );
+        assert_eq!(line(LogEscape::NoEscape, None), b"\"\" \"\"  r\"1\n");
+        assert_eq!(
+            line(LogEscape::Default, Some(b"")),
+            b"\"\" \"-\" - r\\x221\n"
+        );
     }
 
     #[test]

@@ -230,7 +230,9 @@ impl AccessLog {
                 Segment::Var(v) => {
                     let start = out.len();
                     if r.write_var(v, up, now, out) {
-                        escape_from(self.escape, out, start);
+                        if v.is_text() {
+                            escape_from(self.escape, out, start);
+                        }
                     } else if self.escape == LogEscape::Default {
                         // nginx: a variable without a value is `-`, except with `json` or
                         // `none`, where it is left empty.
@@ -243,17 +245,33 @@ impl AccessLog {
     }
 }
 
+/// The bytes `escape=default` (`json` when `json`) writes escaped.
+const fn escapes(json: bool) -> [bool; 256] {
+    let mut table = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        table[i] = b == b'"' || b == b'\\' || b < 32 || (!json && b > 126);
+        i += 1;
+    }
+    table
+}
+
+static DEFAULT_ESCAPES: [bool; 256] = escapes(false);
+static JSON_ESCAPES: [bool; 256] = escapes(true);
+
 /// nginx escapes each variable's value, never the format's own text: `default` writes `"`,
 /// `\` and bytes below 32 or above 126 as `\xHH` (upper-case hex), `json` escapes as a JSON
 /// string (`\"`, `\\`, `\n` and the like, other control bytes as `\u00HH`), `none` leaves
 /// the value as it is. A header value can hold `"` and bytes above 126: unescaped, a
 /// client could end a quoted field of the line early.
 fn escape_from(escape: LogEscape, out: &mut Vec<u8>, start: usize) {
-    let needs = |b: u8| match escape {
-        LogEscape::Default => b == b'"' || b == b'\\' || !(32..=126).contains(&b),
-        LogEscape::Json => b == b'"' || b == b'\\' || b < 32,
-        LogEscape::NoEscape => false,
+    let table = match escape {
+        LogEscape::Default => &DEFAULT_ESCAPES,
+        LogEscape::Json => &JSON_ESCAPES,
+        LogEscape::NoEscape => return,
     };
+    let needs = |b: u8| table[usize::from(b)];
     // Most values need nothing: one scan, no copy.
     let Some(first) = out[start..].iter().position(|&b| needs(b)) else {
         return;
@@ -313,6 +331,26 @@ fn push_header(out: &mut Vec<u8>, v: Option<&HeaderValue>) -> bool {
             true
         }
         None => false,
+    }
+}
+
+impl Var {
+    /// Whether a value of this variable can hold a byte that an escape rewrites: the request's
+    /// own text, headers, names. Numbers, addresses and times cannot, so their bytes are not
+    /// scanned.
+    fn is_text(&self) -> bool {
+        matches!(
+            self,
+            Var::Request
+                | Var::RequestMethod
+                | Var::RequestUri
+                | Var::UpstreamUri
+                | Var::Uri
+                | Var::Header(_)
+                | Var::UpstreamHost
+                | Var::RouteId
+                | Var::ConsumerName
+        )
     }
 }
 

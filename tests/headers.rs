@@ -312,19 +312,39 @@ fn large_body_is_forwarded_whole() {
     assert_eq!(reply.json()["body_len"], body.len());
 }
 
+/// A gateway whose access log has `log_keys` (`nginx_config.http` lines), with route `uri` to
+/// an echo upstream.
+fn logging_gateway(uri: &str, log_keys: &str) -> (Gateway, Upstream) {
+    let up = Upstream::start("echo", Behaviour::Echo);
+    let doc = json!({ "routes": [{ "id": "r1", "uri": uri,
+        "upstream": { "type": "roundrobin", "nodes": { up.node(): 1 } } }] });
+    (
+        Gateway::start_tuned(&doc.to_string(), "", "", 1, log_keys),
+        up,
+    )
+}
+
+/// The access log once it holds `lines` lines (it is flushed within a second).
+fn access_log_lines(gw: &Gateway, lines: usize) -> String {
+    let log = access_log(gw);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.lines().count() >= lines {
+            return text;
+        }
+        assert!(std::time::Instant::now() < deadline, "access log: {text:?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// nginx's `$request_length` in the access log: request line, headers and body, for a
 /// proxied request and for one no route matches (it was the body's length alone, and 0 for
 /// what was not proxied).
 #[test]
 fn the_access_log_request_length_counts_line_headers_and_body() {
-    let up = Upstream::start("echo", Behaviour::Echo);
-    let doc = json!({ "routes": [{ "id": "r1", "uri": "/len",
-        "upstream": { "type": "roundrobin", "nodes": { up.node(): 1 } } }] });
-    let gw = Gateway::start_tuned(
-        &doc.to_string(),
-        "",
-        "",
-        1,
+    let (gw, _up) = logging_gateway(
+        "/len",
         "access_log_format: \"$request_uri $request_length\"",
     );
     let raw = |head: &str| {
@@ -343,16 +363,7 @@ fn the_access_log_request_length_counts_line_headers_and_body() {
     raw(post);
     let miss = "GET /nowhere?a=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     raw(miss);
-    let log = access_log(&gw);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let text = loop {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if text.lines().count() >= 2 {
-            break text;
-        }
-        assert!(std::time::Instant::now() < deadline, "access log: {text:?}");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let text = access_log_lines(&gw, 2);
     // Each head as sent, with the body: the lengths of what the client wrote.
     assert!(text.contains(&format!("/len {}\n", post.len())), "{text}");
     assert!(
@@ -365,28 +376,13 @@ fn the_access_log_request_length_counts_line_headers_and_body() {
 /// variable without a value is empty (nginx's `escape=json`).
 #[test]
 fn the_access_log_escapes_values_as_configured() {
-    let up = Upstream::start("echo", Behaviour::Echo);
-    let doc = json!({ "routes": [{ "id": "r1", "uri": "/esc",
-        "upstream": { "type": "roundrobin", "nodes": { up.node(): 1 } } }] });
-    let gw = Gateway::start_tuned(
-        &doc.to_string(),
-        "",
-        "",
-        1,
+    let (gw, _up) = logging_gateway(
+        "/esc",
         "access_log_format: \"{\\\"ua\\\":\\\"$http_user_agent\\\",\\\"user\\\":\\\"$remote_user\\\"}\"\naccess_log_format_escape: json",
     );
     let reply = request(gw.addr(), "GET", "/esc", &[("User-Agent", "a\"b\\c")], b"");
     assert_eq!(reply.status, 200);
-    let log = access_log(&gw);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let text = loop {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if text.contains('\n') {
-            break text;
-        }
-        assert!(std::time::Instant::now() < deadline, "access log: {text:?}");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let text = access_log_lines(&gw, 1);
     let line: Value = serde_json::from_str(text.lines().next().unwrap()).expect("a JSON line");
     assert_eq!(line["ua"], "a\"b\\c");
     assert_eq!(line["user"], "");

@@ -827,6 +827,36 @@ mod tests {
         );
     }
 
+    /// A GET / from 127.0.0.1 answered 200, whose captured header `name` (if `log` reads it)
+    /// is `value`.
+    fn record(log: &AccessLog, name: &str, value: Option<HeaderValue>) -> LogRecord {
+        LogRecord {
+            start: Instant::now(),
+            start_wall: UNIX_EPOCH,
+            remote_addr: "127.0.0.1".parse().unwrap(),
+            server_port: 9080,
+            method: Method::GET,
+            uri: "/".parse().unwrap(),
+            version: Version::HTTP_11,
+            headers: log
+                .captured_headers()
+                .iter()
+                .map(|h| {
+                    if h.as_str() == name {
+                        value.clone()
+                    } else {
+                        None
+                    }
+                })
+                .collect(),
+            status: 200,
+            request_length: 0,
+            body_bytes_sent: 0,
+            route_id: None,
+            consumer_name: None,
+        }
+    }
+
     /// A variable without a value is `-` by default and empty with `json` or `none`; a header
     /// that is present but empty is empty in every mode; the format's own text is never
     /// escaped.
@@ -838,29 +868,12 @@ mod tests {
                 "\"$http_referer\" \"$http_user_agent\" $remote_user $route_id",
             )
             .with_escape(escape);
-            let headers = log
-                .captured_headers()
-                .iter()
-                .map(|h| match h.as_str() {
-                    "referer" => referer.map(|r| HeaderValue::from_bytes(r).unwrap()),
-                    _ => None,
-                })
-                .collect();
-            let r = LogRecord {
-                start: Instant::now(),
-                start_wall: UNIX_EPOCH,
-                remote_addr: "127.0.0.1".parse().unwrap(),
-                server_port: 9080,
-                method: Method::GET,
-                uri: "/".parse().unwrap(),
-                version: Version::HTTP_11,
-                headers,
-                status: 200,
-                request_length: 0,
-                body_bytes_sent: 0,
-                route_id: Some(Arc::from("r\"1")),
-                consumer_name: None,
-            };
+            let mut r = record(
+                &log,
+                "referer",
+                referer.map(|r| HeaderValue::from_bytes(r).unwrap()),
+            );
+            r.route_id = Some(Arc::from("r\"1"));
             let mut out = Vec::new();
             log.format(&r, &UpstreamRecord::default(), Instant::now(), &mut out);
             out
@@ -886,29 +899,10 @@ mod tests {
             LogSink::Off,
             "$remote_addr - $remote_user [$time_local] $http_host \"$request_line\" $status $body_bytes_sent \"$http_user_agent\" $upstream_addr $upstream_status",
         ));
-        let headers: SmallVec<[Option<HeaderValue>; 4]> = log
-            .captured_headers()
-            .iter()
-            .map(|h| match h.as_str() {
-                "host" => Some(HeaderValue::from_static("a.com")),
-                _ => None,
-            })
-            .collect();
-        let r = LogRecord {
-            start: Instant::now(),
-            start_wall: UNIX_EPOCH + Duration::from_secs(1_796_001_828),
-            remote_addr: "127.0.0.1".parse().unwrap(),
-            server_port: 9080,
-            method: Method::GET,
-            uri: "/hello?a=1".parse().unwrap(),
-            version: Version::HTTP_11,
-            headers,
-            status: 200,
-            request_length: 0,
-            body_bytes_sent: 12,
-            route_id: None,
-            consumer_name: None,
-        };
+        let mut r = record(&log, "host", Some(HeaderValue::from_static("a.com")));
+        r.start_wall = UNIX_EPOCH + Duration::from_secs(1_796_001_828);
+        r.uri = "/hello?a=1".parse().unwrap();
+        r.body_bytes_sent = 12;
         let up = UpstreamRecord {
             addrs: smallvec::smallvec!["127.0.0.1:1980".parse().unwrap()],
             statuses: smallvec::smallvec![200],

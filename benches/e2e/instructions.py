@@ -18,6 +18,7 @@ Under callgrind a gateway serves ~3,500 requests/s, so 5 s is ~17,000 requests.
 
 Usage: benches/e2e/instructions.py --binary target/release/ferrisix [--baseline OTHER]
                                    [--nginx] [--rounds 3] [--seconds 5] [--scenario s1|s2]
+                                   [--browser]   (a browser's request headers, not only Host)
                                    [--keep DIR]   (keep the callgrind files for callgrind_annotate)
 """
 
@@ -48,9 +49,29 @@ def callgrind(out):
             "--separate-threads=yes", "--dump-instr=no"]
 
 
-def wrk(port, seconds):
-    return subprocess.run(["wrk", "-t", "1", "-c", "16", "-d", f"{seconds}s",
-                           f"http://127.0.0.1:{port}/hello"],
+# --browser: the request headers a browser sends with a page's API call (wrk's own request
+# has only Host). Each client header costs in every step that copies or looks at headers
+# (the parse, the access log's captures, the upstream copy, the encode), so this is the
+# count to read for a step on that path.
+BROWSER_HEADERS = [
+    "Connection: keep-alive",
+    "User-Agent: Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) "
+    "Chrome/131.0.0.0 Safari/537.36",
+    "Accept: application/json, text/plain, */*",
+    "Accept-Encoding: gzip, deflate, br, zstd",
+    "Accept-Language: en-GB,en;q=0.9",
+    "Referer: https://shop.example.com/cart",
+    "Cookie: session=8f14e45fceea167a5a36dedd4bea2543; theme=dark",
+    "Sec-Fetch-Mode: cors",
+    "X-Request-Id: 5d2c6b1e-8a4f-4f0e-9c3a-1b2d3e4f5a6b",
+]
+
+
+def wrk(port, seconds, headers=()):
+    args = ["wrk", "-t", "1", "-c", "16", "-d", f"{seconds}s"]
+    for h in headers:
+        args += ["-H", h]
+    return subprocess.run(args + [f"http://127.0.0.1:{port}/hello"],
                           capture_output=True, text=True).stdout
 
 
@@ -102,14 +123,14 @@ http {{
     return proc, NGINX_PORT, out
 
 
-def count(work, start, seconds):
+def count(work, start, seconds, headers=()):
     """Starts a target, loads it, and gives (requests, instructions of all its threads)."""
     proc, port, out = start()
     try:
-        wrk(port, 3)
+        wrk(port, 3, headers)
         subprocess.run(["callgrind_control", "-z", str(proc.pid)], capture_output=True,
                        check=True)
-        text = wrk(port, seconds)
+        text = wrk(port, seconds, headers)
         subprocess.run(["callgrind_control", "-d", str(proc.pid)], capture_output=True,
                        check=True)
     finally:
@@ -143,8 +164,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--scenario", choices=["s1", "s2"], default="s1")
+    ap.add_argument("--browser", action="store_true",
+                    help="send a browser's request headers (BROWSER_HEADERS), not only Host")
     ap.add_argument("--keep")
     args = ap.parse_args()
+    headers = BROWSER_HEADERS if args.browser else []
     for tool in ("valgrind", "callgrind_control", "wrk"):
         if not shutil.which(tool):
             sys.exit(f"{tool} is needed (Debian: valgrind, wrk)")
@@ -166,7 +190,7 @@ def main():
                     start = lambda w=w, b=binary: start_gateway(w, b, args.scenario)  # noqa: E731
                 else:
                     start = lambda w=w: start_nginx(w)  # noqa: E731
-                n, total = count(w, start, args.seconds)
+                n, total = count(w, start, args.seconds, headers)
                 per_request[name].append(total / n)
                 print(f"round {r} {name}: {n} requests, {total / n:,.0f} instructions each",
                       file=sys.stderr, flush=True)
@@ -176,7 +200,8 @@ def main():
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     first = statistics.median(per_request["ferrisix"])
-    print(f"| target | instructions per request ({args.scenario}, median of {args.rounds}) "
+    client = ", browser headers" if args.browser else ""
+    print(f"| target | instructions per request ({args.scenario}{client}, median of {args.rounds}) "
           "| runs | vs ferrisix |")
     print("|---|---:|---|---:|")
     for name, _ in targets:

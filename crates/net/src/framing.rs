@@ -356,17 +356,22 @@ enum Head {
 /// first, without a full parse: a head whose request line ends in `HTTP/1.1` or `HTTP/1.0`, whose
 /// method is not `CONNECT`, and whose every field line has a name (before its first `:`, trailing
 /// blanks aside) other than `Transfer-Encoding`, `Content-Length` and `Upgrade` ends at its
-/// first empty line and has no body, for hyper as for httparse. Anything else (those fields, a
-/// line without a colon, an obsolete line fold, another version) goes to [`parse_head`]. A head
-/// this check passes that hyper still refuses (a bad character somewhere) ends the connection,
-/// so what the guard believes of it never matters.
+/// first empty line and has no body, for hyper as for httparse. Only a line whose first letter
+/// is `t`, `c` or `u` can name one of those, so only such lines are looked into. Anything else
+/// (those fields, such a line without a colon, an obsolete line fold, another version) goes to
+/// [`parse_head`]. A head this check passes that hyper still refuses (a bad character
+/// somewhere, a field line without a colon) ends the connection, so what the guard believes of
+/// it never matters.
 fn scan_head(buf: &[u8]) -> Head {
     let mut start = 0;
     let mut first = true;
-    while let Some(nl) = memchr::memchr(b'\n', &buf[start..]) {
-        let line = &buf[start..start + nl];
+    // One search over the head for its line ends, not one per line, and a second search (the
+    // colon) only in the lines whose first letter can begin a framing field's name. (A search
+    // eight bytes at a time, without vectors, cost more: +480 instructions on a browser's head.)
+    for nl in memchr::memchr_iter(b'\n', buf) {
+        let line = &buf[start..nl];
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        start += nl + 1;
+        start = nl + 1;
         if first {
             first = false;
             let version = line.len() >= 9 && {
@@ -378,11 +383,16 @@ fn scan_head(buf: &[u8]) -> Head {
             }
             continue;
         }
-        if line.is_empty() {
+        let Some(&lead) = line.first() else {
             return Head::Complete(start, State::Head);
-        }
-        if matches!(line[0], b' ' | b'\t') {
+        };
+        if matches!(lead, b' ' | b'\t') {
             return parse_head(buf);
+        }
+        // Transfer-Encoding, Content-Length and Upgrade: any other first letter is another
+        // field (or a line hyper refuses, which ends the connection).
+        if !matches!(lead | 0x20, b't' | b'c' | b'u') {
+            continue;
         }
         let Some(colon) = memchr::memchr(b':', line) else {
             return parse_head(buf);

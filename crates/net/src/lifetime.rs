@@ -1,12 +1,15 @@
 //! How long a connection may wait for its first request and sit idle between requests.
 
+use std::future::poll_fn;
 use std::future::Future;
+use std::pin::pin;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
+use atomic_waker::AtomicWaker;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::service::HttpService;
@@ -175,25 +178,27 @@ impl ConnWatch {
             return self.run(conn).await;
         };
         let _open = drain.enter();
-        tokio::pin!(conn);
-        let expired = self.expired();
-        tokio::pin!(expired);
-        let quiet = self.quiet_while_draining(&drain);
-        tokio::pin!(quiet);
+        let mut conn = pin!(conn);
+        let mut expired = pin!(Dormant::new(self.expired()));
+        let mut quiet = pin!(Dormant::new(self.quiet_while_draining(&drain)));
         let mut shut = false;
-        loop {
-            tokio::select! {
-                out = &mut conn => return Some(out),
-                reason = &mut expired => {
-                    tracing::debug!("closing connection: {reason}");
-                    return None;
-                }
-                () = &mut quiet, if !shut => {
-                    shut = true;
-                    conn.as_mut().shut_down_gracefully();
-                }
+        poll_fn(|cx| loop {
+            if let Poll::Ready(out) = conn.as_mut().poll(cx) {
+                return Poll::Ready(Some(out));
             }
-        }
+            if let Poll::Ready(reason) = expired.as_mut().poll(cx) {
+                tracing::debug!("closing connection: {reason}");
+                return Poll::Ready(None);
+            }
+            if shut || quiet.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            // Quiet while draining: shut down, and poll the connection again at once so it
+            // acts on it.
+            shut = true;
+            conn.as_mut().shut_down_gracefully();
+        })
+        .await
     }
 
     /// Resolves when a draining connection can be shut down without racing a request.
@@ -239,13 +244,19 @@ impl ConnWatch {
     /// Drives `conn` (a hyper connection future) until it ends, or drops it (closing the
     /// socket) when a limit passes: `None` then.
     pub async fn run<F: Future>(&self, conn: F) -> Option<F::Output> {
-        tokio::select! {
-            out = conn => Some(out),
-            reason = self.expired() => {
-                tracing::debug!("closing connection: {reason}");
-                None
+        let mut conn = pin!(conn);
+        let mut expired = pin!(Dormant::new(self.expired()));
+        poll_fn(|cx| {
+            if let Poll::Ready(out) = conn.as_mut().poll(cx) {
+                return Poll::Ready(Some(out));
             }
-        }
+            if let Poll::Ready(reason) = expired.as_mut().poll(cx) {
+                tracing::debug!("closing connection: {reason}");
+                return Poll::Ready(None);
+            }
+            Poll::Pending
+        })
+        .await
     }
 
     /// Resolves when the connection should be closed, with the reason.
@@ -301,6 +312,64 @@ impl ConnWatch {
             };
             tokio::time::sleep_until(next).await;
         }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A watchdog future polled only when something it waits on (its timer, its notification)
+    /// woke it, not on every poll of the connection it guards: `tokio::select!` polled the
+    /// idle and drain watchdogs (their sleeps, a random branch order) on each of a request's
+    /// wake-ups, for timers that fire after seconds.
+    struct Dormant<F> {
+        #[pin]
+        inner: F,
+        signal: Arc<WakeSignal>,
+        waker: Waker,
+    }
+}
+
+/// Set by the watchdog's own waker; passes the wake on to the task that polls it.
+struct WakeSignal {
+    woken: AtomicBool,
+    task: AtomicWaker,
+}
+
+impl Wake for WakeSignal {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        self.task.wake();
+    }
+}
+
+impl<F> Dormant<F> {
+    fn new(inner: F) -> Dormant<F> {
+        let signal = Arc::new(WakeSignal {
+            // The first poll arms its timers.
+            woken: AtomicBool::new(true),
+            task: AtomicWaker::new(),
+        });
+        Dormant {
+            inner,
+            waker: Waker::from(signal.clone()),
+            signal,
+        }
+    }
+}
+
+impl<F: Future> Future for Dormant<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        this.signal.task.register(cx.waker());
+        if !this.signal.woken.swap(false, Ordering::AcqRel) {
+            return Poll::Pending;
+        }
+        this.inner.poll(&mut Context::from_waker(this.waker))
     }
 }
 
@@ -400,6 +469,68 @@ impl<B: Body> Body for Tracked<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A dormant watchdog is polled on its first poll and after its own wakes only, and its
+    /// wakes reach the task that polls it.
+    #[test]
+    fn a_dormant_future_is_polled_only_when_it_was_woken() {
+        struct Counted {
+            polls: Arc<AtomicUsize>,
+            waker: Arc<std::sync::Mutex<Option<Waker>>>,
+            done: Arc<AtomicBool>,
+        }
+        impl Future for Counted {
+            type Output = ();
+            fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+                self.polls.fetch_add(1, Ordering::Relaxed);
+                *self.waker.lock().unwrap() = Some(cx.waker().clone());
+                if self.done.load(Ordering::Relaxed) {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            }
+        }
+        struct Task(AtomicUsize);
+        impl Wake for Task {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let (polls, inner_waker, done) = (Arc::default(), Arc::default(), Arc::default());
+        let mut dormant = pin!(Dormant::new(Counted {
+            polls: Arc::clone(&polls),
+            waker: Arc::clone(&inner_waker),
+            done: Arc::clone(&done),
+        }));
+        let task = Arc::new(Task(AtomicUsize::new(0)));
+        let task_waker = Waker::from(task.clone());
+        let mut cx = Context::from_waker(&task_waker);
+        let inner_wake = || inner_waker.lock().unwrap().take().unwrap().wake();
+
+        assert!(dormant.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(polls.load(Ordering::Relaxed), 1, "the first poll arms it");
+        for _ in 0..5 {
+            assert!(dormant.as_mut().poll(&mut cx).is_pending());
+        }
+        assert_eq!(
+            polls.load(Ordering::Relaxed),
+            1,
+            "others' wakes do not reach it"
+        );
+        inner_wake();
+        assert_eq!(
+            task.0.load(Ordering::Relaxed),
+            1,
+            "its wake reaches the task"
+        );
+        assert!(dormant.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(polls.load(Ordering::Relaxed), 2);
+        done.store(true, Ordering::Relaxed);
+        inner_wake();
+        assert!(dormant.as_mut().poll(&mut cx).is_ready());
+        assert_eq!(polls.load(Ordering::Relaxed), 3);
+    }
 
     fn limits(header: u64, idle: u64) -> ConnLimits {
         ConnLimits {

@@ -102,14 +102,18 @@ def scenario_headers(scenario):
     return []
 
 
+def admin_put(admin, key, path, doc):
+    """PUTs `doc` (JSON) to the Admin API's `path` (e.g. `routes/1`)."""
+    req = urllib.request.Request(f"{admin}/apisix/admin/{path}", data=json.dumps(doc).encode(),
+                                 method="PUT", headers={"X-API-KEY": key})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        r.read()
+
+
 def put_consumers(admin, key):
     """10,000 key-auth consumers and one jwt-auth consumer (written once per gateway)."""
     def put(name, plugins):
-        body = json.dumps({"username": name, "plugins": plugins}).encode()
-        req = urllib.request.Request(f"{admin}/apisix/admin/consumers/{name}", data=body, method="PUT",
-                                     headers={"X-API-KEY": key})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            r.read()
+        admin_put(admin, key, f"consumers/{name}", {"username": name, "plugins": plugins})
     for i in range(AUTH_CONSUMERS):
         put(f"bench{i}", {"key-auth": {"key": f"bench-key-{i}"}})
     put("benchjwt", {"jwt-auth": {"key": "bench-jwt", "secret": JWT_SECRET}})
@@ -219,12 +223,8 @@ def make_certificate(work):
 
 
 def put_ssl(admin, key, crt_path, key_path):
-    body = json.dumps({"sni": "bench.local", "cert": open(crt_path).read(),
-                       "key": open(key_path).read()}).encode()
-    req = urllib.request.Request(f"{admin}/apisix/admin/ssls/1", data=body, method="PUT",
-                                 headers={"X-API-KEY": key})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        r.read()
+    admin_put(admin, key, "ssls/1", {"sni": "bench.local", "cert": open(crt_path).read(),
+                                     "key": open(key_path).read()})
 
 
 def nginx_bin():
@@ -428,29 +428,17 @@ S1C_CHECKS = {"active": {"http_path": "/hello", "healthy": {"interval": 1},
 
 def put_body_route(admin, key):
     """Route 2: the large-body scenarios' paths, no plugins (s1's route stays APISIX's)."""
-    body = json.dumps({
+    admin_put(admin, key, "routes/2", {
         "uris": list(BODY_PATHS.values()),
         "upstream": {"type": "roundrobin", "nodes": {f"127.0.0.1:{UPSTREAM_PORT}": 1}},
-    }).encode()
-    req = urllib.request.Request(f"{admin}/apisix/admin/routes/2", data=body, method="PUT",
-                                 headers={"X-API-KEY": key})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        r.read()
+    })
 
 
 def put_route(admin, key, plugins, checks=None):
     upstream = {"type": "roundrobin", "nodes": {f"127.0.0.1:{UPSTREAM_PORT}": 1}}
     if checks:
         upstream["checks"] = checks
-    body = json.dumps({
-        "uri": "/hello",
-        "plugins": plugins,
-        "upstream": upstream,
-    }).encode()
-    req = urllib.request.Request(f"{admin}/apisix/admin/routes/1", data=body, method="PUT",
-                                 headers={"X-API-KEY": key})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        r.read()
+    admin_put(admin, key, "routes/1", {"uri": "/hello", "plugins": plugins, "upstream": upstream})
 
 
 def parse_wrk(text):

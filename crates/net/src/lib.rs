@@ -20,9 +20,12 @@
 //!   to a successor process (binary upgrade, restart) with the connections in their queues.
 //! * [`yield_to_workers`]: the threads that are not serving requests (configuration, Admin
 //!   API, health probes) give way to the workers when the cores are busy.
+//! * [`coarse_monotonic_ms`]: the monotonic clock as of the last kernel tick, for idle
+//!   timestamps that need no finer resolution and are read on every request.
 #![forbid(unsafe_code)]
 
 mod accept;
+mod clock;
 mod drain;
 mod framing;
 pub mod handover;
@@ -32,6 +35,7 @@ mod listeners;
 mod priority;
 
 pub use accept::Acceptor;
+pub use clock::coarse_monotonic_ms;
 pub use drain::{Drain, Open, IDLE_GRACE};
 pub use framing::{ChunkSizeTooLarge, FramingGuard, MAX_CHUNK_SIZE};
 pub use io::TimedIo;

@@ -5,7 +5,7 @@
 //! It reads only the published snapshot (one atomic load), so it never waits on configuration
 //! changes, and it allocates only what the upstream request itself needs.
 
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use http::header::{self, HeaderValue};
 use http::{Request, Response, Version};
@@ -39,7 +39,6 @@ impl ConnInfo {
         let record = gateway.access_log.enabled().then(|| {
             Box::new(LogRecord {
                 start: started,
-                start_wall: SystemTime::now(),
                 remote_addr,
                 server_port: self.local().port(),
                 method: parts.method.clone(),

@@ -7,7 +7,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ferrisix_net::coarse_monotonic_ms;
 
 use std::sync::Arc;
 
@@ -125,7 +127,9 @@ type HeadTimer = Pin<Box<Sleep>>;
 
 struct Idle {
     sender: Sender,
-    since: Instant,
+    /// When it went idle, in coarse monotonic milliseconds: a tick's error is nothing next to
+    /// an idle timeout, and the request path reads this clock twice (release, checkout).
+    since_ms: u64,
     served: u32,
     limits: PoolLimits,
     timer: Option<HeadTimer>,
@@ -138,6 +142,13 @@ type PoolMap = HashMap<PoolKey, Vec<Idle>, foldhash::fast::RandomState>;
 
 thread_local! {
     static POOL: RefCell<PoolMap> = RefCell::new(PoolMap::default());
+}
+
+impl Idle {
+    /// Idle for longer than its `idle_timeout` at `now_ms`.
+    fn expired(&self, now_ms: u64) -> bool {
+        now_ms.saturating_sub(self.since_ms) > self.limits.idle_timeout.as_millis() as u64
+    }
 }
 
 impl PooledConn {
@@ -187,7 +198,7 @@ impl PooledConn {
         }
         let idle = Idle {
             sender: self.sender,
-            since: Instant::now(),
+            since_ms: coarse_monotonic_ms(),
             served: self.served,
             limits: self.limits,
             timer: self.timer,
@@ -209,10 +220,9 @@ pub(super) fn take_idle(key: &PoolKey) -> Option<PooledConn> {
     POOL.with(|pool| {
         let mut pool = pool.borrow_mut();
         let list = pool.get_mut(key)?;
-        let now = Instant::now();
+        let now_ms = coarse_monotonic_ms();
         while let Some(idle) = list.pop() {
-            if idle.sender.is_closed() || now.duration_since(idle.since) > idle.limits.idle_timeout
-            {
+            if idle.sender.is_closed() || idle.expired(now_ms) {
                 continue;
             }
             return Some(PooledConn {
@@ -231,12 +241,10 @@ pub(super) fn take_idle(key: &PoolKey) -> Option<PooledConn> {
 /// Drops idle connections past their idle timeout; run periodically by each worker.
 pub fn evict_expired() {
     POOL.with(|pool| {
-        let now = Instant::now();
+        let now_ms = coarse_monotonic_ms();
         let mut pool = pool.borrow_mut();
         pool.retain(|_, list| {
-            list.retain(|i| {
-                !i.sender.is_closed() && now.duration_since(i.since) <= i.limits.idle_timeout
-            });
+            list.retain(|i| !i.sender.is_closed() && !i.expired(now_ms));
             !list.is_empty()
         });
     });

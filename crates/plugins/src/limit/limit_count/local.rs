@@ -80,7 +80,7 @@ impl std::fmt::Debug for Space {
 impl Retain for Space {
     /// An open window outlives its configuration.
     fn retain(&self) -> bool {
-        let (mono, epoch) = (self.clock.mono_ms(), self.clock.epoch_ms());
+        let (mono, epoch) = (self.clock.coarse_mono_ms(), self.clock.epoch_ms());
         let fixed = self.fixed.sweep(|w| w.end_ms <= mono);
         let sliding = self.sliding.sweep(|s| s.over(epoch));
         fixed || sliding
@@ -99,8 +99,11 @@ impl Space {
     /// The fixed window of lua-resty-limit-traffic's `count` as APISIX runs it: the first
     /// request opens a window of `window_s` seconds; every request in it (allowed or not) is
     /// counted; more than `limit` is rejected.
+    ///
+    /// Its times are the coarse clock's (a kernel tick's resolution against windows of
+    /// seconds; APISIX counts on nginx's cached time, also read once per event-loop pass).
     pub fn fixed(&self, key: KeyRef<'_>, limit: u64, window_s: u64, cost: u64) -> Outcome {
-        let now = self.clock.mono_ms();
+        let now = self.clock.coarse_mono_ms();
         let fresh = Fixed {
             end_ms: now + window_s.saturating_mul(1000),
             used: cost,
@@ -157,7 +160,7 @@ impl Space {
         };
         self.sliding.update(
             key,
-            self.clock.mono_ms(),
+            self.clock.coarse_mono_ms(),
             |s| s.over(now),
             |slot| {
                 let mut s = slot.as_deref().copied().unwrap_or(fresh);

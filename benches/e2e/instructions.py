@@ -19,6 +19,7 @@ Under callgrind a gateway serves ~3,500 requests/s, so 5 s is ~17,000 requests.
 Usage: benches/e2e/instructions.py --binary target/release/ferrisix [--baseline OTHER]
                                    [--nginx] [--rounds 3] [--seconds 5] [--scenario s1|s2]
                                    [--browser]   (a browser's request headers, not only Host)
+                                   [--atomics]    (also locked read-modify-writes per request)
                                    [--keep DIR]   (keep the callgrind files for callgrind_annotate)
 """
 
@@ -44,9 +45,65 @@ S2_PLUGINS = {
 }
 
 
-def callgrind(out):
+def callgrind(out, per_instruction=False):
     return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-            "--separate-threads=yes", "--dump-instr=no"]
+            "--separate-threads=yes", f"--dump-instr={'yes' if per_instruction else 'no'}"]
+
+
+# --atomics: locked read-modify-writes (`lock`-prefixed instructions, and `xchg` with memory,
+# which locks implicitly). callgrind counts each as one instruction; on the CPU each is a
+# full barrier of ~20 cycles, so a step that trades them for plain loads shows nothing in
+# the instruction count. They are counted from callgrind's per-instruction costs (every
+# object's self cost by address) matched against each object's disassembly (objdump).
+LOCKED = re.compile(r"^\s*([0-9a-f]+):\s+(?:lock\s|xchg\s+\S*\()")
+
+
+def locked_addresses(path, cache):
+    """The addresses of `path`'s locked instructions, as callgrind names them (the
+    object's own virtual addresses)."""
+    if path not in cache:
+        text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", path],
+                              capture_output=True, text=True).stdout
+        cache[path] = {int(m.group(1), 16) for m in map(LOCKED.match, text.splitlines()) if m}
+    return cache[path]
+
+
+def locked_executed(dump, cache):
+    """Locked instructions executed in one callgrind dump made with --dump-instr=yes."""
+    names, obj, last, skip = {}, None, 0, False
+    per_object = {}
+    with open(dump) as f:
+        for line in f:
+            c = line[:1]
+            if c.isdigit() or c in "+-*":
+                t = line.split()
+                tok = t[0]
+                if tok == "*":
+                    addr = last
+                elif tok[0] in "+-":
+                    addr = last + int(tok, 0)
+                else:
+                    addr = int(tok, 0)
+                last = addr
+                if skip:  # the inclusive cost of the call on the line before
+                    skip = False
+                elif len(t) >= 3 and obj:
+                    per_object.setdefault(obj, {})
+                    per_object[obj][addr] = per_object[obj].get(addr, 0) + int(t[2])
+            elif line.startswith(("ob=", "cob=")):
+                m = re.match(r"c?ob=\((\d+)\)\s*(.*)", line.rstrip("\n"))
+                if m.group(2):
+                    names[m.group(1)] = m.group(2)
+                if line.startswith("ob="):
+                    obj = names.get(m.group(1))
+            elif line.startswith("calls="):
+                skip = True
+    total = 0
+    for path, costs in per_object.items():
+        if os.path.exists(path):
+            locked = locked_addresses(path, cache)
+            total += sum(v for a, v in costs.items() if a in locked)
+    return total
 
 
 # --browser: the request headers a browser sends with a page's API call (wrk's own request
@@ -75,14 +132,14 @@ def wrk(port, seconds, headers=()):
                           capture_output=True, text=True).stdout
 
 
-def start_gateway(work, binary, scenario):
+def start_gateway(work, binary, scenario, per_instruction=False):
     """bench.py's ferrisix, launched under callgrind."""
     real_popen = subprocess.Popen
     out = os.path.join(work, "callgrind.out")
 
     def popen(args, **kw):
         if binary in args:
-            args = callgrind(out) + args[args.index(binary):]
+            args = callgrind(out, per_instruction) + args[args.index(binary):]
         return real_popen(args, **kw)
 
     subprocess.Popen = popen
@@ -101,7 +158,7 @@ def start_gateway(work, binary, scenario):
     return proc, bench.FERRISIX_PORT, out
 
 
-def start_nginx(work):
+def start_nginx(work, per_instruction=False):
     """bench.py's nginx proxy_pass for s1, as one process (no master) so that callgrind
     follows it."""
     conf = os.path.join(work, "proxy.conf")
@@ -117,14 +174,15 @@ http {{
 }}
 """)
     out = os.path.join(work, "callgrind.out")
-    proc = subprocess.Popen(callgrind(out) + [bench.nginx_bin(), "-c", conf, "-p", work],
+    proc = subprocess.Popen(callgrind(out, per_instruction) + [bench.nginx_bin(), "-c", conf, "-p", work],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     bench.wait_port(NGINX_PORT, timeout=60)
     return proc, NGINX_PORT, out
 
 
-def count(work, start, seconds, headers=()):
-    """Starts a target, loads it, and gives (requests, instructions of all its threads)."""
+def count(work, start, seconds, headers=(), objects=None):
+    """Starts a target, loads it, and gives (requests, instructions of all its threads,
+    locked instructions among them when `objects` (an objdump cache) is given)."""
     proc, port, out = start()
     try:
         wrk(port, 3, headers)
@@ -142,7 +200,7 @@ def count(work, start, seconds, headers=()):
     bad = re.search(r"Non-2xx or 3xx responses:\s*(\d+)", text)
     if bad:
         raise RuntimeError(f"{bad.group(1)} answers were not 2xx")
-    total = 0
+    total = locked = 0
     # The zeroing dump and the final one at exit are separate files: only the `-d` dump
     # (part 1) counts, one file per thread.
     for path in glob.glob(out + ".1-*"):
@@ -150,9 +208,11 @@ def count(work, start, seconds, headers=()):
             s = re.search(r"^summary:\s*(\d+)", f.read(), re.M)
         if s:
             total += int(s.group(1))
+            if objects is not None:
+                locked += locked_executed(path, objects)
     if not total:
         raise RuntimeError(f"no callgrind dump in {work}")
-    return int(m.group(1)), total
+    return int(m.group(1)), total, locked
 
 
 def main():
@@ -166,12 +226,14 @@ def main():
     ap.add_argument("--scenario", choices=["s1", "s2"], default="s1")
     ap.add_argument("--browser", action="store_true",
                     help="send a browser's request headers (BROWSER_HEADERS), not only Host")
+    ap.add_argument("--atomics", action="store_true",
+                    help="also count locked read-modify-writes per request (objdump needed)")
     ap.add_argument("--keep")
     args = ap.parse_args()
     headers = BROWSER_HEADERS if args.browser else []
-    for tool in ("valgrind", "callgrind_control", "wrk"):
+    for tool in ("valgrind", "callgrind_control", "wrk") + (("objdump",) if args.atomics else ()):
         if not shutil.which(tool):
-            sys.exit(f"{tool} is needed (Debian: valgrind, wrk)")
+            sys.exit(f"{tool} is needed (Debian: valgrind, wrk, binutils)")
     targets = [("ferrisix", args.binary)]
     if args.baseline:
         targets.append(("baseline", args.baseline))
@@ -181,18 +243,23 @@ def main():
     os.makedirs(work, exist_ok=True)
     upstream = bench.start_upstream(work, None)
     per_request = {name: [] for name, _ in targets}
+    locked_per_request = {name: [] for name, _ in targets}
+    objects = {} if args.atomics else None
     try:
         for r in range(args.rounds):
             for name, binary in targets:
                 w = os.path.join(work, f"round{r}-{name}")
                 os.makedirs(w, exist_ok=True)
                 if binary:
-                    start = lambda w=w, b=binary: start_gateway(w, b, args.scenario)  # noqa: E731
+                    start = lambda w=w, b=binary: start_gateway(  # noqa: E731
+                        w, b, args.scenario, args.atomics)
                 else:
-                    start = lambda w=w: start_nginx(w)  # noqa: E731
-                n, total = count(w, start, args.seconds, headers)
+                    start = lambda w=w: start_nginx(w, args.atomics)  # noqa: E731
+                n, total, locked = count(w, start, args.seconds, headers, objects)
                 per_request[name].append(total / n)
-                print(f"round {r} {name}: {n} requests, {total / n:,.0f} instructions each",
+                locked_per_request[name].append(locked / n)
+                also = f", {locked / n:.1f} locked" if args.atomics else ""
+                print(f"round {r} {name}: {n} requests, {total / n:,.0f} instructions each{also}",
                       file=sys.stderr, flush=True)
     finally:
         upstream.terminate()
@@ -201,13 +268,15 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
     first = statistics.median(per_request["ferrisix"])
     client = ", browser headers" if args.browser else ""
+    locked_head = " locked RMW per request |" if args.atomics else ""
     print(f"| target | instructions per request ({args.scenario}{client}, median of {args.rounds}) "
-          "| runs | vs ferrisix |")
-    print("|---|---:|---|---:|")
+          f"| runs | vs ferrisix |{locked_head}")
+    print("|---|---:|---|---:|" + ("---:|" if args.atomics else ""))
     for name, _ in targets:
         med = statistics.median(per_request[name])
         runs = ", ".join(f"{v:,.0f}" for v in per_request[name])
-        print(f"| {name} | {med:,.0f} | {runs} | {med / first:.3f}× |")
+        locked = f" {statistics.median(locked_per_request[name]):.1f} |" if args.atomics else ""
+        print(f"| {name} | {med:,.0f} | {runs} | {med / first:.3f}× |{locked}")
 
 
 if __name__ == "__main__":

@@ -402,7 +402,10 @@ pub async fn proxy(
                 PassHost::Rewrite => upstream.upstream_host.clone(),
             },
         };
-        match &upstream_host {
+        record.host = upstream_host.clone();
+        // The value moves into the request: each clone of a parsed header's bytes is a
+        // locked reference count up, and its drop one down.
+        match upstream_host {
             Some(h) => {
                 if ctx.head.host_value.is_none() {
                     // No host from the client: X-Forwarded-Host names the one the upstream
@@ -412,13 +415,12 @@ pub async fn proxy(
                         h.clone(),
                     );
                 }
-                req_headers.insert(header::HOST, h.clone());
+                req_headers.insert(header::HOST, h);
             }
             None => {
                 req_headers.remove(header::HOST);
             }
         }
-        record.host = upstream_host.clone();
         // Keep a copy when a failed try could still be replayed on another node.
         let spare = (more_tries_left && replayable).then(|| req_headers.clone());
         let Some(req_body) = pending_body.take() else {
@@ -436,7 +438,8 @@ pub async fn proxy(
             // proxy_ssl_name $upstream_host: the Host sent, without its port (none for an
             // address, which `server_name` turns into no SNI).
             sni: upstream.tls.as_ref().map(|_| {
-                let h = upstream_host
+                let h = record
+                    .host
                     .as_ref()
                     .and_then(|h| h.to_str().ok())
                     .and_then(host_without_port)
@@ -452,7 +455,7 @@ pub async fn proxy(
             h2_request(
                 H2Target {
                     upstream,
-                    host: upstream_host.as_ref(),
+                    host: record.host.as_ref(),
                     node_host: &node.host_header,
                 },
                 &method,

@@ -159,6 +159,63 @@ fn sni_chooses_the_certificate_exact_wildcard_and_none() {
     assert_eq!(r.json()["headers"]["x-forwarded-proto"], "http");
 }
 
+/// Sessions resume from the gateway's session cache (APISIX's default has
+/// `ssl_session_tickets` off): TLS 1.2 by session id, TLS 1.3 by the stateful ticket the
+/// cache keeps, which serves once.
+#[test]
+fn sessions_resume_from_the_cache() {
+    let up = Upstream::start("a", Behaviour::Echo);
+    let ssls = ssl_yaml("1", "server.local", "server.crt", "server.key", "\n");
+    let t = start(&ssls, &route("1", "/t", &up.node()));
+    let dir = std::env::temp_dir().join(format!("ferrisix-tls-sessions-{}", t.tls_port));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A request with `Connection: close` keeps s_client reading until the gateway closes, so
+    // it takes in a TLS 1.3 ticket, which comes after the handshake.
+    let request = |args: &[&str]| {
+        let mut child = Command::new("openssl")
+            .arg("s_client")
+            .arg("-connect")
+            .arg(format!("127.0.0.1:{}", t.tls_port))
+            .args(["-servername", "server.local", "-ign_eof"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("openssl is installed");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"GET /t HTTP/1.1\r\nHost: server.local\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    for (version, flag) in [("TLSv1.2", "-tls1_2"), ("TLSv1.3", "-tls1_3")] {
+        let saved = dir.join(version);
+        let saved = saved.to_str().unwrap();
+        let first = request(&[flag, "-sess_out", saved]);
+        assert!(first.contains(&format!("New, {version}")), "{first}");
+        assert!(first.contains("HTTP/1.1 200"), "{first}");
+        let again = request(&[flag, "-sess_in", saved]);
+        assert!(again.contains(&format!("Reused, {version}")), "{again}");
+        if version == "TLSv1.3" {
+            // The ticket left the cache with its use: it does not resume a second time.
+            let third = s_client(
+                t.tls_port,
+                &["-servername", "server.local", flag, "-sess_in", saved],
+            );
+            assert!(third.contains("New, TLSv1.3"), "{third}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn rsa_and_ecdsa_pairs_follow_the_client() {
     let up = Upstream::start("a", Behaviour::Echo);

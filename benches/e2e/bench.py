@@ -30,6 +30,9 @@ With --baseline BINARY a second ferrisix (another build, e.g. the commit before 
 runs beside the first on ports 9082/9182 and is measured interleaved with it in the same
 rounds of the plain scenarios (s1, s2): the A/B figures come from one run.
 
+It measures the profile-guided release build (scripts/build-release.sh, built first unless
+--no-build); --plain measures the plain `cargo build --release` instead.
+
 Usage: benches/e2e/bench.py [--rounds 3] [--duration 5] [--connections 16] [--threads 2]
                             [--scenarios s1,s2,s1c,route,tls,tls-hs,h2,key-auth,jwt,http-logger,big,upload] [--json out.json] [--markdown out.md]
                             [--baseline BINARY]
@@ -534,9 +537,13 @@ def main():
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--scenarios", default="s1,s2")
-    ap.add_argument("--binary", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")),
-                                                     "release", "ferrisix"))
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+    ap.add_argument("--binary", help="the gateway measured (default: the profile-guided release "
+                    "build, target/pgo/ferrisix; with --plain, target/release/ferrisix)")
     ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--plain", action="store_true",
+                    help="build and measure the plain release build instead of the profile-guided "
+                         "one (scripts/build-release.sh, ~12 minutes on 2 cores)")
     ap.add_argument("--http2", choices=["on", "off"], default="on",
                     help="apisix.enable_http2 for the gateways (APISIX's default: on; off serves "
                          "HTTP/1 alone, without the protocol detection)")
@@ -551,9 +558,13 @@ def main():
     ensure_tools()
     if "h2" in args.scenarios.split(","):
         ensure_h2load()
+    if args.binary is None:
+        args.binary = os.path.join(target, "release" if args.plain else "pgo", "ferrisix")
     if not args.no_build:
-        subprocess.run(["bash", "-c", ". scripts/build-deps.sh && cargo build --release --locked --bin ferrisix"],
-                       cwd=ROOT, check=True)
+        # The shipped binary is the profile-guided build: what a benchmarker should measure.
+        build = (". scripts/build-deps.sh && cargo build --release --locked --bin ferrisix"
+                 if args.plain else "scripts/build-release.sh")
+        subprocess.run(["bash", "-c", build], cwd=ROOT, check=True)
 
     ncpu = os.cpu_count() or 1
     # With enough cores each process gets its own; otherwise everything shares and we say so.

@@ -113,11 +113,12 @@ def admin_put(admin, key, path, doc):
         r.read()
 
 
-def put_consumers(admin, key):
-    """10,000 key-auth consumers and one jwt-auth consumer (written once per gateway)."""
+def put_consumers(admin, key, count=AUTH_CONSUMERS):
+    """`count` key-auth consumers, always with the one whose key the key-auth load sends, and
+    one jwt-auth consumer (written once per gateway)."""
     def put(name, plugins):
         admin_put(admin, key, f"consumers/{name}", {"username": name, "plugins": plugins})
-    for i in range(AUTH_CONSUMERS):
+    for i in sorted(set(range(count)) | {AUTH_CONSUMERS // 2}):
         put(f"bench{i}", {"key-auth": {"key": f"bench-key-{i}"}})
     put("benchjwt", {"jwt-auth": {"key": "bench-jwt", "secret": JWT_SECRET}})
 

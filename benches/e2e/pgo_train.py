@@ -80,13 +80,7 @@ def main():
         fx = bench.start_ferrisix(work, None, args.binary)
         bench.put_ssl(admin, KEY, crt, key)
         bench.put_body_route(admin, KEY)
-        # bench.py's key-auth load sends the key of consumer AUTH_CONSUMERS // 2.
-        for i in list(range(CONSUMERS)) + [bench.AUTH_CONSUMERS // 2]:
-            bench.admin_put(admin, KEY, f"consumers/bench{i}",
-                            {"username": f"bench{i}", "plugins": {"key-auth": {"key": f"bench-key-{i}"}}})
-        bench.admin_put(admin, KEY, "consumers/benchjwt", {
-            "username": "benchjwt",
-            "plugins": {"jwt-auth": {"key": "bench-jwt", "secret": bench.JWT_SECRET}}})
+        bench.put_consumers(admin, KEY, CONSUMERS)
         mix = [
             ("s1", {}),
             ("s2", bench.S2_PLUGINS),

@@ -389,9 +389,24 @@ pub fn read_reply(s: &mut TcpStream, head_only: bool) -> Reply {
 /// [`read_reply`] that returns I/O errors (a connection reset, closed early, or timed out)
 /// instead of panicking, for clients that must survive a process being killed.
 pub fn try_read_reply(s: &mut TcpStream, head_only: bool) -> std::io::Result<Reply> {
+    try_read_pipelined(s, &mut Vec::new(), head_only)
+}
+
+/// Reads one response of several the server may send back to back (pipelined requests):
+/// `pending` holds bytes read past the previous response, and keeps those read past this one.
+/// A single read can take in the next response too, so each must start where the last ended.
+pub fn read_pipelined(s: &mut TcpStream, pending: &mut Vec<u8>, head_only: bool) -> Reply {
+    try_read_pipelined(s, pending, head_only).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn try_read_pipelined(
+    s: &mut TcpStream,
+    pending: &mut Vec<u8>,
+    head_only: bool,
+) -> std::io::Result<Reply> {
     use std::io::{Error, ErrorKind};
     let short = |what: String| Error::new(ErrorKind::UnexpectedEof, what);
-    let mut buf = Vec::new();
+    let mut buf = std::mem::take(pending);
     let mut chunk = [0u8; 8192];
     let head_end = loop {
         if let Some(p) = find(&buf, b"\r\n\r\n") {
@@ -427,6 +442,7 @@ pub fn try_read_reply(s: &mut TcpStream, head_only: bool) -> std::io::Result<Rep
             .map(|(_, v)| v.clone())
     };
     let body = if head_only || status == 204 || status == 304 || status == 101 {
+        *pending = std::mem::take(&mut rest);
         Vec::new()
     } else if let Some(len) = get("content-length") {
         let len: usize = len.parse().map_err(|_| bad("bad Content-Length"))?;
@@ -437,7 +453,7 @@ pub fn try_read_reply(s: &mut TcpStream, head_only: bool) -> std::io::Result<Rep
             }
             rest.extend_from_slice(&chunk[..n]);
         }
-        rest.truncate(len);
+        *pending = rest.split_off(len);
         rest
     } else if get("transfer-encoding").is_some_and(|t| t.eq_ignore_ascii_case("chunked")) {
         let mut body = Vec::new();
@@ -469,6 +485,7 @@ pub fn try_read_reply(s: &mut TcpStream, head_only: bool) -> std::io::Result<Rep
                 break;
             }
         }
+        *pending = rest;
         body
     } else {
         let _ = s.read_to_end(&mut rest);

@@ -539,6 +539,49 @@ fn request_heads_as_nginx() {
     assert_eq!(r.status, 400, "{}", r.text());
 }
 
+/// `client_body_timeout` bounds every wait for the client's body, also once the body is past
+/// the 64 KiB read first and streams upstream (there the upstream's 60 s send timeout used to
+/// be the only bound): 408, and the upstream never gets a whole request.
+#[test]
+fn client_body_timeout_bounds_a_streamed_body() {
+    let (gw, up) = echo_gateway("    client_body_timeout: 1s\n");
+    let addr = gw.addr();
+    for head in [
+        "POST /len HTTP/1.1\r\nHost: x\r\nContent-Length: 200000\r\n\r\n",
+        "POST /chunked HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n30d40\r\n",
+    ] {
+        let started = Instant::now();
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(&[b'a'; 70_000]).unwrap();
+        let r = read_reply(&mut s, false);
+        assert_eq!(r.status, 408, "{head}: {}", r.text());
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{head}: {:?}",
+            started.elapsed()
+        );
+        assert!(
+            closed_within(&mut s, Duration::from_secs(5)),
+            "{head}: kept open"
+        );
+    }
+    assert_eq!(up.hits(), 0);
+    // A client that keeps sending, each part within the timeout, is not cut off.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+        .unwrap();
+    for _ in 0..4 {
+        s.write_all(&[b'a'; 25_000]).unwrap();
+        std::thread::sleep(Duration::from_millis(600));
+    }
+    let r = read_reply(&mut s, false);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["body_len"], 100_000);
+}
+
 /// `nginx_config.http.client_max_body_size`: a declared length over it is 413 before routing
 /// (also on a route whose client-control allows more, as nginx checks it first); a chunked
 /// body gets 413 once it passes it, and the connection is closed. client-control's

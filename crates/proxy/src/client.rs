@@ -165,17 +165,18 @@ pub async fn send(
         },
         Some(progress) => {
             let mut fut = std::pin::pin!(fut);
+            // Progress moves the deadline, and the phase can change while this sleeps (the
+            // body starts waiting on the client, whose timeout may be the shorter): look again
+            // at least once per the shorter of the two.
+            let step = timeouts.send.min(progress.client_gap());
             loop {
                 let (deadline, failure) = progress.deadline(timeouts.send, timeouts.read);
-                match tokio::time::timeout_at(deadline, &mut fut).await {
-                    Ok(r) => break r,
-                    Err(_) => {
-                        // Progress may have moved the deadline while we slept.
-                        if progress.deadline(timeouts.send, timeouts.read).0 > deadline {
-                            continue;
-                        }
-                        return SendOutcome::Failed(failure);
-                    }
+                let now = tokio::time::Instant::now();
+                if deadline <= now {
+                    return SendOutcome::Failed(failure);
+                }
+                if let Ok(r) = tokio::time::timeout_at(deadline.min(now + step), &mut fut).await {
+                    break r;
                 }
             }
         }

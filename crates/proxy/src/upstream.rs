@@ -152,6 +152,7 @@ async fn prepare_body(ctx: &mut RequestCtx<'_>) -> Result<UpstreamBody, ProxyErr
             unread_body(b, ctx.conn.gateway.client_body_timeout, limit).await?
         }
     };
+    let body = body.client_timeout(ctx.conn.gateway.client_body_timeout);
     match limit {
         Some(max) => body.limit(max),
         None => Ok(body),

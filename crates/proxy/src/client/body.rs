@@ -19,11 +19,16 @@ use tokio::time::Instant;
 
 use crate::error::{ErrorKind, ProxyError};
 
+/// nginx's `client_body_timeout` default, until [`UpstreamBody::client_timeout`] sets the
+/// gateway's.
+const DEFAULT_CLIENT_GAP: Duration = Duration::from_secs(60);
+
 /// What a streamed body fails with (the client's body broke, or passed the limit).
 pub type StreamError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Tracks how far a streamed request body got, so the send timeout measures the gap between
-/// two writes rather than the whole upload.
+/// Tracks how far a streamed request body got, so the timeouts measure the gap between two
+/// steps rather than the whole upload: the send timeout while the upstream is slow to take the
+/// body, `client_body_timeout` while the client is slow to send it.
 #[derive(Clone, Debug)]
 pub struct SendProgress(Arc<ProgressInner>);
 
@@ -36,6 +41,11 @@ struct ProgressInner {
     too_large: AtomicBool,
     /// The client's body broke off while it streamed (a read error, a refused chunk size).
     client_broke: AtomicBool,
+    /// The body was asked for its next frame and the client has not sent it yet (since
+    /// `last_ms`).
+    waiting_on_client: AtomicBool,
+    /// nginx's `client_body_timeout`, in milliseconds: the longest such wait.
+    client_gap_ms: AtomicU64,
 }
 
 impl SendProgress {
@@ -46,6 +56,8 @@ impl SendProgress {
             done: AtomicBool::new(false),
             too_large: AtomicBool::new(false),
             client_broke: AtomicBool::new(false),
+            waiting_on_client: AtomicBool::new(false),
+            client_gap_ms: AtomicU64::new(DEFAULT_CLIENT_GAP.as_millis() as u64),
         }))
     }
 
@@ -59,13 +71,37 @@ impl SendProgress {
         self.0.done.store(true, Ordering::Relaxed);
     }
 
-    /// When the current phase times out, and which failure that is.
+    /// When the current phase times out, and which failure that is: the upstream's answer
+    /// once the body is sent (`read`), the client's next part while the body waits on it
+    /// (`client_body_timeout`, 408), else the upstream taking the body (`send`).
     pub fn deadline(&self, send: Duration, read: Duration) -> (Instant, ProxyError) {
-        let last = self.0.base + Duration::from_millis(self.0.last_ms.load(Ordering::Relaxed));
-        if self.0.done.load(Ordering::Relaxed) {
+        let p = &self.0;
+        let last = p.base + Duration::from_millis(p.last_ms.load(Ordering::Relaxed));
+        if p.done.load(Ordering::Relaxed) {
             (last + read, ErrorKind::ReadTimeout.into())
+        } else if p.waiting_on_client.load(Ordering::Relaxed) {
+            (last + self.client_gap(), ErrorKind::BodyTimeout.into())
         } else {
             (last + send, ErrorKind::SendTimeout.into())
+        }
+    }
+
+    /// The longest wait for the client's next part (`client_body_timeout`).
+    pub fn client_gap(&self) -> Duration {
+        Duration::from_millis(self.0.client_gap_ms.load(Ordering::Relaxed))
+    }
+
+    /// A frame came (or the body ended): no longer waiting on the client.
+    fn arrived(&self) {
+        self.0.waiting_on_client.store(false, Ordering::Relaxed);
+    }
+
+    /// The body was asked for a frame the client has not sent: the wait starts now, unless
+    /// it already started.
+    fn waiting(&self) {
+        if !self.0.waiting_on_client.load(Ordering::Relaxed) {
+            self.touch();
+            self.0.waiting_on_client.store(true, Ordering::Relaxed);
         }
     }
 
@@ -186,6 +222,16 @@ impl UpstreamBody {
         Ok(self)
     }
 
+    /// Bounds each wait for the client's next part of a streamed body by `gap` (nginx's
+    /// `client_body_timeout`, which holds for a body however it is read).
+    pub fn client_timeout(self, gap: Duration) -> UpstreamBody {
+        if let UpstreamBody::Stream { progress, .. } = &self {
+            let ms = u64::try_from(gap.as_millis()).unwrap_or(u64::MAX);
+            progress.0.client_gap_ms.store(ms, Ordering::Relaxed);
+        }
+        self
+    }
+
     /// A copy for another try, when the body can be replayed.
     pub fn try_clone(&self) -> Option<UpstreamBody> {
         match self {
@@ -231,6 +277,10 @@ impl Body for UpstreamBody {
                     return Poll::Ready(Some(Ok(Frame::data(p))));
                 }
                 let polled = Pin::new(&mut *inner).poll_frame(cx);
+                match &polled {
+                    Poll::Pending => progress.waiting(),
+                    Poll::Ready(_) => progress.arrived(),
+                }
                 match &polled {
                     Poll::Ready(Some(Err(e))) => {
                         *started = true;
@@ -342,5 +392,60 @@ mod tests {
         assert!(UpstreamBody::full(Bytes::from_static(b"abc"))
             .limit(5)
             .is_ok());
+    }
+
+    /// A client body that has sent one part and then nothing more.
+    struct Stalled(Option<Bytes>);
+
+    impl Body for Stalled {
+        type Data = Bytes;
+        type Error = BodyError;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+            match self.get_mut().0.take() {
+                Some(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                None => Poll::Pending,
+            }
+        }
+    }
+
+    /// The send timeout bounds the upstream taking the body, `client_body_timeout` the client
+    /// sending it, and the read timeout the answer once it is all sent.
+    #[tokio::test(start_paused = true)]
+    async fn each_wait_gets_its_own_timeout() {
+        let (send, read, gap) = (
+            Duration::from_secs(60),
+            Duration::from_secs(30),
+            Duration::from_secs(2),
+        );
+        let source: PendingBody = Box::pin(Stalled(Some(Bytes::from_static(b"abc"))));
+        let mut body =
+            UpstreamBody::stream_after(None, StreamSource::Pending(source)).client_timeout(gap);
+        let progress = body.progress().unwrap();
+        assert_eq!(progress.client_gap(), gap);
+        let kind = |p: &SendProgress| p.deadline(send, read).1.kind;
+        let start = Instant::now();
+        // Not yet asked for anything: the upstream has not taken the body.
+        assert_eq!(kind(&progress), ErrorKind::SendTimeout);
+        assert!(body.frame().await.unwrap().is_ok());
+        assert_eq!(kind(&progress), ErrorKind::SendTimeout);
+        // Asked for the next part, which the client does not send.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let waited = tokio::time::timeout(Duration::from_millis(10), body.frame()).await;
+        assert!(waited.is_err());
+        let (deadline, failure) = progress.deadline(send, read);
+        assert_eq!(failure.kind, ErrorKind::BodyTimeout);
+        assert_eq!(deadline - start, Duration::from_secs(5) + gap);
+        // Asked again later: the wait still counts from its start.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let waited = tokio::time::timeout(Duration::from_millis(10), body.frame()).await;
+        assert!(waited.is_err());
+        assert_eq!(progress.deadline(send, read).0, deadline);
+        // Streams with no wait on the client keep the default.
+        let other = stream("ab", &[]).progress().unwrap();
+        assert_eq!(other.client_gap(), DEFAULT_CLIENT_GAP);
     }
 }

@@ -415,6 +415,25 @@ fn echo_gateway(http_extra: &str) -> (Gateway, Upstream) {
     (gw, up)
 }
 
+/// The next answer on `s` is `status`, it came within `within` of `started`, and the gateway
+/// then closed the connection.
+fn answered_and_closed(
+    s: &mut TcpStream,
+    status: u16,
+    started: Instant,
+    within: Duration,
+    what: &str,
+) {
+    let r = read_reply(s, false);
+    assert_eq!(r.status, status, "{what}: {}", r.text());
+    let took = started.elapsed();
+    assert!(took < within, "{what}: answered after {took:?}");
+    assert!(
+        closed_within(s, Duration::from_secs(5)),
+        "{what}: kept open"
+    );
+}
+
 /// Findings 5-8 and 10: nginx's request-head rules.
 #[test]
 fn request_heads_as_nginx() {
@@ -489,17 +508,7 @@ fn request_heads_as_nginx() {
                 .as_bytes(),
         )
         .unwrap();
-        let r = read_reply(&mut s, false);
-        assert_eq!(r.status, 400, "{size}: {}", r.text());
-        assert!(
-            started.elapsed() < Duration::from_millis(900),
-            "{size}: {:?}",
-            started.elapsed()
-        );
-        assert!(
-            closed_within(&mut s, Duration::from_secs(5)),
-            "{size}: kept open"
-        );
+        answered_and_closed(&mut s, 400, started, Duration::from_millis(900), size);
         assert_eq!(up.hits(), hits);
     }
     // 2^63 - 1 is a size nginx takes: the gateway waits for the data (408 at the timeout).
@@ -555,17 +564,7 @@ fn client_body_timeout_bounds_a_streamed_body() {
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         s.write_all(head.as_bytes()).unwrap();
         s.write_all(&[b'a'; 70_000]).unwrap();
-        let r = read_reply(&mut s, false);
-        assert_eq!(r.status, 408, "{head}: {}", r.text());
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "{head}: {:?}",
-            started.elapsed()
-        );
-        assert!(
-            closed_within(&mut s, Duration::from_secs(5)),
-            "{head}: kept open"
-        );
+        answered_and_closed(&mut s, 408, started, Duration::from_secs(20), head);
     }
     assert_eq!(up.hits(), 0);
     // A client that keeps sending, each part within the timeout, is not cut off.

@@ -346,8 +346,11 @@ mod tests {
 
     use super::*;
 
-    /// A client body of ready chunks.
-    struct Chunks(std::collections::VecDeque<Bytes>);
+    /// A client body of ready chunks, which then ends, or (`stalls`) sends nothing more.
+    struct Chunks {
+        parts: std::collections::VecDeque<Bytes>,
+        stalls: bool,
+    }
 
     impl Body for Chunks {
         type Data = Bytes;
@@ -357,17 +360,23 @@ mod tests {
             self: Pin<&mut Self>,
             _: &mut Context<'_>,
         ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-            Poll::Ready(self.get_mut().0.pop_front().map(|b| Ok(Frame::data(b))))
+            let this = self.get_mut();
+            match this.parts.pop_front() {
+                Some(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                None if this.stalls => Poll::Pending,
+                None => Poll::Ready(None),
+            }
         }
     }
 
     fn stream(prefix: &'static str, chunks: &[&'static str]) -> UpstreamBody {
-        let body: PendingBody = Box::pin(Chunks(
-            chunks
+        let body: PendingBody = Box::pin(Chunks {
+            parts: chunks
                 .iter()
                 .map(|c| Bytes::from_static(c.as_bytes()))
                 .collect(),
-        ));
+            stalls: false,
+        });
         UpstreamBody::stream_after(
             Some(Bytes::from_static(prefix.as_bytes())),
             StreamSource::Pending(body),
@@ -394,24 +403,6 @@ mod tests {
             .is_ok());
     }
 
-    /// A client body that has sent one part and then nothing more.
-    struct Stalled(Option<Bytes>);
-
-    impl Body for Stalled {
-        type Data = Bytes;
-        type Error = BodyError;
-
-        fn poll_frame(
-            self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-            match self.get_mut().0.take() {
-                Some(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
-                None => Poll::Pending,
-            }
-        }
-    }
-
     /// The send timeout bounds the upstream taking the body, `client_body_timeout` the client
     /// sending it, and the read timeout the answer once it is all sent.
     #[tokio::test(start_paused = true)]
@@ -421,7 +412,10 @@ mod tests {
             Duration::from_secs(30),
             Duration::from_secs(2),
         );
-        let source: PendingBody = Box::pin(Stalled(Some(Bytes::from_static(b"abc"))));
+        let source: PendingBody = Box::pin(Chunks {
+            parts: [Bytes::from_static(b"abc")].into(),
+            stalls: true,
+        });
         let mut body =
             UpstreamBody::stream_after(None, StreamSource::Pending(source)).client_timeout(gap);
         let progress = body.progress().unwrap();

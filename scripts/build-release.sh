@@ -4,8 +4,7 @@
 #   1. builds an instrumented binary (-Cprofile-generate) in target/pgo/gen;
 #   2. serves benches/e2e/pgo_train.py's traffic mix with it (nginx upstream and wrk from
 #      Debian, installed when missing) and merges the profile it writes on exit;
-#   3. builds the release binary with that profile (-Cprofile-use), the code the training ran
-#      laid out together (scripts/pgo-order.py), and copies it to OUT.
+#   3. builds the release binary with that profile (-Cprofile-use) and copies it to OUT.
 #
 # The profile only steers code layout, inlining and branch order; what the binary does is the
 # plain release build's (CI runs the conformance cases against this binary). Measured on the
@@ -14,7 +13,6 @@
 #
 # Usage: scripts/build-release.sh [OUT]   (default target/pgo/ferrisix, under CARGO_TARGET_DIR)
 #   FERRISIX_PGO_KEEP=1 keeps the instrumented build (1.5 GB) for a rerun.
-#   FERRISIX_PGO_ORDER=0 keeps lld's own layout (the function order is what gets measured).
 #   FERRISIX_RUSTFLAGS is added to both builds (the Docker image's `-C target-feature=+crt-static`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,18 +38,11 @@ CARGO_TARGET_DIR=$PGO/gen RUSTFLAGS="$EXTRA -Cprofile-generate=$PGO/raw" \
 LLVM_PROFILE_FILE="$PGO/raw/train-%p-%m.profraw" \
   python3 benches/e2e/pgo_train.py --binary "$PGO/gen/$HOST/release/ferrisix"
 "$PROFDATA" merge -o "$PGO/ferrisix.profdata" "$PGO"/raw/train-*.profraw
-# The code the training ran goes together, hottest first (scripts/pgo-order.py says why). Only
-# lld takes a symbol order: Rust links x86_64 Linux with it; elsewhere the layout stays as is.
-LAYOUT=
-if [ "${FERRISIX_PGO_ORDER:-1}" = 1 ] && grep -aqF "Linker: LLD" "$PGO/gen/$HOST/release/ferrisix"; then
-  python3 scripts/pgo-order.py "$PROFDATA" "$PGO/ferrisix.profdata" "$PGO/ferrisix.order"
-  LAYOUT="-Clink-arg=-Wl,--symbol-ordering-file=$PGO/ferrisix.order -Clink-arg=-Wl,--no-warn-symbol-ordering"
-fi
 [ "${FERRISIX_PGO_KEEP:-0}" = 1 ] || rm -rf "$PGO/gen"
 
 # Functions the training never ran have no profile: that is expected, not worth a warning each.
 CARGO_TARGET_DIR=$PGO/use \
-  RUSTFLAGS="$EXTRA -Cprofile-use=$PGO/ferrisix.profdata -Cllvm-args=-pgo-warn-missing-function=false $LAYOUT" \
+  RUSTFLAGS="$EXTRA -Cprofile-use=$PGO/ferrisix.profdata -Cllvm-args=-pgo-warn-missing-function=false" \
   cargo build --release --locked --target "$HOST" --bin ferrisix
 cp "$PGO/use/$HOST/release/ferrisix" "$OUT"
 echo "build-release: $OUT (profile-guided, profile $PGO/ferrisix.profdata)"

@@ -167,8 +167,12 @@ pub async fn send(
             let mut fut = std::pin::pin!(fut);
             // Progress moves the deadline, and the phase can change while this sleeps (the
             // body starts waiting on the client, whose timeout may be the shorter): look again
-            // at least once per the shorter of the two.
-            let step = timeouts.send.min(progress.client_gap());
+            // at least once per the shorter of the two. `client_body_timeout: 0` fails any
+            // wait on the client at once; it must not make this loop spin meanwhile.
+            let step = timeouts
+                .send
+                .min(progress.client_gap())
+                .max(Duration::from_millis(1));
             loop {
                 let (deadline, failure) = progress.deadline(timeouts.send, timeouts.read);
                 let now = tokio::time::Instant::now();

@@ -277,9 +277,10 @@ impl Body for UpstreamBody {
                     return Poll::Ready(Some(Ok(Frame::data(p))));
                 }
                 let polled = Pin::new(&mut *inner).poll_frame(cx);
-                match &polled {
-                    Poll::Pending => progress.waiting(),
-                    Poll::Ready(_) => progress.arrived(),
+                if polled.is_pending() {
+                    progress.waiting();
+                } else {
+                    progress.arrived();
                 }
                 match &polled {
                     Poll::Ready(Some(Err(e))) => {

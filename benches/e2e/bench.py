@@ -386,9 +386,10 @@ def start_nginx_proxy(work, cores, crt, key):
     return p
 
 
-def start_ferrisix(work, cores, binary, baseline=False, http2=True):
+def start_ferrisix(work, cores, binary, baseline=False, http2=True, wrapper=()):
     """With `baseline`: the A/B's second gateway, on its own ports, without TLS, control API or
-    metrics export (they would clash with the first's). `http2` is `apisix.enable_http2`."""
+    metrics export (they would clash with the first's). `http2` is `apisix.enable_http2`;
+    `wrapper` runs the binary under a tool (startup_order.py's callgrind)."""
     port, admin = (BASELINE_PORT, BASELINE_ADMIN) if baseline else (FERRISIX_PORT, FERRISIX_ADMIN)
     if baseline:
         work = os.path.join(work, "baseline")
@@ -428,7 +429,7 @@ nginx_config:
 ferrisix:
   data_dir: {work}/data
 """)
-    p = subprocess.Popen(taskset_prefix(cores) + [binary, "-c", conf], cwd=work,
+    p = subprocess.Popen(taskset_prefix(cores) + list(wrapper) + [binary, "-c", conf], cwd=work,
                          stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "ferrisix.log"), "w"))
     wait_port(port)
     wait_port(admin)

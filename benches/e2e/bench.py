@@ -208,12 +208,17 @@ def ensure_tools():
                        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
 
 
-def ensure_h2load():
-    if shutil.which("h2load") is None:
-        print("installing nghttp2-client (h2load) from Debian", file=sys.stderr)
+def ensure_package(command, package):
+    """Installs Debian's `package` when `command` is not on the PATH."""
+    if shutil.which(command) is None:
+        print(f"installing {package} ({command}) from Debian", file=sys.stderr)
         subprocess.run(["apt-get", "update", "-qq"], check=False)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "nghttp2-client"], check=True,
+        subprocess.run(["apt-get", "install", "-y", "-qq", package], check=True,
                        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+
+
+def ensure_h2load():
+    ensure_package("h2load", "nghttp2-client")
 
 
 def make_certificate(work):

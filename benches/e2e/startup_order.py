@@ -38,14 +38,6 @@ KEY = "benchmark-admin-key"
 IDLE_S = 5
 
 
-def ensure_valgrind():
-    if shutil.which("valgrind") is None:
-        print("installing valgrind from Debian", file=sys.stderr)
-        subprocess.run(["apt-get", "update", "-qq"], check=False)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "valgrind"], check=True,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-
-
 SPEC = re.compile(r"^(c?)(ob|fn)=\((\d+)\)(?: (.*))?$")
 
 
@@ -86,7 +78,7 @@ def main():
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     binary = os.path.realpath(args.binary)
-    ensure_valgrind()
+    bench.ensure_package("valgrind", "valgrind")
     work = tempfile.mkdtemp(prefix="ferrisix-order-")
     out = os.path.join(work, "callgrind")
     os.makedirs(out)

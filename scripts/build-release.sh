@@ -45,8 +45,8 @@ LLVM_PROFILE_FILE="$PGO/raw/train-%p-%m.profraw" \
 
 # glibc linked in (+crt-static, a static PIE): no shared library to map (1.5 MiB less resident
 # at idle, measured) and no glibc version asked of the host. Relative relocations packed
-# (DT_RELR): the 632 KiB of `.rela.dyn` start-up read in whole become 8 KiB. Only glibc 2.36's
-# static start-up applies packed relocations, so an older build host links them unpacked.
+# (DT_RELR): the 632 KiB of `.rela.dyn` start-up read in whole become 8 KiB. Only glibc 2.36 and
+# later apply packed relocations in static start-up, so an older build host links them unpacked.
 LINK="-Ctarget-feature=+crt-static"
 GLIBC=$(getconf GNU_LIBC_VERSION 2>/dev/null | sed -n 's/^glibc //p')
 if [ -n "$GLIBC" ] && [ "$(printf '%s\n' 2.36 "$GLIBC" | sort -V | head -1)" = 2.36 ]; then

@@ -34,7 +34,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
 
 KEY = "benchmark-admin-key"
-# callgrind runs a gateway ~50x slower: its ports open within seconds, not milliseconds.
+# How long the gateway idles after the PUTs, so the order holds what idle time runs too (timers,
+# the log flush, the boot's threads ending); longer than bench.py's 3 s, as callgrind runs the
+# gateway ~50x slower.
 IDLE_S = 5
 
 

@@ -24,7 +24,15 @@ nginx proxy_pass (1 worker, upstream keepalive, buffered access log) each proxy 
          still in flight on its connections at its deadline: those are logged too, so the
          sink may hold up to --connections more, never fewer)
 For every run it reads req/s and latency from wrk and the proxy's CPU time (user+sys of all its
-processes, from /proc) and reports medians and ratios against nginx as a markdown table and JSON.
+processes, from /proc) and reports medians and ratios against nginx as a markdown table and JSON,
+with how busy the proxy was (its CPU time over the run's).
+
+Placement (--pin): with 4 CPUs or more the upstream, the proxy and wrk each get cores of their
+own; on fewer they share them, as APISIX's benchmark does. `--pin split` puts the proxy alone
+on the last core and the upstream and wrk on the others: on a 2-core machine the proxy's core
+is then the bottleneck (req/s follows CPU per request), and wrk's threads no longer wait
+behind a busy proxy on a shared core for the scheduler's next tick, which is most of what a
+shared run's p99 measures (README, "The p99 on a shared machine").
 
 With --baseline BINARY a second ferrisix (another build, e.g. the commit before a change)
 runs beside the first on ports 9082/9182 and is measured interleaved with it in the same
@@ -35,7 +43,7 @@ It measures the profile-guided release build (scripts/build-release.sh, built fi
 
 Usage: benches/e2e/bench.py [--rounds 3] [--duration 5] [--connections 16] [--threads 2]
                             [--scenarios s1,s2,s1c,route,tls,tls-hs,h2,key-auth,jwt,http-logger,big,upload] [--json out.json] [--markdown out.md]
-                            [--baseline BINARY]
+                            [--baseline BINARY] [--pin auto|split|none]
                             [--apisix URL --apisix-admin URL --apisix-key KEY]
 """
 
@@ -532,6 +540,8 @@ def measure(name, port, pids, args, cores, scenario="s1"):
     cpu_s = user_s + system_s
     n = max(r["requests"], 1)
     r["cpu_s"] = cpu_s
+    # How busy the proxy was: near 100% it is the bottleneck, and its queue is the p99.
+    r["busy_pct"] = cpu_s * 100 / max(args.duration, 1)
     r["cpu_us_per_req"] = cpu_s * 1e6 / n
     # The split: both proxies make the same system calls, so the kernel's share moves with
     # the machine, and a request-path step shows in user space.
@@ -539,6 +549,19 @@ def measure(name, port, pids, args, cores, scenario="s1"):
     r["sys_us_per_req"] = system_s * 1e6 / n
     r["target"] = name
     return r
+
+
+def pin_plan(pin, ncpu):
+    """(the cores of each process, how the report names the placement) for --pin."""
+    if pin == "split" and ncpu >= 2:
+        # The proxy measured alone on the last core; the load (wrk and the upstream) on the
+        # rest. On a small machine this keeps the load generator's threads from queueing
+        # behind a busy proxy on a shared core, which is most of a shared run's p99.
+        rest = "0" if ncpu == 2 else f"0-{ncpu - 2}"
+        return {"upstream": rest, "proxy": str(ncpu - 1), "wrk": rest}, "split"
+    if pin in ("auto", "split") and ncpu >= 4:
+        return {"upstream": "0", "proxy": "1", "wrk": "2,3"}, "separate"
+    return {"upstream": None, "proxy": None, "wrk": None}, None
 
 
 def med(values):
@@ -563,6 +586,10 @@ def main():
     ap.add_argument("--http2", choices=["on", "off"], default="on",
                     help="apisix.enable_http2 for the gateways (APISIX's default: on; off serves "
                          "HTTP/1 alone, without the protocol detection)")
+    ap.add_argument("--pin", choices=["auto", "split", "none"], default="auto",
+                    help="auto: the upstream, the proxy and wrk on cores of their own with 4 CPUs "
+                         "or more, else unpinned; split: the proxy alone on the last core, the "
+                         "upstream and wrk on the others (2 CPUs or more); none: unpinned")
     ap.add_argument("--baseline", help="a second ferrisix binary measured interleaved with the first (A/B)")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
@@ -583,9 +610,7 @@ def main():
         subprocess.run(["bash", "-c", build], cwd=ROOT, check=True)
 
     ncpu = os.cpu_count() or 1
-    # With enough cores each process gets its own; otherwise everything shares and we say so.
-    pinned = ncpu >= 4
-    cores = {"upstream": "0", "proxy": "1", "wrk": "2,3"} if pinned else {"upstream": None, "proxy": None, "wrk": None}
+    cores, pinned = pin_plan(args.pin, ncpu)
 
     work = tempfile.mkdtemp(prefix="ferrisix-bench-")
     procs = []
@@ -685,6 +710,7 @@ def main():
                     "cpu_us_per_req": med([r["cpu_us_per_req"] for r in rs]),
                     "user_us_per_req": med([r["user_us_per_req"] for r in rs]),
                     "sys_us_per_req": med([r["sys_us_per_req"] for r in rs]),
+                    "busy_pct": med([r["busy_pct"] for r in rs]),
                     "non2xx": sum(r["non2xx"] for r in rs),
                     **({"logged_ok": all(r["logged_ok"] for r in rs)} if scenario == "http-logger" else {}),
                     "runs": rs,
@@ -720,16 +746,17 @@ def render_markdown(report):
     res = report["results"]
     lines = [
         f"Machine: {report['machine']['cpus']} CPUs, "
-        + ("processes pinned to separate cores" if report["machine"]["pinned"]
-           else "too few cores to pin: upstream, proxy and wrk share them"),
+        + {"separate": "processes pinned to separate cores",
+           "split": "the proxies pinned to a core of their own, the upstream and wrk to the others"}
+        .get(report["machine"]["pinned"], "unpinned: upstream, proxy and wrk share the cores"),
         f"wrk -t {report['settings']['wrk_threads']} -c {report['settings']['connections']} "
         f"-d {report['settings']['duration_s']}s, medians of {report['settings']['rounds']} rounds; "
         f"ferrisix idle RSS (one route, TLS certificate, 3 s idle) "
         f"{report['ferrisix_idle_rss_kib'] / 1024:.1f} MiB",
         "",
-        "| scenario | target | req/s | mean ms | p99 ms | CPU µs/req | user / sys µs | req/s vs nginx "
+        "| scenario | target | req/s | mean ms | p99 ms | CPU µs/req | user / sys µs | busy | req/s vs nginx "
         "| CPU vs nginx |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     s1_nginx = res.get("s1", {}).get("nginx")
     for scenario, targets in res.items():
@@ -741,7 +768,7 @@ def render_markdown(report):
             p99 = f"{r['p99_ms']:.2f}" if r["p99_ms"] is not None else "-"
             lines.append(f"| {scenario} | {name} | {r['rps']:.0f} | {r['mean_ms']:.3f} | {p99} | "
                          f"{r['cpu_us_per_req']:.1f} | {r['user_us_per_req']:.1f} / "
-                         f"{r['sys_us_per_req']:.1f} | {rps_ratio} | {cpu_ratio} |")
+                         f"{r['sys_us_per_req']:.1f} | {r['busy_pct']:.0f}% | {rps_ratio} | {cpu_ratio} |")
     s1 = res.get("s1", {}).get("ferrisix")
     s2 = res.get("s2", {}).get("ferrisix")
     s1c = res.get("s1c", {}).get("ferrisix")

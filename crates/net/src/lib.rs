@@ -26,6 +26,7 @@
 
 mod accept;
 mod clock;
+mod core_share;
 mod drain;
 mod framing;
 pub mod handover;
@@ -36,6 +37,7 @@ mod priority;
 
 pub use accept::Acceptor;
 pub use clock::coarse_monotonic_ms;
+pub use core_share::share_core;
 pub use drain::{Drain, Open, IDLE_GRACE};
 pub use framing::{ChunkSizeTooLarge, FramingGuard, MAX_CHUNK_SIZE};
 pub use io::TimedIo;

@@ -32,6 +32,7 @@ impl ConnInfo {
             }
         }
         let started = Instant::now();
+        ferrisix_net::share_core(started);
         let (parts, body) = req.into_parts();
         let remote_addr = gateway
             .real_ip

@@ -610,7 +610,7 @@ def main():
         subprocess.run(["bash", "-c", build], cwd=ROOT, check=True)
 
     ncpu = os.cpu_count() or 1
-    cores, pinned = pin_plan(args.pin, ncpu)
+    cores, placement = pin_plan(args.pin, ncpu)
 
     work = tempfile.mkdtemp(prefix="ferrisix-bench-")
     procs = []
@@ -718,7 +718,7 @@ def main():
                 for name, rs in runs.items() if rs
             }
         report = {
-            "machine": {"cpus": ncpu, "pinned": pinned, "uname": " ".join(os.uname())},
+            "machine": {"cpus": ncpu, "placement": placement, "uname": " ".join(os.uname())},
             "settings": {"rounds": args.rounds, "duration_s": args.duration,
                          "connections": args.connections, "wrk_threads": args.threads},
             "ferrisix_idle_rss_kib": idle_rss,
@@ -748,7 +748,7 @@ def render_markdown(report):
         f"Machine: {report['machine']['cpus']} CPUs, "
         + {"separate": "processes pinned to separate cores",
            "split": "the proxies pinned to a core of their own, the upstream and wrk to the others"}
-        .get(report["machine"]["pinned"], "unpinned: upstream, proxy and wrk share the cores"),
+        .get(report["machine"]["placement"], "unpinned: upstream, proxy and wrk share the cores"),
         f"wrk -t {report['settings']['wrk_threads']} -c {report['settings']['connections']} "
         f"-d {report['settings']['duration_s']}s, medians of {report['settings']['rounds']} rounds; "
         f"ferrisix idle RSS (one route, TLS certificate, 3 s idle) "

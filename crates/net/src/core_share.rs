@@ -11,7 +11,9 @@
 //! for nearly all of the last half millisecond yields its core once (`sched_yield`): whatever
 //! waits on that core runs first, and with nothing waiting the call returns at once. The check
 //! costs one read of the thread's CPU clock per window, taken when a request starts at least a
-//! window after the last check (~1 µs with the yield, ~0.2% of a core at most).
+//! window after the last check (~1 µs with the yield, ~0.2% of a core at most). It runs where a
+//! request starts, so a worker busy only relaying long bodies, with no request starting, does
+//! not yield: such a worker mostly waits on its sockets anyway.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -19,8 +21,8 @@ use std::time::{Duration, Instant};
 use crate::priority::thread_cpu_time;
 
 /// How long a worker may keep its core before it offers it: an eighth of a 250 Hz tick (a
-/// 1 ms window left a p99 ~25% higher in the harness, at the same CPU per request).
-pub const SHARE_WINDOW: Duration = Duration::from_micros(500);
+/// 1 ms window left s1's p99 ~40% higher in the harness, at the same CPU per request).
+const SHARE_WINDOW: Duration = Duration::from_micros(500);
 
 /// The share of the window the worker must have run for it to yield: below it, the kernel has
 /// already switched it out for a while, and others have had their turn.

@@ -78,6 +78,8 @@ BODY_PATHS = {"big": "/big", "upload": "/upload"}
 BODY_BYTES = 256 * 1024
 BASELINE_PORT = 9082
 BASELINE_ADMIN = 9182
+# --floor: examples/hyper_floor.rs, the least a proxy on hyper's two codecs does per request.
+FLOOR_PORT = 9083
 
 S2_PLUGINS = {
     "limit-count": {
@@ -399,6 +401,14 @@ def start_nginx_proxy(work, cores, crt, key):
     return p
 
 
+def start_floor(cores, binary):
+    """examples/hyper_floor.rs on FLOOR_PORT, to the same upstream, on the proxies' cores."""
+    p = subprocess.Popen(taskset_prefix(cores) + [binary, f"127.0.0.1:{FLOOR_PORT}",
+                                                  f"127.0.0.1:{UPSTREAM_PORT}"])
+    wait_port(FLOOR_PORT)
+    return p
+
+
 def start_ferrisix(work, cores, binary, baseline=False, http2=True, wrapper=()):
     """With `baseline`: the A/B's second gateway, on its own ports, without TLS, control API or
     metrics export (they would clash with the first's). `http2` is `apisix.enable_http2`;
@@ -591,6 +601,8 @@ def main():
                          "or more, else unpinned; split: the proxy alone on the last core, the "
                          "upstream and wrk on the others (2 CPUs or more); none: unpinned")
     ap.add_argument("--baseline", help="a second ferrisix binary measured interleaved with the first (A/B)")
+    ap.add_argument("--floor", help="examples/hyper_floor.rs built (target/release/examples/"
+                    "hyper_floor), measured in s1 next to nginx: what hyper's two codecs cost alone")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     ap.add_argument("--apisix", help="data URL of a running APISIX to add as a third target")
@@ -641,6 +653,10 @@ def main():
             procs.append(fb)
             plain_targets.append(("ferrisix-baseline", BASELINE_PORT, [fb.pid]))
             admins.append(f"http://127.0.0.1:{BASELINE_ADMIN}")
+        if args.floor:
+            fl = start_floor(cores["proxy"], args.floor)
+            procs.append(fl)
+            plain_targets.append(("hyper-floor", FLOOR_PORT, [fl.pid]))
         tls_targets = [("nginx", NGINX_TLS_PORT, ngx_pids), ("ferrisix", FERRISIX_TLS_PORT, [fx.pid])]
 
         results = {}
@@ -681,6 +697,8 @@ def main():
             for rnd in range(args.rounds):
                 order = targets if rnd % 2 == 0 else list(reversed(targets))
                 for name, port, pids in order:
+                    if name == "hyper-floor" and scenario != "s1":
+                        continue  # the floor serves s1's request alone
                     if (scenario in SCENARIO_PLUGINS or scenario in ("s1c", "http-logger")
                             or scenario in AUTH_SCENARIOS) and name == "nginx":
                         continue  # nginx has no equivalent of the plugins; these compare with s1

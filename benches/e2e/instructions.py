@@ -21,6 +21,9 @@ Usage: benches/e2e/instructions.py --binary target/release/ferrisix [--baseline 
                                    [--browser]   (a browser's request headers, not only Host)
                                    [--atomics]    (also locked read-modify-writes per request)
                                    [--keep DIR]   (keep the callgrind files for callgrind_annotate)
+                                   [--floor target/release/examples/hyper_floor]
+                                        (also count examples/hyper_floor.rs: hyper's two codecs
+                                         and nothing else, the floor under any hyper proxy)
 """
 
 import argparse
@@ -180,6 +183,17 @@ http {{
     return proc, NGINX_PORT, out
 
 
+def start_floor(work, binary, per_instruction=False):
+    """examples/hyper_floor.rs under callgrind, to the same upstream."""
+    out = os.path.join(work, "callgrind.out")
+    proc = subprocess.Popen(callgrind(out, per_instruction)
+                            + [binary, f"127.0.0.1:{bench.FLOOR_PORT}",
+                               f"127.0.0.1:{bench.UPSTREAM_PORT}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    bench.wait_port(bench.FLOOR_PORT, timeout=60)
+    return proc, bench.FLOOR_PORT, out
+
+
 def count(work, start, seconds, headers=(), objects=None):
     """Starts a target, loads it, and gives (requests, instructions of all its threads,
     locked instructions among them when `objects` (an objdump cache) is given)."""
@@ -229,6 +243,7 @@ def main():
     ap.add_argument("--atomics", action="store_true",
                     help="also count locked read-modify-writes per request (objdump needed)")
     ap.add_argument("--keep")
+    ap.add_argument("--floor", help="examples/hyper_floor.rs built, counted as a third target")
     args = ap.parse_args()
     headers = BROWSER_HEADERS if args.browser else []
     for tool in ("valgrind", "callgrind_control", "wrk") + (("objdump",) if args.atomics else ()):
@@ -239,6 +254,8 @@ def main():
         targets.append(("baseline", args.baseline))
     if args.nginx:
         targets.append(("nginx", None))
+    if args.floor:
+        targets.append(("hyper-floor", args.floor))
     work = args.keep or tempfile.mkdtemp(prefix="ferrisix-instructions-")
     os.makedirs(work, exist_ok=True)
     upstream = bench.start_upstream(work, None)
@@ -250,7 +267,9 @@ def main():
             for name, binary in targets:
                 w = os.path.join(work, f"round{r}-{name}")
                 os.makedirs(w, exist_ok=True)
-                if binary:
+                if name == "hyper-floor":
+                    start = lambda w=w, b=binary: start_floor(w, b, args.atomics)  # noqa: E731
+                elif binary:
                     start = lambda w=w, b=binary: start_gateway(  # noqa: E731
                         w, b, args.scenario, args.atomics)
                 else:

@@ -50,7 +50,6 @@ pub fn relay_head(
     statuses: &[u16],
     timeouts: TryTimeouts,
     upgrade: bool,
-    since: std::time::Instant,
 ) -> Response<ResponseBody> {
     let (mut head, body) = resp.into_parts();
     if !upgrade {
@@ -74,7 +73,7 @@ pub fn relay_head(
     let body = if upgrade {
         ResponseBody::empty()
     } else {
-        ResponseBody::upstream(UpstreamResponse::new(body, conn, timeouts.read, since))
+        ResponseBody::upstream(UpstreamResponse::new(body, conn, timeouts.read))
     };
     Response::from_parts(head, body)
 }

@@ -516,18 +516,10 @@ pub async fn proxy(
                         &record.statuses,
                         timeouts,
                         true,
-                        first_try,
                     );
                 }
-                let mut out = relay::relay_head(
-                    gateway,
-                    resp,
-                    Some(conn),
-                    &record.statuses,
-                    timeouts,
-                    false,
-                    first_try,
-                );
+                let mut out =
+                    relay::relay_head(gateway, resp, Some(conn), &record.statuses, timeouts, false);
                 out.body_mut().hold_try(try_guard);
                 return out;
             }

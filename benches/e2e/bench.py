@@ -401,10 +401,14 @@ def start_nginx_proxy(work, cores, crt, key):
     return p
 
 
+def floor_command(binary):
+    """examples/hyper_floor.rs's command line: FLOOR_PORT to the benchmark's upstream."""
+    return [binary, f"127.0.0.1:{FLOOR_PORT}", f"127.0.0.1:{UPSTREAM_PORT}"]
+
+
 def start_floor(cores, binary):
-    """examples/hyper_floor.rs on FLOOR_PORT, to the same upstream, on the proxies' cores."""
-    p = subprocess.Popen(taskset_prefix(cores) + [binary, f"127.0.0.1:{FLOOR_PORT}",
-                                                  f"127.0.0.1:{UPSTREAM_PORT}"])
+    """examples/hyper_floor.rs on the proxies' cores."""
+    p = subprocess.Popen(taskset_prefix(cores) + floor_command(binary))
     wait_port(FLOOR_PORT)
     return p
 

@@ -186,9 +186,7 @@ http {{
 def start_floor(work, binary, per_instruction=False):
     """examples/hyper_floor.rs under callgrind, to the same upstream."""
     out = os.path.join(work, "callgrind.out")
-    proc = subprocess.Popen(callgrind(out, per_instruction)
-                            + [binary, f"127.0.0.1:{bench.FLOOR_PORT}",
-                               f"127.0.0.1:{bench.UPSTREAM_PORT}"],
+    proc = subprocess.Popen(callgrind(out, per_instruction) + bench.floor_command(binary),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     bench.wait_port(bench.FLOOR_PORT, timeout=60)
     return proc, bench.FLOOR_PORT, out

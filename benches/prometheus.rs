@@ -9,8 +9,8 @@
 //! - `prometheus/log_prometheus_crate`: the same request recorded with the `prometheus` crate
 //!   instead (the same metrics, APISIX 3.18's labels): it formats every label value and looks
 //!   the series up by hashing them, per metric per request, since `code` and `node` are only
-//!   known at log time. The measured reason ferrisix keeps its own series (README,
-//!   "Dependencies").
+//!   known at log time. The measured reason ferrisix keeps its own series
+//!   (`docs/dependencies.md`).
 //! - `prometheus/render`: producing the whole exposition text (what a scrape of
 //!   `/apisix/prometheus/metrics` returns) at about 1k and 10k series: routes that each saw
 //!   four status codes give 60 series per route (4 `http_status`, 3 × 18 `http_latency_*`,

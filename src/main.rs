@@ -23,9 +23,9 @@ use ferrisix_proxy::server::GatewayHandle;
 use ferrisix_proxy::snapshot;
 use lifecycle::Event;
 
-// mimalloc: the proxy path's small, short-lived allocations (header maps, hyper's per-request
-// channels) cost glibc malloc ~4% of CPU under load in profiles; mimalloc's thread-local free
-// lists make them cheaper (benches/e2e, README "Performance").
+// mimalloc: the proxy path makes many small, short-lived allocations per request (header
+// maps, hyper's per-request channels); mimalloc's thread-local free lists make them cheaper
+// than glibc malloc's (`benches/e2e/bench.py` and `benches/e2e/instructions.py` measure it).
 #[global_allocator]
 static ALLOCATOR: ferrisix_alloc::Mimalloc = ferrisix_alloc::Mimalloc;
 
@@ -121,17 +121,17 @@ fn run(
     // the main thread and the hand-over thread can wait on them (an Admin API drain) while
     // they run. Its threads (and the compiles' helpers they start) run nicer than the
     // workers: on busy cores a change takes longer to apply rather than requests longer to
-    // answer (request p99 under 50 changes/s at 10,000 routes, with wrk keeping both cores
-    // busy: 1.23x idle at nice +10 against 1.52x at nice 0; the compile's wall-time p99 then
-    // 2.2-3.6 ms against 0.2-0.95, its CPU time unchanged).
+    // answer. `benches/e2e/scale.py` measures both sides: the request p99 under 50 changes/s
+    // against idle, and the compile's wall time beside its CPU time, which the priority
+    // leaves unchanged.
     let control = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("ferrisix-control")
         // Store reads and compiles run on this runtime's blocking threads, and what they free
-        // (a boot's whole store read: 80 MiB at 100,000 routes) goes back to the system when
-        // such a thread next allocates or ends. Tokio keeps an idle one 10 s; after 1 s a
-        // boot's memory is back soon after serving starts, for one thread start (~50 µs) per
-        // change after a quiet second.
+        // (a boot's whole store read, tens of MiB at 100,000 routes) goes back to the system
+        // when such a thread next allocates or ends. Tokio keeps an idle one 10 s; after 1 s a
+        // boot's memory is back soon after serving starts, for one thread start per change
+        // after a quiet second (`benches/e2e/scale.py` reads the RSS 3 s after a boot).
         .thread_keep_alive(std::time::Duration::from_secs(1))
         .on_thread_start(ferrisix_net::yield_to_workers)
         .enable_all()
@@ -175,8 +175,8 @@ fn run(
     let opening = std::time::Instant::now();
     // On a thread that ends with it, as the first compile below: the store's whole read (the
     // stored texts of every route) is freed later by other threads, into pages the parked main
-    // thread would never collect (a boot then 100,000 deletions, purging at once: 38 MiB
-    // resident with the read on the main thread, 29 on its own).
+    // thread would never collect (`benches/e2e/scale.py` ends with every route deleted in a
+    // burst and reads the RSS after it).
     let source = on_ending_thread(|| control.block_on(sources::open(&settings)))?;
     let opened = opening.elapsed();
     let states = source.states.clone();
@@ -193,9 +193,9 @@ fn run(
     let plugins = Arc::new(registry.clone());
     let compiling = std::time::Instant::now();
     // Compile the first state before accepting traffic, so the first request sees the routes.
-    // The state is let go once compiled: held here, it kept the boot's whole store read (32 MB
-    // at 100,000 routes) alive for the life of the process, after every route was replaced or
-    // deleted.
+    // The state is let go once compiled: held here, it kept the boot's whole store read (every
+    // route's stored text) alive for the life of the process, after every route was replaced
+    // or deleted.
     let snapshot = {
         let first = states.borrow().clone();
         on_ending_thread(|| snapshot::Snapshot::compile(&first, &handle.load(), &options, &plugins))

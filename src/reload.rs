@@ -21,7 +21,7 @@ pub struct Reloader {
     pub reopen: LogReopen,
 }
 
-/// The keys a SIGHUP applies (the README lists them).
+/// The keys a SIGHUP applies (docs/operating.md lists them).
 pub const LIVE_KEYS: &[&str] = &[
     "apisix.enable_server_tokens",
     "apisix.show_upstream_status_in_response_header",

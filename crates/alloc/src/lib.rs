@@ -5,10 +5,10 @@
 //! that call takes a fast path only for blocks up to 1 KiB; a larger block whose size is not a
 //! power of two (a boxed request future, a header map's entries) goes through its generic
 //! path and is over-allocated by its alignment, with an interior pointer its free must
-//! undo, even when the alignment is 8, which every mimalloc block has. On the s1 request path
-//! that was about seven such allocations and ~1,600 of ~41,600 user-space instructions per
-//! request (callgrind, `benches/e2e/instructions.py`). This crate holds the process's only
-//! `unsafe` code, allowed on the one impl that must be.
+//! undo, even when the alignment is 8, which every mimalloc block has. The s1 request path
+//! makes several such allocations per request; `benches/e2e/instructions.py` counts what
+//! they cost. This crate holds the process's only `unsafe` code, allowed on the one impl that
+//! must be.
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::ffi::c_void;

@@ -17,7 +17,8 @@ use std::sync::Arc;
 const SHARDS: usize = 1024;
 
 /// foldhash, seeded at random per map and per shard: ids are chosen by whoever writes the
-/// store, so the seed must not be predictable; SipHash (std's) cost 6% of a 100,000-route boot.
+/// store, so the seed must not be predictable; SipHash (std's) was a visible share of a
+/// 100,000-route boot (`benches/e2e/boot_ab.py` times the boot).
 type RandomState = foldhash::fast::RandomState;
 
 type Shard<V> = Option<Arc<HashMap<String, V, RandomState>>>;

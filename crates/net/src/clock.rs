@@ -2,10 +2,11 @@
 //!
 //! `CLOCK_MONOTONIC_COARSE` is the monotonic clock as of the kernel's last tick (1-4 ms old,
 //! by `CONFIG_HZ`), read from the vDSO's data page alone, where `Instant::now()` also reads
-//! the TSC and scales it: 4.7 ns against 22.4 ns a reading on this project's VMs, and the
-//! request path read the precise clock ~10 times per request. Idle timestamps (pooled
-//! connections) and counting windows (limit-count) take this one; what is logged or
-//! measured against a request's timeouts keeps `Instant`.
+//! the TSC and scales it, several times the cost, and the request path reads a clock many
+//! times per request. callgrind does not count vDSO reads (`benches/e2e/instructions.py`
+//! misses them); `perf record` of a worker under `benches/e2e/bench.py` shows them. Idle
+//! timestamps (pooled connections) and counting windows (limit-count) take this one; what is
+//! logged or measured against a request's timeouts keeps `Instant`.
 
 use rustix::time::{clock_gettime, ClockId};
 

@@ -5,13 +5,14 @@
 //! scheduler tick (4 ms at the common `HZ=250`). On a machine where the gateway shares its
 //! cores with other processes (its clients, its upstreams, a sidecar), a process woken onto
 //! the worker's core then waits up to a tick, and the requests that process serves or sends
-//! wait with it: a 2-core benchmark with wrk and the upstream on the gateway's cores measured
-//! a p99 two to three times nginx's, which blocks more often, while with the gateway on a core
-//! of its own the two were level (README, "The p99 on a shared machine"). So a worker that ran
-//! for nearly all of the last half millisecond yields its core once (`sched_yield`): whatever
+//! wait with it. nginx blocks in `epoll_wait` between bursts and hands its core over there; a
+//! busy worker that never blocks kept the load generator and the upstream waiting for ticks,
+//! which shows as a tail latency above nginx's when they share cores (`benches/e2e/bench.py`
+//! on a 2-core machine; with `--pin split` the two tails are level). So a worker that ran for
+//! nearly all of the last half millisecond yields its core once (`sched_yield`): whatever
 //! waits on that core runs first, and with nothing waiting the call returns at once. The check
 //! costs one read of the thread's CPU clock per window, taken when a request starts at least a
-//! window after the last check (~1 µs with the yield, ~0.2% of a core at most). It runs where a
+//! window after the last check: bounded by the window, and nothing when idle. It runs where a
 //! request starts, so a worker busy only relaying long bodies, with no request starting, does
 //! not yield: such a worker mostly waits on its sockets anyway.
 
@@ -20,8 +21,9 @@ use std::time::{Duration, Instant};
 
 use crate::priority::thread_cpu_time;
 
-/// How long a worker may keep its core before it offers it: an eighth of a 250 Hz tick (a
-/// 1 ms window left s1's p99 ~40% higher in the harness, at the same CPU per request).
+/// How long a worker may keep its core before it offers it: an eighth of a 250 Hz tick. A
+/// longer window leaves more of the tail in place at the same CPU per request
+/// (`benches/e2e/bench.py`'s p99 on shared cores is the measure).
 const SHARE_WINDOW: Duration = Duration::from_micros(500);
 
 /// The share of the window the worker must have run for it to yield: below it, the kernel has

@@ -76,7 +76,7 @@ pub fn wrap(
 /// unless `keepalive_timeout` is 0 (nginx: 0 disables it), nginx's header-count model and a
 /// 64 KiB head limit. The header timeouts are [`ConnWatch`]'s, fed by the connection's reads
 /// ([`TimedIo::with_head_signal`]): hyper's own timer boxes, arms and drops a sleep on every
-/// request (~500 of ~39,000 user-space instructions per request, callgrind).
+/// request, work `benches/e2e/instructions.py` counts on the request path.
 macro_rules! http1_settings {
     ($builder:expr, $limits:expr) => {
         $builder

@@ -369,7 +369,8 @@ impl<F: Future> Future for Dormant<F> {
 
     /// Polled on each of its connection task's wake-ups, so the usual poll (not woken, the
     /// same task) is one plain load: registering the waker and clearing the flag are locked
-    /// read-modify-writes (2.0-2.4 ns each here; they were 12 of a request's ~190).
+    /// read-modify-writes, each a full barrier (`benches/e2e/instructions.py --atomics` counts
+    /// them per request).
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
         let woken = this.signal.woken.load(Ordering::Acquire);

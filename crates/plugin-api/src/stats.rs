@@ -5,7 +5,8 @@
 //! The counters are bumped on every accept, close and request, from every worker thread; each
 //! thread writes its own cache-line-padded shard, so the bumps never contend, and a thread
 //! that has a shard to itself bumps it with a plain load and store: a locked add is a full
-//! barrier (~2 ns here) and a request made two. Reading sums the shards. One value per gateway
+//! barrier, and every request would make two (`benches/e2e/instructions.py --atomics` counts
+//! them). Reading sums the shards. One value per gateway
 //! ([`crate::PluginServices::conn_stats`]).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

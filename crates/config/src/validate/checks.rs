@@ -122,9 +122,9 @@ pub(crate) fn check_in_place(
 
 /// [`check_in_place`] for a resource the data plane synced from the store. As APISIX's
 /// config loader, it checks a route's or service's inline upstream by the schema of its
-/// holder only (the Admin API checks it against the upstream schema a second time, which at
-/// boot with 100,000 routes was a sixth of the validation); the upstream's other checks
-/// (ports, IPv6 brackets, `pass_host`, chash keys, TLS) still run.
+/// holder only (the Admin API checks it against the upstream schema a second time, a cost a
+/// boot would pay per route: `benches/e2e/boot_ab.py` times its validation); the upstream's
+/// other checks (ports, IPv6 brackets, `pass_host`, chash keys, TLS) still run.
 pub(crate) fn check_synced_in_place(
     kind: ResourceKind,
     conf: &mut Value,

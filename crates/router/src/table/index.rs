@@ -106,7 +106,7 @@ impl<V: Keyed> RouteIndex<V> {
         let found = shard.find_entry(hash, |v| v.key() == key).ok()?;
         let removed = found.remove().0;
         // A hash table keeps its capacity as it empties, and a copied shard keeps it too: after
-        // 100,000 routes were deleted the index still held room for them (1.2 MB). An empty
+        // 100,000 routes were deleted the index still held room for all of them. An empty
         // shard is dropped and a quarter-full one shrunk, so it costs what it holds.
         if shard.is_empty() {
             let shards = Arc::get_mut(&mut self.shards).expect("shard_mut left it unshared");

@@ -19,6 +19,10 @@
 //! process share nothing. State that must outlive snapshots (counters, buckets, series) lives
 //! in a [`StateMap`], which releases a resource's state when the last snapshot using it is
 //! dropped.
+//!
+//! A plugin's [`PluginDef::verdict`] applies its schema before its own check, so a check
+//! never sees, and cannot drop, the schema's failure (it may only reword it, see
+//! [`SchemaErrorFn`]).
 #![forbid(unsafe_code)]
 
 pub mod clock;
@@ -53,7 +57,9 @@ pub use ctx::{
     BodyError, Consumer, Owner, PendingBody, PluginCtx, RequestBody, RequestGuards, RequestState,
     RequestValues, ResponseHeaders, RouteInfo, UpstreamEdits,
 };
-pub use def::{CheckCtx, CheckFn, CompileFn, PluginDef, PluginKind, RunPolicy, Scope};
+pub use def::{
+    CheckCtx, CheckFn, CompileFn, PluginDef, PluginKind, RunPolicy, SchemaErrorFn, Scope,
+};
 pub use exec::Executor;
 pub use exit::Exit;
 pub use head::{ConnFacts, RequestHead};

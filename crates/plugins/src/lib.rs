@@ -54,7 +54,7 @@ pub use chain::{
     CompileEnv, ConsumerPlugins, GlobalChains, GlobalRules, PluginChain, PluginSource, Verdicts,
 };
 pub use consumers::{ConsumerChains, ConsumerProblem, ConsumerSet};
-pub use ferrisix_plugin_api::PluginDef;
+pub use ferrisix_plugin_api::{PluginDef, PluginKind};
 pub use registry::{PluginInfo, PluginRegistry, SchemaType};
 
 /// Every plugin ferrisix implements, family by family.

@@ -32,6 +32,8 @@ macro_rules! family {
     };
 }
 
+#[cfg(test)]
+mod boundary;
 pub mod chain;
 pub mod consumers;
 pub mod registry;

@@ -1,7 +1,7 @@
 //! The plugin API of ferrisix: what a plugin is allowed to see and use, and nothing of the
 //! proxy's insides. Plugin families (`ferrisix-plugins`) reach the proxy through this crate
 //! only (besides it they use the parts of the lower crates listed below); the proxy implements
-//! the other side of it.
+//! the other side of it. `docs/adding-a-plugin.md` walks through writing a plugin.
 //!
 //! A plugin is one static [`PluginDef`] (name, priority, schemas, checks, how it compiles a
 //! configuration) and the [`Plugin`] instances it compiles, once per snapshot, for one

@@ -1,7 +1,8 @@
 //! End-to-end request and response plugins through the binary: gzip and response-rewrite
 //! `filters` on a 100 MB streamed response keep the gateway's memory flat, a realistic route
 //! (real-ip, proxy-rewrite headers, cors, request-id, ip-restriction) works together, and
-//! client-control / proxy-control shape the request body.
+//! client-control / proxy-control shape the request body; uri-blocker, the worked example of
+//! `docs/adding-a-plugin.md`, refuses what its rules match.
 mod support;
 
 use std::io::{Read, Write};
@@ -309,4 +310,24 @@ fn body_size_and_buffering() {
     assert_eq!(r.status, 413);
     assert_eq!(chunked("/small", "123456").status, 413);
     assert_eq!(chunked("/small", "12345").status, 200);
+}
+
+#[test]
+fn uri_blocker_refuses_matching_uris() {
+    let up = Upstream::start("up", Behaviour::Echo);
+    let routes = json!({"routes": [
+        {"id": "blocked", "uri": "/files/*", "plugins": {"uri-blocker": {
+            "block_rules": ["\\.exe$", "passwd"], "rejected_code": 410,
+            "rejected_msg": "access is not allowed"}},
+         "upstream": {"nodes": {up.node(): 1}}},
+    ]});
+    let gw = Gateway::start(&routes.to_string());
+    let r = get(gw.addr(), "/files/setup.exe");
+    assert_eq!(r.status, 410);
+    assert_eq!(r.text(), "{\"error_msg\":\"access is not allowed\"}\n");
+    // The rules see the query string too.
+    assert_eq!(get(gw.addr(), "/files/x?f=/etc/passwd").status, 410);
+    let r = get(gw.addr(), "/files/readme.txt");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(up.hits(), 1, "only the allowed request went upstream");
 }

@@ -33,13 +33,12 @@ pub enum RunPolicy {
     PreferRoute,
 }
 
-/// What a plugin's own check (beyond its schema) sees.
+/// What a plugin's own check (beyond its schema) sees. It does not carry the schema's
+/// verdict: [`PluginDef::verdict`] applies that, so no check can drop it.
 pub struct CheckCtx<'a> {
     pub conf: &'a Value,
-    /// The schema (with `_meta` injected) the conf was checked against.
+    /// The schema (with `_meta` injected) the conf is checked against.
     pub schema: &'a Value,
-    /// The schema's verdict: the plugin may word a failure itself (limit-count's `oneOf`).
-    pub schema_result: Result<(), String>,
     /// Shared state the check may keep (limit-count's first conf per group).
     pub services: &'a PluginServices,
     pub now: Instant,
@@ -59,8 +58,13 @@ impl CheckCtx<'_> {
 /// How a plugin compiles one configuration.
 pub type CompileFn = fn(&CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String>;
 
-/// A plugin's own check after its schema.
+/// A plugin's own check, run once its schema passed.
 pub type CheckFn = fn(&CheckCtx<'_>) -> Result<(), String>;
+
+/// How a plugin words its schema's failure: it gets the schema's error and returns the error
+/// to report (its own words, or a check APISIX runs first that failed too). It cannot turn
+/// the failure into a success.
+pub type SchemaErrorFn = fn(&CheckCtx<'_>, String) -> String;
 
 /// A plugin, defined once. Built in a `static` with [`PluginDef::new`] and struct update.
 pub struct PluginDef {
@@ -78,9 +82,12 @@ pub struct PluginDef {
     pub schema: fn() -> Value,
     pub consumer_schema: Option<fn() -> Value>,
     pub metadata_schema: Option<fn() -> Value>,
-    /// A check after the schema, whose error replaces the schema's (the registry prefixes
-    /// both with APISIX's `failed to check the configuration of plugin <name> err: `).
+    /// A check run only when the schema passed (the registry prefixes its error, as the
+    /// schema's, with APISIX's `failed to check the configuration of plugin <name> err: `).
     pub check: Option<CheckFn>,
+    /// Where the plugin words a schema failure itself (see [`SchemaErrorFn`]); `None` reports
+    /// the schema's error as it is.
+    pub schema_error: Option<SchemaErrorFn>,
     /// Fields of the conf stored encrypted (`apisix.data_encryption`), as dotted paths.
     pub encrypt_fields: &'static [&'static str],
     /// The APIs the plugin answers itself (`public-api` serves them).
@@ -121,10 +128,24 @@ impl PluginDef {
             consumer_schema: None,
             metadata_schema: None,
             check: None,
+            schema_error: None,
             encrypt_fields: &[],
             apis: None,
             auth: None,
             compile,
+        }
+    }
+
+    /// The plugin's verdict on `cx.conf`: the schema's (`cx.schema`) first, then, only if it
+    /// passed, the plugin's own [`PluginDef::check`]. A failed schema is always an error,
+    /// worded by [`PluginDef::schema_error`] where the plugin has one.
+    pub fn verdict(&self, cx: &CheckCtx<'_>) -> Result<(), String> {
+        match ferrisix_config::schema::validate(cx.schema, cx.conf) {
+            Ok(()) => self.check.map_or(Ok(()), |check| check(cx)),
+            Err(e) => Err(match self.schema_error {
+                Some(word) => word(cx, e),
+                None => e,
+            }),
         }
     }
 
@@ -145,5 +166,89 @@ impl PluginDef {
             encrypt_fields,
             ..self
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::plugin::Phases;
+
+    struct Nothing;
+
+    impl Plugin for Nothing {
+        fn phases(&self) -> Phases {
+            Phases::NONE
+        }
+    }
+
+    fn compile(_: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
+        Ok(Arc::new(Nothing))
+    }
+
+    fn schema() -> Value {
+        json!({"type": "object", "properties": {"n": {"type": "integer"}}})
+    }
+
+    fn accept(_: &CheckCtx<'_>) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn refuse(_: &CheckCtx<'_>) -> Result<(), String> {
+        Err("own check".into())
+    }
+
+    fn reword(_: &CheckCtx<'_>, e: String) -> String {
+        format!("reworded: {e}")
+    }
+
+    fn verdict(def: &PluginDef, conf: Value) -> Result<(), String> {
+        let schema = (def.schema)();
+        def.verdict(&CheckCtx {
+            conf: &conf,
+            schema: &schema,
+            services: &PluginServices::default(),
+            now: Instant::now(),
+            consumer: false,
+        })
+    }
+
+    #[test]
+    fn a_check_that_accepts_does_not_drop_the_schema_error() {
+        let def = PluginDef {
+            check: Some(accept),
+            ..PluginDef::new("t", 0, schema, compile)
+        };
+        let e = verdict(&def, json!({"n": "x"})).unwrap_err();
+        assert!(e.starts_with("property \"n\" validation failed"), "{e}");
+        assert_eq!(verdict(&def, json!({"n": 1})), Ok(()));
+    }
+
+    #[test]
+    fn the_own_check_runs_once_the_schema_passed() {
+        let def = PluginDef {
+            check: Some(refuse),
+            ..PluginDef::new("t", 0, schema, compile)
+        };
+        assert_eq!(verdict(&def, json!({"n": 1})), Err("own check".into()));
+        // Both fail: the schema's error wins.
+        let e = verdict(&def, json!({"n": "x"})).unwrap_err();
+        assert!(e.starts_with("property \"n\""), "{e}");
+    }
+
+    #[test]
+    fn a_plugin_may_only_reword_a_schema_failure() {
+        let def = PluginDef {
+            check: Some(accept),
+            schema_error: Some(reword),
+            ..PluginDef::new("t", 0, schema, compile)
+        };
+        let e = verdict(&def, json!({"n": "x"})).unwrap_err();
+        assert!(e.starts_with("reworded: property \"n\""), "{e}");
+        assert_eq!(verdict(&def, json!({"n": 1})), Ok(()));
     }
 }

@@ -1,6 +1,7 @@
 //! The plugin API of ferrisix: what a plugin is allowed to see and use, and nothing of the
-//! proxy's insides. Plugin families (`ferrisix-plugins`) depend on this crate only; the proxy
-//! implements the other side of it.
+//! proxy's insides. Plugin families (`ferrisix-plugins`) reach the proxy through this crate
+//! only (besides it they use the parts of the lower crates listed below); the proxy implements
+//! the other side of it. `docs/adding-a-plugin.md` walks through writing a plugin.
 //!
 //! A plugin is one static [`PluginDef`] (name, priority, schemas, checks, how it compiles a
 //! configuration) and the [`Plugin`] instances it compiles, once per snapshot, for one
@@ -19,6 +20,39 @@
 //! process share nothing. State that must outlive snapshots (counters, buckets, series) lives
 //! in a [`StateMap`], which releases a resource's state when the last snapshot using it is
 //! dropped.
+//!
+//! A plugin's [`PluginDef::verdict`] applies its schema before its own check, so a check
+//! never sees, and cannot drop, the schema's failure (it may only reword it, see
+//! [`SchemaErrorFn`]).
+//!
+//! # What plugins use besides this crate
+//!
+//! Plugins share three lower crates with the proxy. The parts below are the configuration
+//! language and request variables a plugin's conf is written in, which the proxy and the Admin
+//! API read the same way; they are used from those crates directly rather than renamed here.
+//! A plugin module (a file of a family in `ferrisix-plugins`, or of its `support/`) may use:
+//!
+//! - `ferrisix_config::schema`: JSON schemas and APISIX's shared schema pieces
+//!   (`schema::defs`), filling defaults, and `schema::lua`, the Lua-compatible JSON encoding
+//!   of APISIX's answers;
+//! - `ferrisix_config::vars`: compiling APISIX `vars` expressions (lua-resty-expr);
+//! - `ferrisix_config::settings`: config.yaml's `plugin_attr` for plugins that read it
+//!   (prometheus, public-api);
+//! - `ferrisix_router::VarSource`, `ferrisix_router::Expr`: reading request variables and
+//!   evaluating compiled expressions;
+//! - `ferrisix_net`: serving a port of the plugin's own (prometheus' export server) with the
+//!   gateway's connection limits and drain.
+//!
+//! The rest of `ferrisix-plugins` (the registry, the chains, the consumer set) and tests
+//! may also use:
+//!
+//! - `ferrisix_config::validate`: the registry answers its `PluginCheck`;
+//! - `ferrisix_config::model`, `ferrisix_config::encrypt`, `ferrisix_config::env`,
+//!   `ferrisix_config::secret`: resources, their encrypted fields and secret references, as
+//!   the consumer set reads them;
+//! - `ferrisix_config::pem`, `ferrisix_config::test_support`: in tests only.
+//!
+//! `ferrisix-plugins`' `boundary` test holds its code and its `Cargo.toml` to these lists.
 #![forbid(unsafe_code)]
 
 pub mod clock;
@@ -53,7 +87,9 @@ pub use ctx::{
     BodyError, Consumer, Owner, PendingBody, PluginCtx, RequestBody, RequestGuards, RequestState,
     RequestValues, ResponseHeaders, RouteInfo, UpstreamEdits,
 };
-pub use def::{CheckCtx, CheckFn, CompileFn, PluginDef, PluginKind, RunPolicy, Scope};
+pub use def::{
+    CheckCtx, CheckFn, CompileFn, PluginDef, PluginKind, RunPolicy, SchemaErrorFn, Scope,
+};
 pub use exec::Executor;
 pub use exit::Exit;
 pub use head::{ConnFacts, RequestHead};

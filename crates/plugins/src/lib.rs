@@ -6,19 +6,7 @@
 //! runs.
 //!
 //! Plugin modules import the plugin API and the shared support modules ([`support`]), never
-//! each other. Adding a plugin is one file in its family's folder and its name in the family's
-//! `family!` list; `transform/echo.rs` is a complete small example. The file holds:
-//!
-//! - `pub static DEF: PluginDef`: name, priority, schema (and consumer or metadata schema),
-//!   type, scope, run policy, encrypted fields, a check beyond the schema, the compile
-//!   function (see [`PluginDef::new`] and its fields);
-//! - the compile function: reads the conf (and `plugin_metadata`, the route, the upstreams a
-//!   request may be sent to) from its [`ferrisix_plugin_api::CompileCtx`], leases its state
-//!   from the gateway's services (`cx.services.shared::<StateMap<MyState>>()`, keyed by
-//!   `cx.state_key()`), and returns the compiled [`ferrisix_plugin_api::Plugin`];
-//! - the `Plugin` impl: the phases it runs in and what they do with the request's
-//!   [`ferrisix_plugin_api::PluginCtx`], the response head and body filters, the log phase
-//!   (declaring what it reads there with `log_needs`).
+//! each other. How to add one, step by step with a real plugin: `docs/adding-a-plugin.md`.
 #![forbid(unsafe_code)]
 
 /// Declares a family's plugin modules (`<family>/<name>.rs`, each with a `pub static DEF`)
@@ -32,8 +20,12 @@ macro_rules! family {
     };
 }
 
+#[cfg(test)]
+mod boundary;
 pub mod chain;
 pub mod consumers;
+#[cfg(test)]
+mod guide;
 pub mod registry;
 pub mod support;
 #[cfg(test)]
@@ -54,7 +46,7 @@ pub use chain::{
     CompileEnv, ConsumerPlugins, GlobalChains, GlobalRules, PluginChain, PluginSource, Verdicts,
 };
 pub use consumers::{ConsumerChains, ConsumerProblem, ConsumerSet};
-pub use ferrisix_plugin_api::PluginDef;
+pub use ferrisix_plugin_api::{PluginDef, PluginKind};
 pub use registry::{PluginInfo, PluginRegistry, SchemaType};
 
 /// Every plugin ferrisix implements, family by family.

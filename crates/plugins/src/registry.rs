@@ -189,19 +189,15 @@ impl PluginCheck for PluginRegistry {
         let info = self
             .get(name)
             .ok_or_else(|| format!("unknown plugin [{name}]"))?;
-        let schema_result = schema::validate(&info.schema, conf);
-        match info.def.check {
-            None => schema_result,
-            Some(check) => check(&CheckCtx {
+        info.def
+            .verdict(&CheckCtx {
                 conf,
                 schema: &info.schema,
-                schema_result,
                 services: &self.services,
                 now: Instant::now(),
                 consumer: false,
-            }),
-        }
-        .map_err(|e| check_failed(name, e))
+            })
+            .map_err(|e| check_failed(name, e))
     }
 
     fn check_consumer(&self, name: &str, conf: &Value) -> Result<(), String> {
@@ -209,18 +205,17 @@ impl PluginCheck for PluginRegistry {
             .get(name)
             .ok_or_else(|| format!("unknown plugin [{name}]"))?;
         let schema = info.schema_of(SchemaType::Consumer).unwrap_or(&info.schema);
-        let schema_result = schema::validate(schema, conf);
-        match info.def.check {
-            // Only auth plugins word their consumer confs' failures themselves.
-            Some(check) if info.def.kind == PluginKind::Auth => check(&CheckCtx {
+        if info.def.kind == PluginKind::Auth {
+            info.def.verdict(&CheckCtx {
                 conf,
                 schema,
-                schema_result,
                 services: &self.services,
                 now: Instant::now(),
                 consumer: true,
-            }),
-            _ => schema_result,
+            })
+        } else {
+            // Only auth plugins check their consumer confs beyond the schema.
+            schema::validate(schema, conf)
         }
         .map_err(|e| check_failed(name, e))
     }
@@ -241,6 +236,58 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    fn accept(_: &CheckCtx<'_>) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn count_schema() -> Value {
+        json!({"type": "object", "properties": {"count": {"type": "integer"}}})
+    }
+
+    fn no_compile(_: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
+        Err("not compiled in this test".into())
+    }
+
+    /// A plugin whose own check accepts everything.
+    static LAX: PluginDef = PluginDef {
+        check: Some(accept),
+        ..PluginDef::new("lax", 1, count_schema, no_compile)
+    };
+
+    #[test]
+    fn a_check_that_accepts_cannot_drop_the_schema_error() {
+        let r = PluginRegistry::from_defs(Arc::new(PluginServices::default()), [&LAX]);
+        assert_eq!(
+            r.check("lax", &json!({"count": "many"})),
+            Err("failed to check the configuration of plugin lax err: property \"count\" validation failed: wrong type: expected integer, got string".into())
+        );
+        assert!(r.check("lax", &json!({"count": 1})).is_ok());
+    }
+
+    #[test]
+    fn every_plugin_reports_its_schema_errors() {
+        let r = PluginRegistry::builtin();
+        // `_meta` must be an object in every plugin schema that has properties.
+        let bad = json!({"_meta": "not an object"});
+        let mut checked = Vec::new();
+        for p in r.list() {
+            if p.schema["properties"].get("_meta").is_none() {
+                continue;
+            }
+            let e = r.check(p.name, &bad).unwrap_err();
+            let prefix = format!(
+                "failed to check the configuration of plugin {} err: ",
+                p.name
+            );
+            assert!(e.starts_with(&prefix), "{e}");
+            checked.push(p.name);
+        }
+        // Every plugin with a check of its own was among them.
+        for p in r.list().filter(|p| p.def.check.is_some()) {
+            assert!(checked.contains(&p.name), "{} not checked", p.name);
+        }
+    }
 
     #[test]
     fn apisix_messages() {

@@ -10,26 +10,13 @@ use ferrisix_config::validate::{
     check_forbidden_properties, check_global_rule_conflicts, check_plugins, check_resource,
     check_resource_with_refs, missing_reference_message, references, PluginCheck, ReferenceLookup,
 };
+use ferrisix_plugins::{PluginKind, PluginRegistry};
 use serde_json::{json, Value};
 
 use super::resource::{id_text, parse_stored, truthy};
 use super::{AdminApi, Call};
 use crate::resources::{Checker, DeleteCheck, Resource};
 use crate::response::Reply;
-
-/// Plugins APISIX marks `type = 'auth'`: the only ones a consumer credential may carry. (The
-/// registry does not record plugin types yet.)
-const AUTH_PLUGINS: [&str; 9] = [
-    "basic-auth",
-    "hmac-auth",
-    "jwe-decrypt",
-    "jwt-auth",
-    "key-auth",
-    "ldap-auth",
-    "ldap-auth-advanced",
-    "multi-auth",
-    "wolf-rbac",
-];
 
 /// The referenced resources, read before validation (the validator's lookup is synchronous).
 #[derive(Default)]
@@ -130,6 +117,25 @@ fn core_schema(name: &str, conf: &Value) -> Result<(), String> {
     match schema_by_name(name) {
         Some(s) => schema::validate(s, conf).map_err(invalid),
         None => Ok(()),
+    }
+}
+
+/// A credential carries only plugins of `auth` type, as each plugin's definition says
+/// (`PluginDef.kind`). Names the registry does not know are refused too (the plugin check
+/// before this one reports them first).
+fn only_auth_plugins<'a>(
+    names: impl IntoIterator<Item = &'a String>,
+    plugins: &PluginRegistry,
+) -> Result<(), String> {
+    let auth = |name: &str| {
+        plugins
+            .get(name)
+            .is_some_and(|p| p.def.kind == PluginKind::Auth)
+    };
+    if names.into_iter().all(|name| auth(name)) {
+        Ok(())
+    } else {
+        Err("only supports auth type plugins in consumer credential".to_string())
     }
 }
 
@@ -298,9 +304,8 @@ impl AdminApi {
                         return bad(format!("invalid plugins configuration: {}", e.message));
                     }
                     if let Value::Object(p) = p {
-                        if p.keys().any(|name| !AUTH_PLUGINS.contains(&name.as_str())) {
-                            return bad("only supports auth type plugins in consumer credential"
-                                .to_string());
+                        if let Err(e) = only_auth_plugins(p.keys(), &plugins) {
+                            return bad(e);
                         }
                     }
                 }
@@ -566,4 +571,30 @@ fn traffic_split_uses(plugins: Option<&Value>, up_id: &str) -> bool {
                 })
             })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_take_the_plugins_of_auth_kind() {
+        let plugins = PluginRegistry::builtin();
+        let (auth, other): (Vec<_>, Vec<_>) = plugins
+            .list()
+            .map(|p| (p.name.to_string(), p.def.kind))
+            .partition(|(_, kind)| *kind == PluginKind::Auth);
+        assert!(auth.iter().any(|(n, _)| n == "key-auth"), "{auth:?}");
+        for (name, _) in &auth {
+            assert_eq!(only_auth_plugins([name], &plugins), Ok(()), "{name}");
+        }
+        let refused = Err("only supports auth type plugins in consumer credential".to_string());
+        assert!(other.iter().any(|(n, _)| n == "forward-auth"), "{other:?}");
+        for (name, _) in &other {
+            assert_eq!(only_auth_plugins([name], &plugins), refused, "{name}");
+        }
+        // One plugin of another kind among auth ones is enough to refuse.
+        let mixed = ["key-auth".to_string(), "prometheus".to_string()];
+        assert_eq!(only_auth_plugins(&mixed, &plugins), refused);
+    }
 }

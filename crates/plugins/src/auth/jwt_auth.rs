@@ -102,7 +102,6 @@ fn is_secret_ref(s: &str) -> bool {
 
 /// The consumer conf's checks beyond its schema, in APISIX's words.
 fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    cx.schema_result.clone()?;
     if !cx.consumer {
         return Ok(());
     }

@@ -57,23 +57,17 @@ fn entries(conf: &Value) -> Vec<(&str, &Value)> {
 }
 
 fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    cx.schema_result.clone()?;
     for (name, conf) in entries(cx.conf) {
         let def = auth_def(name)?;
         let schema = (def.schema)();
-        let schema_result = ferrisix_config::schema::validate(&schema, conf);
-        let checked = match def.check {
-            Some(check) => check(&CheckCtx {
-                conf,
-                schema: &schema,
-                schema_result,
-                services: cx.services,
-                now: cx.now,
-                consumer: false,
-            }),
-            None => schema_result,
-        };
-        checked.map_err(|e| format!("plugin {name} check schema failed: {e}"))?;
+        def.verdict(&CheckCtx {
+            conf,
+            schema: &schema,
+            services: cx.services,
+            now: cx.now,
+            consumer: false,
+        })
+        .map_err(|e| format!("plugin {name} check schema failed: {e}"))?;
     }
     Ok(())
 }

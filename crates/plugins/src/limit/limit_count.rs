@@ -29,6 +29,7 @@ pub static DEF: PluginDef = PluginDef {
     version: 0.5,
     metadata_schema: Some(metadata_schema),
     check: Some(check),
+    schema_error: Some(schema_error),
     ..PluginDef::new(NAME, 1002, schema, compile)
 };
 
@@ -532,13 +533,6 @@ impl GroupConfs {
 /// The checks APISIX runs after the schema (`limit-count/init.lua` `check_schema`), worded as
 /// APISIX words them.
 fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    if let Err(e) = &cx.schema_result {
-        // APISIX words the count/rules conflict itself instead of the oneOf failure.
-        if e.contains("value should match only one schema") {
-            check_conf(cx.conf)?;
-        }
-        return Err(e.clone());
-    }
     check_conf(cx.conf)?;
     if cx.conf.get("group").is_some() {
         // Compared with the schema's defaults filled in, as APISIX's check_schema sees it.
@@ -546,6 +540,16 @@ fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
         cx.services.shared::<GroupConfs>().check(&filled, cx.now)?;
     }
     Ok(())
+}
+
+/// APISIX words the count/rules conflict itself instead of the `oneOf` failure.
+fn schema_error(cx: &CheckCtx<'_>, schema: String) -> String {
+    if schema.contains("value should match only one schema") {
+        if let Err(e) = check_conf(cx.conf) {
+            return e;
+        }
+    }
+    schema
 }
 
 fn metadata_schema() -> Value {

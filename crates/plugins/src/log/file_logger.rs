@@ -44,6 +44,7 @@ pub const QUEUE_LINES: usize = 8192;
 pub static DEF: PluginDef = PluginDef {
     metadata_schema: Some(metadata_schema),
     check: Some(check),
+    schema_error: Some(schema_error),
     ..PluginDef::new(NAME, 399, schema, compile)
 };
 
@@ -72,10 +73,14 @@ fn metadata_schema() -> Value {
     })
 }
 
-/// APISIX's order: `match` compiles, then the schema.
+/// `match` compiles.
 fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    log_entry::check_match(cx.conf)?;
-    cx.schema_result.clone()
+    log_entry::check_match(cx.conf)
+}
+
+/// APISIX checks `match` before the schema, so its error wins over the schema's.
+fn schema_error(cx: &CheckCtx<'_>, schema: String) -> String {
+    log_entry::check_match(cx.conf).err().unwrap_or(schema)
 }
 
 const NO_PATH: &str = "property \"path\" is not set in either the plugin conf or the metadata";
@@ -537,6 +542,11 @@ mod tests {
             Err("failed to check the configuration of plugin file-logger err: failed to validate the 'match' expression: invalid operator '=x'".into())
         );
         assert!(r.check(NAME, &json!({"path": 1})).is_err());
+        // Both `match` and the schema fail: APISIX checks `match` first.
+        assert_eq!(
+            r.check(NAME, &json!({"path": 1, "match": [[["arg_name", "=x", "jack"]]]})),
+            Err("failed to check the configuration of plugin file-logger err: failed to validate the 'match' expression: invalid operator '=x'".into())
+        );
         assert!(r
             .check_metadata(NAME, &json!({"path": "logs/x.log"}))
             .is_ok());

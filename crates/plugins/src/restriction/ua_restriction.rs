@@ -46,7 +46,6 @@ fn rules(v: Option<&Value>) -> Result<Option<Vec<Regex>>, String> {
 }
 
 fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    cx.schema_result.clone()?;
     rules(cx.conf.get("allowlist"))?;
     rules(cx.conf.get("denylist"))?;
     Ok(())

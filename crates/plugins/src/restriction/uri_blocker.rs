@@ -45,8 +45,9 @@ fn rules(conf: &Value) -> Vec<&str> {
         .collect()
 }
 
+/// Every rule compiles, as APISIX's `check_schema` has it: a bad regex is refused when the
+/// route is written, not met at its first request.
 fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    cx.schema_result.clone()?;
     for r in rules(cx.conf) {
         pcre::compile(r, false)?;
     }

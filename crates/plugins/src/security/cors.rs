@@ -109,7 +109,6 @@ fn regexes(conf: &Value, field: &str) -> Result<Option<Regex>, String> {
 }
 
 fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    cx.schema_result.clone()?;
     let conf = cx.filled()?;
     if conf["allow_credential"].as_bool() == Some(true) {
         let star = [

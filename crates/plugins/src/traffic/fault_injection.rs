@@ -82,7 +82,6 @@ fn compile_list(vars: Option<&Value>) -> Result<Option<Vec<Expr>>, String> {
 }
 
 fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    cx.schema_result.clone()?;
     compile_list(cx.conf.pointer("/abort/vars"))?;
     compile_list(cx.conf.pointer("/delay/vars"))?;
     Ok(())

@@ -85,7 +85,6 @@ fn rule_matches(rule: &Value) -> Result<Option<Vec<Expr>>, String> {
 }
 
 fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    cx.schema_result.clone()?;
     for rule in cx
         .conf
         .get("rules")

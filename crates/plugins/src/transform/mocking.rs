@@ -65,7 +65,6 @@ const SUPPORTED: [&str; 5] = [
 ];
 
 fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    cx.schema_result.clone()?;
     let filled = cx.filled()?;
     let ct = filled["content_type"].as_str().unwrap_or("");
     if !SUPPORTED.contains(&media_type(ct)) {

@@ -123,7 +123,6 @@ fn is_new_headers_conf(h: &Map<String, Value>) -> bool {
 }
 
 fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    cx.schema_result.clone()?;
     if let Some(pairs) = cx.conf.get("regex_uri").and_then(Value::as_array) {
         if pairs.len() % 2 != 0 {
             return Err("The length of regex_uri should be an even number".into());

@@ -60,7 +60,6 @@ fn substitution(conf: &Value) -> Option<Result<Substitution, String>> {
 }
 
 fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    cx.schema_result.clone()?;
     if let Some(s) = substitution(cx.conf) {
         s?;
     }

@@ -139,7 +139,6 @@ fn decode_base64(s: &str) -> Option<Vec<u8>> {
 }
 
 fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    cx.schema_result.clone()?;
     let conf = cx.filled()?;
     if let Some(h) = conf.get("headers").and_then(Value::as_object) {
         if !is_new_headers_conf(h) {

@@ -128,7 +128,7 @@ EOF
 
 up() {
   for b in etcd redis-server; do command -v "$b" >/dev/null || { log "$b is not installed (apt-get install etcd-server redis-server)"; exit 1; }; done
-  for b in "$bin" "$echo_bin"; do [ -x "$b" ] || { log "$b is not built (cargo build --release --bin ferrisix; cargo build --release -p ferrisix-echo)"; exit 1; }; done
+  for b in "$bin" "$echo_bin"; do [ -x "$b" ] || { log "$b is not built (cargo build --release --bin ferrisix; cargo build --release -p ferrisix-echo-upstream)"; exit 1; }; done
   mkdir -p "$dir"
   if [ -f "$dir/node1.pid" ] && kill -0 "$(cat "$dir/node1.pid")" 2>/dev/null; then log "already up ($dir)"; return; fi
   rm -rf "$dir"/etcd? "$dir"/node?

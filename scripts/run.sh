@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/build-deps.sh
 cargo build --release --locked --bin ferrisix
-cargo build --release --locked -p ferrisix-echo
+cargo build --release --locked -p ferrisix-echo-upstream
 bin="${CARGO_TARGET_DIR:-./target}/release"
 
 echo_pid=""

@@ -10,21 +10,10 @@ use ferrisix_admin::{AdminApi, AdminOptions};
 use ferrisix_config::settings::{AdminKey, AdminRole};
 use ferrisix_config::store::memory::MemoryStore;
 use ferrisix_plugins::PluginRegistry;
+use ferrisix_testkit::cases;
 use http::Request;
 use http_body_util::Full;
 use proptest::prelude::*;
-
-fn cases(default: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
 
 const ROUTE: &str = r#"{"uri":"/a/*","methods":["GET"],"vars":[["arg_x","==","1"]],"plugins":{"limit-count":{"count":1,"time_window":60}},"upstream":{"type":"roundrobin","nodes":{"127.0.0.1:1980":1}},"labels":{"a":"b"}}"#;
 

@@ -8,20 +8,9 @@ use ferrisix_config::provider::{parse_standalone_with, Format};
 use ferrisix_config::settings::Settings;
 use ferrisix_config::vars::compile_vars;
 use ferrisix_router::VarSource;
+use ferrisix_testkit::cases;
 use proptest::prelude::*;
 use serde_json::Value;
-
-fn cases(default: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
 
 fn no_env(name: &str) -> Option<String> {
     (name == "SET").then(|| "1".to_owned())

@@ -58,6 +58,11 @@ impl ConsumerSet {
         env: CompileEnv<'_>,
     ) -> (ConsumerSet, Vec<ConsumerProblem>) {
         let mut problems = Vec::new();
+        let reader = CredentialReader {
+            keyring,
+            vars,
+            registry: env.registry,
+        };
         let groups: HashMap<&str, &Value> =
             groups.iter().map(|(id, v)| (id.as_str(), &**v)).collect();
         let mut index = ConsumerIndex::default();
@@ -94,14 +99,11 @@ impl ConsumerSet {
             }
             if let Some(own) = own {
                 add_credentials(
+                    &reader,
                     &mut index,
                     &consumer,
                     own,
-                    keyring,
-                    vars,
-                    env.registry,
-                    ResourceKind::Consumers,
-                    username,
+                    (ResourceKind::Consumers, username),
                     &mut problems,
                 );
             }
@@ -127,14 +129,11 @@ impl ConsumerSet {
             });
             if let Some(own) = doc.get("plugins").and_then(Value::as_object) {
                 add_credentials(
+                    &reader,
                     &mut index,
                     &consumer,
                     own,
-                    keyring,
-                    vars,
-                    env.registry,
-                    ResourceKind::Credentials,
-                    id,
+                    (ResourceKind::Credentials, id),
                     &mut problems,
                 );
             }
@@ -217,19 +216,30 @@ fn compile_plugins(
     Ok((!compiled.is_empty()).then_some(compiled))
 }
 
-/// Indexes the auth plugins' confs in `plugins` as credentials of `consumer`.
-#[allow(clippy::too_many_arguments)]
+/// What reading an auth plugin's conf as a credential needs: the same for every consumer and
+/// credential of one compile.
+struct CredentialReader<'a> {
+    keyring: &'a Keyring,
+    /// Where `$env://` references are looked up.
+    vars: EnvLookup<'a>,
+    registry: &'a PluginRegistry,
+}
+
+/// Indexes the auth plugins' confs in `plugins` as credentials of `consumer`; `(kind, id)`:
+/// the consumer or credential they were read from, for the problems reported.
 fn add_credentials(
+    reader: &CredentialReader<'_>,
     index: &mut ConsumerIndex,
     consumer: &Arc<Consumer>,
     plugins: &Map<String, Value>,
-    keyring: &Keyring,
-    vars: EnvLookup<'_>,
-    registry: &PluginRegistry,
-    kind: ResourceKind,
-    id: &str,
+    (kind, id): (ResourceKind, &str),
     problems: &mut Vec<ConsumerProblem>,
 ) {
+    let CredentialReader {
+        keyring,
+        vars,
+        registry,
+    } = *reader;
     for (name, conf) in plugins {
         let Some(info) = registry.get(name) else {
             continue;

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ferrisix_config::reopen::LogReopen;
 use ferrisix_config::settings::LogEscape;
+use ferrisix_plugin_api::clock::CivilTime;
 use http::{HeaderValue, Method, Uri, Version};
 use smallvec::SmallVec;
 
@@ -657,20 +658,15 @@ struct TimeCache {
     iso: String,
 }
 
-const MONTHS: [&str; 12] = [
-    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-];
-
 impl TimeCache {
     fn local(&mut self, t: SystemTime) -> &str {
         let secs = t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
         if secs != self.secs || self.local.is_empty() {
-            let (y, m, d, hh, mm, ss) = civil(secs);
             self.local.clear();
             let _ = write!(
                 self.local,
-                "{d:02}/{}/{y}:{hh:02}:{mm:02}:{ss:02} +0000",
-                MONTHS[(m - 1) as usize]
+                "{}",
+                CivilTime::from_unix_secs(secs).time_local()
             );
             self.secs = secs;
         }
@@ -680,29 +676,12 @@ impl TimeCache {
     fn iso(&mut self, t: SystemTime) -> &str {
         let secs = t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
         if secs != self.iso_secs || self.iso.is_empty() {
-            let (y, m, d, hh, mm, ss) = civil(secs);
             self.iso.clear();
-            let _ = write!(self.iso, "{y}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}+00:00");
+            let _ = write!(self.iso, "{}", CivilTime::from_unix_secs(secs).iso8601());
             self.iso_secs = secs;
         }
         &self.iso
     }
-}
-
-/// UTC calendar fields from Unix seconds (Howard Hinnant's days-to-civil).
-fn civil(secs: u64) -> (i64, u32, u32, u64, u64, u64) {
-    let days = (secs / 86400) as i64;
-    let rem = secs % 86400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d, rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 #[cfg(test)]
@@ -765,13 +744,6 @@ mod tests {
             b.line_written(last);
             assert_eq!(written().len(), 8 + FLUSH_BYTES);
         });
-    }
-
-    #[test]
-    fn civil_dates() {
-        assert_eq!(civil(0), (1970, 1, 1, 0, 0, 0));
-        // 2026-11-30T01:23:48Z
-        assert_eq!(civil(1_796_001_828), (2026, 11, 30, 1, 23, 48));
     }
 
     #[test]

@@ -7,20 +7,9 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use ferrisix_proxy::client::{self, PoolKey, PoolLimits, SendOutcome, TryTimeouts, UpstreamBody};
+use ferrisix_testkit::cases;
 use http_body_util::BodyExt;
 use proptest::prelude::*;
-
-fn cases(default: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
 
 const HEAD: &str = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\nX-A: b\r\nConnection: keep-alive\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
 

@@ -4,19 +4,8 @@
 use std::net::IpAddr;
 
 use ferrisix_router::{normalize_path, RequestInfo, RouteEntry, RouteTable, RouterKind};
+use ferrisix_testkit::cases;
 use proptest::prelude::*;
-
-fn cases(default: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
 
 /// Paths built from the characters patterns treat specially, plus arbitrary text.
 fn path() -> impl Strategy<Value = String> {

@@ -12,11 +12,11 @@ use std::sync::Arc;
 use base64::Engine as _;
 use bytes::{Bytes, BytesMut};
 use ferrisix_config::schema::lua;
+use ferrisix_plugin_api::clock::CivilTime;
 use ferrisix_plugin_api::{CompileCtx, LogCtx, Plugin, PluginDef, Template};
 use http::{header, HeaderValue, Method};
 use serde_json::{json, Value};
 
-use super::log_entry::civil;
 use super::sink::http::{status_and_body, HttpTarget};
 use super::sink::{self, conf, BatchSink, Logger, SendError, SendFuture};
 
@@ -141,7 +141,7 @@ struct Index {
 
 /// The `{...}` parts of an index name with `%Y %m %d %H %M %S %y %j` resolved at `secs`.
 fn strftime_parts(index: &str, secs: u64) -> String {
-    let (y, mo, d, h, mi, s, yday) = civil(secs);
+    let t = CivilTime::from_unix_secs(secs);
     let mut out = String::new();
     let mut rest = index;
     while let Some(open) = rest.find('{') {
@@ -163,14 +163,14 @@ fn strftime_parts(index: &str, secs: u64) -> String {
                 continue;
             }
             match chars.next() {
-                Some('Y') => out.push_str(&format!("{y:04}")),
-                Some('y') => out.push_str(&format!("{:02}", y % 100)),
-                Some('m') => out.push_str(&format!("{mo:02}")),
-                Some('d') => out.push_str(&format!("{d:02}")),
-                Some('H') => out.push_str(&format!("{h:02}")),
-                Some('M') => out.push_str(&format!("{mi:02}")),
-                Some('S') => out.push_str(&format!("{s:02}")),
-                Some('j') => out.push_str(&format!("{yday:03}")),
+                Some('Y') => out.push_str(&format!("{:04}", t.year)),
+                Some('y') => out.push_str(&format!("{:02}", t.year % 100)),
+                Some('m') => out.push_str(&format!("{:02}", t.month)),
+                Some('d') => out.push_str(&format!("{:02}", t.day)),
+                Some('H') => out.push_str(&format!("{:02}", t.hour)),
+                Some('M') => out.push_str(&format!("{:02}", t.minute)),
+                Some('S') => out.push_str(&format!("{:02}", t.second)),
+                Some('j') => out.push_str(&format!("{:03}", t.day_of_year())),
                 Some('%') => out.push('%'),
                 Some(other) => {
                     out.push('%');

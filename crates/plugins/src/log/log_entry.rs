@@ -12,6 +12,7 @@ use std::borrow::Cow;
 use std::collections::BTreeSet;
 
 use ferrisix_config::vars::compile_vars;
+use ferrisix_plugin_api::clock::CivilTime;
 use ferrisix_plugin_api::{LogCtx, LogNeeds, VarNames};
 use ferrisix_router::{Expr, VarSource};
 use http::HeaderMap;
@@ -188,30 +189,9 @@ impl VarSource for EntrySource<'_> {
     }
 }
 
-/// UTC year, month, day, hour, minute, second and day of the year of `secs` (Howard
-/// Hinnant's civil-from-days).
-pub fn civil(secs: u64) -> (i64, u32, u32, u64, u64, u64, u32) {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    let before: [u32; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
-    let yday = before[(m - 1) as usize] + d + u32::from(leap && m > 2);
-    (y, m, d, rem / 3600, rem % 3600 / 60, rem % 60, yday)
-}
-
 /// nginx's `$time_iso8601` in UTC (`2024-01-02T03:04:05+00:00`).
 fn iso8601(secs: u64) -> String {
-    let (y, m, d, h, mi, s, _) = civil(secs);
-    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}+00:00")
+    CivilTime::from_unix_secs(secs).iso8601().to_string()
 }
 
 fn header_joined(headers: &HeaderMap, name: &str) -> Option<String> {

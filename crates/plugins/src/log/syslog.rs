@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use ferrisix_config::schema::lua;
+use ferrisix_plugin_api::clock::CivilTime;
 use ferrisix_plugin_api::{CompileCtx, LogCtx, Plugin, PluginDef, VarNames};
 use serde_json::{json, Value};
 
-use super::log_entry::civil;
 use super::sink::net::{self, NetError, Tls};
 use super::sink::{self, conf, BatchSink, Logger, SendError, SendFuture};
 
@@ -40,9 +40,15 @@ fn schema() -> Value {
 
 /// log-util's `get_rfc3339_zulu_timestamp`: `2024-01-02T03:04:05.678Z`.
 fn rfc3339_ms(ms: u64) -> String {
-    let (y, m, d, h, mi, s, _) = civil(ms / 1000);
+    let t = CivilTime::from_unix_secs(ms / 1000);
     format!(
-        "{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{:03}Z",
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        t.year,
+        t.month,
+        t.day,
+        t.hour,
+        t.minute,
+        t.second,
         ms % 1000
     )
 }

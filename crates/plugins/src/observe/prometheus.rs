@@ -256,6 +256,15 @@ impl DisabledLabels {
     }
 }
 
+/// What stays the same while one group's lines are rendered: the group, its values as read
+/// (the root of its per-consumer children), and the labels to blank.
+#[derive(Clone, Copy)]
+struct GroupRender<'a> {
+    group: &'a SeriesGroup,
+    root: &'a GroupValues,
+    disabled: Option<&'a DisabledLabels>,
+}
+
 /// Blanks the disabled labels of one series.
 fn blank(labels: &mut [(&str, &str)], disabled: Option<&[String]>) {
     let Some(disabled) = disabled else { return };
@@ -501,20 +510,22 @@ impl Metrics {
             .unwrap_or(self.buckets.len())
     }
 
-    /// The lines of the series in `v`, part of the group `g` read as `root`; `consumer`: the
-    /// `consumer` label of `v`'s series; `extra`: their extra-label pairs per metric (empty
-    /// for the group's own series, see [`GroupValues::extra`]).
-    #[allow(clippy::too_many_arguments)]
+    /// The lines of the series in `v`, part of the group `at.group` read as `at.root`;
+    /// `consumer`: the `consumer` label of `v`'s series; `extra`: their extra-label pairs per
+    /// metric (empty for the group's own series, see [`GroupValues::extra`]).
     fn group_lines(
         &self,
-        g: &SeriesGroup,
-        root: &GroupValues,
+        at: &GroupRender<'_>,
         v: &GroupValues,
-        disabled: Option<&DisabledLabels>,
         consumer: &str,
         extra: [&[(&str, &str)]; 3],
         out: &mut Vec<(String, String)>,
     ) {
+        let GroupRender {
+            group: g,
+            root,
+            disabled,
+        } = *at;
         let (route, service) = (g.route.as_str(), g.service.as_str());
         let [extra_status, extra_latency, extra_bandwidth] = extra;
         let label = |table: &[String], id: u16| table.get(id as usize).cloned().unwrap_or_default();
@@ -620,7 +631,7 @@ impl Metrics {
                 self.extra_latency.pairs(values),
                 self.extra_bandwidth.pairs(values),
             );
-            self.group_lines(g, root, child, disabled, consumer, [&s, &l, &b], out);
+            self.group_lines(at, child, consumer, [&s, &l, &b], out);
         }
     }
 
@@ -639,15 +650,12 @@ impl Metrics {
         let disabled = self.disabled.load_full();
         for g in &groups {
             let v = g.read(now);
-            self.group_lines(
-                g,
-                &v,
-                &v,
-                disabled.as_deref(),
-                "",
-                [&[], &[], &[]],
-                &mut lines,
-            );
+            let at = GroupRender {
+                group: g,
+                root: &v,
+                disabled: disabled.as_deref(),
+            };
+            self.group_lines(&at, &v, "", [&[], &[], &[]], &mut lines);
         }
 
         let c = self.conn_stats.read();

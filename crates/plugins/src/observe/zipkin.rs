@@ -163,6 +163,16 @@ struct SpanIds {
     parent: Option<String>,
 }
 
+/// What every reported span has: its name, its ids, and when it started and ended
+/// (microseconds since the epoch).
+#[derive(Clone, Copy)]
+struct SpanParts<'a> {
+    name: &'a str,
+    ids: &'a SpanIds,
+    start: u64,
+    end: u64,
+}
+
 impl SpanIds {
     fn child_of(parent: &str) -> SpanIds {
         SpanIds {
@@ -481,36 +491,42 @@ impl Zipkin {
             "http.status_code": ctx.status.to_string(),
             "apisix.response_source": ctx.response_source.as_str(),
         });
-        let span = self.span(
-            trace,
-            "apisix.request",
-            &trace.request,
-            request_start,
+        let request = SpanParts {
+            name: "apisix.request",
+            ids: &trace.request,
+            start: request_start,
             end,
-            Some(tags),
-            trace.remote.clone(),
-        );
+        };
+        let span = self.span(trace, &request, Some(tags), trace.remote.clone());
         self.processor.push(span);
     }
 
     /// Reports one of the request span's children (no tags, no kind, no remote endpoint).
     fn report(&self, trace: &RequestTrace, name: &str, ids: &SpanIds, start: u64, end: u64) {
-        let span = self.span(trace, name, ids, start, end, None, Value::Null);
+        let parts = SpanParts {
+            name,
+            ids,
+            start,
+            end,
+        };
+        let span = self.span(trace, &parts, None, Value::Null);
         self.processor.push(span);
     }
 
-    /// One span as the reporter encodes it (Zipkin v2 JSON).
-    #[allow(clippy::too_many_arguments)]
+    /// One span as the reporter encodes it (Zipkin v2 JSON); `tags` make it the server span.
     fn span(
         &self,
         trace: &RequestTrace,
-        name: &str,
-        ids: &SpanIds,
-        start: u64,
-        end: u64,
+        parts: &SpanParts<'_>,
         tags: Option<Value>,
         remote: Value,
     ) -> Bytes {
+        let SpanParts {
+            name,
+            ids,
+            start,
+            end,
+        } = *parts;
         let mut span = Map::new();
         span.insert("traceId".into(), json!(trace.trace_id));
         span.insert("name".into(), json!(name));

@@ -19,8 +19,8 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::health::UpstreamChecker;
 use crate::snapshot::{Snapshot, SnapshotHandle};
+use crate::upstream::health::UpstreamChecker;
 
 /// Reports the config source's health (the embedded store, etcd, or a watched file).
 pub type HealthProbe = Arc<dyn Fn() -> StoreHealth + Send + Sync>;

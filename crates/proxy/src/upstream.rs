@@ -1,13 +1,22 @@
 //! Sending the request upstream: the body made ready (buffered when small enough to be
 //! replayed, streamed otherwise), then tries on the nodes the balancer picks until one answers
 //! or the error and retry rules end it (spec data-plane §3), every try recorded once in the
-//! request's [`crate::record::UpstreamRecord`].
+//! request's [`crate::log::record::UpstreamRecord`].
 //!
 //! Each try is reported to the upstream's health checker as APISIX's balancer and log phase
 //! report it: a failed try that another try follows counts as a TCP failure or a timeout
 //! (passive, even without a `passive` block), the status the last try ended with counts when
 //! `passive` is configured. A try holds its node (least_conn's count, ewma's timing) until its
 //! response body or websocket tunnel ends.
+
+pub mod balancer;
+pub mod client;
+pub mod dns;
+pub(crate) mod forwarded;
+pub mod health;
+pub(crate) mod nodes;
+mod relay;
+mod websocket;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -21,18 +30,16 @@ use http_body::Body as _;
 use http_body_util::BodyExt;
 use smallvec::SmallVec;
 
-use crate::balancer::{HashOn, PickState};
-use crate::body::ResponseBody;
-use crate::client::{self, PoolKey, SendOutcome, StreamSource, TryTimeouts, UpstreamBody};
 use crate::ctx::RequestCtx;
 use crate::error::{ErrorKind, ErrorSource, ProxyError};
-use crate::forwarded::upstream_headers;
-use crate::head::host_without_port;
-use crate::nodes::HealthView;
-use crate::relay;
-use crate::responses;
+use crate::request::host::host_without_port;
+use crate::response::body::ResponseBody;
+use crate::response::canned;
 use crate::snapshot::CompiledUpstream;
-use crate::websocket;
+use crate::upstream::balancer::{HashOn, PickState};
+use crate::upstream::client::{PoolKey, SendOutcome, StreamSource, TryTimeouts, UpstreamBody};
+use crate::upstream::forwarded::upstream_headers;
+use crate::upstream::nodes::HealthView;
 
 /// Bodies up to this size (with a known length) are read before proxying so that a failed
 /// try can be replayed; larger ones stream.
@@ -295,7 +302,7 @@ fn chash_key(ctx: &RequestCtx<'_>, hash_on: &HashOn) -> String {
 }
 
 /// Proxies the request to `upstream`; `route_timeouts` replace the upstream's.
-pub async fn proxy(
+pub(crate) async fn proxy(
     ctx: &mut RequestCtx<'_>,
     upstream: &CompiledUpstream,
     route_timeouts: Option<TryTimeouts>,
@@ -321,7 +328,7 @@ pub async fn proxy(
 
     let mut pending_body = match prepare_body(ctx).await {
         Ok(b) => Some(b),
-        Err(e) => return responses::error_response(e, &gateway.server_header),
+        Err(e) => return canned::error_response(e, &gateway.server_header),
     };
     let replayable = pending_body
         .as_ref()
@@ -358,7 +365,7 @@ pub async fn proxy(
     if set.nodes.is_empty() {
         // APISIX: "no valid upstream node".
         let error = ProxyError::new(ErrorKind::Unservable(StatusCode::SERVICE_UNAVAILABLE));
-        return responses::error_response(error, &gateway.server_header);
+        return canned::error_response(error, &gateway.server_header);
     }
     let max_tries = upstream.max_tries(&set);
     let mut pick = PickState::new(Cow::Owned(hash_key.unwrap_or_default()));
@@ -528,7 +535,7 @@ pub async fn proxy(
                 if failure.source() == ErrorSource::Client {
                     // The client's fault (its body passed the limit or broke off), found while
                     // it streamed: no other try.
-                    return responses::error_response(failure, &gateway.server_header);
+                    return canned::error_response(failure, &gateway.server_header);
                 }
                 tracing::warn!(upstream = %addr, "{failure} while proxying");
                 record.statuses.push(failure.status().as_u16());

@@ -21,7 +21,7 @@ use ferrisix_config::settings::LogEscape;
 use http::{HeaderValue, Method, Uri, Version};
 use smallvec::SmallVec;
 
-use crate::record::UpstreamRecord;
+use crate::log::record::UpstreamRecord;
 
 const FLUSH_BYTES: usize = 32 * 1024;
 const FLUSH_AFTER: Duration = Duration::from_secs(1);

@@ -18,9 +18,9 @@ use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
-use crate::balancer::TryGuard;
-use crate::client::PooledConn;
 use crate::log::LogPhase;
+use crate::upstream::balancer::TryGuard;
+use crate::upstream::client::PooledConn;
 
 /// Errors while relaying: the upstream broke off or stalled mid-body.
 #[derive(Debug)]

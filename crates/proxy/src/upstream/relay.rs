@@ -6,11 +6,11 @@ use http::Response;
 use hyper::body::Incoming;
 use smallvec::SmallVec;
 
-use crate::body::{ResponseBody, UpstreamResponse};
-use crate::client::{PooledConn, TryTimeouts};
 use crate::error::ProxyError;
 use crate::gateway::Gateway;
-use crate::responses;
+use crate::response::body::{ResponseBody, UpstreamResponse};
+use crate::response::canned;
+use crate::upstream::client::{PooledConn, TryTimeouts};
 
 fn is_dropped_response_header(name: &HeaderName) -> bool {
     matches!(
@@ -87,9 +87,9 @@ pub fn failed(
     grpc: bool,
 ) -> Response<ResponseBody> {
     let mut resp = if grpc {
-        responses::grpc_error(error.status(), &gateway.server_header)
+        canned::grpc_error(error.status(), &gateway.server_header)
     } else {
-        responses::error_page(error.status(), &gateway.server_header)
+        canned::error_page(error.status(), &gateway.server_header)
     };
     if !statuses.is_empty() {
         resp.headers_mut()

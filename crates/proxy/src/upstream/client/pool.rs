@@ -18,7 +18,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use tokio::time::Sleep;
 
-use super::body::UpstreamBody;
+use super::request_body::UpstreamBody;
 
 /// What a pooled connection is keyed by (APISIX: `scheme#host#port`, plus the SNI and the
 /// client certificate): a connection is reused only for requests it is right for.

@@ -128,8 +128,8 @@ pub async fn request_phases(ctx: &mut RequestCtx<'_>, proxying: bool) -> Option<
 }
 
 /// Each chain's phase is awaited only when one of its plugins implements it: a chain without
-/// it would still build and poll a future to find out (~90 instructions a call, and a route
-/// with plugins makes six such calls).
+/// it would still build and poll a future to find out, and a route with plugins makes six
+/// such calls (`benches/e2e/instructions.py --scenario s2` counts them).
 async fn run_phases(
     global: &PluginChain,
     route: &mut Option<Arc<PluginChain>>,

@@ -57,15 +57,16 @@ impl<T> Clone for Accepted<T> {
     }
 }
 
-/// A route with its `vars` compiled (boxed: most routes have none, and an `Expr` takes 96
-/// bytes inline).
+/// A route with its `vars` compiled (boxed: most routes have none, and an `Expr` inline would
+/// make every route carry its size).
 pub(super) type RouteDef = (Route, Option<Box<Expr>>);
 
 /// The typed routes this accept validated, by id: handed to the compile that follows and
 /// dropped with it. An accepted route is kept only as its stored text, which a later compile
 /// that must build the route again (a dependency changed) converts again
-/// ([`Applied::route_def`]): a typed route is bigger than its text, and at 100,000 routes
-/// keeping every one cost a third of a kilobyte per route.
+/// ([`Applied::route_def`]): a typed route is bigger than its text, and keeping every one
+/// would cost that difference per route (`examples/route_memory.rs` reports the bytes per
+/// route).
 pub(super) type FreshRoutes = HashMap<String, Arc<RouteDef>>;
 
 /// The accepted version of every resource the data plane compiles, by kind and id. The maps

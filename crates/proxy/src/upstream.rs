@@ -1,7 +1,7 @@
 //! Sending the request upstream, stage by stage, one stage per module in the order they run:
-//! the request every try sends ([`request`], with the headers of [`forwarded`]), the body made
-//! ready ([`prepare`]: buffered when small enough to be replayed, streamed otherwise), then,
-//! try after try, the node the balancer picks ([`pick`]), one try on it ([`attempt`]), and
+//! the body made ready ([`prepare`]: buffered when small enough to be replayed, streamed
+//! otherwise), the request every try sends ([`request`], with the headers of [`forwarded`]),
+//! then, try after try, the node the balancer picks ([`pick`]), one try on it ([`attempt`]), and
 //! after a failure whether another follows ([`retry`]), until one answers ([`relay`]) or the
 //! error and retry rules end it (spec data-plane §3). Every try is recorded once in the
 //! request's [`crate::log::record::UpstreamRecord`].
@@ -39,8 +39,8 @@ use http::{Response, StatusCode};
 
 use self::attempt::Attempt;
 use self::client::TryTimeouts;
-use self::forwarded::upstream_headers;
 use self::pick::Tries;
+use self::request::Outgoing;
 use self::retry::{Resend, Spare};
 use crate::ctx::RequestCtx;
 use crate::error::{ErrorKind, ErrorSource, ProxyError};
@@ -55,35 +55,17 @@ pub(crate) async fn proxy(
     route_timeouts: Option<TryTimeouts>,
     websocket: bool,
 ) -> Response<ResponseBody> {
-    let conn = ctx.conn;
-    let gateway = &*conn.gateway;
-    // What every try sends.
-    let timeouts = request::try_timeouts(upstream, route_timeouts, &ctx.headers);
-    let hash_key = upstream.hash_on.as_ref().map(|h| pick::chash_key(ctx, h));
-    let (method, host_edit) = request::method_and_host(ctx);
-    let idempotent = request::is_idempotent(&method);
+    let gateway = &*ctx.conn.gateway;
     let body = match prepare::prepare_body(ctx).await {
         Ok(b) => b,
         Err(e) => return canned::error_response(e, &gateway.server_header),
     };
     let replayable = body.is_replayable();
-    let upgrade = if websocket {
-        ctx.extensions.remove::<hyper::upgrade::OnUpgrade>()
-    } else {
-        None
-    };
-    let headers = upstream_headers(
-        &ctx.headers,
-        ctx.remote_addr,
-        ctx.head.host_value.as_ref(),
-        &conn.forwarded,
-        websocket,
-    );
-    let uri = request::upstream_uri(ctx);
+    let (outgoing, headers) = Outgoing::of(ctx, upstream, route_timeouts, websocket);
+    let timeouts = outgoing.timeouts;
 
     let first_try = Instant::now();
-    let record = &mut ctx.log.upstream;
-    record.start = Some(first_try);
+    ctx.log.upstream.start = Some(first_try);
     // The node set as resolved now; a name whose first lookup is under way is awaited (on the
     // resolver's tasks, the worker only waits) up to the connect timeout.
     let set = upstream.nodes.ready(timeouts.connect).await;
@@ -92,27 +74,18 @@ pub(crate) async fn proxy(
         let error = ProxyError::new(ErrorKind::Unservable(StatusCode::SERVICE_UNAVAILABLE));
         return canned::error_response(error, &gateway.server_header);
     }
+    let mut tries = Tries::new(ctx, upstream, &set, first_try);
     let client_host = ctx.head.host_value.as_ref();
-    let mut tries = Tries::new(upstream, &set, hash_key, first_try);
+    let record = &mut ctx.log.upstream;
     let mut next = Resend { headers, body };
     while let Some(node_idx) = tries.next_node() {
         let node = &set.nodes[node_idx];
         record.addrs.push(node.addr);
-        let Resend { mut headers, body } = next;
-        let host = request::upstream_host(host_edit.as_ref(), upstream, node, client_host);
-        record.host = host.clone();
-        request::set_host(&mut headers, host, client_host.is_some());
+        let epoch = set.down_epoch(node_idx);
+        let (req, key) = outgoing.to_node(node, epoch, client_host, next, &mut record.host);
         // Copies for another try, when this one could fail after sending.
-        let spare = Spare::keep(tries.more_left(), replayable, &headers, &body);
-        let key = request::pool_key(
-            upstream,
-            node,
-            set.down_epoch(node_idx),
-            record.host.as_ref(),
-        );
+        let spare = Spare::keep(tries.more_left(), replayable, &req);
         let mut try_guard = set.picker.begin(node_idx);
-        let host = record.host.as_ref();
-        let req = request::build(upstream, node, host, &method, &uri, headers, body);
         match attempt::send(&key, upstream, timeouts, req).await {
             Attempt::Answered(resp, upstream_conn) => {
                 record.responded = true;
@@ -120,14 +93,13 @@ pub(crate) async fn proxy(
                 record.statuses.push(status);
                 try_guard.answered();
                 set.report_final(node_idx, status);
-                let statuses = &record.statuses;
                 return relay::answer(
                     gateway,
                     resp,
                     upstream_conn,
                     try_guard,
-                    upgrade,
-                    statuses,
+                    outgoing.upgrade,
+                    &record.statuses,
                     timeouts,
                 );
             }
@@ -141,6 +113,7 @@ pub(crate) async fn proxy(
                 tracing::warn!(upstream = %node.addr, "{failure} while proxying");
                 record.statuses.push(failure.status().as_u16());
                 tries.failed(node_idx, failure);
+                let idempotent = outgoing.idempotent;
                 match retry::resend(failure, returned, spare, idempotent, replayable) {
                     Some(resend) => next = resend,
                     None => break,

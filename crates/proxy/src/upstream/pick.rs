@@ -16,7 +16,7 @@ use crate::snapshot::CompiledUpstream;
 
 /// chash's key (`fetch_chash_hash_key`) from the request's variables and the consumer an auth
 /// plugin attached.
-pub fn chash_key(ctx: &RequestCtx<'_>, hash_on: &HashOn) -> String {
+fn chash_key(ctx: &RequestCtx<'_>, hash_on: &HashOn) -> String {
     let head = ctx.head.as_request_head(&ctx.conn.facts);
     let state = ctx.plugins.as_ref().map(|r| &r.state);
     let vars = ferrisix_plugin_api::RequestVars {
@@ -52,13 +52,15 @@ pub struct Tries<'s> {
 }
 
 impl<'s> Tries<'s> {
-    /// `first`: when the first try started (`retry_timeout` counts from it).
+    /// The tries of `ctx` on `set`; `first`: when the first try started (`retry_timeout`
+    /// counts from it).
     pub fn new(
+        ctx: &RequestCtx<'_>,
         upstream: &CompiledUpstream,
         set: &'s NodeSet,
-        hash_key: Option<String>,
         first: Instant,
     ) -> Tries<'s> {
+        let hash_key = upstream.hash_on.as_ref().map(|h| chash_key(ctx, h));
         Tries {
             set,
             max: upstream.max_tries(set),

@@ -1,6 +1,7 @@
-//! The request every try sends: its timeouts, method, target and headers, the `Host` chosen
-//! for the node (`pass_host`), the pooled connection it may use, and its HTTP/1.1 or HTTP/2
-//! form. The headers that say who the client is come from [`super::forwarded`].
+//! The request every try sends, made once per request ([`Outgoing`]: the method and target,
+//! the headers that say who the client is, from [`super::forwarded`], the tries' timeouts),
+//! and its form for each node: the `Host` chosen for it (`pass_host`), the pooled connections
+//! it may use, and HTTP/1.1 or HTTP/2.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,44 +9,110 @@ use std::time::Duration;
 use ferrisix_config::model::PassHost;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Uri, Version};
+use hyper::upgrade::OnUpgrade;
 
 use super::client::{PoolKey, TryTimeouts, UpstreamBody};
+use super::forwarded::upstream_headers;
 use super::nodes::NodeTarget;
+use super::retry::Resend;
 use crate::ctx::RequestCtx;
 use crate::request::host::host_without_port;
 use crate::snapshot::CompiledUpstream;
 
-/// The tries' timeouts: the route's, else the upstream's, bounded by a gRPC deadline.
-pub fn try_timeouts(
-    upstream: &CompiledUpstream,
-    route_timeouts: Option<TryTimeouts>,
-    headers: &HeaderMap,
-) -> TryTimeouts {
-    let mut timeouts = route_timeouts.unwrap_or(upstream.timeouts);
-    if upstream.h2 {
-        // A gRPC deadline bounds the wait for the upstream's answer.
-        if let Some(deadline) = headers.get("grpc-timeout").and_then(grpc_timeout) {
-            timeouts.read = timeouts.read.min(deadline);
-            timeouts.connect = timeouts.connect.min(deadline);
+/// What every try of one request sends.
+pub struct Outgoing<'u> {
+    upstream: &'u CompiledUpstream,
+    /// The route's timeouts, else the upstream's, bounded by a gRPC deadline.
+    pub timeouts: TryTimeouts,
+    method: Method,
+    uri: Uri,
+    /// The `Host` a plugin asked for (proxy-rewrite).
+    host_edit: Option<HeaderValue>,
+    /// Whether a try that failed after sending may be resent to another node (nginx's
+    /// `proxy_next_upstream` leaves out non-idempotent methods).
+    pub idempotent: bool,
+    /// The client's side of a websocket upgrade the route allows.
+    pub upgrade: Option<OnUpgrade>,
+}
+
+impl<'u> Outgoing<'u> {
+    /// The request as the client and the plugins left it, for `upstream`, with the headers of
+    /// its first try (Host excepted); `route_timeouts` replace the upstream's.
+    pub fn of(
+        ctx: &mut RequestCtx<'_>,
+        upstream: &'u CompiledUpstream,
+        route_timeouts: Option<TryTimeouts>,
+        websocket: bool,
+    ) -> (Outgoing<'u>, HeaderMap) {
+        let mut timeouts = route_timeouts.unwrap_or(upstream.timeouts);
+        if upstream.h2 {
+            // A gRPC deadline bounds the wait for the upstream's answer.
+            if let Some(deadline) = ctx.headers.get("grpc-timeout").and_then(grpc_timeout) {
+                timeouts.read = timeouts.read.min(deadline);
+                timeouts.connect = timeouts.connect.min(deadline);
+            }
         }
+        let edits = ctx.plugins.as_ref().map(|r| r.state.upstream_edits());
+        let method = edits
+            .and_then(|e| e.method.clone())
+            .unwrap_or_else(|| ctx.head.method.clone());
+        let host_edit = edits.and_then(|e| e.host.clone());
+        let idempotent =
+            !matches!(method, Method::POST | Method::PATCH) && method.as_str() != "LOCK";
+        let upgrade = if websocket {
+            ctx.extensions.remove::<OnUpgrade>()
+        } else {
+            None
+        };
+        let headers = upstream_headers(
+            &ctx.headers,
+            ctx.remote_addr,
+            ctx.head.host_value.as_ref(),
+            &ctx.conn.forwarded,
+            websocket,
+        );
+        let outgoing = Outgoing {
+            upstream,
+            timeouts,
+            method,
+            uri: upstream_uri(ctx),
+            host_edit,
+            idempotent,
+            upgrade,
+        };
+        (outgoing, headers)
     }
-    timeouts
-}
 
-/// The method sent upstream and the `Host` a plugin asked for, if any (proxy-rewrite).
-pub fn method_and_host(ctx: &RequestCtx<'_>) -> (Method, Option<HeaderValue>) {
-    let edits = ctx.plugins.as_ref().map(|r| r.state.upstream_edits());
-    let method = edits
-        .and_then(|e| e.method.clone())
-        .unwrap_or_else(|| ctx.head.method.clone());
-    let host_edit = edits.and_then(|e| e.host.clone());
-    (method, host_edit)
-}
-
-/// Whether a try that failed after sending may be resent to another node (nginx's
-/// `proxy_next_upstream` leaves out non-idempotent methods).
-pub fn is_idempotent(method: &Method) -> bool {
-    !matches!(*method, Method::POST | Method::PATCH) && method.as_str() != "LOCK"
+    /// The request for `node` (its connections opened since it last went down: `epoch`), with
+    /// the pooled connections it may use. `client_host`: `$http_host`; the `Host` chosen is
+    /// recorded in `sent_host`.
+    pub fn to_node(
+        &self,
+        node: &NodeTarget,
+        epoch: u32,
+        client_host: Option<&HeaderValue>,
+        next: Resend,
+        sent_host: &mut Option<HeaderValue>,
+    ) -> (Request<UpstreamBody>, PoolKey) {
+        let upstream = self.upstream;
+        let Resend { mut headers, body } = next;
+        let host = upstream_host(self.host_edit.as_ref(), upstream, node, client_host);
+        *sent_host = host.clone();
+        set_host(&mut headers, host, client_host.is_some());
+        let host = sent_host.as_ref();
+        let key = pool_key(upstream, node, epoch, host);
+        let req = if upstream.h2 {
+            let target = H2Target {
+                upstream,
+                host,
+                node_host: &node.host_header,
+            };
+            h2_request(target, &self.method, &self.uri, headers, body)
+        } else {
+            build_request(&self.method, &self.uri, headers, body)
+        };
+        (req, key)
+    }
 }
 
 /// `grpc-timeout: 100m` (at most 8 digits, then H, M, S, m, u or n).
@@ -129,7 +196,7 @@ fn build_request(
 }
 
 /// The upstream's request target: the client's raw path and query, or what plugins changed.
-pub fn upstream_uri(ctx: &RequestCtx<'_>) -> Uri {
+fn upstream_uri(ctx: &RequestCtx<'_>) -> Uri {
     let uri = &ctx.head.uri;
     if let Some(edits) = ctx.plugins.as_ref().map(|r| r.state.upstream_edits()) {
         if edits.path.is_some() || edits.query.is_some() {
@@ -161,7 +228,7 @@ pub fn upstream_uri(ctx: &RequestCtx<'_>) -> Uri {
 }
 
 /// The `Host` sent to `node`: a plugin's, else as `pass_host` says.
-pub fn upstream_host(
+fn upstream_host(
     host_edit: Option<&HeaderValue>,
     upstream: &CompiledUpstream,
     node: &NodeTarget,
@@ -184,7 +251,7 @@ pub fn upstream_host(
 
 /// Puts the try's `Host` on its headers; without a host from the client, `X-Forwarded-Host`
 /// names the one the upstream is asked for (nginx's `$host` falls back to the server's name).
-pub fn set_host(headers: &mut HeaderMap, host: Option<HeaderValue>, client_sent_host: bool) {
+fn set_host(headers: &mut HeaderMap, host: Option<HeaderValue>, client_sent_host: bool) {
     // The value moves into the request: each clone of a parsed header's bytes is a locked
     // reference count up, and its drop one down.
     match host {
@@ -202,7 +269,7 @@ pub fn set_host(headers: &mut HeaderMap, host: Option<HeaderValue>, client_sent_
 
 /// The pooled connections a try to `node` may use: same address, TLS settings, SNI and
 /// protocol, and opened since the node last went down (`epoch`).
-pub fn pool_key(
+fn pool_key(
     upstream: &CompiledUpstream,
     node: &NodeTarget,
     epoch: u32,
@@ -223,28 +290,6 @@ pub fn pool_key(
         }),
         h2: upstream.h2,
         epoch,
-    }
-}
-
-/// The request as sent to `node`, in the upstream's protocol; `host`: the `Host` chosen for it.
-pub fn build(
-    upstream: &CompiledUpstream,
-    node: &NodeTarget,
-    host: Option<&HeaderValue>,
-    method: &Method,
-    uri: &Uri,
-    headers: HeaderMap,
-    body: UpstreamBody,
-) -> Request<UpstreamBody> {
-    if upstream.h2 {
-        let target = H2Target {
-            upstream,
-            host,
-            node_host: &node.host_header,
-        };
-        h2_request(target, method, uri, headers, body)
-    } else {
-        build_request(method, uri, headers, body)
     }
 }
 

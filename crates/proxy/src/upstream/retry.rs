@@ -15,23 +15,18 @@ pub struct Resend {
 }
 
 /// Copies of a try's headers and body, kept while another try may follow and the body can be
-/// replayed.
+/// replayed (a request that was not sent comes back whole and needs none).
 pub struct Spare {
     headers: Option<HeaderMap>,
     body: Option<UpstreamBody>,
 }
 
 impl Spare {
-    pub fn keep(
-        more_tries_left: bool,
-        replayable: bool,
-        headers: &HeaderMap,
-        body: &UpstreamBody,
-    ) -> Spare {
+    pub fn keep(more_tries_left: bool, replayable: bool, req: &Request<UpstreamBody>) -> Spare {
         Spare {
-            headers: (more_tries_left && replayable).then(|| headers.clone()),
+            headers: (more_tries_left && replayable).then(|| req.headers().clone()),
             body: if more_tries_left {
-                body.try_clone()
+                req.body().try_clone()
             } else {
                 None
             },

@@ -15,7 +15,7 @@
 //! - `routing`: the snapshot's route table against the request.
 //! - `plugins`: the plugins' request phases (`rewrite`, `access`, `before_proxy`) and
 //!   response phases (`header_filter`, and the plugins' side of the log phase).
-//! - [`upstream`]: the tries, one stage per module (the request built, the body made ready,
+//! - [`upstream`]: the tries, one stage per module (the body made ready, the request built,
 //!   the node picked, one try, the retry decision, the answer relayed), and what they rest on:
 //!   the upstream client with its pools ([`upstream::client`]), every APISIX balancer
 //!   ([`upstream::balancer`]), health checks shared by all workers ([`upstream::health`]),

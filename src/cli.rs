@@ -13,7 +13,7 @@ use ferrisix_net::ListenerSet;
 use ferrisix_plugin_api::PluginServices;
 use ferrisix_plugins::observe::prometheus::Metrics;
 use ferrisix_plugins::PluginRegistry;
-use ferrisix_proxy::access_log::{AccessLog, LogSink};
+use ferrisix_proxy::log::access::{AccessLog, LogSink};
 use ferrisix_proxy::server::{Http2Limits, Listen};
 use ferrisix_proxy::{
     CompileOptions, Gateway, RealIpConfig, ServerOptions, SnapshotHandle, WorkerModel,
@@ -146,7 +146,7 @@ pub fn upstream_services(
     executor: tokio::runtime::Handle,
 ) -> Arc<ferrisix_proxy::UpstreamServices> {
     let dns = settings.discovery.dns.as_ref();
-    let options = ferrisix_proxy::dns::DnsOptions {
+    let options = ferrisix_proxy::upstream::dns::DnsOptions {
         servers: settings.apisix.dns_resolver.clone(),
         valid: settings
             .apisix
@@ -174,10 +174,10 @@ pub fn upstream_services(
         hosts_file: None,
     };
     Arc::new(ferrisix_proxy::UpstreamServices {
-        health: ferrisix_proxy::health::HealthService::new(executor.clone())
+        health: ferrisix_proxy::upstream::health::HealthService::new(executor.clone())
             .disabled(settings.apisix.disable_upstream_healthcheck),
         balancer: Default::default(),
-        dns: ferrisix_proxy::dns::DnsResolver::new(&options, Some(executor)),
+        dns: ferrisix_proxy::upstream::dns::DnsResolver::new(&options, Some(executor)),
         prefix: settings.deployment.etcd.prefix.clone(),
         inline: Default::default(),
     })

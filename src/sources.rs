@@ -122,7 +122,7 @@ pub fn legacy_admin(api: Arc<AdminApi>) -> ferrisix_proxy::LegacyAdmin {
                 .await
                 .map(|c| c.to_bytes())
                 .unwrap_or_default();
-            http::Response::from_parts(parts, ferrisix_proxy::body::ResponseBody::full(bytes))
+            http::Response::from_parts(parts, ferrisix_proxy::ResponseBody::full(bytes))
         })
     })
 }

@@ -24,7 +24,7 @@ use ferrisix_config::settings::Settings;
 use ferrisix_config::state::{ConfigState, StoredItem};
 use ferrisix_plugin_api::PluginServices;
 use ferrisix_plugins::PluginRegistry;
-use ferrisix_proxy::access_log::{AccessLog, LogSink};
+use ferrisix_proxy::log::access::{AccessLog, LogSink};
 use ferrisix_proxy::snapshot::{self, Snapshot};
 use ferrisix_proxy::{
     CompileOptions, Gateway, Listen, RealIpConfig, ServerHandle, ServerOptions, WorkerModel,

@@ -3,7 +3,7 @@
 use std::io::{Read, Write};
 use std::time::Duration;
 
-use ferrisix_proxy::client::{self, PoolKey, PoolLimits, SendOutcome, TryTimeouts, UpstreamBody};
+use ferrisix_proxy::upstream::client::{self, PoolKey, PoolLimits, SendOutcome, TryTimeouts, UpstreamBody};
 use http_body_util::BodyExt;
 use libfuzzer_sys::fuzz_target;
 

@@ -16,6 +16,8 @@
 //!   decoder lacks, by following each request's framing as hyper reads it.
 //! * [`Drain`]: stopping a server without failing a request: `Connection: close` on HTTP/1.1
 //!   answers, GOAWAY on HTTP/2, idle connections closed only after a grace period.
+//! * [`serve_until`]: the accept-and-serve loop of the servers beside the workers (Admin API,
+//!   control API, prometheus export), with the rules above and a graceful stop.
 //! * [`ListenerSet`] and [`handover`]: the process's listening sockets, bound once, and handed
 //!   to a successor process (binary upgrade, restart) with the connections in their queues.
 //! * [`yield_to_workers`]: the threads that are not serving requests (configuration, Admin
@@ -34,6 +36,7 @@ mod io;
 mod lifetime;
 mod listeners;
 mod priority;
+mod serve;
 
 pub use accept::Acceptor;
 pub use clock::coarse_monotonic_ms;
@@ -44,6 +47,7 @@ pub use io::TimedIo;
 pub use lifetime::{ConnLimits, ConnWatch, Graceful, HeadSignal, InFlight, Tracked};
 pub use listeners::{bind, ListenerSet};
 pub use priority::{thread_cpu_time, yield_to_workers, CONTROL_NICENESS};
+pub use serve::{serve_until, SHUTDOWN_GRACE};
 
 /// The I/O a listener hands hyper: `send_timeout` on writes, nginx's chunk-size bound on
 /// reads.

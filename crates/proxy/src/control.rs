@@ -4,23 +4,20 @@
 //!
 //! It reads the published snapshot and the store's health; it never touches the request path.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use ferrisix_config::model::ResourceKind;
 use ferrisix_config::store::StoreHealth;
-use ferrisix_net::{Acceptor, ConnLimits, Drain};
-use http::{header, Method, Request, Response, StatusCode};
+use ferrisix_net::ConnLimits;
+use http::{header, Method, Response, StatusCode};
 use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::service::service_fn;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::health::UpstreamChecker;
 use crate::snapshot::{Snapshot, SnapshotHandle};
+use crate::upstream::health::UpstreamChecker;
 
 /// Reports the config source's health (the embedded store, etcd, or a watched file).
 pub type HealthProbe = Arc<dyn Fn() -> StoreHealth + Send + Sync>;
@@ -301,39 +298,23 @@ pub async fn serve(
     listener: TcpListener,
     api: Arc<ControlApi>,
     limits: ConnLimits,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let builder = Arc::new(ferrisix_net::http_builder(&limits));
-    let mut acceptor = Acceptor::new(listener, "control");
-    let drain = Drain::new();
-    loop {
-        tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => break,
-            (stream, _) = acceptor.accept() => {
-                let api = api.clone();
-                let builder = builder.clone();
-                let drain = drain.clone();
-                tokio::spawn(async move {
-                    let (io, conn_watch) = ferrisix_net::wrap(stream, &limits);
-                    let conn_watch = conn_watch.with_drain(&drain);
-                    let requests = conn_watch.clone();
-                    let service = service_fn(move |req: Request<Incoming>| {
-                        let in_flight = requests.begin();
-                        let html = req
-                            .headers()
-                            .get(header::ACCEPT)
-                            .and_then(|a| a.to_str().ok())
-                            .is_some_and(|a| a.contains("text/html"));
-                        let resp = api.handle_with(req.method(), req.uri().path(), html);
-                        let resp = requests.respond(resp, in_flight, req.version());
-                        async move { Ok::<_, Infallible>(resp) }
-                    });
-                    let _ = conn_watch.serve(builder.serve_connection(io, service)).await;
-                });
-            }
-        }
-    }
-    drop(acceptor);
-    drain.start();
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), drain.finished()).await;
+    let builder = ferrisix_net::http_builder(&limits);
+    ferrisix_net::serve_until(
+        listener,
+        "control",
+        builder,
+        limits,
+        shutdown,
+        move |req, _| {
+            let html = req
+                .headers()
+                .get(header::ACCEPT)
+                .and_then(|a| a.to_str().ok())
+                .is_some_and(|a| a.contains("text/html"));
+            std::future::ready(api.handle_with(req.method(), req.uri().path(), html))
+        },
+    )
+    .await;
 }

@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 
 use crate::gateway::ConnInfo;
 use crate::log::LogPhase;
-use crate::run::PluginRun;
+use crate::plugins::PluginRun;
 use crate::snapshot::CompiledRoute;
 
 /// `$host`, without copying the Host header when it needs no change.

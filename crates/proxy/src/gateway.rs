@@ -8,11 +8,12 @@ use ferrisix_plugin_api::{ConnFacts, ConnStats};
 use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 
-use crate::access_log::AccessLog;
-use crate::body::ResponseBody;
-use crate::forwarded::{ForwardedValues, RealIpConfig};
+use crate::log::access::AccessLog;
 use crate::log::LogSinks;
+use crate::request::real_ip::RealIpConfig;
+use crate::response::body::ResponseBody;
 use crate::snapshot::SnapshotHandle;
+use crate::upstream::forwarded::ForwardedValues;
 
 /// Everything the request path needs besides the snapshot.
 pub struct Gateway {

@@ -2,48 +2,51 @@
 //!
 //! It compiles a store's configuration into an immutable [`snapshot::Snapshot`] (route table,
 //! upstreams with their balancers), publishes it with `arc-swap`, and serves HTTP/1.1 and
-//! cleartext HTTP/2 with APISIX's proxy semantics: routing, every APISIX balancer (roundrobin,
-//! chash, least_conn, ewma) with priority groups, health checks shared by all workers
-//! ([`health`]), domain nodes and DNS discovery resolved off the workers ([`dns`], `nodes`),
-//! retries, timeouts, forwarded headers, websocket tunnelling, a buffered access log, and
-//! graceful shutdown. The request path reads only the snapshot: no locks, no store calls.
+//! cleartext HTTP/2 with APISIX's proxy semantics. The request path reads only the snapshot:
+//! no locks, no store calls.
 //!
-//! One context per request (`ctx`) goes through the steps in order: head checks (`head`),
-//! routing (`routing`), the plugins' request phases (`phases`), the upstream tries
-//! (`upstream`, with the headers of `forwarded` and the answers of `relay`), the plugins'
-//! response phases, and the log phase ([`log`]) handed to the response body ([`body`]).
-//! Errors carry who is at fault and whether a retry is allowed ([`error`]).
+//! The modules follow a request, in the order it runs:
+//!
+//! - [`server`] accepts connections and hands each request, with its connection's
+//!   [`gateway::ConnInfo`], to `request`, which orders the stages below. One context per
+//!   request (`ctx`) goes through all of them.
+//! - `request`: the head checks nginx makes (`request/head.rs`, `request/host.rs`) and who the
+//!   client is (`request/real_ip.rs`, nginx's realip module).
+//! - `routing`: the snapshot's route table against the request.
+//! - `plugins`: the plugins' request phases (`rewrite`, `access`, `before_proxy`) and
+//!   response phases (`header_filter`, and the plugins' side of the log phase).
+//! - [`upstream`]: the tries, one stage per module (the body made ready, the request built,
+//!   the node picked, one try, the retry decision, the answer relayed), and what they rest on:
+//!   the upstream client with its pools ([`upstream::client`]), every APISIX balancer
+//!   ([`upstream::balancer`]), health checks shared by all workers ([`upstream::health`]),
+//!   domain nodes and DNS discovery resolved off the workers ([`upstream::dns`]), and
+//!   websocket tunnels.
+//! - [`response`]: the response body relayed to the client, and the answers the gateway
+//!   makes itself.
+//! - [`log`]: the log phase, run once however the request ends, with the access log and
+//!   the record of the upstream tries.
+//!
+//! Beside the request path: [`snapshot`] (store → diff → accept → compile → publish),
+//! [`error`] (who is at fault and whether a retry is allowed), and [`control`] (APISIX's
+//! control API).
 #![forbid(unsafe_code)]
 
-pub mod access_log;
-pub mod balancer;
-pub mod body;
-pub mod client;
 pub mod control;
 mod ctx;
-pub mod dns;
 pub mod error;
-mod forwarded;
 pub mod gateway;
-mod handler;
-mod head;
-pub mod health;
 pub mod log;
-mod nodes;
-mod phases;
-pub mod record;
-mod relay;
-mod request_head;
-pub mod responses;
+mod plugins;
+mod request;
+pub mod response;
 mod routing;
-mod run;
 pub mod server;
 pub mod snapshot;
-mod upstream;
-mod websocket;
+pub mod upstream;
 
-pub use forwarded::RealIpConfig;
 pub use gateway::{ConnInfo, Gateway, LegacyAdmin};
-pub use nodes::UpstreamServices;
+pub use request::real_ip::RealIpConfig;
+pub use response::body::ResponseBody;
 pub use server::{Listen, ServerHandle, ServerOptions, WorkerModel};
 pub use snapshot::{CompileOptions, Snapshot, SnapshotHandle};
+pub use upstream::nodes::UpstreamServices;

@@ -5,6 +5,13 @@
 //! The phase starts with the request (counting it in the statistics), travels in the request
 //! context, and is handed to the response body with the answer; its `Drop` is the phase, so
 //! it runs exactly once. A request abandoned before its answer is logged with nginx's 499.
+//!
+//! Beside it: the access log ([`access`]), the record of the upstream tries both consumers
+//! read ([`record`]), and the sizes they report ([`lengths`]).
+
+pub mod access;
+pub(crate) mod lengths;
+pub mod record;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,8 +20,8 @@ use bytes::{Bytes, BytesMut};
 use ferrisix_plugin_api::{ConnStats, LogCtx, RequestGuards};
 use ferrisix_plugins::{PluginChain, Verdicts};
 
-use crate::access_log::{AccessLog, LogRecord};
-use crate::record::{tries, UpstreamRecord};
+use crate::log::access::{AccessLog, LogRecord};
+use crate::log::record::{tries, UpstreamRecord};
 
 /// nginx's status for a request whose client closed the connection before the answer.
 const CLIENT_CLOSED: u16 = 499;
@@ -142,7 +149,7 @@ impl Drop for LogPhase {
 
 #[cfg(test)]
 mod tests {
-    use crate::access_log::LogSink;
+    use crate::log::access::LogSink;
 
     use super::*;
 

@@ -4,11 +4,11 @@
 use ferrisix_plugin_api::RequestVars;
 use ferrisix_router::{Method as RouteMethod, RequestInfo};
 
-use crate::client::TryTimeouts;
 use crate::ctx::RequestCtx;
 use crate::error::{ErrorKind, ProxyError};
-use crate::run::PluginRun;
+use crate::plugins::PluginRun;
 use crate::snapshot::RouteTarget;
+use crate::upstream::client::TryTimeouts;
 
 /// Where a matched route sends the request.
 pub struct Matched {

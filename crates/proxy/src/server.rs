@@ -21,9 +21,9 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::access_log;
-use crate::client;
 use crate::gateway::{ConnInfo, Gateway};
+use crate::log::access;
+use crate::upstream::client;
 
 /// How request handling is spread over threads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -254,7 +254,7 @@ async fn serve(
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
-                access_log::flush_worker();
+                access::flush_worker();
                 client::evict_expired_idle();
             }
         });
@@ -326,7 +326,7 @@ async fn serve(
             "worker_shutdown_timeout reached with connections still open"
         );
     }
-    access_log::flush_worker();
+    access::flush_worker();
 }
 
 fn serve_connection<IO>(

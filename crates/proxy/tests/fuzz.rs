@@ -6,7 +6,9 @@
 use std::io::{Read, Write};
 use std::time::Duration;
 
-use ferrisix_proxy::client::{self, PoolKey, PoolLimits, SendOutcome, TryTimeouts, UpstreamBody};
+use ferrisix_proxy::upstream::client::{
+    self, PoolKey, PoolLimits, SendOutcome, TryTimeouts, UpstreamBody,
+};
 use ferrisix_testkit::cases;
 use http_body_util::BodyExt;
 use proptest::prelude::*;

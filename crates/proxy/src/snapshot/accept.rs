@@ -57,15 +57,16 @@ impl<T> Clone for Accepted<T> {
     }
 }
 
-/// A route with its `vars` compiled (boxed: most routes have none, and an `Expr` takes 96
-/// bytes inline).
+/// A route with its `vars` compiled (boxed: most routes have none, and an `Expr` inline would
+/// make every route carry its size).
 pub(super) type RouteDef = (Route, Option<Box<Expr>>);
 
 /// The typed routes this accept validated, by id: handed to the compile that follows and
 /// dropped with it. An accepted route is kept only as its stored text, which a later compile
 /// that must build the route again (a dependency changed) converts again
-/// ([`Applied::route_def`]): a typed route is bigger than its text, and at 100,000 routes
-/// keeping every one cost a third of a kilobyte per route.
+/// ([`Applied::route_def`]): a typed route is bigger than its text, and keeping every one
+/// would cost that difference per route (`examples/route_memory.rs` reports the bytes per
+/// route).
 pub(super) type FreshRoutes = HashMap<String, Arc<RouteDef>>;
 
 /// The accepted version of every resource the data plane compiles, by kind and id. The maps
@@ -115,22 +116,26 @@ impl Applied {
             &mut refusals;
         let applied = Applied {
             upstreams: accept_kind(
-                state,
-                ResourceKind::Upstreams,
-                &diff.upstreams,
+                KindUpdate {
+                    state,
+                    kind: ResourceKind::Upstreams,
+                    changed: &diff.upstreams,
+                    refusals: r_up,
+                    applied: &mut applied_diff.upstreams,
+                },
                 &previous.upstreams,
-                r_up,
-                &mut applied_diff.upstreams,
                 |id, v| validate::upstream_from_value(Some(id), v).map_err(|e| e.message),
                 keep_typed,
             ),
             services: accept_kind(
-                state,
-                ResourceKind::Services,
-                &diff.services,
+                KindUpdate {
+                    state,
+                    kind: ResourceKind::Services,
+                    changed: &diff.services,
+                    refusals: r_svc,
+                    applied: &mut applied_diff.services,
+                },
                 &previous.services,
-                r_svc,
-                &mut applied_diff.services,
                 |id, v| {
                     let mut service =
                         validate::service_from_value(id, v, plugins).map_err(|e| e.message)?;
@@ -140,32 +145,39 @@ impl Applied {
                 keep_typed,
             ),
             plugin_configs: accept_kind(
-                state,
-                ResourceKind::PluginConfigs,
-                &diff.plugin_configs,
+                KindUpdate {
+                    state,
+                    kind: ResourceKind::PluginConfigs,
+                    changed: &diff.plugin_configs,
+                    refusals: r_pc,
+                    applied: &mut applied_diff.plugin_configs,
+                },
                 &previous.plugin_configs,
-                r_pc,
-                &mut applied_diff.plugin_configs,
                 |id, v| validate::plugin_config_from_value(id, v, plugins).map_err(|e| e.message),
                 keep_typed,
             ),
             global_rules: accept_kind(
-                state,
-                ResourceKind::GlobalRules,
-                &diff.global_rules,
+                KindUpdate {
+                    state,
+                    kind: ResourceKind::GlobalRules,
+                    changed: &diff.global_rules,
+                    refusals: r_gr,
+                    applied: &mut applied_diff.global_rules,
+                },
                 &previous.global_rules,
-                r_gr,
-                &mut applied_diff.global_rules,
                 |id, v| validate::global_rule_from_value(id, v, plugins).map_err(|e| e.message),
                 keep_typed,
             ),
             held_routes: accept_routes(
-                state,
+                KindUpdate {
+                    state,
+                    kind: ResourceKind::Routes,
+                    changed: &diff.routes,
+                    refusals: r_routes,
+                    applied: &mut applied_diff.routes,
+                },
                 previous_state,
-                &diff.routes,
                 previous,
-                r_routes,
-                &mut applied_diff.routes,
                 &mut fresh_routes,
                 |id, v| route_def(id, v, plugins, inline),
             ),
@@ -182,30 +194,36 @@ impl Applied {
                 })
                 .collect(),
             consumers: accept_checked(
-                state,
-                ResourceKind::Consumers,
-                &diff.consumers,
+                KindUpdate {
+                    state,
+                    kind: ResourceKind::Consumers,
+                    changed: &diff.consumers,
+                    refusals: r_consumers,
+                    applied: &mut applied_diff.consumers,
+                },
                 &previous.consumers,
-                r_consumers,
-                &mut applied_diff.consumers,
                 plugins,
             ),
             consumer_groups: accept_checked(
-                state,
-                ResourceKind::ConsumerGroups,
-                &diff.consumer_groups,
+                KindUpdate {
+                    state,
+                    kind: ResourceKind::ConsumerGroups,
+                    changed: &diff.consumer_groups,
+                    refusals: r_groups,
+                    applied: &mut applied_diff.consumer_groups,
+                },
                 &previous.consumer_groups,
-                r_groups,
-                &mut applied_diff.consumer_groups,
                 plugins,
             ),
             credentials: accept_checked(
-                state,
-                ResourceKind::Credentials,
-                &diff.credentials,
+                KindUpdate {
+                    state,
+                    kind: ResourceKind::Credentials,
+                    changed: &diff.credentials,
+                    refusals: r_credentials,
+                    applied: &mut applied_diff.credentials,
+                },
                 &previous.credentials,
-                r_credentials,
-                &mut applied_diff.credentials,
                 plugins,
             ),
             refusals,
@@ -300,21 +318,14 @@ impl Applied {
 
 /// [`accept_kind`] for kinds compiled from their stored value once checked.
 fn accept_checked(
-    state: &ConfigState,
-    kind: ResourceKind,
-    changed: &Difference,
+    update: KindUpdate<'_>,
     previous: &SharedMap<Accepted<()>>,
-    refusals: &mut BTreeMap<String, Quarantined>,
-    applied: &mut Difference,
     plugins: &(dyn PluginCheck + Sync),
 ) -> SharedMap<Accepted<()>> {
+    let kind = update.kind;
     accept_kind(
-        state,
-        kind,
-        changed,
+        update,
         previous,
-        refusals,
-        applied,
         |_, v| validate::check_resource(kind, &v, plugins).map_err(|e| e.message),
         keep_typed,
     )
@@ -352,19 +363,22 @@ const ROUTE_REFUSALS: usize = 4;
 /// `changed` names are validated, each typed route that passes goes to `fresh`, and one that
 /// fails keeps its earlier accepted version serving (if any), whose text is held. Returns the
 /// held texts.
-#[allow(clippy::too_many_arguments)]
 fn accept_routes(
-    state: &ConfigState,
+    update: KindUpdate<'_>,
     previous_state: &ConfigState,
-    changed: &Difference,
     previous: &Applied,
-    refusals: &mut BTreeMap<String, Quarantined>,
-    applied: &mut Difference,
     fresh: &mut FreshRoutes,
     convert: impl Fn(&str, Value) -> Result<RouteDef, String> + Sync,
 ) -> SharedMap<StoredValue> {
+    let KindUpdate {
+        state,
+        kind,
+        changed,
+        refusals,
+        applied,
+    } = update;
     let mut held = previous.held_routes.clone();
-    for (id, named) in validate_named(state, ResourceKind::Routes, changed, convert) {
+    for (id, named) in validate_named(state, kind, changed, convert) {
         let prev = previous.route_text(previous_state, id);
         refusals.remove(id);
         held.remove(id);
@@ -390,7 +404,7 @@ fn accept_routes(
                 refusals.insert(
                     id.clone(),
                     Quarantined {
-                        kind: ResourceKind::Routes,
+                        kind,
                         id: id.clone(),
                         error,
                         serving_previous: prev.is_some(),
@@ -400,6 +414,17 @@ fn accept_routes(
         }
     }
     held
+}
+
+/// One kind's share of an accept, which travels together through it: the state it is read
+/// from, the ids the diff names, the kind's refusals (kept up to date) and what changed in what
+/// is served (filled in).
+struct KindUpdate<'a> {
+    state: &'a ConfigState,
+    kind: ResourceKind,
+    changed: &'a Difference,
+    refusals: &'a mut BTreeMap<String, Quarantined>,
+    applied: &'a mut Difference,
 }
 
 /// A stored item and the outcome of its conversion.
@@ -434,19 +459,21 @@ fn validate_named<'a, 's, T: Send>(
 
 /// Accepts the items of one kind that `changed` names (every other one keeps its previous
 /// outcome): each is validated, falling back to the last accepted version of an item that no
-/// longer validates. `refusals` keeps every refused item of the kind; `applied` receives what
-/// changed in what is served; `keep` makes what the map holds of an accepted item.
-#[allow(clippy::too_many_arguments)]
+/// longer validates. The update's `refusals` keeps every refused item of the kind; its
+/// `applied` receives what changed in what is served; `keep` makes what the map holds of an accepted item.
 fn accept_kind<T: Send, V: Clone>(
-    state: &ConfigState,
-    kind: ResourceKind,
-    changed: &Difference,
+    update: KindUpdate<'_>,
     previous: &SharedMap<V>,
-    refusals: &mut BTreeMap<String, Quarantined>,
-    applied: &mut Difference,
     convert: impl Fn(&str, Value) -> Result<T, String> + Sync,
     mut keep: impl FnMut(&String, &StoredValue, T) -> V,
 ) -> SharedMap<V> {
+    let KindUpdate {
+        state,
+        kind,
+        changed,
+        refusals,
+        applied,
+    } = update;
     let mut out = previous.clone();
     for (id, named) in validate_named(state, kind, changed, convert) {
         refusals.remove(id);

@@ -39,8 +39,8 @@ use super::upstreams::{
     inline_upstream, upstreams_by_id, CompiledUpstream, CompiledUpstreams, Holder, PluginUpstreams,
     UpstreamEnv,
 };
-use crate::health::UpstreamChecker;
-use crate::nodes::UpstreamServices;
+use crate::upstream::health::UpstreamChecker;
+use crate::upstream::nodes::UpstreamServices;
 use ferrisix_config::parallel;
 
 /// The published, immutable serving state.

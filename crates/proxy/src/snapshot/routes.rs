@@ -21,7 +21,7 @@ use super::upstreams::{
     inline_upstream, try_timeouts, CompiledUpstream, CompiledUpstreams, Holder, PluginUpstreams,
     RouteUpstreams, UpstreamEnv,
 };
-use crate::client::TryTimeouts;
+use crate::upstream::client::TryTimeouts;
 
 /// Where a matched route sends its requests.
 #[derive(Clone)]

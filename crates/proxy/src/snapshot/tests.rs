@@ -448,7 +448,7 @@ fn a_node_list_change_keeps_the_checker_and_the_state_of_unchanged_nodes() {
     let checker = s1.checkers[0].checker.clone();
     assert_eq!(checker.name, "/apisix/upstreams/u1");
     let targets = checker.targets();
-    targets[1].report(false, crate::health::Counter::Tcp, 1);
+    targets[1].report(false, crate::upstream::health::Counter::Tcp, 1);
     assert!(!targets[1].is_up());
     assert!(checker.any_down());
     drop(targets);

@@ -18,10 +18,10 @@ use serde_json::Value;
 use super::accept::{Accepted, Quarantined};
 use super::diff::Difference;
 use super::intern::InternPool;
-use crate::balancer::HashOn;
-use crate::client::{PoolLimits, TryTimeouts};
-use crate::health::{self, ChecksConfig, ProbeType, UpstreamChecker};
-use crate::nodes::{is_ip, NodeSet, UpstreamNodes, UpstreamServices};
+use crate::upstream::balancer::HashOn;
+use crate::upstream::client::{PoolLimits, TryTimeouts};
+use crate::upstream::health::{self, ChecksConfig, ProbeType, UpstreamChecker};
+use crate::upstream::nodes::{is_ip, NodeSet, UpstreamNodes, UpstreamServices};
 
 pub struct CompiledUpstream {
     pub id: Option<String>,
@@ -194,7 +194,7 @@ impl CompiledUpstream {
                 .iter()
                 .map(|n| u64::from(n.weight) / g)
                 .sum::<u64>()
-                * u64::from(crate::balancer::POINTS_PER_WEIGHT);
+                * u64::from(crate::upstream::balancer::POINTS_PER_WEIGHT);
             if points > MAX_CHASH_POINTS {
                 return Err(format!(
                     "chash weights need {points} ring points, more than {MAX_CHASH_POINTS}"

@@ -13,7 +13,7 @@ use ferrisix_config::model::ResourceKind;
 use ferrisix_config::state::{ConfigState, StoredItem};
 use ferrisix_plugin_api::PluginServices;
 use ferrisix_plugins::PluginRegistry;
-use ferrisix_proxy::access_log::{AccessLog, LogSink};
+use ferrisix_proxy::log::access::{AccessLog, LogSink};
 use ferrisix_proxy::snapshot::{self, Snapshot};
 use ferrisix_proxy::{CompileOptions, Gateway, Listen, RealIpConfig, ServerOptions, WorkerModel};
 use http::{HeaderName, HeaderValue};

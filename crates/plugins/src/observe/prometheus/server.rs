@@ -4,15 +4,12 @@
 //! The text is rendered on each scrape from the live counters (APISIX serves a copy refreshed
 //! every `refresh_interval`); a scrape sees every request whose log phase has run.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ferrisix_net::{Acceptor, ConnLimits, Drain};
-use http::{header, Method, Request, Response, StatusCode};
+use ferrisix_net::ConnLimits;
+use http::{header, Method, Response, StatusCode};
 use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::service::service_fn;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -48,41 +45,14 @@ pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     limits: ConnLimits,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let builder = Arc::new(ferrisix_net::http_builder(&limits).http1_only());
-    let mut acceptor = Acceptor::new(listener, "prometheus export");
-    let drain = Drain::new();
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => break,
-            a = acceptor.accept() => a,
-        };
-        let metrics = metrics.clone();
-        let builder = builder.clone();
-        let drain = drain.clone();
-        tokio::spawn(async move {
-            let (io, conn_watch) = ferrisix_net::wrap(stream, &limits);
-            let conn_watch = conn_watch.with_drain(&drain);
-            let requests = conn_watch.clone();
-            let service = service_fn(move |req: Request<Incoming>| {
-                let metrics = metrics.clone();
-                let in_flight = requests.begin();
-                let resp = answer(&metrics, req.method(), req.uri().path());
-                let resp = requests.respond(resp, in_flight, req.version());
-                async move { Ok::<_, Infallible>(resp) }
-            });
-            if let Some(Err(e)) = conn_watch
-                .serve(builder.serve_connection(io, service))
-                .await
-            {
-                tracing::debug!(error = %e, "prometheus export connection ended with an error");
-            }
-        });
-    }
-    drop(acceptor);
-    drain.start();
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), drain.finished()).await;
+    let builder = ferrisix_net::http_builder(&limits).http1_only();
+    let name = "prometheus export";
+    ferrisix_net::serve_until(listener, name, builder, limits, shutdown, move |req, _| {
+        std::future::ready(answer(&metrics, req.method(), req.uri().path()))
+    })
+    .await;
 }
 
 #[cfg(test)]

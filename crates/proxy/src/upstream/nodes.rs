@@ -20,10 +20,12 @@ use arc_swap::ArcSwap;
 use ferrisix_config::model::{LbType, PassHost, Upstream};
 use http::HeaderValue;
 
-use crate::balancer::{BalancerEnv, BalancerType, HashOn, NodeWeight, PickState, UpstreamPicker};
-use crate::dns::{self, DnsResolver, Purpose, Record};
 use crate::error::ProxyError;
-use crate::health::{HealthService, Target, TargetSpec, UpstreamChecker};
+use crate::upstream::balancer::{
+    BalancerEnv, BalancerType, HashOn, NodeWeight, PickState, UpstreamPicker,
+};
+use crate::upstream::dns::{self, DnsResolver, Purpose, Record};
+use crate::upstream::health::{HealthService, Target, TargetSpec, UpstreamChecker};
 
 /// What compiling and refreshing upstreams draws on, shared by every snapshot of the process:
 /// the health probers' executor, the balancers' shared state, the resolver, and the key prefix

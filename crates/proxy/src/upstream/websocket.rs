@@ -4,7 +4,7 @@
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 
-use crate::balancer::TryGuard;
+use crate::upstream::balancer::TryGuard;
 
 /// `guard` is the upstream try, held until the tunnel closes.
 pub fn tunnel(client: OnUpgrade, upstream: OnUpgrade, guard: TryGuard) {

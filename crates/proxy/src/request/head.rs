@@ -1,17 +1,64 @@
-//! nginx's checks of a request head that hyper lets through, answered as nginx answers them
-//! (`ngx_http_parse_request_line`, `ngx_http_process_request_header`).
+//! The request head checks nginx makes before anything else, answered as nginx answers them
+//! (`ngx_http_parse_request_line`, `ngx_http_process_request_header`): the method and the
+//! framing headers (Host, Content-Length, Transfer-Encoding), the request line's length, the
+//! host ([`super::host`]), the path, and a declared body over `client_max_body_size`. They
+//! yield `$uri`, `$host` and `$http_host`.
 //!
 //! The headers the checks read are found in one pass over the map ([`HeadHeaders`]); a
 //! standard method costs one comparison.
 
+use std::borrow::Cow;
+
+use ferrisix_router::normalize_path;
 use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 #[cfg(test)]
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Version};
+use http_body::Body as _;
+
+use super::host;
+use crate::ctx::RequestCtx;
+use crate::error::{ErrorKind, ProxyError};
+
+/// nginx's `large_client_header_buffers 4 8k`: a longer request line is refused with 414.
+const MAX_REQUEST_URI: usize = 8192;
+
+/// Checks the head and fills in `$uri`, `$host` and `$http_host`; the error is the client's.
+pub fn check(ctx: &mut RequestCtx<'_>) -> Result<(), ProxyError> {
+    let head = &mut ctx.head;
+    let found = HeadHeaders::scan(&ctx.headers);
+    check_head(&head.method, head.version, &found).map_err(|status| {
+        ProxyError::new(match status {
+            StatusCode::METHOD_NOT_ALLOWED => ErrorKind::MethodNotAllowed,
+            StatusCode::NOT_IMPLEMENTED => ErrorKind::UnknownCoding,
+            _ => ErrorKind::BadRequest,
+        })
+    })?;
+    let raw_uri_len = head.uri.path_and_query().map_or(0, |p| p.as_str().len());
+    if raw_uri_len > MAX_REQUEST_URI {
+        return Err(ErrorKind::UriTooLong.into());
+    }
+    host::resolve(head, found.host)?;
+    head.path = match normalize_path(head.uri.path()) {
+        Some(Cow::Borrowed(_)) => None,
+        Some(Cow::Owned(p)) => Some(p),
+        None => return Err(ErrorKind::BadRequest.into()),
+    };
+    // nginx's find-config phase, before any plugin (client-control included) runs: a declared
+    // length over `client_max_body_size` is refused without reading the body.
+    let max = ctx.conn.gateway.client_max_body_size;
+    if max != 0 {
+        let declared = ctx.body.as_ref().and_then(|b| b.size_hint().exact());
+        if declared.is_some_and(|n| n > max) {
+            return Err(ErrorKind::BodyTooLarge.into());
+        }
+    }
+    Ok(())
+}
 
 /// [`check_head`] on a whole head (tests).
 #[cfg(test)]
-pub fn check(parts: &Parts) -> Result<(), StatusCode> {
+fn check_parts(parts: &Parts) -> Result<(), StatusCode> {
     check_head(
         &parts.method,
         parts.version,
@@ -127,13 +174,13 @@ mod tests {
     }
 
     fn status(raw: &[(&str, &str)]) -> Result<(), StatusCode> {
-        check(&head(raw, "GET", Version::HTTP_11))
+        check_parts(&head(raw, "GET", Version::HTTP_11))
     }
 
     /// Issue 8, finding 10: TRACE is 405, lower-case and non-token methods are 400.
     #[test]
     fn methods_as_nginx() {
-        let m = |name: &str| check(&head(&[("host", "a")], name, Version::HTTP_11));
+        let m = |name: &str| check_parts(&head(&[("host", "a")], name, Version::HTTP_11));
         for ok in [
             "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "PROPFIND", "MY_VERB",
             "X-Y",
@@ -237,7 +284,7 @@ mod tests {
             "POST",
             Version::HTTP_10,
         );
-        assert_eq!(check(&http10), Err(StatusCode::BAD_REQUEST));
+        assert_eq!(check_parts(&http10), Err(StatusCode::BAD_REQUEST));
         assert_eq!(
             status(&[
                 ("host", "a"),

@@ -1,9 +1,15 @@
-//! The request path, phase by phase: the head checked, the request routed, the plugins' request
-//! phases, the upstream tries, the plugins' response phases, and the log phase handed to the
-//! response body. Each step lives in its own module; this one only orders them.
+//! A request from its head to its answer, stage by stage, in the order the stages run: the head
+//! checked ([`head`]), the request routed ([`crate::routing`]), the plugins' request phases
+//! ([`crate::plugins`]), the upstream tries ([`crate::upstream`]) or the gateway's own answer
+//! ([`crate::response`]), the plugins' response phases, and the log phase ([`crate::log`])
+//! handed to the response body. Each stage lives in its own module; this one only orders them.
 //!
 //! It reads only the published snapshot (one atomic load), so it never waits on configuration
 //! changes, and it allocates only what the upstream request itself needs.
+
+mod head;
+pub(crate) mod host;
+pub(crate) mod real_ip;
 
 use std::time::Instant;
 
@@ -11,14 +17,15 @@ use http::header::{self, HeaderValue};
 use http::{Request, Response, Version};
 use hyper::body::Incoming;
 
-use crate::access_log::LogRecord;
-use crate::body::ResponseBody;
 use crate::ctx::RequestCtx;
 use crate::error::{ErrorKind, ProxyError};
 use crate::gateway::ConnInfo;
-use crate::log::LogPhase;
+use crate::log::access::LogRecord;
+use crate::log::{lengths, LogPhase};
+use crate::response::body::ResponseBody;
+use crate::response::canned;
 use crate::snapshot::{CompiledUpstream, RouteTarget};
-use crate::{head, phases, responses, routing, upstream};
+use crate::{plugins, routing, upstream};
 
 impl ConnInfo {
     /// Serves one request of this connection.
@@ -53,7 +60,7 @@ impl ConnInfo {
                     .collect(),
                 status: 0,
                 request_length: if gateway.access_log.wants_request_length() {
-                    phases::request_length_of(&parts.method, &parts.uri, &parts.headers)
+                    lengths::request_length_of(&parts.method, &parts.uri, &parts.headers)
                 } else {
                     0
                 },
@@ -66,7 +73,7 @@ impl ConnInfo {
         let mut ctx = RequestCtx::new(self, parts, body, remote_addr, started, log);
         let mut resp = match head::check(&mut ctx) {
             Ok(()) => serve(&mut ctx).await,
-            Err(e) => responses::error_response(e, &gateway.server_header),
+            Err(e) => canned::error_response(e, &gateway.server_header),
         };
         if resp.status() == http::StatusCode::PAYLOAD_TOO_LARGE
             && ctx.head.version < Version::HTTP_2
@@ -75,7 +82,7 @@ impl ConnInfo {
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
-        phases::response_phases(&mut ctx, &mut resp);
+        plugins::response_phases(&mut ctx, &mut resp);
         let RequestCtx { mut log, .. } = ctx;
         log.status = resp.status().as_u16();
         resp.body_mut().set_log(log);
@@ -89,17 +96,17 @@ async fn serve(ctx: &mut RequestCtx<'_>) -> Response<ResponseBody> {
     let server = &conn.gateway.server_header;
     let routed = match routing::route(ctx) {
         Ok(routed) => routed,
-        Err(e) => return responses::error_response(e, server),
+        Err(e) => return canned::error_response(e, server),
     };
     let Some(matched) = routed else {
-        if let Some(exit) = phases::request_phases(ctx, false).await {
-            return responses::exit_response(exit, server);
+        if let Some(exit) = plugins::request_phases(ctx, false).await {
+            return canned::exit_response(exit, server);
         }
-        return responses::route_not_found(server);
+        return canned::route_not_found(server);
     };
     let proxying = matches!(matched.target, RouteTarget::Upstream(_));
-    if let Some(exit) = phases::request_phases(ctx, proxying).await {
-        return responses::exit_response(exit, server);
+    if let Some(exit) = plugins::request_phases(ctx, proxying).await {
+        return canned::exit_response(exit, server);
     }
     let chosen = ctx
         .plugins
@@ -116,7 +123,7 @@ async fn serve(ctx: &mut RequestCtx<'_>) -> Response<ResponseBody> {
         }
         RouteTarget::Fail(status) => {
             let error = ProxyError::new(ErrorKind::Unservable(*status));
-            responses::error_response(error, server)
+            canned::error_response(error, server)
         }
     }
 }

@@ -22,7 +22,7 @@ use ferrisix_plugin_api::clock::CivilTime;
 use http::{HeaderValue, Method, Uri, Version};
 use smallvec::SmallVec;
 
-use crate::record::UpstreamRecord;
+use crate::log::record::UpstreamRecord;
 
 const FLUSH_BYTES: usize = 32 * 1024;
 const FLUSH_AFTER: Duration = Duration::from_secs(1);
@@ -545,8 +545,9 @@ struct WorkerBuffer {
     data: Vec<u8>,
     last_flush: Instant,
     /// A monotonic reading and the wall time read with it. A line's wall time is derived
-    /// from its monotonic reading, so a request reads the wall clock no more (it was one of
-    /// ~10 clock reads per request, ~30 ns each); a wall-clock step shows within a second.
+    /// from its monotonic reading, so a request reads the wall clock no more (a clock read is
+    /// a measurable share of a request's instructions: `benches/e2e/instructions.py` counts
+    /// them); a wall-clock step shows within a second.
     wall_anchor: (Instant, SystemTime),
     /// The open file, its path and the reopen generation it was opened at.
     file: Option<(PathBuf, u64, File)>,

@@ -18,7 +18,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use tokio::time::Sleep;
 
-use super::body::UpstreamBody;
+use super::request_body::UpstreamBody;
 
 /// What a pooled connection is keyed by (APISIX: `scheme#host#port`, plus the SNI and the
 /// client certificate): a connection is reused only for requests it is right for.
@@ -120,8 +120,9 @@ pub struct PooledConn {
 
 /// The response-head timer of an HTTP/1 connection, made on its first request and moved
 /// later for each next one. Moving a registered tokio timer's deadline later is an atomic
-/// update; a timer per request was a wheel insertion and removal (~430 instructions of
-/// ~40,000 per request, callgrind). While the connection idles in the pool the timer stays
+/// update; a timer per request was a wheel insertion and removal on every request (what that
+/// costs, `benches/e2e/instructions.py` counts). While the connection idles in the pool the
+/// timer stays
 /// registered and may fire once, waking the task that last waited on it for nothing.
 type HeadTimer = Pin<Box<Sleep>>;
 
@@ -136,8 +137,9 @@ struct Idle {
 }
 
 /// Keyed by upstream addresses, SNIs and TLS fingerprints from the configuration, never by
-/// anything a client sends, so the map needs no flood-resistant hash: SipHash cost two
-/// lookups' worth of it per request (~1,100 of ~42,600 instructions, callgrind).
+/// anything a client sends, so the map needs no flood-resistant hash, and SipHash would cost
+/// two hashings per request (checkout and release; `benches/e2e/instructions.py` counts
+/// them).
 type PoolMap = HashMap<PoolKey, Vec<Idle>, foldhash::fast::RandomState>;
 
 thread_local! {

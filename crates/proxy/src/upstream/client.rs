@@ -4,8 +4,8 @@
 //! Pools are per worker thread, as nginx's `keepalive` cache is per worker: a worker never
 //! touches another's connections, so checking a connection out or in takes no lock.
 
-mod body;
 mod pool;
+mod request_body;
 
 use std::io;
 use std::time::Duration;
@@ -18,9 +18,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 
-pub use body::{SendProgress, StreamSource, UpstreamBody};
 use pool::Sender;
 pub use pool::{evict_expired as evict_expired_idle, PoolKey, PoolLimits, PooledConn};
+pub use request_body::{SendProgress, StreamSource, UpstreamBody};
 
 use crate::error::{ErrorKind, ProxyError};
 

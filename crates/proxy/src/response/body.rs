@@ -18,9 +18,9 @@ use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
-use crate::balancer::TryGuard;
-use crate::client::PooledConn;
 use crate::log::LogPhase;
+use crate::upstream::balancer::TryGuard;
+use crate::upstream::client::PooledConn;
 
 /// Errors while relaying: the upstream broke off or stalled mid-body.
 #[derive(Debug)]
@@ -49,7 +49,7 @@ pin_project! {
         // proxy_read_timeout between two reads. Made and armed only when a read blocks after
         // progress, so a body that is already there (most responses: it came with the head)
         // never touches the timer wheel; boxed, because every move of the answer copies this
-        // struct and an unarmed tokio `Sleep` is 112 bytes of it.
+        // struct and an unarmed tokio `Sleep` would be most of it.
         idle: Option<Pin<Box<Sleep>>>,
         armed: bool,
         read_timeout: Duration,
@@ -91,9 +91,8 @@ pin_project! {
         // The filters ended the body (their last chunk went out).
         filtered_end: bool,
         // The request's log phase, run when this body is dropped. Boxed: the answer is moved
-        // from future to future on its way out (~10 copies per request), and inline its 200
-        // bytes (with the read timer's `Sleep`, now boxed too) made the answer 680 bytes, not
-        // 384.
+        // from future to future on its way out, several times per request, and inline the
+        // phase would make every one of those copies larger than the rest of the answer.
         log: Option<Box<LogPhase>>,
     }
 }

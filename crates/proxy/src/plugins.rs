@@ -1,5 +1,16 @@
-//! The plugin side of one request: the chains that run for it, the plugins' request state, and
-//! what the response and log phases need of the request phases.
+//! The plugin side of one request: the chains that run for it ([`PluginRun`]), the plugins'
+//! request state, and the phases they run in, in the order they run: the request phases
+//! ([`request_phases`]: `rewrite`, `access`, `before_proxy`) and the response phases
+//! ([`response_phases`]: `header_filter`, then the plugins' `log`, handed to [`crate::log`]).
+//!
+//! Nothing here runs for a request whose route and global rules have no plugins; the request
+//! path then costs what it cost before plugins existed.
+
+mod request_phases;
+mod response_phases;
+
+pub use request_phases::request_phases;
+pub use response_phases::response_phases;
 
 use std::borrow::Cow;
 use std::sync::Arc;

@@ -1,16 +1,20 @@
-//! Turning what the upstream answered (or that nothing usable came back) into the client's
-//! response head: hop-by-hop headers dropped, `Server` and `X-APISIX-Upstream-Status` set.
+//! Relaying the answer: what the upstream answered (or that nothing usable came back) turned
+//! into the client's response, hop-by-hop headers dropped, `Server` and
+//! `X-APISIX-Upstream-Status` set; a 101 turned into a websocket tunnel.
 
 use http::header::{self, HeaderName, HeaderValue};
-use http::Response;
+use http::{Response, StatusCode};
 use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
 use smallvec::SmallVec;
 
-use crate::body::{ResponseBody, UpstreamResponse};
-use crate::client::{PooledConn, TryTimeouts};
+use super::balancer::TryGuard;
+use super::client::{PooledConn, TryTimeouts};
+use super::websocket;
 use crate::error::ProxyError;
 use crate::gateway::Gateway;
-use crate::responses;
+use crate::response::body::{ResponseBody, UpstreamResponse};
+use crate::response::canned;
 
 fn is_dropped_response_header(name: &HeaderName) -> bool {
     matches!(
@@ -41,9 +45,34 @@ fn upstream_status_header() -> HeaderName {
     HeaderName::from_static("x-apisix-upstream-status")
 }
 
+/// The client's response to the upstream's answer `resp` on `conn`; `try_guard`, the try,
+/// is held until the body (or, after a 101, the websocket tunnel) ends.
+pub fn answer(
+    gateway: &Gateway,
+    mut resp: Response<Incoming>,
+    conn: PooledConn,
+    try_guard: TryGuard,
+    upgrade: Option<OnUpgrade>,
+    statuses: &[u16],
+    timeouts: TryTimeouts,
+) -> Response<ResponseBody> {
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        if let Some(client_upgrade) = upgrade {
+            let upstream_upgrade = hyper::upgrade::on(&mut resp);
+            // The tunnel holds the try: least_conn counts it while it is open.
+            websocket::tunnel(client_upgrade, upstream_upgrade, try_guard);
+        }
+        drop(conn);
+        return relay_head(gateway, resp, None, statuses, timeouts, true);
+    }
+    let mut out = relay_head(gateway, resp, Some(conn), statuses, timeouts, false);
+    out.body_mut().hold_try(try_guard);
+    out
+}
+
 /// The upstream's response head as ours; its body relayed (an upgrade has none: the
 /// connection becomes a tunnel).
-pub fn relay_head(
+fn relay_head(
     gateway: &Gateway,
     resp: Response<Incoming>,
     conn: Option<PooledConn>,
@@ -87,9 +116,9 @@ pub fn failed(
     grpc: bool,
 ) -> Response<ResponseBody> {
     let mut resp = if grpc {
-        responses::grpc_error(error.status(), &gateway.server_header)
+        canned::grpc_error(error.status(), &gateway.server_header)
     } else {
-        responses::error_page(error.status(), &gateway.server_header)
+        canned::error_page(error.status(), &gateway.server_header)
     };
     if !statuses.is_empty() {
         resp.headers_mut()

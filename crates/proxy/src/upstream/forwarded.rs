@@ -1,58 +1,11 @@
-//! Who the client is and what the upstream is told about it: nginx's realip module
-//! (`real_ip_header`, `real_ip_from`, `real_ip_recursive`), and the request headers sent
-//! upstream (spec data-plane §3.2): hop-by-hop headers dropped, `X-Real-IP`,
-//! `X-Forwarded-For`, `-Proto`, `-Host` and `-Port` set.
+//! What the upstream is told about the client: the request headers sent upstream (spec
+//! data-plane §3.2), hop-by-hop headers dropped, `X-Real-IP`, `X-Forwarded-For`, `-Proto`,
+//! `-Host` and `-Port` set.
 
 use std::net::IpAddr;
 
 use http::header::{self, HeaderName, HeaderValue};
 use http::HeaderMap;
-use ipnet::IpNet;
-
-/// `real_ip_header`, `real_ip_from`, `real_ip_recursive`.
-#[derive(Clone, Debug)]
-pub struct RealIpConfig {
-    pub header: HeaderName,
-    pub trusted: Vec<IpNet>,
-    pub recursive: bool,
-}
-
-impl RealIpConfig {
-    fn trusts(&self, ip: IpAddr) -> bool {
-        self.trusted.iter().any(|n| n.contains(&ip))
-    }
-
-    /// nginx's realip module: a trusted peer may name the client in the configured header.
-    pub fn client_addr(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
-        if !self.trusts(peer) {
-            return peer;
-        }
-        let Some(value) = headers.get(&self.header).and_then(|v| v.to_str().ok()) else {
-            return peer;
-        };
-        let mut candidates = value.rsplit(',').map(str::trim);
-        if !self.recursive {
-            // Without recursion nginx takes the last address of the header.
-            return candidates
-                .next()
-                .and_then(|a| a.parse().ok())
-                .unwrap_or(peer);
-        }
-        let mut found = peer;
-        for c in candidates {
-            match c.parse::<IpAddr>() {
-                Ok(ip) => {
-                    found = ip;
-                    if !self.trusts(ip) {
-                        break;
-                    }
-                }
-                Err(_) => break,
-            }
-        }
-        found
-    }
-}
 
 /// Headers nginx never forwards upstream (hop-by-hop, and what it recomputes).
 fn is_dropped_request_header(name: &HeaderName) -> bool {
@@ -268,50 +221,5 @@ mod tests {
         assert_eq!(port_of_host("a.com:"), None);
         assert_eq!(port_of_host("a:b:8"), Some("8"));
         assert_eq!(port_of_host("é:9"), Some("9"));
-    }
-
-    #[test]
-    fn real_ip_from_trusted_peer_only() {
-        let cfg = RealIpConfig {
-            header: HeaderName::from_static("x-real-ip"),
-            trusted: vec!["127.0.0.1/32".parse().unwrap()],
-            recursive: false,
-        };
-        let mut h = HeaderMap::new();
-        h.insert("x-real-ip", HeaderValue::from_static("10.1.1.1"));
-        assert_eq!(
-            cfg.client_addr("127.0.0.1".parse().unwrap(), &h),
-            "10.1.1.1".parse::<IpAddr>().unwrap()
-        );
-        assert_eq!(
-            cfg.client_addr("127.0.0.2".parse().unwrap(), &h),
-            "127.0.0.2".parse::<IpAddr>().unwrap()
-        );
-        h.insert("x-real-ip", HeaderValue::from_static("garbage"));
-        assert_eq!(
-            cfg.client_addr("127.0.0.1".parse().unwrap(), &h),
-            "127.0.0.1".parse::<IpAddr>().unwrap()
-        );
-    }
-
-    #[test]
-    fn recursive_xff_skips_trusted_hops() {
-        let cfg = RealIpConfig {
-            header: HeaderName::from_static("x-forwarded-for"),
-            trusted: vec![
-                "127.0.0.0/8".parse().unwrap(),
-                "10.0.0.0/8".parse().unwrap(),
-            ],
-            recursive: true,
-        };
-        let mut h = HeaderMap::new();
-        h.insert(
-            "x-forwarded-for",
-            HeaderValue::from_static("1.2.3.4, 10.0.0.2, 127.0.0.5"),
-        );
-        assert_eq!(
-            cfg.client_addr("127.0.0.1".parse().unwrap(), &h),
-            "1.2.3.4".parse::<IpAddr>().unwrap()
-        );
     }
 }

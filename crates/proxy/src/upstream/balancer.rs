@@ -604,7 +604,7 @@ mod tests {
                 ],
             ),
         ];
-        let vectors = include_str!("../tests/data/chash-vectors.txt");
+        let vectors = include_str!("../../tests/data/chash-vectors.txt");
         let mut checked = 0;
         for line in vectors.lines() {
             let mut f = line.split('\t');

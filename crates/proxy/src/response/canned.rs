@@ -5,8 +5,8 @@ use ferrisix_plugin_api::Exit;
 use http::header::{CONTENT_TYPE, SERVER};
 use http::{HeaderValue, Response, StatusCode};
 
-use crate::body::ResponseBody;
 use crate::error::ProxyError;
+use crate::response::body::ResponseBody;
 
 /// `{"error_msg":"404 Route Not Found"}\n`, sent as text/plain as APISIX does (nginx's
 /// `default_type` with `charset utf-8`), not as JSON.

@@ -1,24 +1,19 @@
-//! The request head checks nginx makes before anything else (the method and framing headers,
-//! see `request_head`; the request line's length, the Host, the path), and the `$uri` and
-//! `$host` they yield.
+//! The request's host: `$http_host` (the Host header, `:authority`, or the host of an
+//! absolute-form request line) and `$host` (its host part, lower-cased, without the port),
+//! checked as nginx checks them.
 
 use std::borrow::Cow;
 
-use ferrisix_router::normalize_path;
 use http::header::HeaderValue;
-use http::{StatusCode, Version};
-use http_body::Body as _;
+use http::Version;
 
-use crate::ctx::{HostName, RequestCtx};
+use crate::ctx::{ClientHead, HostName};
 use crate::error::{ErrorKind, ProxyError};
-use crate::request_head::{self, HeadHeaders};
-
-/// nginx's `large_client_header_buffers 4 8k`: a longer request line is refused with 414.
-const MAX_REQUEST_URI: usize = 8192;
 
 /// The host part of a Host header value, lower-cased, without the port; `None` if invalid.
-/// Byte loops, not `str` searches: every request runs this (a `..` substring search and a
-/// reverse char search cost ~400 instructions on a short host).
+/// Byte loops, not `str` searches: every request runs this, and a `..` substring search and a
+/// reverse char search set up searchers that cost more than the short host they scan
+/// (`benches/e2e/instructions.py` counts the difference).
 pub fn host_without_port(raw: &str) -> Option<Cow<'_, str>> {
     let bytes = raw.as_bytes();
     let host = if bytes.first() == Some(&b'[') {
@@ -55,23 +50,11 @@ pub fn host_without_port(raw: &str) -> Option<Cow<'_, str>> {
     }
 }
 
-/// Checks the head and fills in `$uri`, `$host` and `$http_host`; the error is the client's.
-pub fn check(ctx: &mut RequestCtx<'_>) -> Result<(), ProxyError> {
+/// Fills in `$http_host` and `$host` from the Host header (`host_header`, the first one) or the
+/// request line; a missing host is refused for HTTP/1.1, an invalid one always.
+pub fn resolve(head: &mut ClientHead, host_header: Option<&HeaderValue>) -> Result<(), ProxyError> {
     let bad = || ProxyError::new(ErrorKind::BadRequest);
-    let head = &mut ctx.head;
-    let found = HeadHeaders::scan(&ctx.headers);
-    request_head::check_head(&head.method, head.version, &found).map_err(|status| {
-        ProxyError::new(match status {
-            StatusCode::METHOD_NOT_ALLOWED => ErrorKind::MethodNotAllowed,
-            StatusCode::NOT_IMPLEMENTED => ErrorKind::UnknownCoding,
-            _ => ErrorKind::BadRequest,
-        })
-    })?;
-    let raw_uri_len = head.uri.path_and_query().map_or(0, |p| p.as_str().len());
-    if raw_uri_len > MAX_REQUEST_URI {
-        return Err(ErrorKind::UriTooLong.into());
-    }
-    let host_header = match found.host.map(HeaderValue::to_str) {
+    let host_text = match host_header.map(HeaderValue::to_str) {
         Some(Ok(h)) => Some(h),
         Some(Err(_)) => return Err(bad()),
         None => None,
@@ -80,12 +63,12 @@ pub fn check(ctx: &mut RequestCtx<'_>) -> Result<(), ProxyError> {
     head.host_value = match head.uri.authority() {
         Some(a) => {
             // nginx validates the Host header even when the request line names the host.
-            if host_header.is_some_and(|h| host_without_port(h).is_none()) {
+            if host_text.is_some_and(|h| host_without_port(h).is_none()) {
                 return Err(bad());
             }
             Some(HeaderValue::from_str(a.as_str()).map_err(|_| bad())?)
         }
-        None => found.host.cloned(),
+        None => host_header.cloned(),
     };
     let host_raw = match &head.host_value {
         Some(v) => Some(v.to_str().map_err(|_| bad())?),
@@ -102,19 +85,6 @@ pub fn check(ctx: &mut RequestCtx<'_>) -> Result<(), ProxyError> {
         },
         _ => HostName::Absent,
     };
-    head.path = match normalize_path(head.uri.path()).ok_or_else(bad)? {
-        Cow::Borrowed(_) => None,
-        Cow::Owned(p) => Some(p),
-    };
-    // nginx's find-config phase, before any plugin (client-control included) runs: a declared
-    // length over `client_max_body_size` is refused without reading the body.
-    let max = ctx.conn.gateway.client_max_body_size;
-    if max != 0 {
-        let declared = ctx.body.as_ref().and_then(|b| b.size_hint().exact());
-        if declared.is_some_and(|n| n > max) {
-            return Err(ErrorKind::BodyTooLarge.into());
-        }
-    }
     Ok(())
 }
 

@@ -13,7 +13,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::redis::{have_redis, redis_cli, redis_cluster, redis_keys, Redis};
+use support::redis::{redis_cli, redis_cluster, redis_keys, require_redis, Redis};
 use support::*;
 
 fn route(id: &str, uri: &str, up: &Upstream, plugins: Value) -> Value {

@@ -20,7 +20,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-. scripts/build-deps.sh
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 PGO=$TARGET_DIR/pgo
 OUT=${1:-$PGO/ferrisix}

@@ -2,11 +2,11 @@
 # The release binary as shipped and benchmarked: a profile-guided (PGO) build of ferrisix.
 #
 #   1. builds an instrumented binary (-Cprofile-generate) in target/pgo/gen;
-#   2. serves benches/e2e/pgo_train.py's traffic mix with it (nginx upstream and wrk from
+#   2. serves scripts/release/pgo_train.py's traffic mix with it (nginx upstream and wrk from
 #      Debian, installed when missing) and merges the profile it writes on exit;
 #   3. builds the release binary with that profile (-Cprofile-use), glibc linked in (static-pie)
 #      with packed relocations, then links it again with the code an idle gateway runs laid
-#      out first (benches/e2e/startup_order.py), and copies it to OUT.
+#      out first (scripts/release/startup_order.py), and copies it to OUT.
 #
 # The profile only steers code layout, inlining and branch order; what the binary does is the
 # plain release build's (CI runs the conformance cases against this binary). Measured on the
@@ -20,7 +20,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-. scripts/build-deps.sh
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 PGO=$TARGET_DIR/pgo
 OUT=${1:-$PGO/ferrisix}
@@ -39,7 +38,7 @@ EXTRA=${FERRISIX_RUSTFLAGS:-}
 CARGO_TARGET_DIR=$PGO/gen RUSTFLAGS="$EXTRA -Cprofile-generate=$PGO/raw" \
   cargo build --release --locked --target "$HOST" --bin ferrisix
 LLVM_PROFILE_FILE="$PGO/raw/train-%p-%m.profraw" \
-  python3 benches/e2e/pgo_train.py --binary "$PGO/gen/$HOST/release/ferrisix"
+  python3 scripts/release/pgo_train.py --binary "$PGO/gen/$HOST/release/ferrisix"
 "$PROFDATA" merge -o "$PGO/ferrisix.profdata" "$PGO"/raw/train-*.profraw
 [ "${FERRISIX_PGO_KEEP:-0}" = 1 ] || rm -rf "$PGO/gen"
 
@@ -61,7 +60,7 @@ BIN=$PGO/use/$HOST/release/ferrisix
 # symbol order: Rust links x86_64 Linux with it; elsewhere the layout stays lld's or ld's own.
 # The second link recompiles only the binary's own crate (its LTO step) with the same objects.
 if [ "${FERRISIX_STARTUP_ORDER:-1}" = 1 ] && grep -aqF "Linker: LLD" "$BIN"; then
-  python3 benches/e2e/startup_order.py --binary "$BIN" --out "$PGO/ferrisix.order"
+  python3 scripts/release/startup_order.py --binary "$BIN" --out "$PGO/ferrisix.order"
   cargo rustc --release --locked --target "$HOST" --bin ferrisix -- \
     -Clink-arg=-Wl,--symbol-ordering-file="$PGO/ferrisix.order" -Clink-arg=-Wl,--no-warn-symbol-ordering
 fi

@@ -20,7 +20,6 @@ if [ "${1:-}" = "--etcd" ]; then STORE=etcd; shift; fi
 
 BIN=${FERRISIX_BIN:-}
 if [ -z "$BIN" ]; then
-  . scripts/build-deps.sh
   cargo build --release --locked --bin ferrisix
   BIN=${CARGO_TARGET_DIR:-./target}/release/ferrisix
 fi

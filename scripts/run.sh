@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The run command of the README: builds the release binaries (installing their build
-# dependencies when missing), starts the quick start's upstream and runs the gateway.
+# The run command of the README: builds the release binaries (a Rust toolchain is all the
+# build needs), starts the quick start's upstream and runs the gateway.
 #
 # With no arguments ferrisix runs as the APISIX walkthrough expects: the embedded store (in
 # conf/data/), the Admin API on :9180 with a key generated at the first start (printed once,
@@ -13,7 +13,6 @@
 # there yet (FERRISIX_ECHO=0 leaves it out) and stopped with the gateway.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. scripts/build-deps.sh
 cargo build --release --locked --bin ferrisix
 cargo build --release --locked -p ferrisix-echo-upstream
 bin="${CARGO_TARGET_DIR:-./target}/release"

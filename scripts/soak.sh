@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Soak (not in CI): one ferrisix node on etcd with a limit-count (policy redis) route under
+# Soak (CI runs it for one minute, .ci/run): one ferrisix node on etcd with a limit-count (policy redis) route under
 # wrk -c 256 for SOAK_MINUTES (default 30), while routes churn (a PUT or DELETE every
 # SOAK_CHURN_MS, default 500), etcd is restarted once (at a third of the run) and Redis
 # several times (at each sixth). Prints a markdown table, one row per minute: requests,
@@ -145,10 +145,11 @@ for m in $(seq 1 "$minutes"); do
   kill -0 "$gw" 2>/dev/null || { echo "| $m | the gateway exited |" | tee -a "$out"; exit 1; }
   echo "| $m | $req | ${rps:-?} | $non | $sock | $(to_ms "${p99:-0}") | $(rss_mib) | $event |" | tee -a "$out"
 done
-routes=$(curl -s "http://127.0.0.1:$admin/apisix/admin/routes" -H "X-API-KEY: $key" | grep -o '"total":[0-9]*' | head -1)
+# No reader that stops early in a pipeline: under pipefail its writer's SIGPIPE fails the script.
+routes=$(curl -s "http://127.0.0.1:$admin/apisix/admin/routes" -H "X-API-KEY: $key" | sed -n 's/.*"total":\([0-9]*\).*/\1/p')
 {
   echo
   echo "RSS $rss0 MiB after the first PUT, $(rss_mib) MiB at the end; $total_req requests, $total_err errors (non-2xx + socket)."
-  echo "Load average (1, 5, 15 min) at the start: $load0, at the end: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) CPUs; routes at the end: ${routes#*:}."
+  echo "Load average (1, 5, 15 min) at the start: $load0, at the end: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) CPUs; routes at the end: ${routes:-?}."
   echo "wrk -t $threads -c $conns, churn every $churn_ms ms, binary $bin ($("$bin" --version | sed -n 2p))."
 } | tee -a "$out"

@@ -1,12 +1,28 @@
 #!/usr/bin/env bash
-# The test command of the README: formatting and lints (so CI enforces them), then every unit
-# and end-to-end test of the workspace.
-# End-to-end tests start their own upstreams, gateway processes, etcd, Redis and Prometheus on
-# random 127.0.0.1 ports (installing Debian's packages when missing).
+# The test command of the README: installs the programs the tests run, then formatting and
+# lints (so CI enforces them), then every unit and end-to-end test of the workspace.
+# End-to-end tests start their own upstreams, gateway processes, etcd, Redis, nginx and
+# Prometheus on random 127.0.0.1 ports. The tests install nothing themselves: one that finds a
+# program missing fails, naming the package (crates/config/src/test_support/debian.rs lists
+# them, and a unit test there checks that the line below names each).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-. scripts/build-deps.sh
+# prometheus without its recommends, which would pull in (and start) node-exporter;
+# libprotobuf-dev: the well-known .proto files etcd's import, for the generated-code check.
+packages="etcd-server redis-server redis-tools nginx prometheus wrk protobuf-compiler libprotobuf-dev openssl curl"
+missing=()
+for p in $packages; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [ "$status" = "install ok installed" ] || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "test.sh: installing ${missing[*]} (Debian packages the tests run)" >&2
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
+    --no-install-recommends "${missing[@]}" >/dev/null
+fi
 
 cargo fmt --all -- --check
 # cargo fmt follows `mod` items only: the plugin files listed through the `family!` macro are

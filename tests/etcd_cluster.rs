@@ -124,9 +124,7 @@ fn served_routes(gw: &StoreGateway) -> BTreeMap<String, Value> {
 
 #[test]
 fn two_nodes_on_one_etcd_serve_a_put_on_either() {
-    let Some(etcd) = Etcd::start() else {
-        return;
-    };
+    let etcd = Etcd::start();
     let (u1, u2) = (
         Upstream::start("u1", Behaviour::Echo),
         Upstream::start("u2", Behaviour::Echo),
@@ -178,9 +176,7 @@ fn two_nodes_on_one_etcd_serve_a_put_on_either() {
 
 #[test]
 fn etcd_restarted_under_load_no_request_fails_and_the_next_put_is_served() {
-    let Some(mut etcd) = Etcd::start() else {
-        return;
-    };
+    let mut etcd = Etcd::start();
     let up = Upstream::start("load", Behaviour::Echo);
     let gw = StoreGatewayBuilder::etcd(&etcd.endpoint()).start();
     gw.put_route("load", &route_to("/load", &up.node()));
@@ -280,9 +276,7 @@ fn etcd_restarted_under_load_no_request_fails_and_the_next_put_is_served() {
 /// deleted route answers 404, and the control API agrees with etcd.
 #[test]
 fn compaction_while_watching_misses_nothing_and_applies_nothing_twice() {
-    let Some(mut etcd) = Etcd::start() else {
-        return;
-    };
+    let mut etcd = Etcd::start();
     let kv = etcd.kv();
     let (u1, u2) = (
         Upstream::start("u1", Behaviour::Echo),
@@ -424,9 +418,7 @@ fn compaction_while_watching_misses_nothing_and_applies_nothing_twice() {
 
 #[test]
 fn etcd_down_at_start_boots_from_the_local_copy_and_converges_when_etcd_returns() {
-    let Some(mut etcd) = Etcd::start() else {
-        return;
-    };
+    let mut etcd = Etcd::start();
     let kv = etcd.kv();
     let up = Upstream::start("copy", Behaviour::Echo);
     let mut gw = StoreGatewayBuilder::etcd(&etcd.endpoint()).start();
@@ -526,9 +518,7 @@ fn etcd_down_at_start_boots_from_the_local_copy_and_converges_when_etcd_returns(
 
 #[test]
 fn a_bad_value_written_into_etcd_is_quarantined_while_the_others_update() {
-    let Some(etcd) = Etcd::start() else {
-        return;
-    };
+    let etcd = Etcd::start();
     let kv = etcd.kv();
     let (u1, u2) = (
         Upstream::start("u1", Behaviour::Echo),
@@ -625,9 +615,7 @@ fn a_bad_value_written_into_etcd_is_quarantined_while_the_others_update() {
 /// ferrisix writes has APISIX's shape.
 #[test]
 fn interop_with_apisix_stored_values() {
-    let Some(etcd) = Etcd::start() else {
-        return;
-    };
+    let etcd = Etcd::start();
     let kv = etcd.kv();
     let up = Upstream::start("apisix", Behaviour::Echo);
     for dir in ["routes", "upstreams", "services", "ssls", "consumers"] {
@@ -733,9 +721,7 @@ fn interop_with_apisix_stored_values() {
 #[test]
 #[ignore]
 fn propagation_figure_etcd() {
-    let Some(etcd) = Etcd::start() else {
-        return;
-    };
+    let etcd = Etcd::start();
     let up = Upstream::start("prop", Behaviour::Echo);
     let gw = StoreGatewayBuilder::etcd(&etcd.endpoint()).start();
     let (total, after_ack) = support::measure_propagation(&gw, &up, 200);

@@ -264,14 +264,14 @@ http {{
 "
     );
     std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
-    let child = std::process::Command::new("nginx")
+    let child = std::process::Command::new(support::debian::require("nginx"))
         .arg("-p")
         .arg(dir.path())
         .arg("-c")
         .arg(dir.path().join("nginx.conf"))
         .stderr(std::process::Stdio::null())
         .spawn()
-        .expect("nginx is installed");
+        .expect("start nginx");
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(Instant::now() < deadline, "nginx did not start");

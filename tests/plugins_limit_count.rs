@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::redis::{have_redis, redis_cli, redis_cluster, redis_tls, Redis, Sentinel};
+use support::redis::{redis_cli, redis_cluster, redis_tls, require_redis, Redis, Sentinel};
 use support::*;
 
 fn route(id: &str, uri: &str, up: &Upstream, plugins: Value) -> Value {
@@ -286,9 +286,7 @@ fn local_policy_is_exact_across_worker_threads() {
 /// Exactly `count` requests reach the upstream and wrk sees every other one rejected.
 #[test]
 fn local_policy_is_exact_under_wrk_with_64_connections() {
-    if debian::which("wrk").is_none() {
-        debian::apt_get(&["install", "-y", "--no-install-recommends", "wrk"]);
-    }
+    debian::require("wrk");
     let up = Upstream::start("u", Behaviour::Echo);
     let count = 1000;
     let routes = doc(
@@ -344,10 +342,7 @@ fn shared_quota(conf: Value) {
 
 #[test]
 fn redis_policy_shares_one_quota_between_gateways() {
-    if !have_redis() {
-        eprintln!("SKIPPED: redis-server is not available");
-        return;
-    }
+    require_redis();
     let redis = Redis::start(false);
     shared_quota(
         json!({"count": 1000, "time_window": 60, "rejected_code": 429,
@@ -367,10 +362,7 @@ fn redis_policy_shares_one_quota_between_gateways() {
 
 #[test]
 fn redis_cluster_policy_shares_one_quota_between_gateways() {
-    if !have_redis() {
-        eprintln!("SKIPPED: redis-server is not available");
-        return;
-    }
+    require_redis();
     let nodes = redis_cluster();
     let seeds: Vec<String> = nodes
         .iter()
@@ -407,14 +399,8 @@ fn redis_cluster_policy_shares_one_quota_between_gateways() {
 
 #[test]
 fn redis_policy_over_tls() {
-    if !have_redis() {
-        eprintln!("SKIPPED: redis-server is not available");
-        return;
-    }
-    let Some(redis) = redis_tls() else {
-        eprintln!("SKIPPED: no TLS-capable redis-server or openssl");
-        return;
-    };
+    require_redis();
+    let redis = redis_tls();
     let up = Upstream::start("u", Behaviour::Echo);
     let conf = |verify: bool| {
         json!({"limit-count": {"count": 2, "time_window": 60, "policy": "redis",
@@ -470,10 +456,7 @@ fn sentinel_conf(count: u64, sentinels: &[&Sentinel]) -> Value {
 
 #[test]
 fn redis_sentinel_policy_shares_one_quota_between_gateways() {
-    if !have_redis() {
-        eprintln!("SKIPPED: redis-server is not available");
-        return;
-    }
+    require_redis();
     let master = Redis::start(false);
     let (a, b) = (
         Sentinel::start(master.port, "mymaster"),
@@ -500,10 +483,7 @@ fn redis_sentinel_policy_shares_one_quota_between_gateways() {
 
 #[test]
 fn redis_sentinel_policy_follows_a_failover() {
-    if !have_redis() {
-        eprintln!("SKIPPED: redis-server is not available");
-        return;
-    }
+    require_redis();
     let master = Redis::start(false);
     let replica = Redis::start(false);
     redis_cli(

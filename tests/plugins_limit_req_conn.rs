@@ -13,7 +13,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::redis::{have_redis, redis_cli, redis_cluster, redis_keys, Redis};
+use support::redis::{redis_cli, redis_cluster, redis_keys, require_redis, Redis};
 use support::*;
 
 fn route(id: &str, uri: &str, up: &Upstream, plugins: Value) -> Value {
@@ -300,17 +300,13 @@ fn limit_req_shares_one_bucket(backend: &Backend) {
 
 #[test]
 fn limit_req_redis_shares_one_bucket_between_gateways() {
-    if !have_redis() {
-        return;
-    }
+    require_redis();
     limit_req_shares_one_bucket(&Backend::single());
 }
 
 #[test]
 fn limit_req_redis_cluster_shares_one_bucket_between_gateways() {
-    if !have_redis() {
-        return;
-    }
+    require_redis();
     limit_req_shares_one_bucket(&Backend::cluster());
 }
 
@@ -386,17 +382,13 @@ fn limit_conn_shares_one_count(backend: &Backend) {
 
 #[test]
 fn limit_conn_redis_shares_one_count_between_gateways() {
-    if !have_redis() {
-        return;
-    }
+    require_redis();
     limit_conn_shares_one_count(&Backend::single());
 }
 
 #[test]
 fn limit_conn_redis_cluster_shares_one_count_between_gateways() {
-    if !have_redis() {
-        return;
-    }
+    require_redis();
     limit_conn_shares_one_count(&Backend::cluster());
 }
 

@@ -93,9 +93,7 @@ fn logged_route(up: &Upstream, sink: &str) -> String {
 }
 
 fn ensure_wrk() {
-    if debian::which("wrk").is_none() {
-        debian::apt_get(&["install", "-y", "--no-install-recommends", "wrk"]);
-    }
+    debian::require("wrk");
 }
 
 /// wrk's completed requests and its output.

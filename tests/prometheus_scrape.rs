@@ -3,8 +3,8 @@
 //! requests returns data after some traffic (spec data-plane §7).
 //!
 //! The queries are vendored in `tests/data/grafana-queries.txt` (source file and APISIX commit
-//! in its header). When `prometheus` is not on PATH the test installs it with apt-get; it is
-//! skipped, loudly, only where apt-get itself does not exist.
+//! in its header). `scripts/test.sh` installs `prometheus`; without it the test fails, naming
+//! the package.
 mod support;
 
 use std::net::SocketAddr;
@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
-use support::debian::{apt_get, which};
+use support::debian::require;
 use support::*;
 
 const QUERIES: &str = include_str!("data/grafana-queries.txt");
@@ -81,29 +81,10 @@ fn grafana_substitute(expr: &str) -> String {
     s
 }
 
-/// The Prometheus server binary, installed from Debian's `prometheus` package if needed.
-/// `None` (the test is skipped) only where apt-get does not exist.
-fn prometheus_binary() -> Option<PathBuf> {
-    if let Some(p) = which("prometheus") {
-        return Some(p);
-    }
-    if which("apt-get").is_none() {
-        eprintln!(
-            "\n**********************************************************************\n\
-             * SKIPPED prometheus_scrape: `prometheus` is not on PATH and there is *\n\
-             * no apt-get to install Debian's `prometheus` package.               *\n\
-             **********************************************************************\n"
-        );
-        return None;
-    }
-    eprintln!("prometheus_scrape: installing Debian's `prometheus` package (apt-get)...");
-    apt_get(&["update"]);
-    // No recommends: they would pull in (and try to start) prometheus-node-exporter.
-    apt_get(&["install", "-y", "--no-install-recommends", "prometheus"]);
-    let p = which("prometheus")
-        .or_else(|| Some(PathBuf::from("/usr/bin/prometheus")).filter(|p| p.is_file()))
-        .expect("`prometheus` installed but not found on PATH");
-    Some(p)
+/// The Prometheus server binary (Debian's `prometheus`, which `scripts/test.sh` installs);
+/// panics, naming the package, when it is missing.
+fn prometheus_binary() -> PathBuf {
+    require("prometheus")
 }
 
 /// A Prometheus server on a random port with its own config and storage; killed on drop.
@@ -258,9 +239,7 @@ fn grafana_dashboard_queries_return_data() {
         22,
         "tests/data/grafana-queries.txt should hold the dashboard's 22 checked queries"
     );
-    let Some(prometheus) = prometheus_binary() else {
-        return;
-    };
+    let prometheus = prometheus_binary();
 
     let up = Upstream::start("u", Behaviour::Echo);
     let gw = Gateway::start(

@@ -9,7 +9,7 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::debian::{apt_get, which};
+use support::debian::require;
 use support::{Behaviour, StoreGateway, StoreGatewayBuilder, Upstream};
 
 fn route(node: &str) -> serde_json::Value {
@@ -50,13 +50,6 @@ fn parse_wrk(text: &str) -> WrkReport {
     report
 }
 
-fn wrk_available() -> bool {
-    if which("wrk").is_none() {
-        apt_get(&["install", "-y", "-qq", "wrk"]);
-    }
-    which("wrk").is_some()
-}
-
 /// Runs `wrk -c 64 -d 20` on `/hello` while `replace` runs (after 4 s).
 fn under_wrk(gw: &mut StoreGateway, replace: impl FnOnce(&mut StoreGateway)) -> WrkReport {
     let url = format!("http://{}/hello", gw.data_addr());
@@ -71,11 +64,8 @@ fn under_wrk(gw: &mut StoreGateway, replace: impl FnOnce(&mut StoreGateway)) -> 
     parse_wrk(&String::from_utf8_lossy(&out.stdout))
 }
 
-fn node_under_load() -> Option<(Upstream, StoreGateway)> {
-    if !wrk_available() {
-        eprintln!("wrk is not installed and could not be: skipped");
-        return None;
-    }
+fn node_under_load() -> (Upstream, StoreGateway) {
+    require("wrk");
     let up = Upstream::start("up", Behaviour::Echo);
     let gw = StoreGatewayBuilder::embedded()
         .workers(2)
@@ -87,7 +77,7 @@ fn node_under_load() -> Option<(Upstream, StoreGateway)> {
         assert!(Instant::now() < deadline, "the route was not served");
         std::thread::sleep(Duration::from_millis(20));
     }
-    Some((up, gw))
+    (up, gw)
 }
 
 fn assert_nothing_lost(what: &str, report: &WrkReport) {
@@ -111,9 +101,7 @@ fn assert_nothing_lost(what: &str, report: &WrkReport) {
 
 #[test]
 fn a_binary_upgrade_under_wrk_loses_no_request() {
-    let Some((_up, mut gw)) = node_under_load() else {
-        return;
-    };
+    let (_up, mut gw) = node_under_load();
     let old = gw.pid().unwrap();
     let report = under_wrk(&mut gw, |gw| {
         let took = gw.restart_in_place(false);
@@ -137,9 +125,7 @@ fn a_binary_upgrade_under_wrk_loses_no_request() {
 
 #[test]
 fn sigterm_then_start_under_wrk_loses_no_request() {
-    let Some((_up, mut gw)) = node_under_load() else {
-        return;
-    };
+    let (_up, mut gw) = node_under_load();
     let report = under_wrk(&mut gw, |gw| {
         let took = gw.restart_in_place(true);
         eprintln!("SIGTERM + start: the old process exited {took:?} after SIGTERM");

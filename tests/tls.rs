@@ -73,7 +73,7 @@ fn route(id: &str, uri: &str, node: &str) -> String {
 /// `curl` over TLS with `sni` resolved to the gateway; returns (exit code, body, stderr).
 fn curl(t: &TlsGateway, sni: &str, path: &str, args: &[&str]) -> (i32, String, String) {
     let url = format!("https://{sni}:{}{path}", t.tls_port);
-    let out = Command::new("curl")
+    let out = Command::new(support::debian::require("curl"))
         .args(["-sk", "-v", "--max-time", "5"])
         .arg("--resolve")
         .arg(format!("{sni}:{}:127.0.0.1", t.tls_port))
@@ -344,7 +344,7 @@ fn h2_by_alpn_and_h2c_with_prior_knowledge() {
         &["--http1.1", "-o", "/dev/null", "-w", "%{http_version}"],
     );
     assert_eq!(v, "1.1");
-    let out = Command::new("curl")
+    let out = Command::new(support::debian::require("curl"))
         .args([
             "-s",
             "--http2-prior-knowledge",
@@ -371,7 +371,7 @@ fn http2_off_serves_http1_alone_on_both_ports() {
         "",
     );
     let plain = |args: &[&str]| {
-        let out = Command::new("curl")
+        let out = Command::new(support::debian::require("curl"))
             .args([
                 "-s",
                 "--max-time",
@@ -392,7 +392,7 @@ fn http2_off_serves_http1_alone_on_both_ports() {
     assert!(!h2c.starts_with("2 "), "h2c must be refused, got {h2c:?}");
     // Keep-alive still works on the HTTP/1 builder: two requests on one connection.
     let url = format!("http://127.0.0.1:{}/t", t.gw.port);
-    let out = Command::new("curl")
+    let out = Command::new(support::debian::require("curl"))
         .args([
             "-sv",
             "--max-time",
@@ -646,14 +646,14 @@ http {{
 "
     );
     std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
-    let child = Command::new("nginx")
+    let child = Command::new(support::debian::require("nginx"))
         .arg("-p")
         .arg(dir.path())
         .arg("-c")
         .arg(dir.path().join("nginx.conf"))
         .stderr(Stdio::null())
         .spawn()
-        .expect("nginx is installed");
+        .expect("start nginx");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(std::time::Instant::now() < deadline, "nginx did not start");

@@ -50,97 +50,27 @@ Usage: benches/e2e/bench.py [--rounds 3] [--duration 5] [--connections 16] [--th
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-UPSTREAM_PORT = 1980
-FERRISIX_PORT = 9080
-FERRISIX_ADMIN = 9180
-NGINX_PROXY_PORT = 9081
-FERRISIX_TLS_PORT = 9443
-NGINX_TLS_PORT = 9444
-TLS_SCENARIOS = ("tls", "tls-hs", "h2")
-# The large-body scenarios: their path on every target (the gateways' route lists both).
-BODY_PATHS = {"big": "/big", "upload": "/upload"}
-BODY_BYTES = 256 * 1024
-BASELINE_PORT = 9082
-BASELINE_ADMIN = 9182
-# --floor: examples/hyper_floor.rs, the least a proxy on hyper's two codecs does per request.
-FLOOR_PORT = 9083
-
-S2_PLUGINS = {
-    "limit-count": {
-        "count": 2000000000000,
-        "time_window": 60,
-        "rejected_code": 503,
-        "key": "remote_addr",
-    },
-    "prometheus": {},
-}
-
-# The auth scenarios (issue 12): s1's route with key-auth, 10,000 consumers in the store, each
-# request authenticating as one of them; and with jwt-auth (HS256), one consumer's token.
-AUTH_SCENARIOS = ("key-auth", "jwt")
-AUTH_CONSUMERS = 10000
-JWT_SECRET = "benchmark-jwt-secret"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import (  # noqa: E402  (benches/e2e/harness.py: what the benchmarks share)
+    ROOT, CLK_TCK, FERRISIX_PORT, FERRISIX_ADMIN, NGINX_PROXY_PORT, FERRISIX_TLS_PORT,
+    NGINX_TLS_PORT, TLS_SCENARIOS, BODY_PATHS, BASELINE_PORT, BASELINE_ADMIN, FLOOR_PORT,
+    S2_PLUGINS, AUTH_SCENARIOS, put_consumers, ROUTE_PLUGINS, ensure_tools, ensure_h2load,
+    make_certificate, put_ssl, nginx_bin, wait_port, cpu_ticks, rss_kib, children,
+    taskset_prefix, nginx_main, start_upstream, nginx_s1_http, floor_command, start_ferrisix,
+    put_body_route, put_route, parse_wrk, run_wrk, run_h2load, parse_h2load,
+)
 
 
-def hs256_token(key, secret):
-    import base64, hashlib, hmac
-    b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
-    head = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
-    body = b64(json.dumps({"key": key, "exp": 4102444800}).encode())
-    sig = hmac.new(secret.encode(), f"{head}.{body}".encode(), hashlib.sha256).digest()
-    return f"{head}.{body}.{b64(sig)}"
-
-
-def scenario_headers(scenario):
-    if scenario == "key-auth":
-        return ["-H", f"apikey: bench-key-{AUTH_CONSUMERS // 2}"]
-    if scenario == "jwt":
-        return ["-H", f"Authorization: Bearer {hs256_token('bench-jwt', JWT_SECRET)}"]
-    return []
-
-
-def admin_put(admin, key, path, doc):
-    """PUTs `doc` (JSON) to the Admin API's `path` (e.g. `routes/1`)."""
-    req = urllib.request.Request(f"{admin}/apisix/admin/{path}", data=json.dumps(doc).encode(),
-                                 method="PUT", headers={"X-API-KEY": key})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        r.read()
-
-
-def put_consumers(admin, key, count=AUTH_CONSUMERS):
-    """`count` key-auth consumers, always with the one whose key the key-auth load sends, and
-    one jwt-auth consumer (written once per gateway)."""
-    def put(name, plugins):
-        admin_put(admin, key, f"consumers/{name}", {"username": name, "plugins": plugins})
-    for i in sorted(set(range(count)) | {AUTH_CONSUMERS // 2}):
-        put(f"bench{i}", {"key-auth": {"key": f"bench-key-{i}"}})
-    put("benchjwt", {"jwt-auth": {"key": "bench-jwt", "secret": JWT_SECRET}})
-
-
-# The plugins nearly every APISIX route carries (issue 13's realistic route).
-ROUTE_PLUGINS = {
-    "proxy-rewrite": {"headers": {"set": {"X-Api-Version": "v2", "X-Client-Addr": "$remote_addr"},
-                                  "remove": ["X-Debug"]}},
-    "cors": {"allow_origins": "http://app.example,http://admin.example"},
-    "request-id": {},
-    "ip-restriction": {"whitelist": ["127.0.0.0/8", "10.0.0.0/8", "::1"]},
-}
 SCENARIO_PLUGINS = {"s2": S2_PLUGINS, "route": ROUTE_PLUGINS}
 
 # The http-logger scenario (issue 14): every request's default entry, in batches of 1000, to a
@@ -209,73 +139,6 @@ def http_logger_plugins(sink_port):
                             "inactive_timeout": LOG_SINK_INACTIVE_S}}
 
 
-def ensure_tools():
-    missing = [t for t in ("nginx", "wrk") if shutil.which(t) is None and not os.path.exists("/usr/sbin/" + t)]
-    if missing:
-        print(f"installing {' '.join(missing)} from Debian", file=sys.stderr)
-        subprocess.run(["apt-get", "update", "-qq"], check=False)
-        subprocess.run(["apt-get", "install", "-y", "-qq"] + missing, check=True,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-
-
-def ensure_package(command, package):
-    """Installs Debian's `package` when `command` is not on the PATH."""
-    if shutil.which(command) is None:
-        print(f"installing {package} ({command}) from Debian", file=sys.stderr)
-        subprocess.run(["apt-get", "update", "-qq"], check=False)
-        subprocess.run(["apt-get", "install", "-y", "-qq", package], check=True,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-
-
-def ensure_h2load():
-    ensure_package("h2load", "nghttp2-client")
-
-
-def make_certificate(work):
-    """One ECDSA P-256 certificate for bench.local, served by both proxies."""
-    crt, key = os.path.join(work, "bench.crt"), os.path.join(work, "bench.key")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-                    "-nodes", "-days", "30", "-subj", "/CN=bench.local", "-addext",
-                    "subjectAltName=DNS:bench.local", "-keyout", key, "-out", crt],
-                   check=True, capture_output=True)
-    return crt, key
-
-
-def put_ssl(admin, key, crt_path, key_path):
-    admin_put(admin, key, "ssls/1", {"sni": "bench.local", "cert": open(crt_path).read(),
-                                     "key": open(key_path).read()})
-
-
-def nginx_bin():
-    return shutil.which("nginx") or "/usr/sbin/nginx"
-
-
-def wait_port(port, timeout=20.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listening on {port}")
-
-
-def cpu_ticks(pids):
-    """(user, system) clock ticks of the processes, all their threads."""
-    user = system = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            # utime, stime are fields 14 and 15 (1-based) of the full line.
-            user += int(fields[11])
-            system += int(fields[12])
-        except FileNotFoundError:
-            pass
-    return user, system
-
-
 def drop_page_cache(path):
     """Asks the kernel to drop `path`'s clean pages from the page cache."""
     fd = os.open(path, os.O_RDONLY)
@@ -283,88 +146,6 @@ def drop_page_cache(path):
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
-def children(pid):
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
-def taskset_prefix(cores):
-    if cores is None or shutil.which("taskset") is None:
-        return []
-    return ["taskset", "-c", cores]
-
-
-def nginx_main(work, name, events):
-    """The top of an nginx.conf for one worker in the foreground, its pid and error log in
-    `work` under `name` (scale.py's upstream uses it too)."""
-    return f"""
-worker_processes 1;
-daemon off;
-pid {work}/{name}.pid;
-error_log {work}/{name}-error.log;
-events {{ {events} }}
-"""
-
-
-def start_upstream(work, cores):
-    conf = os.path.join(work, "upstream.conf")
-    # The large-body scenarios' file, readable by nginx's unprivileged worker.
-    os.chmod(work, 0o755)
-    with open(os.path.join(work, "big"), "wb") as f:
-        f.write(os.urandom(BODY_BYTES))
-    os.chmod(os.path.join(work, "big"), 0o644)
-    with open(conf, "w") as f:
-        f.write(nginx_main(work, "upstream", "worker_connections 10620; accept_mutex off;") + f"""http {{
-  access_log off;
-  server {{
-    listen 127.0.0.1:{UPSTREAM_PORT} reuseport;
-    client_max_body_size 10m;
-    client_body_buffer_size 1m;
-    location / {{ return 200 "1234567890"; }}
-    location = /big {{ alias {work}/big; }}
-  }}
-}}
-""")
-    p = subprocess.Popen(taskset_prefix(cores) + [nginx_bin(), "-c", conf, "-p", work],
-                         stderr=subprocess.DEVNULL)
-    wait_port(UPSTREAM_PORT)
-    return p
-
-
-def nginx_s1_http(work, port):
-    """The plain part of nginx's proxy_pass baseline, inside `http {}`: the buffered access
-    log, the upstream with keep-alive, and the s1 server on `port` (instructions.py counts
-    the same configuration)."""
-    return f"""  access_log {work}/proxy-access.log combined buffer=64k flush=1s;
-  upstream backend {{
-    server 127.0.0.1:{UPSTREAM_PORT};
-    keepalive 320;
-  }}
-  server {{
-    listen 127.0.0.1:{port} reuseport;
-    # The upload scenario's 256 KiB bodies stay in memory, as ferrisix keeps them.
-    client_body_buffer_size 1m;
-    location / {{
-      # The big scenario's answers pass through memory, not a temporary file.
-      proxy_max_temp_file_size 0;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_set_header Host $http_host;
-      proxy_set_header X-Real-IP $remote_addr;
-      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-      proxy_pass http://backend;
-    }}
-  }}"""
 
 
 def start_nginx_proxy(work, cores, crt, key):
@@ -401,11 +182,6 @@ def start_nginx_proxy(work, cores, crt, key):
     return p
 
 
-def floor_command(binary):
-    """examples/hyper_floor.rs's command line: FLOOR_PORT to the benchmark's upstream."""
-    return [binary, f"127.0.0.1:{FLOOR_PORT}", f"127.0.0.1:{UPSTREAM_PORT}"]
-
-
 def start_floor(cores, binary):
     """examples/hyper_floor.rs on the proxies' cores."""
     p = subprocess.Popen(taskset_prefix(cores) + floor_command(binary))
@@ -413,133 +189,8 @@ def start_floor(cores, binary):
     return p
 
 
-def start_ferrisix(work, cores, binary, baseline=False, http2=True, wrapper=()):
-    """With `baseline`: the A/B's second gateway, on its own ports, without TLS, control API or
-    metrics export (they would clash with the first's). `http2` is `apisix.enable_http2`;
-    `wrapper` runs the binary under a tool (startup_order.py's callgrind)."""
-    port, admin = (BASELINE_PORT, BASELINE_ADMIN) if baseline else (FERRISIX_PORT, FERRISIX_ADMIN)
-    if baseline:
-        work = os.path.join(work, "baseline")
-        os.makedirs(work, exist_ok=True)
-        ssl = ("  enable_control: false\nplugin_attr:\n  prometheus:\n"
-               "    export_addr: {ip: 127.0.0.1, port: 9093}")
-    else:
-        ssl = f"""  ssl:
-    listen:
-      - ip: 127.0.0.1
-        port: {FERRISIX_TLS_PORT}
-    # wrk and h2load connect to an address and send no SNI.
-    fallback_sni: bench.local"""
-    conf = os.path.join(work, "config.yaml")
-    with open(conf, "w") as f:
-        f.write(f"""
-apisix:
-  enable_http2: {"true" if http2 else "false"}
-  node_listen:
-    - ip: 127.0.0.1
-      port: {port}
-{ssl}
-deployment:
-  role: traditional
-  role_traditional:
-    config_provider: embedded
-  admin:
-    admin_listen: {{ip: 127.0.0.1, port: {admin}}}
-    admin_key:
-      - name: admin
-        key: benchmark-admin-key
-        role: admin
-nginx_config:
-  worker_processes: 1
-  http:
-    access_log: {work}/ferrisix-access.log
-ferrisix:
-  data_dir: {work}/data
-""")
-    p = subprocess.Popen(taskset_prefix(cores) + list(wrapper) + [binary, "-c", conf], cwd=work,
-                         stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "ferrisix.log"), "w"))
-    wait_port(port)
-    wait_port(admin)
-    return p
-
-
 S1C_CHECKS = {"active": {"http_path": "/hello", "healthy": {"interval": 1},
                          "unhealthy": {"interval": 1}}}
-
-
-def put_body_route(admin, key):
-    """Route 2: the large-body scenarios' paths, no plugins (s1's route stays APISIX's)."""
-    admin_put(admin, key, "routes/2", {
-        "uris": list(BODY_PATHS.values()),
-        "upstream": {"type": "roundrobin", "nodes": {f"127.0.0.1:{UPSTREAM_PORT}": 1}},
-    })
-
-
-def put_route(admin, key, plugins, checks=None):
-    upstream = {"type": "roundrobin", "nodes": {f"127.0.0.1:{UPSTREAM_PORT}": 1}}
-    if checks:
-        upstream["checks"] = checks
-    admin_put(admin, key, "routes/1", {"uri": "/hello", "plugins": plugins, "upstream": upstream})
-
-
-def parse_wrk(text):
-    def dur(v):
-        m = re.match(r"([\d.]+)(us|ms|s|m)", v)
-        if not m:
-            return None  # wrk prints `-nan` and the like when a run has no sample
-        n, unit = float(m.group(1)), m.group(2)
-        # Rounded to the microsecond, so 827us is 0.827 ms rather than 0.8270000000000001.
-        return round(n * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit], 3)
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
-    total = int(re.search(r"(\d+) requests in", text).group(1))
-    lat = re.search(r"Latency\s+(\S+)\s+(\S+)\s+(\S+)", text)
-    p99 = re.search(r"99%\s+(\S+)", text)
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
-    errors = re.search(r"Socket errors: (.*)", text)
-    return {
-        "rps": rps,
-        "requests": total,
-        "mean_ms": dur(lat.group(1)),
-        "p99_ms": dur(p99.group(1)) if p99 else None,
-        "non2xx": int(non2xx.group(1)) if non2xx else 0,
-        "socket_errors": errors.group(1) if errors else "",
-    }
-
-
-def run_wrk(port, args, cores, scenario="s1"):
-    scheme = "https" if scenario in TLS_SCENARIOS else "http"
-    extra = ["-H", "Connection: close"] if scenario == "tls-hs" else scenario_headers(scenario)
-    if scenario == "route":
-        extra = ["-H", "Origin: http://app.example"]
-    if scenario == "upload":
-        script = os.path.join(tempfile.gettempdir(), f"ferrisix-bench-upload-{os.getpid()}.lua")
-        with open(script, "w") as f:
-            f.write(f'wrk.method = "POST"\nwrk.body = string.rep("x", {BODY_BYTES})\n'
-                    'wrk.headers["Content-Type"] = "application/octet-stream"\n')
-        extra = extra + ["-s", script]
-    path = BODY_PATHS.get(scenario, "/hello")
-    cmd = taskset_prefix(cores) + ["wrk", "-t", str(args.threads), "-c", str(args.connections),
-                                   "-d", f"{args.duration}s", "--latency"] + extra + \
-        [f"{scheme}://127.0.0.1:{port}{path}"]
-    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-
-
-def run_h2load(port, args, cores):
-    cmd = taskset_prefix(cores) + ["h2load", "-c", "1", "-m", "16", "-t", "1", "-D", str(args.duration),
-                                   f"https://127.0.0.1:{port}/hello"]
-    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-
-
-def parse_h2load(text):
-    rps = float(re.search(r"finished in [\d.]+\w+, ([\d.]+) req/s", text).group(1))
-    m = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded", text)
-    mean = re.search(r"time for request:\s+\S+\s+\S+\s+(\S+)", text)
-    def ms(v):
-        n, unit = re.match(r"([\d.]+)(us|ms|s)", v).groups()
-        return round(float(n) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit], 3)
-    done, ok = int(m.group(1)), int(m.group(2))
-    return {"rps": rps, "requests": done, "mean_ms": ms(mean.group(1)) if mean else None,
-            "p99_ms": None, "non2xx": done - ok, "socket_errors": ""}
 
 
 def measure(name, port, pids, args, cores, scenario="s1"):
@@ -621,7 +272,7 @@ def main():
         args.binary = os.path.join(target, "release" if args.plain else "pgo", "ferrisix")
     if not args.no_build:
         # The shipped binary is the profile-guided build: what a benchmarker should measure.
-        build = (". scripts/build-deps.sh && cargo build --release --locked --bin ferrisix"
+        build = ("cargo build --release --locked --bin ferrisix"
                  if args.plain else "scripts/build-release.sh")
         subprocess.run(["bash", "-c", build], cwd=ROOT, check=True)
 

@@ -6,7 +6,6 @@
 # Usage: benches/e2e/build_floor.sh   -> target/pgo-floor/hyper_floor (under CARGO_TARGET_DIR)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-. scripts/build-deps.sh
 TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 DIR=$TARGET_DIR/pgo-floor
 HOST=$(rustc -vV | sed -n 's/^host: //p')

@@ -11,31 +11,14 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
+import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait_port(port):
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"nothing on {port}")
+# The helpers the benchmarks share (harness.py beside this file).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import CLK_TCK, ROOT, free_port, wait_port  # noqa: E402
 
 
 def cpu(pid):

@@ -38,7 +38,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench  # noqa: E402
+import harness  # noqa: E402
 
 NGINX_PORT = 9081
 S2_PLUGINS = {
@@ -147,18 +147,18 @@ def start_gateway(work, binary, scenario, per_instruction=False):
 
     subprocess.Popen = popen
     try:
-        proc = bench.start_ferrisix(work, None, binary)
+        proc = harness.start_ferrisix(work, None, binary)
     finally:
         subprocess.Popen = real_popen
     plugins = S2_PLUGINS if scenario == "s2" else {}
     for _ in range(60):
         try:
-            bench.put_route(f"http://127.0.0.1:{bench.FERRISIX_ADMIN}", "benchmark-admin-key",
+            harness.put_route(f"http://127.0.0.1:{harness.FERRISIX_ADMIN}", "benchmark-admin-key",
                             plugins)
             break
         except OSError:
             time.sleep(0.5)
-    return proc, bench.FERRISIX_PORT, out
+    return proc, harness.FERRISIX_PORT, out
 
 
 def start_nginx(work, per_instruction=False):
@@ -173,23 +173,23 @@ pid {work}/proxy.pid;
 error_log {work}/proxy-error.log;
 events {{ worker_connections 10620; }}
 http {{
-{bench.nginx_s1_http(work, NGINX_PORT)}
+{harness.nginx_s1_http(work, NGINX_PORT)}
 }}
 """)
     out = os.path.join(work, "callgrind.out")
-    proc = subprocess.Popen(callgrind(out, per_instruction) + [bench.nginx_bin(), "-c", conf, "-p", work],
+    proc = subprocess.Popen(callgrind(out, per_instruction) + [harness.nginx_bin(), "-c", conf, "-p", work],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    bench.wait_port(NGINX_PORT, timeout=60)
+    harness.wait_port(NGINX_PORT, timeout=60)
     return proc, NGINX_PORT, out
 
 
 def start_floor(work, binary, per_instruction=False):
     """examples/hyper_floor.rs under callgrind, to the same upstream."""
     out = os.path.join(work, "callgrind.out")
-    proc = subprocess.Popen(callgrind(out, per_instruction) + bench.floor_command(binary),
+    proc = subprocess.Popen(callgrind(out, per_instruction) + harness.floor_command(binary),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    bench.wait_port(bench.FLOOR_PORT, timeout=60)
-    return proc, bench.FLOOR_PORT, out
+    harness.wait_port(harness.FLOOR_PORT, timeout=60)
+    return proc, harness.FLOOR_PORT, out
 
 
 def count(work, start, seconds, headers=(), objects=None):
@@ -230,7 +230,7 @@ def count(work, start, seconds, headers=(), objects=None):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--binary", default=os.path.join(bench.ROOT, "target", "release", "ferrisix"))
+    ap.add_argument("--binary", default=os.path.join(harness.ROOT, "target", "release", "ferrisix"))
     ap.add_argument("--baseline")
     ap.add_argument("--nginx", action="store_true")
     ap.add_argument("--rounds", type=int, default=3)
@@ -256,7 +256,7 @@ def main():
         targets.append(("hyper-floor", args.floor))
     work = args.keep or tempfile.mkdtemp(prefix="ferrisix-instructions-")
     os.makedirs(work, exist_ok=True)
-    upstream = bench.start_upstream(work, None)
+    upstream = harness.start_upstream(work, None)
     per_request = {name: [] for name, _ in targets}
     locked_per_request = {name: [] for name, _ in targets}
     objects = {} if args.atomics else None

@@ -19,35 +19,18 @@ import argparse
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import datetime
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The helpers the benchmarks share (harness.py beside this file).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import ROOT, free_port, wait_port  # noqa: E402
+
 KILL_AT = 4.0
 BACK_AT = 9.0
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait_port(port, limit=10):
-    end = time.time() + limit
-    while time.time() < end:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"nothing listens on {port}")
 
 
 def start_node(work, i, port):

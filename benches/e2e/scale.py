@@ -45,7 +45,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -54,36 +53,12 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench  # noqa: E402  (the nginx.conf preamble)
+import harness  # noqa: E402
+from harness import free_port, rss_kib  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ADMIN_KEY = "scale-bench-admin-key"
 CLIENTS = 16
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port, timeout=60.0):
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.02)
-    raise RuntimeError(f"port {port} did not open")
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 def pct(values, p):
@@ -97,7 +72,7 @@ def start_upstream(work):
     port = free_port()
     conf = os.path.join(work, "upstream.conf")
     with open(conf, "w") as f:
-        f.write(bench.nginx_main(work, "upstream", "worker_connections 4096;") + f"""http {{
+        f.write(harness.nginx_main(work, "upstream", "worker_connections 4096;") + f"""http {{
     access_log off;
     server {{
         listen 127.0.0.1:{port} reuseport;
@@ -109,7 +84,7 @@ def start_upstream(work):
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     p = subprocess.Popen([nginx, "-c", conf, "-p", work], stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
-    wait_port(port)
+    harness.wait_port(port, timeout=60.0)
     return p, port
 
 
@@ -124,7 +99,7 @@ def start_etcd(work, nice=0):
          f"http://127.0.0.1:{peer}", "--initial-cluster", f"default=http://127.0.0.1:{peer}",
          "--quota-backend-bytes", str(8 * 1024 ** 3)],
         stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "etcd.log"), "w"))
-    wait_port(client)
+    harness.wait_port(client, timeout=60.0)
     return p, client
 
 
@@ -181,8 +156,8 @@ nginx_config:
                                      stdout=subprocess.DEVNULL,
                                      stderr=open(self.log_path, "a"),
                                      env=dict(os.environ, RUST_LOG="info"))
-        wait_port(self.data)
-        wait_port(self.admin)
+        harness.wait_port(self.data, timeout=60.0)
+        harness.wait_port(self.admin, timeout=60.0)
         return started
 
     def stop(self):

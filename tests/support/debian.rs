@@ -1,4 +1,4 @@
-//! Debian packages for tests that need real servers: the workspace's one helper, from
-//! `ferrisix-config`'s test support.
+//! The programs the tests run and the Debian packages that hold them: the workspace's one
+//! helper, from `ferrisix-config`'s test support.
 
-pub use ferrisix_config::test_support::debian::{apt_get, which};
+pub use ferrisix_config::test_support::debian::require;

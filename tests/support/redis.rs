@@ -1,13 +1,12 @@
 //! Throwaway Redis servers for the tests of the `redis`, `redis-cluster` and `redis-sentinel`
-//! policies: Debian's `redis-server` (installed with apt-get when missing) on random ports, a
+//! policies: Debian's `redis-server` (which `scripts/test.sh` installs) on random ports, a
 //! three-node cluster, a TLS-only server, sentinels (`redis-server --sentinel`), and `redis-cli`
 //! to look at what the gateways stored.
 
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
-use super::debian::{apt_get, which};
+use super::debian::require;
 use super::{free_port, poll_until};
 
 /// A redis-server child process, killed on drop.
@@ -24,32 +23,11 @@ impl Drop for Redis {
     }
 }
 
-/// Whether redis-server and redis-cli are there, installing Debian's `redis-server` (through
-/// `sudo -n` when not root) if not. `false`, after saying so loudly, only where there is no
-/// apt-get: the caller skips its test.
-pub fn have_redis() -> bool {
-    static PRESENT: OnceLock<bool> = OnceLock::new();
-    *PRESENT.get_or_init(|| {
-        let present = || which("redis-server").is_some() && which("redis-cli").is_some();
-        if present() {
-            return true;
-        }
-        if which("apt-get").is_none() {
-            eprintln!(
-                "\n*************************************************************\n\
-                 * SKIPPED: `redis-server` is not on PATH and there is no     *\n\
-                 * apt-get to install Debian's `redis-server` package.        *\n\
-                 *************************************************************\n"
-            );
-            return false;
-        }
-        eprintln!("installing Debian's redis-server with apt-get for the redis policy tests");
-        // A fresh machine has no package lists yet.
-        apt_get(&["update"]);
-        apt_get(&["install", "-y", "--no-install-recommends", "redis-server"]);
-        assert!(present(), "redis-server installed but not on PATH");
-        true
-    })
+/// Panics, naming the package that installs it, when redis-server or redis-cli is missing
+/// (`scripts/test.sh` installs both).
+pub fn require_redis() {
+    require("redis-server");
+    require("redis-cli");
 }
 
 /// Runs `redis-cli -p <port> <args>` and answers its standard output.
@@ -219,10 +197,10 @@ pub fn redis_cluster() -> Vec<Redis> {
 
 /// A TLS-only redis-server with a fresh self-signed certificate; `None` without openssl or a
 /// TLS-capable redis-server.
-pub fn redis_tls() -> Option<Redis> {
+pub fn redis_tls() -> Redis {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    let made = Command::new("openssl")
+    let made = Command::new(require("openssl"))
         .args([
             "req",
             "-x509",
@@ -242,9 +220,7 @@ pub fn redis_tls() -> Option<Redis> {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    if !made {
-        return None;
-    }
+    assert!(made, "openssl made no certificate for the TLS redis-server");
     let port = free_port();
     let child = Command::new("redis-server")
         .args([
@@ -269,7 +245,7 @@ pub fn redis_tls() -> Option<Redis> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .ok()?;
+        .expect("start redis-server with TLS");
     let r = Redis {
         child,
         port,
@@ -277,6 +253,7 @@ pub fn redis_tls() -> Option<Redis> {
     };
     poll_until(Duration::from_secs(10), || {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    })?;
-    Some(r)
+    })
+    .expect("redis-server with TLS did not listen (built without TLS?)");
+    r
 }

@@ -1,7 +1,7 @@
 //! Test support shared by the workspace's tests (feature `test-support`, never in the binary):
 //! a throwaway etcd on random ports ([`etcd::Etcd`], with TLS and a blocking client for direct
-//! reads and writes, as APISIX or an operator would do them) and the Debian package helper
-//! that installs the servers tests need when they are missing ([`debian`]).
+//! reads and writes, as APISIX or an operator would do them) and the list of programs the tests
+//! run, with the Debian packages that hold them ([`debian`]).
 //!
 //! The in-memory store the Admin API's tests run on is [`crate::store::memory::MemoryStore`],
 //! behind the same feature.

@@ -1,4 +1,4 @@
-//! A throwaway single-member etcd (Debian's `etcd` binary, installed with apt-get when missing)
+//! A throwaway single-member etcd (Debian's `etcd` binary, which `scripts/test.sh` installs)
 //! on random ports with a temporary data directory, optionally serving TLS with client
 //! certificates, and a blocking client to read, write and compact it directly.
 
@@ -9,41 +9,16 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use super::debian::{apt_get, which};
+use super::debian::require;
 use super::free_port;
 use crate::store::etcd::kv_of;
 use crate::store::KeyValue;
 
-/// The `etcd` binary, installing Debian's `etcd-server` with apt-get (through `sudo -n` when
-/// not root) if it is missing. `None`, after saying so loudly, only where there is no apt-get:
-/// the caller skips its test.
-pub fn etcd_binary() -> Option<PathBuf> {
-    static BINARY: OnceLock<Option<PathBuf>> = OnceLock::new();
-    BINARY
-        .get_or_init(|| {
-            if let Some(p) = which("etcd") {
-                return Some(p);
-            }
-            if which("apt-get").is_none() {
-                eprintln!(
-                    "\n*************************************************************\n\
-                     * SKIPPED: `etcd` is not on PATH and there is no apt-get to  *\n\
-                     * install Debian's `etcd-server` package.                    *\n\
-                     *************************************************************\n"
-                );
-                return None;
-            }
-            eprintln!("installing Debian's etcd-server with apt-get for the etcd tests");
-            // A fresh machine has no package lists yet.
-            apt_get(&["update"]);
-            apt_get(&["install", "-y", "--no-install-recommends", "etcd-server"]);
-            Some(
-                which("etcd")
-                    .or_else(|| Some(PathBuf::from("/usr/bin/etcd")).filter(|p| p.is_file()))
-                    .expect("etcd-server installed but `etcd` not found"),
-            )
-        })
-        .clone()
+/// The `etcd` binary (Debian's `etcd-server`, which `scripts/test.sh` installs); panics,
+/// naming the package, when it is missing.
+pub fn etcd_binary() -> PathBuf {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| require("etcd")).clone()
 }
 
 /// Certificates made with the `openssl` command for a TLS etcd: a CA, a server certificate
@@ -58,14 +33,11 @@ pub struct TlsFiles {
 }
 
 impl TlsFiles {
-    /// `None` (after saying why) when the `openssl` command is missing.
-    pub fn make(dir: &Path) -> Option<TlsFiles> {
-        if which("openssl").is_none() {
-            eprintln!("SKIPPED: no `openssl` command to make test certificates");
-            return None;
-        }
+    /// Panics, naming the package, when the `openssl` command is missing.
+    pub fn make(dir: &Path) -> TlsFiles {
+        let openssl = require("openssl");
         let run = |args: &[&str]| {
-            let out = Command::new("openssl")
+            let out = Command::new(&openssl)
                 .args(args)
                 .current_dir(dir)
                 .output()
@@ -113,13 +85,13 @@ impl TlsFiles {
             run(&["x509", "-req", "-in", &csr, "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", &pem,
                 "-days", "2", "-extfile", &extfile]);
         }
-        Some(TlsFiles {
+        TlsFiles {
             ca: dir.join("ca.pem"),
             server_cert: dir.join("server.pem"),
             server_key: dir.join("server.key"),
             client_cert: dir.join("client.pem"),
             client_key: dir.join("client.key"),
-        })
+        }
     }
 }
 
@@ -135,19 +107,19 @@ pub struct Etcd {
 }
 
 impl Etcd {
-    /// Starts a fresh etcd and waits until it answers; `None` only where etcd cannot be had
-    /// (see [`etcd_binary`]), and the test should return.
-    pub fn start() -> Option<Etcd> {
+    /// Starts a fresh etcd and waits until it answers; panics when there is no etcd (see
+    /// [`etcd_binary`]).
+    pub fn start() -> Etcd {
         Etcd::start_with(None)
     }
 
     /// Starts a fresh etcd that serves clients over TLS with client-certificate auth.
-    pub fn start_tls(tls: TlsFiles) -> Option<Etcd> {
+    pub fn start_tls(tls: TlsFiles) -> Etcd {
         Etcd::start_with(Some(tls))
     }
 
-    fn start_with(tls: Option<TlsFiles>) -> Option<Etcd> {
-        let binary = etcd_binary()?;
+    fn start_with(tls: Option<TlsFiles>) -> Etcd {
+        let binary = etcd_binary();
         // A port picked free can be taken before etcd binds it; try a few pairs.
         for _ in 0..5 {
             let mut etcd = Etcd {
@@ -159,7 +131,7 @@ impl Etcd {
                 child: None,
             };
             if etcd.launch() {
-                return Some(etcd);
+                return etcd;
             }
         }
         panic!("etcd did not start");

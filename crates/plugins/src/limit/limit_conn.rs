@@ -689,9 +689,7 @@ mod tests {
 
     #[tokio::test]
     async fn redis_counts_delays_rejects_and_releases() {
-        let Some(server) = test_server::TestRedis::start() else {
-            return;
-        };
+        let server = test_server::TestRedis::start();
         let conf = json!({"conn": 1, "burst": 1, "default_conn_delay": 0.01, "key": "remote_addr",
             "only_use_default_delay": true, "rejected_code": 429, "policy": "redis",
             "redis_host": "127.0.0.1", "redis_port": server.port});
@@ -731,9 +729,7 @@ mod tests {
 
     #[tokio::test]
     async fn redis_increment_of_an_abandoned_request_is_released() {
-        let Some(server) = test_server::TestRedis::start() else {
-            return;
-        };
+        let server = test_server::TestRedis::start();
         let r = remote(server.port);
         let key = "limit_conn:t:abandoned".to_string();
         {
@@ -771,9 +767,7 @@ mod tests {
 
     #[tokio::test]
     async fn redis_slots_of_a_lost_gateway_lapse_after_key_ttl() {
-        let Some(server) = test_server::TestRedis::start() else {
-            return;
-        };
+        let server = test_server::TestRedis::start();
         let lc = compile(
             json!({"conn": 1, "burst": 0, "default_conn_delay": 0.01, "key": "remote_addr",
                 "key_ttl": 1, "policy": "redis", "redis_host": "127.0.0.1",

@@ -571,7 +571,7 @@ mod tests {
     }
 
     /// 3,000 (node set, key) pairs computed by an independent Python reimplementation of
-    /// resty.chash (scripts/chash-vectors.py): ferrisix must agree on every one.
+    /// resty.chash (scripts/dev/chash-vectors.py): ferrisix must agree on every one.
     #[test]
     fn chash_agrees_with_resty_chash_vectors() {
         let sets: [(&str, &[(&str, u32)]); 3] = [

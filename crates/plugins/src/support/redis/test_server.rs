@@ -1,5 +1,5 @@
-//! A throwaway `redis-server` for unit tests: started on a free port when the binary is on the
-//! PATH, killed on drop. The end-to-end tests install it; unit tests skip without it.
+//! A throwaway `redis-server` for unit tests: started on a free port, killed on drop. A test
+//! that finds no `redis-server` fails, naming the package (`scripts/test.sh` installs it).
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -36,25 +36,23 @@ impl Drop for TestRedis {
 }
 
 impl TestRedis {
-    /// `None` (after saying so) when there is no `redis-server` to run.
-    pub fn start() -> Option<TestRedis> {
+    /// Panics, naming the package that installs it, when there is no `redis-server`.
+    pub fn start() -> TestRedis {
+        let binary = ferrisix_config::test_support::debian::require("redis-server");
         for _ in 0..3 {
             let port = free_port();
-            let Ok(child) = Command::new("redis-server")
+            let child = Command::new(&binary)
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
                 .args(["--save", "", "--appendonly", "no"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
-            else {
-                eprintln!("SKIPPED: no redis-server on the PATH");
-                return None;
-            };
+                .expect("start redis-server");
             let mut r = TestRedis { child, port };
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline {
                 if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    return Some(r);
+                    return r;
                 }
                 if let Ok(Some(_)) = r.child.try_wait() {
                     // The port was taken meanwhile: try another.

@@ -5,7 +5,7 @@ APISIX's balancer/chash.lua: node id "host:port" with ':' -> NUL, weights divide
 160 points per weight unit, point i = crc32(id .. le32(point i-1)) starting from four zero
 bytes, points sorted by hash, a key on the first point >= crc32(key), wrapping to the first.
 
-Usage: scripts/chash-vectors.py > crates/proxy/tests/data/chash-vectors.txt
+Usage: scripts/dev/chash-vectors.py > crates/proxy/tests/data/chash-vectors.txt
 """
 import bisect
 import struct

@@ -13,10 +13,10 @@
 # hybrid mode not supported"); the script then runs with runc and the limits at or below the
 # caller's own, and says so. The container uses the host's network (ports chosen free here).
 #
-#   scripts/image-test.sh            build, run, check; exit 0 on success
-#   IMAGE_KEEP=1 scripts/image-test.sh   leave the image and the volume
+#   scripts/check/image-test.sh            build, run, check; exit 0 on success
+#   IMAGE_KEEP=1 scripts/check/image-test.sh   leave the image and the volume
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 root=$(pwd)
 bin=${FERRISIX_BIN:-$root/target/release/ferrisix}
 echo_bin=${ECHO_BIN:-$root/target/release/ferrisix-echo}

@@ -6,14 +6,14 @@
 #
 # Uses the fixed ports of the quick start (9080, 9180, 9090, 9091, 9443, 1980): run it under
 # the conformance lock on a shared machine:
-#   flock /tmp/ferrisix-conformance.lock scripts/first-run-test.sh
+#   flock /tmp/ferrisix-conformance.lock scripts/check/first-run-test.sh
 # FIRST_RUN_TARGET=dir reuses a cargo target directory (a release build there) instead of
 # building from nothing in the clone; FIRST_RUN_KEEP=1 keeps the clone. FIRST_RUN_CHECKOUT=dir
 # runs in that checkout instead of a clone (it must have no conf/ yet: the state a first start
 # makes), for a machine where a release build from nothing takes too long; FIRST_RUN_WAIT is
 # how long the build and start may take, in seconds (default 3600).
 set -euo pipefail
-repo="$(cd "$(dirname "$0")/.." && pwd)"
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
 work="$(mktemp -d /tmp/ferrisix-first-run.XXXXXX)"
 clone="$work/ferrisix"
 log="$work/run.log"

@@ -11,11 +11,12 @@ code is laid out hot, what is inlined and which branch falls through; paths it n
 are compiled as cold, still correctly, so the mix is what a deployment serves rather than the
 benchmark alone.
 
-It reuses bench.py's upstream (nginx on 127.0.0.1:1980), gateway configuration and
-certificate. The caller sets LLVM_PROFILE_FILE; this script only drives the traffic and stops
-the gateway with SIGTERM, so that it exits on its own and writes the profile.
+It drives the gateway with the helpers the benchmarks share (benches/e2e/harness.py): the
+nginx upstream on 127.0.0.1:1980, the gateway's configuration and the certificate. The caller
+sets LLVM_PROFILE_FILE; this script only drives the traffic and stops the gateway with
+SIGTERM, so that it exits on its own and writes the profile.
 
-Usage: benches/e2e/pgo_train.py --binary PATH [--seconds 3]
+Usage: scripts/release/pgo_train.py --binary PATH [--seconds 3]
 """
 
 import argparse
@@ -29,8 +30,10 @@ import tempfile
 import types
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench  # noqa: E402
+# The gateway, upstream and load helpers the benchmarks use too (benches/e2e/harness.py), not
+# the benchmark itself.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../benches/e2e"))
+import harness  # noqa: E402
 
 KEY = "benchmark-admin-key"
 CONSUMERS = 200
@@ -38,9 +41,9 @@ CONSUMERS = 200
 
 def wrk(scenario, seconds, connections=16):
     args = types.SimpleNamespace(threads=2, connections=connections, duration=seconds)
-    text = bench.run_wrk(bench.FERRISIX_TLS_PORT if scenario in bench.TLS_SCENARIOS
-                         else bench.FERRISIX_PORT, args, None, scenario)
-    r = bench.parse_wrk(text)
+    text = harness.run_wrk(harness.FERRISIX_TLS_PORT if scenario in harness.TLS_SCENARIOS
+                         else harness.FERRISIX_PORT, args, None, scenario)
+    r = harness.parse_wrk(text)
     print(f"pgo training: {scenario}: {r['requests']} requests, {r['non2xx']} not 2xx",
           file=sys.stderr)
     # A scenario answered with errors would train the error path instead of the one named.
@@ -63,28 +66,28 @@ def main():
     if "LLVM_PROFILE_FILE" not in os.environ:
         print("pgo training: LLVM_PROFILE_FILE is not set (scripts/build-release.sh sets it)",
               file=sys.stderr)
-    bench.ensure_tools()
+    harness.ensure_tools()
     h2 = True
     try:
-        bench.ensure_h2load()
+        harness.ensure_h2load()
     except (subprocess.CalledProcessError, OSError) as e:
         h2 = False
         print(f"pgo training: no h2load ({e}); HTTP/2 is left out of the profile", file=sys.stderr)
 
     work = tempfile.mkdtemp(prefix="ferrisix-pgo-")
-    admin = f"http://127.0.0.1:{bench.FERRISIX_ADMIN}"
-    upstream = bench.start_upstream(work, None)
+    admin = f"http://127.0.0.1:{harness.FERRISIX_ADMIN}"
+    upstream = harness.start_upstream(work, None)
     fx = None
     try:
-        crt, key = bench.make_certificate(work)
-        fx = bench.start_ferrisix(work, None, args.binary)
-        bench.put_ssl(admin, KEY, crt, key)
-        bench.put_body_route(admin, KEY)
-        bench.put_consumers(admin, KEY, CONSUMERS)
+        crt, key = harness.make_certificate(work)
+        fx = harness.start_ferrisix(work, None, args.binary)
+        harness.put_ssl(admin, KEY, crt, key)
+        harness.put_body_route(admin, KEY)
+        harness.put_consumers(admin, KEY, CONSUMERS)
         mix = [
             ("s1", {}),
-            ("s2", bench.S2_PLUGINS),
-            ("route", bench.ROUTE_PLUGINS),
+            ("s2", harness.S2_PLUGINS),
+            ("route", harness.ROUTE_PLUGINS),
             ("key-auth", {"key-auth": {}}),
             ("jwt", {"jwt-auth": {}}),
             ("big", {}),
@@ -93,13 +96,13 @@ def main():
             ("tls-hs", {}),
         ]
         for scenario, plugins in mix:
-            bench.put_route(admin, KEY, plugins)
+            harness.put_route(admin, KEY, plugins)
             # Snapshots publish within milliseconds; the first requests may still see the last.
             wrk(scenario, args.seconds)
         if h2:
-            bench.put_route(admin, KEY, {})
+            harness.put_route(admin, KEY, {})
             h2args = types.SimpleNamespace(duration=args.seconds)
-            r = bench.parse_h2load(bench.run_h2load(bench.FERRISIX_TLS_PORT, h2args, None))
+            r = harness.parse_h2load(harness.run_h2load(harness.FERRISIX_TLS_PORT, h2args, None))
             print(f"pgo training: h2: {r['requests']} requests", file=sys.stderr)
         # The Admin API and a scrape: lists, reads, the metrics text.
         for _ in range(20):

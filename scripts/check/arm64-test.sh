@@ -9,12 +9,12 @@
 # package libstd-rust-web-dev:arm64, so the cross build uses /usr/bin/cargo and /usr/bin/rustc
 # (Debian's), leaving rustup's toolchain the default everywhere else.
 #
-# Usage: scripts/arm64-test.sh [--bench] [--no-install] [cargo test args...]
+# Usage: scripts/check/arm64-test.sh [--bench] [--no-install] [cargo test args...]
 set -euo pipefail
 
 TARGET=aarch64-unknown-linux-gnu
 PACKAGES=(rustc-web cargo-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu
-          libc6-dev-arm64-cross qemu-user protobuf-compiler libprotobuf-dev)
+          libc6-dev-arm64-cross qemu-user)
 BENCH=0
 INSTALL=1
 ARGS=()
@@ -26,7 +26,11 @@ for a in "$@"; do
   esac
 done
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
+# The programs the tests run (etcd, redis, nginx, protoc for the generated-code check...): the
+# list scripts/test.sh installs.
+read -ra TEST_PACKAGES <<<"$(sed -n 's/^packages="\(.*\)"$/\1/p' scripts/test.sh)"
+PACKAGES+=("${TEST_PACKAGES[@]}")
 say() { printf '[arm64] %s\n' "$*" >&2; }
 
 installed() { [ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null)" = installed ]; }
@@ -45,7 +49,6 @@ unset RUSTUP_TOOLCHAIN
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER=qemu-aarch64
 export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar
-export PROTOC=/usr/bin/protoc
 # The multiarch libc6:arm64 matches Debian's aarch64 loader; pointing qemu at the cross
 # toolchain's sysroot instead (-L /usr/aarch64-linux-gnu) mixes the two and hangs threads.
 export QEMU_LD_PREFIX=/

@@ -16,7 +16,7 @@ of the binary that ran is written out, mangled, one per line, for lld's
 C code, std's precompiled code, and the symbols the optimised binary really has after
 inlining. valgrind is installed from Debian when missing.
 
-Usage: benches/e2e/startup_order.py --binary PATH --out FILE
+Usage: scripts/release/startup_order.py --binary PATH --out FILE
 """
 
 import argparse
@@ -30,8 +30,10 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench  # noqa: E402
+# The gateway, upstream and load helpers the benchmarks use too (benches/e2e/harness.py), not
+# the benchmark itself.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../benches/e2e"))
+import harness  # noqa: E402
 
 KEY = "benchmark-admin-key"
 # How long the gateway idles after the PUTs, so the order holds what idle time runs too (timers,
@@ -80,18 +82,18 @@ def main():
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     binary = os.path.realpath(args.binary)
-    bench.ensure_package("valgrind", "valgrind")
+    harness.ensure_package("valgrind", "valgrind")
     work = tempfile.mkdtemp(prefix="ferrisix-order-")
     out = os.path.join(work, "callgrind")
     os.makedirs(out)
     wrapper = ["valgrind", "--tool=callgrind", "--demangle=no", "--dump-instr=no",
                "--separate-threads=yes", f"--callgrind-out-file={out}/cg.out"]
-    crt, key = bench.make_certificate(work)
-    admin = f"http://127.0.0.1:{bench.FERRISIX_ADMIN}"
-    fx = bench.start_ferrisix(work, None, binary, wrapper=wrapper)
+    crt, key = harness.make_certificate(work)
+    admin = f"http://127.0.0.1:{harness.FERRISIX_ADMIN}"
+    fx = harness.start_ferrisix(work, None, binary, wrapper=wrapper)
     try:
-        bench.put_ssl(admin, KEY, crt, key)
-        bench.put_route(admin, KEY, {})
+        harness.put_ssl(admin, KEY, crt, key)
+        harness.put_route(admin, KEY, {})
         time.sleep(IDLE_S)
     finally:
         fx.send_signal(signal.SIGTERM)

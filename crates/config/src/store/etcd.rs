@@ -32,9 +32,6 @@
 //! is honoured); `deployment.etcd.tls.{cert,key}` is the client certificate and `tls.sni` the
 //! name verified. `tls.verify: false` is refused: the client cannot switch verification off.
 //!
-//! Building needs `protoc` (Debian: `protobuf-compiler` and `libprotobuf-dev`) for
-//! `etcd-client`'s generated gRPC code.
-//!
 //! **Layout.** This file is the store: settings, the shared part, connecting, and the reads,
 //! writes, transactions and leases of [`Store`]. The sync loop (listing, watch, progress,
 //! re-list, reconnects) is in `sync`; Admin list pages cut from the followed state or from

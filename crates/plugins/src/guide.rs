@@ -84,8 +84,12 @@ fn check_command(command: &str) {
                 "`{command}`: {file} has no tests"
             );
         }
-        ["cargo", "test", "--test", binary, filter] => {
-            let file = format!("tests/{binary}.rs");
+        // The end-to-end tests are one binary, `e2e`, with a module per file.
+        ["cargo", "test", "--test", "e2e", path] => {
+            let (module, filter) = path
+                .split_once("::")
+                .unwrap_or_else(|| panic!("`{command}`: name the module, `<module>::<test>`"));
+            let file = format!("tests/e2e/{module}.rs");
             assert!(
                 tests_named(&repo_file(&file), filter) > 0,
                 "`{command}`: no test of {file} is named like `{filter}`"
@@ -120,7 +124,7 @@ fn shell_commands_select_tests_that_exist() {
 #[test]
 fn commands_that_select_nothing_are_refused() {
     let missing = std::panic::catch_unwind(|| {
-        check_command("cargo test --test plugins_http no_such_test_anywhere")
+        check_command("cargo test --test e2e plugins_http::no_such_test_anywhere")
     });
     assert!(missing.is_err());
     assert_eq!(

@@ -1,6 +1,6 @@
 //! End-to-end load balancing (spec data-plane §4.2, §4.3): weighted roundrobin counts over whole
 //! periods, weight 0, and node priority groups with failover, against the real binary.
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 

@@ -5,7 +5,7 @@
 //! The queries are vendored in `tests/data/grafana-queries.txt` (source file and APISIX commit
 //! in its header). `scripts/test.sh` installs `prometheus`; without it the test fails, naming
 //! the package.
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use support::debian::require;
 use support::*;
 
-const QUERIES: &str = include_str!("data/grafana-queries.txt");
+const QUERIES: &str = include_str!("../data/grafana-queries.txt");
 
 /// One dashboard query: where it comes from and its expression as written in the dashboard.
 struct Query {

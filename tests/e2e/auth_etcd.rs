@@ -4,7 +4,7 @@
 //! CLI, independently of ferrisix), authenticate on ferrisix; and a consumer written through
 //! ferrisix's Admin API lands in etcd in that form and is shown decrypted.
 
-mod support;
+use crate::support;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;

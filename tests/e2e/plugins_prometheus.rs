@@ -1,7 +1,7 @@
 //! End-to-end prometheus (spec data-plane §7): the export server, the HTTP metric families with
 //! APISIX 3.18's labels, node metrics, global rules seeing unmatched requests, `prefer_route`,
 //! `prefer_name`, `metric_prefix`, and series of deleted routes going away.
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Process lifecycle: graceful shutdown finishes in-flight requests, `-t` checks a config,
 //! and malformed requests get nginx's status codes without hurting the process.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -20,7 +20,7 @@ fn one_route(node: &str) -> String {
 fn sigterm_finishes_the_slow_request_in_flight_then_exits_zero() {
     let up = Upstream::start("slow", Behaviour::Delay(Duration::from_millis(1500)));
     // handover_wait 0: the listeners close at SIGTERM, as nginx's (by default they stay open
-    // a while for a successor: tests/restart.rs).
+    // a while for a successor: tests/e2e/restart.rs).
     let mut gw = Gateway::start_with(&one_route(&up.node()), "ferrisix:\n  handover_wait: 0\n");
     let addr = gw.addr();
     let in_flight = std::thread::spawn(move || support::get(addr, "/slow"));

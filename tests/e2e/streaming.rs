@@ -1,7 +1,7 @@
 //! Bodies stream through the gateway with backpressure: a 1 GiB upload passes while the
 //! gateway's resident memory stays small, and websocket connections are tunnelled.
 
-mod support;
+use crate::support;
 
 use std::io::Write;
 use std::net::TcpStream;

@@ -4,7 +4,7 @@
 //! plain SIGTERM followed by a start. wrk must report no non-2xx answer and no socket error.
 //! Also: SIGHUP applies a live key and SIGUSR1 reopens the access log.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

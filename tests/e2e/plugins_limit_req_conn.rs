@@ -4,7 +4,7 @@
 //! policies several gateway processes share one bucket and one in-flight count, and a Redis
 //! that is down, silent or not Redis answers 500 or lets requests through
 //! (`allow_degradation`).
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

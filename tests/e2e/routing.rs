@@ -1,6 +1,6 @@
 //! End-to-end routing: the path patterns of spec data-plane §2.2, the match precedence of §2.3
 //! and the conditions of §2.4, against the real binary with each router of §2.1.
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use support::*;

@@ -1,6 +1,6 @@
 //! End-to-end request and response headers (spec data-plane §3.1-§3.3): forwarded headers, real
 //! IP, hop-by-hop headers, `pass_host`, the `Server` header, and method/query/body forwarding.
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use support::*;

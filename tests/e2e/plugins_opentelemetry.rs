@@ -1,7 +1,7 @@
 //! End-to-end opentelemetry through the binary, against an OTLP/HTTP receiver decoding the
 //! protobuf export: the span continues the client's trace, the upstream is sent the
 //! request's own context, and the span carries APISIX's attributes and the request's timing.
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;

@@ -2,7 +2,7 @@
 //! keys, counters that survive identical re-PUTs, global rules on unmatched requests, merges
 //! with plugin_config and service, exact counting across worker threads, and the redis,
 //! redis-cluster and redis-sentinel policies shared by several gateway processes.
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! (real-ip, proxy-rewrite headers, cors, request-id, ip-restriction) works together, and
 //! client-control / proxy-control shape the request body; uri-blocker, the worked example of
 //! `docs/adding-a-plugin.md`, refuses what its rules match.
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

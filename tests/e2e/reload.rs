@@ -1,7 +1,7 @@
 //! End-to-end standalone reload: edits to apisix.yaml apply while serving; broken files are
 //! refused whole; invalid routes are skipped one by one, an earlier valid version keeping serving.
 //! No speed is asserted: waits poll generously and the measured latency is printed.
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Issue 8 (security and robustness), end to end against the binary: the Admin API's key
 //! rules, connections that never send a request (also with the process out of descriptors),
 //! idle and non-reading clients, nginx's request-head rules, and the wrong-key guard.
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

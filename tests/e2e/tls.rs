@@ -1,7 +1,7 @@
 //! End-to-end TLS: a real ferrisix with an HTTPS listener, driven by curl and openssl's
 //! s_client (real clients, real handshakes), with certificates from tests/data/tls.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

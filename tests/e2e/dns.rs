@@ -2,7 +2,7 @@
 //! 127.0.0.1, answers from a table the test changes): every address of a name is used, a
 //! changed answer is picked up after its TTL, a failing server leaves the last good addresses
 //! in use, and SRV records give ports, weights and priorities.
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};

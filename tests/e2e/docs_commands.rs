@@ -14,7 +14,7 @@
 //!   test waits until the data plane serves the store's latest revision, as a user typing
 //!   them would.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -23,7 +23,7 @@ use std::time::Duration;
 use support::{Behaviour, StoreGateway, StoreGatewayBuilder, Upstream};
 
 /// The tester name of the blocks this file runs.
-const THIS_TESTER: &str = "tests/docs_commands.rs";
+const THIS_TESTER: &str = "tests/e2e/docs_commands.rs";
 
 /// One fenced shell block of a page.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,7 +157,7 @@ fn every_shell_block_names_an_existing_tester() {
 #[test]
 fn markers_are_read_and_checked() {
     let page = "text\n\
-                <!-- tested-by: tests/docs_commands.rs -->\n\
+                <!-- tested-by: tests/e2e/docs_commands.rs -->\n\
                 <!-- quick-start:run -->\n\
                 ```sh\n\
                 echo one\n\
@@ -170,7 +170,7 @@ fn markers_are_read_and_checked() {
                 ```shell\n\
                 echo three\n\
                 ```\n\
-                <!-- tested-by: tests/docs_commands.rs -->\n\
+                <!-- tested-by: tests/e2e/docs_commands.rs -->\n\
                 words between\n\
                 ```sh\n\
                 echo four\n\

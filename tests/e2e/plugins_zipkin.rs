@@ -2,7 +2,7 @@
 //! request continues the client's B3 trace, the upstream is sent the proxy span's context, and
 //! the three spans of span version 2 carry APISIX's names, parents, tags, endpoints and the
 //! request's timing.
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;

@@ -2,7 +2,7 @@
 //! once (the last partial batch flushed by the graceful shutdown), and with its sink down the
 //! gateway keeps serving with bounded memory (the backlog drops what it cannot hold);
 //! file-logger appends its lines and reopens its file on SIGUSR1.
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -2,7 +2,7 @@
 //! probe or by passive counting is avoided by every worker, and a node that comes back gets
 //! traffic again. Connections are opened one after another so the kernel spreads them over the
 //! workers' `SO_REUSEPORT` listeners.
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;

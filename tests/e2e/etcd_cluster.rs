@@ -14,7 +14,7 @@
 //! Time limits are generous (these run in parallel on small CI machines); measured latencies
 //! are printed, never asserted.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,7 +1,7 @@
 //! End-to-end kafka-logger through the binary, against the in-test Kafka broker (Debian
 //! packages no Kafka): every request's entry arrives exactly once on the topic with the key,
 //! and a broker that accepts connections but never answers leaves the requests untouched.
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

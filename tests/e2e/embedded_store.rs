@@ -7,7 +7,7 @@
 //!   partial table while the first compile runs);
 //! * (ignored) the PUT-to-served propagation figure.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

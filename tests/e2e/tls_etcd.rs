@@ -3,7 +3,7 @@
 //! CLI, an implementation independent of ferrisix's) is decrypted and served; and one written
 //! through ferrisix's Admin API lands in etcd in the same form, readable the same way.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

@@ -3,7 +3,7 @@
 //! pass-through codec), so no protobuf code generation is needed: the gateway never looks
 //! inside messages anyway.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -1,7 +1,7 @@
 //! End-to-end echo (`t/plugin/echo.t`) through the binary: the body replaced, wrapped
 //! before and after (also around a chunked upstream body), and the headers set, with the
 //! upstream's length and validators gone.
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -2,7 +2,7 @@
 //! node, the 502/504 answers, `X-APISIX-Upstream-Status`, `retries`, `retry_timeout` and the
 //! route `timeout` override. Node order is forced with priority groups (§4.3), so the failing
 //! node is always tried first.
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,0 +1,38 @@
+//! The end-to-end tests: the real `ferrisix` binary, started by each test on random 127.0.0.1
+//! ports, against real upstreams, etcd, Redis and log servers (`support`).
+//!
+//! They are one test binary with a module per area, rather than one binary per file: each
+//! binary links the whole harness and its dependencies again, and that linking was most of
+//! what building the tests cost. Run one area with `cargo test --test e2e <module>::`.
+//! `tests/route_memory.rs` stays a binary of its own: it installs a counting global allocator.
+
+mod support;
+
+mod auth_etcd;
+mod balancing;
+mod dns;
+mod docs_commands;
+mod embedded_store;
+mod etcd_cluster;
+mod grpc;
+mod headers;
+mod health;
+mod lifecycle;
+mod plugins_echo;
+mod plugins_http;
+mod plugins_kafka;
+mod plugins_limit_count;
+mod plugins_limit_req_conn;
+mod plugins_loggers;
+mod plugins_opentelemetry;
+mod plugins_prometheus;
+mod plugins_zipkin;
+mod prometheus_scrape;
+mod reload;
+mod restart;
+mod retries;
+mod routing;
+mod security;
+mod streaming;
+mod tls;
+mod tls_etcd;

@@ -29,6 +29,7 @@ pub static DEF: PluginDef = PluginDef {
     version: 0.5,
     metadata_schema: Some(metadata_schema),
     check: Some(check),
+    encrypt_fields: &["redis_password", "sentinel_password"],
     ..PluginDef::new(NAME, 1002, schema, compile)
 };
 

@@ -182,7 +182,14 @@ fn run(
     let states = source.states.clone();
     let health = source.health.clone();
 
-    let (registry, unknown) = PluginRegistry::new(services.clone(), settings.plugins.as_deref());
+    let (mut registry, unknown) =
+        PluginRegistry::new(services.clone(), settings.plugins.as_deref());
+    // As APISIX's `enable_gde`: the plugins' `encrypt_fields` are stored encrypted on a store
+    // the Admin API writes, never in a standalone file.
+    let encryption = &settings.apisix.data_encryption;
+    if source.store.is_some() && encryption.enable_encrypt_fields {
+        registry = registry.with_encrypted_fields(encryption.keyring());
+    }
     for name in unknown {
         tracing::warn!(plugin = %name, "config.yaml enables a plugin ferrisix does not have; ignored");
     }

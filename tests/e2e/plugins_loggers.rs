@@ -14,11 +14,12 @@ use serde_json::{json, Value};
 use support::*;
 
 /// An HTTP log sink: counts the entries of every POSTed batch (a JSON array or one object)
-/// by their `status` field.
+/// by their `status` field, and keeps each batch's `Authorization` header.
 struct Sink {
     addr: SocketAddr,
     statuses: Arc<Mutex<Vec<String>>>,
     batches: Arc<AtomicUsize>,
+    auth: Arc<Mutex<Vec<String>>>,
 }
 
 impl Sink {
@@ -27,22 +28,29 @@ impl Sink {
         let addr = listener.local_addr().unwrap();
         let statuses = Arc::new(Mutex::new(Vec::new()));
         let batches = Arc::new(AtomicUsize::new(0));
-        let (st, b) = (statuses.clone(), batches.clone());
+        let auth = Arc::new(Mutex::new(Vec::new()));
+        let (st, b, a) = (statuses.clone(), batches.clone(), auth.clone());
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
-                let (st, b) = (st.clone(), b.clone());
-                std::thread::spawn(move || serve_sink(stream, &st, &b));
+                let (st, b, a) = (st.clone(), b.clone(), a.clone());
+                std::thread::spawn(move || serve_sink(stream, &st, &b, &a));
             }
         });
         Sink {
             addr,
             statuses,
             batches,
+            auth,
         }
     }
 }
 
-fn serve_sink(mut s: TcpStream, statuses: &Mutex<Vec<String>>, batches: &AtomicUsize) {
+fn serve_sink(
+    mut s: TcpStream,
+    statuses: &Mutex<Vec<String>>,
+    batches: &AtomicUsize,
+    auth: &Mutex<Vec<String>>,
+) {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 65536];
     loop {
@@ -53,7 +61,15 @@ fn serve_sink(mut s: TcpStream, statuses: &Mutex<Vec<String>>, batches: &AtomicU
             }
             continue;
         };
-        let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+        let raw_head = String::from_utf8_lossy(&buf[..end]).into_owned();
+        if let Some(v) = raw_head.lines().find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("authorization")
+                .then(|| value.trim().to_owned())
+        }) {
+            auth.lock().unwrap().push(v);
+        }
+        let head = raw_head.to_lowercase();
         let len: usize = head
             .lines()
             .find_map(|l| l.strip_prefix("content-length:"))
@@ -173,6 +189,40 @@ fn http_logger_with_its_sink_down_keeps_memory_bounded() {
     // Still answering at once.
     let r = get(gw.addr(), "/hello");
     assert_eq!(r.status, 200);
+}
+
+/// Issue 47, item 6: http-logger's `auth_header` is one of its `encrypt_fields`, stored
+/// encrypted by the Admin API; the data plane decrypts it, so the log server gets the value
+/// configured, not the stored ciphertext.
+#[test]
+fn http_logger_sends_the_auth_header_configured_not_its_stored_form() {
+    let up = Upstream::start("u", Behaviour::Echo);
+    let sink = Sink::start();
+    let gw = StoreGatewayBuilder::embedded().start();
+    let secret = "Bearer s3cr3t-token";
+    gw.put_route(
+        "1",
+        &json!({"uri": "/hello", "plugins": {"http-logger": {
+            "uri": format!("http://{}/log", sink.addr), "auth_header": secret,
+            "batch_max_size": 1, "log_format": {"status": "$status"}}},
+            "upstream": {"type": "roundrobin", "nodes": {up.node(): 1}}}),
+    );
+    // Stored encrypted (the Admin API shows it decrypted).
+    let stored = gw.admin("GET", "/apisix/admin/routes/1", "");
+    assert_eq!(
+        stored.json()["value"]["plugins"]["http-logger"]["auth_header"],
+        secret
+    );
+    poll_until(std::time::Duration::from_secs(10), || {
+        get(gw.data_addr(), "/hello").status == 200
+    })
+    .expect("the route is served");
+    poll_until(std::time::Duration::from_secs(10), || {
+        !sink.auth.lock().unwrap().is_empty()
+    })
+    .expect("a batch reached the sink");
+    let auth = sink.auth.lock().unwrap().clone();
+    assert!(auth.iter().all(|a| a == secret), "{auth:?}");
 }
 
 /// The lines of `path` once it has `n` of them (within 10 s).

@@ -332,7 +332,7 @@ impl AdminApi {
 
     /// `check_token`: 401 with APISIX's description, no `X-API-VERSION`. The log line names
     /// the client, and wrong keys count against its address ([`AuthGuard`]): past the burst,
-    /// 429 before any key is compared.
+    /// its wrong keys get 429 while a right key still gets through.
     fn auth(&self, parts: &Parts, peer: IpAddr) -> Result<(), Reply> {
         if !self.options.key_required {
             return Ok(());
@@ -347,9 +347,8 @@ impl AdminApi {
                 )}),
             )
         };
-        if let Some(wait) = self.guard.as_ref().and_then(|g| g.locked_out(peer)) {
-            return Err(too_many(wait));
-        }
+        // The key is compared first, whatever the guard holds, and the guard only hears of
+        // wrong ones (see `guard` for why that is safe).
         let presented = auth::presented_key(parts.uri.query(), &parts.headers);
         auth::check(&self.options.keys, presented, &parts.method).map_err(|refusal| {
             if refusal == auth::Refusal::Wrong {

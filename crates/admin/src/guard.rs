@@ -1,17 +1,30 @@
 //! A per-client-address limit on failed Admin API authentications (ferrisix's own: APISIX
 //! compares every key it is sent, however many).
 //!
-//! Each wrong key spends one cell of a GCRA bucket (`governor`) for the client's address.
-//! When the bucket refuses, the address is locked out until a cell frees up: its requests are
-//! answered 429 before any key is compared, so guessing cannot go on at a higher rate, even
-//! with the right key among the guesses. IPv6 clients are grouped by /64 (one host's usual
-//! allocation), so an attacker cannot hop addresses inside its own prefix.
+//! Each wrong key spends one cell of a GCRA bucket (`governor`) for the client's address; past
+//! the burst, the address's wrong keys are answered 429 until a cell frees up. A right key gets
+//! through whatever the bucket holds: behind a shared address (a NAT, a corporate proxy) anyone
+//! could otherwise lock the operators out by sending wrong keys. IPv6 clients are grouped by
+//! /64 (one host's usual allocation), so an attacker cannot hop addresses inside its own
+//! prefix.
+//!
+//! Why letting the right key through is safe:
+//! - The presented key is compared on every request, locked out or not, against every
+//!   configured key in constant time (`auth::check`). The guard is asked only after the
+//!   comparison and only about its outcome, so its state changes no comparison and no timing
+//!   tells how much of a wrong key matched.
+//! - Only failures reach the bucket. A success neither spends nor frees a cell, so an
+//!   operator's requests cannot refill the bucket for the guesses that follow, and every wrong
+//!   key of a throttled address gets the same 429, without a comparison result to read.
+//! - What it gives up: a throttled address still learns when a guess is right, so the guard
+//!   does not cap how fast one address can try keys; it caps the failures answered with a
+//!   401 and makes a guessing address stand out (every refusal is logged with the client).
+//!   The key itself must resist guessing, as it already had to against guesses spread over
+//!   many addresses (APISIX generates 32 random characters when `admin_key` is empty).
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::num::NonZeroU32;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use governor::clock::{Clock, DefaultClock};
 use governor::state::keyed::DefaultKeyedStateStore;
@@ -24,7 +37,6 @@ const PRUNE_ABOVE: usize = 4096;
 #[derive(Debug)]
 pub struct AuthGuard {
     limiter: RateLimiter<IpAddr, DefaultKeyedStateStore<IpAddr>, DefaultClock>,
-    locked: Mutex<HashMap<IpAddr, Instant>>,
 }
 
 impl AuthGuard {
@@ -34,38 +46,19 @@ impl AuthGuard {
             Quota::per_minute(NonZeroU32::new(per_minute)?).allow_burst(NonZeroU32::new(burst)?);
         Some(AuthGuard {
             limiter: RateLimiter::keyed(quota),
-            locked: Mutex::new(HashMap::new()),
         })
     }
 
-    /// How long `client` must wait before its key is looked at again, if it is locked out.
-    pub fn locked_out(&self, client: IpAddr) -> Option<Duration> {
-        let key = group(client);
-        let mut locked = self.locked.lock().unwrap_or_else(|e| e.into_inner());
-        let until = *locked.get(&key)?;
-        let now = Instant::now();
-        if until > now {
-            return Some(until - now);
-        }
-        locked.remove(&key);
-        None
-    }
-
-    /// Records a wrong key from `client`; `Some(wait)` when that was one too many.
+    /// Records a wrong key from `client`; `Some(wait)` when the address is over its limit
+    /// (a refused failure spends nothing, so a throttled address stays throttled no longer
+    /// than its last accepted failure makes it).
     pub fn failed(&self, client: IpAddr) -> Option<Duration> {
         let key = group(client);
         if self.limiter.len() > PRUNE_ABOVE {
             self.limiter.retain_recent();
         }
         let refused = self.limiter.check_key(&key).err()?;
-        let wait = refused.wait_time_from(self.limiter.clock().now());
-        let mut locked = self.locked.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        if locked.len() > PRUNE_ABOVE {
-            locked.retain(|_, until| *until > now);
-        }
-        locked.insert(key, now + wait);
-        Some(wait)
+        Some(refused.wait_time_from(self.limiter.clock().now()))
     }
 }
 
@@ -90,7 +83,6 @@ mod tests {
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let b: IpAddr = "10.0.0.2".parse().unwrap();
         for _ in 0..3 {
-            assert_eq!(guard.locked_out(a), None);
             assert_eq!(guard.failed(a), None);
         }
         let wait = guard.failed(a).expect("fourth failure refused");
@@ -98,9 +90,8 @@ mod tests {
             wait > Duration::from_secs(50) && wait <= Duration::from_secs(60),
             "{wait:?}"
         );
-        assert!(guard.locked_out(a).is_some());
+        assert!(guard.failed(a).is_some(), "still refused");
         // Another address has its own bucket.
-        assert_eq!(guard.locked_out(b), None);
         assert_eq!(guard.failed(b), None);
     }
 

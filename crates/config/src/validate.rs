@@ -17,8 +17,8 @@ mod convert;
 
 pub use checks::{
     check_forbidden_properties, check_global_rule_conflicts, check_plugins, check_resource,
-    check_resource_with_refs, missing_reference_message, references, AcceptAnyPlugin, PluginCheck,
-    ReferenceLookup, ValidationError,
+    check_resource_with_keyring, check_resource_with_refs, missing_reference_message, references,
+    AcceptAnyPlugin, PluginCheck, ReferenceLookup, ValidationError,
 };
 pub use convert::{
     global_rule_from_value, plugin_config_from_value, route_from_value, service_from_value,

@@ -725,6 +725,22 @@ impl<'r> PluginCtx<'r> {
         self.state.body.buffered()
     }
 
+    /// Whether the body is a form as APISIX's `post_arg_*` variables read it: a Content-Type
+    /// starting with `application/x-www-form-urlencoded` (a charset may follow).
+    pub fn has_form_body(&self) -> bool {
+        self.header("content-type")
+            .is_some_and(|ct| ct.starts_with("application/x-www-form-urlencoded"))
+    }
+
+    /// `post_arg_<name>`: the first field `name` of a form body that was read completely
+    /// (see [`PluginCtx::has_form_body`]); `None` before the body is read.
+    pub fn post_arg(&self, name: &str) -> Option<Cow<'_, str>> {
+        if !self.has_form_body() {
+            return None;
+        }
+        crate::vars::form_arg(self.body()?, name).map(Cow::Owned)
+    }
+
     /// Refuses bodies larger than `bytes` with 413 (`client_max_body_size`).
     pub fn set_max_body_size(&mut self, bytes: u64) {
         self.state.max_body_size = Some(bytes);
@@ -771,7 +787,8 @@ impl<'r> PluginCtx<'r> {
 
 impl VarSource for PluginCtx<'_> {
     /// The request's variables plus the ones APISIX adds once a route matched (`route_id`,
-    /// `service_id`, ...) or a consumer was found (`consumer_name`, `consumer_group_id`).
+    /// `service_id`, ...) or a consumer was found (`consumer_name`, `consumer_group_id`), and
+    /// `post_arg_*` once the body was read.
     fn var(&self, name: &str) -> Option<Cow<'_, str>> {
         let route = self.route;
         match name {
@@ -797,7 +814,10 @@ impl VarSource for PluginCtx<'_> {
             "upstream_uri" => Some(self.upstream_uri()),
             "matched_uri" => Some(Cow::Borrowed(self.matched_uri())),
             "uri" => Some(Cow::Borrowed(self.uri())),
-            _ => self.request_vars().get(name),
+            _ => match name.strip_prefix("post_arg_") {
+                Some(field) => self.post_arg(field),
+                None => self.request_vars().get(name),
+            },
         }
     }
 }

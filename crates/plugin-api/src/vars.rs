@@ -87,6 +87,29 @@ pub fn query_arg<'q>(query: &'q str, name: &str) -> Option<Cow<'q, str>> {
     None
 }
 
+/// The first field `name` of an `application/x-www-form-urlencoded` body, key and value
+/// decoded as `ngx.req.get_post_args` decodes them (`+` is a space, `%xx` escapes; a field
+/// without `=` is empty).
+pub fn form_arg(body: &[u8], name: &str) -> Option<String> {
+    let decode = |s: &[u8]| {
+        let spaced: Vec<u8> = s
+            .iter()
+            .map(|&b| if b == b'+' { b' ' } else { b })
+            .collect();
+        percent_encoding::percent_decode(&spaced)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    body.split(|&b| b == b'&').find_map(|pair| {
+        let eq = pair.iter().position(|&b| b == b'=');
+        let (k, v) = match eq {
+            Some(i) => (&pair[..i], &pair[i + 1..]),
+            None => (pair, &b""[..]),
+        };
+        (!k.is_empty() && decode(k) == name).then(|| decode(v))
+    })
+}
+
 impl VarSource for RequestVars<'_> {
     fn var(&self, name: &str) -> Option<Cow<'_, str>> {
         self.get(name)
@@ -177,5 +200,14 @@ mod tests {
         assert_eq!(v("server_port").as_deref(), Some("9080"));
         assert_eq!(v("is_args").as_deref(), Some("?"));
         assert_eq!(v("nope"), None);
+    }
+
+    #[test]
+    fn form_fields_decoded_as_get_post_args() {
+        let body = b"a=1&name=jack+doe&b%20c=%41%zz&flag&name=second";
+        assert_eq!(form_arg(body, "name").as_deref(), Some("jack doe"));
+        assert_eq!(form_arg(body, "b c").as_deref(), Some("A%zz"));
+        assert_eq!(form_arg(body, "flag").as_deref(), Some(""));
+        assert_eq!(form_arg(body, "x"), None);
     }
 }

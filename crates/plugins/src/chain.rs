@@ -108,9 +108,10 @@ impl ChainEntry {
             tracing::warn!(plugin = src.name, "unknown plugin left out of the chain");
             return Ok(None);
         };
+        let conf = env.registry.decrypted(info, src.conf);
         let cx = CompileCtx {
             name: info.name,
-            conf: src.conf,
+            conf: &conf,
             owner: src.owner,
             route,
             metadata: env.metadata.get(info.name),
@@ -597,7 +598,7 @@ mod tests {
     use serde_json::json;
 
     use ferrisix_plugin_api::testing::TestRequest;
-    use ferrisix_plugin_api::Exit;
+    use ferrisix_plugin_api::{Exit, PluginDef, PluginServices};
     use http::StatusCode;
 
     use super::*;
@@ -647,6 +648,58 @@ mod tests {
             owner: &owner,
         }];
         assert!(PluginChain::compile(&srcs, None, env()).unwrap().is_empty());
+    }
+
+    /// A plugin whose compile fails with the conf it was given, to see what it got.
+    fn echo_conf(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
+        Err(cx.conf.to_string())
+    }
+
+    static SECRETIVE: PluginDef = PluginDef {
+        encrypt_fields: &["secret", "auth.password"],
+        ..PluginDef::new("secretive", 1, || json!({"type": "object"}), echo_conf)
+    };
+
+    /// What `secretive` compiles with from `conf`, under a registry built by `registry`.
+    fn compiled_conf(registry: PluginRegistry, conf: &Value) -> Value {
+        let owner = Owner::new(ResourceKind::Routes, "chain-secret");
+        let env = CompileEnv {
+            metadata: &HashMap::new(),
+            registry: &registry,
+            upstreams: &ferrisix_plugin_api::NoUpstreams,
+        };
+        let srcs = [PluginSource {
+            name: "secretive",
+            conf,
+            owner: &owner,
+        }];
+        let e = PluginChain::compile(&srcs, None, env).unwrap_err();
+        let text = e.strip_prefix("failed to load plugin secretive: ").unwrap();
+        serde_json::from_str(text).unwrap()
+    }
+
+    /// Issue 47, item 6: the fields a plugin lists in `encrypt_fields` reach its compile
+    /// decrypted when the store holds them encrypted, and as they are otherwise.
+    #[test]
+    fn encrypted_fields_compile_decrypted() {
+        let keyring = ferrisix_config::encrypt::Keyring::apisix_default();
+        let stored = json!({"secret": keyring.encrypt("s3cr3t"),
+            "auth": {"password": keyring.encrypt("pw"), "user": "u"},
+            "plain": keyring.encrypt("not listed")});
+        let registry =
+            || PluginRegistry::from_defs(Arc::new(PluginServices::default()), [&SECRETIVE]);
+        let got = compiled_conf(registry().with_encrypted_fields(keyring.clone()), &stored);
+        assert_eq!(
+            got,
+            json!({"secret": "s3cr3t", "auth": {"password": "pw", "user": "u"},
+                "plain": stored["plain"]})
+        );
+        // A value that does not decrypt (written before encryption was on) is kept.
+        let legacy = json!({"secret": "typed in"});
+        let got = compiled_conf(registry().with_encrypted_fields(keyring), &legacy);
+        assert_eq!(got, legacy);
+        // A standalone file holds the values as typed: nothing is decrypted.
+        assert_eq!(compiled_conf(registry(), &stored), stored);
     }
 
     #[test]

@@ -3,9 +3,11 @@
 //! the plugins compile against. The Admin API's `/plugins/list`, `/plugins/<name>` and
 //! `/schema/plugins/<name>`, validation ([`PluginCheck`]) and compilation all read it.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
+use ferrisix_config::encrypt::{process_fields, FieldOp, Keyring};
 use ferrisix_config::schema;
 use ferrisix_config::validate::PluginCheck;
 use ferrisix_plugin_api::{
@@ -74,6 +76,9 @@ pub struct PluginRegistry {
     plugins: Arc<Vec<PluginInfo>>,
     services: Arc<PluginServices>,
     apis: PluginApis,
+    /// The keyring the plugins' `encrypt_fields` are decrypted with before they compile
+    /// (see [`PluginRegistry::with_encrypted_fields`]).
+    field_keyring: Option<Arc<Keyring>>,
 }
 
 impl std::fmt::Debug for PluginRegistry {
@@ -121,7 +126,42 @@ impl PluginRegistry {
             plugins: Arc::new(plugins),
             services,
             apis,
+            field_keyring: None,
         }
+    }
+
+    /// The plugins' `encrypt_fields` are stored encrypted with `keyring` (APISIX's
+    /// `data_encryption.enable_encrypt_fields` on a store the Admin API writes): the route,
+    /// service, plugin config and global rule confs are decrypted with it before they compile,
+    /// as APISIX's `plugin_checker` decrypts them when it loads them. A value that does not
+    /// decrypt is kept as it is (one written before encryption was turned on).
+    pub fn with_encrypted_fields(mut self, keyring: Keyring) -> PluginRegistry {
+        self.field_keyring = (!keyring.is_empty()).then(|| Arc::new(keyring));
+        self
+    }
+
+    /// `conf` of plugin `info` as it compiles: its `encrypt_fields` decrypted, where they are
+    /// stored encrypted.
+    pub(crate) fn decrypted<'c>(&self, info: &PluginInfo, conf: &'c Value) -> Cow<'c, Value> {
+        let Some(keyring) = self.field_keyring.as_deref() else {
+            return Cow::Borrowed(conf);
+        };
+        if info.def.encrypt_fields.is_empty() {
+            return Cow::Borrowed(conf);
+        }
+        let mut plain = conf.clone();
+        for failure in process_fields(
+            keyring,
+            &mut plain,
+            info.def.encrypt_fields,
+            FieldOp::Decrypt,
+        ) {
+            tracing::debug!(
+                plugin = info.name,
+                "failed to decrypt {failure}; kept as stored"
+            );
+        }
+        Cow::Owned(plain)
     }
 
     /// Every plugin ferrisix implements, with services of its own (tools and tests).
@@ -307,6 +347,36 @@ mod tests {
         assert!(r
             .check("limit-count", &json!({"count": 1, "time_window": 1}))
             .is_ok());
+    }
+
+    /// Issue 47, item 6: each plugin's `encrypt_fields` as APISIX 3.18 lists them in its
+    /// schema (`apisix/plugins/<name>.lua`): the Admin API stores these encrypted and the data
+    /// plane decrypts them, so a field missing here would reach the plugin as it was typed but
+    /// be shown and exported unencrypted, and one too many would reach it as ciphertext.
+    #[test]
+    fn encrypt_fields_are_apisix_s() {
+        let apisix: &[(&str, &[&str])] = &[
+            ("http-logger", &["auth_header"]),
+            ("kafka-logger", &["brokers.sasl_config.password"]),
+            ("elasticsearch-logger", &["auth.password", "headers"]),
+            ("loki-logger", &["headers"]),
+            ("clickhouse-logger", &["password"]),
+            ("limit-count", &["redis_password", "sentinel_password"]),
+            ("limit-req", &["redis_password"]),
+            ("limit-conn", &["redis_password"]),
+            ("key-auth", &["key"]),
+            ("basic-auth", &["password"]),
+            ("jwt-auth", &["secret"]),
+            ("hmac-auth", &["secret_key"]),
+        ];
+        let r = PluginRegistry::builtin();
+        for p in r.list() {
+            let expected = apisix
+                .iter()
+                .find(|(name, _)| *name == p.name)
+                .map_or(&[][..], |(_, fields)| *fields);
+            assert_eq!(p.def.encrypt_fields, expected, "{}", p.name);
+        }
     }
 
     #[test]

@@ -8,7 +8,8 @@ use ferrisix_config::model::ResourceKind;
 use ferrisix_config::schema::{self, schema_by_name};
 use ferrisix_config::validate::{
     check_forbidden_properties, check_global_rule_conflicts, check_plugins, check_resource,
-    check_resource_with_refs, missing_reference_message, references, PluginCheck, ReferenceLookup,
+    check_resource_with_keyring, missing_reference_message, references, PluginCheck,
+    ReferenceLookup,
 };
 use ferrisix_plugins::{PluginKind, PluginRegistry};
 use serde_json::{json, Value};
@@ -277,12 +278,23 @@ impl AdminApi {
                 }
             }
             Checker::Core(kind) => {
+                // Private keys that are not PEM are decrypted with the keyring and parsed, as
+                // APISIX's `validate` does.
+                let keyring = &self.options().keyring;
                 if with_refs {
                     let refs = self.prefetch(kind, conf).await;
-                    if let Err(e) = check_resource_with_refs(kind, conf, &plugins, &refs) {
+                    if let Err(e) = check_resource_with_keyring(
+                        kind,
+                        conf,
+                        &plugins,
+                        Some(&refs as &dyn ReferenceLookup),
+                        keyring,
+                    ) {
                         return bad(refs.explain(e.message));
                     }
-                } else if let Err(e) = check_resource(kind, conf, &plugins) {
+                } else if let Err(e) =
+                    check_resource_with_keyring(kind, conf, &plugins, None, keyring)
+                {
                     return bad(e.message);
                 }
                 if kind == ResourceKind::GlobalRules {

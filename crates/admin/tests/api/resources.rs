@@ -333,6 +333,93 @@ async fn ssls_hide_private_keys() {
     assert_eq!(r.json()["value"]["key"], stored.as_str());
 }
 
+/// Issue 47, item 1: APISIX's `check_ssl_conf` and `check_upstream_conf` decrypt a key that
+/// is not PEM with the keyring before parsing it (`aes_decrypt_pkey`), so a key that is neither
+/// PEM nor the keyring's ciphertext is refused, and so is a client CA that is no certificate;
+/// on `ssls` and in an upstream's `tls` alike (`t/node/client-mtls.t` TEST 3,
+/// `t/node/upstream-mtls.t` TEST 4, `t/router/radixtree-sni2.t`).
+#[tokio::test]
+async fn ssl_and_upstream_tls_keys_and_ca_are_parsed() {
+    let a = Admin::new();
+    let cert = include_str!("../../../../tests/data/tls/server.crt");
+    let key = include_str!("../../../../tests/data/tls/server.key");
+    let keyring = ferrisix_config::encrypt::Keyring::apisix_default();
+    let garbage = "AAA".repeat(128);
+    let ssl = |key: &str| json!({"cert": cert, "key": key, "snis": ["a.com"]});
+    let decrypt = json!({"error_msg": "failed to decrypt previous encrypted key"});
+    let bad_key = json!({"error_msg": "failed to parse key: PEM_read_bio_PrivateKey() failed"});
+    a.json("PUT", "/apisix/admin/ssls/1", ssl(&garbage))
+        .await
+        .expect(400, decrypt.clone());
+    a.json(
+        "PUT",
+        "/apisix/admin/ssls/1",
+        ssl(&keyring.encrypt(&"not a key ".repeat(8))),
+    )
+    .await
+    .expect(400, bad_key.clone());
+    let mut pairs = ssl(key);
+    pairs["certs"] = json!([cert]);
+    pairs["keys"] = json!([garbage]);
+    a.json("PUT", "/apisix/admin/ssls/1", pairs)
+        .await
+        .expect(
+            400,
+            json!({"error_msg": "failed to handle cert-key pair[1]: failed to decrypt previous encrypted key"}),
+        );
+    let mut ca = ssl(key);
+    ca["client"] = json!({"ca": "test.com".repeat(128)});
+    a.json("PUT", "/apisix/admin/ssls/1", ca)
+        .await
+        .expect(
+            400,
+            json!({"error_msg": "failed to validate client_cert: failed to parse cert: PEM_read_bio_X509_AUX() failed"}),
+        );
+    // The keyring's ciphertext of a key is a key (an object copied from another node).
+    a.json("PUT", "/apisix/admin/ssls/1", ssl(&keyring.encrypt(key)))
+        .await
+        .expect(201, json!({}));
+
+    let upstream = |key: &str| {
+        json!({"scheme": "https", "nodes": {"127.0.0.1:1983": 1},
+            "tls": {"client_cert": cert, "client_key": key}})
+    };
+    a.json("PUT", "/apisix/admin/upstreams/1", upstream(&garbage))
+        .await
+        .expect(400, decrypt.clone());
+    a.json(
+        "PUT",
+        "/apisix/admin/routes/1",
+        json!({"uri": "/hello", "upstream": upstream(&garbage)}),
+    )
+    .await
+    .expect(400, decrypt);
+    a.json(
+        "PUT",
+        "/apisix/admin/upstreams/1",
+        upstream(&keyring.encrypt(&"not a key ".repeat(8))),
+    )
+    .await
+    .expect(400, bad_key);
+    a.json("PUT", "/apisix/admin/upstreams/1", upstream(key))
+        .await
+        .expect(201, json!({}));
+    // PATCH checks the stored ciphertext with the keyring too.
+    a.json("PATCH", "/apisix/admin/upstreams/1", json!({"retries": 1}))
+        .await
+        .expect(200, json!({}));
+
+    // Without a keyring the key is parsed as it is.
+    let plain = Admin::with(|o| o.keyring = ferrisix_config::encrypt::Keyring::default());
+    plain
+        .json("PUT", "/apisix/admin/ssls/1", ssl(&garbage))
+        .await
+        .expect(
+            400,
+            json!({"error_msg": "failed to parse key: PEM_read_bio_PrivateKey() failed"}),
+        );
+}
+
 #[tokio::test]
 async fn consumer_groups_protos_secrets() {
     let a = Admin::new();

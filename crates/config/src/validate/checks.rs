@@ -7,6 +7,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::addr::parse_addr;
+use crate::encrypt::Keyring;
 use crate::model::ResourceKind;
 use crate::schema::{self, lua};
 use crate::state::ConfigState;
@@ -115,9 +116,33 @@ pub(crate) fn check_in_place(
     Checker {
         plugins,
         refs,
+        keyring: None,
         synced: false,
     }
     .check(kind, conf)
+}
+
+/// [`check_resource`] (or [`check_resource_with_refs`] with `refs`) as the Admin API runs it on
+/// a write: an ssl's or upstream's private key that is not PEM is decrypted with `keyring`
+/// and then parsed, as APISIX's `validate` decrypts it (`aes_decrypt_pkey`), so a key that is
+/// neither PEM nor the keyring's ciphertext is refused (`failed to decrypt previous encrypted
+/// key`), and so is the ciphertext of something that is no key. An empty keyring decrypts
+/// nothing: the key is parsed as it is.
+pub fn check_resource_with_keyring(
+    kind: ResourceKind,
+    value: &Value,
+    plugins: &dyn PluginCheck,
+    refs: Option<&dyn ReferenceLookup>,
+    keyring: &Keyring,
+) -> Result<(), ValidationError> {
+    let mut conf = value.clone();
+    Checker {
+        plugins,
+        refs,
+        keyring: Some(keyring),
+        synced: false,
+    }
+    .check(kind, &mut conf)
 }
 
 /// [`check_in_place`] for a resource the data plane synced from the store. As APISIX's
@@ -133,6 +158,7 @@ pub(crate) fn check_synced_in_place(
     Checker {
         plugins,
         refs: None,
+        keyring: None,
         synced: true,
     }
     .check(kind, conf)
@@ -166,6 +192,7 @@ pub fn check_plugins(
     let checker = Checker {
         plugins: plugin_check,
         refs: None,
+        keyring: None,
         synced: false,
     };
     checker
@@ -285,13 +312,23 @@ fn is_secret_ref(s: &str) -> bool {
     s.starts_with("$secret://") || s.to_ascii_uppercase().starts_with("$ENV://")
 }
 
-/// APISIX's `apisix_ssl.validate(cert, key)`. A key that is not PEM is taken as encrypted
-/// with the keyring (APISIX decrypts it first); it is parsed when the data plane decrypts it.
-fn check_pem_pair(cert: &str, key: Option<&str>) -> Result<(), String> {
+/// APISIX's `apisix_ssl.validate(cert, key)`: the certificate is parsed, then the key, once
+/// decrypted with `keyring` when it is not PEM. Without a keyring a key that is not PEM is
+/// taken as encrypted; it is parsed when the data plane decrypts it.
+fn check_pem_pair(cert: &str, key: Option<&str>, keyring: Option<&Keyring>) -> Result<(), String> {
     crate::pem::parse_certs(cert).map_err(|e| format!("failed to parse cert: {e}"))?;
-    if let Some(key) = key.filter(|k| k.starts_with("---")) {
-        crate::pem::parse_key(key).map_err(|e| format!("failed to parse key: {e}"))?;
-    }
+    let Some(key) = key else {
+        return Ok(());
+    };
+    let pem = match keyring {
+        // APISIX logs the keyring's reason and answers without it.
+        Some(k) => k
+            .decrypt_pkey(key)
+            .map_err(|_| "failed to decrypt previous encrypted key".to_string())?,
+        None if key.starts_with("---") => key.to_owned(),
+        None => return Ok(()),
+    };
+    crate::pem::parse_key(&pem).map_err(|e| format!("failed to parse key: {e}"))?;
     Ok(())
 }
 
@@ -311,6 +348,10 @@ fn schema_check(schema: &Value, conf: &mut Value) -> Result<(), String> {
 struct Checker<'a> {
     plugins: &'a dyn PluginCheck,
     refs: Option<&'a dyn ReferenceLookup>,
+    /// The keyring private keys that are not PEM are decrypted with before they are parsed
+    /// (the Admin API's; see [`check_resource_with_keyring`]). `None`: such keys are taken as
+    /// encrypted and parsed where they are decrypted.
+    keyring: Option<&'a Keyring>,
     /// Synced by the data plane, not written through the Admin API (see
     /// [`check_synced_in_place`]).
     synced: bool,
@@ -423,7 +464,7 @@ impl Checker<'_> {
         if let Some(tls) = conf.get("tls") {
             if let Some(Value::String(cert)) = tls.get("client_cert") {
                 let key = tls.get("client_key").and_then(Value::as_str);
-                check_pem_pair(cert, key)?;
+                check_pem_pair(cert, key, self.keyring)?;
             }
         }
 
@@ -494,7 +535,7 @@ impl Checker<'_> {
         if let Some(cert) = text(conf.get("cert")) {
             let key = text(conf.get("key"));
             if !is_secret_ref(&cert) && !key.as_deref().is_some_and(is_secret_ref) {
-                check_pem_pair(&cert, key.as_deref())?;
+                check_pem_pair(&cert, key.as_deref(), self.keyring)?;
             }
         }
         if conf.get("type").and_then(Value::as_str) == Some("client") {
@@ -516,13 +557,13 @@ impl Checker<'_> {
         }
         for (i, (cert, key)) in certs.iter().zip(&keys).enumerate() {
             if !is_secret_ref(cert) && !is_secret_ref(key) {
-                check_pem_pair(cert, Some(key))
+                check_pem_pair(cert, Some(key), self.keyring)
                     .map_err(|e| format!("failed to handle cert-key pair[{}]: {e}", i + 1))?;
             }
         }
         if let Some(ca) = text(conf.get("client").and_then(|c| c.get("ca"))) {
             if !is_secret_ref(&ca) {
-                check_pem_pair(&ca, None)
+                check_pem_pair(&ca, None, None)
                     .map_err(|e| format!("failed to validate client_cert: {e}"))?;
             }
         }

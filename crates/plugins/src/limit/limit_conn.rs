@@ -39,7 +39,10 @@ use crate::support::redis::{self as redis_support, Remote, RemoteError};
 
 pub const NAME: &str = "limit-conn";
 
-pub static DEF: PluginDef = PluginDef::new(NAME, 1003, schema, compile);
+pub static DEF: PluginDef = PluginDef {
+    encrypt_fields: &["redis_password"],
+    ..PluginDef::new(NAME, 1003, schema, compile)
+};
 
 /// apisix/plugins/limit-conn.lua.
 fn schema() -> Value {

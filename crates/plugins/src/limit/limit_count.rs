@@ -30,6 +30,7 @@ pub static DEF: PluginDef = PluginDef {
     metadata_schema: Some(metadata_schema),
     check: Some(check),
     schema_error: Some(schema_error),
+    encrypt_fields: &["redis_password", "sentinel_password"],
     ..PluginDef::new(NAME, 1002, schema, compile)
 };
 

@@ -30,7 +30,10 @@ use crate::support::redis::{self as redis_support, Remote, RemoteError};
 
 pub const NAME: &str = "limit-req";
 
-pub static DEF: PluginDef = PluginDef::new(NAME, 1001, schema, compile);
+pub static DEF: PluginDef = PluginDef {
+    encrypt_fields: &["redis_password"],
+    ..PluginDef::new(NAME, 1001, schema, compile)
+};
 
 /// apisix/plugins/limit-req.lua.
 fn schema() -> Value {

@@ -2,7 +2,9 @@
 //! uses the `regex` crate, whose matching time is linear in the subject whatever the pattern
 //! (no backtracking), so a conf cannot hang a worker. The PCRE syntax the crate lacks
 //! (look-around, backreferences, atomic groups, possessive quantifiers) is refused when the
-//! conf is checked, with a message saying so, instead of being matched differently.
+//! conf is checked, with a message saying so, instead of being matched differently. Other
+//! invalid patterns are refused in the form APISIX's check answers (`pcre_compile() failed:
+//! <PCRE's words> in "<pattern>"`).
 //!
 //! Replacements are `ngx.re.sub`'s templates: `$0`..`$N` and `${N}` are captures, `$$` is a
 //! dollar; anything else is literal (the `regex` crate's own `$name` syntax would read `$1_`
@@ -63,9 +65,32 @@ fn describe(pattern: &str, e: &regex::Error) -> String {
     let last = text
         .lines()
         .rev()
-        .find(|l| l.starts_with("error:"))
-        .unwrap_or("invalid pattern");
-    format!("invalid regex \"{pattern}\": {last}")
+        .find_map(|l| l.strip_prefix("error:"))
+        .map_or("invalid pattern", str::trim);
+    // `re_match_compile`'s answer, which APISIX passes on as the check's error.
+    format!(
+        "pcre_compile() failed: {} in \"{pattern}\"",
+        pcre_words(last)
+    )
+}
+
+/// PCRE's words (its `pcre_compile` error texts) for the syntax errors both engines refuse;
+/// an error PCRE has no counterpart for keeps the regex crate's words.
+fn pcre_words(regex_crate: &str) -> &str {
+    match regex_crate {
+        "unclosed group" => "missing )",
+        "unopened group" => "unmatched parentheses",
+        "unclosed character class" => "missing terminating ] for character class",
+        "repetition operator missing expression" => "nothing to repeat",
+        "invalid repetition count range, the start must be <= the end" => {
+            "numbers out of order in {} quantifier"
+        }
+        "invalid character class range, the start must be <= the end" => {
+            "range out of order in character class"
+        }
+        "incomplete escape sequence, reached end of pattern prematurely" => "\\ at end of pattern",
+        other => other,
+    }
 }
 
 /// One piece of a replacement template.
@@ -232,8 +257,6 @@ mod tests {
                 "{e}"
             );
         }
-        let e = compile("(", false).unwrap_err();
-        assert!(e.starts_with("invalid regex \"(\": "), "{e}");
         assert!(compile("^/API", true).unwrap().is_match("/api"));
         let r = compile_bytes("HELLO.", "jois").unwrap();
         assert!(r.is_match(b"xhello\n"));
@@ -243,6 +266,27 @@ mod tests {
         assert!(!compile_bytes("b", "a").unwrap().is_match(b"ab"));
         // Without `u`, bytes match as bytes (invalid UTF-8 included).
         assert!(compile_bytes("a.b", "").unwrap().is_match(b"a\xffb"));
+    }
+
+    /// A pattern PCRE refuses too is refused as `re_match_compile` words it
+    /// (`t/plugin/uri-blocker.t`: `pcre_compile() failed: missing ) in ".+("`).
+    #[test]
+    fn syntax_errors_in_pcre_words() {
+        let cases = [
+            (".+(", "missing )"),
+            ("^b(", "missing )"),
+            ("a)", "unmatched parentheses"),
+            ("[ab", "missing terminating ] for character class"),
+            ("*a", "nothing to repeat"),
+            ("a{3,1}", "numbers out of order in {} quantifier"),
+            ("[z-a]", "range out of order in character class"),
+            ("ab\\", "\\ at end of pattern"),
+        ];
+        for (pattern, message) in cases {
+            let expected = format!("pcre_compile() failed: {message} in \"{pattern}\"");
+            assert_eq!(compile(pattern, false).unwrap_err(), expected);
+            assert_eq!(compile_bytes(pattern, "jo").unwrap_err(), expected);
+        }
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! `delay` sleeps `duration` seconds, then `abort` answers `http_status` with `body` and
 //! `headers` (both with `$var`s resolved), each when its `percentage` sample hits and one of
 //! its `vars` expressions passes (no `vars`: always; an empty list: never, as APISIX's loop
-//! leaves its result nil).
+//! leaves its result nil). Without `body`, a status below 300 is answered with no body and
+//! one from 300 on with nginx's page, as `ngx.exit` answers them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -207,10 +208,13 @@ impl FaultInjection {
         if !(abort.when.sample_hit() && abort_vars) {
             return Flow::Continue;
         }
-        let body = abort
-            .body
-            .as_ref()
-            .map(|t| Bytes::from(t.resolve(&*ctx).text));
+        // Without `body` APISIX returns the status with a nil body: `ngx.exit` of a status
+        // below 300 sends the headers alone, from 300 on nginx's page for the status.
+        let body = match &abort.body {
+            Some(t) => Some(Bytes::from(t.resolve(&*ctx).text)),
+            None if abort.status.as_u16() < 300 => Some(Bytes::new()),
+            None => None,
+        };
         let mut exit = Exit {
             status: abort.status,
             body,
@@ -316,6 +320,28 @@ mod tests {
         assert_eq!(run(conf, "/").await, Flow::Continue);
         let conf = json!({"abort": {"http_status": 403, "vars": []}});
         assert_eq!(run(conf, "/").await, Flow::Continue);
+    }
+
+    /// APISIX's `abort` returns its status with a nil body when `body` is not set, and
+    /// `ngx.exit` of a 2xx sends the headers alone (`t/plugin/fault-injection2.t` TEST 4-5);
+    /// from 300 on nginx sends its page for the status.
+    #[tokio::test]
+    async fn abort_without_body_sends_no_page_below_300() {
+        let conf = json!({"abort": {"http_status": 200,
+            "headers": {"h1": "v1", "h2": 2, "h3": "$uri"}}});
+        let e = exit(run(conf, "/hello").await);
+        assert_eq!(e.status, 200);
+        assert_eq!(e.body.as_deref(), Some(&b""[..]), "an empty body, not a page");
+        let headers: Vec<(&str, &str)> = e
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
+            .collect();
+        assert_eq!(headers, [("h1", "v1"), ("h2", "2"), ("h3", "/hello")]);
+        let e = exit(run(json!({"abort": {"http_status": 204, "headers": {"h1": "v1"}}}), "/").await);
+        assert_eq!(e.body.as_deref(), Some(&b""[..]));
+        let e = exit(run(json!({"abort": {"http_status": 503, "headers": {"h1": "v1"}}}), "/").await);
+        assert_eq!(e.body, None, "nginx's page from 300 on");
     }
 
     #[tokio::test(start_paused = true)]

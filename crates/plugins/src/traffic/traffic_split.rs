@@ -7,14 +7,17 @@
 //! so a recompile of an unchanged conf (an upstream it names changed) carries the sequence on.
 //! An `upstream_id` that names no upstream answers 500 with APISIX's message on the requests
 //! that rule takes; the snapshot compiles the route again when that upstream appears.
+//!
+//! A `match` naming `post_arg_*` reads a form body first (APISIX's `ctx.var` reads it on the
+//! first such variable), up to [`FORM_LIMIT`].
 
 use std::sync::Arc;
 
 use ferrisix_config::schema::defs;
 use ferrisix_config::vars::compile_vars;
 use ferrisix_plugin_api::{
-    CheckCtx, CompileCtx, Exit, Lease, Phases, Plugin, PluginCtx, PluginDef, Retain, StateMap,
-    Step, UpstreamRef,
+    CheckCtx, CompileCtx, Exit, Flow, Lease, Phases, Plugin, PluginCtx, PluginDef, Retain,
+    StateMap, Step, UpstreamRef,
 };
 use ferrisix_router::Expr;
 use http::StatusCode;
@@ -23,6 +26,11 @@ use serde_json::{json, Value};
 use ferrisix_plugin_api::roundrobin::InterleavedWrr;
 
 pub const NAME: &str = "traffic-split";
+
+/// The largest form body whose fields `post_arg_*` sees: nginx's default
+/// `client_body_buffer_size` on x86-64, past which it spools the body to a file and
+/// `ngx.req.get_post_args` gives no fields.
+const FORM_LIMIT: usize = 8 * 1024;
 
 pub static DEF: PluginDef = PluginDef {
     check: Some(check),
@@ -70,6 +78,22 @@ fn schema() -> Value {
             }
         }
     })
+}
+
+/// Whether a `match` compares a `post_arg_*` variable in one of its `vars` (a comparison is
+/// an array whose first item names the variable; logical operators nest them).
+fn names_post_arg(v: &Value) -> bool {
+    match v {
+        Value::Array(items) => {
+            items
+                .first()
+                .and_then(Value::as_str)
+                .is_some_and(|name| name.starts_with("post_arg_"))
+                || items.iter().any(names_post_arg)
+        }
+        Value::Object(m) => m.values().any(names_post_arg),
+        _ => false,
+    }
 }
 
 /// The rules' `match[].vars`, compiled.
@@ -124,10 +148,19 @@ impl Retain for Pickers {}
 struct TrafficSplit {
     rules: Vec<Rule>,
     pickers: Lease<Pickers>,
+    /// A `match` names `post_arg_*`: a form body is read before the rules are matched.
+    reads_form: bool,
 }
 
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let filled = cx.filled();
+    let reads_form = filled
+        .get("rules")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|rule| rule.get("match"))
+        .any(names_post_arg);
     let mut rules = Vec::new();
     let mut weights = Vec::new();
     for (r, rule) in filled
@@ -197,21 +230,21 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
                     .collect(),
             )
         });
-    Ok(Arc::new(TrafficSplit { rules, pickers }))
+    Ok(Arc::new(TrafficSplit {
+        rules,
+        pickers,
+        reads_form,
+    }))
 }
 
-impl Plugin for TrafficSplit {
-    fn phases(&self) -> Phases {
-        Phases::ACCESS
-    }
-
-    fn access<'a>(&'a self, ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
+impl TrafficSplit {
+    fn pick(&self, ctx: &mut PluginCtx<'_>) -> Flow {
         // As APISIX: every rule's upstream_ids are checked before any rule is matched.
         for rule in &self.rules {
             for t in &rule.targets {
                 if let Target::Broken(e) = t {
                     if e.starts_with("failed to fetch upstream info") {
-                        return Step::exit(Exit::body(
+                        return Flow::Exit(Exit::body(
                             StatusCode::INTERNAL_SERVER_ERROR,
                             e.clone(),
                         ));
@@ -223,7 +256,7 @@ impl Plugin for TrafficSplit {
             None => true,
             Some(m) => m.iter().any(|e| e.eval(&*ctx)),
         }) else {
-            return Step::CONTINUE;
+            return Flow::Continue;
         };
         let picked = self.pickers.0[rule.picker]
             .next()
@@ -231,11 +264,29 @@ impl Plugin for TrafficSplit {
         match picked {
             Some(Target::Upstream(u)) => ctx.choose_upstream(u.clone()),
             Some(Target::Broken(e)) => {
-                return Step::exit(Exit::body(StatusCode::INTERNAL_SERVER_ERROR, e.clone()))
+                return Flow::Exit(Exit::body(StatusCode::INTERNAL_SERVER_ERROR, e.clone()))
             }
             Some(Target::Route) | None => {}
         }
-        Step::CONTINUE
+        Flow::Continue
+    }
+}
+
+impl Plugin for TrafficSplit {
+    fn phases(&self) -> Phases {
+        Phases::ACCESS
+    }
+
+    fn access<'a>(&'a self, ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
+        if self.reads_form && ctx.has_form_body() && ctx.body().is_none() {
+            return Step::Wait(Box::pin(async move {
+                // A body past the limit, or one that fails, has no fields here (the body is
+                // still forwarded, and a failed one answered by the proxy).
+                let _ = ctx.read_body(FORM_LIMIT).await;
+                self.pick(ctx)
+            }));
+        }
+        Step::Done(self.pick(ctx))
     }
 }
 
@@ -243,7 +294,7 @@ impl Plugin for TrafficSplit {
 mod tests {
     use ferrisix_config::validate::PluginCheck;
     use ferrisix_plugin_api::testing::TestRequest;
-    use ferrisix_plugin_api::{Flow, UpstreamResolver};
+    use ferrisix_plugin_api::UpstreamResolver;
 
     use super::*;
     use crate::testing::Compiler;
@@ -337,6 +388,49 @@ mod tests {
         let conf = json!({"rules": [{"match": [{"vars": [["arg_a", "==", "1"]]}]}]});
         let p = compiled(&c, &ups, &conf, "ts-3");
         assert_eq!(run(&*p, "/?a=1").unwrap(), "route");
+    }
+
+    /// Where a request with `body` as `content_type` went (the body still to be read, as the
+    /// proxy hands it over).
+    async fn run_form(p: &dyn Plugin, content_type: &str, body: &'static str) -> String {
+        use http_body_util::BodyExt;
+        let mut req = TestRequest::new(http::Method::POST, "/").header("content-type", content_type);
+        let pending = http_body_util::Full::new(bytes::Bytes::from_static(body.as_bytes()))
+            .map_err(|never| match never {});
+        req.state
+            .set_body(ferrisix_plugin_api::RequestBody::Unread(Box::pin(pending)));
+        let flow = match p.access(&mut req.ctx()) {
+            Step::Done(f) => f,
+            Step::Wait(f) => f.await,
+        };
+        assert_eq!(flow, Flow::Continue);
+        req.state
+            .chosen_upstream()
+            .map_or("route".into(), |u| u.get::<String>().unwrap().clone())
+    }
+
+    /// Issue 47, item 9: `post_arg_*` in `match` reads the form body, as APISIX's `ctx.var`
+    /// does (`ngx.req.get_post_args`, values decoded) when the Content-Type starts with
+    /// `application/x-www-form-urlencoded`, with or without a charset.
+    #[tokio::test]
+    async fn match_on_form_body_args() {
+        let c = Compiler::new();
+        let ups = ups();
+        let conf = json!({"rules": [
+            {"match": [{"vars": [["post_arg_name", "==", "jack doe"], ["post_arg_age", ">", 18]]}],
+             "weighted_upstreams": [{"upstream_id": "a"}]}]});
+        let p = compiled(&c, &ups, &conf, "ts-form");
+        let form = "application/x-www-form-urlencoded";
+        assert_eq!(run_form(&*p, form, "name=jack+doe&age=20").await, "a");
+        let charset = "application/x-www-form-urlencoded; charset=utf-8";
+        assert_eq!(run_form(&*p, charset, "age=30&name=jack%20doe").await, "a");
+        assert_eq!(run_form(&*p, form, "name=jack+doe&age=10").await, "route");
+        assert_eq!(run_form(&*p, form, "name=rose&age=20").await, "route");
+        // Another body type has no post args.
+        assert_eq!(
+            run_form(&*p, "application/json", "name=jack+doe&age=20").await,
+            "route"
+        );
     }
 
     #[test]

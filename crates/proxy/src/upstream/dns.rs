@@ -13,8 +13,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use hickory_resolver::config::{NameServerConfigGroup, ResolverConfig};
-use hickory_resolver::name_server::TokioConnectionProvider;
+use hickory_resolver::config::{NameServerConfig, ResolverConfig};
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::proto::rr::{RData, RecordType};
 use hickory_resolver::TokioResolver;
 
 /// Re-resolution never runs more often than this, whatever the TTL.
@@ -102,28 +103,60 @@ fn server_addr(s: &str) -> Option<SocketAddr> {
 }
 
 fn resolver_for(servers: &[String]) -> Option<TokioResolver> {
-    if servers.is_empty() {
-        return match TokioResolver::builder_tokio() {
-            Ok(b) => Some(b.build()),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the system resolver configuration; domain nodes resolve from the hosts file only");
-                None
+    let built = if servers.is_empty() {
+        TokioResolver::builder_tokio().and_then(|b| b.build())
+    } else {
+        let mut group = Vec::new();
+        for s in servers {
+            match server_addr(s) {
+                Some(addr) => {
+                    // UDP, then TCP for truncated answers, both on the given port.
+                    let mut server = NameServerConfig::udp_and_tcp(addr.ip());
+                    for c in &mut server.connections {
+                        c.port = addr.port();
+                    }
+                    group.push(server);
+                }
+                None => tracing::warn!(server = %s, "invalid DNS server address ignored"),
             }
-        };
-    }
-    let mut group = NameServerConfigGroup::new();
-    for s in servers {
-        match server_addr(s) {
-            Some(addr) => group.merge(NameServerConfigGroup::from_ips_clear(
-                &[addr.ip()],
-                addr.port(),
-                true,
-            )),
-            None => tracing::warn!(server = %s, "invalid DNS server address ignored"),
+        }
+        let config = ResolverConfig::from_name_servers(group);
+        TokioResolver::builder_with_config(config, TokioRuntimeProvider::default()).build()
+    };
+    match built {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot set up the DNS resolver; domain nodes resolve from the hosts file only");
+            None
         }
     }
-    let config = ResolverConfig::from_parts(None, vec![], group);
-    Some(TokioResolver::builder_with_config(config, TokioConnectionProvider::default()).build())
+}
+
+/// The addresses of `name`'s `kind` records (A or AAAA), and until when they are valid.
+async fn addresses(
+    r: &TokioResolver,
+    name: &str,
+    kind: RecordType,
+) -> Result<(Vec<IpAddr>, Instant), String> {
+    let lookup = r.lookup(name, kind).await.map_err(|e| e.to_string())?;
+    let ips = lookup
+        .answers()
+        .iter()
+        .filter_map(|record| match &record.data {
+            RData::A(a) => Some(IpAddr::V4(a.0)),
+            RData::AAAA(a) => Some(IpAddr::V6(a.0)),
+            _ => None,
+        })
+        .collect();
+    Ok((ips, lookup.valid_until()))
+}
+
+/// An address answer as records.
+fn answer_of((ips, valid_until): (Vec<IpAddr>, Instant)) -> Answer {
+    Answer {
+        records: ips.into_iter().map(plain).collect(),
+        valid_until,
+    }
 }
 
 /// `/etc/hosts`: name → addresses in file order.
@@ -274,24 +307,18 @@ impl DnsResolver {
     async fn lookup_node(&self, name: &str) -> Result<Answer, String> {
         let r = self.nodes.as_ref().ok_or("no DNS resolver")?;
         // APISIX's client order: A records when there are any, else AAAA.
-        match r.ipv4_lookup(name).await {
-            Ok(l) if l.iter().next().is_some() => Ok(Answer {
-                records: l.iter().map(|a| plain(IpAddr::V4(a.0))).collect(),
-                valid_until: l.as_lookup().valid_until(),
-            }),
+        match addresses(r, name, RecordType::A).await {
+            Ok(v4) if !v4.0.is_empty() => Ok(answer_of(v4)),
             first => {
                 if self.enable_ipv6 {
-                    if let Ok(l) = r.ipv6_lookup(name).await {
-                        if l.iter().next().is_some() {
-                            return Ok(Answer {
-                                records: l.iter().map(|a| plain(IpAddr::V6(a.0))).collect(),
-                                valid_until: l.as_lookup().valid_until(),
-                            });
+                    if let Ok(v6) = addresses(r, name, RecordType::AAAA).await {
+                        if !v6.0.is_empty() {
+                            return Ok(answer_of(v6));
                         }
                     }
                 }
                 Err(match first {
-                    Err(e) => e.to_string(),
+                    Err(e) => e,
                     Ok(_) => format!("no address for {name}"),
                 })
             }
@@ -308,12 +335,16 @@ impl DnsResolver {
         let mut last_err = format!("no record for {name}");
         for kind in &self.discovery_order {
             match kind.as_str() {
-                "SRV" => match r.srv_lookup(name).await {
+                "SRV" => match r.lookup(name, RecordType::SRV).await {
                     Ok(l) => {
-                        let valid_until = l.as_lookup().valid_until();
+                        let valid_until = l.valid_until();
                         let mut records = Vec::new();
-                        for srv in l.iter() {
-                            let target = srv.target().to_utf8();
+                        let srvs = l.answers().iter().filter_map(|record| match &record.data {
+                            RData::SRV(srv) => Some(srv),
+                            _ => None,
+                        });
+                        for srv in srvs {
+                            let target = srv.target.to_utf8();
                             let ips: Vec<IpAddr> = match r.lookup_ip(target.as_str()).await {
                                 Ok(ips) => ips.iter().collect(),
                                 Err(_) => continue,
@@ -321,9 +352,9 @@ impl DnsResolver {
                             for ip in ips {
                                 records.push(Record {
                                     ip,
-                                    port: srv.port(),
-                                    weight: u32::from(srv.weight()),
-                                    priority: -i64::from(srv.priority()),
+                                    port: srv.port,
+                                    weight: u32::from(srv.weight),
+                                    priority: -i64::from(srv.priority),
                                 });
                             }
                         }
@@ -336,26 +367,18 @@ impl DnsResolver {
                     }
                     Err(e) => last_err = e.to_string(),
                 },
-                "A" => match r.ipv4_lookup(name).await {
-                    Ok(l) if l.iter().next().is_some() => {
-                        return Ok(Answer {
-                            records: l.iter().map(|a| plain(IpAddr::V4(a.0))).collect(),
-                            valid_until: l.as_lookup().valid_until(),
-                        })
+                "A" | "AAAA" => {
+                    let kind = if kind == "A" {
+                        RecordType::A
+                    } else {
+                        RecordType::AAAA
+                    };
+                    match addresses(r, name, kind).await {
+                        Ok(found) if !found.0.is_empty() => return Ok(answer_of(found)),
+                        Ok(_) => {}
+                        Err(e) => last_err = e,
                     }
-                    Ok(_) => {}
-                    Err(e) => last_err = e.to_string(),
-                },
-                "AAAA" => match r.ipv6_lookup(name).await {
-                    Ok(l) if l.iter().next().is_some() => {
-                        return Ok(Answer {
-                            records: l.iter().map(|a| plain(IpAddr::V6(a.0))).collect(),
-                            valid_until: l.as_lookup().valid_until(),
-                        })
-                    }
-                    Ok(_) => {}
-                    Err(e) => last_err = e.to_string(),
-                },
+                }
                 _ => {}
             }
         }

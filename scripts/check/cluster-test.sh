@@ -45,7 +45,7 @@ echo "  PASS: a process recorded at launch is stopped"
 
 echo "cluster-test: 2. scripts/cluster.sh test in a fresh directory"
 if [ -z "${FERRISIX_BIN:-}" ] || [ -z "${ECHO_BIN:-}" ]; then
-  cargo build --locked -p ferrisix -p ferrisix-echo --bins
+  cargo build --locked -p ferrisix -p ferrisix-echo-upstream --bins
   target=${CARGO_TARGET_DIR:-$PWD/target}/debug
   export FERRISIX_BIN=${FERRISIX_BIN:-$target/ferrisix} ECHO_BIN=${ECHO_BIN:-$target/ferrisix-echo}
 fi

@@ -331,16 +331,32 @@ mod tests {
             "headers": {"h1": "v1", "h2": 2, "h3": "$uri"}}});
         let e = exit(run(conf, "/hello").await);
         assert_eq!(e.status, 200);
-        assert_eq!(e.body.as_deref(), Some(&b""[..]), "an empty body, not a page");
+        assert_eq!(
+            e.body.as_deref(),
+            Some(&b""[..]),
+            "an empty body, not a page"
+        );
         let headers: Vec<(&str, &str)> = e
             .headers
             .iter()
             .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
             .collect();
         assert_eq!(headers, [("h1", "v1"), ("h2", "2"), ("h3", "/hello")]);
-        let e = exit(run(json!({"abort": {"http_status": 204, "headers": {"h1": "v1"}}}), "/").await);
+        let e = exit(
+            run(
+                json!({"abort": {"http_status": 204, "headers": {"h1": "v1"}}}),
+                "/",
+            )
+            .await,
+        );
         assert_eq!(e.body.as_deref(), Some(&b""[..]));
-        let e = exit(run(json!({"abort": {"http_status": 503, "headers": {"h1": "v1"}}}), "/").await);
+        let e = exit(
+            run(
+                json!({"abort": {"http_status": 503, "headers": {"h1": "v1"}}}),
+                "/",
+            )
+            .await,
+        );
         assert_eq!(e.body, None, "nginx's page from 300 on");
     }
 

@@ -394,7 +394,8 @@ mod tests {
     /// proxy hands it over).
     async fn run_form(p: &dyn Plugin, content_type: &str, body: &'static str) -> String {
         use http_body_util::BodyExt;
-        let mut req = TestRequest::new(http::Method::POST, "/").header("content-type", content_type);
+        let mut req =
+            TestRequest::new(http::Method::POST, "/").header("content-type", content_type);
         let pending = http_body_util::Full::new(bytes::Bytes::from_static(body.as_bytes()))
             .map_err(|never| match never {});
         req.state

@@ -56,6 +56,12 @@ pub(crate) async fn proxy(
     websocket: bool,
 ) -> Response<ResponseBody> {
     let gateway = &*ctx.conn.gateway;
+    if let Some(error) = upstream.client_cert_error() {
+        // APISIX checks the client ssl before the balancer and ends the request itself.
+        tracing::error!("failed to get ssl cert: {error}");
+        let error = ProxyError::new(ErrorKind::Unservable(StatusCode::BAD_GATEWAY));
+        return canned::error_response(error, &gateway.server_header);
+    }
     let body = match prepare::prepare_body(ctx).await {
         Ok(b) => b,
         Err(e) => return canned::error_response(e, &gateway.server_header),

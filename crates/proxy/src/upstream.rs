@@ -80,6 +80,15 @@ pub(crate) async fn proxy(
         let error = ProxyError::new(ErrorKind::Unservable(StatusCode::SERVICE_UNAVAILABLE));
         return canned::error_response(error, &gateway.server_header);
     }
+    if let Some(kind) = upstream.unknown_balancer().filter(|_| set.nodes.len() > 1) {
+        // APISIX skips the balancer for one node; for more it `require`s the balancer's
+        // module, whose absence is a Lua runtime error: nginx answers 500.
+        tracing::error!(
+            "runtime error: module 'apisix.balancer.{kind}' not found (invalid balancer type)"
+        );
+        let error = ProxyError::new(ErrorKind::Unservable(StatusCode::INTERNAL_SERVER_ERROR));
+        return canned::error_response(error, &gateway.server_header);
+    }
     let mut tries = Tries::new(ctx, upstream, &set, first_try);
     let client_host = ctx.head.host_value.as_ref();
     let record = &mut ctx.log.upstream;

@@ -176,6 +176,16 @@ impl CompiledUpstream {
         self.client_cert_error.as_deref()
     }
 
+    /// The `type` when it names no balancer. APISIX stores it and fails only the requests
+    /// that need the balancer (see [`crate::upstream`]); here the nodes get roundrobin's
+    /// picker, which such a request never uses.
+    pub fn unknown_balancer(&self) -> Option<&str> {
+        match &self.source.lb_type {
+            LbType::Other(t) => Some(t),
+            _ => None,
+        }
+    }
+
     /// Whether the upstream can have nodes at all (a node list, or discovery).
     pub fn has_nodes(&self) -> bool {
         !self.source.nodes.is_empty() || self.source.discovery_type.is_some()
@@ -201,9 +211,6 @@ impl CompiledUpstream {
                 ))
             }
         };
-        if let LbType::Other(t) = &up.lb_type {
-            return Err(format!("invalid balancer type: {t}"));
-        }
         if up.lb_type == LbType::Chash {
             // resty.chash allocates 160 points per weight unit (after the gcd); a huge weight
             // would take gigabytes, so such an upstream is refused rather than built.

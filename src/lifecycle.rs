@@ -8,8 +8,10 @@
 //! (with the connections queued on them), starts serving from them, and only then tells the
 //! old one to stop accepting and drain. A plain SIGTERM followed by a start works the same way:
 //! after SIGTERM the old process drains but keeps its sockets open for
-//! `ferrisix.handover_wait`, so connections arriving between the stop and the start wait in
-//! the kernel's queues for the successor instead of being refused.
+//! `ferrisix.handover_wait`, so connections arriving between the stop and the start are not
+//! refused. Meanwhile it accepts them and answers each itself (closing it after its answer):
+//! with no successor coming, a connection left in the queue would only be reset when the
+//! sockets close.
 
 use std::io;
 use std::net::TcpListener;
@@ -26,7 +28,8 @@ use tokio::sync::{mpsc, watch};
 /// What the main loop reacts to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
-    /// SIGTERM or SIGINT: stop (keeping the sockets for a successor a while).
+    /// SIGTERM or SIGINT: stop (keeping the sockets, and answering on them, for a successor a
+    /// while).
     Stop,
     /// A successor took the listening sockets over and serves: stop at once.
     HandedOver,

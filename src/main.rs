@@ -222,6 +222,8 @@ fn run(
     handle.store(Arc::new(snapshot));
     control.spawn(snapshot::follow(states, handle.clone(), options, plugins));
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    // The data plane's accepting ends with this one when the sockets wait for a successor.
+    let (linger_tx, linger_rx) = tokio::sync::watch::channel(false);
 
     if settings.apisix.enable_control {
         let addr =
@@ -310,6 +312,7 @@ fn run(
             server_options.clone(),
             &mut sockets,
             shutdown_rx,
+            Some(linger_rx),
         )
         .map_err(|e| format!("cannot listen on {:?}: {e}", server_options.listen))?;
         tracing::info!(
@@ -398,39 +401,34 @@ fn run(
     });
     stopping.store(true, Ordering::Release);
     let wait = settings.ferrisix.handover_wait;
+    // Whether the listening sockets stay open a while for a successor (a start after the
+    // SIGTERM, which takes them over with their queues). Meanwhile this process goes on
+    // accepting and answers every connection that comes, closing it after its answer: a
+    // connection left queued would wait out `handover_wait` and then be reset when the sockets
+    // close, where nginx (no successor to wait for) refuses it at once. No signal tells that a
+    // successor is coming, so answering is the only way to lose nothing either way.
+    let keep_sockets = !handed_over && !wait.is_zero() && handover_server.is_some();
     if handed_over {
         tracing::info!("a successor serves now: finishing requests in flight");
-    } else if wait.is_zero() || handover_server.is_none() {
+    } else if !keep_sockets {
         tracing::info!("shutting down: listeners closed, finishing requests in flight");
     } else {
         tracing::info!(
             handover_wait = ?wait,
-            "shutting down: no new connections accepted, finishing requests in flight; the listening sockets stay open for a successor meanwhile"
+            "shutting down: finishing requests in flight; the listening sockets stay open for a successor meanwhile, and the connections they get are answered and closed"
         );
     }
     let _ = shutdown_tx.send(true);
+    if !keep_sockets {
+        let _ = linger_tx.send(true);
+        sockets.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
     if let Some(admin) = &admin {
         admin.stop();
     }
-    let keep_sockets = !handed_over && !wait.is_zero() && handover_server.is_some();
-    if !keep_sockets {
-        sockets.lock().unwrap_or_else(|e| e.into_inner()).clear();
-    }
-    if let Some(server) = server {
-        server.wait();
-    }
-    // The requests are over: the loggers' buffered batches go out before the process ends.
-    let flushed = background.block_on(
-        services
-            .shutdown()
-            .drain(settings.nginx_config.worker_shutdown_timeout),
-    );
-    if !flushed {
-        tracing::warn!("shutdown timeout reached with log batches still being sent");
-    }
     if keep_sockets {
-        // Drained. Connections queued since SIGTERM are a successor's to serve: wait for one
-        // to take the sockets over (it then sends STOP), for at most `handover_wait`.
+        // Wait for a successor to take the sockets over (it then sends STOP), for at most
+        // `handover_wait` from the SIGTERM.
         let came = control.block_on(async {
             let deadline = tokio::time::sleep(wait);
             tokio::pin!(deadline);
@@ -448,8 +446,23 @@ fn run(
         if came {
             tracing::info!("a successor took the listening sockets over");
             handed_over = true;
+        } else {
+            tracing::info!("no successor came: listeners closed");
         }
+        let _ = linger_tx.send(true);
         sockets.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+    if let Some(server) = server {
+        server.wait();
+    }
+    // The requests are over: the loggers' buffered batches go out before the process ends.
+    let flushed = background.block_on(
+        services
+            .shutdown()
+            .drain(settings.nginx_config.worker_shutdown_timeout),
+    );
+    if !flushed {
+        tracing::warn!("shutdown timeout reached with log batches still being sent");
     }
     drop(handover_server);
     match pid_file {

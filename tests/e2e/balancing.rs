@@ -173,3 +173,47 @@ fn failover_stays_inside_the_higher_group_while_one_of_it_works() {
     assert_eq!(count(&counts, "high"), 8, "{counts:?}");
     assert_eq!(low.hits(), 0);
 }
+
+#[test]
+fn an_unknown_balancer_type_is_stored_and_fails_the_request_with_500() {
+    // APISIX stores any `type`; its balancer `require`s `apisix.balancer.<type>` only when it
+    // has to pick among several nodes, and that error ends the request with 500. One node
+    // skips the balancer and is served.
+    let a = Upstream::start("a", Behaviour::Echo);
+    let b = Upstream::start("b", Behaviour::Echo);
+    let gw = StoreGatewayBuilder::embedded().start();
+    let put = |id: &str, nodes: Value| {
+        let route =
+            json!({ "uri": format!("/{id}"), "upstream": { "type": "fastest", "nodes": nodes } });
+        let r = gw.admin(
+            "PUT",
+            &format!("/apisix/admin/routes/{id}"),
+            &route.to_string(),
+        );
+        assert_eq!(r.status, 201, "{}", r.text());
+        assert_eq!(r.json()["value"]["upstream"]["type"], "fastest");
+    };
+    put("one", json!({ a.node(): 1 }));
+    put("two", json!({ a.node(): 1, b.node(): 1 }));
+    let served = poll_until(std::time::Duration::from_secs(10), || {
+        gw.status_of("/one") == 200 && gw.status_of("/two") != 404
+    });
+    assert!(served.is_some(), "{}", gw.log_text());
+    let r = gw.get("/two");
+    assert_eq!(r.status, 500, "{r:?}\n{}", gw.log_text());
+    assert!(
+        r.text().contains("500 Internal Server Error"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(r.header("X-APISIX-Upstream-Status"), None);
+    let one_hits = a.hits();
+    assert_eq!(gw.get("/two").status, 500);
+    assert_eq!((a.hits(), b.hits()), (one_hits, 0), "/two tries no node");
+    assert!(
+        gw.log_text()
+            .contains("module 'apisix.balancer.fastest' not found"),
+        "{}",
+        gw.log_text()
+    );
+}

@@ -53,6 +53,42 @@ fn sigterm_finishes_the_slow_request_in_flight_then_exits_zero() {
 }
 
 #[test]
+fn after_sigterm_with_no_successor_a_new_connection_is_answered_not_reset() {
+    // The sockets stay open `handover_wait` (default 5 s) for a successor; a connection made
+    // meanwhile with none coming must get its answer, neither wait out the whole wait nor be
+    // reset when the sockets close.
+    let up = Upstream::start("up", Behaviour::Echo);
+    let mut gw = Gateway::start_with(&one_route(&up.node()), "");
+    let addr = gw.addr();
+    gw.signal("TERM");
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let reply = support::try_request(addr, "GET", "/after-term", &[], b"");
+    let took = started.elapsed();
+    assert!(
+        matches!(&reply, Ok(r) if r.status == 200),
+        "{reply:?} after {took:?}"
+    );
+    assert!(took < Duration::from_secs(2), "answered after {took:?}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = gw.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "gateway did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "exit status {status:?}");
+    assert!(
+        TcpStream::connect(addr).is_err(),
+        "the listener is closed once the process ended"
+    );
+}
+
+#[test]
 fn config_test_flag_reports_bad_resources() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(

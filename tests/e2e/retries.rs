@@ -281,6 +281,35 @@ fn single_node_with_explicit_retries_is_retried_itself() {
 }
 
 #[test]
+fn a_lone_refusing_node_is_retried_under_every_balancer() {
+    // APISIX's balancer skips the picker for one node except under least_conn, and least_conn
+    // then leaves the node untried (`after_balance(ctx, false)`): every balancer retries the
+    // lone node `retries` times.
+    let mut seen = Vec::new();
+    for (kind, extra) in [
+        ("roundrobin", json!({})),
+        ("chash", json!({ "hash_on": "vars", "key": "remote_addr" })),
+        ("least_conn", json!({})),
+        ("ewma", json!({})),
+    ] {
+        let mut up = json!({ "type": kind, "retries": 2, "nodes": { dead_node(): 1 } });
+        for (k, v) in extra.as_object().unwrap() {
+            up[k] = v.clone();
+        }
+        let gw = gateway(up);
+        let reply = get(gw.addr(), "/r");
+        let tries = reply.header("X-APISIX-Upstream-Status").map(str::to_owned);
+        seen.push((kind, reply.status, tries));
+    }
+    let want = Some("502, 502, 502".to_owned());
+    assert!(
+        seen.iter()
+            .all(|(_, status, tries)| *status == 502 && *tries == want),
+        "{seen:?}"
+    );
+}
+
+#[test]
 fn every_node_tried_with_tries_left_is_502() {
     // Two timeouts, and retries allow more: the balancer finds no untried node and ends the
     // request with 502 (spec §3.5), where a used-up try budget would answer the last 504.

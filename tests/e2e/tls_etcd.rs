@@ -159,3 +159,78 @@ fn ssls_encrypted_as_apisix_does_are_served_and_written_alike() {
     let r = gw.admin("GET", "/apisix/admin/ssls/3", "");
     assert!(r.json()["value"].get("key").is_none());
 }
+
+/// An upstream's `tls.client_cert_id` whose ssl stops being a client certificate (changed into
+/// a server ssl, then deleted): APISIX keeps the route and its balancer phase answers 502 with
+/// "failed to get ssl cert: ..." before any try (`resolve_upstream_client_cert`).
+fn client_cert_id_losing_its_ssl(builder: StoreGatewayBuilder) {
+    let gw = builder.start();
+    let client = json!({ "type": "client", "cert": pem("client.crt"), "key": pem("client.key") });
+    let r = gw.admin("PUT", "/apisix/admin/ssls/c", &client.to_string());
+    assert!(r.status == 200 || r.status == 201, "{}", r.text());
+    // The node refuses connections: a try shows in X-APISIX-Upstream-Status, the answer given
+    // before any try does not.
+    let route = json!({
+        "uri": "/by-id",
+        "upstream": {
+            "scheme": "https",
+            "nodes": { support::dead_node(): 1 },
+            "tls": { "client_cert_id": "c" },
+        },
+    });
+    let r = gw.admin("PUT", "/apisix/admin/routes/1", &route.to_string());
+    assert!(r.status == 200 || r.status == 201, "{}", r.text());
+    let tried = support::poll_until(Duration::from_secs(10), || {
+        let r = gw.get("/by-id");
+        r.status == 502 && r.header("X-APISIX-Upstream-Status") == Some("502")
+    });
+    assert!(
+        tried.is_some(),
+        "the route is served while its ssl is a client one"
+    );
+
+    let server = json!({
+        "type": "server", "sni": "server.local",
+        "cert": pem("server.crt"), "key": pem("server.key"),
+    });
+    let r = gw.admin("PUT", "/apisix/admin/ssls/c", &server.to_string());
+    assert!(r.status == 200 || r.status == 201, "{}", r.text());
+    let untried =
+        |r: &support::Reply| r.status == 502 && r.header("X-APISIX-Upstream-Status").is_none();
+    let answered = support::poll_until(Duration::from_secs(10), || untried(&gw.get("/by-id")));
+    let r = gw.get("/by-id");
+    assert!(answered.is_some(), "{} {:?}", r.status, r.text());
+    let ok = support::poll_until(Duration::from_secs(5), || {
+        gw.log_text()
+            .contains("failed to get ssl cert: ssl type should be 'client'")
+    });
+    assert!(ok.is_some(), "{}", gw.log_text());
+
+    let r = gw.admin("DELETE", "/apisix/admin/ssls/c", "");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let ok = support::poll_until(Duration::from_secs(10), || {
+        untried(&gw.get("/by-id"))
+            && gw
+                .log_text()
+                .contains("failed to get ssl cert: ssl id [c] not exits")
+    });
+    let r = gw.get("/by-id");
+    assert!(
+        ok.is_some() && untried(&r),
+        "{} {:?}\n{}",
+        r.status,
+        r.text(),
+        gw.log_text()
+    );
+}
+
+#[test]
+fn client_cert_id_losing_its_ssl_keeps_the_route_on_the_embedded_store() {
+    client_cert_id_losing_its_ssl(StoreGatewayBuilder::embedded());
+}
+
+#[test]
+fn client_cert_id_losing_its_ssl_keeps_the_route_on_etcd() {
+    let Some(etcd) = Etcd::start() else { return };
+    client_cert_id_losing_its_ssl(StoreGatewayBuilder::etcd(&etcd.endpoint()));
+}

@@ -790,10 +790,10 @@ pub struct FerrisixSettings {
     /// resolve against config.yaml's directory; default `ferrisix.pid` in the data directory;
     /// `""` writes none.
     pub pid_file: Option<PathBuf>,
-    /// After SIGTERM, how long the listening sockets stay open for a successor once the
-    /// connections have drained (`ferrisix` started again: a restart). Connections arriving
-    /// meanwhile wait in the kernel's accept queues and the successor serves them, so a stop
-    /// followed by a start loses none. `0` closes them at SIGTERM, as nginx does. Default 5s.
+    /// After SIGTERM, how long the listening sockets stay open for a successor (`ferrisix`
+    /// started again: a restart), which takes them over with their queues. Meanwhile the
+    /// stopping process answers the connections arriving itself, so a stop loses none whether
+    /// a start follows or not. `0` closes them at SIGTERM, as nginx does. Default 5s.
     #[serde(deserialize_with = "de::duration")]
     pub handover_wait: Duration,
 }

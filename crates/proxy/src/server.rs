@@ -161,6 +161,7 @@ pub fn start(
         options,
         &mut ListenerSet::new(),
         shutdown,
+        None,
     )
 }
 
@@ -168,12 +169,17 @@ pub fn start(
 /// workers; each new connection uses the gateway `gateway` holds then. Fails (before serving
 /// anything) when an address cannot be bound. Workers stop accepting when `shutdown` turns
 /// true, then drain their connections (see [`ferrisix_net::Drain`]) for up to
-/// `shutdown_timeout`. The sockets stay open while `sockets` holds them.
+/// `shutdown_timeout`. With `linger`, the connections drain from `shutdown` on but the workers
+/// go on accepting (and answering, each connection closed after its answer) until `linger`
+/// turns true: a stopping process whose listening sockets stay open for a successor answers
+/// the connections that arrive meanwhile instead of leaving them queued. The sockets stay open
+/// while `sockets` holds them.
 pub fn start_with(
     gateway: GatewayHandle,
     options: ServerOptions,
     sockets: &mut ListenerSet,
     shutdown: watch::Receiver<bool>,
+    linger: Option<watch::Receiver<bool>>,
 ) -> io::Result<ServerHandle> {
     let workers = options.workers.max(1);
     let mut threads = Vec::new();
@@ -185,6 +191,7 @@ pub fn start_with(
                 let gateway = gateway.clone();
                 let options = options.clone();
                 let shutdown = shutdown.clone();
+                let linger = linger.clone();
                 threads.push(
                     std::thread::Builder::new()
                         .name(format!("ferrisix-worker-{i}"))
@@ -199,7 +206,7 @@ pub fn start_with(
                                     return;
                                 }
                             };
-                            rt.block_on(serve(gateway, listeners, options, shutdown, true));
+                            rt.block_on(serve(gateway, listeners, options, shutdown, linger, true));
                         })?,
                 );
             }
@@ -217,7 +224,7 @@ pub fn start_with(
                 std::thread::Builder::new()
                     .name("ferrisix-server".into())
                     .spawn(move || {
-                        rt.block_on(serve(gateway, listeners, options, shutdown, false));
+                        rt.block_on(serve(gateway, listeners, options, shutdown, linger, false));
                     })?,
             );
         }
@@ -230,6 +237,7 @@ async fn serve(
     listeners: Vec<Bound>,
     options: ServerOptions,
     mut shutdown: watch::Receiver<bool>,
+    linger: Option<watch::Receiver<bool>>,
     per_core: bool,
 ) {
     let mut auto = ferrisix_net::http_builder(&options.limits);
@@ -311,6 +319,11 @@ async fn serve(
     }
 
     let _ = shutdown.wait_for(|stop| *stop).await;
+    if let Some(mut linger) = linger {
+        drain.start();
+        // A dropped sender ends the lingering too.
+        let _ = linger.wait_for(|stop| *stop).await;
+    }
     let _ = stop_tx.send(());
     for t in accept_tasks {
         let _ = t.await;

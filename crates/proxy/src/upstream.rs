@@ -56,6 +56,12 @@ pub(crate) async fn proxy(
     websocket: bool,
 ) -> Response<ResponseBody> {
     let gateway = &*ctx.conn.gateway;
+    if let Some(error) = upstream.client_cert_error() {
+        // APISIX checks the client ssl before the balancer and ends the request itself.
+        tracing::error!("failed to get ssl cert: {error}");
+        let error = ProxyError::new(ErrorKind::Unservable(StatusCode::BAD_GATEWAY));
+        return canned::error_response(error, &gateway.server_header);
+    }
     let body = match prepare::prepare_body(ctx).await {
         Ok(b) => b,
         Err(e) => return canned::error_response(e, &gateway.server_header),
@@ -72,6 +78,15 @@ pub(crate) async fn proxy(
     if set.nodes.is_empty() {
         // APISIX: "no valid upstream node".
         let error = ProxyError::new(ErrorKind::Unservable(StatusCode::SERVICE_UNAVAILABLE));
+        return canned::error_response(error, &gateway.server_header);
+    }
+    if let Some(kind) = upstream.unknown_balancer().filter(|_| set.nodes.len() > 1) {
+        // APISIX skips the balancer for one node; for more it `require`s the balancer's
+        // module, whose absence is a Lua runtime error: nginx answers 500.
+        tracing::error!(
+            "runtime error: module 'apisix.balancer.{kind}' not found (invalid balancer type)"
+        );
+        let error = ProxyError::new(ErrorKind::Unservable(StatusCode::INTERNAL_SERVER_ERROR));
         return canned::error_response(error, &gateway.server_header);
     }
     let mut tries = Tries::new(ctx, upstream, &set, first_try);

@@ -266,6 +266,12 @@ impl CertStore {
         }
     }
 
+    /// Whether a server ssl has this id (an upstream's `tls.client_cert_id` naming it gets
+    /// APISIX's "ssl type should be 'client'").
+    pub fn has_server(&self, id: &str) -> bool {
+        self.by_id.contains_key(id)
+    }
+
     /// A client certificate for upstream mTLS, by ssl id.
     pub fn client_identity(&self, id: &str) -> Option<&Arc<ClientIdentity>> {
         self.clients.get(id)

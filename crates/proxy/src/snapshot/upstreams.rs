@@ -45,6 +45,10 @@ pub struct CompiledUpstream {
     pub tls: Option<UpstreamTls>,
     /// HTTP/2 to the upstream (`grpc`, `grpcs`).
     pub h2: bool,
+    /// Why `tls.client_cert_id` names no client certificate (APISIX's message): the upstream
+    /// stays, and a request for it is answered 502 before any try, as APISIX's
+    /// `resolve_upstream_client_cert` does, until the ssl is a client one again.
+    client_cert_error: Option<Box<str>>,
     /// The fingerprint of the `tls.client_cert_id` certificate it was compiled with.
     client_cert_fp: u64,
     /// The definition it was compiled from (shared with the typed resource that holds it):
@@ -72,6 +76,20 @@ impl UpstreamEnv<'_> {
     pub fn reusable(&self, c: &CompiledUpstream, up: &Upstream) -> bool {
         (std::ptr::eq(&*c.source, up) || *c.source == *up)
             && c.client_cert_fp == self.client_cert_fp(up)
+            && c.client_cert_error == client_cert_error(up, self.store)
+    }
+}
+
+/// APISIX's reason (after "failed to get ssl cert: ") why `tls.client_cert_id` names no
+/// client certificate; checked whatever the scheme, as APISIX does.
+fn client_cert_error(up: &Upstream, store: &CertStore) -> Option<Box<str>> {
+    let id = client_cert_id(up)?;
+    if store.client_identity(&id).is_some() {
+        None
+    } else if store.has_server(&id) {
+        Some("ssl type should be 'client'".into())
+    } else {
+        Some(format!("ssl id [{id}] not exits").into())
     }
 }
 
@@ -95,10 +113,10 @@ fn upstream_tls(up: &Upstream, env: UpstreamEnv<'_>, h2: bool) -> Result<Upstrea
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let identity = if let Some(id) = client_cert_id(up) {
-        match env.store.client_identity(&id) {
-            Some(c) => Some((c.key.clone(), c.fingerprint)),
-            None => return Err(format!("failed to fetch ssl info by ssl id [{id}], not found or not a usable client certificate")),
-        }
+        // Without its client ssl the upstream is never tried (see `client_cert_error`).
+        env.store
+            .client_identity(&id)
+            .map(|c| (c.key.clone(), c.fingerprint))
     } else if let (Some(cert), Some(key)) = (field("client_cert"), field("client_key")) {
         let key = env
             .ctx
@@ -152,6 +170,22 @@ impl CompiledUpstream {
         }
     }
 
+    /// Why a request for this upstream is answered 502 before any try: its
+    /// `tls.client_cert_id` names no client certificate.
+    pub fn client_cert_error(&self) -> Option<&str> {
+        self.client_cert_error.as_deref()
+    }
+
+    /// The `type` when it names no balancer. APISIX stores it and fails only the requests
+    /// that need the balancer (see [`crate::upstream`]); here the nodes get roundrobin's
+    /// picker, which such a request never uses.
+    pub fn unknown_balancer(&self) -> Option<&str> {
+        match &self.source.lb_type {
+            LbType::Other(t) => Some(t),
+            _ => None,
+        }
+    }
+
     /// Whether the upstream can have nodes at all (a node list, or discovery).
     pub fn has_nodes(&self) -> bool {
         !self.source.nodes.is_empty() || self.source.discovery_type.is_some()
@@ -177,9 +211,6 @@ impl CompiledUpstream {
                 ))
             }
         };
-        if let LbType::Other(t) = &up.lb_type {
-            return Err(format!("invalid balancer type: {t}"));
-        }
         if up.lb_type == LbType::Chash {
             // resty.chash allocates 160 points per weight unit (after the gcd); a huge weight
             // would take gigabytes, so such an upstream is refused rather than built.
@@ -253,6 +284,7 @@ impl CompiledUpstream {
             scheme: up.scheme,
             tls,
             h2,
+            client_cert_error: client_cert_error(up, env.store),
             client_cert_fp: env.client_cert_fp(up),
             source: up.clone(),
         })

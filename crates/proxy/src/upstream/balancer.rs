@@ -254,6 +254,14 @@ impl UpstreamPicker {
             // §4.1).
             return Some(0);
         }
+        if self.in_flight.len() == 1 {
+            // One node and not `single`: least_conn, which runs even for one node (it must
+            // count that node's connections). APISIX then leaves the node off the tried list
+            // (`after_balance(ctx, false)`), so a retry lands on it again as under every
+            // other balancer, healthy or not (a lone unhealthy node is "all unhealthy", which
+            // uses them all).
+            return self.pick_in(&self.groups[0], state, &|_| true);
+        }
         while state.group < self.groups.len() {
             let group = &self.groups[state.group];
             if let Some(node) = self.pick_in(group, state, usable) {

@@ -289,9 +289,10 @@ impl NodeSet {
 
     /// A try on `node` failed and the request goes on to another try.
     pub fn report_retry(&self, node: usize, failure: ProxyError) {
-        // APISIX reports before a retry only when the balancer runs (not for one node).
+        // APISIX reports before a retry only when the balancer runs: not for one node, except
+        // under least_conn, whose balancer always runs.
         if let (Some(c), Some(t)) = (&self.checker, self.targets.get(node)) {
-            if self.nodes.len() > 1 {
+            if self.nodes.len() > 1 || *self.picker.kind() == BalancerType::LeastConn {
                 c.report_retried_failure(t, failure);
             }
         }

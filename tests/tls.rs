@@ -739,3 +739,158 @@ fn https_upstreams_sni_client_certificates_and_verification() {
     assert_eq!(get("/verified", "localhost").0, 200);
     assert_eq!(get("/verified", "wrong.local").0, 502);
 }
+
+/// A rustls client trusting the test CA, offering only `version`, resuming from its own
+/// session store, with the client certificate `client` (name of a `.crt`/`.key` pair).
+fn rustls_client(
+    version: &'static rustls::SupportedProtocolVersion,
+    client: Option<&str>,
+) -> std::sync::Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(cert_dir().join("ca.crt")).unwrap())
+        .unwrap();
+    let builder = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[version])
+    .unwrap()
+    .with_root_certificates(roots);
+    let config = match client {
+        None => builder.with_no_client_auth(),
+        Some(name) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_file_iter(cert_dir().join(format!("{name}.crt")))
+                    .unwrap()
+                    .collect::<Result<Vec<_>, _>>()
+                    .unwrap(),
+                PrivateKeyDer::from_pem_file(cert_dir().join(format!("{name}.key"))).unwrap(),
+            )
+            .unwrap(),
+    };
+    std::sync::Arc::new(config)
+}
+
+/// One `GET /t` over a new connection with `config`: the handshake's kind and the answer's
+/// status code, or the error that ended it.
+fn rustls_get(
+    port: u16,
+    config: &std::sync::Arc<rustls::ClientConfig>,
+) -> (Option<rustls::HandshakeKind>, Result<String, String>) {
+    let name = rustls::pki_types::ServerName::try_from("server.local").unwrap();
+    let mut conn = rustls::ClientConnection::new(config.clone(), name).unwrap();
+    let mut tcp = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut tls = rustls::Stream::new(&mut conn, &mut tcp);
+    // `Connection: close` reads the answer to its end, and with it the TLS 1.3 tickets that
+    // follow the handshake.
+    let answer = tls
+        .write_all(b"GET /t HTTP/1.1\r\nHost: server.local\r\nConnection: close\r\n\r\n")
+        .and_then(|()| {
+            let mut text = Vec::new();
+            match tls.read_to_end(&mut text) {
+                // A close without close_notify still ends a `Connection: close` answer.
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !text.is_empty() => {
+                    Ok(text)
+                }
+                r => r.map(|_| text),
+            }
+        })
+        .map(|text| {
+            let text = String::from_utf8_lossy(&text).into_owned();
+            let status = text.lines().next().unwrap_or_default();
+            status.split(' ').nth(1).unwrap_or(status).to_owned()
+        })
+        .map_err(|e| e.to_string());
+    (conn.handshake_kind(), answer)
+}
+
+/// A session made while the ssl asked for no client certificate does not resume once the ssl
+/// requires one: the client without a certificate gets a full handshake, which is refused.
+/// Sessions made under the new policy resume again. Both TLS versions, with the session
+/// cache (TLS 1.2 session ids, TLS 1.3 stateful tickets) and with stateless tickets.
+#[test]
+fn sessions_do_not_resume_past_a_new_client_certificate_requirement() {
+    let up = Upstream::start("a", Behaviour::Echo);
+    for tickets in [false, true] {
+        let tls_port = free_port();
+        let gw = support::StoreGatewayBuilder::embedded()
+            .apisix_key(&format!(
+                "ssl:\n  listen:\n    - ip: 127.0.0.1\n      port: {tls_port}\n  ssl_session_tickets: {tickets}"
+            ))
+            .start();
+        gw.put_route(
+            "1",
+            &serde_json::json!({"uri": "/t", "upstream": {"type": "roundrobin", "nodes": {up.node(): 1}}}),
+        );
+        let put_ssl = |client: bool| {
+            let mut ssl = serde_json::json!({
+                "snis": ["server.local"], "cert": pem("server.crt"), "key": pem("server.key"),
+            });
+            if client {
+                ssl["client"] = serde_json::json!({"ca": pem("client-ca.crt")});
+            }
+            let r = gw.admin("PUT", "/apisix/admin/ssls/1", &ssl.to_string());
+            assert!(matches!(r.status, 200 | 201), "{}", r.text());
+        };
+        put_ssl(false);
+        let ok = Ok("200".to_owned());
+        let versions = [&rustls::version::TLS12, &rustls::version::TLS13];
+        let anonymous: Vec<_> = versions.iter().map(|v| rustls_client(v, None)).collect();
+        for config in &anonymous {
+            let served = support::poll_until(Duration::from_secs(5), || {
+                rustls_get(tls_port, config).1 == ok
+            });
+            assert!(
+                served.is_some(),
+                "the ssl serves (tickets {tickets}): {:?}",
+                rustls_get(tls_port, config)
+            );
+            let (kind, answer) = rustls_get(tls_port, config);
+            assert_eq!(answer, ok);
+            assert_eq!(
+                kind,
+                Some(rustls::HandshakeKind::Resumed),
+                "sessions resume under an unchanged policy (tickets {tickets})"
+            );
+            // Leaves a session in the client's store for after the change.
+            assert_eq!(rustls_get(tls_port, config).1, ok);
+        }
+
+        put_ssl(true);
+        let refused = support::poll_until(Duration::from_secs(5), || {
+            rustls_get(tls_port, &rustls_client(&rustls::version::TLS13, None))
+                .1
+                .is_err()
+        });
+        assert!(
+            refused.is_some(),
+            "a fresh handshake without a certificate is refused"
+        );
+        for (version, config) in versions.iter().zip(&anonymous) {
+            let (kind, answer) = rustls_get(tls_port, config);
+            assert!(
+                kind != Some(rustls::HandshakeKind::Resumed) && answer.is_err(),
+                "{version:?} (tickets {tickets}): an old session must not pass the new \
+                 client-certificate requirement, got {kind:?} {answer:?}"
+            );
+        }
+        // Under the new policy, with a certificate, sessions resume again.
+        for version in versions {
+            let config = rustls_client(version, Some("client"));
+            let (kind, answer) = rustls_get(tls_port, &config);
+            assert_eq!(
+                (kind, answer),
+                (Some(rustls::HandshakeKind::Full), ok.clone())
+            );
+            let (kind, answer) = rustls_get(tls_port, &config);
+            assert_eq!(
+                (kind, answer),
+                (Some(rustls::HandshakeKind::Resumed), ok.clone()),
+                "{version:?} (tickets {tickets})"
+            );
+        }
+    }
+}

@@ -72,11 +72,16 @@ fn route(id: &str, uri: &str, node: &str) -> String {
 
 /// `curl` over TLS with `sni` resolved to the gateway; returns (exit code, body, stderr).
 fn curl(t: &TlsGateway, sni: &str, path: &str, args: &[&str]) -> (i32, String, String) {
-    let url = format!("https://{sni}:{}{path}", t.tls_port);
+    curl_port(t.tls_port, sni, path, args)
+}
+
+/// [`curl`] to the TLS listener on `tls_port`.
+fn curl_port(tls_port: u16, sni: &str, path: &str, args: &[&str]) -> (i32, String, String) {
+    let url = format!("https://{sni}:{tls_port}{path}");
     let out = Command::new("curl")
         .args(["-sk", "-v", "--max-time", "5"])
         .arg("--resolve")
-        .arg(format!("{sni}:{}:127.0.0.1", t.tls_port))
+        .arg(format!("{sni}:{tls_port}:127.0.0.1"))
         .args(args)
         .arg(url)
         .current_dir(cert_dir())
@@ -893,4 +898,88 @@ fn sessions_do_not_resume_past_a_new_client_certificate_requirement() {
             );
         }
     }
+}
+
+/// rustls's verifier (webpki) takes X.509 v3 certificates only, where OpenSSL (and so APISIX)
+/// also takes v1: a v1 client certificate that chains to the ssl's `client.ca` fails the
+/// handshake, with the log line docs/tls.md quotes. This pins that behaviour: when a rustls
+/// update accepts v1 certificates, this test fails and the docs must change with it.
+#[test]
+fn x509_v1_client_certificates_are_refused_with_a_log_line() {
+    let v1 = Command::new("openssl")
+        .args(["x509", "-noout", "-text", "-in", "client-v1.crt"])
+        .current_dir(cert_dir())
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&v1.stdout).contains("Version: 1 (0x0)"));
+    let chain = Command::new("openssl")
+        .args(["verify", "-CAfile", "client-ca.crt", "client-v1.crt"])
+        .current_dir(cert_dir())
+        .output()
+        .unwrap();
+    assert!(chain.status.success(), "OpenSSL accepts the v1 certificate");
+
+    let up = Upstream::start("a", Behaviour::Echo);
+    let tls_port = free_port();
+    let gw = support::StoreGatewayBuilder::embedded()
+        .apisix_key(&format!(
+            "ssl:\n  listen:\n    - ip: 127.0.0.1\n      port: {tls_port}"
+        ))
+        .log_filter("info")
+        .start();
+    gw.put_route(
+        "1",
+        &serde_json::json!({"uri": "/t", "upstream": {"type": "roundrobin", "nodes": {up.node(): 1}}}),
+    );
+    let ssl = serde_json::json!({
+        "snis": ["server.local"], "cert": pem("server.crt"), "key": pem("server.key"),
+        "client": {"ca": pem("client-ca.crt")},
+    });
+    let r = gw.admin("PUT", "/apisix/admin/ssls/1", &ssl.to_string());
+    assert!(matches!(r.status, 200 | 201), "{}", r.text());
+    let v3 = support::poll_until(Duration::from_secs(5), || {
+        let args = ["--cert", "client.crt", "--key", "client.key"];
+        curl_port(tls_port, "server.local", "/t", &args).0 == 0
+    });
+    assert!(v3.is_some(), "a v3 certificate from the same CA is served");
+    let (code, body, _) = curl_port(
+        tls_port,
+        "server.local",
+        "/t",
+        &["--cert", "client-v1.crt", "--key", "client-v1.key"],
+    );
+    assert_ne!(code, 0, "the v1 certificate is refused, got {body}");
+    let line =
+        "TLS handshake failed: invalid peer certificate: Other(OtherError(UnsupportedCertVersion))";
+    let logged = support::poll_until(Duration::from_secs(2), || gw.log_text().contains(line));
+    assert!(logged.is_some(), "expected {line:?} in:\n{}", gw.log_text());
+
+    // With skip_mtls_uri_regex the handshake asks without requiring, yet the signature check
+    // parses the certificate too: a v1 certificate fails the handshake even for a URI that
+    // needs none (the same URI without a certificate is served).
+    let ssl = serde_json::json!({
+        "snis": ["server.local"], "cert": pem("server.crt"), "key": pem("server.key"),
+        "client": {"ca": pem("client-ca.crt"), "skip_mtls_uri_regex": ["^/t"]},
+    });
+    let r = gw.admin("PUT", "/apisix/admin/ssls/1", &ssl.to_string());
+    assert!(matches!(r.status, 200 | 201), "{}", r.text());
+    let lenient = support::poll_until(Duration::from_secs(5), || {
+        curl_port(tls_port, "server.local", "/t", &[]).0 == 0
+    });
+    assert!(lenient.is_some(), "/t is served without a certificate");
+    let before = gw.log_text().matches(line).count();
+    let (code, body, _) = curl_port(
+        tls_port,
+        "server.local",
+        "/t",
+        &["--cert", "client-v1.crt", "--key", "client-v1.key"],
+    );
+    assert_ne!(
+        code, 0,
+        "the v1 certificate fails the handshake, got {body}"
+    );
+    let logged = support::poll_until(Duration::from_secs(2), || {
+        gw.log_text().matches(line).count() > before
+    });
+    assert!(logged.is_some(), "expected {line:?} in:\n{}", gw.log_text());
 }

@@ -983,3 +983,77 @@ fn x509_v1_client_certificates_are_refused_with_a_log_line() {
     });
     assert!(logged.is_some(), "expected {line:?} in:\n{}", gw.log_text());
 }
+
+/// A TLS 1.3 ClientHello, one record, whose server_name extension carries `sni` as is.
+fn client_hello_with_sni(sni: &[u8]) -> Vec<u8> {
+    let u16be = |n: usize| u16::try_from(n).unwrap().to_be_bytes();
+    let mut server_name = vec![0u8]; // host_name
+    server_name.extend_from_slice(&u16be(sni.len()));
+    server_name.extend_from_slice(sni);
+    let mut list = u16be(server_name.len()).to_vec();
+    list.extend_from_slice(&server_name);
+    let mut extensions = vec![0x00, 0x00];
+    extensions.extend_from_slice(&u16be(list.len()));
+    extensions.extend_from_slice(&list);
+    // supported_versions: TLS 1.3.
+    extensions.extend_from_slice(&[0x00, 0x2b, 0x00, 0x03, 0x02, 0x03, 0x04]);
+    let mut body = vec![0x03, 0x03];
+    body.extend_from_slice(&[7u8; 32]);
+    body.push(0); // session id
+    body.extend_from_slice(&[0x00, 0x02, 0x13, 0x01]);
+    body.extend_from_slice(&[0x01, 0x00]);
+    body.extend_from_slice(&u16be(extensions.len()));
+    body.extend_from_slice(&extensions);
+    let mut handshake = vec![0x01, 0x00];
+    handshake.extend_from_slice(&u16be(body.len()));
+    handshake.extend_from_slice(&body);
+    let mut record = vec![0x16, 0x03, 0x01];
+    record.extend_from_slice(&u16be(handshake.len()));
+    record.extend_from_slice(&handshake);
+    record
+}
+
+/// The SNI is the client's, read before any authentication: a long one (a 10 KB name is no
+/// DNS name, but a ClientHello carries it) is not logged whole on every handshake.
+#[test]
+fn a_long_sni_is_logged_truncated() {
+    let tls_port = free_port();
+    let gw = support::StoreGatewayBuilder::embedded()
+        .apisix_key(&format!(
+            "ssl:\n  listen:\n    - ip: 127.0.0.1\n      port: {tls_port}"
+        ))
+        .log_filter("info")
+        .start();
+    let ssl = serde_json::json!({
+        "snis": ["server.local"], "cert": pem("server.crt"), "key": pem("server.key"),
+    });
+    let r = gw.admin("PUT", "/apisix/admin/ssls/1", &ssl.to_string());
+    assert!(matches!(r.status, 200 | 201), "{}", r.text());
+    let sni = "x".repeat(10_000) + ".test";
+    let mut s = TcpStream::connect(("127.0.0.1", tls_port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&client_hello_with_sni(sni.as_bytes())).unwrap();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    assert!(
+        answer.is_empty() || answer[0] == 0x15,
+        "closed or an alert: {answer:?}"
+    );
+    let logged = support::poll_until(Duration::from_secs(2), || {
+        gw.log_text()
+            .contains("TLS handshake failed: peer misbehaved: ServerNameMustContainOneHostName")
+    });
+    let log = gw.log_text();
+    assert!(logged.is_some(), "the handshake is logged: {log}");
+    let longest = log.lines().map(str::len).max().unwrap_or(0);
+    assert!(
+        longest < 2048,
+        "a log line of {longest} bytes: {}",
+        log.lines()
+            .find(|l| l.len() == longest)
+            .unwrap()
+            .chars()
+            .take(300)
+            .collect::<String>()
+    );
+}

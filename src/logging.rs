@@ -28,9 +28,10 @@ pub struct LogControl {
     target: Option<AccessLogTarget>,
 }
 
-/// `RUST_LOG` when set, else config.yaml's level (default `info`).
+/// `RUST_LOG` when set, else config.yaml's level (default `info`), with rustls's message
+/// parsing kept to errors (see [`QUIET_PEER_INPUT`]).
 fn directive(settings: &Settings) -> (String, bool) {
-    match std::env::var("RUST_LOG") {
+    let (directive, from_env) = match std::env::var("RUST_LOG") {
         Ok(v) if !v.trim().is_empty() => (v, true),
         _ => (
             settings
@@ -40,6 +41,20 @@ fn directive(settings: &Settings) -> (String, bool) {
                 .to_owned(),
             false,
         ),
+    };
+    (quiet_peer_input(directive), from_env)
+}
+
+/// rustls warns, with the bytes whole, about ClientHello fields it refuses: a client's 10 KB
+/// SNI would be written on every handshake, before any authentication. ferrisix logs the
+/// failed handshake itself, bounded, so these lines stay out unless the filter names rustls.
+const QUIET_PEER_INPUT: &str = "rustls::msgs=error";
+
+fn quiet_peer_input(directive: String) -> String {
+    if directive.contains("rustls") {
+        directive
+    } else {
+        format!("{directive},{QUIET_PEER_INPUT}")
     }
 }
 
@@ -301,6 +316,13 @@ mod tests {
         fn flush(&mut self) -> io::Result<()> {
             Ok(())
         }
+    }
+
+    #[test]
+    fn rustls_peer_input_warnings_stay_out_unless_named() {
+        assert_eq!(quiet_peer_input("info".into()), "info,rustls::msgs=error");
+        assert!(EnvFilter::try_new(quiet_peer_input("warn,ferrisix=debug".into())).is_ok());
+        assert_eq!(quiet_peer_input("rustls=trace".into()), "rustls=trace");
     }
 
     #[test]

@@ -72,11 +72,16 @@ fn route(id: &str, uri: &str, node: &str) -> String {
 
 /// `curl` over TLS with `sni` resolved to the gateway; returns (exit code, body, stderr).
 fn curl(t: &TlsGateway, sni: &str, path: &str, args: &[&str]) -> (i32, String, String) {
-    let url = format!("https://{sni}:{}{path}", t.tls_port);
+    curl_port(t.tls_port, sni, path, args)
+}
+
+/// [`curl`] to the TLS listener on `tls_port`.
+fn curl_port(tls_port: u16, sni: &str, path: &str, args: &[&str]) -> (i32, String, String) {
+    let url = format!("https://{sni}:{tls_port}{path}");
     let out = Command::new(support::debian::require("curl"))
         .args(["-sk", "-v", "--max-time", "5"])
         .arg("--resolve")
-        .arg(format!("{sni}:{}:127.0.0.1", t.tls_port))
+        .arg(format!("{sni}:{tls_port}:127.0.0.1"))
         .args(args)
         .arg(url)
         .current_dir(cert_dir())
@@ -738,4 +743,317 @@ fn https_upstreams_sni_client_certificates_and_verification() {
     assert_eq!(get("/verified", "server.local").0, 200);
     assert_eq!(get("/verified", "localhost").0, 200);
     assert_eq!(get("/verified", "wrong.local").0, 502);
+}
+
+/// A rustls client trusting the test CA, offering only `version`, resuming from its own
+/// session store, with the client certificate `client` (name of a `.crt`/`.key` pair).
+fn rustls_client(
+    version: &'static rustls::SupportedProtocolVersion,
+    client: Option<&str>,
+) -> std::sync::Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(cert_dir().join("ca.crt")).unwrap())
+        .unwrap();
+    let builder = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[version])
+    .unwrap()
+    .with_root_certificates(roots);
+    let config = match client {
+        None => builder.with_no_client_auth(),
+        Some(name) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_file_iter(cert_dir().join(format!("{name}.crt")))
+                    .unwrap()
+                    .collect::<Result<Vec<_>, _>>()
+                    .unwrap(),
+                PrivateKeyDer::from_pem_file(cert_dir().join(format!("{name}.key"))).unwrap(),
+            )
+            .unwrap(),
+    };
+    std::sync::Arc::new(config)
+}
+
+/// One `GET /t` over a new connection with `config`: the handshake's kind and the answer's
+/// status code, or the error that ended it.
+fn rustls_get(
+    port: u16,
+    config: &std::sync::Arc<rustls::ClientConfig>,
+) -> (Option<rustls::HandshakeKind>, Result<String, String>) {
+    let name = rustls::pki_types::ServerName::try_from("server.local").unwrap();
+    let mut conn = rustls::ClientConnection::new(config.clone(), name).unwrap();
+    let mut tcp = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut tls = rustls::Stream::new(&mut conn, &mut tcp);
+    // `Connection: close` reads the answer to its end, and with it the TLS 1.3 tickets that
+    // follow the handshake.
+    let answer = tls
+        .write_all(b"GET /t HTTP/1.1\r\nHost: server.local\r\nConnection: close\r\n\r\n")
+        .and_then(|()| {
+            let mut text = Vec::new();
+            match tls.read_to_end(&mut text) {
+                // A close without close_notify still ends a `Connection: close` answer.
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !text.is_empty() => {
+                    Ok(text)
+                }
+                r => r.map(|_| text),
+            }
+        })
+        .map(|text| {
+            let text = String::from_utf8_lossy(&text).into_owned();
+            let status = text.lines().next().unwrap_or_default();
+            status.split(' ').nth(1).unwrap_or(status).to_owned()
+        })
+        .map_err(|e| e.to_string());
+    (conn.handshake_kind(), answer)
+}
+
+/// A session made while the ssl asked for no client certificate does not resume once the ssl
+/// requires one: the client without a certificate gets a full handshake, which is refused.
+/// Sessions made under the new policy resume again. Both TLS versions, with the session
+/// cache (TLS 1.2 session ids, TLS 1.3 stateful tickets) and with stateless tickets.
+#[test]
+fn sessions_do_not_resume_past_a_new_client_certificate_requirement() {
+    let up = Upstream::start("a", Behaviour::Echo);
+    for tickets in [false, true] {
+        let tls_port = free_port();
+        let gw = support::StoreGatewayBuilder::embedded()
+            .apisix_key(&format!(
+                "ssl:\n  listen:\n    - ip: 127.0.0.1\n      port: {tls_port}\n  ssl_session_tickets: {tickets}"
+            ))
+            .start();
+        gw.put_route(
+            "1",
+            &serde_json::json!({"uri": "/t", "upstream": {"type": "roundrobin", "nodes": {up.node(): 1}}}),
+        );
+        let put_ssl = |client: bool| {
+            let mut ssl = serde_json::json!({
+                "snis": ["server.local"], "cert": pem("server.crt"), "key": pem("server.key"),
+            });
+            if client {
+                ssl["client"] = serde_json::json!({"ca": pem("client-ca.crt")});
+            }
+            let r = gw.admin("PUT", "/apisix/admin/ssls/1", &ssl.to_string());
+            assert!(matches!(r.status, 200 | 201), "{}", r.text());
+        };
+        put_ssl(false);
+        let ok = Ok("200".to_owned());
+        let versions = [&rustls::version::TLS12, &rustls::version::TLS13];
+        let anonymous: Vec<_> = versions.iter().map(|v| rustls_client(v, None)).collect();
+        for config in &anonymous {
+            let served = support::poll_until(Duration::from_secs(5), || {
+                rustls_get(tls_port, config).1 == ok
+            });
+            assert!(
+                served.is_some(),
+                "the ssl serves (tickets {tickets}): {:?}",
+                rustls_get(tls_port, config)
+            );
+            let (kind, answer) = rustls_get(tls_port, config);
+            assert_eq!(answer, ok);
+            assert_eq!(
+                kind,
+                Some(rustls::HandshakeKind::Resumed),
+                "sessions resume under an unchanged policy (tickets {tickets})"
+            );
+            // Leaves a session in the client's store for after the change.
+            assert_eq!(rustls_get(tls_port, config).1, ok);
+        }
+
+        put_ssl(true);
+        let refused = support::poll_until(Duration::from_secs(5), || {
+            rustls_get(tls_port, &rustls_client(&rustls::version::TLS13, None))
+                .1
+                .is_err()
+        });
+        assert!(
+            refused.is_some(),
+            "a fresh handshake without a certificate is refused"
+        );
+        for (version, config) in versions.iter().zip(&anonymous) {
+            let (kind, answer) = rustls_get(tls_port, config);
+            assert!(
+                kind != Some(rustls::HandshakeKind::Resumed) && answer.is_err(),
+                "{version:?} (tickets {tickets}): an old session must not pass the new \
+                 client-certificate requirement, got {kind:?} {answer:?}"
+            );
+        }
+        // Under the new policy, with a certificate, sessions resume again.
+        for version in versions {
+            let config = rustls_client(version, Some("client"));
+            let (kind, answer) = rustls_get(tls_port, &config);
+            assert_eq!(
+                (kind, answer),
+                (Some(rustls::HandshakeKind::Full), ok.clone())
+            );
+            let (kind, answer) = rustls_get(tls_port, &config);
+            assert_eq!(
+                (kind, answer),
+                (Some(rustls::HandshakeKind::Resumed), ok.clone()),
+                "{version:?} (tickets {tickets})"
+            );
+        }
+    }
+}
+
+/// rustls's verifier (webpki) takes X.509 v3 certificates only, where OpenSSL (and so APISIX)
+/// also takes v1: a v1 client certificate that chains to the ssl's `client.ca` fails the
+/// handshake, with the log line docs/tls.md quotes. This pins that behaviour: when a rustls
+/// update accepts v1 certificates, this test fails and the docs must change with it.
+#[test]
+fn x509_v1_client_certificates_are_refused_with_a_log_line() {
+    let v1 = Command::new("openssl")
+        .args(["x509", "-noout", "-text", "-in", "client-v1.crt"])
+        .current_dir(cert_dir())
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&v1.stdout).contains("Version: 1 (0x0)"));
+    let chain = Command::new("openssl")
+        .args(["verify", "-CAfile", "client-ca.crt", "client-v1.crt"])
+        .current_dir(cert_dir())
+        .output()
+        .unwrap();
+    assert!(chain.status.success(), "OpenSSL accepts the v1 certificate");
+
+    let up = Upstream::start("a", Behaviour::Echo);
+    let tls_port = free_port();
+    let gw = support::StoreGatewayBuilder::embedded()
+        .apisix_key(&format!(
+            "ssl:\n  listen:\n    - ip: 127.0.0.1\n      port: {tls_port}"
+        ))
+        .log_filter("info")
+        .start();
+    gw.put_route(
+        "1",
+        &serde_json::json!({"uri": "/t", "upstream": {"type": "roundrobin", "nodes": {up.node(): 1}}}),
+    );
+    let ssl = serde_json::json!({
+        "snis": ["server.local"], "cert": pem("server.crt"), "key": pem("server.key"),
+        "client": {"ca": pem("client-ca.crt")},
+    });
+    let r = gw.admin("PUT", "/apisix/admin/ssls/1", &ssl.to_string());
+    assert!(matches!(r.status, 200 | 201), "{}", r.text());
+    let v3 = support::poll_until(Duration::from_secs(5), || {
+        let args = ["--cert", "client.crt", "--key", "client.key"];
+        curl_port(tls_port, "server.local", "/t", &args).0 == 0
+    });
+    assert!(v3.is_some(), "a v3 certificate from the same CA is served");
+    let (code, body, _) = curl_port(
+        tls_port,
+        "server.local",
+        "/t",
+        &["--cert", "client-v1.crt", "--key", "client-v1.key"],
+    );
+    assert_ne!(code, 0, "the v1 certificate is refused, got {body}");
+    let line =
+        "TLS handshake failed: invalid peer certificate: Other(OtherError(UnsupportedCertVersion))";
+    let logged = support::poll_until(Duration::from_secs(2), || gw.log_text().contains(line));
+    assert!(logged.is_some(), "expected {line:?} in:\n{}", gw.log_text());
+
+    // With skip_mtls_uri_regex the handshake asks without requiring, yet the signature check
+    // parses the certificate too: a v1 certificate fails the handshake even for a URI that
+    // needs none (the same URI without a certificate is served).
+    let ssl = serde_json::json!({
+        "snis": ["server.local"], "cert": pem("server.crt"), "key": pem("server.key"),
+        "client": {"ca": pem("client-ca.crt"), "skip_mtls_uri_regex": ["^/t"]},
+    });
+    let r = gw.admin("PUT", "/apisix/admin/ssls/1", &ssl.to_string());
+    assert!(matches!(r.status, 200 | 201), "{}", r.text());
+    let lenient = support::poll_until(Duration::from_secs(5), || {
+        curl_port(tls_port, "server.local", "/t", &[]).0 == 0
+    });
+    assert!(lenient.is_some(), "/t is served without a certificate");
+    let before = gw.log_text().matches(line).count();
+    let (code, body, _) = curl_port(
+        tls_port,
+        "server.local",
+        "/t",
+        &["--cert", "client-v1.crt", "--key", "client-v1.key"],
+    );
+    assert_ne!(
+        code, 0,
+        "the v1 certificate fails the handshake, got {body}"
+    );
+    let logged = support::poll_until(Duration::from_secs(2), || {
+        gw.log_text().matches(line).count() > before
+    });
+    assert!(logged.is_some(), "expected {line:?} in:\n{}", gw.log_text());
+}
+
+/// A TLS 1.3 ClientHello, one record, whose server_name extension carries `sni` as is.
+fn client_hello_with_sni(sni: &[u8]) -> Vec<u8> {
+    let u16be = |n: usize| u16::try_from(n).unwrap().to_be_bytes();
+    let mut server_name = vec![0u8]; // host_name
+    server_name.extend_from_slice(&u16be(sni.len()));
+    server_name.extend_from_slice(sni);
+    let mut list = u16be(server_name.len()).to_vec();
+    list.extend_from_slice(&server_name);
+    let mut extensions = vec![0x00, 0x00];
+    extensions.extend_from_slice(&u16be(list.len()));
+    extensions.extend_from_slice(&list);
+    // supported_versions: TLS 1.3.
+    extensions.extend_from_slice(&[0x00, 0x2b, 0x00, 0x03, 0x02, 0x03, 0x04]);
+    let mut body = vec![0x03, 0x03];
+    body.extend_from_slice(&[7u8; 32]);
+    body.push(0); // session id
+    body.extend_from_slice(&[0x00, 0x02, 0x13, 0x01]);
+    body.extend_from_slice(&[0x01, 0x00]);
+    body.extend_from_slice(&u16be(extensions.len()));
+    body.extend_from_slice(&extensions);
+    let mut handshake = vec![0x01, 0x00];
+    handshake.extend_from_slice(&u16be(body.len()));
+    handshake.extend_from_slice(&body);
+    let mut record = vec![0x16, 0x03, 0x01];
+    record.extend_from_slice(&u16be(handshake.len()));
+    record.extend_from_slice(&handshake);
+    record
+}
+
+/// The SNI is the client's, read before any authentication: a long one (a 10 KB name is no
+/// DNS name, but a ClientHello carries it) is not logged whole on every handshake.
+#[test]
+fn a_long_sni_is_logged_truncated() {
+    let tls_port = free_port();
+    let gw = support::StoreGatewayBuilder::embedded()
+        .apisix_key(&format!(
+            "ssl:\n  listen:\n    - ip: 127.0.0.1\n      port: {tls_port}"
+        ))
+        .log_filter("info")
+        .start();
+    let ssl = serde_json::json!({
+        "snis": ["server.local"], "cert": pem("server.crt"), "key": pem("server.key"),
+    });
+    let r = gw.admin("PUT", "/apisix/admin/ssls/1", &ssl.to_string());
+    assert!(matches!(r.status, 200 | 201), "{}", r.text());
+    let sni = "x".repeat(10_000) + ".test";
+    let mut s = TcpStream::connect(("127.0.0.1", tls_port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&client_hello_with_sni(sni.as_bytes())).unwrap();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    assert!(
+        answer.is_empty() || answer[0] == 0x15,
+        "closed or an alert: {answer:?}"
+    );
+    let logged = support::poll_until(Duration::from_secs(2), || {
+        gw.log_text()
+            .contains("TLS handshake failed: peer misbehaved: ServerNameMustContainOneHostName")
+    });
+    let log = gw.log_text();
+    assert!(logged.is_some(), "the handshake is logged: {log}");
+    let longest = log.lines().map(str::len).max().unwrap_or(0);
+    assert!(
+        longest < 2048,
+        "a log line of {longest} bytes: {}",
+        log.lines()
+            .find(|l| l.len() == longest)
+            .unwrap()
+            .chars()
+            .take(300)
+            .collect::<String>()
+    );
 }

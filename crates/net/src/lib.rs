@@ -24,6 +24,8 @@
 //!   API, health probes) give way to the workers when the cores are busy.
 //! * [`coarse_monotonic_ms`]: the monotonic clock as of the last kernel tick, for idle
 //!   timestamps that need no finer resolution and are read on every request.
+//! * [`log_text`]: log lines that cannot flood: repeated warnings counted and summarised
+//!   ([`Repeats`]), client-supplied text cut to a bounded length ([`clip`]).
 #![forbid(unsafe_code)]
 
 mod accept;
@@ -35,6 +37,7 @@ pub mod handover;
 mod io;
 mod lifetime;
 mod listeners;
+pub mod log_text;
 mod priority;
 mod serve;
 
@@ -46,6 +49,7 @@ pub use framing::{ChunkSizeTooLarge, FramingGuard, MAX_CHUNK_SIZE};
 pub use io::TimedIo;
 pub use lifetime::{ConnLimits, ConnWatch, Graceful, HeadSignal, InFlight, Tracked};
 pub use listeners::{bind, ListenerSet};
+pub use log_text::{clip, Repeats};
 pub use priority::{thread_cpu_time, yield_to_workers, CONTROL_NICENESS};
 pub use serve::{serve_until, SHUTDOWN_GRACE};
 

@@ -41,7 +41,9 @@
 //! - `ferrisix_router::VarSource`, `ferrisix_router::Expr`: reading request variables and
 //!   evaluating compiled expressions;
 //! - `ferrisix_net`: serving a port of the plugin's own (prometheus' export server) with the
-//!   gateway's connection limits and drain.
+//!   gateway's connection limits and drain, and its log helpers (`Repeats`, `clip`) for
+//!   warnings that could otherwise flood the log (one line per interval with a count, client
+//!   text cut short).
 //!
 //! The rest of `ferrisix-plugins` (the registry, the chains, the consumer set) and tests
 //! may also use:

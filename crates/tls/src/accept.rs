@@ -57,8 +57,13 @@ impl std::fmt::Display for AcceptError {
         match self {
             AcceptError::PlainHttp => f.write_str("plain HTTP request sent to the HTTPS port"),
             AcceptError::Handshake(e) => write!(f, "TLS handshake failed: {e}"),
+            // The SNI is the client's, logged before any authentication.
             AcceptError::NoCertificate(Some(sni)) => {
-                write!(f, "failed to match any SSL certificate by SNI: {sni}")
+                write!(
+                    f,
+                    "failed to match any SSL certificate by SNI: {}",
+                    ferrisix_net::clip(sni)
+                )
             }
             AcceptError::NoCertificate(None) => f.write_str(
                 "failed to find SNI: the client sent none and no fallback_sni is set \

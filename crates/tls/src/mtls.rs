@@ -6,7 +6,7 @@
 //! * When the request's Host names an ssl with `client`, the SNI of the handshake must be that
 //!   host: a certificate verified for one name does not open another.
 //!
-//! A refusal is answered 400 by the caller.
+//! A refusal is answered 400 by the caller; its reason, logged, quotes client names cut short.
 
 use crate::accept::{ClientVerify, TlsConnInfo};
 use crate::store::CertStore;
@@ -36,9 +36,11 @@ pub fn check_request(
         return Ok(());
     };
     if by_host.client.is_some() && conn.sni.as_deref() != Some(host) {
+        // Both names are the client's: cut short for the log.
         return Err(format!(
-            "client certificate verified with SNI {}, but the host is {host}",
-            conn.sni.as_deref().unwrap_or("")
+            "client certificate verified with SNI {}, but the host is {}",
+            ferrisix_net::clip(conn.sni.as_deref().unwrap_or("")),
+            ferrisix_net::clip(host)
         ));
     }
     Ok(())

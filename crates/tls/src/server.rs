@@ -14,6 +14,7 @@ use rustls::{
     DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
 };
 
+use crate::resumption::{Scope, ScopedSessions, ScopedTicketer};
 use crate::settings::{protocol_versions, TlsSettings};
 
 /// ALPN for listeners with HTTP/2 (`h2` preferred, as nginx's `http2 on`).
@@ -305,9 +306,11 @@ pub fn build(ssl: &Ssl, settings: &TlsSettings) -> Result<ServerSsl, String> {
         keys,
         tls13: versions.contains(&&rustls::version::TLS13),
     }));
-    config.session_storage = settings.session_cache.clone();
+    // Sessions resume only under the client policy they were made under.
+    let scope = Scope::of(ssl);
+    config.session_storage = ScopedSessions::new(settings.session_cache.clone(), scope);
     if let Some(t) = &settings.ticketer {
-        config.ticketer = t.clone();
+        config.ticketer = ScopedTicketer::new(t.clone(), scope);
     }
     config.ignore_client_order = false;
     config.max_early_data_size = 0;

@@ -1,6 +1,7 @@
 //! `apisix.ssl` turned into what rustls needs: the crypto provider with the chosen suites, the
 //! protocol versions, one session cache (and ticketer) shared by every ssl's config so a
-//! session resumes across configuration changes, and the CA bundle for upstream verification.
+//! session resumes across configuration changes (each ssl sees it through its
+//! [`crate::resumption::Scope`]), and the CA bundle for upstream verification.
 
 use std::path::Path;
 use std::sync::Arc;

@@ -11,6 +11,7 @@
 #   client        CN client (clientAuth), signed by client-ca
 #   expired-client  CN expired-client, signed by client-ca, valid 2020-01-01..2020-01-02
 #   rogue         CN rogue, self-signed client certificate
+#   client-v1     CN client-v1, signed by client-ca, X.509 v1 (no extensions)
 set -euo pipefail
 cd "$(dirname "$0")"
 rm -rf .ca && mkdir .ca && touch .ca/index.txt && echo 1000 > .ca/serial
@@ -59,4 +60,8 @@ key other ec; sign other other.local ca "$(ext_server DNS:other.local)" $S $E
 key client rsa; sign client client client-ca "$ext_client" $S $E
 key expired-client rsa; sign expired-client expired-client client-ca "$ext_client" 20200101000000Z 20200102000000Z
 key rogue rsa; sign rogue rogue self "$ext_client" $S $E
+# Without -extfile openssl ca writes a version 1 certificate.
+key client-v1 rsa
+openssl req -new -key client-v1.key -subj "/O=ferrisix-test/CN=client-v1" -out .ca/client-v1.csr
+openssl ca -batch -config .ca/ca.cnf -cert client-ca.crt -keyfile client-ca.key -notext -startdate $S -enddate $E -in .ca/client-v1.csr -out client-v1.crt 2>/dev/null
 rm -rf .ca

@@ -15,6 +15,9 @@
 //! batch being sent. On the gateway's graceful shutdown the buffer is flushed at once, batches
 //! waiting for a retry are tried once more without waiting, and the shutdown waits for them.
 //! A processor whose conf is gone (its last snapshot dropped) flushes what it holds too.
+//!
+//! A log server that is down fails every batch: its error lines are summarised, one a second
+//! per processor with the count they stand for (`repeated`), as the discards are.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -24,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use ferrisix_net::Repeats;
 use ferrisix_plugin_api::{Executor, PluginServices, SharedState, Shutdown};
 use serde_json::{json, Map, Value};
 use tokio::sync::Notify;
@@ -203,6 +207,10 @@ struct Shared {
     shutdown: Shutdown,
     /// Entries sent successfully (for tests and figures).
     sent: AtomicU64,
+    /// Failed tries and dropped batches: one line a second each, with the count, however
+    /// many batches a dead log server fails.
+    failures: Repeats,
+    drops: Repeats,
 }
 
 /// One conf's processor. Dropping it flushes what it holds.
@@ -246,6 +254,8 @@ impl BatchProcessor {
             executor: services.executor().clone(),
             shutdown: services.shutdown().clone(),
             sent: AtomicU64::new(0),
+            failures: Repeats::per_second(),
+            drops: Repeats::per_second(),
         });
         if shared.config.batch_max_size > 1 {
             let timer = shared.clone();
@@ -412,22 +422,27 @@ impl Shared {
                     return;
                 }
                 Err(e) => {
-                    match e.first_fail.filter(|f| (1..=entries.len()).contains(f)) {
-                        Some(first) => {
-                            tracing::error!(
+                    let first = e.first_fail.filter(|f| (1..=entries.len()).contains(f));
+                    if let Some(repeated) = self.failures.hit() {
+                        match first {
+                            Some(first) => tracing::error!(
+                                repeated,
                                 "Batch Processor[{name}] failed to process entries [{}/{}]: {}",
                                 entries.len() + 1 - first,
                                 entries.len(),
                                 e.message
-                            );
-                            self.sent.fetch_add(first as u64 - 1, Ordering::Relaxed);
-                            self.backlog.done(first - 1);
-                            entries.drain(..first - 1);
+                            ),
+                            None => tracing::error!(
+                                repeated,
+                                "Batch Processor[{name}] failed to process entries: {}",
+                                e.message
+                            ),
                         }
-                        None => tracing::error!(
-                            "Batch Processor[{name}] failed to process entries: {}",
-                            e.message
-                        ),
+                    }
+                    if let Some(first) = first {
+                        self.sent.fetch_add(first as u64 - 1, Ordering::Relaxed);
+                        self.backlog.done(first - 1);
+                        entries.drain(..first - 1);
                     }
                     retry_count += 1;
                     if retry_count <= self.config.max_retry_count && !entries.is_empty() {
@@ -445,9 +460,12 @@ impl Shared {
                             continue;
                         }
                     }
-                    tracing::error!(
-                        "Batch Processor[{name}] exceeded the max_retry_count[{retry_count}] dropping the entries"
-                    );
+                    if let Some(repeated) = self.drops.hit() {
+                        tracing::error!(
+                            repeated,
+                            "Batch Processor[{name}] exceeded the max_retry_count[{retry_count}] dropping the entries"
+                        );
+                    }
                     self.backlog.done(entries.len());
                     return;
                 }

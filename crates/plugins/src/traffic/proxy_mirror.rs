@@ -8,6 +8,8 @@
 //! The copy runs as a background task on the gateway's executor: a mirror that is slow, hangs
 //! or refuses costs the client nothing. Copies in flight are bounded ([`MAX_IN_FLIGHT`]); past
 //! that, and for bodies over [`MAX_MIRROR_BODY`], the copy is dropped and counted in a warning.
+//! Warnings that fire per copy are summarised (one line a second per kind, with `repeated`,
+//! the count it stands for) and carry the URL cut short: it holds the client's URI.
 //! `https`/`grpc(s)` hosts pass the schema but the plugin HTTP client speaks plain HTTP only:
 //! such copies are dropped with an error in the log.
 
@@ -16,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use ferrisix_net::{clip, Repeats};
 use ferrisix_plugin_api::{CompileCtx, Phases, Plugin, PluginCtx, PluginDef, PluginServices, Step};
 use http::{header, HeaderValue, Request};
 use rand::Rng;
@@ -54,13 +57,28 @@ fn schema() -> Value {
     })
 }
 
-/// Copies in flight, per gateway.
-#[derive(Debug, Default)]
-struct InFlight(AtomicUsize);
+/// Copies in flight, per gateway, and the summaries of the warnings that fire per copy: a
+/// mirror that is down, or a burst past [`MAX_IN_FLIGHT`], would otherwise write one line for
+/// every request.
+#[derive(Debug)]
+struct InFlight {
+    count: AtomicUsize,
+    /// Copies dropped before leaving (too many in flight, body not read).
+    dropped: Repeats,
+    /// Copies the mirror did not answer.
+    failed: Repeats,
+    /// Copies to a scheme the plugin HTTP client does not speak.
+    unsupported: Repeats,
+}
 
 impl ferrisix_plugin_api::SharedState for InFlight {
     fn create(_: &PluginServices) -> Self {
-        InFlight::default()
+        InFlight {
+            count: AtomicUsize::new(0),
+            dropped: Repeats::per_second(),
+            failed: Repeats::per_second(),
+            unsupported: Repeats::per_second(),
+        }
     }
 }
 
@@ -123,10 +141,13 @@ impl ProxyMirror {
 
     fn send(&self, ctx: &PluginCtx<'_>, url: String, body: Bytes) {
         if !url.starts_with("http://") {
-            tracing::error!(
-                url,
-                "proxy-mirror: only http:// mirrors are supported; copy dropped"
-            );
+            if let Some(repeated) = self.in_flight.unsupported.hit() {
+                tracing::error!(
+                    url = %clip(&url),
+                    repeated,
+                    "proxy-mirror: only http:// mirrors are supported; copy dropped"
+                );
+            }
             return;
         }
         let mut req = Request::builder().method(ctx.method().clone()).uri(&url);
@@ -147,25 +168,38 @@ impl ProxyMirror {
         let req = match req.body(body) {
             Ok(r) => r,
             Err(e) => {
-                tracing::error!(url, error = %e, "proxy-mirror: invalid mirror request");
+                tracing::error!(url = %clip(&url), error = %e, "proxy-mirror: invalid mirror request");
                 return;
             }
         };
-        if self.in_flight.0.fetch_add(1, Ordering::Relaxed) >= MAX_IN_FLIGHT {
-            self.in_flight.0.fetch_sub(1, Ordering::Relaxed);
-            tracing::warn!(url, "proxy-mirror: too many copies in flight; copy dropped");
+        if self.in_flight.count.fetch_add(1, Ordering::Relaxed) >= MAX_IN_FLIGHT {
+            self.in_flight.count.fetch_sub(1, Ordering::Relaxed);
+            if let Some(repeated) = self.in_flight.dropped.hit() {
+                tracing::warn!(
+                    url = %clip(&url),
+                    repeated,
+                    "proxy-mirror: too many copies in flight; copy dropped"
+                );
+            }
             return;
         }
         let services = self.services.clone();
         let in_flight = self.in_flight.clone();
         let spawned = self.services.executor().spawn(async move {
             if let Err(e) = services.http().send(req, MIRROR_TIMEOUT).await {
-                tracing::warn!(url, error = %e, "proxy-mirror: mirror request failed");
+                if let Some(repeated) = in_flight.failed.hit() {
+                    tracing::warn!(
+                        url = %clip(&url),
+                        repeated,
+                        error = %e,
+                        "proxy-mirror: mirror request failed"
+                    );
+                }
             }
-            in_flight.0.fetch_sub(1, Ordering::Relaxed);
+            in_flight.count.fetch_sub(1, Ordering::Relaxed);
         });
         if let Err(e) = spawned {
-            self.in_flight.0.fetch_sub(1, Ordering::Relaxed);
+            self.in_flight.count.fetch_sub(1, Ordering::Relaxed);
             tracing::error!(error = %e, "proxy-mirror: copy not sent");
         }
     }
@@ -203,7 +237,14 @@ impl Plugin for ProxyMirror {
                     self.send(ctx, url, body);
                 }
                 Err(e) => {
-                    tracing::warn!(url, error = %e, "proxy-mirror: body not mirrored; copy dropped")
+                    if let Some(repeated) = self.in_flight.dropped.hit() {
+                        tracing::warn!(
+                            url = %clip(&url),
+                            repeated,
+                            error = %e,
+                            "proxy-mirror: body not mirrored; copy dropped"
+                        )
+                    }
                 }
             }
             ferrisix_plugin_api::Flow::Continue

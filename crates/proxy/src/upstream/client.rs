@@ -77,7 +77,7 @@ pub async fn connect(
                 Err(_) => return Err(ProxyError::new(ErrorKind::ConnectTimeout)),
                 Ok(Err(e)) => {
                     // nginx: "SSL_do_handshake() failed ... while SSL handshaking to upstream".
-                    tracing::error!(addr = %key.addr, sni = ?key.sni, error = %e, "SSL handshake with upstream failed");
+                    tracing::error!(addr = %key.addr, sni = %ferrisix_net::clip(key.sni.as_deref().unwrap_or("")), error = %e, "SSL handshake with upstream failed");
                     return Err(ProxyError::new(ErrorKind::ConnectRefused));
                 }
                 Ok(Ok(s)) => s,

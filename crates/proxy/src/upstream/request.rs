@@ -212,7 +212,7 @@ fn upstream_uri(ctx: &RequestCtx<'_>) -> Uri {
             if let Ok(u) = target.parse() {
                 return u;
             }
-            tracing::warn!(uri = %target, "invalid upstream uri set by a plugin; the client's is sent");
+            tracing::warn!(uri = %ferrisix_net::clip(&target), "invalid upstream uri set by a plugin; the client's is sent");
         }
     }
     // An origin-form URI is exactly that (cloning it copies a pointer); an absolute-form one

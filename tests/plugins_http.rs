@@ -331,3 +331,37 @@ fn uri_blocker_refuses_matching_uris() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(up.hits(), 1, "only the allowed request went upstream");
 }
+
+/// `$balancer_ip`, `$balancer_port`, `$upstream_addr` and `$upstream_status` in
+/// response-rewrite's headers: the last node tried, and every try.
+#[test]
+fn response_rewrite_headers_see_the_upstream_tries() {
+    let up = Upstream::start("up", Behaviour::Echo);
+    let dead = dead_node();
+    let routes = json!({"routes": [
+        {"id": "rw", "uri": "/rw", "plugins": {"response-rewrite": {"headers": {"set": {
+            "X-Balancer": "$balancer_ip:$balancer_port", "X-Addr": "$upstream_addr",
+            "X-Status": "$upstream_status", "X-Remote": "from $remote_addr"}}}},
+         "upstream": {"nodes": {dead.clone(): 1, up.node(): 1}, "retries": 1}},
+    ]});
+    let gw = Gateway::start(&routes.to_string());
+    let mut retried = 0;
+    for _ in 0..4 {
+        let r = get(gw.addr(), "/rw");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("X-Balancer"), Some(up.node().as_str()));
+        assert_eq!(r.header("X-Remote"), Some("from 127.0.0.1"));
+        let addr = r.header("X-Addr").unwrap_or_default();
+        if addr == up.node() {
+            assert_eq!(r.header("X-Status"), Some("200"));
+        } else {
+            retried += 1;
+            assert_eq!(addr, format!("{dead}, {}", up.node()));
+            assert_eq!(r.header("X-Status"), Some("502, 200"));
+        }
+    }
+    assert!(
+        retried > 0,
+        "round robin tried the dead node first at least once"
+    );
+}

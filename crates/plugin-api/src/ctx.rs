@@ -489,12 +489,42 @@ impl RequestState {
     }
 }
 
+/// The upstream tries made so far, as the response phases see them: nginx's `$upstream_addr`
+/// and `$upstream_status` (every try, in order) and APISIX's `$balancer_ip` and
+/// `$balancer_port` (the last node picked).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UpstreamTries<'a> {
+    pub addrs: &'a [SocketAddr],
+    pub statuses: &'a [u16],
+}
+
+impl UpstreamTries<'_> {
+    fn var(&self, name: &str) -> Option<Option<String>> {
+        fn list<T: fmt::Display>(items: &[T]) -> Option<String> {
+            if items.is_empty() {
+                return None;
+            }
+            let text: Vec<String> = items.iter().map(T::to_string).collect();
+            Some(text.join(", "))
+        }
+        Some(match name {
+            "balancer_ip" => self.addrs.last().map(|a| a.ip().to_string()),
+            "balancer_port" => self.addrs.last().map(|a| a.port().to_string()),
+            "upstream_addr" => list(self.addrs),
+            "upstream_status" => list(self.statuses),
+            _ => return None,
+        })
+    }
+}
+
 /// One request as a plugin sees it in a phase.
 pub struct PluginCtx<'r> {
     head: RequestHead<'r>,
     headers: &'r mut HeaderMap,
     route: Option<&'r RouteInfo>,
     state: &'r mut RequestState,
+    /// The response phases only.
+    upstream: Option<UpstreamTries<'r>>,
 }
 
 impl<'r> PluginCtx<'r> {
@@ -511,7 +541,14 @@ impl<'r> PluginCtx<'r> {
             headers,
             route,
             state,
+            upstream: None,
         }
+    }
+
+    /// The proxy's, for the response phases: the upstream tries behind the answer.
+    pub fn with_upstream_tries(mut self, tries: UpstreamTries<'r>) -> PluginCtx<'r> {
+        self.upstream = Some(tries);
+        self
     }
 
     /// The client's method.
@@ -797,7 +834,10 @@ impl VarSource for PluginCtx<'_> {
             "upstream_uri" => Some(self.upstream_uri()),
             "matched_uri" => Some(Cow::Borrowed(self.matched_uri())),
             "uri" => Some(Cow::Borrowed(self.uri())),
-            _ => self.request_vars().get(name),
+            _ => match self.upstream.as_ref().and_then(|u| u.var(name)) {
+                Some(value) => value.map(Cow::Owned),
+                None => self.request_vars().get(name),
+            },
         }
     }
 }

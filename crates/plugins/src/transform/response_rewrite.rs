@@ -304,7 +304,8 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
 }
 
 /// The variables of the response phase: the response's status and headers, then the
-/// request's.
+/// context's (the upstream tries, `$upstream_status` and `$balancer_ip` among them, and the
+/// request's).
 struct ResponseVars<'a, 'r> {
     ctx: &'a PluginCtx<'r>,
     status: StatusCode,
@@ -316,11 +317,6 @@ impl VarSource for ResponseVars<'_, '_> {
     fn var(&self, name: &str) -> Option<Cow<'_, str>> {
         if name == "status" {
             return Some(Cow::Owned(self.status.as_u16().to_string()));
-        }
-        if name == "upstream_status" {
-            return self
-                .from_upstream
-                .then(|| Cow::Owned(self.status.as_u16().to_string()));
         }
         let resp_header = name.strip_prefix("sent_http_").or_else(|| {
             name.strip_prefix("upstream_http_")

@@ -7,9 +7,7 @@
 //! replaced exactly as on the whole body. A few bytes already sent stay in front of the window
 //! as context, so `^`, `\b` and other look-behind assertions see what came before.
 
-use regex::bytes::Regex;
-
-use crate::support::pcre::Replacement;
+use crate::support::pcre::{BodyRegex, Replacement};
 
 /// How many already-sent bytes stay in front of the window for assertions.
 const CONTEXT: usize = 8;
@@ -17,7 +15,7 @@ const CONTEXT: usize = 8;
 /// One `[regex, replacement]` stage.
 #[derive(Debug)]
 pub struct StreamSub {
-    regex: Regex,
+    regex: BodyRegex,
     replacement: Replacement,
     /// `gsub` (every match) rather than `sub` (the first).
     global: bool,
@@ -30,7 +28,12 @@ pub struct StreamSub {
 }
 
 impl StreamSub {
-    pub fn new(regex: Regex, replacement: Replacement, global: bool, window: usize) -> StreamSub {
+    pub fn new(
+        regex: BodyRegex,
+        replacement: Replacement,
+        global: bool,
+        window: usize,
+    ) -> StreamSub {
         StreamSub {
             regex,
             replacement,
@@ -65,21 +68,20 @@ impl StreamSub {
         let mut out = Vec::with_capacity(safe - self.context + 64);
         let mut pos = self.context;
         while pos <= self.buf.len() {
-            let Some(caps) = self.regex.captures_at(&self.buf, pos) else {
+            let Some(m) = self.regex.captures_at(&self.buf, pos) else {
                 break;
             };
-            let Some(m) = caps.get(0) else { break };
-            if m.start() >= safe && !end {
+            if m.start >= safe && !end {
                 break;
             }
-            out.extend_from_slice(&self.buf[pos..m.start()]);
-            self.replacement.expand_bytes(&caps, &mut out);
-            pos = m.end();
+            out.extend_from_slice(&self.buf[pos..m.start]);
+            self.replacement.expand_body(&self.regex, &m, &mut out);
+            pos = m.end;
             if !self.global {
                 self.done = true;
                 break;
             }
-            if m.is_empty() {
+            if m.start == m.end {
                 // An empty match: step over one byte so the search moves on.
                 match self.buf.get(pos) {
                     Some(b) => {
@@ -172,6 +174,83 @@ mod tests {
         assert_eq!(stream(&mut s, b"abc", 1), b"-a-b-c-");
         let mut s = stage("z", "y", true, 4);
         assert_eq!(stream(&mut s, b"", 1), b"");
+    }
+
+    /// `ngx.re.sub`/`gsub` over a whole body, as response-rewrite's `filters` run it.
+    fn whole(re: &str, options: &str, rep: &str, global: bool, body: &[u8]) -> String {
+        let mut s = StreamSub::new(
+            compile_bytes(re, options).unwrap(),
+            Replacement::parse(rep),
+            global,
+            1 << 20,
+        );
+        String::from_utf8(s.push(body, true)).unwrap()
+    }
+
+    /// PCRE's answers (ngx.re, no `m`): `$` and `\Z` match at the very end or before a final
+    /// newline, `\z` only at the very end.
+    #[test]
+    fn dollar_as_pcre() {
+        let g = |re: &str, opts: &str, rep: &str, body: &str| {
+            whole(re, opts, rep, true, body.as_bytes())
+        };
+        let once = |re: &str, opts: &str, rep: &str, body: &str| {
+            whole(re, opts, rep, false, body.as_bytes())
+        };
+        assert_eq!(g("o$", "jo", "0", "hello\n"), "hell0\n");
+        assert_eq!(g("o$", "jo", "0", "hello"), "hell0");
+        assert_eq!(g("o$", "jo", "0", "foo\nfoo\n"), "foo\nfo0\n");
+        assert_eq!(
+            g("o$", "jo", "0", "foo\n\n"),
+            "foo\n\n",
+            "only before the last newline"
+        );
+        assert_eq!(once("$", "jo", "X", "a\n"), "aX\n");
+        assert_eq!(g("$", "jo", "X", "a\n"), "aX\nX");
+        assert_eq!(g("o\\Z", "jo", "0", "foo\n"), "fo0\n");
+        assert_eq!(g("o\\z", "jo", "0", "foo\n"), "foo\n");
+        assert_eq!(
+            g("\\n$", "jo", "N", "a\n"),
+            "aN",
+            "the final newline itself, ending at the end"
+        );
+        // Captures keep PCRE's numbers.
+        assert_eq!(once("(l+)(o)$", "jo", "$2$1", "hello\n"), "heoll\n");
+        assert_eq!(once("(l+)(o)$", "jo", "${0}!", "hello\n"), "hello!\n");
+        // `$` inside a class or escaped is a dollar.
+        assert_eq!(g("[$]|\\$", "jo", "D", "$1 $\n"), "D1 D\n");
+        // With `m`, before every newline (and at the end).
+        assert_eq!(g("o$", "jom", "0", "foo\nfoo\n"), "fo0\nfo0\n");
+        assert_eq!(g("(?m)o$", "jo", "0", "foo\nfoo\n"), "fo0\nfo0\n");
+        assert_eq!(g("(?m:o$)|x$", "jo", "0", "foo\nfox\n"), "fo0\nfo0\n");
+    }
+
+    /// The other options and PCRE's reading of the pattern.
+    #[test]
+    fn options_as_pcre() {
+        let g = |re: &str, opts: &str, rep: &str, body: &str| {
+            whole(re, opts, rep, true, body.as_bytes())
+        };
+        // `^` with `m`: after internal newlines, not after the one that ends the body.
+        assert_eq!(g("^", "jom", ">", "a\nb\n"), ">a\n>b\n");
+        assert_eq!(g("^", "jo", ">", "a\nb\n"), ">a\nb\n");
+        // `x`: whitespace and comments ignored, but not inside a class.
+        assert_eq!(g("a b # a comment", "jox", "X", "ab a b"), "X a b");
+        assert_eq!(g("[ ]", "jox", "_", "a b"), "a_b");
+        // `.` stops at a newline unless `s`.
+        assert_eq!(g("a.b", "jo", "X", "a\nb axb"), "a\nb X");
+        assert_eq!(g("a.b", "jos", "X", "a\nb"), "X");
+        // `i`.
+        assert_eq!(g("HeLLo", "joi", "X", "hello HELLO"), "X X");
+        // `a`: every match starts where the search does.
+        assert_eq!(g("a", "joa", "b", "aaxa"), "bbxa");
+        // `u`: `.` is one character; `\w` and `\d` stay ASCII as in PCRE without UCP.
+        assert_eq!(g("^.", "jou", "X", "éa"), "Xa");
+        assert_eq!(g("\\w+", "jou", "W", "éa1_ é"), "éW é");
+        assert_eq!(g("\\d", "jou", "D", "\u{663}3"), "\u{663}D");
+        // A class's literal `[` and PCRE's literal `&&`.
+        assert_eq!(g("[[a]", "jo", "X", "[ab"), "XXb");
+        assert_eq!(g("[a&&b]", "jo", "X", "&c"), "Xc");
     }
 
     #[test]

@@ -26,7 +26,7 @@ use serde_json::{json, Map, Value};
 
 use crate::support::encoding::Decoder;
 use crate::support::headers::{self, ValueTemplate};
-use crate::support::pcre::{compile_bytes, Replacement};
+use crate::support::pcre::{compile_bytes, BodyRegex, Replacement};
 use crate::support::stream_sub::StreamSub;
 
 pub const NAME: &str = "response-rewrite";
@@ -176,7 +176,7 @@ fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
 
 #[derive(Debug)]
 struct Filter {
-    regex: regex::bytes::Regex,
+    regex: BodyRegex,
     replacement: Replacement,
     global: bool,
 }

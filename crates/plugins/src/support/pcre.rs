@@ -46,6 +46,8 @@ pub struct BodyRegex {
     /// The empty groups where a multi-line `^` matched.
     carets: Vec<usize>,
     anchored: bool,
+    /// The longest match in bytes; `None`: no bound (`*`, `+`, `{n,}`).
+    max_len: Option<usize>,
 }
 
 /// A match of a [`BodyRegex`]: `start..end` as PCRE reports it.
@@ -94,6 +96,12 @@ impl BodyRegex {
         }
     }
 
+    /// The longest match in bytes, `None` when the pattern has no bound. What a streamed body
+    /// must hold back for a match still to be found ([`crate::support::stream_sub`]).
+    pub fn max_len(&self) -> Option<usize> {
+        self.max_len
+    }
+
     /// Whether the regex matches anywhere in `hay`.
     pub fn is_match(&self, hay: &[u8]) -> bool {
         self.captures_at(hay, 0).is_some()
@@ -131,12 +139,25 @@ pub fn compile_bytes(pattern: &str, options: &str) -> Result<BodyRegex, String> 
         .size_limit(1 << 22)
         .build()
         .map_err(|e| describe(pattern, &e))?;
+    // The same reading as the regex's own, for its longest match.
+    let max_len = regex_syntax::ParserBuilder::new()
+        .case_insensitive(has('i'))
+        .multi_line(has('m'))
+        .dot_matches_new_line(has('s'))
+        .ignore_whitespace(has('x'))
+        .unicode(utf8)
+        .utf8(false)
+        .build()
+        .parse(&t.source)
+        .ok()
+        .and_then(|hir| hir.properties().maximum_len());
     Ok(BodyRegex {
         regex,
         groups: t.groups,
         dollars: t.dollars,
         carets: t.carets,
         anchored: has('a'),
+        max_len,
     })
 }
 

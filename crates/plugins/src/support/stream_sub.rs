@@ -2,10 +2,21 @@
 //!
 //! APISIX holds the whole body (up to `max_resp_body_size`) and runs `ngx.re.sub`/`gsub` on it.
 //! Here the body passes through a window: a stage keeps at most two windows of bytes, replaces
-//! the matches that start in the older half (a match up to a window long is seen whole) and
-//! sends that half on. Matches longer than the window are not found; every shorter one is
-//! replaced exactly as on the whole body. A few bytes already sent stay in front of the window
-//! as context, so `^`, `\b` and other look-behind assertions see what came before.
+//! the matches that start in the older half and sends that half on. Whether a match starts at
+//! a position, and which, depends only on the bytes a match from there can reach, plus one
+//! for the assertions that look past its end (`\b`, `$`): with a window that long the answer
+//! is the one the whole body gives. So a pattern with a longest match (`hello`, `a{1,8}`, most
+//! filters) carries only that many bytes from one read to the next, and a match split across
+//! reads is found as on the whole body.
+//!
+//! A pattern without a bound (`a*`, `.+`, `[^<]*`) could need the rest of the body: its stage
+//! holds up to a limit (response-rewrite's: 16 MiB, or `max_resp_body_size` when smaller), so
+//! on a body that fits it answers as APISIX does. Past the limit it falls back to a window of
+//! half the limit, to keep memory bounded: a match that would reach further than that from its
+//! start is cut at the window's end or, when what ends it has not come yet, not found.
+//!
+//! A few bytes already sent stay in front of the window as context, so `^`, `\b` and other
+//! look-behind assertions see what came before.
 
 use crate::support::pcre::{BodyRegex, Replacement};
 
@@ -28,12 +39,13 @@ pub struct StreamSub {
 }
 
 impl StreamSub {
-    pub fn new(
-        regex: BodyRegex,
-        replacement: Replacement,
-        global: bool,
-        window: usize,
-    ) -> StreamSub {
+    /// `hold`: the most a stage keeps when the pattern has no longest match.
+    pub fn new(regex: BodyRegex, replacement: Replacement, global: bool, hold: usize) -> StreamSub {
+        let unbounded = hold / 2;
+        // The longest match and one byte more for the assertions after it.
+        let window = regex
+            .max_len()
+            .map_or(unbounded, |len| len.saturating_add(1).min(unbounded));
         StreamSub {
             regex,
             replacement,
@@ -117,12 +129,12 @@ mod tests {
     use super::*;
     use crate::support::pcre::compile_bytes;
 
-    fn stage(re: &str, rep: &str, global: bool, window: usize) -> StreamSub {
+    fn stage(re: &str, rep: &str, global: bool, hold: usize) -> StreamSub {
         StreamSub::new(
             compile_bytes(re, "jo").unwrap(),
             Replacement::parse(rep),
             global,
-            window,
+            hold,
         )
     }
 
@@ -165,7 +177,7 @@ mod tests {
             stream(&mut s, b"aaaaaaaaaaaaaaaaaaaa", 3),
             b"Xaaaaaaaaaaaaaaaaaaa"
         );
-        let mut s = stage(r"\bcat\b", "dog", true, 4);
+        let mut s = stage(r"\bcat\b", "dog", true, 8);
         assert_eq!(
             stream(&mut s, b"cat concat cat cats cat", 2),
             b"dog concat dog cats dog"
@@ -253,13 +265,58 @@ mod tests {
         assert_eq!(g("[a&&b]", "jo", "X", "&c"), "Xc");
     }
 
+    /// A pattern with a longest match sends on at once all but that many bytes (and one for
+    /// the assertions after a match), so a streamed body goes on as it comes, in flat memory.
+    #[test]
+    fn bounded_patterns_carry_only_their_longest_match() {
+        let mut s = stage("needle|pin", "thread", true, 1 << 20);
+        let mut out = s.push(b"a needle and a pi", false);
+        assert_eq!(out, b"a thread a", "the last 7 bytes held");
+        out.extend(s.push(b"n and more", false));
+        out.extend(s.push(b"", true));
+        assert_eq!(out, b"a thread and a thread and more");
+        // `\b` and `$` at the edge of what has come wait for the next byte.
+        let mut s = stage(r"cat\b", "dog", true, 1 << 20);
+        let mut out = s.push(b"a cat", false);
+        out.extend(s.push(b"s cat", false));
+        out.extend(s.push(b"\n", true));
+        assert_eq!(out, b"a cats dog\n");
+        let mut s = stage("o$", "0", true, 1 << 20);
+        let mut out = s.push(b"foo", false);
+        out.extend(s.push(b"\n", false));
+        out.extend(s.push(b"", true));
+        assert_eq!(out, b"fo0\n");
+        let mut s = stage("ab", "X", true, 1 << 20);
+        assert_eq!(stream(&mut s, &b"ab".repeat(1000), 1), b"X".repeat(1000));
+    }
+
+    /// A pattern without a longest match sees the whole body (up to the stage's limit), as
+    /// APISIX's gsub over the held body does: here a match of 3 MiB split across reads.
+    #[test]
+    fn unbounded_patterns_see_the_whole_body() {
+        let mut body = b"<start>".to_vec();
+        body.extend(std::iter::repeat_n(b'a', 3 << 20));
+        body.extend(b"<end>\n");
+        let mut s = stage("<start>a*<end>", "X", true, 16 << 20);
+        assert_eq!(stream(&mut s, &body, 64 * 1024), b"X\n");
+        let mut s = stage("<start>.*$", "X", false, 16 << 20);
+        assert_eq!(stream(&mut s, &body, 64 * 1024), b"X\n");
+    }
+
     #[test]
     fn memory_stays_bounded() {
+        // `needle`: 6 bytes and one are carried, whatever came.
         let mut s = stage("needle", "pin", true, 1024);
         let chunk = vec![b'a'; 16 * 1024];
         for _ in 0..200 {
             let _ = s.push(&chunk, false);
-            assert!(s.buf.len() <= 2 * 1024 + chunk.len() + CONTEXT);
+            assert!(s.buf.len() <= 7 + CONTEXT, "{}", s.buf.len());
+        }
+        // Without a bound: the stage's limit, then windows of half of it.
+        let mut s = stage("a+", "b", true, 4096);
+        for _ in 0..200 {
+            let _ = s.push(&chunk[..1000], false);
+            assert!(s.buf.len() <= 4096 + 1000 + CONTEXT, "{}", s.buf.len());
         }
     }
 }

@@ -6,10 +6,12 @@
 //! `ngx.re` options).
 //!
 //! `filters` run on the streamed body: a gzip or brotli body is decoded first (and goes out
-//! plain, as in APISIX), then each filter substitutes over a sliding window of up to 1 MiB
-//! (`support::stream_sub`), so memory stays bounded whatever the body's size; matches longer
-//! than the window are not replaced. As APISIX, the body is cut after `max_resp_body_size`
-//! bytes when filters apply.
+//! plain, as in APISIX), then each filter substitutes over a sliding window
+//! (`support::stream_sub`). A pattern with a longest match carries only that many bytes from
+//! read to read and finds what the whole body gives; one without a bound holds up to 16 MiB
+//! of the body (exact on a body that fits), then falls back to windows of 8 MiB. So memory
+//! stays bounded whatever the body's size. As APISIX, the body is cut after
+//! `max_resp_body_size` bytes when filters apply.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -36,8 +38,8 @@ pub static DEF: PluginDef = PluginDef {
     ..PluginDef::new(NAME, 899, schema, compile)
 };
 
-/// The longest match `filters` find on a streamed body.
-const FILTER_WINDOW: usize = 1 << 20;
+/// What a filter whose pattern has no longest match holds of the body (`support::stream_sub`).
+const UNBOUNDED_HOLD: usize = 16 << 20;
 
 fn header_value_schema() -> Value {
     json!({"oneOf": [{"type": "string"}, {"type": "number"}]})
@@ -434,12 +436,12 @@ struct FilterBody {
 
 impl FilterBody {
     fn new(filters: &[Filter], decoder: Option<Decoder>, max_body: usize) -> FilterBody {
-        let window = FILTER_WINDOW.min(max_body.max(1));
+        let hold = UNBOUNDED_HOLD.min(max_body.max(1));
         FilterBody {
             decoder,
             stages: filters
                 .iter()
-                .map(|f| StreamSub::new(f.regex.clone(), f.replacement.clone(), f.global, window))
+                .map(|f| StreamSub::new(f.regex.clone(), f.replacement.clone(), f.global, hold))
                 .collect(),
             left: max_body,
             broken: false,
@@ -639,6 +641,28 @@ mod tests {
             HeaderMap::new(),
         );
         assert_eq!(body_through(a.edits.filters, &[b"fo", b"oooooo"]), b"f000");
+    }
+
+    /// APISIX runs `filters` over the whole held body: a match of 3 MiB, split across many
+    /// chunks, is still one match.
+    #[test]
+    fn filters_find_long_matches_across_chunks() {
+        let mut body = b"<p>".to_vec();
+        body.extend(std::iter::repeat_n(b'a', 3 << 20));
+        body.extend(b"</p>\n");
+        let chunks: Vec<&[u8]> = body.chunks(64 * 1024).collect();
+        let a = respond(
+            json!({"filters": [{"regex": "<p>a*</p>", "replace": "P", "scope": "global"}]}),
+            StatusCode::OK,
+            HeaderMap::new(),
+        );
+        assert_eq!(body_through(a.edits.filters, &chunks), b"P\n");
+        let a = respond(
+            json!({"filters": [{"regex": "<p>[^<]*", "replace": "P"}]}),
+            StatusCode::OK,
+            HeaderMap::new(),
+        );
+        assert_eq!(body_through(a.edits.filters, &chunks), b"P</p>\n");
     }
 
     #[test]

@@ -332,8 +332,9 @@ fn uri_blocker_refuses_matching_uris() {
     assert_eq!(up.hits(), 1, "only the allowed request went upstream");
 }
 
-/// `$balancer_ip`, `$balancer_port`, `$upstream_addr` and `$upstream_status` in
-/// response-rewrite's headers: the last node tried, and every try.
+/// `$balancer_ip`, `$balancer_port`, `$upstream_addr`, `$upstream_status` and
+/// `$upstream_response_time` in response-rewrite's headers: the last node tried, and every
+/// try.
 #[test]
 fn response_rewrite_headers_see_the_upstream_tries() {
     let up = Upstream::start("up", Behaviour::Echo);
@@ -341,7 +342,8 @@ fn response_rewrite_headers_see_the_upstream_tries() {
     let routes = json!({"routes": [
         {"id": "rw", "uri": "/rw", "plugins": {"response-rewrite": {"headers": {"set": {
             "X-Balancer": "$balancer_ip:$balancer_port", "X-Addr": "$upstream_addr",
-            "X-Status": "$upstream_status", "X-Remote": "from $remote_addr"}}}},
+            "X-Status": "$upstream_status", "X-Time": "$upstream_response_time",
+            "X-Remote": "from $remote_addr"}}}},
          "upstream": {"nodes": {dead.clone(): 1, up.node(): 1}, "retries": 1}},
     ]});
     let gw = Gateway::start(&routes.to_string());
@@ -352,12 +354,26 @@ fn response_rewrite_headers_see_the_upstream_tries() {
         assert_eq!(r.header("X-Balancer"), Some(up.node().as_str()));
         assert_eq!(r.header("X-Remote"), Some("from 127.0.0.1"));
         let addr = r.header("X-Addr").unwrap_or_default();
+        // nginx: the try whose answer is on its way has no response time yet ("-").
+        let time = r.header("X-Time").unwrap_or_default();
         if addr == up.node() {
             assert_eq!(r.header("X-Status"), Some("200"));
+            assert_eq!(time, "-");
         } else {
             retried += 1;
             assert_eq!(addr, format!("{dead}, {}", up.node()));
             assert_eq!(r.header("X-Status"), Some("502, 200"));
+            let (first, last) = time.split_once(", ").unwrap_or_else(|| panic!("{time:?}"));
+            assert!(
+                first.parse::<f64>().is_ok_and(|t| (0.0..5.0).contains(&t)),
+                "{time}"
+            );
+            assert_eq!(
+                first.split_once('.').map(|(_, ms)| ms.len()),
+                Some(3),
+                "{time}"
+            );
+            assert_eq!(last, "-");
         }
     }
     assert!(

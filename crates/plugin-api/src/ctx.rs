@@ -489,13 +489,16 @@ impl RequestState {
     }
 }
 
-/// The upstream tries made so far, as the response phases see them: nginx's `$upstream_addr`
-/// and `$upstream_status` (every try, in order) and APISIX's `$balancer_ip` and
-/// `$balancer_port` (the last node picked).
+/// The upstream tries made so far, as the response phases see them: nginx's `$upstream_addr`,
+/// `$upstream_status` and `$upstream_response_time` (every try, in order) and APISIX's
+/// `$balancer_ip` and `$balancer_port` (the last node picked).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct UpstreamTries<'a> {
     pub addrs: &'a [SocketAddr],
     pub statuses: &'a [u16],
+    /// How long each finished try took; a try whose answer is still on its way has none yet
+    /// (nginx sets it when the request is finalized, so its headers show `-`).
+    pub times: &'a [Duration],
 }
 
 impl UpstreamTries<'_> {
@@ -508,10 +511,24 @@ impl UpstreamTries<'_> {
             Some(text.join(", "))
         }
         Some(match name {
-            "balancer_ip" => self.addrs.last().map(|a| a.ip().to_string()),
+            // APISIX keeps an IPv6 node's host in brackets.
+            "balancer_ip" => self.addrs.last().map(|a| match a {
+                SocketAddr::V4(a) => a.ip().to_string(),
+                SocketAddr::V6(a) => format!("[{}]", a.ip()),
+            }),
             "balancer_port" => self.addrs.last().map(|a| a.port().to_string()),
             "upstream_addr" => list(self.addrs),
             "upstream_status" => list(self.statuses),
+            "upstream_response_time" => {
+                let times: Vec<String> = (0..self.addrs.len())
+                    .map(|i| match self.times.get(i) {
+                        // nginx's `%T.%03M`: seconds and milliseconds, truncated.
+                        Some(t) => format!("{}.{:03}", t.as_secs(), t.subsec_millis()),
+                        None => "-".to_owned(),
+                    })
+                    .collect();
+                list(&times)
+            }
             _ => return None,
         })
     }
@@ -848,6 +865,36 @@ mod tests {
 
     use super::*;
     use crate::testing::TestRequest;
+
+    #[test]
+    fn upstream_tries_in_the_response_phases() {
+        let addrs: Vec<SocketAddr> = vec![
+            "10.0.0.1:80".parse().unwrap(),
+            "[::1]:8080".parse().unwrap(),
+        ];
+        let tries = UpstreamTries {
+            addrs: &addrs,
+            statuses: &[502, 200],
+            times: &[Duration::from_micros(1_234_567)],
+        };
+        let mut req = TestRequest::get("/");
+        let ctx = req.ctx().with_upstream_tries(tries);
+        let var = |n: &str| ctx.var(n).map(|v| v.into_owned());
+        assert_eq!(var("balancer_ip").as_deref(), Some("[::1]"));
+        assert_eq!(var("balancer_port").as_deref(), Some("8080"));
+        assert_eq!(
+            var("upstream_addr").as_deref(),
+            Some("10.0.0.1:80, [::1]:8080")
+        );
+        assert_eq!(var("upstream_status").as_deref(), Some("502, 200"));
+        assert_eq!(var("upstream_response_time").as_deref(), Some("1.234, -"));
+        assert_eq!(var("uri").as_deref(), Some("/"));
+        // Before any try, and in the request phases, they are unset.
+        let ctx = req.ctx().with_upstream_tries(UpstreamTries::default());
+        assert_eq!(ctx.var("balancer_ip"), None);
+        assert_eq!(ctx.var("upstream_response_time"), None);
+        assert_eq!(req.ctx().var("upstream_addr"), None);
+    }
 
     #[test]
     fn response_headers_insert_replaces_and_append_adds() {

@@ -38,6 +38,7 @@ pub fn response_phases(ctx: &mut RequestCtx<'_>, resp: &mut Response<ResponseBod
             let tries = UpstreamTries {
                 addrs: &ctx.log.upstream.addrs,
                 statuses: &ctx.log.upstream.statuses,
+                times: &ctx.log.upstream.times,
             };
             let mut view = plugin_view(
                 &ctx.head,

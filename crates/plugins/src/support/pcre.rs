@@ -102,6 +102,11 @@ impl BodyRegex {
         self.max_len
     }
 
+    /// `a`: a match starts where the search does, or there is none.
+    pub fn anchored(&self) -> bool {
+        self.anchored
+    }
+
     /// Whether the regex matches anywhere in `hay`.
     pub fn is_match(&self, hay: &[u8]) -> bool {
         self.captures_at(hay, 0).is_some()

@@ -81,6 +81,11 @@ impl StreamSub {
         let mut pos = self.context;
         while pos <= self.buf.len() {
             let Some(m) = self.regex.captures_at(&self.buf, pos) else {
+                // Anchored, nothing matches where the last match ended: PCRE's `gsub` stops
+                // there, and no later search may start further on.
+                if self.regex.anchored() && (end || pos < safe) {
+                    self.done = true;
+                }
                 break;
             };
             if m.start >= safe && !end {
@@ -301,6 +306,36 @@ mod tests {
         assert_eq!(stream(&mut s, &body, 64 * 1024), b"X\n");
         let mut s = stage("<start>.*$", "X", false, 16 << 20);
         assert_eq!(stream(&mut s, &body, 64 * 1024), b"X\n");
+    }
+
+    /// `a` (anchored): `gsub` replaces matches only while each starts where the last ended,
+    /// and stops at the first place that does not match, however the body is cut.
+    #[test]
+    fn anchored_stops_at_the_first_miss() {
+        for chunk in [1, 2, 3, 100] {
+            let mut s = StreamSub::new(
+                compile_bytes("a", "joa").unwrap(),
+                Replacement::parse("b"),
+                true,
+                1 << 20,
+            );
+            assert_eq!(
+                stream(&mut s, b"aaxaaaaaaaaaaaaaaaaa", chunk),
+                b"bbxaaaaaaaaaaaaaaaaa",
+                "chunk {chunk}"
+            );
+            let mut s = StreamSub::new(
+                compile_bytes("a", "joa").unwrap(),
+                Replacement::parse("b"),
+                false,
+                1 << 20,
+            );
+            assert_eq!(
+                stream(&mut s, b"xaaaaaaaaaaaaaaaaaa", chunk),
+                b"xaaaaaaaaaaaaaaaaaa",
+                "chunk {chunk}"
+            );
+        }
     }
 
     #[test]

@@ -331,3 +331,125 @@ fn uri_blocker_refuses_matching_uris() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(up.hits(), 1, "only the allowed request went upstream");
 }
+
+/// `$balancer_ip`, `$balancer_port`, `$upstream_addr`, `$upstream_status` and
+/// `$upstream_response_time` in response-rewrite's headers: the last node tried, and every
+/// try.
+#[test]
+fn response_rewrite_headers_see_the_upstream_tries() {
+    let up = Upstream::start("up", Behaviour::Echo);
+    let dead = dead_node();
+    let routes = json!({"routes": [
+        {"id": "rw", "uri": "/rw", "plugins": {"response-rewrite": {"headers": {"set": {
+            "X-Balancer": "$balancer_ip:$balancer_port", "X-Addr": "$upstream_addr",
+            "X-Status": "$upstream_status", "X-Time": "$upstream_response_time",
+            "X-Remote": "from $remote_addr"}}}},
+         "upstream": {"nodes": {dead.clone(): 1, up.node(): 1}, "retries": 1}},
+    ]});
+    let gw = Gateway::start(&routes.to_string());
+    let mut retried = 0;
+    for _ in 0..4 {
+        let r = get(gw.addr(), "/rw");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("X-Balancer"), Some(up.node().as_str()));
+        assert_eq!(r.header("X-Remote"), Some("from 127.0.0.1"));
+        let addr = r.header("X-Addr").unwrap_or_default();
+        // nginx: the try whose answer is on its way has no response time yet ("-").
+        let time = r.header("X-Time").unwrap_or_default();
+        if addr == up.node() {
+            assert_eq!(r.header("X-Status"), Some("200"));
+            assert_eq!(time, "-");
+        } else {
+            retried += 1;
+            assert_eq!(addr, format!("{dead}, {}", up.node()));
+            assert_eq!(r.header("X-Status"), Some("502, 200"));
+            let (first, last) = time.split_once(", ").unwrap_or_else(|| panic!("{time:?}"));
+            assert!(
+                first.parse::<f64>().is_ok_and(|t| (0.0..5.0).contains(&t)),
+                "{time}"
+            );
+            assert_eq!(
+                first.split_once('.').map(|(_, ms)| ms.len()),
+                Some(3),
+                "{time}"
+            );
+            assert_eq!(last, "-");
+        }
+    }
+    assert!(
+        retried > 0,
+        "round robin tried the dead node first at least once"
+    );
+}
+
+/// An upstream that answers each request with a chunked body written in `pieces`, flushing
+/// and pausing after each, so the gateway reads them one by one.
+fn start_piecewise(pieces: Vec<Vec<u8>>) -> SocketAddr {
+    let pieces = Arc::new(pieces);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            let pieces = pieces.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let mut head = Vec::new();
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = s.write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n",
+                );
+                for p in pieces.iter() {
+                    let _ = s.write_all(format!("{:x}\r\n", p.len()).as_bytes());
+                    let _ = s.write_all(p);
+                    let _ = s.write_all(b"\r\n");
+                    let _ = s.flush();
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                let _ = s.write_all(b"0\r\n\r\n");
+            });
+        }
+    });
+    addr
+}
+
+/// APISIX runs `filters` over the whole body: a match split across the upstream's writes is
+/// still replaced, a match of 4 MiB too, and `$` sees the body's end.
+#[test]
+fn filters_match_across_reads() {
+    let half = "a".repeat(2 << 20);
+    let pieces = [
+        "say hel".to_owned(),
+        "lo to ".to_owned(),
+        "the world\n".to_owned(),
+        format!("<p>{half}"),
+        half.clone(),
+        "</p>\n".to_owned(),
+        "of x".to_owned(),
+        "yz\n".to_owned(),
+    ];
+    let up = start_piecewise(pieces.map(String::into_bytes).to_vec());
+    let routes = json!({"routes": [
+        {"id": "rw", "uri": "/rw", "plugins": {"response-rewrite": {"filters": [
+            {"regex": "hello", "replace": "bye"},
+            {"regex": "to the", "replace": "2", "scope": "global"},
+            {"regex": "<p>a*</p>", "replace": "P"},
+            {"regex": "x[^\\n]*$", "replace": "end"}]}},
+         "upstream": {"nodes": {up.to_string(): 1}}},
+    ]});
+    let gw = Gateway::start(&routes.to_string());
+    let r = get(gw.addr(), "/rw");
+    assert_eq!(r.status, 200);
+    let text = r.text();
+    assert!(
+        text == "say bye 2 world\nP\nof end\n",
+        "{} bytes: {:?} ... {:?}",
+        text.len(),
+        &text[..text.len().min(40)],
+        &text[text.len().saturating_sub(40)..]
+    );
+}

@@ -489,12 +489,59 @@ impl RequestState {
     }
 }
 
+/// The upstream tries made so far, as the response phases see them: nginx's `$upstream_addr`,
+/// `$upstream_status` and `$upstream_response_time` (every try, in order) and APISIX's
+/// `$balancer_ip` and `$balancer_port` (the last node picked).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UpstreamTries<'a> {
+    pub addrs: &'a [SocketAddr],
+    pub statuses: &'a [u16],
+    /// How long each finished try took; a try whose answer is still on its way has none yet
+    /// (nginx sets it when the request is finalized, so its headers show `-`).
+    pub times: &'a [Duration],
+}
+
+impl UpstreamTries<'_> {
+    fn var(&self, name: &str) -> Option<Option<String>> {
+        fn list<T: fmt::Display>(items: &[T]) -> Option<String> {
+            if items.is_empty() {
+                return None;
+            }
+            let text: Vec<String> = items.iter().map(T::to_string).collect();
+            Some(text.join(", "))
+        }
+        Some(match name {
+            // APISIX keeps an IPv6 node's host in brackets.
+            "balancer_ip" => self.addrs.last().map(|a| match a {
+                SocketAddr::V4(a) => a.ip().to_string(),
+                SocketAddr::V6(a) => format!("[{}]", a.ip()),
+            }),
+            "balancer_port" => self.addrs.last().map(|a| a.port().to_string()),
+            "upstream_addr" => list(self.addrs),
+            "upstream_status" => list(self.statuses),
+            "upstream_response_time" => {
+                let times: Vec<String> = (0..self.addrs.len())
+                    .map(|i| match self.times.get(i) {
+                        // nginx's `%T.%03M`: seconds and milliseconds, truncated.
+                        Some(t) => format!("{}.{:03}", t.as_secs(), t.subsec_millis()),
+                        None => "-".to_owned(),
+                    })
+                    .collect();
+                list(&times)
+            }
+            _ => return None,
+        })
+    }
+}
+
 /// One request as a plugin sees it in a phase.
 pub struct PluginCtx<'r> {
     head: RequestHead<'r>,
     headers: &'r mut HeaderMap,
     route: Option<&'r RouteInfo>,
     state: &'r mut RequestState,
+    /// The response phases only.
+    upstream: Option<UpstreamTries<'r>>,
 }
 
 impl<'r> PluginCtx<'r> {
@@ -511,7 +558,14 @@ impl<'r> PluginCtx<'r> {
             headers,
             route,
             state,
+            upstream: None,
         }
+    }
+
+    /// The proxy's, for the response phases: the upstream tries behind the answer.
+    pub fn with_upstream_tries(mut self, tries: UpstreamTries<'r>) -> PluginCtx<'r> {
+        self.upstream = Some(tries);
+        self
     }
 
     /// The client's method.
@@ -816,7 +870,10 @@ impl VarSource for PluginCtx<'_> {
             "uri" => Some(Cow::Borrowed(self.uri())),
             _ => match name.strip_prefix("post_arg_") {
                 Some(field) => self.post_arg(field),
-                None => self.request_vars().get(name),
+                None => match self.upstream.as_ref().and_then(|u| u.var(name)) {
+                    Some(value) => value.map(Cow::Owned),
+                    None => self.request_vars().get(name),
+                },
             },
         }
     }
@@ -828,6 +885,36 @@ mod tests {
 
     use super::*;
     use crate::testing::TestRequest;
+
+    #[test]
+    fn upstream_tries_in_the_response_phases() {
+        let addrs: Vec<SocketAddr> = vec![
+            "10.0.0.1:80".parse().unwrap(),
+            "[::1]:8080".parse().unwrap(),
+        ];
+        let tries = UpstreamTries {
+            addrs: &addrs,
+            statuses: &[502, 200],
+            times: &[Duration::from_micros(1_234_567)],
+        };
+        let mut req = TestRequest::get("/");
+        let ctx = req.ctx().with_upstream_tries(tries);
+        let var = |n: &str| ctx.var(n).map(|v| v.into_owned());
+        assert_eq!(var("balancer_ip").as_deref(), Some("[::1]"));
+        assert_eq!(var("balancer_port").as_deref(), Some("8080"));
+        assert_eq!(
+            var("upstream_addr").as_deref(),
+            Some("10.0.0.1:80, [::1]:8080")
+        );
+        assert_eq!(var("upstream_status").as_deref(), Some("502, 200"));
+        assert_eq!(var("upstream_response_time").as_deref(), Some("1.234, -"));
+        assert_eq!(var("uri").as_deref(), Some("/"));
+        // Before any try, and in the request phases, they are unset.
+        let ctx = req.ctx().with_upstream_tries(UpstreamTries::default());
+        assert_eq!(ctx.var("balancer_ip"), None);
+        assert_eq!(ctx.var("upstream_response_time"), None);
+        assert_eq!(req.ctx().var("upstream_addr"), None);
+    }
 
     #[test]
     fn response_headers_insert_replaces_and_append_adds() {

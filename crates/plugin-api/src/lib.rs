@@ -87,7 +87,7 @@ pub use compile::{ApiAnswer, ApiHandler, CompileCtx, PluginApi, PluginApis};
 pub use consumers::{AuthDef, ConsumerIndex, Credential, Prepared};
 pub use ctx::{
     BodyError, Consumer, Owner, PendingBody, PluginCtx, RequestBody, RequestGuards, RequestState,
-    RequestValues, ResponseHeaders, RouteInfo, UpstreamEdits,
+    RequestValues, ResponseHeaders, RouteInfo, UpstreamEdits, UpstreamTries,
 };
 pub use def::{
     CheckCtx, CheckFn, CompileFn, PluginDef, PluginKind, RunPolicy, SchemaErrorFn, Scope,

@@ -101,6 +101,7 @@ pub(crate) async fn proxy(
         // Copies for another try, when this one could fail after sending.
         let spare = Spare::keep(tries.more_left(), replayable, &req);
         let mut try_guard = set.picker.begin(node_idx);
+        let try_start = Instant::now();
         match attempt::send(&key, upstream, timeouts, req).await {
             Attempt::Answered(resp, upstream_conn) => {
                 record.responded = true;
@@ -127,6 +128,7 @@ pub(crate) async fn proxy(
                 }
                 tracing::warn!(upstream = %node.addr, "{failure} while proxying");
                 record.statuses.push(failure.status().as_u16());
+                record.times.push(try_start.elapsed());
                 tries.failed(node_idx, failure);
                 let idempotent = outgoing.idempotent;
                 match retry::resend(failure, returned, spare, idempotent, replayable) {

@@ -21,31 +21,404 @@ pub fn compile(pattern: &str, caseless: bool) -> Result<Regex, String> {
         .map_err(|e| describe(pattern, &e))
 }
 
+/// A body regex compiled with `ngx.re` options that matches as PCRE does (response-rewrite's
+/// `filters`).
+///
+/// The `regex` crate differs from PCRE where a body's last line is concerned, so the pattern
+/// is translated first: PCRE's `$` (without `m`) and `\Z` match at the very end or before a
+/// final newline, the crate's `$` only at the very end, so they become `(?:\z|(\n)\z)`; the
+/// group shows when the newline was taken, and the match is then cut before it (PCRE's `$`
+/// does not consume it). With `m`, PCRE's `^` does not match after the newline that ends the
+/// body, the crate's does: an empty group marks where `^` matched and such a match is
+/// refused. The groups added are not PCRE's: [`BodyRegex::group`] maps the numbers back.
+/// Also: with `x`, whitespace and `#` inside a class are literal (the crate ignores them);
+/// inside a class `[`, `&&` and `~~` are literal (set operations to the crate); with `u`,
+/// `\d`, `\w`, `\s` and `\b` stay ASCII as in PCRE without UCP; `\Q...\E` quotes; `a`
+/// anchors every match at the search's start, `gsub` included.
+///
+/// One PCRE reading is not kept: after a `$` that matched before the final newline, the
+/// pattern cannot consume that newline (`a$\n` does not match `"a\n"`).
+#[derive(Clone, Debug)]
+pub struct BodyRegex {
+    regex: regex::bytes::Regex,
+    /// The crate's group for each of PCRE's.
+    groups: Vec<usize>,
+    /// The groups that hold the final newline a `$` matched before.
+    dollars: Vec<usize>,
+    /// The empty groups where a multi-line `^` matched.
+    carets: Vec<usize>,
+    anchored: bool,
+    /// The longest match in bytes; `None`: no bound (`*`, `+`, `{n,}`).
+    max_len: Option<usize>,
+}
+
+/// A match of a [`BodyRegex`]: `start..end` as PCRE reports it.
+#[derive(Debug)]
+pub struct BodyMatch<'h> {
+    caps: regex::bytes::Captures<'h>,
+    pub start: usize,
+    pub end: usize,
+}
+
+impl BodyRegex {
+    /// The first match at or after `pos` (PCRE's `exec` from offset `pos`).
+    pub fn captures_at<'h>(&self, hay: &'h [u8], pos: usize) -> Option<BodyMatch<'h>> {
+        let mut from = pos;
+        loop {
+            let caps = self.regex.captures_at(hay, from)?;
+            let m = caps.get(0)?;
+            if self.anchored && m.start() != pos {
+                // The leftmost match starts later, so none starts at `pos`.
+                return None;
+            }
+            let n = hay.len();
+            if n > 0
+                && self
+                    .carets
+                    .iter()
+                    .any(|&g| caps.get(g).is_some_and(|c| c.start() == n))
+            {
+                // `^` after the body's final newline: no line starts there for PCRE.
+                if self.anchored || m.start() >= n {
+                    return None;
+                }
+                from = m.start() + 1;
+                continue;
+            }
+            let end = self
+                .dollars
+                .iter()
+                .find_map(|&g| caps.get(g))
+                .map_or(m.end(), |nl| nl.start());
+            return Some(BodyMatch {
+                start: m.start(),
+                end,
+                caps,
+            });
+        }
+    }
+
+    /// The longest match in bytes, `None` when the pattern has no bound. What a streamed body
+    /// must hold back for a match still to be found ([`crate::support::stream_sub`]).
+    pub fn max_len(&self) -> Option<usize> {
+        self.max_len
+    }
+
+    /// `a`: a match starts where the search does, or there is none.
+    pub fn anchored(&self) -> bool {
+        self.anchored
+    }
+
+    /// Whether the regex matches anywhere in `hay`.
+    pub fn is_match(&self, hay: &[u8]) -> bool {
+        self.captures_at(hay, 0).is_some()
+    }
+
+    /// PCRE's group `n` of `m` (`0`: the whole match).
+    pub fn group<'h>(&self, m: &BodyMatch<'h>, n: usize) -> Option<&'h [u8]> {
+        if n == 0 {
+            let whole = m.caps.get(0)?.as_bytes();
+            return Some(&whole[..m.end - m.start]);
+        }
+        self.groups
+            .get(n)
+            .and_then(|&g| m.caps.get(g))
+            .map(|c| c.as_bytes())
+    }
+}
+
 /// Compiles a body regex with `ngx.re` options (`i` caseless, `m` multi-line, `s` dot-all,
-/// `x` extended, `u` UTF-8, `a` anchored; `j`, `o`, `D`, `J` change nothing here). It matches
-/// bytes as PCRE does without `u`.
-pub fn compile_bytes(pattern: &str, options: &str) -> Result<regex::bytes::Regex, String> {
+/// `x` extended, `u`/`U` UTF-8, `a` anchored; `j`, `o`, `d`, `D`, `J` change nothing here).
+/// Without `u` it matches bytes, as PCRE does.
+pub fn compile_bytes(pattern: &str, options: &str) -> Result<BodyRegex, String> {
     if let Some(other) = options.chars().find(|o| !"imsxuUajoDJd".contains(*o)) {
         return Err(format!("unknown flag \"{other}\""));
     }
     let has = |o: char| options.contains(o);
-    let anchored;
-    let source = if has('a') {
-        // `a`: a match must start where the search does.
-        anchored = format!("\\A(?:{pattern})");
-        anchored.as_str()
-    } else {
-        pattern
-    };
-    regex::bytes::RegexBuilder::new(source)
+    let utf8 = has('u') || has('U');
+    let t = translate(pattern, has('m'), has('x'), utf8);
+    let regex = regex::bytes::RegexBuilder::new(&t.source)
         .case_insensitive(has('i'))
         .multi_line(has('m'))
         .dot_matches_new_line(has('s'))
         .ignore_whitespace(has('x'))
-        .unicode(has('u') || has('U'))
+        .unicode(utf8)
         .size_limit(1 << 22)
         .build()
-        .map_err(|e| describe(pattern, &e))
+        .map_err(|e| describe(pattern, &e))?;
+    // The same reading as the regex's own, for its longest match.
+    let max_len = regex_syntax::ParserBuilder::new()
+        .case_insensitive(has('i'))
+        .multi_line(has('m'))
+        .dot_matches_new_line(has('s'))
+        .ignore_whitespace(has('x'))
+        .unicode(utf8)
+        .utf8(false)
+        .build()
+        .parse(&t.source)
+        .ok()
+        .and_then(|hir| hir.properties().maximum_len());
+    Ok(BodyRegex {
+        regex,
+        groups: t.groups,
+        dollars: t.dollars,
+        carets: t.carets,
+        anchored: has('a'),
+        max_len,
+    })
+}
+
+/// A PCRE pattern as the `regex` crate reads it ([`BodyRegex`]).
+#[derive(Debug, Default)]
+struct Translated {
+    source: String,
+    groups: Vec<usize>,
+    dollars: Vec<usize>,
+    carets: Vec<usize>,
+}
+
+impl Translated {
+    fn group(&mut self) -> usize {
+        self.groups.len() + self.dollars.len() + self.carets.len()
+    }
+
+    fn dollar(&mut self) {
+        let g = self.group();
+        self.dollars.push(g);
+        self.source.push_str("(?:\\z|(\\n)\\z)");
+    }
+}
+
+/// `\d`, `\w`, `\s` (and their negations) as PCRE's ASCII classes, for inside a class.
+fn ascii_class(escape: char) -> Option<&'static str> {
+    Some(match escape {
+        'd' => "[:digit:]",
+        'D' => "[:^digit:]",
+        'w' => "[:word:]",
+        'W' => "[:^word:]",
+        's' => "[:space:]",
+        'S' => "[:^space:]",
+        _ => return None,
+    })
+}
+
+fn translate(pattern: &str, multi_line: bool, extended: bool, utf8: bool) -> Translated {
+    let chars: Vec<char> = pattern.chars().collect();
+    let at = |i: usize| chars.get(i).copied();
+    let mut t = Translated {
+        groups: vec![0],
+        ..Default::default()
+    };
+    // The `m` and `x` flags in force, and those of each open group's surroundings.
+    let (mut m, mut x) = (multi_line, extended);
+    let mut scopes: Vec<(bool, bool)> = Vec::new();
+    let mut i = 0;
+    while let Some(c) = at(i) {
+        match c {
+            '\\' => {
+                let Some(d) = at(i + 1) else {
+                    t.source.push('\\');
+                    break;
+                };
+                i += 2;
+                match d {
+                    'Z' => t.dollar(),
+                    'Q' => {
+                        while let Some(q) = at(i) {
+                            if q == '\\' && at(i + 1) == Some('E') {
+                                i += 2;
+                                break;
+                            }
+                            t.source
+                                .push_str(&regex::escape(q.encode_utf8(&mut [0; 4])));
+                            i += 1;
+                        }
+                    }
+                    'b' | 'B' if utf8 => {
+                        t.source
+                            .push_str(if d == 'b' { "(?-u:\\b)" } else { "(?-u:\\B)" })
+                    }
+                    _ => match ascii_class(d).filter(|_| utf8) {
+                        Some(class) => {
+                            t.source.push('[');
+                            t.source.push_str(class);
+                            t.source.push(']');
+                        }
+                        None => {
+                            t.source.push('\\');
+                            t.source.push(d);
+                        }
+                    },
+                }
+                continue;
+            }
+            '[' => {
+                i = class(&chars, i, utf8, &mut t.source);
+                continue;
+            }
+            '(' if at(i + 1) == Some('?') => {
+                let named = match (at(i + 2), at(i + 3)) {
+                    (Some('P'), Some('<')) => Some(i + 4),
+                    (Some('<'), Some(n)) if n != '=' && n != '!' => Some(i + 3),
+                    (Some('\''), _) => Some(i + 3),
+                    _ => None,
+                };
+                if at(i + 2) == Some('#') {
+                    // A comment, to its `)`.
+                    while at(i).is_some_and(|c| c != ')') {
+                        i += 1;
+                    }
+                    i += 1;
+                    continue;
+                }
+                if let Some(name_start) = named {
+                    let mut j = name_start;
+                    while at(j).is_some_and(|c| c != '>' && c != '\'') {
+                        j += 1;
+                    }
+                    let name: String = chars[name_start..j.min(chars.len())].iter().collect();
+                    let g = t.group();
+                    t.groups.push(g);
+                    scopes.push((m, x));
+                    t.source.push_str("(?P<");
+                    t.source.push_str(&name);
+                    t.source.push('>');
+                    i = j + 1;
+                    continue;
+                }
+                let mut j = i + 2;
+                let (mut m2, mut x2, mut on) = (m, x, true);
+                while let Some(f) = at(j).filter(|f| f.is_ascii_alphabetic() || *f == '-') {
+                    match f {
+                        '-' => on = false,
+                        'm' => m2 = on,
+                        'x' => x2 = on,
+                        _ => {}
+                    }
+                    j += 1;
+                }
+                match at(j) {
+                    Some(')') if j > i + 2 => {
+                        // `(?flags)`: for the rest of the enclosing group.
+                        (m, x) = (m2, x2);
+                    }
+                    Some(':') => {
+                        scopes.push((m, x));
+                        (m, x) = (m2, x2);
+                    }
+                    _ => {
+                        // `(?=`, `(?!`, `(?<=`, `(?>`...: a group of its own kind (the crate
+                        // refuses the PCRE-only ones).
+                        scopes.push((m, x));
+                        t.source.push_str("(?");
+                        i += 2;
+                        continue;
+                    }
+                }
+                t.source.extend(&chars[i..=j]);
+                i = j + 1;
+                continue;
+            }
+            '(' => {
+                if at(i + 1) != Some('*') {
+                    let g = t.group();
+                    t.groups.push(g);
+                }
+                scopes.push((m, x));
+                t.source.push('(');
+            }
+            ')' => {
+                if let Some(outer) = scopes.pop() {
+                    (m, x) = outer;
+                }
+                t.source.push(')');
+            }
+            '$' if !m => t.dollar(),
+            '^' if m => {
+                let g = t.group();
+                t.carets.push(g);
+                t.source.push_str("(?:^())");
+            }
+            '#' if x => {
+                while at(i).is_some_and(|c| c != '\n') {
+                    i += 1;
+                }
+                continue;
+            }
+            _ => t.source.push(c),
+        }
+        i += 1;
+    }
+    t
+}
+
+/// Copies the class opening at `chars[start]` as the crate reads it; answers where it ends.
+fn class(chars: &[char], start: usize, utf8: bool, out: &mut String) -> usize {
+    let at = |i: usize| chars.get(i).copied();
+    let mut i = start + 1;
+    out.push('[');
+    if at(i) == Some('^') {
+        out.push('^');
+        i += 1;
+    }
+    if at(i) == Some(']') {
+        // A `]` first is a member.
+        out.push_str("\\]");
+        i += 1;
+    }
+    while let Some(c) = at(i) {
+        match c {
+            ']' => {
+                out.push(']');
+                return i + 1;
+            }
+            '\\' => {
+                let Some(d) = at(i + 1) else {
+                    out.push('\\');
+                    return i + 1;
+                };
+                match ascii_class(d).filter(|_| utf8) {
+                    Some(class) => out.push_str(class),
+                    None => {
+                        out.push('\\');
+                        out.push(d);
+                    }
+                }
+                i += 2;
+                continue;
+            }
+            '[' if at(i + 1) == Some(':') => {
+                // A POSIX class, `[:alpha:]`, to its `:]`.
+                let close = (i + 2..chars.len().saturating_sub(1))
+                    .find(|&j| chars[j] == ':' && chars[j + 1] == ']');
+                match close {
+                    Some(j) => {
+                        out.extend(&chars[i..j + 2]);
+                        i = j + 2;
+                        continue;
+                    }
+                    None => out.push_str("\\["),
+                }
+            }
+            // Literal in PCRE; a nested class or a set operation to the crate.
+            '[' | '&' | '~' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '-' if at(i + 1) == Some('-') => out.push_str("\\-"),
+            // Literal in PCRE's classes even with `x`.
+            ' ' => out.push_str("\\x20"),
+            '#' => out.push_str("\\#"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\u{b}' => out.push_str("\\x0B"),
+            '\u{c}' => out.push_str("\\x0C"),
+            _ => out.push(c),
+        }
+        i += 1;
+    }
+    i
 }
 
 fn describe(pattern: &str, e: &regex::Error) -> String {
@@ -163,14 +536,12 @@ impl Replacement {
             .unwrap_or(0)
     }
 
-    /// [`Replacement::expand`] for a byte regex.
-    pub fn expand_bytes(&self, caps: &regex::bytes::Captures<'_>, out: &mut Vec<u8>) {
+    /// [`Replacement::expand`] for a body regex's match.
+    pub fn expand_body(&self, regex: &BodyRegex, m: &BodyMatch<'_>, out: &mut Vec<u8>) {
         for p in &self.0 {
             match p {
                 Piece::Text(t) => out.extend_from_slice(t.as_bytes()),
-                Piece::Group(n) => {
-                    out.extend_from_slice(caps.get(*n).map_or(&[][..], |m| m.as_bytes()))
-                }
+                Piece::Group(n) => out.extend_from_slice(regex.group(m, *n).unwrap_or_default()),
             }
         }
     }

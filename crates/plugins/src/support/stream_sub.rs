@@ -2,14 +2,23 @@
 //!
 //! APISIX holds the whole body (up to `max_resp_body_size`) and runs `ngx.re.sub`/`gsub` on it.
 //! Here the body passes through a window: a stage keeps at most two windows of bytes, replaces
-//! the matches that start in the older half (a match up to a window long is seen whole) and
-//! sends that half on. Matches longer than the window are not found; every shorter one is
-//! replaced exactly as on the whole body. A few bytes already sent stay in front of the window
-//! as context, so `^`, `\b` and other look-behind assertions see what came before.
+//! the matches that start in the older half and sends that half on. Whether a match starts at
+//! a position, and which, depends only on the bytes a match from there can reach, plus one
+//! for the assertions that look past its end (`\b`, `$`): with a window that long the answer
+//! is the one the whole body gives. So a pattern with a longest match (`hello`, `a{1,8}`, most
+//! filters) carries only that many bytes from one read to the next, and a match split across
+//! reads is found as on the whole body.
+//!
+//! A pattern without a bound (`a*`, `.+`, `[^<]*`) could need the rest of the body: its stage
+//! holds up to a limit (response-rewrite's: 16 MiB, or `max_resp_body_size` when smaller), so
+//! on a body that fits it answers as APISIX does. Past the limit it falls back to a window of
+//! half the limit, to keep memory bounded: a match that would reach further than that from its
+//! start is cut at the window's end or, when what ends it has not come yet, not found.
+//!
+//! A few bytes already sent stay in front of the window as context, so `^`, `\b` and other
+//! look-behind assertions see what came before.
 
-use regex::bytes::Regex;
-
-use crate::support::pcre::Replacement;
+use crate::support::pcre::{BodyRegex, Replacement};
 
 /// How many already-sent bytes stay in front of the window for assertions.
 const CONTEXT: usize = 8;
@@ -17,7 +26,7 @@ const CONTEXT: usize = 8;
 /// One `[regex, replacement]` stage.
 #[derive(Debug)]
 pub struct StreamSub {
-    regex: Regex,
+    regex: BodyRegex,
     replacement: Replacement,
     /// `gsub` (every match) rather than `sub` (the first).
     global: bool,
@@ -30,7 +39,13 @@ pub struct StreamSub {
 }
 
 impl StreamSub {
-    pub fn new(regex: Regex, replacement: Replacement, global: bool, window: usize) -> StreamSub {
+    /// `hold`: the most a stage keeps when the pattern has no longest match.
+    pub fn new(regex: BodyRegex, replacement: Replacement, global: bool, hold: usize) -> StreamSub {
+        let unbounded = hold / 2;
+        // The longest match and one byte more for the assertions after it.
+        let window = regex
+            .max_len()
+            .map_or(unbounded, |len| len.saturating_add(1).min(unbounded));
         StreamSub {
             regex,
             replacement,
@@ -65,21 +80,25 @@ impl StreamSub {
         let mut out = Vec::with_capacity(safe - self.context + 64);
         let mut pos = self.context;
         while pos <= self.buf.len() {
-            let Some(caps) = self.regex.captures_at(&self.buf, pos) else {
+            let Some(m) = self.regex.captures_at(&self.buf, pos) else {
+                // Anchored, nothing matches where the last match ended: PCRE's `gsub` stops
+                // there, and no later search may start further on.
+                if self.regex.anchored() && (end || pos < safe) {
+                    self.done = true;
+                }
                 break;
             };
-            let Some(m) = caps.get(0) else { break };
-            if m.start() >= safe && !end {
+            if m.start >= safe && !end {
                 break;
             }
-            out.extend_from_slice(&self.buf[pos..m.start()]);
-            self.replacement.expand_bytes(&caps, &mut out);
-            pos = m.end();
+            out.extend_from_slice(&self.buf[pos..m.start]);
+            self.replacement.expand_body(&self.regex, &m, &mut out);
+            pos = m.end;
             if !self.global {
                 self.done = true;
                 break;
             }
-            if m.is_empty() {
+            if m.start == m.end {
                 // An empty match: step over one byte so the search moves on.
                 match self.buf.get(pos) {
                     Some(b) => {
@@ -115,12 +134,12 @@ mod tests {
     use super::*;
     use crate::support::pcre::compile_bytes;
 
-    fn stage(re: &str, rep: &str, global: bool, window: usize) -> StreamSub {
+    fn stage(re: &str, rep: &str, global: bool, hold: usize) -> StreamSub {
         StreamSub::new(
             compile_bytes(re, "jo").unwrap(),
             Replacement::parse(rep),
             global,
-            window,
+            hold,
         )
     }
 
@@ -163,7 +182,7 @@ mod tests {
             stream(&mut s, b"aaaaaaaaaaaaaaaaaaaa", 3),
             b"Xaaaaaaaaaaaaaaaaaaa"
         );
-        let mut s = stage(r"\bcat\b", "dog", true, 4);
+        let mut s = stage(r"\bcat\b", "dog", true, 8);
         assert_eq!(
             stream(&mut s, b"cat concat cat cats cat", 2),
             b"dog concat dog cats dog"
@@ -174,13 +193,165 @@ mod tests {
         assert_eq!(stream(&mut s, b"", 1), b"");
     }
 
+    /// `ngx.re.sub`/`gsub` over a whole body, as response-rewrite's `filters` run it.
+    fn whole(re: &str, options: &str, rep: &str, global: bool, body: &[u8]) -> String {
+        let mut s = StreamSub::new(
+            compile_bytes(re, options).unwrap(),
+            Replacement::parse(rep),
+            global,
+            1 << 20,
+        );
+        String::from_utf8(s.push(body, true)).unwrap()
+    }
+
+    /// PCRE's answers (ngx.re, no `m`): `$` and `\Z` match at the very end or before a final
+    /// newline, `\z` only at the very end.
+    #[test]
+    fn dollar_as_pcre() {
+        let g = |re: &str, opts: &str, rep: &str, body: &str| {
+            whole(re, opts, rep, true, body.as_bytes())
+        };
+        let once = |re: &str, opts: &str, rep: &str, body: &str| {
+            whole(re, opts, rep, false, body.as_bytes())
+        };
+        assert_eq!(g("o$", "jo", "0", "hello\n"), "hell0\n");
+        assert_eq!(g("o$", "jo", "0", "hello"), "hell0");
+        assert_eq!(g("o$", "jo", "0", "foo\nfoo\n"), "foo\nfo0\n");
+        assert_eq!(
+            g("o$", "jo", "0", "foo\n\n"),
+            "foo\n\n",
+            "only before the last newline"
+        );
+        assert_eq!(once("$", "jo", "X", "a\n"), "aX\n");
+        assert_eq!(g("$", "jo", "X", "a\n"), "aX\nX");
+        assert_eq!(g("o\\Z", "jo", "0", "foo\n"), "fo0\n");
+        assert_eq!(g("o\\z", "jo", "0", "foo\n"), "foo\n");
+        assert_eq!(
+            g("\\n$", "jo", "N", "a\n"),
+            "aN",
+            "the final newline itself, ending at the end"
+        );
+        // Captures keep PCRE's numbers.
+        assert_eq!(once("(l+)(o)$", "jo", "$2$1", "hello\n"), "heoll\n");
+        assert_eq!(once("(l+)(o)$", "jo", "${0}!", "hello\n"), "hello!\n");
+        // `$` inside a class or escaped is a dollar.
+        assert_eq!(g("[$]|\\$", "jo", "D", "$1 $\n"), "D1 D\n");
+        // With `m`, before every newline (and at the end).
+        assert_eq!(g("o$", "jom", "0", "foo\nfoo\n"), "fo0\nfo0\n");
+        assert_eq!(g("(?m)o$", "jo", "0", "foo\nfoo\n"), "fo0\nfo0\n");
+        assert_eq!(g("(?m:o$)|x$", "jo", "0", "foo\nfox\n"), "fo0\nfo0\n");
+    }
+
+    /// The other options and PCRE's reading of the pattern.
+    #[test]
+    fn options_as_pcre() {
+        let g = |re: &str, opts: &str, rep: &str, body: &str| {
+            whole(re, opts, rep, true, body.as_bytes())
+        };
+        // `^` with `m`: after internal newlines, not after the one that ends the body.
+        assert_eq!(g("^", "jom", ">", "a\nb\n"), ">a\n>b\n");
+        assert_eq!(g("^", "jo", ">", "a\nb\n"), ">a\nb\n");
+        // `x`: whitespace and comments ignored, but not inside a class.
+        assert_eq!(g("a b # a comment", "jox", "X", "ab a b"), "X a b");
+        assert_eq!(g("[ ]", "jox", "_", "a b"), "a_b");
+        // `.` stops at a newline unless `s`.
+        assert_eq!(g("a.b", "jo", "X", "a\nb axb"), "a\nb X");
+        assert_eq!(g("a.b", "jos", "X", "a\nb"), "X");
+        // `i`.
+        assert_eq!(g("HeLLo", "joi", "X", "hello HELLO"), "X X");
+        // `a`: every match starts where the search does.
+        assert_eq!(g("a", "joa", "b", "aaxa"), "bbxa");
+        // `u`: `.` is one character; `\w` and `\d` stay ASCII as in PCRE without UCP.
+        assert_eq!(g("^.", "jou", "X", "éa"), "Xa");
+        assert_eq!(g("\\w+", "jou", "W", "éa1_ é"), "éW é");
+        assert_eq!(g("\\d", "jou", "D", "\u{663}3"), "\u{663}D");
+        // A class's literal `[` and PCRE's literal `&&`.
+        assert_eq!(g("[[a]", "jo", "X", "[ab"), "XXb");
+        assert_eq!(g("[a&&b]", "jo", "X", "&c"), "Xc");
+    }
+
+    /// A pattern with a longest match sends on at once all but that many bytes (and one for
+    /// the assertions after a match), so a streamed body goes on as it comes, in flat memory.
+    #[test]
+    fn bounded_patterns_carry_only_their_longest_match() {
+        let mut s = stage("needle|pin", "thread", true, 1 << 20);
+        let mut out = s.push(b"a needle and a pi", false);
+        assert_eq!(out, b"a thread a", "the last 7 bytes held");
+        out.extend(s.push(b"n and more", false));
+        out.extend(s.push(b"", true));
+        assert_eq!(out, b"a thread and a thread and more");
+        // `\b` and `$` at the edge of what has come wait for the next byte.
+        let mut s = stage(r"cat\b", "dog", true, 1 << 20);
+        let mut out = s.push(b"a cat", false);
+        out.extend(s.push(b"s cat", false));
+        out.extend(s.push(b"\n", true));
+        assert_eq!(out, b"a cats dog\n");
+        let mut s = stage("o$", "0", true, 1 << 20);
+        let mut out = s.push(b"foo", false);
+        out.extend(s.push(b"\n", false));
+        out.extend(s.push(b"", true));
+        assert_eq!(out, b"fo0\n");
+        let mut s = stage("ab", "X", true, 1 << 20);
+        assert_eq!(stream(&mut s, &b"ab".repeat(1000), 1), b"X".repeat(1000));
+    }
+
+    /// A pattern without a longest match sees the whole body (up to the stage's limit), as
+    /// APISIX's gsub over the held body does: here a match of 3 MiB split across reads.
+    #[test]
+    fn unbounded_patterns_see_the_whole_body() {
+        let mut body = b"<start>".to_vec();
+        body.extend(std::iter::repeat_n(b'a', 3 << 20));
+        body.extend(b"<end>\n");
+        let mut s = stage("<start>a*<end>", "X", true, 16 << 20);
+        assert_eq!(stream(&mut s, &body, 64 * 1024), b"X\n");
+        let mut s = stage("<start>.*$", "X", false, 16 << 20);
+        assert_eq!(stream(&mut s, &body, 64 * 1024), b"X\n");
+    }
+
+    /// `a` (anchored): `gsub` replaces matches only while each starts where the last ended,
+    /// and stops at the first place that does not match, however the body is cut.
+    #[test]
+    fn anchored_stops_at_the_first_miss() {
+        for chunk in [1, 2, 3, 100] {
+            let mut s = StreamSub::new(
+                compile_bytes("a", "joa").unwrap(),
+                Replacement::parse("b"),
+                true,
+                1 << 20,
+            );
+            assert_eq!(
+                stream(&mut s, b"aaxaaaaaaaaaaaaaaaaa", chunk),
+                b"bbxaaaaaaaaaaaaaaaaa",
+                "chunk {chunk}"
+            );
+            let mut s = StreamSub::new(
+                compile_bytes("a", "joa").unwrap(),
+                Replacement::parse("b"),
+                false,
+                1 << 20,
+            );
+            assert_eq!(
+                stream(&mut s, b"xaaaaaaaaaaaaaaaaaa", chunk),
+                b"xaaaaaaaaaaaaaaaaaa",
+                "chunk {chunk}"
+            );
+        }
+    }
+
     #[test]
     fn memory_stays_bounded() {
+        // `needle`: 6 bytes and one are carried, whatever came.
         let mut s = stage("needle", "pin", true, 1024);
         let chunk = vec![b'a'; 16 * 1024];
         for _ in 0..200 {
             let _ = s.push(&chunk, false);
-            assert!(s.buf.len() <= 2 * 1024 + chunk.len() + CONTEXT);
+            assert!(s.buf.len() <= 7 + CONTEXT, "{}", s.buf.len());
+        }
+        // Without a bound: the stage's limit, then windows of half of it.
+        let mut s = stage("a+", "b", true, 4096);
+        for _ in 0..200 {
+            let _ = s.push(&chunk[..1000], false);
+            assert!(s.buf.len() <= 4096 + 1000 + CONTEXT, "{}", s.buf.len());
         }
     }
 }

@@ -6,10 +6,12 @@
 //! `ngx.re` options).
 //!
 //! `filters` run on the streamed body: a gzip or brotli body is decoded first (and goes out
-//! plain, as in APISIX), then each filter substitutes over a sliding window of up to 1 MiB
-//! (`support::stream_sub`), so memory stays bounded whatever the body's size; matches longer
-//! than the window are not replaced. As APISIX, the body is cut after `max_resp_body_size`
-//! bytes when filters apply.
+//! plain, as in APISIX), then each filter substitutes over a sliding window
+//! (`support::stream_sub`). A pattern with a longest match carries only that many bytes from
+//! read to read and finds what the whole body gives; one without a bound holds up to 16 MiB
+//! of the body (exact on a body that fits), then falls back to windows of 8 MiB. So memory
+//! stays bounded whatever the body's size. As APISIX, the body is cut after
+//! `max_resp_body_size` bytes when filters apply.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -26,7 +28,7 @@ use serde_json::{json, Map, Value};
 
 use crate::support::encoding::Decoder;
 use crate::support::headers::{self, ValueTemplate};
-use crate::support::pcre::{compile_bytes, Replacement};
+use crate::support::pcre::{compile_bytes, BodyRegex, Replacement};
 use crate::support::stream_sub::StreamSub;
 
 pub const NAME: &str = "response-rewrite";
@@ -36,8 +38,8 @@ pub static DEF: PluginDef = PluginDef {
     ..PluginDef::new(NAME, 899, schema, compile)
 };
 
-/// The longest match `filters` find on a streamed body.
-const FILTER_WINDOW: usize = 1 << 20;
+/// What a filter whose pattern has no longest match holds of the body (`support::stream_sub`).
+const UNBOUNDED_HOLD: usize = 16 << 20;
 
 fn header_value_schema() -> Value {
     json!({"oneOf": [{"type": "string"}, {"type": "number"}]})
@@ -176,7 +178,7 @@ fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
 
 #[derive(Debug)]
 struct Filter {
-    regex: regex::bytes::Regex,
+    regex: BodyRegex,
     replacement: Replacement,
     global: bool,
 }
@@ -304,7 +306,8 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
 }
 
 /// The variables of the response phase: the response's status and headers, then the
-/// request's.
+/// context's (the upstream tries, `$upstream_status` and `$balancer_ip` among them, and the
+/// request's).
 struct ResponseVars<'a, 'r> {
     ctx: &'a PluginCtx<'r>,
     status: StatusCode,
@@ -316,11 +319,6 @@ impl VarSource for ResponseVars<'_, '_> {
     fn var(&self, name: &str) -> Option<Cow<'_, str>> {
         if name == "status" {
             return Some(Cow::Owned(self.status.as_u16().to_string()));
-        }
-        if name == "upstream_status" {
-            return self
-                .from_upstream
-                .then(|| Cow::Owned(self.status.as_u16().to_string()));
         }
         let resp_header = name.strip_prefix("sent_http_").or_else(|| {
             name.strip_prefix("upstream_http_")
@@ -438,12 +436,12 @@ struct FilterBody {
 
 impl FilterBody {
     fn new(filters: &[Filter], decoder: Option<Decoder>, max_body: usize) -> FilterBody {
-        let window = FILTER_WINDOW.min(max_body.max(1));
+        let hold = UNBOUNDED_HOLD.min(max_body.max(1));
         FilterBody {
             decoder,
             stages: filters
                 .iter()
-                .map(|f| StreamSub::new(f.regex.clone(), f.replacement.clone(), f.global, window))
+                .map(|f| StreamSub::new(f.regex.clone(), f.replacement.clone(), f.global, hold))
                 .collect(),
             left: max_body,
             broken: false,
@@ -643,6 +641,28 @@ mod tests {
             HeaderMap::new(),
         );
         assert_eq!(body_through(a.edits.filters, &[b"fo", b"oooooo"]), b"f000");
+    }
+
+    /// APISIX runs `filters` over the whole held body: a match of 3 MiB, split across many
+    /// chunks, is still one match.
+    #[test]
+    fn filters_find_long_matches_across_chunks() {
+        let mut body = b"<p>".to_vec();
+        body.extend(std::iter::repeat_n(b'a', 3 << 20));
+        body.extend(b"</p>\n");
+        let chunks: Vec<&[u8]> = body.chunks(64 * 1024).collect();
+        let a = respond(
+            json!({"filters": [{"regex": "<p>a*</p>", "replace": "P", "scope": "global"}]}),
+            StatusCode::OK,
+            HeaderMap::new(),
+        );
+        assert_eq!(body_through(a.edits.filters, &chunks), b"P\n");
+        let a = respond(
+            json!({"filters": [{"regex": "<p>[^<]*", "replace": "P"}]}),
+            StatusCode::OK,
+            HeaderMap::new(),
+        );
+        assert_eq!(body_through(a.edits.filters, &chunks), b"P</p>\n");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! the access log and the plugins' log phase.
 
 use std::net::SocketAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http::HeaderValue;
 use smallvec::SmallVec;
@@ -16,6 +16,9 @@ pub struct UpstreamRecord {
     pub addrs: SmallVec<[SocketAddr; 2]>,
     /// Every try's status, in order (`$upstream_status`).
     pub statuses: SmallVec<[u16; 2]>,
+    /// How long each finished try took, in order: every try but one whose answer is still
+    /// being relayed (`$upstream_response_time` in the response phases).
+    pub times: SmallVec<[Duration; 2]>,
     /// The `Host` sent on the last try (`$upstream_host`).
     pub host: Option<HeaderValue>,
     /// An upstream sent a response head.

@@ -3,7 +3,7 @@
 //! (installing its body filters), and the plugins' side of the log phase is made ready for
 //! [`crate::log`], which runs it once the response is over.
 
-use ferrisix_plugin_api::{BodyEdits, LogCtx, Phases, ResponseHead, ResponseSource};
+use ferrisix_plugin_api::{BodyEdits, LogCtx, Phases, ResponseHead, ResponseSource, UpstreamTries};
 use http::Response;
 
 use super::log_needs;
@@ -34,13 +34,20 @@ pub fn response_phases(ctx: &mut RequestCtx<'_>, resp: &mut Response<ResponseBod
                 from_upstream,
                 &mut edits,
             );
+            // `$balancer_ip`, `$upstream_addr`, ...: the tries behind this answer.
+            let tries = UpstreamTries {
+                addrs: &ctx.log.upstream.addrs,
+                statuses: &ctx.log.upstream.statuses,
+                times: &ctx.log.upstream.times,
+            };
             let mut view = plugin_view(
                 &ctx.head,
                 &ctx.conn.facts,
                 &mut ctx.headers,
                 route_info,
                 &mut run.state,
-            );
+            )
+            .with_upstream_tries(tries);
             run.global
                 .header_filter(&mut view, &mut response, run.verdicts.0);
             if let Some(r) = &run.route {

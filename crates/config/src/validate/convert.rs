@@ -125,16 +125,7 @@ pub fn ssl_from_value(
     })?;
     let conf = checked(ResourceKind::Ssls, None, &plain, &AcceptAnyPlugin)?;
     let text = |k: &str| conf.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
-    let list = |k: &str| -> Vec<String> {
-        conf.get(k)
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let list = |k: &str| strings(conf.get(k));
     // APISIX's ssl_filter: a trailing dot goes, names are lower-cased.
     let norm = |s: &str| s.strip_suffix('.').unwrap_or(s).to_ascii_lowercase();
     let (snis, sni_list) = match conf.get("snis").and_then(Value::as_array) {
@@ -347,7 +338,8 @@ fn string(v: Option<&Value>) -> Option<String> {
     v.and_then(Value::as_str).map(str::to_string)
 }
 
-fn strings(v: Option<&Value>) -> Vec<String> {
+/// The strings of a JSON array, other items skipped; none where it is absent or no array.
+pub(super) fn strings(v: Option<&Value>) -> Vec<String> {
     v.and_then(Value::as_array)
         .map(|a| {
             a.iter()

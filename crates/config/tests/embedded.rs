@@ -5,6 +5,8 @@
 //! The crash test re-runs this test binary as the writer: with `FERRISIX_CRASH_WRITER` set, the
 //! otherwise empty `crash_writer_child` test writes keys and prints each acknowledged one.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -14,15 +16,12 @@ use std::time::{Duration, Instant};
 use ferrisix_config::model::ResourceKind;
 use ferrisix_config::store::embedded::EmbeddedStore;
 use ferrisix_config::store::{Store, StoreError};
+use support::route;
 
 const CRASH_ENV: &str = "FERRISIX_CRASH_WRITER";
 
 fn open(dir: &Path) -> Arc<EmbeddedStore> {
     EmbeddedStore::open(&dir.join("data/ferrisix.redb"), "/apisix").unwrap()
-}
-
-fn route(uri: &str) -> Vec<u8> {
-    format!(r#"{{"uri":"{uri}","upstream":{{"nodes":{{"127.0.0.1:1980":1}}}}}}"#).into_bytes()
 }
 
 #[tokio::test]

@@ -18,12 +18,43 @@ use ferrisix_config::state::ConfigState;
 use ferrisix_config::store::etcd::{EtcdStore, LocalCopy};
 use ferrisix_config::store::{KeyValue, StateBuilder, Store, StoreError};
 use serde_json::Value;
-use support::{copy_path, eventually, settings, Etcd, Proxy, TlsFiles};
+use support::{copy_path, eventually, route, settings, upstream, Etcd, Proxy, TlsFiles};
 
 const WAIT: Duration = Duration::from_secs(15);
 
-fn route(uri: &str) -> Vec<u8> {
-    format!(r#"{{"uri":"{uri}","upstream":{{"nodes":{{"127.0.0.1:1980":1}}}}}}"#).into_bytes()
+/// A store following `endpoints` with the tests' short settings and no local copy.
+async fn connect(endpoints: Vec<String>) -> Arc<EtcdStore> {
+    EtcdStore::connect(&settings(endpoints), None)
+        .await
+        .unwrap()
+}
+
+/// Writes through the store, which must accept it.
+async fn put(store: &EtcdStore, key: &str, value: Vec<u8>) {
+    store.put(key, value, None).await.unwrap();
+}
+
+/// Compacts etcd's history up to `revision`, physically: what a resumed watch must survive.
+async fn compact(client: &mut etcd_client::Client, revision: i64) {
+    client
+        .compact(revision, Some(CompactionOptions::new().with_physical()))
+        .await
+        .unwrap();
+}
+
+/// Writes straight to etcd, as another writer would; the revision of the write.
+async fn etcd_put(
+    client: &mut etcd_client::Client,
+    key: impl Into<Vec<u8>>,
+    value: impl Into<Vec<u8>>,
+) -> i64 {
+    client
+        .put(key, value, None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision()
 }
 
 fn has_route(store: &EtcdStore, id: &str, uri: &str) -> bool {
@@ -32,6 +63,25 @@ fn has_route(store: &EtcdStore, id: &str, uri: &str) -> bool {
         .borrow()
         .get(ResourceKind::Routes, id)
         .is_some_and(|r| r.value.parse()["uri"] == uri)
+}
+
+/// Waits until the store's state holds route `id` with `uri`.
+async fn await_route(store: &EtcdStore, what: &str, id: &str, uri: &str) {
+    eventually(what, WAIT, || has_route(store, id, uri)).await;
+}
+
+/// Whether the store's state holds the item.
+fn holds(store: &EtcdStore, kind: ResourceKind, id: &str) -> bool {
+    store.subscribe().borrow().get(kind, id).is_some()
+}
+
+/// A port nothing listens on: freshly freed.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A state's content without insertion order: (kind, id) → (value, create, mod).
@@ -50,14 +100,14 @@ fn content(state: &ConfigState) -> BTreeMap<(ResourceKind, String), (Value, i64,
         .collect()
 }
 
-/// What a fresh full listing of etcd gives.
-async fn fresh_state(etcd: &Etcd) -> ConfigState {
+/// Everything under `prefix` in etcd, and etcd's revision.
+async fn etcd_listing(etcd: &Etcd, prefix: &str) -> (Vec<KeyValue>, i64) {
     let mut client = etcd.client().await;
     let response = client
-        .get("/apisix/", Some(GetOptions::new().with_prefix()))
+        .get(prefix, Some(GetOptions::new().with_prefix()))
         .await
         .unwrap();
-    let kvs: Vec<KeyValue> = response
+    let kvs = response
         .kvs()
         .iter()
         .map(|kv| KeyValue {
@@ -67,37 +117,42 @@ async fn fresh_state(etcd: &Etcd) -> ConfigState {
             mod_revision: kv.mod_revision(),
         })
         .collect();
+    (kvs, response.header().unwrap().revision())
+}
+
+/// What a fresh full listing of etcd gives.
+async fn fresh_state(etcd: &Etcd) -> ConfigState {
+    let (kvs, revision) = etcd_listing(etcd, "/apisix/").await;
     let mut builder = StateBuilder::new("/apisix");
-    builder.reset(&kvs, response.header().unwrap().revision());
+    builder.reset(&kvs, revision);
     builder.state().clone()
+}
+
+/// The store's state holds what etcd holds, revisions included.
+async fn assert_matches_etcd(store: &EtcdStore, etcd: &Etcd) {
+    let fresh = fresh_state(etcd).await;
+    assert_eq!(content(&store.subscribe().borrow()), content(&fresh));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_stores_see_each_others_writes() {
     let etcd = Etcd::start();
-    let a = EtcdStore::connect(&settings(vec![etcd.endpoint()]), None)
-        .await
-        .unwrap();
-    let b = EtcdStore::connect(&settings(vec![etcd.endpoint()]), None)
-        .await
-        .unwrap();
+    let a = connect(vec![etcd.endpoint()]).await;
+    let b = connect(vec![etcd.endpoint()]).await;
     for i in 0..3 {
         let uri = format!("/from-a/{i}");
-        a.put("/apisix/routes/a", route(&uri), None).await.unwrap();
-        eventually("b sees a's write", WAIT, || has_route(&b, "a", &uri)).await;
+        put(&a, "/apisix/routes/a", route(&uri)).await;
+        await_route(&b, "b sees a's write", "a", &uri).await;
         let uri = format!("/from-b/{i}");
-        b.put("/apisix/routes/b", route(&uri), None).await.unwrap();
-        eventually("a sees b's write", WAIT, || has_route(&a, "b", &uri)).await;
+        put(&b, "/apisix/routes/b", route(&uri)).await;
+        await_route(&a, "a sees b's write", "b", &uri).await;
     }
     b.delete("/apisix/routes/a").await.unwrap();
     // Both stores learn of the delete through their own watch, so each converges on its own.
     eventually("both see b's delete", WAIT, || {
-        [&a, &b].iter().all(|s| {
-            s.subscribe()
-                .borrow()
-                .get(ResourceKind::Routes, "a")
-                .is_none()
-        })
+        [&a, &b]
+            .iter()
+            .all(|s| !holds(s, ResourceKind::Routes, "a"))
     })
     .await;
     assert_eq!(
@@ -109,17 +164,9 @@ async fn two_stores_see_each_others_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconnects_after_etcd_restart() {
     let mut etcd = Etcd::start();
-    let store = EtcdStore::connect(&settings(vec![etcd.endpoint()]), None)
-        .await
-        .unwrap();
-    store
-        .put("/apisix/routes/1", route("/before"), None)
-        .await
-        .unwrap();
-    eventually("the first route", WAIT, || {
-        has_route(&store, "1", "/before")
-    })
-    .await;
+    let store = connect(vec![etcd.endpoint()]).await;
+    put(&store, "/apisix/routes/1", route("/before")).await;
+    await_route(&store, "the first route", "1", "/before").await;
 
     etcd.stop();
     eventually("health shows etcd unreachable", WAIT, || {
@@ -145,28 +192,25 @@ async fn reconnects_after_etcd_restart() {
 
     etcd.restart();
     let mut other = etcd.client().await;
-    other
-        .put("/apisix/routes/1", route("/after"), None)
-        .await
-        .unwrap();
-    eventually("the store reconnects and sees the new write", WAIT, || {
-        has_route(&store, "1", "/after")
-    })
+    etcd_put(&mut other, "/apisix/routes/1", route("/after")).await;
+    await_route(
+        &store,
+        "the store reconnects and sees the new write",
+        "1",
+        "/after",
+    )
     .await;
     eventually("healthy again", WAIT, || store.health().reachable).await;
-    store
-        .put("/apisix/routes/2", route("/mine"), None)
-        .await
-        .unwrap();
-    eventually("its own write comes back through the watch", WAIT, || {
-        has_route(&store, "2", "/mine")
-    })
+    put(&store, "/apisix/routes/2", route("/mine")).await;
+    await_route(
+        &store,
+        "its own write comes back through the watch",
+        "2",
+        "/mine",
+    )
     .await;
     assert!(store.stats().reconnects >= 1);
-    assert_eq!(
-        content(&store.subscribe().borrow()),
-        content(&fresh_state(&etcd).await)
-    );
+    assert_matches_etcd(&store, &etcd).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,48 +219,23 @@ async fn compaction_while_watching() {
     let mut direct = etcd.client().await;
 
     // Connected: compaction of history the watch already delivered changes nothing.
-    let store = EtcdStore::connect(&settings(vec![etcd.endpoint()]), None)
-        .await
-        .unwrap();
+    let store = connect(vec![etcd.endpoint()]).await;
     let mut last = 0;
     for i in 0..5 {
-        last = direct
-            .put(format!("/apisix/routes/{i}"), route("/v1"), None)
-            .await
-            .unwrap()
-            .header()
-            .unwrap()
-            .revision();
+        last = etcd_put(&mut direct, format!("/apisix/routes/{i}"), route("/v1")).await;
     }
-    direct
-        .compact(last, Some(CompactionOptions::new().with_physical()))
-        .await
-        .unwrap();
+    compact(&mut direct, last).await;
     for i in 3..8 {
-        direct
-            .put(format!("/apisix/routes/{i}"), route("/v2"), None)
-            .await
-            .unwrap();
+        etcd_put(&mut direct, format!("/apisix/routes/{i}"), route("/v2")).await;
     }
-    eventually("the connected store converges", WAIT, || {
-        has_route(&store, "7", "/v2")
-    })
-    .await;
-    assert_eq!(
-        content(&store.subscribe().borrow()),
-        content(&fresh_state(&etcd).await)
-    );
+    await_route(&store, "the connected store converges", "7", "/v2").await;
+    assert_matches_etcd(&store, &etcd).await;
 
     // Disconnected while etcd compacts past the store's revision: the resumed watch is
     // cancelled with compact_revision and the store re-lists.
     let proxy = Proxy::start(etcd.addr()).await;
-    let store = EtcdStore::connect(&settings(vec![proxy.endpoint()]), None)
-        .await
-        .unwrap();
-    eventually("the proxied store loaded", WAIT, || {
-        has_route(&store, "7", "/v2")
-    })
-    .await;
+    let store = connect(vec![proxy.endpoint()]).await;
+    await_route(&store, "the proxied store loaded", "7", "/v2").await;
     proxy.cut();
     eventually("the store notices the cut", WAIT, || {
         !store.health().reachable
@@ -224,45 +243,22 @@ async fn compaction_while_watching() {
     .await;
     direct.delete("/apisix/routes/0", None).await.unwrap();
     for i in 5..10 {
-        last = direct
-            .put(format!("/apisix/routes/{i}"), route("/v3"), None)
-            .await
-            .unwrap()
-            .header()
-            .unwrap()
-            .revision();
+        last = etcd_put(&mut direct, format!("/apisix/routes/{i}"), route("/v3")).await;
     }
-    direct
-        .compact(last, Some(CompactionOptions::new().with_physical()))
-        .await
-        .unwrap();
-    direct
-        .put("/apisix/routes/10", route("/v4"), None)
-        .await
-        .unwrap();
+    compact(&mut direct, last).await;
+    etcd_put(&mut direct, "/apisix/routes/10", route("/v4")).await;
     proxy.heal();
-    eventually("the store re-lists after compaction", WAIT, || {
-        has_route(&store, "10", "/v4")
-    })
-    .await;
+    await_route(&store, "the store re-lists after compaction", "10", "/v4").await;
     assert!(store.stats().compactions >= 1, "{:?}", store.stats());
-    let fresh = fresh_state(&etcd).await;
-    assert_eq!(content(&store.subscribe().borrow()), content(&fresh));
-    assert!(store
-        .subscribe()
-        .borrow()
-        .get(ResourceKind::Routes, "0")
-        .is_none());
+    assert_matches_etcd(&store, &etcd).await;
+    assert!(!holds(&store, ResourceKind::Routes, "0"));
 
     // Afterwards each write is applied exactly once.
     let before = store.stats();
     for i in 0..5 {
-        direct
-            .put(format!("/apisix/routes/n{i}"), route("/n"), None)
-            .await
-            .unwrap();
+        etcd_put(&mut direct, format!("/apisix/routes/n{i}"), route("/n")).await;
     }
-    eventually("five more writes", WAIT, || has_route(&store, "n4", "/n")).await;
+    await_route(&store, "five more writes", "n4", "/n").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let after = store.stats();
     assert_eq!(after.events - before.events, 5, "{before:?} -> {after:?}");
@@ -272,10 +268,7 @@ async fn compaction_while_watching() {
         "{before:?} -> {after:?}"
     );
     assert_eq!(after.duplicates, 0);
-    assert_eq!(
-        content(&store.subscribe().borrow()),
-        content(&fresh_state(&etcd).await)
-    );
+    assert_matches_etcd(&store, &etcd).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,11 +278,8 @@ async fn a_silent_watch_is_reconnected() {
     let mut s = settings(vec![proxy.endpoint()]);
     s.watch_timeout = 2;
     let store = EtcdStore::connect(&s, None).await.unwrap();
-    store
-        .put("/apisix/routes/1", route("/a"), None)
-        .await
-        .unwrap();
-    eventually("the first route", WAIT, || has_route(&store, "1", "/a")).await;
+    put(&store, "/apisix/routes/1", route("/a")).await;
+    await_route(&store, "the first route", "1", "/a").await;
 
     // An idle but healthy watch answers the progress requests: no reconnects.
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -299,10 +289,7 @@ async fn a_silent_watch_is_reconnected() {
     // would wait forever.
     proxy.blackhole_existing();
     let mut direct = etcd.client().await;
-    direct
-        .put("/apisix/routes/1", route("/b"), None)
-        .await
-        .unwrap();
+    etcd_put(&mut direct, "/apisix/routes/1", route("/b")).await;
     eventually(
         "the store re-watches on a new connection",
         Duration::from_secs(8),
@@ -315,14 +302,9 @@ async fn a_silent_watch_is_reconnected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wiped_etcd_is_relisted() {
     let mut etcd = Etcd::start();
-    let store = EtcdStore::connect(&settings(vec![etcd.endpoint()]), None)
-        .await
-        .unwrap();
+    let store = connect(vec![etcd.endpoint()]).await;
     for i in 0..6 {
-        store
-            .put(&format!("/apisix/routes/{i}"), route("/old"), None)
-            .await
-            .unwrap();
+        put(&store, &format!("/apisix/routes/{i}"), route("/old")).await;
     }
     eventually("six routes", WAIT, || store.subscribe().borrow().len() == 6).await;
 
@@ -330,23 +312,14 @@ async fn a_wiped_etcd_is_relisted() {
     // already applied.
     etcd.restart_wiped();
     let mut direct = etcd.client().await;
-    direct
-        .put("/apisix/routes/new", route("/new"), None)
-        .await
-        .unwrap();
+    etcd_put(&mut direct, "/apisix/routes/new", route("/new")).await;
     eventually("the store follows the new history", WAIT, || {
         let state = store.subscribe().borrow().clone();
         state.len() == 1 && state.get(ResourceKind::Routes, "new").is_some()
     })
     .await;
-    direct
-        .put("/apisix/routes/new", route("/newer"), None)
-        .await
-        .unwrap();
-    eventually("and keeps following it", WAIT, || {
-        has_route(&store, "new", "/newer")
-    })
-    .await;
+    etcd_put(&mut direct, "/apisix/routes/new", route("/newer")).await;
+    await_route(&store, "and keeps following it", "new", "/newer").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -362,22 +335,9 @@ async fn boots_from_the_local_copy_and_converges() {
     {
         let store = EtcdStore::connect(&s, Some(copy.clone())).await.unwrap();
         assert_eq!(store.local_copy(), Some(copy.as_path()));
-        store
-            .put("/apisix/routes/1", route("/one"), None)
-            .await
-            .unwrap();
-        store
-            .put(
-                "/apisix/upstreams/u",
-                br#"{"nodes":{"127.0.0.1:1":1}}"#.to_vec(),
-                None,
-            )
-            .await
-            .unwrap();
-        store
-            .put("/apisix/gen_id", b"1".to_vec(), None)
-            .await
-            .unwrap();
+        put(&store, "/apisix/routes/1", route("/one")).await;
+        put(&store, "/apisix/upstreams/u", upstream()).await;
+        put(&store, "/apisix/gen_id", b"1".to_vec()).await;
         eventually("the local copy is written", WAIT, || {
             LocalCopy::read(&copy).is_ok_and(|c| c.kvs.len() == 2)
         })
@@ -404,11 +364,7 @@ async fn boots_from_the_local_copy_and_converges() {
     );
     assert_eq!(health.revision, saved.revision);
     assert!(has_route(&store, "1", "/one"));
-    assert!(store
-        .subscribe()
-        .borrow()
-        .get(ResourceKind::Upstreams, "u")
-        .is_some());
+    assert!(holds(&store, ResourceKind::Upstreams, "u"));
     assert!(matches!(
         store.put("/apisix/routes/2", route("/x"), None).await,
         Err(StoreError::Unavailable(_))
@@ -420,14 +376,10 @@ async fn boots_from_the_local_copy_and_converges() {
 
     etcd.restart();
     let mut direct = etcd.client().await;
-    direct
-        .put("/apisix/routes/3", route("/three"), None)
-        .await
-        .unwrap();
+    etcd_put(&mut direct, "/apisix/routes/3", route("/three")).await;
     direct.delete("/apisix/upstreams/u", None).await.unwrap();
     eventually("the store converges with etcd", WAIT, || {
-        let state = store.subscribe().borrow().clone();
-        has_route(&store, "3", "/three") && state.get(ResourceKind::Upstreams, "u").is_none()
+        has_route(&store, "3", "/three") && !holds(&store, ResourceKind::Upstreams, "u")
     })
     .await;
     eventually("and reports it", WAIT, || {
@@ -435,10 +387,7 @@ async fn boots_from_the_local_copy_and_converges() {
         h.synced && h.reachable
     })
     .await;
-    assert_eq!(
-        content(&store.subscribe().borrow()),
-        content(&fresh_state(&etcd).await)
-    );
+    assert_matches_etcd(&store, &etcd).await;
     eventually("the local copy follows", WAIT, || {
         LocalCopy::read(&copy).is_ok_and(|c| c.kvs.iter().any(|kv| kv.key == "/apisix/routes/3"))
     })
@@ -449,59 +398,25 @@ async fn boots_from_the_local_copy_and_converges() {
 async fn garbage_values_do_not_break_the_store() {
     let etcd = Etcd::start();
     let mut direct = etcd.client().await;
-    direct
-        .put("/apisix/routes/x", "garbage{", None)
-        .await
-        .unwrap();
-    direct
-        .put("/apisix/routes/", "init_dir", None)
-        .await
-        .unwrap();
-    direct
-        .put("/apisix/routes/ok", route("/ok"), None)
-        .await
-        .unwrap();
+    etcd_put(&mut direct, "/apisix/routes/x", "garbage{").await;
+    etcd_put(&mut direct, "/apisix/routes/", "init_dir").await;
+    etcd_put(&mut direct, "/apisix/routes/ok", route("/ok")).await;
 
     // At the initial listing.
-    let store = EtcdStore::connect(&settings(vec![etcd.endpoint()]), None)
-        .await
-        .unwrap();
+    let store = connect(vec![etcd.endpoint()]).await;
     assert!(has_route(&store, "ok", "/ok"));
-    assert!(store
-        .subscribe()
-        .borrow()
-        .get(ResourceKind::Routes, "x")
-        .is_none());
+    assert!(!holds(&store, ResourceKind::Routes, "x"));
 
     // Through the watch: skipped, others still update, an older valid version stays.
-    direct
-        .put("/apisix/routes/y", "\u{0}not json", None)
-        .await
-        .unwrap();
-    direct
-        .put("/apisix/routes/ok", route("/ok2"), None)
-        .await
-        .unwrap();
-    eventually("the valid update", WAIT, || has_route(&store, "ok", "/ok2")).await;
-    assert!(store
-        .subscribe()
-        .borrow()
-        .get(ResourceKind::Routes, "y")
-        .is_none());
-    direct
-        .put("/apisix/routes/x", route("/x"), None)
-        .await
-        .unwrap();
-    eventually("x becomes valid", WAIT, || has_route(&store, "x", "/x")).await;
-    direct
-        .put("/apisix/routes/x", "garbage again", None)
-        .await
-        .unwrap();
-    direct
-        .put("/apisix/routes/z", route("/z"), None)
-        .await
-        .unwrap();
-    eventually("z arrives", WAIT, || has_route(&store, "z", "/z")).await;
+    etcd_put(&mut direct, "/apisix/routes/y", "\u{0}not json").await;
+    etcd_put(&mut direct, "/apisix/routes/ok", route("/ok2")).await;
+    await_route(&store, "the valid update", "ok", "/ok2").await;
+    assert!(!holds(&store, ResourceKind::Routes, "y"));
+    etcd_put(&mut direct, "/apisix/routes/x", route("/x")).await;
+    await_route(&store, "x becomes valid", "x", "/x").await;
+    etcd_put(&mut direct, "/apisix/routes/x", "garbage again").await;
+    etcd_put(&mut direct, "/apisix/routes/z", route("/z")).await;
+    await_route(&store, "z arrives", "z", "/z").await;
     assert!(
         has_route(&store, "x", "/x"),
         "the last valid version of x keeps serving"
@@ -514,11 +429,7 @@ async fn garbage_values_do_not_break_the_store() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_etcd_without_a_copy_is_an_error() {
     // Nothing listens on a freshly freed port.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let mut s = settings(vec![format!("http://127.0.0.1:{port}")]);
     s.startup_retry = 2;
     let started = Instant::now();
@@ -537,27 +448,15 @@ async fn unreachable_etcd_without_a_copy_is_an_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_endpoints_with_one_down() {
     let etcd = Etcd::start();
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let dead = free_port();
     let endpoints = vec![format!("http://127.0.0.1:{dead}"), etcd.endpoint()];
-    let store = EtcdStore::connect(&settings(endpoints), None)
-        .await
-        .unwrap();
+    let store = connect(endpoints).await;
     for i in 0..5 {
-        store
-            .put(&format!("/apisix/routes/{i}"), route("/m"), None)
-            .await
-            .unwrap();
+        put(&store, &format!("/apisix/routes/{i}"), route("/m")).await;
     }
     let mut direct = etcd.client().await;
-    direct
-        .put("/apisix/routes/d", route("/d"), None)
-        .await
-        .unwrap();
-    eventually("the watch follows", WAIT, || has_route(&store, "d", "/d")).await;
+    etcd_put(&mut direct, "/apisix/routes/d", route("/d")).await;
+    await_route(&store, "the watch follows", "d", "/d").await;
     assert_eq!(store.subscribe().borrow().len(), 6);
 }
 
@@ -574,14 +473,8 @@ async fn authenticates_with_user_and_password() {
     s.user = Some("root".into());
     s.password = Some("s3cret".into());
     let store = EtcdStore::connect(&s, None).await.unwrap();
-    store
-        .put("/apisix/routes/1", route("/auth"), None)
-        .await
-        .unwrap();
-    eventually("the watch works with a token", WAIT, || {
-        has_route(&store, "1", "/auth")
-    })
-    .await;
+    put(&store, "/apisix/routes/1", route("/auth")).await;
+    await_route(&store, "the watch works with a token", "1", "/auth").await;
 
     s.password = Some("wrong".into());
     let refused = EtcdStore::connect(&s, None).await;
@@ -610,14 +503,8 @@ async fn tls_with_client_certificate() {
     let store = EtcdStore::connect_with_ca(&s, None, Some(&files.ca))
         .await
         .unwrap();
-    store
-        .put("/apisix/routes/1", route("/tls"), None)
-        .await
-        .unwrap();
-    eventually("the watch works over TLS", WAIT, || {
-        has_route(&store, "1", "/tls")
-    })
-    .await;
+    put(&store, "/apisix/routes/1", route("/tls")).await;
+    await_route(&store, "the watch works over TLS", "1", "/tls").await;
 
     // The verified name can differ from the endpoint's host.
     let mut by_name = s.clone();
@@ -653,56 +540,28 @@ async fn fails_over_to_the_next_endpoint() {
         Proxy::start(etcd.addr()).await,
         Proxy::start(etcd.addr()).await,
     );
-    let store = EtcdStore::connect(&settings(vec![a.endpoint(), b.endpoint()]), None)
-        .await
-        .unwrap();
+    let store = connect(vec![a.endpoint(), b.endpoint()]).await;
     assert_eq!(
         store.health().detail,
         format!("following etcd at {}", a.endpoint())
     );
     a.cut();
     let mut direct = etcd.client().await;
-    direct
-        .put("/apisix/routes/1", route("/via-b"), None)
-        .await
-        .unwrap();
-    eventually("the store follows through b", WAIT, || {
-        has_route(&store, "1", "/via-b")
-    })
-    .await;
+    etcd_put(&mut direct, "/apisix/routes/1", route("/via-b")).await;
+    await_route(&store, "the store follows through b", "1", "/via-b").await;
     eventually("and says so", WAIT, || {
         store.health().detail.contains(&b.endpoint())
     })
     .await;
-    store
-        .put("/apisix/routes/2", route("/write-b"), None)
-        .await
-        .unwrap();
-    eventually("its write comes back", WAIT, || {
-        has_route(&store, "2", "/write-b")
-    })
-    .await;
+    put(&store, "/apisix/routes/2", route("/write-b")).await;
+    await_route(&store, "its write comes back", "2", "/write-b").await;
 }
 
 /// What a page of `/apisix/routes/` must be, from a full listing: the items directly under
 /// the directory in creation order (create revision, then key).
 async fn expected_page(etcd: &Etcd, offset: usize, limit: usize) -> (Vec<KeyValue>, usize) {
-    let mut client = etcd.client().await;
-    let response = client
-        .get("/apisix/routes/", Some(GetOptions::new().with_prefix()))
-        .await
-        .unwrap();
-    let mut kvs: Vec<KeyValue> = response
-        .kvs()
-        .iter()
-        .map(|kv| KeyValue {
-            key: String::from_utf8(kv.key().to_vec()).unwrap(),
-            value: kv.value().to_vec(),
-            create_revision: kv.create_revision(),
-            mod_revision: kv.mod_revision(),
-        })
-        .filter(|kv| kv.key != "/apisix/routes/")
-        .collect();
+    let (mut kvs, _) = etcd_listing(etcd, "/apisix/routes/").await;
+    kvs.retain(|kv| kv.key != "/apisix/routes/");
     kvs.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
     let total = kvs.len();
     (kvs.into_iter().skip(offset).take(limit).collect(), total)
@@ -714,24 +573,17 @@ async fn expected_page(etcd: &Etcd, offset: usize, limit: usize) -> (Vec<KeyValu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_come_from_the_followed_state_while_it_matches_etcd() {
     let etcd = Etcd::start();
-    let store = EtcdStore::connect(&settings(vec![etcd.endpoint()]), None)
-        .await
-        .unwrap();
+    let store = connect(vec![etcd.endpoint()]).await;
     let mut direct = etcd.client().await;
-    direct
-        .put("/apisix/routes/", "init_dir", None)
-        .await
-        .unwrap();
+    etcd_put(&mut direct, "/apisix/routes/", "init_dir").await;
     for i in 0..40 {
         let id = (i * 17) % 40;
-        store
-            .put(
-                &format!("/apisix/routes/{id}"),
-                route(&format!("/{id}")),
-                None,
-            )
-            .await
-            .unwrap();
+        put(
+            &store,
+            &format!("/apisix/routes/{id}"),
+            route(&format!("/{id}")),
+        )
+        .await;
     }
     // Two keys created in one transaction share their create revision: key order then.
     let txn = etcd_client::Txn::new().and_then([
@@ -740,10 +592,7 @@ async fn pages_come_from_the_followed_state_while_it_matches_etcd() {
     ]);
     direct.txn(txn).await.unwrap();
     // Another writer's change, read back at once through this store.
-    direct
-        .put("/apisix/routes/17", route("/changed"), None)
-        .await
-        .unwrap();
+    etcd_put(&mut direct, "/apisix/routes/17", route("/changed")).await;
     let before = store.stats().pages_from_state;
     for (offset, limit) in [(0, 10), (35, 10), (10, 25), (42, 10), (100, 10)] {
         let page = store
@@ -758,10 +607,7 @@ async fn pages_come_from_the_followed_state_while_it_matches_etcd() {
     assert_eq!(store.stats().pages_from_state, before + 5);
 
     // A key further down: etcd's count includes it, the state does not hold it.
-    direct
-        .put("/apisix/routes/a/b", route("/deep"), None)
-        .await
-        .unwrap();
+    etcd_put(&mut direct, "/apisix/routes/a/b", route("/deep")).await;
     let before = store.stats().pages_from_state;
     assert_eq!(
         store.list_page("/apisix/routes/", 0, 10).await.unwrap(),
@@ -772,10 +618,7 @@ async fn pages_come_from_the_followed_state_while_it_matches_etcd() {
     direct.delete("/apisix/routes/a/b", None).await.unwrap();
 
     // A value that is not JSON is listed as etcd holds it.
-    direct
-        .put("/apisix/routes/0garbage", "garbage{", None)
-        .await
-        .unwrap();
+    etcd_put(&mut direct, "/apisix/routes/0garbage", "garbage{").await;
     let page = store
         .list_page("/apisix/routes/", 40, 10)
         .await

@@ -19,7 +19,8 @@ use ferrisix_config::state::ConfigState;
 use ferrisix_config::store::embedded::{EmbeddedStore, MAX_VALUE_BYTES, MIN_TTL};
 use ferrisix_config::store::etcd::EtcdStore;
 use ferrisix_config::store::memory::MemoryStore;
-use ferrisix_config::store::{Store, StoreError};
+use ferrisix_config::store::{Page, PutOutcome, Store, StoreError};
+use support::{route, upstream};
 use tokio::sync::watch;
 
 /// One store under test, and what legitimately differs between stores.
@@ -120,8 +121,18 @@ contract!(
 /// How long an asynchronous store may take to publish a change.
 const WAIT: Duration = Duration::from_secs(15);
 
-fn route(uri: &str) -> Vec<u8> {
-    format!(r#"{{"uri":"{uri}","upstream":{{"nodes":{{"127.0.0.1:1980":1}}}}}}"#).into_bytes()
+/// Writes `value` without a TTL; the store must accept it.
+async fn put(store: &dyn Store, key: &str, value: Vec<u8>) -> PutOutcome {
+    store.put(key, value, None).await.unwrap()
+}
+
+/// A page of a store that pages.
+async fn page_of(store: &dyn Store, dir: &str, offset: usize, limit: usize) -> Page {
+    store
+        .list_page(dir, offset, limit)
+        .await
+        .unwrap()
+        .expect("a page")
 }
 
 /// The store's current revision, as a read sees it.
@@ -151,16 +162,10 @@ async fn writes_and_revisions(subject: Subject) {
     assert!(health.reachable && health.synced, "{health:?}");
     let start = revision(store).await;
 
-    let first = store
-        .put("/apisix/routes/1", route("/a"), None)
-        .await
-        .unwrap();
+    let first = put(store, "/apisix/routes/1", route("/a")).await;
     assert_eq!(first.previous, None);
     assert_eq!(first.revision, start + 1, "every write is one revision");
-    let second = store
-        .put("/apisix/routes/1", route("/b"), None)
-        .await
-        .unwrap();
+    let second = put(store, "/apisix/routes/1", route("/b")).await;
     assert_eq!(second.revision, first.revision + 1);
     let previous = second.previous.unwrap();
     assert_eq!(previous.value, route("/a"));
@@ -178,32 +183,18 @@ async fn writes_and_revisions(subject: Subject) {
     assert_eq!(store.get("/apisix/routes/2").await.unwrap(), None);
 
     // The gen_id pattern: every put returns a fresh, increasing revision.
-    let g1 = store
-        .put("/apisix/gen_id", b"1".to_vec(), None)
-        .await
-        .unwrap()
-        .revision;
-    let g2 = store
-        .put("/apisix/gen_id", b"1".to_vec(), None)
-        .await
-        .unwrap()
-        .revision;
+    let g1 = put(store, "/apisix/gen_id", b"1".to_vec()).await.revision;
+    let g2 = put(store, "/apisix/gen_id", b"1".to_vec()).await.revision;
     assert!(g2 > g1);
 }
 
 async fn lists_in_key_order(subject: Subject) {
     let store = subject.store.as_ref();
     for id in ["2", "10", "3", "1"] {
-        store
-            .put(&format!("/apisix/routes/{id}"), route("/x"), None)
-            .await
-            .unwrap();
+        put(store, &format!("/apisix/routes/{id}"), route("/x")).await;
     }
     // A sibling with the same leading characters is not under `routes/`.
-    let last = store
-        .put("/apisix/routes2/zz", b"{}".to_vec(), None)
-        .await
-        .unwrap();
+    let last = put(store, "/apisix/routes2/zz", b"{}".to_vec()).await;
     let (kvs, revision) = store.list("/apisix/routes/").await.unwrap();
     let keys: Vec<_> = kvs.iter().map(|k| k.key.as_str()).collect();
     assert_eq!(
@@ -230,38 +221,27 @@ async fn lists_in_key_order(subject: Subject) {
 async fn pages_in_creation_order(subject: Subject) {
     let store = subject.store.as_ref();
     // The directory's placeholder (APISIX's `init_dir`) is no item of it.
-    store
-        .put("/apisix/routes/", b"init_dir".to_vec(), None)
-        .await
-        .unwrap();
+    put(store, "/apisix/routes/", b"init_dir".to_vec()).await;
     // Created in an order unlike the key order; more than one transaction of gets (128).
     let ids: Vec<String> = (0..150).map(|i| format!("{}", (i * 37) % 150)).collect();
     for id in &ids {
-        store
-            .put(
-                &format!("/apisix/routes/{id}"),
-                route(&format!("/{id}")),
-                None,
-            )
-            .await
-            .unwrap();
+        put(
+            store,
+            &format!("/apisix/routes/{id}"),
+            route(&format!("/{id}")),
+        )
+        .await;
     }
     // Neither a sibling directory nor an update moves anything.
-    store
-        .put("/apisix/routes2/0", b"{}".to_vec(), None)
-        .await
-        .unwrap();
-    store
-        .put("/apisix/routes/0", route("/changed"), None)
-        .await
-        .unwrap();
+    put(store, "/apisix/routes2/0", b"{}".to_vec()).await;
+    put(store, "/apisix/routes/0", route("/changed")).await;
     let page = store.list_page("/apisix/routes/", 0, 10).await.unwrap();
     let Some(page) = page else {
         assert!(!subject.pages, "this store pages");
         return;
     };
     assert!(subject.pages);
-    let keys = |p: &ferrisix_config::store::Page| -> Vec<String> {
+    let keys = |p: &Page| -> Vec<String> {
         p.kvs
             .iter()
             .map(|kv| kv.key["/apisix/routes/".len()..].to_owned())
@@ -273,63 +253,31 @@ async fn pages_in_creation_order(subject: Subject) {
         "the placeholder and the sibling are not counted"
     );
     assert_eq!(page.kvs[0].value, route("/changed"), "the current value");
-    let deep = store
-        .list_page("/apisix/routes/", 140, 10)
-        .await
-        .unwrap()
-        .unwrap();
+    let deep = page_of(store, "/apisix/routes/", 140, 10).await;
     assert_eq!(keys(&deep), ids[140..]);
-    let big = store
-        .list_page("/apisix/routes/", 5, 140)
-        .await
-        .unwrap()
-        .unwrap();
+    let big = page_of(store, "/apisix/routes/", 5, 140).await;
     assert_eq!(keys(&big), ids[5..145], "a page of more than 128 keys");
-    let past = store
-        .list_page("/apisix/routes/", 150, 10)
-        .await
-        .unwrap()
-        .unwrap();
+    let past = page_of(store, "/apisix/routes/", 150, 10).await;
     assert!(past.kvs.is_empty());
     assert_eq!(past.total, 150);
-    let empty = store
-        .list_page("/apisix/upstreams/", 0, 10)
-        .await
-        .unwrap()
-        .unwrap();
+    let empty = page_of(store, "/apisix/upstreams/", 0, 10).await;
     assert_eq!((empty.kvs.len(), empty.total), (0, 0));
 
     // Deleted and created again: it goes to the end.
     store.delete("/apisix/routes/0").await.unwrap();
-    store
-        .put("/apisix/routes/0", route("/again"), None)
-        .await
-        .unwrap();
-    let last = store
-        .list_page("/apisix/routes/", 149, 10)
-        .await
-        .unwrap()
-        .unwrap();
+    put(store, "/apisix/routes/0", route("/again")).await;
+    let last = page_of(store, "/apisix/routes/", 149, 10).await;
     assert_eq!(keys(&last), ["0"]);
     assert_eq!(last.total, 150);
 }
 
 async fn deletes(subject: Subject) {
     let store = subject.store.as_ref();
-    store
-        .put("/apisix/routes/1", route("/b"), None)
-        .await
-        .unwrap();
+    put(store, "/apisix/routes/1", route("/b")).await;
     for id in ["2", "10", "3"] {
-        store
-            .put(&format!("/apisix/routes/{id}"), route("/x"), None)
-            .await
-            .unwrap();
+        put(store, &format!("/apisix/routes/{id}"), route("/x")).await;
     }
-    store
-        .put("/apisix/routes2/zz", b"{}".to_vec(), None)
-        .await
-        .unwrap();
+    put(store, "/apisix/routes2/zz", b"{}".to_vec()).await;
 
     // A delete of a missing key changes nothing, not even the revision.
     let before = revision(store).await;
@@ -349,10 +297,7 @@ async fn deletes(subject: Subject) {
     assert!(store.get("/apisix/routes2/zz").await.unwrap().is_some());
 
     // Re-created keys start a new life.
-    let again = store
-        .put("/apisix/routes/1", route("/c"), None)
-        .await
-        .unwrap();
+    let again = put(store, "/apisix/routes/1", route("/c")).await;
     assert_eq!(again.previous, None);
     let got = store.get("/apisix/routes/1").await.unwrap().unwrap();
     assert_eq!(
@@ -394,11 +339,7 @@ async fn refuses_invalid_writes(subject: Subject) {
 
 async fn compare_and_swap(subject: Subject) {
     let store = subject.store.as_ref();
-    let created = store
-        .put("/apisix/routes/1", route("/a"), None)
-        .await
-        .unwrap()
-        .revision;
+    let created = put(store, "/apisix/routes/1", route("/a")).await.revision;
 
     let stale = created - 1;
     assert_eq!(
@@ -492,11 +433,7 @@ async fn publishes_every_change(subject: Subject) {
     let mut states = store.subscribe();
     assert!(states.borrow_and_update().is_empty());
 
-    let rev = store
-        .put("/apisix/routes/1", route("/a"), None)
-        .await
-        .unwrap()
-        .revision;
+    let rev = put(store, "/apisix/routes/1", route("/a")).await.revision;
     if subject.publishes_on_write {
         assert!(states.has_changed().unwrap());
     }
@@ -511,28 +448,15 @@ async fn publishes_every_change(subject: Subject) {
         assert_eq!(item.mod_revision, rev);
         assert_eq!(state.revision, rev);
     }
-    store
-        .put(
-            "/apisix/upstreams/u",
-            br#"{"nodes":{"127.0.0.1:1":1}}"#.to_vec(),
-            None,
-        )
-        .await
-        .unwrap();
+    put(store, "/apisix/upstreams/u", upstream()).await;
     published(&mut states, "the upstream", |s| {
         s.get(ResourceKind::Upstreams, "u").is_some()
     })
     .await;
 
     // Keys the data plane does not compile publish nothing.
-    store
-        .put("/apisix/gen_id", b"1".to_vec(), None)
-        .await
-        .unwrap();
-    store
-        .put("/apisix/routes/", b"init_dir".to_vec(), None)
-        .await
-        .unwrap();
+    put(store, "/apisix/gen_id", b"1".to_vec()).await;
+    put(store, "/apisix/routes/", b"init_dir".to_vec()).await;
     if subject.publishes_on_write {
         assert!(!states.has_changed().unwrap());
     }

@@ -15,12 +15,7 @@ fn wrong() -> serde_json::Value {
 #[tokio::test]
 async fn missing_key_writes_nothing() {
     let a = Admin::new();
-    let r = a
-        .send(
-            req("GET", "/apisix/admin/routes").body(body("")).unwrap(),
-            local(),
-        )
-        .await;
+    let r = a.unkeyed("GET", "/apisix/admin/routes", local()).await;
     r.expect(401, missing());
     assert_eq!(r.header("x-api-version"), None);
     let r = a
@@ -122,9 +117,7 @@ async fn covered_endpoints() {
         ("GET", "/apisix/admin/nope"),
         ("POST", "/apisix/admin/configs/validate"),
     ] {
-        let r = a
-            .send(req(method, path).body(body("")).unwrap(), local())
-            .await;
+        let r = a.unkeyed(method, path, local()).await;
         r.expect(401, missing());
     }
 }
@@ -151,12 +144,9 @@ async fn key_not_required() {
 #[tokio::test]
 async fn empty_key_list_refuses_everything() {
     let a = Admin::with(|o| o.keys.clear());
-    a.send(
-        req("GET", "/apisix/admin/routes").body(body("")).unwrap(),
-        local(),
-    )
-    .await
-    .expect(401, missing());
+    a.unkeyed("GET", "/apisix/admin/routes", local())
+        .await
+        .expect(401, missing());
     let put = req("PUT", "/apisix/admin/routes/pwn");
     a.send(put.body(body(&route("/pwn").to_string())).unwrap(), local())
         .await
@@ -202,12 +192,7 @@ async fn wrong_keys_are_throttled_per_address() {
     let r = a.send(get("guess"), attacker).await;
     assert_eq!(r.status, 429, "still locked out for wrong keys");
     // A missing key is no guess: it is answered as without the guard.
-    let r = a
-        .send(
-            req("GET", "/apisix/admin/routes").body(body("")).unwrap(),
-            attacker,
-        )
-        .await;
+    let r = a.unkeyed("GET", "/apisix/admin/routes", attacker).await;
     assert_eq!(r.status, 401);
     a.send(get(KEY), local())
         .await

@@ -168,23 +168,12 @@ async fn paging_bounds() {
     assert_eq!(r.json()["list"], json!({}));
     // page below 1 is page 1; one argument alone does not page.
     assert_eq!(
-        a.call("GET", "/apisix/admin/routes?page=-3&page_size=10", None)
+        ids(&a, "/apisix/admin/routes?page=-3&page_size=10")
             .await
-            .json()["list"]
-            .as_array()
-            .unwrap()
             .len(),
         10
     );
-    assert_eq!(
-        a.call("GET", "/apisix/admin/routes?page=1", None)
-            .await
-            .json()["list"]
-            .as_array()
-            .unwrap()
-            .len(),
-        12
-    );
+    assert_eq!(ids(&a, "/apisix/admin/routes?page=1").await.len(), 12);
     assert_eq!(
         a.call("GET", "/apisix/admin/routes?page=1&page_size=x", None)
             .await

@@ -11,15 +11,7 @@ async fn allow_list() {
     let outside = IpAddr::from([10, 0, 0, 1]);
     // The default list is 127.0.0.0/24.
     let a = Admin::with(|o| o.allow_admin = Some(vec!["127.0.0.0/24".parse().unwrap()]));
-    let r = a
-        .send(
-            req("GET", "/apisix/admin/routes")
-                .header("X-API-KEY", KEY)
-                .body(body(""))
-                .unwrap(),
-            outside,
-        )
-        .await;
+    let r = a.call_from("GET", "/apisix/admin/routes", outside).await;
     assert_eq!(r.status, 403);
     assert!(r.text().contains("<h1>403 Forbidden</h1>"));
     assert_eq!(r.header("content-type"), Some("text/html"));
@@ -28,45 +20,19 @@ async fn allow_list() {
         None,
         "refused before APISIX runs"
     );
-    let r = a
-        .send(
-            req("GET", "/apisix/admin/routes")
-                .header("X-API-KEY", KEY)
-                .body(body(""))
-                .unwrap(),
-            local(),
-        )
-        .await;
+    let r = a.call("GET", "/apisix/admin/routes", None).await;
     assert_eq!(r.status, 200);
     // An IPv4-mapped IPv6 peer is the IPv4 address.
     let mapped: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
-    let r = a
-        .send(
-            req("GET", "/apisix/admin/routes")
-                .header("X-API-KEY", KEY)
-                .body(body(""))
-                .unwrap(),
-            mapped,
-        )
-        .await;
+    let r = a.call_from("GET", "/apisix/admin/routes", mapped).await;
     assert_eq!(r.status, 200);
 
     let nobody = Admin::with(|o| o.allow_admin = Some(vec![]));
-    let r = nobody
-        .send(
-            req("HEAD", "/apisix/admin").body(body("")).unwrap(),
-            local(),
-        )
-        .await;
+    let r = nobody.unkeyed("HEAD", "/apisix/admin", local()).await;
     assert_eq!(r.status, 403);
 
     let everyone = Admin::with(|o| o.allow_admin = None);
-    let r = everyone
-        .send(
-            req("HEAD", "/apisix/admin").body(body("")).unwrap(),
-            outside,
-        )
-        .await;
+    let r = everyone.unkeyed("HEAD", "/apisix/admin", outside).await;
     assert_eq!(r.status, 200);
 }
 
@@ -85,12 +51,7 @@ async fn common_headers_and_content_type() {
     assert_eq!(r.header("content-type"), Some("application/json"));
     assert_eq!(r.header("x-api-version"), Some("v3"));
     // Even a 401 is labelled JSON.
-    let r = a
-        .send(
-            req("GET", "/apisix/admin/routes").body(body("")).unwrap(),
-            local(),
-        )
-        .await;
+    let r = a.unkeyed("GET", "/apisix/admin/routes", local()).await;
     assert_eq!(r.header("content-type"), Some("application/json"));
 
     let no_cors = Admin::with(|o| o.cors = false);
@@ -103,12 +64,7 @@ async fn common_headers_and_content_type() {
 async fn preflight_needs_no_key() {
     let a = Admin::new();
     let r = a
-        .send(
-            req("OPTIONS", "/apisix/admin/routes/1")
-                .body(body(""))
-                .unwrap(),
-            local(),
-        )
+        .unkeyed("OPTIONS", "/apisix/admin/routes/1", local())
         .await;
     assert_eq!(r.status, 200);
     assert!(r.body.is_empty());
@@ -125,12 +81,7 @@ async fn preflight_needs_no_key() {
 
     let no_cors = Admin::with(|o| o.cors = false);
     let r = no_cors
-        .send(
-            req("OPTIONS", "/apisix/admin/routes/1")
-                .body(body(""))
-                .unwrap(),
-            local(),
-        )
+        .unkeyed("OPTIONS", "/apisix/admin/routes/1", local())
         .await;
     assert_eq!(r.status, 404);
     assert!(r.text().contains("404 Not Found"));
@@ -139,25 +90,12 @@ async fn preflight_needs_no_key() {
 #[tokio::test]
 async fn head_needs_no_key() {
     let a = Admin::new();
-    let r = a
-        .send(
-            req("HEAD", "/apisix/admin").body(body("")).unwrap(),
-            local(),
-        )
-        .await;
+    let r = a.unkeyed("HEAD", "/apisix/admin", local()).await;
     assert_eq!(r.status, 200);
     assert!(r.body.is_empty());
     assert_eq!(r.header("x-api-version"), None);
     // HEAD elsewhere has no route.
-    let r = a
-        .send(
-            req("HEAD", "/apisix/admin/routes")
-                .header("X-API-KEY", KEY)
-                .body(body(""))
-                .unwrap(),
-            local(),
-        )
-        .await;
+    let r = a.call("HEAD", "/apisix/admin/routes", None).await;
     assert_eq!(r.status, 404);
 }
 

@@ -80,6 +80,24 @@ impl Admin {
         .await
     }
 
+    /// A request with the admin key and no body, from `peer`.
+    pub async fn call_from(&self, method: &str, path: &str, peer: IpAddr) -> Resp {
+        self.send(
+            req(method, path)
+                .header("X-API-KEY", KEY)
+                .body(body(""))
+                .unwrap(),
+            peer,
+        )
+        .await
+    }
+
+    /// A request without the admin key (and no body), from `peer`.
+    pub async fn unkeyed(&self, method: &str, path: &str, peer: IpAddr) -> Resp {
+        self.send(req(method, path).body(body("")).unwrap(), peer)
+            .await
+    }
+
     /// A request with a JSON value as body.
     pub async fn json(&self, method: &str, path: &str, body: Value) -> Resp {
         self.call(method, path, Some(&body.to_string())).await

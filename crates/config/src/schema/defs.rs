@@ -75,6 +75,24 @@ fn timestamp() -> Value {
     json!({"type": "integer"})
 }
 
+/// The properties most resources open with (id, name, desc, labels, the two timestamps),
+/// followed by the resource's `own`. The order shows in the schema the Admin API serves.
+fn named_properties(own: Value) -> Value {
+    let mut properties = json!({
+        "id": id(),
+        "name": name(),
+        "desc": desc(),
+        "labels": labels(),
+        "create_time": timestamp(),
+        "update_time": timestamp()
+    });
+    let (Value::Object(all), Value::Object(own)) = (&mut properties, own) else {
+        unreachable!("both are JSON objects")
+    };
+    all.extend(own);
+    properties
+}
+
 pub fn timeout() -> Value {
     let positive = json!({"type": "number", "exclusiveMinimum": 0});
     json!({
@@ -215,13 +233,7 @@ fn private_key() -> Value {
 pub fn upstream() -> Value {
     json!({
         "type": "object",
-        "properties": {
-            "id": id(),
-            "name": name(),
-            "desc": desc(),
-            "labels": labels(),
-            "create_time": timestamp(),
-            "update_time": timestamp(),
+        "properties": named_properties(json!({
             "nodes": nodes(),
             "retries": {"type": "integer", "minimum": 0},
             "retry_timeout": {"type": "number", "minimum": 0},
@@ -282,7 +294,7 @@ pub fn upstream() -> Value {
             },
             "upstream_host": host(),
             "service_name": {"type": "string", "maxLength": 256, "minLength": 1}
-        },
+        })),
         "oneOf": [
             {"required": ["nodes"]},
             {"required": ["service_name", "discovery_type"]}
@@ -344,13 +356,7 @@ pub fn route() -> Value {
 
     json!({
         "type": "object",
-        "properties": {
-            "id": id(),
-            "name": name(),
-            "desc": desc(),
-            "labels": labels(),
-            "create_time": timestamp(),
-            "update_time": timestamp(),
+        "properties": named_properties(json!({
             "uri": {"type": "string", "minLength": 1, "maxLength": 4096},
             "uris": unique_list(json!({"description": "HTTP uri", "type": "string"})),
             "priority": {"type": "integer", "default": 0},
@@ -376,7 +382,7 @@ pub fn route() -> Value {
                 "enum": [1, 0],
                 "default": 1
             }
-        },
+        })),
         "allOf": [
             {"oneOf": [{"required": ["uri"]}, {"required": ["uris"]}]},
             at_most_one_of("host", "hosts"),
@@ -394,20 +400,14 @@ pub fn route() -> Value {
 pub fn service() -> Value {
     json!({
         "type": "object",
-        "properties": {
-            "id": id(),
-            "name": name(),
-            "desc": desc(),
-            "labels": labels(),
-            "create_time": timestamp(),
-            "update_time": timestamp(),
+        "properties": named_properties(json!({
             "plugins": plugins(),
             "upstream": upstream(),
             "upstream_id": id(),
             "script": script(),
             "enable_websocket": {"description": "enable websocket for request", "type": "boolean"},
             "hosts": unique_list(host())
-        },
+        })),
         "additionalProperties": false
     })
 }
@@ -517,15 +517,9 @@ pub fn ssl() -> Value {
 pub fn proto() -> Value {
     json!({
         "type": "object",
-        "properties": {
-            "id": id(),
-            "name": name(),
-            "desc": desc(),
-            "labels": labels(),
-            "create_time": timestamp(),
-            "update_time": timestamp(),
+        "properties": named_properties(json!({
             "content": {"type": "string", "minLength": 1, "maxLength": 1048576}
-        },
+        })),
         "required": ["content"],
         "additionalProperties": false
     })
@@ -567,15 +561,9 @@ pub fn plugin_config() -> Value {
 pub fn consumer_group() -> Value {
     json!({
         "type": "object",
-        "properties": {
-            "id": id(),
-            "name": name(),
-            "desc": desc(),
-            "labels": labels(),
-            "create_time": timestamp(),
-            "update_time": timestamp(),
+        "properties": named_properties(json!({
             "plugins": plugins()
-        },
+        })),
         "required": ["id", "plugins"],
         "additionalProperties": false
     })
@@ -584,13 +572,7 @@ pub fn consumer_group() -> Value {
 pub fn stream_route() -> Value {
     json!({
         "type": "object",
-        "properties": {
-            "id": id(),
-            "name": name(),
-            "desc": desc(),
-            "labels": labels(),
-            "create_time": timestamp(),
-            "update_time": timestamp(),
+        "properties": named_properties(json!({
             "remote_addr": remote_addr(),
             "server_addr": {"description": "server IP", "type": "string", "anyOf": ip_alternatives()},
             "server_port": {"description": "server port", "type": "integer", "minimum": 1, "maximum": 65535},
@@ -620,7 +602,7 @@ pub fn stream_route() -> Value {
                 },
                 "required": ["name"]
             }
-        },
+        })),
         "additionalProperties": false
     })
 }

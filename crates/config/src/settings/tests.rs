@@ -25,6 +25,16 @@ fn errors(text: &str) -> Vec<String> {
     }
 }
 
+/// The etcd prefix and the three timing settings, to compare at once.
+fn etcd_timing(e: &EtcdSettings) -> (&str, u64, u64, u32) {
+    (
+        e.prefix.as_str(),
+        e.timeout,
+        e.watch_timeout,
+        e.startup_retry,
+    )
+}
+
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
@@ -110,15 +120,7 @@ fn defaults_match_apisix() {
     );
     assert_eq!(d.admin.admin_api_version, AdminApiVersion::V3);
     assert_eq!(d.etcd.host, vec!["http://127.0.0.1:2379".to_string()]);
-    assert_eq!(
-        (
-            d.etcd.prefix.as_str(),
-            d.etcd.timeout,
-            d.etcd.watch_timeout,
-            d.etcd.startup_retry
-        ),
-        ("/apisix", 30, 50, 2)
-    );
+    assert_eq!(etcd_timing(&d.etcd), ("/apisix", 30, 50, 2));
     assert!(d.etcd.tls.verify);
 
     let p = &s.plugin_attr.prometheus;
@@ -387,15 +389,7 @@ deployment:
     assert!(!d.admin.admin_key_required && !d.admin.enable_admin_cors);
     assert_eq!(d.admin.admin_api_version, AdminApiVersion::Default);
     assert_eq!(d.etcd.host.len(), 2);
-    assert_eq!(
-        (
-            d.etcd.prefix.as_str(),
-            d.etcd.timeout,
-            d.etcd.watch_timeout,
-            d.etcd.startup_retry
-        ),
-        ("/gw", 5, 20, 5)
-    );
+    assert_eq!(etcd_timing(&d.etcd), ("/gw", 5, 20, 5));
     assert_eq!(
         (d.etcd.user.as_deref(), d.etcd.password.as_deref()),
         (Some("root"), Some("123456"))

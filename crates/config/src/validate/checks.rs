@@ -7,6 +7,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::addr::parse_addr;
+use super::convert::strings;
 use crate::encrypt::Keyring;
 use crate::model::ResourceKind;
 use crate::schema::{self, lua};
@@ -541,16 +542,7 @@ impl Checker<'_> {
         if conf.get("type").and_then(Value::as_str) == Some("client") {
             return Ok(());
         }
-        let list = |field: &str| -> Vec<String> {
-            conf.get(field)
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|v| v.as_str().map(str::to_owned))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
+        let list = |field: &str| strings(conf.get(field));
         let (certs, keys) = (list("certs"), list("keys"));
         if certs.len() != keys.len() {
             return Err("mismatched number of certs and keys".to_string());

@@ -46,10 +46,7 @@ pub fn route_from_value(
             .map_or(0, |p| p as i64),
         enabled: conf.get("status").and_then(Value::as_f64) != Some(0.0),
         plugins: object(conf.get("plugins")),
-        upstream: conf
-            .get("upstream")
-            .filter(|u| is_table(u))
-            .map(|u| Arc::new(build_upstream(None, u))),
+        upstream: inline_upstream(&conf),
         upstream_id: conf.get("upstream_id").map(id_text),
         service_id: conf.get("service_id").map(id_text),
         plugin_config_id: conf.get("plugin_config_id").map(id_text),
@@ -79,10 +76,7 @@ pub fn service_from_value(
         name: string(conf.get("name")),
         hosts: lower(strings(conf.get("hosts"))),
         plugins: object(conf.get("plugins")),
-        upstream: conf
-            .get("upstream")
-            .filter(|u| is_table(u))
-            .map(|u| Arc::new(build_upstream(None, u))),
+        upstream: inline_upstream(&conf),
         upstream_id: conf.get("upstream_id").map(id_text),
         enable_websocket: conf.get("enable_websocket").and_then(Value::as_bool),
     })
@@ -93,10 +87,9 @@ pub fn plugin_config_from_value(
     v: impl Document,
     plugins: &dyn PluginCheck,
 ) -> Result<PluginConfig, ValidationError> {
-    let conf = checked(ResourceKind::PluginConfigs, Some(id), v, plugins)?;
     Ok(PluginConfig {
         id: id.to_string(),
-        plugins: object(conf.get("plugins")),
+        plugins: plugins_only(ResourceKind::PluginConfigs, id, v, plugins)?,
     })
 }
 
@@ -105,11 +98,27 @@ pub fn global_rule_from_value(
     v: impl Document,
     plugins: &dyn PluginCheck,
 ) -> Result<GlobalRule, ValidationError> {
-    let conf = checked(ResourceKind::GlobalRules, Some(id), v, plugins)?;
     Ok(GlobalRule {
         id: id.to_string(),
-        plugins: object(conf.get("plugins")),
+        plugins: plugins_only(ResourceKind::GlobalRules, id, v, plugins)?,
     })
+}
+
+/// Checks a plugin config or global rule, which hold nothing but their plugins; the plugins.
+fn plugins_only(
+    kind: ResourceKind,
+    id: &str,
+    v: impl Document,
+    plugins: &dyn PluginCheck,
+) -> Result<Map<String, Value>, ValidationError> {
+    Ok(object(checked(kind, Some(id), v, plugins)?.get("plugins")))
+}
+
+/// A route's or service's own `upstream` object, converted (a non-table one is none).
+fn inline_upstream(conf: &Value) -> Option<Arc<Upstream>> {
+    conf.get("upstream")
+        .filter(|u| is_table(u))
+        .map(|u| Arc::new(build_upstream(None, u)))
 }
 
 /// Decrypts a stored ssl's keys with `keyring`, validates it (the certificate and keys must
@@ -125,16 +134,7 @@ pub fn ssl_from_value(
     })?;
     let conf = checked(ResourceKind::Ssls, None, &plain, &AcceptAnyPlugin)?;
     let text = |k: &str| conf.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
-    let list = |k: &str| -> Vec<String> {
-        conf.get(k)
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let list = |k: &str| strings(conf.get(k));
     // APISIX's ssl_filter: a trailing dot goes, names are lower-cased.
     let norm = |s: &str| s.strip_suffix('.').unwrap_or(s).to_ascii_lowercase();
     let (snis, sni_list) = match conf.get("snis").and_then(Value::as_array) {
@@ -347,7 +347,8 @@ fn string(v: Option<&Value>) -> Option<String> {
     v.and_then(Value::as_str).map(str::to_string)
 }
 
-fn strings(v: Option<&Value>) -> Vec<String> {
+/// The strings of a JSON array, other items skipped; none where it is absent or no array.
+pub(super) fn strings(v: Option<&Value>) -> Vec<String> {
     v.and_then(Value::as_array)
         .map(|a| {
             a.iter()

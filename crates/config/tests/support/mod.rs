@@ -1,6 +1,7 @@
 //! Test support for the store tests: the crate's etcd harness (`test_support::etcd`, a
-//! throwaway etcd on random ports), short store settings, a polling helper, and a TCP proxy
-//! that can cut or black-hole connections to simulate network failures.
+//! throwaway etcd on random ports), short store settings, sample route and upstream values, a
+//! polling helper, and a TCP proxy that can cut or black-hole connections to simulate network
+//! failures.
 
 #![allow(dead_code)]
 
@@ -26,6 +27,16 @@ pub fn settings(endpoints: Vec<String>) -> EtcdSettings {
         startup_retry: 1,
         ..EtcdSettings::default()
     }
+}
+
+/// A route's value: `uri` proxied to a fixed upstream node.
+pub fn route(uri: &str) -> Vec<u8> {
+    format!(r#"{{"uri":"{uri}","upstream":{{"nodes":{{"127.0.0.1:1980":1}}}}}}"#).into_bytes()
+}
+
+/// An upstream's value, with one node.
+pub fn upstream() -> Vec<u8> {
+    br#"{"nodes":{"127.0.0.1:1":1}}"#.to_vec()
 }
 
 /// Polls `check` every 20 ms until it holds; panics with `what` after `within`.

@@ -9,7 +9,8 @@ use serde_json::{Map, Value};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Exit {
     pub status: StatusCode,
-    /// `None`: nginx's HTML error page for the status. `Some`: this body, as
+    /// `None`: nginx's HTML error page for the status where nginx has one, else no body (as
+    /// `ngx.exit`). `Some`: this body, as
     /// `text/plain; charset=utf-8` unless `headers` name another content type (APISIX's JSON
     /// line already ends with `\n`).
     pub body: Option<Bytes>,

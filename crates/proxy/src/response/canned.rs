@@ -52,7 +52,15 @@ fn nginx_reason(status: StatusCode) -> &'static str {
 pub fn exit_response(exit: Exit, server: &HeaderValue) -> Response<ResponseBody> {
     let mut resp = match exit.body {
         Some(body) => text_response(exit.status, body, server),
-        None => error_page(exit.status, server),
+        None if has_nginx_page(exit.status) => error_page(exit.status, server),
+        // `ngx.exit(status)` for a status nginx has no page for (every 2xx, 304, 418, 422,
+        // 506 ...) sends the head alone.
+        None => {
+            let mut resp = Response::new(ResponseBody::full(Bytes::new()));
+            *resp.status_mut() = exit.status;
+            resp.headers_mut().insert(SERVER, server.clone());
+            resp
+        }
     };
     let mut set: Vec<&http::HeaderName> = Vec::new();
     for (name, value) in &exit.headers {
@@ -64,6 +72,16 @@ pub fn exit_response(exit: Exit, server: &HeaderValue) -> Response<ResponseBody>
         }
     }
     resp
+}
+
+/// Whether nginx has a built-in page for `status` (its `ngx_http_error_pages` table): 301-303,
+/// 307, 308, 400-416, 421, 429, 494-498 and 500-505, 507. For any other status an exit without
+/// a body sends no body at all.
+fn has_nginx_page(status: StatusCode) -> bool {
+    matches!(
+        status.as_u16(),
+        301..=303 | 307 | 308 | 400..=416 | 421 | 429 | 494..=498 | 500..=505 | 507
+    )
 }
 
 /// nginx's page for a request that ends in `error`.
@@ -145,6 +163,39 @@ mod tests {
         assert_eq!(resp.headers().get_all("x-a").iter().count(), 2);
         let resp = exit_response(Exit::status(StatusCode::FORBIDDEN), &server);
         assert_eq!(resp.headers()[CONTENT_TYPE], "text/html; charset=utf-8");
+    }
+
+    #[tokio::test]
+    async fn exits_without_a_body_get_a_page_only_where_nginx_has_one() {
+        let server = HeaderValue::from_static("ferrisix");
+        for (code, page) in [
+            (200, false),
+            (204, false),
+            (301, true),
+            (304, false),
+            (307, true),
+            (403, true),
+            (407, true),
+            (418, false),
+            (422, false),
+            (429, true),
+            (499, false),
+            (503, true),
+            (506, false),
+            (507, true),
+        ] {
+            let status = StatusCode::from_u16(code).unwrap();
+            let exit = Exit {
+                status,
+                body: None,
+                headers: Vec::new(),
+            };
+            let resp = exit_response(exit, &server);
+            assert_eq!(resp.status(), status);
+            assert_eq!(resp.headers().contains_key(CONTENT_TYPE), page, "{code}");
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(!body.is_empty(), page, "{code}: {body:?}");
+        }
     }
 
     #[tokio::test]

@@ -93,6 +93,10 @@ pub(crate) async fn proxy(
     let client_host = ctx.head.host_value.as_ref();
     let record = &mut ctx.log.upstream;
     let mut next = Resend { headers, body };
+    // When the try now under way began: the first at `first_try`, each later one when the one
+    // before it failed. Only a failed try's time is recorded here (an answered one's ends with
+    // its answer), so the clock is read on failures alone.
+    let mut try_start = first_try;
     while let Some(node_idx) = tries.next_node() {
         let node = &set.nodes[node_idx];
         record.addrs.push(node.addr);
@@ -101,7 +105,6 @@ pub(crate) async fn proxy(
         // Copies for another try, when this one could fail after sending.
         let spare = Spare::keep(tries.more_left(), replayable, &req);
         let mut try_guard = set.picker.begin(node_idx);
-        let try_start = Instant::now();
         match attempt::send(&key, upstream, timeouts, req).await {
             Attempt::Answered(resp, upstream_conn) => {
                 record.responded = true;
@@ -128,7 +131,9 @@ pub(crate) async fn proxy(
                 }
                 tracing::warn!(upstream = %node.addr, "{failure} while proxying");
                 record.statuses.push(failure.status().as_u16());
-                record.times.push(try_start.elapsed());
+                let failed_at = Instant::now();
+                record.times.push(failed_at - try_start);
+                try_start = failed_at;
                 tries.failed(node_idx, failure);
                 let idempotent = outgoing.idempotent;
                 match retry::resend(failure, returned, spare, idempotent, replayable) {

@@ -278,7 +278,7 @@ def floor_command(binary):
     return [binary, f"127.0.0.1:{FLOOR_PORT}", f"127.0.0.1:{UPSTREAM_PORT}"]
 
 
-def start_ferrisix(work, cores, binary, baseline=False, http2=True, wrapper=()):
+def start_ferrisix(work, cores, binary, baseline=False, http2=True, wrapper=(), wait=20.0):
     """With `baseline`: the A/B's second gateway, on its own ports, without TLS, control API or
     metrics export (they would clash with the first's). `http2` is `apisix.enable_http2`;
     `wrapper` runs the binary under a tool (startup_order.py's callgrind)."""
@@ -321,10 +321,12 @@ nginx_config:
 ferrisix:
   data_dir: {work}/data
 """)
+    # It runs in `work`: a path relative to the caller's directory would not resolve there.
+    binary = os.path.abspath(binary)
     p = subprocess.Popen(taskset_prefix(cores) + list(wrapper) + [binary, "-c", conf], cwd=work,
                          stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "ferrisix.log"), "w"))
-    wait_port(port)
-    wait_port(admin)
+    wait_port(port, timeout=wait)
+    wait_port(admin, timeout=wait)
     return p
 
 

@@ -19,8 +19,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
 bin=${FERRISIX_BIN:-$root/target/release/ferrisix}
-echo_bin=${ECHO_BIN:-$root/target/release/ferrisix-echo}
-[ -x "$echo_bin" ] || echo_bin=$root/target/debug/ferrisix-echo
 image=localhost/ferrisix:local
 name=ferrisix-image-test-$$
 volume=ferrisix-image-test-$$
@@ -74,8 +72,16 @@ cleanup() {
   rm -rf "$root/$rootfs"
 }
 trap cleanup EXIT
-"$echo_bin" "127.0.0.1:$up" 2>/dev/null &
+# The upstream: any server answering 200 will do, so the check needs no other build.
+python3 -c '
+import http.server, sys
+class Ok(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "3"); self.end_headers(); self.wfile.write(b"ok\n")
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()' "$up" &
 up_pid=$!
+for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$up") 2>/dev/null && break; sleep 0.1; done
 
 
 start_container() {

@@ -90,7 +90,7 @@ fn repo_root() -> PathBuf {
 }
 
 /// `README.md` and every markdown page under `docs/`, as paths relative to the repository.
-fn pages() -> Vec<PathBuf> {
+pub(super) fn pages() -> Vec<PathBuf> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         let Ok(entries) = std::fs::read_dir(dir) else {
             return;

@@ -12,6 +12,7 @@ mod auth_etcd;
 mod balancing;
 mod dns;
 mod docs_commands;
+mod docs_inline;
 mod embedded_store;
 mod etcd_cluster;
 mod grpc;

@@ -21,6 +21,7 @@ use crate::state::{ConfigState, StoredItem, StoredValue};
 
 pub mod embedded;
 pub mod etcd;
+pub mod standalone_api;
 #[cfg(feature = "test-support")]
 pub mod memory;
 

@@ -152,10 +152,7 @@ impl AdminApi {
                     status: StatusCode::ACCEPTED,
                     body: Bytes::new(),
                     content_type: "application/json",
-                    headers: vec![
-                        (LAST_MODIFIED, last_modified.to_string()),
-                        (DIGEST, digest),
-                    ],
+                    headers: vec![(LAST_MODIFIED, last_modified.to_string()), (DIGEST, digest)],
                 }
             }
             Err(msg) => Reply::early(StatusCode::BAD_REQUEST, json!({"error_msg": msg})),
@@ -216,7 +213,10 @@ impl AdminApi {
         B: Body,
         B::Error: Display,
     {
-        let data = match self.read_document(parts, body, self.options.body_limit).await {
+        let data = match self
+            .read_document(parts, body, self.options.body_limit)
+            .await
+        {
             Ok(d) => d,
             Err(r) => return r,
         };

@@ -15,9 +15,9 @@ use serde_json::{json, Map, Value};
 use super::resource::parse_stored;
 use super::AdminApi;
 use crate::args::Args;
+use crate::path;
 use crate::resources;
 use crate::response::{lua_view, Body as ReplyBody, Reply};
-use crate::path;
 
 /// APISIX's mark on plugin schemas it injected `_meta` into.
 const INJECTED_MARK: &str = "this is a mark for our injected plugin schema";

@@ -14,7 +14,8 @@
 //!
 //! As `core/config_yaml.lua` does, an item whose `modifiedIndex` is the one already loaded for
 //! its id keeps serving the loaded version; items whose text did not change keep their stored
-//! value, so the compile touches only what changed. Consumer items whose id is
+//! value, so the compile touches only what changed. The data plane gets items without their
+//! `modifiedIndex`, a field only this mode's schemas allow. Consumer items whose id is
 //! `<username>/credentials/<id>` are credentials. Nothing survives a restart: the node starts
 //! empty and reports itself not ready until the first update, as APISIX does.
 //!
@@ -224,7 +225,10 @@ impl StandaloneApiStore {
             let before = old.types.get(t).cloned().unwrap_or_default();
             let current = before.version.clone().unwrap_or_else(|| Number::from(0));
             let current_f = current.as_f64().unwrap_or(0.0);
-            let given = body.get(&version_key(t)).and_then(Value::as_number).cloned();
+            let given = body
+                .get(&version_key(t))
+                .and_then(Value::as_number)
+                .cloned();
             let version = match given {
                 Some(v) => {
                     if v.as_f64().unwrap_or(0.0) < current_f {
@@ -244,7 +248,10 @@ impl StandaloneApiStore {
             } else {
                 match body.get(t) {
                     Some(Value::Array(items)) if !items.is_empty() => Some(Arc::new(
-                        items.iter().map(StoredValue::from_value).collect::<Vec<_>>(),
+                        items
+                            .iter()
+                            .map(StoredValue::from_value)
+                            .collect::<Vec<_>>(),
                     )),
                     _ => None,
                 }
@@ -279,7 +286,7 @@ impl StandaloneApiStore {
             let mut maps: BTreeMap<ResourceKind, SharedMap<StoredItem>> =
                 kinds.iter().map(|k| (*k, SharedMap::new())).collect();
             for (i, text) in items.iter().flat_map(|v| v.iter()).enumerate() {
-                let value = text.parse();
+                let mut value = text.parse();
                 // 1-based, as the `arr_<n>` names of items without an id.
                 let position = i + 1;
                 let id = item_id(&value, position);
@@ -290,6 +297,16 @@ impl StandaloneApiStore {
                 };
                 let own_index = value.get("modifiedIndex").and_then(Value::as_f64);
                 let index = own_index.unwrap_or(version);
+                // `modifiedIndex` is this mode's own field: the data plane, which checks items
+                // with the resource schemas, gets the item without it.
+                let stripped = value
+                    .as_object_mut()
+                    .is_some_and(|m| m.remove("modifiedIndex").is_some());
+                let served = if stripped {
+                    StoredValue::from_value(&value)
+                } else {
+                    text.clone()
+                };
                 let previous = inner.state.get(kind, &id).cloned();
                 let same_index = own_index.is_some()
                     && inner.loaded_index.get(&(kind, id.clone())) == Some(&index);
@@ -303,10 +320,10 @@ impl StandaloneApiStore {
                 };
                 let item = match previous {
                     // The loaded version stays: same modifiedIndex, or the same text.
-                    Some(p) if same_index || p.value == *text => p,
+                    Some(p) if same_index || p.value == served => p,
                     p => StoredItem {
                         id: id.clone(),
-                        value: text.clone(),
+                        value: served,
                         create_revision: p.map_or(revision, |p| p.create_revision),
                         mod_revision: revision,
                         seq,
@@ -320,7 +337,9 @@ impl StandaloneApiStore {
                 }
             }
             for (kind, map) in maps {
-                inner.loaded_index.retain(|(k, id), _| *k != kind || map.contains_key(id));
+                inner
+                    .loaded_index
+                    .retain(|(k, id), _| *k != kind || map.contains_key(id));
                 if map.is_empty() {
                     state.resources.remove(&kind);
                 } else {
@@ -409,7 +428,10 @@ impl Store for StandaloneApiStore {
             return Ok(None);
         };
         let inner = self.lock();
-        Ok(inner.state.get(kind, &id).map(|item| self.kv_of(kind, item)))
+        Ok(inner
+            .state
+            .get(kind, &id)
+            .map(|item| self.kv_of(kind, item)))
     }
 
     async fn list(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {

@@ -231,7 +231,7 @@ fn run(
         let listener = cli::listen_one(&mut sockets, addr, "the control API")?;
         let api = Arc::new(ferrisix_proxy::control::ControlApi {
             snapshot: handle.clone(),
-            health,
+            health: health.clone(),
         });
         let limits = cli::conn_limits(&settings);
         let shutdown = shutdown_rx.clone();
@@ -241,6 +241,24 @@ fn run(
                 Err(e) => tracing::error!(error = %e, "control API: cannot use its listener"),
             }
         });
+    }
+
+    if let Some(status) = &settings.apisix.status {
+        let addr = std::net::SocketAddr::new(status.ip, status.port);
+        let listener = cli::listen_one(&mut sockets, addr, "the status API")?;
+        let api = Arc::new(ferrisix_proxy::control::ControlApi {
+            snapshot: handle.clone(),
+            health: health.clone(),
+        });
+        let limits = cli::conn_limits(&settings);
+        let shutdown = shutdown_rx.clone();
+        control.spawn(async move {
+            match tokio::net::TcpListener::from_std(listener) {
+                Ok(l) => ferrisix_proxy::control::serve_status(l, api, limits, shutdown).await,
+                Err(e) => tracing::error!(error = %e, "status API: cannot use its listener"),
+            }
+        });
+        tracing::info!(%addr, "status API listening");
     }
 
     let mut admin: Option<Arc<lifecycle::AdminServer>> = None;
@@ -254,7 +272,12 @@ fn run(
                 let listen = &settings.deployment.admin.admin_listen;
                 let addr = std::net::SocketAddr::new(listen.ip, listen.port);
                 let listener = cli::listen_one(&mut sockets, addr, "the Admin API")?;
-                let api = control.block_on(sources::admin_api(&settings, store, registry));
+                let api = control.block_on(sources::admin_api(
+                    &settings,
+                    store,
+                    source.standalone.clone(),
+                    registry,
+                ));
                 let server = Arc::new(lifecycle::AdminServer::new(
                     api,
                     listener,

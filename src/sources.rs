@@ -9,6 +9,7 @@ use ferrisix_config::settings::{ProviderKind, Settings};
 use ferrisix_config::state::ConfigState;
 use ferrisix_config::store::embedded::EmbeddedStore;
 use ferrisix_config::store::etcd::EtcdStore;
+use ferrisix_config::store::standalone_api::StandaloneApiStore;
 use ferrisix_config::store::{Store, StoreHealth};
 use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::control::HealthProbe;
@@ -22,6 +23,8 @@ pub struct Source {
     pub store: Option<Arc<dyn Store>>,
     /// The embedded store, which a successor process needs closed before it opens the file.
     pub embedded: Option<Arc<EmbeddedStore>>,
+    /// API-driven standalone mode's store, which the Admin API replaces whole.
+    pub standalone: Option<Arc<StandaloneApiStore>>,
 }
 
 /// Opens the provider `settings.provider()` names. Runs inside the control runtime.
@@ -45,7 +48,17 @@ pub async fn open(settings: &Settings) -> Result<Source, String> {
                 health,
                 store: None,
                 embedded: None,
+                standalone: None,
             })
+        }
+        ProviderKind::StandaloneApi => {
+            let store = StandaloneApiStore::new(settings.deployment.etcd.prefix.clone());
+            tracing::info!(
+                "API-driven standalone mode: the configuration is empty until PUT /apisix/admin/configs"
+            );
+            let mut source = from_store(store.clone());
+            source.standalone = Some(store);
+            Ok(source)
         }
         ProviderKind::Embedded => {
             let dir = settings.data_dir();
@@ -83,6 +96,7 @@ fn from_store<S: Store>(store: Arc<S>) -> Source {
         health,
         store: Some(store),
         embedded: None,
+        standalone: None,
     }
 }
 
@@ -90,6 +104,7 @@ fn from_store<S: Store>(store: Arc<S>) -> Source {
 pub async fn admin_api(
     settings: &Settings,
     store: Arc<dyn Store>,
+    standalone: Option<Arc<StandaloneApiStore>>,
     plugins: PluginRegistry,
 ) -> Arc<AdminApi> {
     let mut options = AdminOptions::from_settings(&settings.deployment.admin);
@@ -104,7 +119,12 @@ pub async fn admin_api(
         let (s, _) = Settings::load(path).ok()?;
         Some(PluginRegistry::new(services.clone(), s.plugins.as_deref()).0)
     });
-    let api = Arc::new(AdminApi::new(options, store, plugins).with_reload_hook(hook));
+    let api = AdminApi::new(options, store, plugins).with_reload_hook(hook);
+    if let Some(standalone) = standalone {
+        // Nothing but whole documents is written in this mode: no plugin list either.
+        return Arc::new(api.with_standalone(standalone));
+    }
+    let api = Arc::new(api);
     if let Err(e) = api.publish_plugin_list().await {
         tracing::warn!("could not publish the plugin list to the store: {e}");
     }

@@ -34,6 +34,7 @@ mod restart;
 mod retries;
 mod routing;
 mod security;
+mod standalone_api;
 mod streaming;
 mod tls;
 mod tls_etcd;

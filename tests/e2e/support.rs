@@ -780,6 +780,9 @@ pub enum StoreKind {
     Embedded,
     /// `role_traditional.config_provider: etcd` with these endpoints.
     Etcd(Vec<String>),
+    /// `role_traditional.config_provider: yaml`: APISIX's API-driven standalone mode, the
+    /// configuration pushed with `PUT /apisix/admin/configs`.
+    StandaloneApi,
 }
 
 /// Builds a ferrisix node in the `traditional` role (data plane + Admin API + control API) on
@@ -796,6 +799,11 @@ pub struct StoreGatewayBuilder {
 impl StoreGatewayBuilder {
     pub fn embedded() -> StoreGatewayBuilder {
         StoreGatewayBuilder::new(StoreKind::Embedded)
+    }
+
+    /// A node in API-driven standalone mode (empty until a `PUT /apisix/admin/configs`).
+    pub fn standalone_api() -> StoreGatewayBuilder {
+        StoreGatewayBuilder::new(StoreKind::StandaloneApi)
     }
 
     /// A node on the etcd at `endpoint` (`http://127.0.0.1:PORT`), prefix `/apisix`.
@@ -867,6 +875,7 @@ impl StoreGatewayBuilder {
     fn config_yaml(&self, gw: &StoreGateway) -> String {
         let (provider, etcd_hosts) = match &self.store {
             StoreKind::Embedded => ("embedded", String::new()),
+            StoreKind::StandaloneApi => ("yaml", String::new()),
             StoreKind::Etcd(hosts) => (
                 "etcd",
                 hosts.iter().map(|h| format!("      - \"{h}\"\n")).collect(),

@@ -11,6 +11,7 @@ use std::sync::{Arc, RwLock};
 use bytes::Bytes;
 use ferrisix_config::schema::lua;
 use ferrisix_config::settings::{AdminKey, AdminKeyGuard, AdminSettings};
+use ferrisix_config::store::standalone_api::StandaloneApiStore;
 use ferrisix_config::store::Store;
 use ferrisix_plugins::PluginRegistry;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, SERVER};
@@ -29,6 +30,7 @@ use crate::response::{nginx_page, Reply};
 use crate::{auth, cjson, path};
 
 mod checks;
+mod configs;
 mod consumers;
 mod plugins;
 mod resource;
@@ -101,6 +103,8 @@ pub struct AdminApi {
     plugins: RwLock<PluginRegistry>,
     reload: Option<ReloadHook>,
     guard: Option<AuthGuard>,
+    /// API-driven standalone mode: only `/apisix/admin/configs` is served, into this store.
+    standalone: Option<Arc<StandaloneApiStore>>,
 }
 
 impl std::fmt::Debug for AdminApi {
@@ -138,7 +142,20 @@ impl AdminApi {
             plugins: RwLock::new(plugins),
             reload: None,
             guard,
+            standalone: None,
         }
+    }
+
+    /// API-driven standalone mode (APISIX's `config_provider: yaml` with the traditional
+    /// role): the Admin API serves `/apisix/admin/configs` into `store`, and nothing else.
+    pub fn with_standalone(mut self, store: Arc<StandaloneApiStore>) -> AdminApi {
+        self.standalone = Some(store);
+        self
+    }
+
+    /// Whether this Admin API runs in API-driven standalone mode.
+    pub fn is_standalone(&self) -> bool {
+        self.standalone.is_some()
     }
 
     /// Sets what `PUT /apisix/admin/plugins/reload` reloads from.
@@ -247,6 +264,26 @@ impl AdminApi {
                 h.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
                 resp
             }
+            Reply::Custom {
+                status,
+                body,
+                content_type,
+                headers,
+            } => {
+                let mut resp = Response::new(Full::new(body));
+                *resp.status_mut() = status;
+                let h = resp.headers_mut();
+                h.insert(SERVER, self.server.clone());
+                self.cors_headers(h);
+                h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+                for (name, value) in headers {
+                    let name = http::HeaderName::from_bytes(name.as_bytes());
+                    if let (Ok(n), Ok(v)) = (name, HeaderValue::from_str(&value)) {
+                        h.insert(n, v);
+                    }
+                }
+                resp
+            }
             Reply::Lua {
                 status,
                 body,
@@ -281,6 +318,9 @@ impl AdminApi {
             *method,
             Method::GET | Method::PUT | Method::POST | Method::DELETE | Method::PATCH
         );
+        if self.standalone.is_some() {
+            return self.dispatch_standalone(parts, uri, body, peer).await;
+        }
         if uri == PREFIX {
             return if method == Method::HEAD {
                 Reply::Lua {

@@ -18,6 +18,13 @@ pub enum Reply {
         /// The resource handler produced it: gets `X-API-VERSION`.
         handler: bool,
     },
+    /// An answer with its own content type and headers (`/apisix/admin/configs`).
+    Custom {
+        status: StatusCode,
+        body: Bytes,
+        content_type: &'static str,
+        headers: Vec<(&'static str, String)>,
+    },
 }
 
 #[derive(Debug)]

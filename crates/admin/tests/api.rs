@@ -21,3 +21,5 @@ mod plugins;
 mod resources;
 #[path = "api/server.rs"]
 mod server;
+#[path = "api/standalone.rs"]
+mod standalone;

@@ -65,6 +65,9 @@ pub struct ApisixSettings {
     /// The control API (readiness, applied revision, dumps).
     pub enable_control: bool,
     pub control: ControlListen,
+    /// `apisix.status`: the status API (`/status`, `/status/ready`) on its own address; off
+    /// when the key is absent, as in APISIX.
+    pub status: Option<StatusListen>,
     /// The TLS data-plane listener.
     pub ssl: SslSettings,
     /// Encryption of stored secrets (ssl keys, plugins' `encrypt_fields`).
@@ -172,6 +175,23 @@ pub struct ControlListen {
     pub port: u16,
 }
 
+/// `apisix.status`: where the status API listens (APISIX's default 127.0.0.1:7085).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct StatusListen {
+    pub ip: IpAddr,
+    pub port: u16,
+}
+
+impl Default for StatusListen {
+    fn default() -> Self {
+        StatusListen {
+            ip: IpAddr::from([127, 0, 0, 1]),
+            port: 7085,
+        }
+    }
+}
+
 impl Default for ControlListen {
     fn default() -> Self {
         ControlListen {
@@ -195,6 +215,7 @@ impl Default for ApisixSettings {
             proxy_mode: ProxyMode::Http,
             enable_control: true,
             control: ControlListen::default(),
+            status: None,
             ssl: SslSettings::default(),
             data_encryption: DataEncryption::default(),
             dns_resolver: Vec::new(),
@@ -871,6 +892,9 @@ pub enum ProviderKind {
     Etcd,
     /// ferrisix's store behind the Admin API.
     Embedded,
+    /// APISIX 3.13+'s API-driven standalone mode: the configuration lives in memory and is
+    /// replaced whole by `PUT /apisix/admin/configs`.
+    StandaloneApi,
 }
 
 impl ProviderKind {
@@ -879,7 +903,7 @@ impl ProviderKind {
         match self {
             ProviderKind::Yaml => Some(Format::Yaml),
             ProviderKind::Json => Some(Format::Json),
-            ProviderKind::Etcd | ProviderKind::Embedded => None,
+            ProviderKind::Etcd | ProviderKind::Embedded | ProviderKind::StandaloneApi => None,
         }
     }
 }
@@ -894,9 +918,10 @@ impl Settings {
     /// * `data_plane`: its `config_provider` (`yaml`, `json`, `etcd`); absent or `xds` (which
     ///   [`Settings::load`] refuses) → etcd, APISIX's default.
     /// * `control_plane`: etcd.
-    /// * `traditional`: etcd only when `role_traditional.config_provider: etcd` says so;
-    ///   otherwise (`embedded`, absent, or `yaml`, APISIX's API-driven in-memory standalone)
-    ///   the embedded store.
+    /// * `traditional`: etcd when `role_traditional.config_provider: etcd` says so; `yaml` is
+    ///   APISIX's API-driven standalone mode while the Admin API is on (`apisix.enable_admin`),
+    ///   and the watched `apisix.yaml` when it is off, as APISIX's `config_yaml.lua` decides;
+    ///   otherwise (`embedded` or absent) the embedded store.
     pub fn provider(&self) -> ProviderKind {
         let d = &self.deployment;
         match d.role {
@@ -908,9 +933,11 @@ impl Settings {
             Role::ControlPlane => ProviderKind::Etcd,
             Role::Traditional => match d.role_traditional.config_provider {
                 Some(TraditionalProvider::Etcd) => ProviderKind::Etcd,
-                Some(TraditionalProvider::Yaml | TraditionalProvider::Embedded) | None => {
-                    ProviderKind::Embedded
+                Some(TraditionalProvider::Yaml) if self.apisix.enable_admin => {
+                    ProviderKind::StandaloneApi
                 }
+                Some(TraditionalProvider::Yaml) => ProviderKind::Yaml,
+                Some(TraditionalProvider::Embedded) | None => ProviderKind::Embedded,
             },
         }
     }

@@ -1,9 +1,11 @@
 //! The key-value store behind the Admin API and the data plane, in APISIX's etcd layout.
 //!
-//! Every provider that accepts writes (the embedded store, etcd) implements [`Store`]. Keys are
-//! full etcd keys (`/apisix/routes/1`); values are the stored bytes (JSON documents, or the
-//! `init_dir` placeholders APISIX writes for directories). Revisions follow etcd's meaning: one
-//! store-wide counter bumped by every write, `create_revision` and `mod_revision` per key.
+//! Every provider that accepts writes (the embedded store, etcd) implements [`Store`]; so does
+//! API-driven standalone mode's store ([`standalone_api`]), which refuses key writes: it changes
+//! only by whole documents. Keys are full etcd keys (`/apisix/routes/1`); values are the stored
+//! bytes (JSON documents, or the `init_dir` placeholders APISIX writes for directories). Revisions
+//! follow etcd's meaning: one store-wide counter bumped by every write, `create_revision` and
+//! `mod_revision` per key.
 //!
 //! The data plane never calls the store on the request path: it follows [`Store::subscribe`],
 //! a channel of whole [`ConfigState`]s that [`StateBuilder`] maintains from the key events.
@@ -23,6 +25,7 @@ pub mod embedded;
 pub mod etcd;
 #[cfg(feature = "test-support")]
 pub mod memory;
+pub mod standalone_api;
 
 /// One stored key.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -131,6 +131,36 @@ impl ControlApi {
 }
 
 impl ControlApi {
+    /// The status API (`apisix.status`): `/status` answers that the process runs,
+    /// `/status/ready` whether it serves its configuration source's current state (in
+    /// API-driven standalone mode: whether a configuration was ever pushed). Paths match as
+    /// nginx's prefix locations do; anything else is nginx's 404 page.
+    pub fn handle_status(&self, path: &str) -> Response<Full<Bytes>> {
+        if path.starts_with("/status/ready") {
+            let health = (self.health)();
+            return if health.synced {
+                json_response(StatusCode::OK, json!({"status": "ok"}))
+            } else {
+                json_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    json!({"status": "error", "error": health.detail}),
+                )
+            };
+        }
+        if path.starts_with("/status") {
+            return json_response(StatusCode::OK, json!({"status": "ok"}));
+        }
+        let mut resp = Response::new(Full::new(Bytes::from_static(
+            b"<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n<center><h1>404 Not Found</h1></center>\r\n</body>\r\n</html>\r\n",
+        )));
+        *resp.status_mut() = StatusCode::NOT_FOUND;
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/html"),
+        );
+        resp
+    }
+
     /// `/v1/healthcheck`: every route, service and upstream with `checks`, as APISIX lists
     /// them (routes, then services, then upstreams).
     fn health_checkers(&self, snapshot: &Snapshot, html: bool) -> Response<Full<Bytes>> {
@@ -294,6 +324,25 @@ pub fn upstream_statuses(snapshot: &Snapshot) -> Vec<(String, String, u16, bool)
 
 /// Serves the control API until `shutdown` turns true. `limits` bounds silent, idle and
 /// non-reading clients as on the data port.
+/// Serves the status API ([`ControlApi::handle_status`]) on `listener` until `shutdown`.
+pub async fn serve_status(
+    listener: TcpListener,
+    api: Arc<ControlApi>,
+    limits: ConnLimits,
+    shutdown: watch::Receiver<bool>,
+) {
+    let builder = ferrisix_net::http_builder(&limits);
+    ferrisix_net::serve_until(
+        listener,
+        "status",
+        builder,
+        limits,
+        shutdown,
+        move |req, _| std::future::ready(api.handle_status(req.uri().path())),
+    )
+    .await;
+}
+
 pub async fn serve(
     listener: TcpListener,
     api: Arc<ControlApi>,

@@ -5,40 +5,22 @@
 use std::collections::HashSet;
 use std::fmt::Display;
 
-use ferrisix_config::schema::{lua, schema_by_name};
+use ferrisix_config::schema::schema_by_name;
 use ferrisix_config::store::StoreError;
 use http::request::Parts;
 use http::StatusCode;
 use http_body::Body;
 use serde_json::{json, Map, Value};
 
-use super::resource::{id_text, parse_stored};
+use super::resource::parse_stored;
 use super::AdminApi;
 use crate::args::Args;
-use crate::body::read_limited;
+use crate::path;
 use crate::resources;
 use crate::response::{lua_view, Body as ReplyBody, Reply};
-use crate::{cjson, path};
 
 /// APISIX's mark on plugin schemas it injected `_meta` into.
 const INJECTED_MARK: &str = "this is a mark for our injected plugin schema";
-
-/// The resource sections of a standalone document, as APISIX lists its etcd directories.
-const CONFIG_SECTIONS: [&str; 13] = [
-    "upstreams",
-    "plugins",
-    "ssls",
-    "stream_routes",
-    "plugin_metadata",
-    "routes",
-    "services",
-    "consumers",
-    "global_rules",
-    "protos",
-    "plugin_configs",
-    "consumer_groups",
-    "secrets",
-];
 
 /// An empty Lua list is encoded as `{}`.
 fn lua_list(items: Vec<Value>) -> Value {
@@ -222,150 +204,6 @@ impl AdminApi {
                 handler: false,
             },
             Err(e) => Reply::early(StatusCode::BAD_REQUEST, json!({"error_msg": e})),
-        }
-    }
-
-    /// `POST /apisix/admin/configs/validate` (3.15+): checks a whole standalone-style document
-    /// (JSON, or YAML with `Content-Type: application/yaml`) without storing anything.
-    pub(crate) async fn validate_configs<B>(&self, parts: &Parts, body: B) -> Reply
-    where
-        B: Body,
-        B::Error: Display,
-    {
-        let limit = self.options.body_limit;
-        let declared = parts
-            .headers
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok());
-        let bytes = match read_limited(body, declared, limit).await {
-            Ok(b) => b,
-            Err(e) => {
-                return Reply::early(
-                    StatusCode::BAD_REQUEST,
-                    json!({"error_msg": format!("invalid request body: {}", e.message(limit))}),
-                );
-            }
-        };
-        if bytes.is_empty() {
-            return Reply::early(
-                StatusCode::BAD_REQUEST,
-                json!({"error_msg": "invalid request body: empty request body"}),
-            );
-        }
-        let yaml = parts
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.starts_with("application/yaml"));
-        let data = if yaml {
-            match serde_yaml::from_slice::<Value>(&bytes) {
-                Ok(v @ (Value::Object(_) | Value::Array(_))) => v,
-                _ => {
-                    return Reply::early(
-                        StatusCode::BAD_REQUEST,
-                        json!({"error_msg": "invalid request body: invalid yaml request body"}),
-                    );
-                }
-            }
-        } else {
-            match cjson::decode(&bytes) {
-                Ok(v) => v,
-                Err(e) => {
-                    return Reply::early(
-                        StatusCode::BAD_REQUEST,
-                        json!({"error_msg": format!("invalid request body: {e}")}),
-                    );
-                }
-            }
-        };
-
-        let mut errors: Vec<Value> = Vec::new();
-        for section in CONFIG_SECTIONS {
-            let version_key = format!("{section}_conf_version");
-            if let Some(v) = data.get(&version_key) {
-                if !v.is_number() {
-                    errors.push(json!({
-                        "resource_type": section,
-                        "error": format!("{version_key} must be a number, got {}", lua::type_name(v)),
-                    }));
-                }
-            }
-            let Some(Value::Array(items)) = data.get(section) else {
-                continue;
-            };
-            let mut seen: HashSet<String> = HashSet::new();
-            for (index, item) in items.iter().enumerate() {
-                let shown_id = item
-                    .get("id")
-                    .or_else(|| item.get("username"))
-                    .map_or_else(|| json!(""), Value::clone);
-                if let Err(message) = self.check_item(section, item).await {
-                    errors.push(json!({
-                        "resource_type": section,
-                        "resource_id": shown_id,
-                        "index": index,
-                        "error": message,
-                    }));
-                }
-                let (identifier, what) = if section == "consumers" {
-                    match item.get("id") {
-                        Some(id) => (Some(id), "credential id"),
-                        None => (item.get("username"), "username"),
-                    }
-                } else {
-                    (item.get("id"), "id")
-                };
-                if let Some(identifier) = identifier.filter(|v| !v.is_null()) {
-                    let text = id_text(identifier);
-                    if !seen.insert(text.clone()) {
-                        errors.push(json!({
-                            "resource_type": section,
-                            "resource_id": shown_id,
-                            "index": index,
-                            "error": format!("found duplicate {what} {text} in {section}"),
-                        }));
-                    }
-                }
-            }
-        }
-        if errors.is_empty() {
-            Reply::early(StatusCode::OK, json!({}))
-        } else {
-            Reply::early(
-                StatusCode::BAD_REQUEST,
-                json!({"error_msg": "Configuration validation failed", "errors": errors}),
-            )
-        }
-    }
-
-    /// One item of a standalone document, checked as its resource's checker does with the
-    /// reference lookups skipped.
-    async fn check_item(&self, section: &str, item: &Value) -> Result<(), String> {
-        let Some(mut res) = resources::lookup(section) else {
-            return Ok(());
-        };
-        let id = item.get("id").filter(|v| !v.is_null());
-        let mut typ = None;
-        if section == "consumers" && id.is_some_and(|i| id_text(i).contains("/credentials/")) {
-            res = resources::lookup("credentials").unwrap_or(res);
-        }
-        let secret_type;
-        if section == "secrets" {
-            let text = id.map(id_text).unwrap_or_default();
-            let Some((manager, _)) = text.split_once('/') else {
-                return Err(format!("invalid secret id: {text}"));
-            };
-            secret_type = manager.to_string();
-            typ = Some(secret_type.as_str());
-        }
-        match self.check_resource(res, id, item, typ, false).await {
-            Ok(()) => Ok(()),
-            Err(Reply::Lua {
-                body: ReplyBody::Json(v),
-                ..
-            }) => Err(v.get("error_msg").map(id_text).unwrap_or_default()),
-            Err(_) => Err("invalid configuration".to_string()),
         }
     }
 }

@@ -406,6 +406,23 @@ deployment:
 }
 
 #[test]
+fn status_api_address() {
+    assert_eq!(parse("").apisix.status, None);
+    assert_eq!(
+        parse("apisix: {status: {}}").apisix.status,
+        Some(StatusListen::default())
+    );
+    let s = parse("apisix: {status: {ip: 127.0.0.2, port: 7086}}");
+    assert_eq!(
+        s.apisix.status,
+        Some(StatusListen {
+            ip: "127.0.0.2".parse().unwrap(),
+            port: 7086
+        })
+    );
+}
+
+#[test]
 fn provider_selection() {
     let kind = |t: &str| parse(t).provider();
     assert_eq!(kind(""), ProviderKind::Embedded);
@@ -415,7 +432,11 @@ fn provider_selection() {
     );
     assert_eq!(
         kind("deployment: {role_traditional: {config_provider: yaml}}"),
-        ProviderKind::Embedded
+        ProviderKind::StandaloneApi
+    );
+    assert_eq!(
+        kind("apisix: {enable_admin: false}\ndeployment: {role_traditional: {config_provider: yaml}}"),
+        ProviderKind::Yaml
     );
     assert_eq!(
         kind("deployment: {role_traditional: {config_provider: etcd}}"),

@@ -24,6 +24,10 @@
 //!
 //! With `consumer_isolation` (the default) the authenticated consumer's name (else
 //! `$remote_user`) is put before the key, unless the key already names the requester.
+//!
+//! Misses on one key make one upstream fetch: while a request fetches a key, the others that
+//! miss it wait (up to APISIX's `proxy_cache_lock_timeout`, 5 s) and are served what it
+//! stored (nginx's cache lock, which APISIX leaves off; it spares the upstream a stampede).
 
 mod disk;
 mod lru;
@@ -36,12 +40,13 @@ use std::sync::{Arc, Mutex};
 use bytes::{Bytes, BytesMut};
 use ferrisix_config::settings::cache_levels;
 use ferrisix_plugin_api::{
-    BodyChunk, BodyFilter, CheckCtx, Clock, CompileCtx, Exit, Phases, Plugin, PluginCtx,
+    BodyChunk, BodyFilter, CheckCtx, Clock, CompileCtx, Exit, Flow, Phases, Plugin, PluginCtx,
     PluginDef, PluginServices, ResponseHead, SharedState, Step,
 };
 use ferrisix_router::VarSource;
 use http::{header, HeaderName, HeaderValue, Method, StatusCode};
 use serde_json::{json, Value};
+use tokio::sync::watch;
 
 use disk::DiskZone;
 use memory::{Lookup, MemoryZone};
@@ -139,15 +144,79 @@ fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
     }
 }
 
-/// A zone, made once per gateway and name.
+/// A zone, made once per gateway and name: where answers are stored, and the fetches in
+/// flight for its keys.
 #[derive(Clone, Debug)]
-enum Zone {
+struct Zone {
+    store: Store,
+    fills: Arc<Fills>,
+}
+
+#[derive(Clone, Debug)]
+enum Store {
     Memory(Arc<MemoryZone>),
     Disk {
         zone: Arc<DiskZone>,
         /// The zones' `cache_ttl` (`proxy_cache_valid any`), in milliseconds.
         default_ttl_ms: u64,
     },
+}
+
+impl Zone {
+    fn get(&self, key: &str, now_ms: u64) -> Lookup {
+        match &self.store {
+            Store::Memory(z) => z.get(key, now_ms),
+            Store::Disk { zone, .. } => zone.get(key, now_ms),
+        }
+    }
+}
+
+/// How long a request waits for another's fetch of its key (APISIX's
+/// `proxy_cache_lock_timeout`) before it goes upstream itself.
+const FILL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The keys being fetched: a request that misses while another fetches its key waits for that
+/// answer instead of asking the upstream too.
+#[derive(Debug, Default)]
+struct Fills(Mutex<HashMap<String, watch::Receiver<()>>>);
+
+enum Claim {
+    /// This request fetches; the guard ends the claim when the request is over.
+    Mine(FillGuard),
+    /// Another does: this ends when it is over.
+    Wait(watch::Receiver<()>),
+}
+
+impl Fills {
+    fn claim(self: &Arc<Self>, key: &str) -> Claim {
+        let mut fills = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(done) = fills.get(key) {
+            return Claim::Wait(done.clone());
+        }
+        let (tx, rx) = watch::channel(());
+        fills.insert(key.to_owned(), rx);
+        Claim::Mine(FillGuard {
+            fills: self.clone(),
+            key: key.to_owned(),
+            _done: tx,
+        })
+    }
+}
+
+/// Held by the request fetching a key; dropped when it ends (its answer stored by then, if
+/// it is stored), which wakes the waiters.
+struct FillGuard {
+    fills: Arc<Fills>,
+    key: String,
+    _done: watch::Sender<()>,
+}
+
+impl Drop for FillGuard {
+    fn drop(&mut self) {
+        let mut fills = self.fills.0.lock().unwrap_or_else(|e| e.into_inner());
+        fills.remove(&self.key);
+        // `_done` is dropped after this: the waiters' `changed()` ends.
+    }
 }
 
 /// The gateway's zones, made when a conf first names them.
@@ -168,7 +237,7 @@ impl Zones {
         }
         let settings = services.proxy_cache();
         let conf = settings.and_then(|s| s.zones.iter().find(|z| z.name == name));
-        let zone = match (conf, memory) {
+        let store = match (conf, memory) {
             (Some(c), false) => {
                 let path = c
                     .disk_path
@@ -185,17 +254,21 @@ impl Zones {
                     c.memory_size,
                 ));
                 load_in_background(services, &zone);
-                Zone::Disk {
+                Store::Disk {
                     zone,
                     default_ttl_ms: settings
                         .map_or(10_000, |s| u64::try_from(s.cache_ttl.as_millis()).unwrap_or(u64::MAX)),
                 }
             }
-            (Some(c), true) => Zone::Memory(Arc::new(MemoryZone::new(c.memory_size))),
+            (Some(c), true) => Store::Memory(Arc::new(MemoryZone::new(c.memory_size))),
             // No `apisix.proxy_cache` at all: APISIX accepts any name; a memory zone of
             // APISIX's default size serves it.
-            (None, true) => Zone::Memory(Arc::new(MemoryZone::new(50 << 20))),
+            (None, true) => Store::Memory(Arc::new(MemoryZone::new(50 << 20))),
             (None, false) => return Err(format!("cache_zone {name} not found")),
+        };
+        let zone = Zone {
+            store,
+            fills: Arc::default(),
         };
         made.insert(name.to_owned(), zone.clone());
         Ok(zone)
@@ -380,108 +453,105 @@ impl ProxyCache {
         }
     }
 
-    fn access_memory<'a>(&self, zone: &MemoryZone, ctx: &mut PluginCtx<'_>) -> Step<'a> {
-        let purge = ctx.method().as_str() == "PURGE";
-        let cc = if self.cache_control {
+    /// What a request does before the lookup: `Err` when it is answered or passed on
+    /// without one, else its key and (memory, `cache_control`) the client's directives.
+    fn before_lookup(&self, ctx: &mut PluginCtx<'_>) -> Result<(String, Directives), Step<'static>> {
+        let method = ctx.method().clone();
+        let memory = matches!(self.zone.store, Store::Memory(_));
+        let purge = method.as_str() == "PURGE";
+        let cc = if memory && self.cache_control {
             Directives::parse(ctx.headers().get_all(header::CACHE_CONTROL).iter())
         } else {
             Directives::default()
         };
-        if !purge {
-            if !self.methods.contains(ctx.method()) {
+        if memory && !purge {
+            if !self.methods.contains(&method) {
                 set_status(ctx, "MISS");
-                return Step::CONTINUE;
+                return Err(Step::CONTINUE);
             }
             if self.on(&self.bypass, ctx) || (self.cache_control && (cc.no_store || cc.no_cache)) {
                 set_status(ctx, "BYPASS");
-                return Step::CONTINUE;
+                return Err(Step::CONTINUE);
             }
         }
         let key = self.key(ctx);
         if purge {
-            let found = zone.purge(&key);
-            return Step::exit(Exit::status(if found {
+            let found = match &self.zone.store {
+                Store::Memory(z) => z.purge(&key),
+                Store::Disk { zone, .. } => zone.purge(&key),
+            };
+            return Err(Step::exit(Exit::status(if found {
                 StatusCode::OK
             } else {
                 StatusCode::NOT_FOUND
-            }));
+            })));
         }
-        let now = self.clock.epoch_ms();
-        let status = match zone.get(&key, now) {
-            Lookup::Missing if self.cache_control && cc.only_if_cached => {
-                set_status(ctx, "MISS");
-                ctx.insert(Pending { key: Some(key), disk_status: None });
-                return Step::exit(Exit::status(StatusCode::GATEWAY_TIMEOUT));
+        if !memory {
+            // nginx's `proxy_cache_methods GET HEAD POST`: other methods never meet the cache.
+            if !(method == Method::GET || method == Method::HEAD || method == Method::POST) {
+                ctx.insert(Pending {
+                    key: None,
+                    disk_status: None,
+                });
+                return Err(Step::CONTINUE);
             }
-            Lookup::Missing => "MISS",
-            Lookup::Expired => "EXPIRED",
-            Lookup::Fresh(stored) => {
-                let age = now.saturating_sub(stored.stored_ms) as f64 / 1000.0;
-                let ttl = stored.expires_ms.saturating_sub(stored.stored_ms) as f64 / 1000.0;
-                let stale = self.cache_control
-                    && (cc.max_age.is_some_and(|m| age > m)
-                        || cc.max_stale.is_some_and(|m| age - ttl > m)
-                        || cc.min_fresh.is_some_and(|m| ttl - age < m));
-                if stale {
-                    "STALE"
-                } else {
-                    ctx.insert(Hit);
-                    let mut age_text = itoa::Buffer::new();
-                    let extra = [
-                        (
-                            header::AGE,
-                            HeaderValue::from_str(age_text.format(age.floor() as u64))
-                                .unwrap_or(HeaderValue::from_static("0")),
-                        ),
-                        (STATUS_HEADER, status_value("HIT")),
-                    ];
-                    return Step::exit(self.hit(&stored, &extra));
+            if method == Method::HEAD {
+                ctx.set_upstream_method(Method::GET);
+            }
+            if self.on(&self.bypass, ctx) || !self.methods.contains(&method) {
+                ctx.insert(Pending {
+                    key: Some(key),
+                    disk_status: Some("BYPASS"),
+                });
+                return Err(Step::CONTINUE);
+            }
+        }
+        Ok((key, cc))
+    }
+
+    /// A stored answer, unless the client (memory, `cache_control`) wants a fresher one.
+    fn usable(&self, stored: &Stored, cc: &Directives, now: u64) -> Result<Exit, ()> {
+        let age = now.saturating_sub(stored.stored_ms) as f64 / 1000.0;
+        let memory = matches!(self.zone.store, Store::Memory(_));
+        if memory && self.cache_control {
+            let ttl = stored.expires_ms.saturating_sub(stored.stored_ms) as f64 / 1000.0;
+            if cc.max_age.is_some_and(|m| age > m)
+                || cc.max_stale.is_some_and(|m| age - ttl > m)
+                || cc.min_fresh.is_some_and(|m| ttl - age < m)
+            {
+                return Err(());
+            }
+        }
+        let hit = (STATUS_HEADER, status_value("HIT"));
+        if !memory {
+            return Ok(self.hit(stored, &[hit]));
+        }
+        let mut age_text = itoa::Buffer::new();
+        let age = HeaderValue::from_str(age_text.format(age.floor() as u64))
+            .unwrap_or(HeaderValue::from_static("0"));
+        Ok(self.hit(stored, &[(header::AGE, age), hit]))
+    }
+
+    /// The request goes upstream; its answer may be stored under `key`.
+    fn miss(&self, ctx: &mut PluginCtx<'_>, key: String, status: &'static str) -> Flow {
+        match self.zone.store {
+            Store::Memory(_) => {
+                set_status(ctx, status);
+                if ctx.method() == Method::HEAD {
+                    ctx.set_upstream_method(Method::GET);
                 }
+                ctx.insert(Pending {
+                    key: Some(key),
+                    disk_status: None,
+                });
             }
-        };
-        set_status(ctx, status);
-        if ctx.method() == Method::HEAD {
-            ctx.set_upstream_method(Method::GET);
+            Store::Disk { .. } => ctx.insert(Pending {
+                key: Some(key),
+                disk_status: Some(status),
+            }),
         }
-        ctx.insert(Pending { key: Some(key), disk_status: None });
-        Step::CONTINUE
+        Flow::Continue
     }
-
-    fn access_disk<'a>(&self, zone: &DiskZone, ctx: &mut PluginCtx<'_>) -> Step<'a> {
-        let key = self.key(ctx);
-        let method = ctx.method().clone();
-        if method.as_str() == "PURGE" {
-            let found = zone.purge(&key);
-            return Step::exit(Exit::status(if found {
-                StatusCode::OK
-            } else {
-                StatusCode::NOT_FOUND
-            }));
-        }
-        // nginx's `proxy_cache_methods GET HEAD POST`: other methods never meet the cache.
-        if !(method == Method::GET || method == Method::HEAD || method == Method::POST) {
-            ctx.insert(Pending { key: None, disk_status: None });
-            return Step::CONTINUE;
-        }
-        if method == Method::HEAD {
-            ctx.set_upstream_method(Method::GET);
-        }
-        if self.on(&self.bypass, ctx) || !self.methods.contains(&method) {
-            ctx.insert(Pending { key: Some(key), disk_status: Some("BYPASS") });
-            return Step::CONTINUE;
-        }
-        let status = match zone.get(&key, self.clock.epoch_ms()) {
-            Lookup::Missing => "MISS",
-            Lookup::Expired => "EXPIRED",
-            Lookup::Fresh(stored) => {
-                ctx.insert(Hit);
-                return Step::exit(self.hit(&stored, &[(STATUS_HEADER, status_value("HIT"))]));
-            }
-        };
-        ctx.insert(Pending { key: Some(key), disk_status: Some(status) });
-        Step::CONTINUE
-    }
-
     /// Whether the answer is to be stored, and for how long (milliseconds).
     fn storable(&self, ctx: &PluginCtx<'_>, resp: &ResponseHead<'_>, disk_default: Option<u64>) -> Option<u64> {
         if !self.statuses.contains(&resp.status().as_u16()) || self.on(&self.no_cache, ctx) {
@@ -526,9 +596,44 @@ impl Plugin for ProxyCache {
     }
 
     fn access<'a>(&'a self, ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
-        match &self.zone {
-            Zone::Memory(z) => self.access_memory(z, ctx),
-            Zone::Disk { zone, .. } => self.access_disk(zone, ctx),
+        let (key, cc) = match self.before_lookup(ctx) {
+            Ok(k) => k,
+            Err(step) => return step,
+        };
+        let now = self.clock.epoch_ms();
+        let status = match self.zone.get(&key, now) {
+            Lookup::Fresh(stored) => match self.usable(&stored, &cc, now) {
+                Ok(exit) => {
+                    ctx.insert(Hit);
+                    return Step::exit(exit);
+                }
+                // Only the client finds it stale: no one else waits for this fetch.
+                Err(()) => return Step::Done(self.miss(ctx, key, "STALE")),
+            },
+            Lookup::Missing if self.cache_control && cc.only_if_cached => {
+                set_status(ctx, "MISS");
+                return Step::exit(Exit::status(StatusCode::GATEWAY_TIMEOUT));
+            }
+            Lookup::Missing => "MISS",
+            Lookup::Expired => "EXPIRED",
+        };
+        // One fetch per key at a time (nginx's cache lock): the others wait for its answer.
+        match self.zone.fills.claim(&key) {
+            Claim::Mine(guard) => {
+                ctx.add_guard(Box::new(guard));
+                Step::Done(self.miss(ctx, key, status))
+            }
+            Claim::Wait(mut done) => Step::Wait(Box::pin(async move {
+                let _ = tokio::time::timeout(FILL_WAIT, done.changed()).await;
+                let now = self.clock.epoch_ms();
+                if let Lookup::Fresh(stored) = self.zone.get(&key, now) {
+                    if let Ok(exit) = self.usable(&stored, &cc, now) {
+                        ctx.insert(Hit);
+                        return Flow::Exit(exit);
+                    }
+                }
+                self.miss(ctx, key, status)
+            })),
         }
     }
 
@@ -536,9 +641,9 @@ impl Plugin for ProxyCache {
         if ctx.get::<Hit>().is_some() {
             return;
         }
-        let disk_default = match &self.zone {
-            Zone::Disk { default_ttl_ms, .. } => Some(*default_ttl_ms),
-            Zone::Memory(_) => None,
+        let disk_default = match &self.zone.store {
+            Store::Disk { default_ttl_ms, .. } => Some(*default_ttl_ms),
+            Store::Memory(_) => None,
         };
         let Some(pending) = ctx.get::<Pending>() else {
             if disk_default.is_some() && self.hide_cache_headers {
@@ -633,11 +738,11 @@ impl BodyFilter for Capture {
             return;
         };
         entry.stored.body = std::mem::take(&mut self.buf).freeze();
-        match &entry.zone {
-            Zone::Memory(z) => {
+        match &entry.zone.store {
+            Store::Memory(z) => {
                 z.set(&entry.key, Arc::new(entry.stored));
             }
-            Zone::Disk { zone, .. } => zone.set(&entry.key, &entry.stored),
+            Store::Disk { zone, .. } => zone.set(&entry.key, &entry.stored),
         }
     }
 }

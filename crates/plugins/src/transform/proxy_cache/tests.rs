@@ -4,7 +4,8 @@ use bytes::Bytes;
 use ferrisix_config::settings::{CacheZone, PluginAttr, ProxyCacheSettings};
 use ferrisix_plugin_api::testing::TestRequest;
 use ferrisix_plugin_api::{
-    BodyEdits, Clock, Consumer, Executor, Flow, Plugin, PluginServices, ResponseHead, Step,
+    BodyEdits, Clock, Consumer, Executor, Exit, Flow, Plugin, PluginServices, ResponseHead,
+    Step,
 };
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use serde_json::{json, Value};
@@ -82,8 +83,18 @@ fn run(
     let exit = match step {
         Step::Done(Flow::Exit(e)) => Some(e),
         Step::Done(Flow::Continue) => None,
-        Step::Wait(_) => panic!("proxy-cache does not wait"),
+        Step::Wait(_) => panic!("no other request fetches this key"),
     };
+    finish(p, req, exit, upstream)
+}
+
+/// The rest of a request after its access phase: the exit, or the upstream's answer.
+fn finish(
+    p: &dyn Plugin,
+    mut req: TestRequest,
+    exit: Option<Exit>,
+    upstream: (u16, &[(&'static str, &'static str)], &str),
+) -> Answer {
     let (mut status, mut headers, body, proxied, upstream_method) = match exit {
         Some(e) => {
             let mut h = HeaderMap::new();
@@ -388,4 +399,26 @@ fn zones_are_checked_as_apisix_does() {
     assert!(r
         .check(NAME, &json!({"cache_strategy": "memory", "cache_zone": "memory_cache"}))
         .is_ok());
+}
+
+#[tokio::test]
+async fn concurrent_misses_make_one_fetch() {
+    let gw = gateway(1 << 20);
+    for conf in [memory(json!({})), disk(json!({}))] {
+        let p = gw.plugin(conf);
+        let mut first = get("/l");
+        assert!(matches!(p.access(&mut first.ctx()), Step::Done(Flow::Continue)));
+        let mut second = get("/l");
+        let mut ctx = second.ctx();
+        let Step::Wait(waiting) = p.access(&mut ctx) else {
+            panic!("the second miss waits for the first's fetch")
+        };
+        assert_eq!(&finish(&*p, first, None, ok("once")).body[..], b"once");
+        let Flow::Exit(e) = waiting.await else {
+            panic!("served what the first fetched")
+        };
+        assert_eq!(e.body.as_deref(), Some(&b"once"[..]));
+        assert!(e.headers.iter().any(|(n, v)| n == "apisix-cache-status" && v == "HIT"));
+        assert_eq!(run(&*p, req("PURGE", "/l"), OK).status, 200);
+    }
 }

@@ -39,6 +39,7 @@ fn compile(_: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
 
 #[cfg(test)]
 mod tests {
+    use ferrisix_config::validate::PluginCheck;
     use serde_json::json;
 
     use crate::registry::PluginRegistry;

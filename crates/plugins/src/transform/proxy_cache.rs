@@ -242,7 +242,7 @@ impl Zones {
                 let path = c
                     .disk_path
                     .as_deref()
-                    .ok_or_else(|| format!("invalid or empty cache_zone for cache_strategy: disk"))?;
+                    .ok_or("invalid or empty cache_zone for cache_strategy: disk")?;
                 let levels = match &c.cache_levels {
                     Some(l) => cache_levels(l).ok_or_else(|| format!("invalid cache_levels {l}"))?,
                     None => Vec::new(),

@@ -159,12 +159,6 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
         let weight = self.nodes[self.tail].as_ref()?.weight;
         self.remove(&key).map(|v| (key, v, weight))
     }
-
-    /// The least recently used entry, without removing it.
-    pub fn peek_lru(&self) -> Option<(&K, &V)> {
-        let n = self.nodes.get(self.tail)?.as_ref()?;
-        Some((&n.key, &n.value))
-    }
 }
 
 #[cfg(test)]
@@ -181,7 +175,6 @@ mod tests {
         // A hit on "a" makes "b" the oldest.
         assert_eq!(l.get(&"a"), Some(&mut 1));
         assert_eq!(l.pop_lru(), Some(("b", 2, 20)));
-        assert_eq!(l.peek_lru(), Some((&"c", &3)));
         assert_eq!(l.insert("c", 4, 5), Some(3));
         assert_eq!(l.weight(), 15);
         assert_eq!(l.pop_lru(), Some(("a", 1, 10)));

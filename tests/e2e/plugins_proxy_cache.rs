@@ -52,15 +52,26 @@ fn memory_and_disk_hits_skip_the_upstream() {
     for prefix in ["/mem", "/disk"] {
         let before = up.hits();
         let r = get(gw.addr(), &format!("{prefix}/a?n=1"));
-        assert_eq!((r.status, r.header("apisix-cache-status")), (200, Some("MISS")), "{prefix}");
+        assert_eq!(
+            (r.status, r.header("apisix-cache-status")),
+            (200, Some("MISS")),
+            "{prefix}"
+        );
         let r2 = get(gw.addr(), &format!("{prefix}/a?n=2"));
         assert_eq!(r2.header("apisix-cache-status"), Some("HIT"), "{prefix}");
         assert_eq!(r2.body, r.body, "{prefix}: the stored answer");
         assert_eq!(r2.header("content-type"), r.header("content-type"));
-        assert_eq!(up.hits(), before + 1, "{prefix}: the hit did not reach the upstream");
+        assert_eq!(
+            up.hits(),
+            before + 1,
+            "{prefix}: the hit did not reach the upstream"
+        );
         // A HEAD is answered from the same entry, without a body.
         let h = request(gw.addr(), "HEAD", &format!("{prefix}/a"), &[], b"");
-        assert_eq!((h.status, h.header("apisix-cache-status")), (200, Some("HIT")));
+        assert_eq!(
+            (h.status, h.header("apisix-cache-status")),
+            (200, Some("HIT"))
+        );
         assert!(h.body.is_empty());
         let p = request(gw.addr(), "PURGE", &format!("{prefix}/a"), &[], b"");
         assert_eq!(p.status, 200, "{prefix}");
@@ -74,7 +85,10 @@ fn memory_and_disk_hits_skip_the_upstream() {
     let r = get(gw.addr(), "/disk/a?bypass=1");
     assert_eq!(r.header("apisix-cache-status"), Some("BYPASS"));
     let r2 = get(gw.addr(), "/disk/a");
-    assert_eq!((r2.header("apisix-cache-status"), r2.body.clone()), (Some("HIT"), r.body));
+    assert_eq!(
+        (r2.header("apisix-cache-status"), r2.body.clone()),
+        (Some("HIT"), r.body)
+    );
     // Routes without the plugin say nothing of a cache.
     assert_eq!(get(gw.addr(), "/plain").header("apisix-cache-status"), None);
 }
@@ -94,7 +108,12 @@ fn disk_entries_survive_a_kill_and_damaged_files_are_not_served() {
     // What a crash mid-write could leave: a cut file, and a temporary file.
     let damaged = files(disk.path())
         .into_iter()
-        .find(|f| std::fs::read(f).unwrap().windows(8).any(|w| w == b"/damaged"))
+        .find(|f| {
+            std::fs::read(f)
+                .unwrap()
+                .windows(8)
+                .any(|w| w == b"/damaged")
+        })
         .expect("the damaged entry's file");
     let bytes = std::fs::read(&damaged).unwrap();
     std::fs::write(&damaged, &bytes[..bytes.len() / 2]).unwrap();
@@ -108,7 +127,11 @@ fn disk_entries_survive_a_kill_and_damaged_files_are_not_served() {
     assert_eq!(up.hits(), hits);
     let r = get(gw.addr(), "/disk/damaged?n=2");
     assert_eq!(r.status, 200);
-    assert_eq!(r.header("apisix-cache-status"), Some("MISS"), "the cut file is not served");
+    assert_eq!(
+        r.header("apisix-cache-status"),
+        Some("MISS"),
+        "the cut file is not served"
+    );
     assert!(r.text().contains("n=2"), "{}", r.text());
     let tmp = disk.path().join(".tmp-1-0");
     assert!(

@@ -47,7 +47,9 @@ mod tests {
     #[test]
     fn schema_refuses_a_non_boolean() {
         let r = PluginRegistry::builtin();
-        assert!(r.check(super::NAME, &json!({"disable_proxy_buffering": true})).is_ok());
+        assert!(r
+            .check(super::NAME, &json!({"disable_proxy_buffering": true}))
+            .is_ok());
         assert!(r.check(super::NAME, &json!({})).is_ok());
         assert_eq!(
             r.check(super::NAME, &json!({"disable_proxy_buffering": "yes"}))

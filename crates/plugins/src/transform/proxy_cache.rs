@@ -244,7 +244,9 @@ impl Zones {
                     .as_deref()
                     .ok_or("invalid or empty cache_zone for cache_strategy: disk")?;
                 let levels = match &c.cache_levels {
-                    Some(l) => cache_levels(l).ok_or_else(|| format!("invalid cache_levels {l}"))?,
+                    Some(l) => {
+                        cache_levels(l).ok_or_else(|| format!("invalid cache_levels {l}"))?
+                    }
                     None => Vec::new(),
                 };
                 let zone = Arc::new(DiskZone::new(
@@ -256,8 +258,9 @@ impl Zones {
                 load_in_background(services, &zone);
                 Store::Disk {
                     zone,
-                    default_ttl_ms: settings
-                        .map_or(10_000, |s| u64::try_from(s.cache_ttl.as_millis()).unwrap_or(u64::MAX)),
+                    default_ttl_ms: settings.map_or(10_000, |s| {
+                        u64::try_from(s.cache_ttl.as_millis()).unwrap_or(u64::MAX)
+                    }),
                 }
             }
             (Some(c), true) => Store::Memory(Arc::new(MemoryZone::new(c.memory_size))),
@@ -378,7 +381,10 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
             .collect(),
         hide_cache_headers: conf["hide_cache_headers"].as_bool().unwrap_or(false),
         cache_control: conf["cache_control"].as_bool().unwrap_or(false),
-        ttl_ms: conf["cache_ttl"].as_u64().unwrap_or(300).saturating_mul(1000),
+        ttl_ms: conf["cache_ttl"]
+            .as_u64()
+            .unwrap_or(300)
+            .saturating_mul(1000),
         max_body: conf["max_resp_body_size"]
             .as_u64()
             .and_then(|n| usize::try_from(n).ok())
@@ -455,7 +461,10 @@ impl ProxyCache {
 
     /// What a request does before the lookup: `Err` when it is answered or passed on
     /// without one, else its key and (memory, `cache_control`) the client's directives.
-    fn before_lookup(&self, ctx: &mut PluginCtx<'_>) -> Result<(String, Directives), Step<'static>> {
+    fn before_lookup(
+        &self,
+        ctx: &mut PluginCtx<'_>,
+    ) -> Result<(String, Directives), Step<'static>> {
         let method = ctx.method().clone();
         let memory = matches!(self.zone.store, Store::Memory(_));
         let purge = method.as_str() == "PURGE";
@@ -553,7 +562,12 @@ impl ProxyCache {
         Flow::Continue
     }
     /// Whether the answer is to be stored, and for how long (milliseconds).
-    fn storable(&self, ctx: &PluginCtx<'_>, resp: &ResponseHead<'_>, disk_default: Option<u64>) -> Option<u64> {
+    fn storable(
+        &self,
+        ctx: &PluginCtx<'_>,
+        resp: &ResponseHead<'_>,
+        disk_default: Option<u64>,
+    ) -> Option<u64> {
         if !self.statuses.contains(&resp.status().as_u16()) || self.on(&self.no_cache, ctx) {
             return None;
         }
@@ -664,7 +678,9 @@ impl Plugin for ProxyCache {
         }
         let key = pending.key.clone();
         // What the upstream sent is stored; hiding is for the client.
-        let ttl = key.as_ref().and_then(|_| self.storable(ctx, resp, disk_default));
+        let ttl = key
+            .as_ref()
+            .and_then(|_| self.storable(ctx, resp, disk_default));
         let headers: Vec<(HeaderName, HeaderValue)> = match ttl {
             Some(_) => resp
                 .headers()

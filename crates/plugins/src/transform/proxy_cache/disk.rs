@@ -124,7 +124,11 @@ impl DiskZone {
                 Some((expires_ms, size)) => {
                     let mut index = lock(&self.index);
                     if index.peek(&md5).is_none() {
-                        index.insert(md5, Meta { expires_ms }, usize::try_from(size).unwrap_or(usize::MAX));
+                        index.insert(
+                            md5,
+                            Meta { expires_ms },
+                            usize::try_from(size).unwrap_or(usize::MAX),
+                        );
                     }
                 }
                 None => {
@@ -284,7 +288,11 @@ fn scan(dir: &Path, depth: usize, levels: usize, out: &mut Vec<([u8; 16], PathBu
 /// The layout of a file: the magic, the expiry and store times, the status, the key, the
 /// headers, the body, then a CRC-32 of all that.
 fn encode(key: &str, s: &Stored) -> Vec<u8> {
-    let headers: usize = s.headers.iter().map(|(n, v)| 6 + n.as_str().len() + v.len()).sum();
+    let headers: usize = s
+        .headers
+        .iter()
+        .map(|(n, v)| 6 + n.as_str().len() + v.len())
+        .sum();
     let mut out = Vec::with_capacity(48 + key.len() + headers + s.body.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&s.expires_ms.to_le_bytes());
@@ -423,7 +431,10 @@ mod tests {
         let Lookup::Fresh(s) = z.get("k", 10) else {
             panic!("stored")
         };
-        assert_eq!((s.status, &s.body[..], s.stored_ms), (StatusCode::NOT_FOUND, &b"hello"[..], 5));
+        assert_eq!(
+            (s.status, &s.body[..], s.stored_ms),
+            (StatusCode::NOT_FOUND, &b"hello"[..], 5)
+        );
         assert_eq!(s.headers[0].1, "text/plain");
         assert!(matches!(z.get("k", 1000), Lookup::Expired));
         // A new zone on the same directory (a restart) finds it.

@@ -144,10 +144,7 @@ pub fn nginx_freshness(headers: &HeaderMap, now_ms: u64) -> Freshness {
     if vary(headers) == Vary::Any {
         return Freshness::Never;
     }
-    if let Some(v) = headers
-        .get("x-accel-expires")
-        .and_then(|v| v.to_str().ok())
-    {
+    if let Some(v) = headers.get("x-accel-expires").and_then(|v| v.to_str().ok()) {
         let v = v.trim();
         if let Some(at) = v.strip_prefix('@') {
             if let Ok(at) = at.parse::<u64>() {
@@ -166,7 +163,10 @@ pub fn nginx_freshness(headers: &HeaderMap, now_ms: u64) -> Freshness {
             };
         }
     }
-    let cc: Vec<&HeaderValue> = headers.get_all(http::header::CACHE_CONTROL).iter().collect();
+    let cc: Vec<&HeaderValue> = headers
+        .get_all(http::header::CACHE_CONTROL)
+        .iter()
+        .collect();
     if !cc.is_empty() {
         let text = cc
             .iter()
@@ -249,7 +249,10 @@ mod tests {
         ]);
         let d = Directives::parse(h.get_all("cache-control").iter());
         assert!(d.no_cache && d.only_if_cached && !d.no_store && !d.private);
-        assert_eq!((d.max_age, d.min_fresh, d.max_stale), (Some(60.0), Some(5.0), None));
+        assert_eq!(
+            (d.max_age, d.min_fresh, d.max_stale),
+            (Some(60.0), Some(5.0), None)
+        );
     }
 
     #[test]
@@ -257,7 +260,10 @@ mod tests {
         let now = 1_700_000_000_000;
         let cc = |t| Directives::parse([HeaderValue::from_static(t)].iter());
         let none = HeaderMap::new();
-        assert_eq!(resource_ttl_ms(&cc("max-age=10, s-maxage=20"), &none, now), 20_000);
+        assert_eq!(
+            resource_ttl_ms(&cc("max-age=10, s-maxage=20"), &none, now),
+            20_000
+        );
         assert_eq!(resource_ttl_ms(&cc("max-age=10"), &none, now), 10_000);
         assert_eq!(resource_ttl_ms(&cc("public"), &none, now), 0);
         let exp = headers(&[("expires", "Tue, 14 Nov 2023 22:13:40 GMT")]);
@@ -269,19 +275,40 @@ mod tests {
         let now = 1_700_000_000_000;
         let f = |pairs: &[(&'static str, &'static str)]| nginx_freshness(&headers(pairs), now);
         assert_eq!(f(&[]), Freshness::Default);
-        assert_eq!(f(&[("cache-control", "public, max-age=30")]), Freshness::For(30_000));
-        assert_eq!(f(&[("cache-control", "s-maxage=5, max-age=30")]), Freshness::For(5_000));
+        assert_eq!(
+            f(&[("cache-control", "public, max-age=30")]),
+            Freshness::For(30_000)
+        );
+        assert_eq!(
+            f(&[("cache-control", "s-maxage=5, max-age=30")]),
+            Freshness::For(5_000)
+        );
         assert_eq!(f(&[("cache-control", "max-age=0")]), Freshness::Never);
-        assert_eq!(f(&[("cache-control", "private, max-age=30")]), Freshness::Never);
+        assert_eq!(
+            f(&[("cache-control", "private, max-age=30")]),
+            Freshness::Never
+        );
         assert_eq!(f(&[("cache-control", "no-store")]), Freshness::Never);
-        assert_eq!(f(&[("x-accel-expires", "7"), ("cache-control", "no-cache")]), Freshness::For(7_000));
+        assert_eq!(
+            f(&[("x-accel-expires", "7"), ("cache-control", "no-cache")]),
+            Freshness::For(7_000)
+        );
         assert_eq!(f(&[("x-accel-expires", "0")]), Freshness::Never);
-        assert_eq!(f(&[("expires", "Tue, 14 Nov 2023 22:13:40 GMT")]), Freshness::For(20_000));
-        assert_eq!(f(&[("expires", "Tue, 14 Nov 2000 22:13:40 GMT")]), Freshness::Never);
+        assert_eq!(
+            f(&[("expires", "Tue, 14 Nov 2023 22:13:40 GMT")]),
+            Freshness::For(20_000)
+        );
+        assert_eq!(
+            f(&[("expires", "Tue, 14 Nov 2000 22:13:40 GMT")]),
+            Freshness::Never
+        );
         assert_eq!(f(&[("expires", "0")]), Freshness::Never);
         assert_eq!(f(&[("set-cookie", "a=1")]), Freshness::Never);
         assert_eq!(f(&[("vary", "Accept, *")]), Freshness::Never);
-        assert_eq!(vary(&headers(&[("vary", "accept-encoding")])), Vary::Headers);
+        assert_eq!(
+            vary(&headers(&[("vary", "accept-encoding")])),
+            Vary::Headers
+        );
         assert_eq!(vary(&headers(&[])), Vary::None);
     }
 
@@ -290,7 +317,13 @@ mod tests {
         for kept in ["content-type", "etag", "x-ratelimit-limit", "cache-control"] {
             assert!(storable(&HeaderName::from_static(kept)), "{kept}");
         }
-        for dropped in ["connection", "content-length", "apisix-cache-status", "x-ratelimit-remaining", "transfer-encoding"] {
+        for dropped in [
+            "connection",
+            "content-length",
+            "apisix-cache-status",
+            "x-ratelimit-remaining",
+            "transfer-encoding",
+        ] {
             assert!(!storable(&HeaderName::from_static(dropped)), "{dropped}");
         }
     }

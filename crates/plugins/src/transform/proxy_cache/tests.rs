@@ -4,8 +4,7 @@ use bytes::Bytes;
 use ferrisix_config::settings::{CacheZone, PluginAttr, ProxyCacheSettings};
 use ferrisix_plugin_api::testing::TestRequest;
 use ferrisix_plugin_api::{
-    BodyEdits, Clock, Consumer, Executor, Exit, Flow, Plugin, PluginServices, ResponseHead,
-    Step,
+    BodyEdits, Clock, Consumer, Executor, Exit, Flow, Plugin, PluginServices, ResponseHead, Step,
 };
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use serde_json::{json, Value};
@@ -177,7 +176,10 @@ fn memory_miss_hit_age_and_purge() {
     let gw = gateway(1 << 20);
     let p = gw.plugin(memory(json!({})));
     let a = run(&*p, get("/a?n=1"), ok("first"));
-    assert_eq!((a.status, a.cache_status(), &a.body[..]), (200, "MISS", &b"first"[..]));
+    assert_eq!(
+        (a.status, a.cache_status(), &a.body[..]),
+        (200, "MISS", &b"first"[..])
+    );
     gw.clock.advance(2_500);
     let a = run(&*p, get("/a?n=2"), ok("second"));
     assert_eq!((a.cache_status(), &a.body[..]), ("HIT", &b"first"[..]));
@@ -210,15 +212,27 @@ fn memory_bypass_no_cache_methods_and_statuses() {
     assert_eq!(run(&*p, get("/b?bypass=1"), OK).cache_status(), "BYPASS");
     assert_eq!(run(&*p, get("/b?bypass=0"), OK).cache_status(), "MISS");
     let a = run(&*p, get("/b?bypass=1"), ok("bypassed"));
-    assert_eq!((a.cache_status(), &a.body[..]), ("BYPASS", &b"bypassed"[..]));
+    assert_eq!(
+        (a.cache_status(), &a.body[..]),
+        ("BYPASS", &b"bypassed"[..])
+    );
     assert_eq!(run(&*p, get("/b"), ok("x")).cache_status(), "HIT");
     // HEAD and POST are outside cache_method: MISS, never stored.
     let a = run(&*p, req("HEAD", "/h"), OK);
-    assert_eq!((a.cache_status(), a.upstream_method.clone()), ("MISS", Some(Method::HEAD)));
+    assert_eq!(
+        (a.cache_status(), a.upstream_method.clone()),
+        ("MISS", Some(Method::HEAD))
+    );
     assert_eq!(run(&*p, req("HEAD", "/h"), OK).cache_status(), "MISS");
     // A status outside cache_http_status is not stored.
-    assert_eq!(run(&*p, get("/404"), (404, &[], "no")).cache_status(), "MISS");
-    assert_eq!(run(&*p, get("/404"), (404, &[], "no")).cache_status(), "MISS");
+    assert_eq!(
+        run(&*p, get("/404"), (404, &[], "no")).cache_status(),
+        "MISS"
+    );
+    assert_eq!(
+        run(&*p, get("/404"), (404, &[], "no")).cache_status(),
+        "MISS"
+    );
     assert_eq!(run(&*p, req("PURGE", "/404"), OK).status, 404);
 }
 
@@ -237,10 +251,16 @@ fn memory_cache_control_directives() {
     run(&*p, get("/c"), fresh);
     assert_eq!(run(&*p, get("/c"), OK).cache_status(), "HIT");
     gw.clock.advance(10_000);
-    assert_eq!(run(&*p, cc("/c", "max-age=5"), fresh).cache_status(), "STALE");
+    assert_eq!(
+        run(&*p, cc("/c", "max-age=5"), fresh).cache_status(),
+        "STALE"
+    );
     // The STALE fetch was stored again: fresh for the client now.
     assert_eq!(run(&*p, cc("/c", "max-age=5"), OK).cache_status(), "HIT");
-    assert_eq!(run(&*p, cc("/c", "min-fresh=70"), OK).cache_status(), "STALE");
+    assert_eq!(
+        run(&*p, cc("/c", "min-fresh=70"), OK).cache_status(),
+        "STALE"
+    );
     // The upstream's no-store is honoured even without cache_control.
     let p = gw.plugin(memory(json!({})));
     let private: (u16, &[(&str, &str)], &str) = (200, &[("cache-control", "private")], "p");
@@ -254,7 +274,11 @@ fn memory_hides_cache_headers_and_refuses_set_cookie() {
     let p = gw.plugin(memory(json!({"hide_cache_headers": true})));
     let up: (u16, &[(&str, &str)], &str) = (
         200,
-        &[("cache-control", "public, max-age=60"), ("expires", "Thu, 01 Jan 2099 00:00:00 GMT"), ("x-a", "1")],
+        &[
+            ("cache-control", "public, max-age=60"),
+            ("expires", "Thu, 01 Jan 2099 00:00:00 GMT"),
+            ("x-a", "1"),
+        ],
         "h",
     );
     let a = run(&*p, get("/h"), up);
@@ -305,7 +329,9 @@ fn consumers_get_their_own_entries() {
     assert_eq!((a.cache_status(), &a.body[..]), ("MISS", &b"rose's"[..]));
     assert_eq!(&run(&*p, as_user("jack"), OK).body[..], b"jack's");
     // Turned off, or a key naming the consumer already: one shared entry per key.
-    let p = gw.plugin(memory(json!({"consumer_isolation": false, "cache_key": ["$uri", "-x"]})));
+    let p = gw.plugin(memory(
+        json!({"consumer_isolation": false, "cache_key": ["$uri", "-x"]}),
+    ));
     run(&*p, as_user("jack"), ok("shared"));
     assert_eq!(&run(&*p, as_user("rose"), OK).body[..], b"shared");
 }
@@ -321,19 +347,30 @@ fn disk(extra: Value) -> Value {
 #[test]
 fn disk_miss_hit_bypass_and_purge() {
     let gw = gateway(1 << 20);
-    let p = gw.plugin(disk(json!({"cache_bypass": ["$arg_bypass"], "cache_method": ["GET"],
-        "cache_http_status": [200]})));
+    let p = gw.plugin(disk(
+        json!({"cache_bypass": ["$arg_bypass"], "cache_method": ["GET"],
+        "cache_http_status": [200]}),
+    ));
     assert_eq!(run(&*p, req("PURGE", "/d"), OK).status, 404);
     assert_eq!(run(&*p, get("/d?n=1"), ok("first")).cache_status(), "MISS");
     let a = run(&*p, get("/d?n=2"), ok("second"));
-    assert_eq!((a.cache_status(), &a.body[..], a.upstream_method.clone()), ("HIT", &b"first"[..], None));
+    assert_eq!(
+        (a.cache_status(), &a.body[..], a.upstream_method.clone()),
+        ("HIT", &b"first"[..], None)
+    );
     assert!(a.headers.get("age").is_none());
     // HEAD outside cache_method: BYPASS, asked as GET (nginx's proxy_cache_convert_head).
     let a = run(&*p, req("HEAD", "/d"), OK);
-    assert_eq!((a.cache_status(), a.upstream_method.clone()), ("BYPASS", Some(Method::GET)));
+    assert_eq!(
+        (a.cache_status(), a.upstream_method.clone()),
+        ("BYPASS", Some(Method::GET))
+    );
     assert_eq!(&run(&*p, get("/d"), OK).body[..], b"first");
     // A bypassed request's answer replaces the stored one.
-    assert_eq!(run(&*p, get("/d?bypass=1"), ok("new")).cache_status(), "BYPASS");
+    assert_eq!(
+        run(&*p, get("/d?bypass=1"), ok("new")).cache_status(),
+        "BYPASS"
+    );
     assert_eq!(&run(&*p, get("/d"), OK).body[..], b"new");
     // Methods nginx never caches have no status.
     assert_eq!(run(&*p, req("PUT", "/d"), OK).cache_status(), "");
@@ -366,7 +403,10 @@ fn disk_times_follow_the_answer_then_the_zone() {
     let a = run(&*p, get("/long"), OK);
     assert_eq!(a.cache_status(), "HIT");
     assert!(a.headers.get("cache-control").is_none());
-    assert!(run(&*p, get("/fresh"), long).headers.get("cache-control").is_none());
+    assert!(run(&*p, get("/fresh"), long)
+        .headers
+        .get("cache-control")
+        .is_none());
 }
 
 #[test]
@@ -399,7 +439,10 @@ fn zones_are_checked_as_apisix_does() {
     assert!(r.check(NAME, &json!({"cache_key": ["$"]})).is_err());
     assert!(r.check(NAME, &json!({})).is_ok());
     assert!(r
-        .check(NAME, &json!({"cache_strategy": "memory", "cache_zone": "memory_cache"}))
+        .check(
+            NAME,
+            &json!({"cache_strategy": "memory", "cache_zone": "memory_cache"})
+        )
         .is_ok());
 }
 
@@ -423,7 +466,10 @@ async fn concurrent_misses_make_one_fetch() {
             panic!("served what the first fetched")
         };
         assert_eq!(e.body.as_deref(), Some(&b"once"[..]));
-        assert!(e.headers.iter().any(|(n, v)| n == "apisix-cache-status" && v == "HIT"));
+        assert!(e
+            .headers
+            .iter()
+            .any(|(n, v)| n == "apisix-cache-status" && v == "HIT"));
         assert_eq!(run(&*p, req("PURGE", "/l"), OK).status, 200);
     }
 }

@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 
 use super::lru::Lru;
 use super::stored::Stored;
@@ -27,9 +27,12 @@ pub enum Lookup {
     Missing,
 }
 
+/// One shard's entries.
+type Shard = Mutex<Lru<Box<str>, Arc<Stored>>>;
+
 /// One memory zone.
 pub struct MemoryZone {
-    shards: Box<[Mutex<Lru<Box<str>, Arc<Stored>>>]>,
+    shards: Box<[Shard]>,
     hasher: foldhash::fast::FixedState,
     capacity: usize,
     used: AtomicUsize,
@@ -58,9 +61,7 @@ impl MemoryZone {
     }
 
     fn shard(&self, key: &str) -> usize {
-        let mut h = self.hasher.build_hasher();
-        key.hash(&mut h);
-        (h.finish() as usize) % SHARDS
+        (self.hasher.hash_one(key) as usize) % SHARDS
     }
 
     /// The bytes the zone's entries take.

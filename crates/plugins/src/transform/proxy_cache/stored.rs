@@ -107,7 +107,7 @@ impl Directives {
 
 /// The `Expires` date in wall milliseconds (the last one when there are several).
 fn expires_ms(headers: &HeaderMap) -> Option<u64> {
-    let v = headers.get_all(http::header::EXPIRES).iter().last()?;
+    let v = headers.get_all(http::header::EXPIRES).iter().next_back()?;
     let t = httpdate::parse_http_date(v.to_str().ok()?).ok()?;
     let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     u64::try_from(d.as_millis()).ok()

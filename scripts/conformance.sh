@@ -65,6 +65,18 @@ $3
     listen:
       - ip: 127.0.0.1
         port: 9443
+  # APISIX's default zones (the transform cases name them), the disk one in the run's own
+  # directory so that a run starts with nothing stored.
+  proxy_cache:
+    cache_ttl: 10s
+    zones:
+      - name: disk_cache_one
+        memory_size: 50m
+        disk_size: 1G
+        disk_path: $WORK/disk_cache_one
+        cache_levels: "1:2"
+      - name: memory_cache
+        memory_size: 50m
 deployment:
   role: traditional
 $2

@@ -154,7 +154,8 @@ fn run(
         settings.apisix.ssl.listen.iter().map(|l| l.port).collect()
     } else {
         Vec::new()
-    });
+    })
+    .with_proxy_cache(settings.apisix.proxy_cache.clone());
     // The plugins' TLS peers (log servers, HTTPS endpoints) are verified against the CA
     // bundle upstreams use, as APISIX's `lua_ssl_trusted_certificate` serves both (a bad
     // bundle is reported by the compile options below).

@@ -80,6 +80,75 @@ pub struct ApisixSettings {
     pub enable_ipv6: bool,
     /// The global switch off for upstream health checks (`checks` are then ignored).
     pub disable_upstream_healthcheck: bool,
+    /// The cache zones proxy-cache stores answers in (`None`: the key set to null, so
+    /// proxy-cache checks no zone names, as APISIX's `check_schema` without the section).
+    pub proxy_cache: Option<ProxyCacheSettings>,
+}
+
+/// `apisix.proxy_cache`: how long the disk strategy keeps an answer that says nothing of its
+/// freshness, and the zones proxy-cache confs name.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct ProxyCacheSettings {
+    /// nginx's `proxy_cache_valid any <cache_ttl>` for the disk zones.
+    #[serde(deserialize_with = "de::duration")]
+    pub cache_ttl: Duration,
+    pub zones: Vec<CacheZone>,
+}
+
+/// One zone of `apisix.proxy_cache.zones`: a disk zone when it has `disk_path` (nginx's
+/// `proxy_cache_path`), else a memory zone (a `lua_shared_dict` of `memory_size`).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct CacheZone {
+    pub name: String,
+    /// A memory zone's bytes; a disk zone's key index (nginx's `keys_zone` size).
+    #[serde(deserialize_with = "de::size")]
+    pub memory_size: u64,
+    #[serde(default, deserialize_with = "de::opt_size")]
+    pub disk_size: Option<u64>,
+    #[serde(default)]
+    pub disk_path: Option<String>,
+    /// Directory levels of the file names (`"1:2"`).
+    #[serde(default)]
+    pub cache_levels: Option<String>,
+}
+
+/// nginx's `levels=`: 1 to 3 directory levels named by 1 or 2 hex characters each.
+pub fn cache_levels(levels: &str) -> Option<Vec<u8>> {
+    let parsed: Vec<u8> = levels
+        .split(':')
+        .map(|l| match l {
+            "1" => Some(1),
+            "2" => Some(2),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    (1..=3).contains(&parsed.len()).then_some(parsed)
+}
+
+impl Default for ProxyCacheSettings {
+    /// APISIX's default zones (`apisix/cli/config.lua`).
+    fn default() -> Self {
+        ProxyCacheSettings {
+            cache_ttl: Duration::from_secs(10),
+            zones: vec![
+                CacheZone {
+                    name: "disk_cache_one".into(),
+                    memory_size: 50 << 20,
+                    disk_size: Some(1 << 30),
+                    disk_path: Some("/tmp/disk_cache_one".into()),
+                    cache_levels: Some("1:2".into()),
+                },
+                CacheZone {
+                    name: "memory_cache".into(),
+                    memory_size: 50 << 20,
+                    disk_size: None,
+                    disk_path: None,
+                    cache_levels: None,
+                },
+            ],
+        }
+    }
 }
 
 /// The `discovery:` section; only `dns` is built.
@@ -222,6 +291,7 @@ impl Default for ApisixSettings {
             dns_resolver_valid: None,
             enable_ipv6: true,
             disable_upstream_healthcheck: false,
+            proxy_cache: Some(ProxyCacheSettings::default()),
         }
     }
 }

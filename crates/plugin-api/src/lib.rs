@@ -37,7 +37,7 @@
 //!   of APISIX's answers;
 //! - `ferrisix_config::vars`: compiling APISIX `vars` expressions (lua-resty-expr);
 //! - `ferrisix_config::settings`: config.yaml's `plugin_attr` for plugins that read it
-//!   (prometheus, public-api);
+//!   (prometheus, public-api) and the cache zones of `apisix.proxy_cache` (proxy-cache);
 //! - `ferrisix_router::VarSource`, `ferrisix_router::Expr`: reading request variables and
 //!   evaluating compiled expressions;
 //! - `ferrisix_net`: serving a port of the plugin's own (prometheus' export server) with the

@@ -22,7 +22,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 pub use ferrisix_config::reopen::LogReopen;
-use ferrisix_config::settings::PluginAttr;
+use ferrisix_config::settings::{PluginAttr, ProxyCacheSettings};
 
 use crate::clock::Clock;
 use crate::exec::Executor;
@@ -46,6 +46,8 @@ pub struct PluginServices {
     attr: PluginAttr,
     /// The HTTPS listeners' ports (`apisix.ssl.listen` when `apisix.ssl.enable`).
     tls_ports: Vec<u16>,
+    /// `apisix.proxy_cache`: the zones proxy-cache stores answers in.
+    proxy_cache: Option<Arc<ProxyCacheSettings>>,
     shutdown: Shutdown,
     log_reopen: LogReopen,
     shared: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
@@ -78,6 +80,7 @@ impl PluginServices {
             conn_stats: Arc::new(ConnStats::new()),
             attr,
             tls_ports: Vec::new(),
+            proxy_cache: Some(Arc::new(ProxyCacheSettings::default())),
             shutdown: Shutdown::new(),
             log_reopen: LogReopen::new(),
             shared: Mutex::new(HashMap::new()),
@@ -120,6 +123,17 @@ impl PluginServices {
     pub fn with_tls_ports(mut self, ports: Vec<u16>) -> PluginServices {
         self.tls_ports = ports;
         self
+    }
+
+    /// `apisix.proxy_cache` as config.yaml has it (APISIX's default zones unless set).
+    pub fn with_proxy_cache(mut self, zones: Option<ProxyCacheSettings>) -> PluginServices {
+        self.proxy_cache = zones.map(Arc::new);
+        self
+    }
+
+    /// The cache zones; `None` when config.yaml set `apisix.proxy_cache` to nothing.
+    pub fn proxy_cache(&self) -> Option<&Arc<ProxyCacheSettings>> {
+        self.proxy_cache.as_ref()
     }
 
     /// The HTTPS ports; empty when TLS is off.

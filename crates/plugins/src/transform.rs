@@ -4,6 +4,8 @@ family! {
     // One line per plugin: its module's name.
     echo,
     mocking,
+    proxy_buffering,
+    proxy_cache,
     proxy_rewrite,
     redirect,
     response_rewrite,

@@ -303,6 +303,10 @@ pub(crate) fn size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     d.deserialize_any(V)
 }
 
+pub(crate) fn opt_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    size(d).map(Some)
+}
+
 /// nginx `on`/`off`, or a YAML boolean.
 pub(crate) fn on_off<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
     struct V;

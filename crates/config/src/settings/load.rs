@@ -305,6 +305,18 @@ fn check(s: &Settings, errors: &mut Vec<String>) {
         ));
     }
     check_extra_labels(&s.plugin_attr.prometheus.metrics, errors);
+    if let Some(pc) = &s.apisix.proxy_cache {
+        for (i, z) in pc.zones.iter().enumerate() {
+            if let Some(levels) = &z.cache_levels {
+                if crate::settings::cache_levels(levels).is_none() {
+                    errors.push(format!(
+                        "apisix.proxy_cache.zones[{i}].cache_levels: invalid value: string \
+                         {levels:?}, expected 1 to 3 levels of 1 or 2 characters, as \"1:2\""
+                    ));
+                }
+            }
+        }
+    }
     if let Err(e) = crate::encrypt::Keyring::new(&s.apisix.data_encryption.keyring) {
         errors.push(e);
     }

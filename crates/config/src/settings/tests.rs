@@ -956,3 +956,45 @@ fn deeply_nested_config_is_refused_quickly() {
     }
     assert!(started.elapsed() < Duration::from_secs(5));
 }
+
+#[test]
+fn proxy_cache_zones_default_to_apisixs_and_are_read() {
+    let s = Settings::default();
+    let pc = s.apisix.proxy_cache.unwrap();
+    assert_eq!(pc.cache_ttl, Duration::from_secs(10));
+    let names: Vec<&str> = pc.zones.iter().map(|z| z.name.as_str()).collect();
+    assert_eq!(names, ["disk_cache_one", "memory_cache"]);
+    let (s, warnings) = Settings::from_yaml_str_with_env(
+        r#"
+apisix:
+  proxy_cache:
+    cache_ttl: 1m
+    zones:
+      - name: disk_two
+        memory_size: 1m
+        disk_size: 2g
+        disk_path: /var/cache/two
+        cache_levels: "2:1:2"
+      - {name: mem, memory_size: 512k}
+"#,
+        &no_env,
+    )
+    .unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let pc = s.apisix.proxy_cache.unwrap();
+    assert_eq!(pc.cache_ttl, Duration::from_secs(60));
+    assert_eq!(pc.zones[0].disk_size, Some(2 << 30));
+    assert_eq!(pc.zones[0].memory_size, 1 << 20);
+    assert_eq!(pc.zones[1].memory_size, 512 << 10);
+    assert_eq!(pc.zones[1].disk_path, None);
+    assert_eq!(super::cache_levels("2:1:2"), Some(vec![2, 1, 2]));
+    for bad in ["", "3", "1:2:1:2", "1:", "a"] {
+        assert_eq!(super::cache_levels(bad), None, "{bad}");
+    }
+    let err = Settings::from_yaml_str_with_env(
+        "apisix:\n  proxy_cache:\n    zones:\n      - {name: d, memory_size: 1m, disk_path: /x, cache_levels: \"1:3\"}\n",
+        &no_env,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("zones[0].cache_levels"), "{err}");
+}

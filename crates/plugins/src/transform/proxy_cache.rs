@@ -1,0 +1,767 @@
+//! proxy-cache (`apisix/plugins/proxy-cache/`): stores upstream answers by a cache key made of
+//! variables (`cache_key`) and serves them again without the upstream, from a memory zone
+//! (`cache_strategy: memory`, APISIX's shared-dictionary strategy) or a disk zone (`disk`, the
+//! default, nginx's `proxy_cache` as APISIX configures it). The zones are config.yaml's
+//! `apisix.proxy_cache.zones`; a conf naming another zone, or a zone of the other kind, is
+//! refused with APISIX's messages.
+//!
+//! Every answer says what the cache did in `Apisix-Cache-Status`: `HIT` (served from the
+//! zone), `MISS` (nothing stored, or a request the conf does not cache), `EXPIRED` (stored
+//! but past its time: fetched again and stored anew), `STALE` (memory, `cache_control`: older
+//! than the client accepts), `BYPASS` (`cache_bypass` said so, or, on disk, a method outside
+//! `cache_method`; on memory a client's `no-cache`/`no-store` with `cache_control`). `PURGE`
+//! deletes the request's entry (200, or 404 when there was none).
+//!
+//! The two strategies differ as they do in APISIX: the memory strategy stores for `cache_ttl`
+//! (or, with `cache_control`, what the answer's `s-maxage`, `max-age` or `Expires` say) any
+//! answer whose status is in `cache_http_status`, adds `Age` to hits and honours the client's
+//! `Cache-Control` with `cache_control`; the disk strategy stores for what the answer's
+//! `X-Accel-Expires`, `Cache-Control` or `Expires` say, else for the zones' `cache_ttl`, and a
+//! `cache_bypass` request's answer replaces the stored one. Both refuse answers marked
+//! `private`, `no-store` or `no-cache`, answers with `Set-Cookie` (memory: unless
+//! `cache_set_cookie`) and with `Vary`. A `HEAD` on a cached path asks the upstream for a
+//! `GET`, so the whole answer is stored (nginx's `proxy_cache_convert_head`).
+//!
+//! With `consumer_isolation` (the default) the authenticated consumer's name (else
+//! `$remote_user`) is put before the key, unless the key already names the requester.
+//!
+//! Misses on one key make one upstream fetch: while a request fetches a key, the others that
+//! miss it wait (up to APISIX's `proxy_cache_lock_timeout`, 5 s) and are served what it
+//! stored (nginx's cache lock, which APISIX leaves off; it spares the upstream a stampede).
+
+mod disk;
+mod lru;
+mod memory;
+mod stored;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use bytes::{Bytes, BytesMut};
+use ferrisix_config::settings::cache_levels;
+use ferrisix_plugin_api::{
+    BodyChunk, BodyFilter, CheckCtx, Clock, CompileCtx, Exit, Flow, Phases, Plugin, PluginCtx,
+    PluginDef, PluginServices, ResponseHead, SharedState, Step,
+};
+use ferrisix_router::VarSource;
+use http::{header, HeaderName, HeaderValue, Method, StatusCode};
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+use disk::DiskZone;
+use memory::{Lookup, MemoryZone};
+use stored::{Directives, Freshness, Stored, Vary};
+
+pub const NAME: &str = "proxy-cache";
+
+pub static DEF: PluginDef = PluginDef {
+    version: 0.2,
+    check: Some(check),
+    ..PluginDef::new(NAME, 1085, schema, compile)
+};
+
+const KEY_PATTERN: &str = r"(^[^\$].+$|^\$[0-9a-zA-Z_]+$)";
+
+fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "max_resp_body_size": {"type": "integer", "minimum": 1, "default": 67108864},
+            "cache_zone": {
+                "type": "string", "minLength": 1, "maxLength": 100,
+                "default": "disk_cache_one"
+            },
+            "cache_strategy": {
+                "type": "string", "enum": ["disk", "memory"], "default": "disk"
+            },
+            "cache_key": {
+                "type": "array", "minItems": 1,
+                "items": {"description": "a key for caching", "type": "string",
+                          "pattern": KEY_PATTERN},
+                "default": ["$host", "$request_uri"]
+            },
+            "cache_http_status": {
+                "type": "array", "minItems": 1,
+                "items": {"description": "http response status", "type": "integer",
+                          "minimum": 200, "maximum": 599},
+                "uniqueItems": true,
+                "default": [200, 301, 404]
+            },
+            "cache_method": {
+                "type": "array", "minItems": 1,
+                "items": {"description": "supported http method", "type": "string",
+                          "enum": ["GET", "POST", "HEAD"]},
+                "uniqueItems": true,
+                "default": ["GET", "HEAD"]
+            },
+            "hide_cache_headers": {"type": "boolean", "default": false},
+            "cache_control": {"type": "boolean", "default": false},
+            "cache_bypass": {
+                "type": "array", "minItems": 1,
+                "items": {"type": "string", "pattern": KEY_PATTERN}
+            },
+            "no_cache": {
+                "type": "array", "minItems": 1,
+                "items": {"type": "string", "pattern": KEY_PATTERN}
+            },
+            "cache_ttl": {"type": "integer", "minimum": 1, "default": 300},
+            "consumer_isolation": {"type": "boolean", "default": true},
+            "cache_set_cookie": {"type": "boolean", "default": false}
+        }
+    })
+}
+
+fn strings(conf: &Value, name: &str) -> Vec<String> {
+    conf.get(name)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// APISIX's `check_schema`: `$request_method` cannot be part of the key, and the zone must be
+/// one of config.yaml's, of the strategy's kind (a disk zone has `disk_path`).
+fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
+    let conf = cx.filled()?;
+    for key in strings(&conf, "cache_key") {
+        if key == "$request_method" {
+            return Err(format!("cache_key variable {key} unsupported"));
+        }
+    }
+    let Some(settings) = cx.services.proxy_cache() else {
+        return Ok(());
+    };
+    let zone = conf["cache_zone"].as_str().unwrap_or_default();
+    let strategy = conf["cache_strategy"].as_str().unwrap_or_default();
+    match settings.zones.iter().find(|z| z.name == zone) {
+        None => Err(format!("cache_zone {zone} not found")),
+        Some(z) if (strategy == "memory") == z.disk_path.is_some() => Err(format!(
+            "invalid or empty cache_zone for cache_strategy: {strategy}"
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+/// A zone, made once per gateway and name: where answers are stored, and the fetches in
+/// flight for its keys.
+#[derive(Clone, Debug)]
+struct Zone {
+    store: Store,
+    fills: Arc<Fills>,
+}
+
+#[derive(Clone, Debug)]
+enum Store {
+    Memory(Arc<MemoryZone>),
+    Disk {
+        zone: Arc<DiskZone>,
+        /// The zones' `cache_ttl` (`proxy_cache_valid any`), in milliseconds.
+        default_ttl_ms: u64,
+    },
+}
+
+impl Zone {
+    fn get(&self, key: &str, now_ms: u64) -> Lookup {
+        match &self.store {
+            Store::Memory(z) => z.get(key, now_ms),
+            Store::Disk { zone, .. } => zone.get(key, now_ms),
+        }
+    }
+}
+
+/// How long a request waits for another's fetch of its key (APISIX's
+/// `proxy_cache_lock_timeout`) before it goes upstream itself.
+const FILL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The keys being fetched: a request that misses while another fetches its key waits for that
+/// answer instead of asking the upstream too.
+#[derive(Debug, Default)]
+struct Fills(Mutex<HashMap<String, watch::Receiver<()>>>);
+
+enum Claim {
+    /// This request fetches; the guard ends the claim when the request is over.
+    Mine(FillGuard),
+    /// Another does: this ends when it is over.
+    Wait(watch::Receiver<()>),
+}
+
+impl Fills {
+    fn claim(self: &Arc<Self>, key: &str) -> Claim {
+        let mut fills = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(done) = fills.get(key) {
+            return Claim::Wait(done.clone());
+        }
+        let (tx, rx) = watch::channel(());
+        fills.insert(key.to_owned(), rx);
+        Claim::Mine(FillGuard {
+            fills: self.clone(),
+            key: key.to_owned(),
+            _done: tx,
+        })
+    }
+}
+
+/// Held by the request fetching a key; dropped when it ends (its answer stored by then, if
+/// it is stored), which wakes the waiters.
+struct FillGuard {
+    fills: Arc<Fills>,
+    key: String,
+    _done: watch::Sender<()>,
+}
+
+impl Drop for FillGuard {
+    fn drop(&mut self) {
+        let mut fills = self.fills.0.lock().unwrap_or_else(|e| e.into_inner());
+        fills.remove(&self.key);
+        // `_done` is dropped after this: the waiters' `changed()` ends.
+    }
+}
+
+/// The gateway's zones, made when a conf first names them.
+#[derive(Default)]
+struct Zones(Mutex<HashMap<String, Zone>>);
+
+impl SharedState for Zones {
+    fn create(_: &PluginServices) -> Self {
+        Zones::default()
+    }
+}
+
+impl Zones {
+    fn get(&self, services: &PluginServices, name: &str, memory: bool) -> Result<Zone, String> {
+        let mut made = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(z) = made.get(name) {
+            return Ok(z.clone());
+        }
+        let settings = services.proxy_cache();
+        let conf = settings.and_then(|s| s.zones.iter().find(|z| z.name == name));
+        let store = match (conf, memory) {
+            (Some(c), false) => {
+                let path = c
+                    .disk_path
+                    .as_deref()
+                    .ok_or("invalid or empty cache_zone for cache_strategy: disk")?;
+                let levels = match &c.cache_levels {
+                    Some(l) => {
+                        cache_levels(l).ok_or_else(|| format!("invalid cache_levels {l}"))?
+                    }
+                    None => Vec::new(),
+                };
+                let zone = Arc::new(DiskZone::new(
+                    std::path::Path::new(path),
+                    levels,
+                    c.disk_size,
+                    c.memory_size,
+                ));
+                load_in_background(services, &zone);
+                Store::Disk {
+                    zone,
+                    default_ttl_ms: settings.map_or(10_000, |s| {
+                        u64::try_from(s.cache_ttl.as_millis()).unwrap_or(u64::MAX)
+                    }),
+                }
+            }
+            (Some(c), true) => Store::Memory(Arc::new(MemoryZone::new(c.memory_size))),
+            // No `apisix.proxy_cache` at all: APISIX accepts any name; a memory zone of
+            // APISIX's default size serves it.
+            (None, true) => Store::Memory(Arc::new(MemoryZone::new(50 << 20))),
+            (None, false) => return Err(format!("cache_zone {name} not found")),
+        };
+        let zone = Zone {
+            store,
+            fills: Arc::default(),
+        };
+        made.insert(name.to_owned(), zone.clone());
+        Ok(zone)
+    }
+}
+
+/// Reads a disk zone's directory into its index off the request path (nginx's cache loader).
+fn load_in_background(services: &PluginServices, zone: &Arc<DiskZone>) {
+    let z = zone.clone();
+    let spawned = services.executor().spawn(async move {
+        let _ = tokio::task::spawn_blocking(move || z.load()).await;
+    });
+    if spawned.is_err() {
+        zone.load();
+    }
+}
+
+/// One piece of a key: text, or a variable's value.
+#[derive(Debug)]
+enum Part {
+    Text(String),
+    Var(String),
+}
+
+fn parts(list: &[String]) -> Vec<Part> {
+    list.iter()
+        .map(|p| match p.strip_prefix('$') {
+            Some(var) => Part::Var(var.to_owned()),
+            None => Part::Text(p.clone()),
+        })
+        .collect()
+}
+
+/// APISIX's `generate_complex_value`: the pieces joined, a missing variable as nothing.
+fn complex_value(parts: &[Part], ctx: &PluginCtx<'_>) -> String {
+    let mut out = String::new();
+    for p in parts {
+        match p {
+            Part::Text(t) => out.push_str(t),
+            Part::Var(v) => {
+                if let Some(value) = ctx.var(v) {
+                    out.push_str(&value);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `cache_bypass` and `no_cache` are on unless empty or `0`.
+fn truthy(value: &str) -> bool {
+    !value.is_empty() && value != "0"
+}
+
+/// Entries of the key that already say who is asking: consumer isolation then adds nothing.
+const IDENTITY_VARS: [&str; 4] = [
+    "$consumer_name",
+    "$consumer_group_id",
+    "$remote_user",
+    "$http_authorization",
+];
+
+#[derive(Debug)]
+struct ProxyCache {
+    zone: Zone,
+    key: Vec<Part>,
+    isolate: bool,
+    bypass: Option<Vec<Part>>,
+    no_cache: Option<Vec<Part>>,
+    methods: Vec<Method>,
+    statuses: Vec<u16>,
+    hide_cache_headers: bool,
+    cache_control: bool,
+    ttl_ms: u64,
+    max_body: usize,
+    cache_set_cookie: bool,
+    clock: Clock,
+}
+
+fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
+    let conf = cx.filled();
+    let memory = conf["cache_strategy"] == "memory";
+    let zone_name = conf["cache_zone"].as_str().unwrap_or("disk_cache_one");
+    let zone = cx
+        .services
+        .shared::<Zones>()
+        .get(cx.services, zone_name, memory)?;
+    let key = strings(&conf, "cache_key");
+    let optional = |name: &str| conf.get(name).map(|_| parts(&strings(&conf, name)));
+    Ok(Arc::new(ProxyCache {
+        zone,
+        isolate: conf["consumer_isolation"].as_bool().unwrap_or(true)
+            && !key.iter().any(|k| IDENTITY_VARS.contains(&k.as_str())),
+        key: parts(&key),
+        bypass: optional("cache_bypass"),
+        no_cache: optional("no_cache"),
+        methods: strings(&conf, "cache_method")
+            .iter()
+            .filter_map(|m| Method::from_bytes(m.as_bytes()).ok())
+            .collect(),
+        statuses: conf["cache_http_status"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_u64)
+            .filter_map(|s| u16::try_from(s).ok())
+            .collect(),
+        hide_cache_headers: conf["hide_cache_headers"].as_bool().unwrap_or(false),
+        cache_control: conf["cache_control"].as_bool().unwrap_or(false),
+        ttl_ms: conf["cache_ttl"]
+            .as_u64()
+            .unwrap_or(300)
+            .saturating_mul(1000),
+        max_body: conf["max_resp_body_size"]
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(usize::MAX),
+        cache_set_cookie: conf["cache_set_cookie"].as_bool().unwrap_or(false),
+        clock: cx.services.clock().clone(),
+    }))
+}
+
+const STATUS_HEADER: HeaderName = HeaderName::from_static("apisix-cache-status");
+
+fn status_value(s: &'static str) -> HeaderValue {
+    HeaderValue::from_static(s)
+}
+
+/// The memory strategy's status goes on whatever answer ends the request, as APISIX sets it
+/// in the access phase.
+fn set_status(ctx: &mut PluginCtx<'_>, s: &'static str) {
+    ctx.response_headers_mut()
+        .insert(STATUS_HEADER, status_value(s));
+}
+
+/// What the request phase decided, for the response phase.
+#[derive(Debug)]
+struct Pending {
+    /// The key the answer is stored under; `None`: it is not stored.
+    key: Option<String>,
+    /// The disk strategy's `Apisix-Cache-Status`, set on the upstream's answer; `None`: no
+    /// status (a method nginx does not cache).
+    disk_status: Option<&'static str>,
+}
+
+/// The request was answered from the cache.
+#[derive(Debug)]
+struct Hit;
+
+impl ProxyCache {
+    fn key(&self, ctx: &PluginCtx<'_>) -> String {
+        let key = complex_value(&self.key, ctx);
+        if !self.isolate {
+            return key;
+        }
+        let identity = ctx
+            .var("consumer_name")
+            .filter(|n| !n.is_empty())
+            .or_else(|| ctx.var("remote_user").filter(|n| !n.is_empty()));
+        match identity {
+            // The separator is outside what a consumer's name may hold.
+            Some(id) => format!("{id}\u{1}{key}"),
+            None => key,
+        }
+    }
+
+    fn on(&self, list: &Option<Vec<Part>>, ctx: &PluginCtx<'_>) -> bool {
+        list.as_deref()
+            .is_some_and(|parts| truthy(&complex_value(parts, ctx)))
+    }
+
+    /// The answer served from the cache.
+    fn hit(&self, stored: &Stored, extra: &[(HeaderName, HeaderValue)]) -> Exit {
+        let mut headers = Vec::with_capacity(stored.headers.len() + extra.len());
+        for (n, v) in &stored.headers {
+            if !(self.hide_cache_headers && stored::is_cache_header(n)) {
+                headers.push((n.clone(), v.clone()));
+            }
+        }
+        headers.extend_from_slice(extra);
+        Exit {
+            status: stored.status,
+            body: Some(stored.body.clone()),
+            headers,
+        }
+    }
+
+    /// What a request does before the lookup: `Err` when it is answered or passed on
+    /// without one, else its key and (memory, `cache_control`) the client's directives.
+    fn before_lookup(
+        &self,
+        ctx: &mut PluginCtx<'_>,
+    ) -> Result<(String, Directives), Step<'static>> {
+        let method = ctx.method().clone();
+        let memory = matches!(self.zone.store, Store::Memory(_));
+        let purge = method.as_str() == "PURGE";
+        let cc = if memory && self.cache_control {
+            Directives::parse(ctx.headers().get_all(header::CACHE_CONTROL).iter())
+        } else {
+            Directives::default()
+        };
+        if memory && !purge {
+            if !self.methods.contains(&method) {
+                set_status(ctx, "MISS");
+                return Err(Step::CONTINUE);
+            }
+            if self.on(&self.bypass, ctx) || (self.cache_control && (cc.no_store || cc.no_cache)) {
+                set_status(ctx, "BYPASS");
+                return Err(Step::CONTINUE);
+            }
+        }
+        let key = self.key(ctx);
+        if purge {
+            let found = match &self.zone.store {
+                Store::Memory(z) => z.purge(&key),
+                Store::Disk { zone, .. } => zone.purge(&key),
+            };
+            return Err(Step::exit(Exit::status(if found {
+                StatusCode::OK
+            } else {
+                StatusCode::NOT_FOUND
+            })));
+        }
+        if !memory {
+            // nginx's `proxy_cache_methods GET HEAD POST`: other methods never meet the cache.
+            if !(method == Method::GET || method == Method::HEAD || method == Method::POST) {
+                ctx.insert(Pending {
+                    key: None,
+                    disk_status: None,
+                });
+                return Err(Step::CONTINUE);
+            }
+            if method == Method::HEAD {
+                ctx.set_upstream_method(Method::GET);
+            }
+            if self.on(&self.bypass, ctx) || !self.methods.contains(&method) {
+                ctx.insert(Pending {
+                    key: Some(key),
+                    disk_status: Some("BYPASS"),
+                });
+                return Err(Step::CONTINUE);
+            }
+        }
+        Ok((key, cc))
+    }
+
+    /// A stored answer, unless the client (memory, `cache_control`) wants a fresher one.
+    fn usable(&self, stored: &Stored, cc: &Directives, now: u64) -> Result<Exit, ()> {
+        let age = now.saturating_sub(stored.stored_ms) as f64 / 1000.0;
+        let memory = matches!(self.zone.store, Store::Memory(_));
+        if memory && self.cache_control {
+            let ttl = stored.expires_ms.saturating_sub(stored.stored_ms) as f64 / 1000.0;
+            if cc.max_age.is_some_and(|m| age > m)
+                || cc.max_stale.is_some_and(|m| age - ttl > m)
+                || cc.min_fresh.is_some_and(|m| ttl - age < m)
+            {
+                return Err(());
+            }
+        }
+        let hit = (STATUS_HEADER, status_value("HIT"));
+        if !memory {
+            return Ok(self.hit(stored, &[hit]));
+        }
+        let mut age_text = itoa::Buffer::new();
+        let age = HeaderValue::from_str(age_text.format(age.floor() as u64))
+            .unwrap_or(HeaderValue::from_static("0"));
+        Ok(self.hit(stored, &[(header::AGE, age), hit]))
+    }
+
+    /// The request goes upstream; its answer may be stored under `key`.
+    fn miss(&self, ctx: &mut PluginCtx<'_>, key: String, status: &'static str) -> Flow {
+        match self.zone.store {
+            Store::Memory(_) => {
+                set_status(ctx, status);
+                if ctx.method() == Method::HEAD {
+                    ctx.set_upstream_method(Method::GET);
+                }
+                ctx.insert(Pending {
+                    key: Some(key),
+                    disk_status: None,
+                });
+            }
+            Store::Disk { .. } => ctx.insert(Pending {
+                key: Some(key),
+                disk_status: Some(status),
+            }),
+        }
+        Flow::Continue
+    }
+    /// Whether the answer is to be stored, and for how long (milliseconds).
+    fn storable(
+        &self,
+        ctx: &PluginCtx<'_>,
+        resp: &ResponseHead<'_>,
+        disk_default: Option<u64>,
+    ) -> Option<u64> {
+        if !self.statuses.contains(&resp.status().as_u16()) || self.on(&self.no_cache, ctx) {
+            return None;
+        }
+        let headers = resp.headers();
+        let now = self.clock.epoch_ms();
+        if let Some(default) = disk_default {
+            if !resp.from_upstream() || !self.methods.contains(ctx.method()) {
+                return None;
+            }
+            if stored::vary(headers) != Vary::None {
+                return None;
+            }
+            return match stored::nginx_freshness(headers, now) {
+                Freshness::Never => None,
+                Freshness::For(ms) => Some(ms),
+                Freshness::Default => Some(default),
+            };
+        }
+        let cc = Directives::parse(headers.get_all(header::CACHE_CONTROL).iter());
+        if cc.private || cc.no_store || cc.no_cache {
+            return None;
+        }
+        if !self.cache_set_cookie && headers.contains_key(header::SET_COOKIE) {
+            return None;
+        }
+        if stored::vary(headers) != Vary::None {
+            return None;
+        }
+        if self.cache_control {
+            let ttl = stored::resource_ttl_ms(&cc, headers, now);
+            return (ttl > 0).then_some(ttl);
+        }
+        Some(self.ttl_ms)
+    }
+}
+
+impl Plugin for ProxyCache {
+    fn phases(&self) -> Phases {
+        Phases::ACCESS | Phases::HEADER_FILTER
+    }
+
+    fn access<'a>(&'a self, ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
+        let (key, cc) = match self.before_lookup(ctx) {
+            Ok(k) => k,
+            Err(step) => return step,
+        };
+        let now = self.clock.epoch_ms();
+        let status = match self.zone.get(&key, now) {
+            Lookup::Fresh(stored) => match self.usable(&stored, &cc, now) {
+                Ok(exit) => {
+                    ctx.insert(Hit);
+                    return Step::exit(exit);
+                }
+                // Only the client finds it stale: no one else waits for this fetch.
+                Err(()) => return Step::Done(self.miss(ctx, key, "STALE")),
+            },
+            Lookup::Missing if self.cache_control && cc.only_if_cached => {
+                set_status(ctx, "MISS");
+                return Step::exit(Exit::status(StatusCode::GATEWAY_TIMEOUT));
+            }
+            Lookup::Missing => "MISS",
+            Lookup::Expired => "EXPIRED",
+        };
+        // One fetch per key at a time (nginx's cache lock): the others wait for its answer.
+        match self.zone.fills.claim(&key) {
+            Claim::Mine(guard) => {
+                ctx.add_guard(Box::new(guard));
+                Step::Done(self.miss(ctx, key, status))
+            }
+            Claim::Wait(mut done) => Step::Wait(Box::pin(async move {
+                let _ = tokio::time::timeout(FILL_WAIT, done.changed()).await;
+                let now = self.clock.epoch_ms();
+                if let Lookup::Fresh(stored) = self.zone.get(&key, now) {
+                    if let Ok(exit) = self.usable(&stored, &cc, now) {
+                        ctx.insert(Hit);
+                        return Flow::Exit(exit);
+                    }
+                }
+                self.miss(ctx, key, status)
+            })),
+        }
+    }
+
+    fn header_filter(&self, ctx: &mut PluginCtx<'_>, resp: &mut ResponseHead<'_>) {
+        if ctx.get::<Hit>().is_some() {
+            return;
+        }
+        let disk_default = match &self.zone.store {
+            Store::Disk { default_ttl_ms, .. } => Some(*default_ttl_ms),
+            Store::Memory(_) => None,
+        };
+        let Some(pending) = ctx.get::<Pending>() else {
+            if disk_default.is_some() && self.hide_cache_headers {
+                hide(resp);
+            }
+            return;
+        };
+        if disk_default.is_some() {
+            let status = pending.disk_status.filter(|_| resp.from_upstream());
+            match status {
+                Some(s) => {
+                    resp.headers_mut().insert(STATUS_HEADER, status_value(s));
+                }
+                None => {
+                    resp.headers_mut().remove(STATUS_HEADER);
+                }
+            }
+        }
+        let key = pending.key.clone();
+        // What the upstream sent is stored; hiding is for the client.
+        let ttl = key
+            .as_ref()
+            .and_then(|_| self.storable(ctx, resp, disk_default));
+        let headers: Vec<(HeaderName, HeaderValue)> = match ttl {
+            Some(_) => resp
+                .headers()
+                .iter()
+                .filter(|(n, _)| stored::storable(n))
+                .map(|(n, v)| (n.clone(), v.clone()))
+                .collect(),
+            None => Vec::new(),
+        };
+        if self.hide_cache_headers {
+            hide(resp);
+        }
+        let (Some(key), Some(ttl)) = (key, ttl) else {
+            return;
+        };
+        let now = self.clock.epoch_ms();
+        resp.add_body_filter(Box::new(Capture {
+            buf: BytesMut::new(),
+            limit: self.max_body,
+            over: false,
+            entry: Some(Entry {
+                zone: self.zone.clone(),
+                key,
+                stored: Stored {
+                    status: resp.status(),
+                    headers,
+                    body: Bytes::new(),
+                    stored_ms: now,
+                    expires_ms: now.saturating_add(ttl),
+                },
+            }),
+        }));
+    }
+}
+
+fn hide(resp: &mut ResponseHead<'_>) {
+    resp.headers_mut().remove(header::CACHE_CONTROL);
+    resp.headers_mut().remove(header::EXPIRES);
+}
+
+/// The answer to store once its body is complete.
+struct Entry {
+    zone: Zone,
+    key: String,
+    stored: Stored,
+}
+
+/// Passes the body through and keeps a copy; stores the answer when the body ended whole and
+/// within `max_resp_body_size` (a larger one, or one cut short, is not stored).
+struct Capture {
+    buf: BytesMut,
+    limit: usize,
+    over: bool,
+    entry: Option<Entry>,
+}
+
+impl BodyFilter for Capture {
+    fn filter(&mut self, chunk: &mut BodyChunk) {
+        if !self.over {
+            if self.buf.len() + chunk.data.len() >= self.limit {
+                self.over = true;
+                self.buf = BytesMut::new();
+            } else {
+                self.buf.extend_from_slice(&chunk.data);
+            }
+        }
+        if !chunk.end || self.over {
+            return;
+        }
+        let Some(mut entry) = self.entry.take() else {
+            return;
+        };
+        entry.stored.body = std::mem::take(&mut self.buf).freeze();
+        match &entry.zone.store {
+            Store::Memory(z) => {
+                z.set(&entry.key, Arc::new(entry.stored));
+            }
+            Store::Disk { zone, .. } => zone.set(&entry.key, &entry.stored),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -18,7 +18,8 @@ use crate::args::Args;
 use crate::body::read_limited;
 use crate::resources;
 use crate::response::{lua_view, Body as ReplyBody, Reply};
-use crate::{cjson, path};
+use crate::path;
+use ferrisix_config::schema::cjson;
 
 /// APISIX's mark on plugin schemas it injected `_meta` into.
 const INJECTED_MARK: &str = "this is a mark for our injected plugin schema";

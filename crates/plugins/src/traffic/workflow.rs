@@ -16,7 +16,7 @@ use std::sync::Arc;
 use ferrisix_config::schema;
 use ferrisix_config::vars::compile_vars;
 use ferrisix_plugin_api::{
-    CheckCtx, CompileCtx, Exit, Flow, Phases, Plugin, PluginCtx, PluginDef, Step,
+    CheckCtx, CompileCtx, Exit, Phases, Plugin, PluginCtx, PluginDef, Step,
 };
 use ferrisix_router::Expr;
 use http::StatusCode;
@@ -211,6 +211,7 @@ impl Plugin for Workflow {
 #[cfg(test)]
 mod tests {
     use ferrisix_plugin_api::testing::TestRequest;
+    use ferrisix_plugin_api::Flow;
 
     use super::*;
     use crate::registry::PluginRegistry;

@@ -4,7 +4,7 @@
 //! `{-raw-}...{-raw-}` is written untouched. The template becomes one Lua chunk whose text and
 //! expressions are calls of the writers below, run by [`super::lua`].
 
-use super::lua::{self, Expr, Globals, Machine, Stat, Val};
+use super::lua::{self, Expr, Globals, Machine, Stat};
 
 /// What a compiled template writes and runs.
 #[derive(Debug)]
@@ -24,7 +24,7 @@ pub fn compile(text: &str) -> Result<Template, String> {
     let mut src = String::new();
     let mut texts = Vec::new();
     let mut rest = text;
-    let mut push_text = |src: &mut String, t: &str, texts: &mut Vec<String>| {
+    let push_text = |src: &mut String, t: &str, texts: &mut Vec<String>| {
         if !t.is_empty() {
             src.push_str(&format!(" {TEXT}({}) ", texts.len()));
             texts.push(t.to_owned());
@@ -172,6 +172,7 @@ impl Template {
 
 #[cfg(test)]
 mod tests {
+    use super::super::lua::Val;
     use super::*;
 
     struct G;

@@ -93,8 +93,9 @@ impl Parser<'_> {
         if n == 0 {
             return Err(FAIL.into());
         }
+        let name = r[..n].to_owned();
         self.pos += n;
-        Ok(r[..n].to_owned())
+        Ok(name)
     }
 
     /// One element; `self.pos` at its `<`.

@@ -287,7 +287,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::registry::PluginRegistry;
+    use ferrisix_config::validate::PluginCheck;
     use crate::testing::Compiler;
 
     async fn status(p: &Arc<dyn Plugin>, mut req: TestRequest) -> (u16, String, Option<String>) {
@@ -343,7 +343,8 @@ mod tests {
 
     #[test]
     fn confs() {
-        let r = PluginRegistry::builtin();
+        let c = Compiler::new();
+        let r = &c.registry;
         assert!(r.check(NAME, &json!({"count": 1, "time_window": 1})).is_ok());
         assert!(r
             .check(NAME, &json!({"count": 1, "time_window": 1, "cost_strategy": "x"}))

@@ -390,7 +390,7 @@ mod tests {
     use http::HeaderMap;
 
     use super::*;
-    use crate::registry::PluginRegistry;
+    use ferrisix_config::validate::PluginCheck;
     use crate::testing::Compiler;
 
     fn plugin(conf: Value) -> Arc<dyn Plugin> {
@@ -469,10 +469,11 @@ mod tests {
 
     #[test]
     fn bad_confs() {
-        let r = PluginRegistry::builtin();
+        let c = Compiler::new();
+        let r = &c.registry;
         let err = |c: Value| r.check(NAME, &c).unwrap_err();
         assert!(err(json!({"request": [{"type": "body", "name": "$.a", "action": "remove"}]}))
-            .contains("body_format"));
+            .ends_with("allOf 1 failed: then clause did not match"));
         assert!(err(json!({"request": [{"type": "query", "name": "a", "action": "regex",
             "regex": "(", "value": "x"}]}))
         .contains("invalid regex"));

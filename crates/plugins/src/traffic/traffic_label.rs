@@ -217,7 +217,7 @@ mod tests {
     use ferrisix_plugin_api::testing::TestRequest;
 
     use super::*;
-    use crate::registry::PluginRegistry;
+    use ferrisix_config::validate::PluginCheck;
     use crate::testing::Compiler;
 
     fn label(p: &Arc<dyn Plugin>, uri: &str) -> Option<String> {
@@ -259,7 +259,8 @@ mod tests {
 
     #[test]
     fn bad_confs() {
-        let r = PluginRegistry::builtin();
+        let c = Compiler::new();
+        let r = &c.registry;
         let err = |c: Value| r.check(NAME, &c).unwrap_err();
         assert!(err(json!({"rules": [{"actions": [{"go": 1}]}]}))
             .ends_with("not supported action: go"));

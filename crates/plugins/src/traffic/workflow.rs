@@ -214,12 +214,13 @@ mod tests {
     use ferrisix_plugin_api::Flow;
 
     use super::*;
-    use crate::registry::PluginRegistry;
+    use ferrisix_config::validate::PluginCheck;
     use crate::testing::Compiler;
 
     fn exit_of(p: &Arc<dyn Plugin>, uri: &str) -> Option<u16> {
         let mut req = TestRequest::get(uri);
-        let step = p.access(&mut req.ctx());
+        let mut ctx = req.ctx();
+        let step = p.access(&mut ctx);
         match step {
             Step::Done(Flow::Exit(e)) => Some(e.status.as_u16()),
             Step::Done(Flow::Continue) => None,
@@ -259,7 +260,8 @@ mod tests {
 
     #[test]
     fn bad_confs() {
-        let r = PluginRegistry::builtin();
+        let c = Compiler::new();
+        let r = &c.registry;
         let err = |c: Value| r.check(NAME, &c).unwrap_err();
         let rule = |a: Value| json!({"rules": [{"case": [["uri", "==", "/"]], "actions": [a]}]});
         assert!(err(rule(json!(["fake", {}]))).ends_with("unsupported action: fake"));

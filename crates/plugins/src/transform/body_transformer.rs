@@ -485,7 +485,7 @@ mod tests {
     use ferrisix_plugin_api::testing::TestRequest;
 
     use super::*;
-    use crate::registry::PluginRegistry;
+    use ferrisix_config::validate::PluginCheck;
     use crate::testing::Compiler;
 
     async fn run(conf: Value, req: &mut TestRequest) -> Flow {
@@ -553,7 +553,8 @@ mod tests {
 
     #[test]
     fn confs() {
-        let r = PluginRegistry::builtin();
+        let c = Compiler::new();
+        let r = &c.registry;
         let err = |c: Value| r.check(NAME, &c).unwrap_err();
         assert!(err(json!({})).contains("object matches none of the required"));
         assert!(err(json!({"request": {"template": "{% if x then %}"}}))

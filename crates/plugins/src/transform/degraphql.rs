@@ -168,7 +168,7 @@ mod tests {
     use ferrisix_plugin_api::testing::TestRequest;
 
     use super::*;
-    use crate::registry::PluginRegistry;
+    use ferrisix_config::validate::PluginCheck;
     use crate::testing::Compiler;
 
     async fn run(conf: Value, req: &mut TestRequest) -> Flow {
@@ -206,7 +206,8 @@ mod tests {
 
     #[test]
     fn bad_confs() {
-        let r = PluginRegistry::builtin();
+        let c = Compiler::new();
+        let r = &c.registry;
         let err = |c: Value| r.check(NAME, &c).unwrap_err();
         assert!(err(json!({"query": "uery {}"}))
             .ends_with("failed to parse query: Syntax error near line 1"));

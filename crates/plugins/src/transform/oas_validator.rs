@@ -578,7 +578,7 @@ mod tests {
     use ferrisix_plugin_api::testing::TestRequest;
 
     use super::*;
-    use crate::registry::PluginRegistry;
+    use ferrisix_config::validate::PluginCheck;
     use crate::testing::Compiler;
 
     fn spec() -> String {
@@ -645,7 +645,8 @@ mod tests {
 
     #[test]
     fn bad_confs() {
-        let r = PluginRegistry::builtin();
+        let c = Compiler::new();
+        let r = &c.registry;
         let err = r.check(NAME, &json!({"spec": "{"})).unwrap_err();
         assert!(err.contains("invalid JSON string provided, err: "), "{err}");
         assert!(r.check(NAME, &json!({})).is_err());

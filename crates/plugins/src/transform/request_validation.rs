@@ -161,7 +161,7 @@ mod tests {
     use ferrisix_plugin_api::testing::TestRequest;
 
     use super::*;
-    use crate::registry::PluginRegistry;
+    use ferrisix_config::validate::PluginCheck;
     use crate::testing::Compiler;
 
     async fn run(conf: Value, req: &mut TestRequest) -> Flow {
@@ -224,12 +224,12 @@ mod tests {
 
         let conf = json!({"header_schema": {"type": "object", "required": ["x-t"],
             "properties": {"x-t": {"type": "string", "pattern": "^t-"}}}});
-        let mut r = TestRequest::get("/x").header("X-T", "bad");
+        let mut r = TestRequest::get("/x").header("x-t", "bad");
         assert_eq!(
             body_of(&run(conf.clone(), &mut r).await).1,
             "property \"x-t\" validation failed: failed to match pattern \"^t-\" with \"bad\""
         );
-        let mut r = TestRequest::get("/x").header("X-T", "t-1");
+        let mut r = TestRequest::get("/x").header("x-t", "t-1");
         assert_eq!(run(conf, &mut r).await, Flow::Continue);
 
         let mut conf = body_conf();
@@ -245,7 +245,8 @@ mod tests {
 
     #[test]
     fn bad_confs() {
-        let r = PluginRegistry::builtin();
+        let c = Compiler::new();
+        let r = &c.registry;
         let err = |c: Value| r.check(NAME, &c).unwrap_err();
         assert!(err(json!({"rejected_msg": "x"})).contains("object matches none of the required"));
         assert!(err(json!({"body_schema": {"type": "test"}})).contains("invalid JSON type: test"));

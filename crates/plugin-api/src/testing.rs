@@ -50,7 +50,9 @@ impl TestRequest {
     pub fn with_body(method: Method, uri: &str, body: &str) -> TestRequest {
         let mut r = TestRequest::new(method, uri);
         r.state
-            .set_body(RequestBody::Buffered(Bytes::copy_from_slice(body.as_bytes())));
+            .set_body(RequestBody::Buffered(Bytes::copy_from_slice(
+                body.as_bytes(),
+            )));
         r
     }
 

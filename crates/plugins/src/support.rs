@@ -7,12 +7,12 @@
 
 pub mod args;
 pub mod auth;
-pub mod jsonpath;
-pub mod limit;
 pub mod encoding;
 pub mod graphql;
 pub mod headers;
 pub mod ip;
+pub mod jsonpath;
+pub mod limit;
 pub mod pcre;
 pub mod redis;
 pub mod schema_check;

@@ -16,9 +16,9 @@ use super::resource::{id_text, parse_stored};
 use super::AdminApi;
 use crate::args::Args;
 use crate::body::read_limited;
+use crate::path;
 use crate::resources;
 use crate::response::{lua_view, Body as ReplyBody, Reply};
-use crate::path;
 use ferrisix_config::schema::cjson;
 
 /// APISIX's mark on plugin schemas it injected `_meta` into.

@@ -115,7 +115,10 @@ mod tests {
             decode_form(b"a=1&a=2&b&c=x%20y+z&d=%zz"),
             json!({"a": ["1", "2"], "b": true, "c": "x y z", "d": "%zz"})
         );
-        let args = [("q".to_string(), Some("{ a }*".to_string())), ("f".to_string(), None)];
+        let args = [
+            ("q".to_string(), Some("{ a }*".to_string())),
+            ("f".to_string(), None),
+        ];
         assert_eq!(encode_args(&args), "q=%7B%20a%20%7D*&f");
     }
 }

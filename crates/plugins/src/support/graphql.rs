@@ -10,7 +10,10 @@ const MAX_DEPTH: usize = 128;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Selection {
-    Field { name: String, selections: Vec<Selection> },
+    Field {
+        name: String,
+        selections: Vec<Selection>,
+    },
     Spread(String),
     Inline(Vec<Selection>),
 }
@@ -65,10 +68,16 @@ fn lex(text: &str) -> Result<(Vec<(Tok, usize)>, usize), usize> {
                     i += 1;
                 }
             }
-            b'!' | b'$' | b'(' | b')' | b':' | b'=' | b'@' | b'[' | b']' | b'{' | b'|'
-            | b'}' | b'&' => {
-                const P: [&str; 13] = ["!", "$", "(", ")", ":", "=", "@", "[", "]", "{", "|", "}", "&"];
-                let s = P.iter().find(|p| p.as_bytes()[0] == c).copied().unwrap_or("!");
+            b'!' | b'$' | b'(' | b')' | b':' | b'=' | b'@' | b'[' | b']' | b'{' | b'|' | b'}'
+            | b'&' => {
+                const P: [&str; 13] = [
+                    "!", "$", "(", ")", ":", "=", "@", "[", "]", "{", "|", "}", "&",
+                ];
+                let s = P
+                    .iter()
+                    .find(|p| p.as_bytes()[0] == c)
+                    .copied()
+                    .unwrap_or("!");
                 toks.push((Tok::Punct(s), line));
                 i += 1;
             }
@@ -115,8 +124,7 @@ fn lex(text: &str) -> Result<(Vec<(Tok, usize)>, usize), usize> {
             b'-' | b'0'..=b'9' => {
                 i += 1;
                 while i < b.len()
-                    && (b[i].is_ascii_digit()
-                        || matches!(b[i], b'.' | b'e' | b'E' | b'+' | b'-'))
+                    && (b[i].is_ascii_digit() || matches!(b[i], b'.' | b'e' | b'E' | b'+' | b'-'))
                 {
                     i += 1;
                 }
@@ -208,7 +216,11 @@ impl Parser {
         match self.peek_name() {
             Some("query" | "mutation" | "subscription") => {
                 self.pos += 1;
-                let name = self.peek_name().is_some().then(|| self.name()).transpose()?;
+                let name = self
+                    .peek_name()
+                    .is_some()
+                    .then(|| self.name())
+                    .transpose()?;
                 if self.is("(") {
                     self.variable_definitions()?;
                 }
@@ -395,7 +407,10 @@ fn selections_depth(
                     return None;
                 }
                 let frag = doc.definitions.iter().find_map(|d| match d {
-                    Definition::Fragment { name: n, selections } if n == name => Some(selections),
+                    Definition::Fragment {
+                        name: n,
+                        selections,
+                    } if n == name => Some(selections),
                     _ => None,
                 });
                 match frag {
@@ -455,7 +470,10 @@ mod tests {
     #[test]
     fn syntax_errors_name_the_line() {
         assert_eq!(parse("uery {}").unwrap_err(), "Syntax error near line 1");
-        assert_eq!(parse("query {\n a\n b(\n}").unwrap_err(), "Syntax error near line 4");
+        assert_eq!(
+            parse("query {\n a\n b(\n}").unwrap_err(),
+            "Syntax error near line 4"
+        );
         assert!(parse("").is_err());
         assert!(parse(&"{a".repeat(1000)).is_err());
     }

@@ -170,7 +170,11 @@ fn descend<'v>(path: &[Seg], v: &'v Value, sel: &Sel, out: &mut Vec<(Vec<Seg>, &
     select(path, v, sel, out);
     let children: Vec<(Seg, &Value)> = match v {
         Value::Object(m) => m.iter().map(|(k, c)| (Seg::Key(k.clone()), c)).collect(),
-        Value::Array(a) => a.iter().enumerate().map(|(i, c)| (Seg::Index(i), c)).collect(),
+        Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (Seg::Index(i), c))
+            .collect(),
         _ => return,
     };
     for (seg, c) in children {
@@ -219,10 +223,19 @@ mod tests {
         assert_eq!(JsonPath::parse("$..card").unwrap().locate(&doc).len(), 3);
         assert_eq!(
             JsonPath::parse("$.users[-1]['card']").unwrap().locate(&doc),
-            vec![vec![Seg::Key("users".into()), Seg::Index(1), Seg::Key("card".into())]]
+            vec![vec![
+                Seg::Key("users".into()),
+                Seg::Index(1),
+                Seg::Key("card".into())
+            ]]
         );
         let mut d = doc.clone();
-        for path in JsonPath::parse("$.users[0:2]").unwrap().locate(&doc).iter().rev() {
+        for path in JsonPath::parse("$.users[0:2]")
+            .unwrap()
+            .locate(&doc)
+            .iter()
+            .rev()
+        {
             remove(&mut d, path);
         }
         assert_eq!(d, json!({"a": 1, "users": []}));

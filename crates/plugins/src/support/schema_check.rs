@@ -41,7 +41,12 @@ fn walk(schema: &Value, depth: usize) -> Result<(), String> {
     if let Some(p) = s.get("pattern").and_then(Value::as_str) {
         pcre::compile(p, false)?;
     }
-    for key in ["properties", "patternProperties", "definitions", "dependencies"] {
+    for key in [
+        "properties",
+        "patternProperties",
+        "definitions",
+        "dependencies",
+    ] {
         if let Some(Value::Object(m)) = s.get(key) {
             for (name, sub) in m {
                 if key == "patternProperties" {
@@ -51,7 +56,13 @@ fn walk(schema: &Value, depth: usize) -> Result<(), String> {
             }
         }
     }
-    for key in ["items", "additionalProperties", "additionalItems", "not", "contains"] {
+    for key in [
+        "items",
+        "additionalProperties",
+        "additionalItems",
+        "not",
+        "contains",
+    ] {
         match s.get(key) {
             Some(Value::Array(list)) => list.iter().try_for_each(|v| walk(v, depth + 1))?,
             Some(v) => walk(v, depth + 1)?,
@@ -74,8 +85,13 @@ mod tests {
 
     #[test]
     fn types_and_patterns() {
-        assert_eq!(valid(&json!({"type": "test"})).unwrap_err(), "invalid JSON type: test");
-        assert!(valid(&json!({"properties": {"a": {"items": {"type": ["string", "x"]}}}})).is_err());
+        assert_eq!(
+            valid(&json!({"type": "test"})).unwrap_err(),
+            "invalid JSON type: test"
+        );
+        assert!(
+            valid(&json!({"properties": {"a": {"items": {"type": ["string", "x"]}}}})).is_err()
+        );
         assert!(valid(&json!({"properties": {"a": {"pattern": "("}}})).is_err());
         assert!(valid(&json!({"type": "object", "properties": {"a": {"type": "string"}}})).is_ok());
     }

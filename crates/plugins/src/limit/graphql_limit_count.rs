@@ -16,9 +16,7 @@
 use std::sync::Arc;
 
 use ferrisix_config::schema::{cjson, lua};
-use ferrisix_plugin_api::{
-    CheckCtx, CompileCtx, Flow, Phases, Plugin, PluginCtx, PluginDef, Step,
-};
+use ferrisix_plugin_api::{CheckCtx, CompileCtx, Flow, Phases, Plugin, PluginCtx, PluginDef, Step};
 use http::{HeaderName, HeaderValue, Method, StatusCode};
 use serde_json::Value;
 
@@ -30,7 +28,11 @@ pub const NAME: &str = "graphql-limit-count";
 
 pub static DEF: PluginDef = PluginDef {
     check: Some(check),
-    encrypt_fields: &["redis_password", "sentinel_password", "introspection_headers"],
+    encrypt_fields: &[
+        "redis_password",
+        "sentinel_password",
+        "introspection_headers",
+    ],
     ..PluginDef::new(NAME, 1004, schema, compile)
 };
 
@@ -131,9 +133,10 @@ fn node_count(list: &[Selection], doc: &Document, visiting: &mut Vec<String>) ->
                     return None;
                 }
                 let frag = doc.definitions.iter().find_map(|d| match d {
-                    graphql::Definition::Fragment { name: f, selections } if f == name => {
-                        Some(selections)
-                    }
+                    graphql::Definition::Fragment {
+                        name: f,
+                        selections,
+                    } if f == name => Some(selections),
                     _ => None,
                 });
                 match frag {
@@ -156,7 +159,11 @@ impl GraphqlLimitCount {
     async fn query(&self, ctx: &mut PluginCtx<'_>) -> Result<(String, Option<String>), Flow> {
         let body = match ctx.read_body(MAX_BODY).await {
             Ok(b) if !b.is_empty() => b.clone(),
-            _ => return Err(refuse("Invalid graphql request: can't get graphql request body")),
+            _ => {
+                return Err(refuse(
+                    "Invalid graphql request: can't get graphql request body",
+                ))
+            }
         };
         let content_type = ctx.header("content-type").unwrap_or("").to_owned();
         if content_type.starts_with("application/json") {
@@ -287,8 +294,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use ferrisix_config::validate::PluginCheck;
     use crate::testing::Compiler;
+    use ferrisix_config::validate::PluginCheck;
 
     async fn status(p: &Arc<dyn Plugin>, mut req: TestRequest) -> (u16, String, Option<String>) {
         let flow = match p.access(&mut req.ctx()) {
@@ -315,13 +322,25 @@ mod tests {
         let c = Compiler::new();
         let conf = json!({"count": 5, "time_window": 60, "rejected_code": 503});
         let p = (DEF.compile)(&c.cx(NAME, &conf, "glc", None)).unwrap();
-        let gql = |b: &str| TestRequest::post("/g", b).header("content-type", "application/graphql");
+        let gql =
+            |b: &str| TestRequest::post("/g", b).header("content-type", "application/graphql");
         assert_eq!(status(&p, TestRequest::get("/g")).await.0, 405);
-        let (code, body, _) =
-            status(&p, TestRequest::post("/g", "{ a }").header("content-type", "text/plain")).await;
-        assert_eq!((code, body.as_str()),
-            (400, "{\"message\":\"invalid graphql request, error content-type: text/plain\"}\n"));
-        assert_eq!(status(&p, gql("{ a { b } }")).await, (200, String::new(), Some("3".into())));
+        let (code, body, _) = status(
+            &p,
+            TestRequest::post("/g", "{ a }").header("content-type", "text/plain"),
+        )
+        .await;
+        assert_eq!(
+            (code, body.as_str()),
+            (
+                400,
+                "{\"message\":\"invalid graphql request, error content-type: text/plain\"}\n"
+            )
+        );
+        assert_eq!(
+            status(&p, gql("{ a { b } }")).await,
+            (200, String::new(), Some("3".into()))
+        );
         let json_req = TestRequest::post("/g", "{\"query\": \"query { a { b { c } } }\"}")
             .header("content-type", "application/json");
         assert_eq!(status(&p, json_req).await.2.as_deref(), Some("0"));
@@ -335,7 +354,8 @@ mod tests {
         let conf = json!({"count": 100, "time_window": 60, "max_cost": 2,
                           "cost_strategy": "complexity"});
         let p = (DEF.compile)(&c.cx(NAME, &conf, "glc2", None)).unwrap();
-        let req = TestRequest::post("/g", "{ a { b } }").header("content-type", "application/graphql");
+        let req =
+            TestRequest::post("/g", "{ a { b } }").header("content-type", "application/graphql");
         let (code, body, _) = status(&p, req).await;
         assert_eq!(code, 403);
         assert!(body.contains("query cost 3 exceeds max_cost 2"), "{body}");
@@ -345,9 +365,14 @@ mod tests {
     fn confs() {
         let c = Compiler::new();
         let r = &c.registry;
-        assert!(r.check(NAME, &json!({"count": 1, "time_window": 1})).is_ok());
         assert!(r
-            .check(NAME, &json!({"count": 1, "time_window": 1, "cost_strategy": "x"}))
+            .check(NAME, &json!({"count": 1, "time_window": 1}))
+            .is_ok());
+        assert!(r
+            .check(
+                NAME,
+                &json!({"count": 1, "time_window": 1, "cost_strategy": "x"})
+            )
             .is_err());
     }
 }

@@ -67,7 +67,10 @@ fn schema() -> Value {
 }
 
 fn items(conf: &Value) -> impl Iterator<Item = &Value> {
-    conf.get("request").and_then(Value::as_array).into_iter().flatten()
+    conf.get("request")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
 }
 
 /// Regexes and JSONPaths are compiled when the conf is written, not met in the log phase.
@@ -142,7 +145,9 @@ struct DataMask {
 
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let conf = cx.filled();
-    let items = items(&conf).map(Item::compile).collect::<Result<Vec<_>, _>>()?;
+    let items = items(&conf)
+        .map(Item::compile)
+        .collect::<Result<Vec<_>, _>>()?;
     let max_body = conf["max_body_size"]
         .as_u64()
         .and_then(|n| usize::try_from(n).ok())
@@ -390,8 +395,8 @@ mod tests {
     use http::HeaderMap;
 
     use super::*;
-    use ferrisix_config::validate::PluginCheck;
     use crate::testing::Compiler;
+    use ferrisix_config::validate::PluginCheck;
 
     fn plugin(conf: Value) -> Arc<dyn Plugin> {
         let c = Compiler::new();
@@ -420,7 +425,10 @@ mod tests {
              "regex": "(\\d+)\\-\\d+\\-\\d+\\-(\\d+)", "value": "$1-****-****-$2"},
         ]}));
         let names = p.log_needs().vars.unwrap();
-        let src = Vars(vec![("request_uri", "/a?password=abc&token=xyz"), ("uri", "/a")]);
+        let src = Vars(vec![
+            ("request_uri", "/a?password=abc&token=xyz"),
+            ("uri", "/a"),
+        ]);
         let mut headers = HeaderMap::new();
         headers.insert("x-pass", HeaderValue::from_static("p"));
         headers.insert("x-card", HeaderValue::from_static("1234-5678-9012-3456"));
@@ -472,10 +480,14 @@ mod tests {
         let c = Compiler::new();
         let r = &c.registry;
         let err = |c: Value| r.check(NAME, &c).unwrap_err();
-        assert!(err(json!({"request": [{"type": "body", "name": "$.a", "action": "remove"}]}))
-            .ends_with("allOf 1 failed: then clause did not match"));
-        assert!(err(json!({"request": [{"type": "query", "name": "a", "action": "regex",
-            "regex": "(", "value": "x"}]}))
+        assert!(
+            err(json!({"request": [{"type": "body", "name": "$.a", "action": "remove"}]}))
+                .ends_with("allOf 1 failed: then clause did not match")
+        );
+        assert!(err(
+            json!({"request": [{"type": "query", "name": "a", "action": "regex",
+            "regex": "(", "value": "x"}]})
+        )
         .contains("invalid regex"));
     }
 }

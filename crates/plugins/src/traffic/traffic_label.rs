@@ -67,7 +67,10 @@ fn schema() -> Value {
 }
 
 fn rules(conf: &Value) -> impl Iterator<Item = &Value> {
-    conf.get("rules").and_then(Value::as_array).into_iter().flatten()
+    conf.get("rules")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
 }
 
 fn actions(rule: &Value) -> impl Iterator<Item = &serde_json::Map<String, Value>> {
@@ -101,7 +104,9 @@ fn check_set_headers(cx: &CheckCtx<'_>, conf: &Value) -> Result<(), String> {
 fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
     for rule in rules(cx.conf) {
         compile_match(rule).map_err(|e| {
-            let m = rule.get("match").map_or("{}".to_string(), lua::cjson_encode);
+            let m = rule
+                .get("match")
+                .map_or("{}".to_string(), lua::cjson_encode);
             let e = e.trim_start_matches("failed to validate the 'vars' expression: ");
             format!("failed to validate the 'match' expression: {m} err: {e}")
         })?;
@@ -109,9 +114,8 @@ fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
             for (name, conf) in action {
                 match name.as_str() {
                     "weight" => {}
-                    "set_headers" => check_set_headers(cx, conf).map_err(|e| {
-                        format!("failed to validate the 'set_headers' action: {e}")
-                    })?,
+                    "set_headers" => check_set_headers(cx, conf)
+                        .map_err(|e| format!("failed to validate the 'set_headers' action: {e}"))?,
                     other => return Err(format!("not supported action: {other}")),
                 }
             }
@@ -150,14 +154,19 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         for action in actions(rule) {
             let weight = action.get("weight").and_then(Value::as_u64).unwrap_or(1);
             w.push(u32::try_from(weight).unwrap_or(u32::MAX));
-            list.push(action.get("set_headers").and_then(Value::as_object).map(|h| {
-                h.iter()
-                    .filter_map(|(field, value)| {
-                        let name = headers::name(field, NAME)?;
-                        Some((name, ValueTemplate::new(&headers::value_text(value)?)))
-                    })
-                    .collect()
-            }));
+            list.push(
+                action
+                    .get("set_headers")
+                    .and_then(Value::as_object)
+                    .map(|h| {
+                        h.iter()
+                            .filter_map(|(field, value)| {
+                                let name = headers::name(field, NAME)?;
+                                Some((name, ValueTemplate::new(&headers::value_text(value)?)))
+                            })
+                            .collect()
+                    }),
+            );
         }
         compiled.push(Rule {
             matches,
@@ -217,13 +226,16 @@ mod tests {
     use ferrisix_plugin_api::testing::TestRequest;
 
     use super::*;
-    use ferrisix_config::validate::PluginCheck;
     use crate::testing::Compiler;
+    use ferrisix_config::validate::PluginCheck;
 
     fn label(p: &Arc<dyn Plugin>, uri: &str) -> Option<String> {
         let mut req = TestRequest::get(uri).header("x-id", "100");
         let _ = p.access(&mut req.ctx());
-        let v = req.headers.get("x-id").map(|v| v.to_str().unwrap().to_owned());
+        let v = req
+            .headers
+            .get("x-id")
+            .map(|v| v.to_str().unwrap().to_owned());
         v
     }
 
@@ -262,11 +274,16 @@ mod tests {
         let c = Compiler::new();
         let r = &c.registry;
         let err = |c: Value| r.check(NAME, &c).unwrap_err();
-        assert!(err(json!({"rules": [{"actions": [{"go": 1}]}]}))
-            .ends_with("not supported action: go"));
-        assert!(err(json!({"rules": [{"actions": [{"set_headers": {"X A": "1"}}]}]}))
-            .contains("failed to validate the 'set_headers' action: "));
-        assert!(err(json!({"rules": [{"match": [["a", "=", "1"]], "actions": [{"weight": 1}]}]}))
-            .contains("failed to validate the 'match' expression: "));
+        assert!(
+            err(json!({"rules": [{"actions": [{"go": 1}]}]})).ends_with("not supported action: go")
+        );
+        assert!(
+            err(json!({"rules": [{"actions": [{"set_headers": {"X A": "1"}}]}]}))
+                .contains("failed to validate the 'set_headers' action: ")
+        );
+        assert!(
+            err(json!({"rules": [{"match": [["a", "=", "1"]], "actions": [{"weight": 1}]}]}))
+                .contains("failed to validate the 'match' expression: ")
+        );
     }
 }

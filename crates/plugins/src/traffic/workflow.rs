@@ -15,9 +15,7 @@ use std::sync::Arc;
 
 use ferrisix_config::schema;
 use ferrisix_config::vars::compile_vars;
-use ferrisix_plugin_api::{
-    CheckCtx, CompileCtx, Exit, Phases, Plugin, PluginCtx, PluginDef, Step,
-};
+use ferrisix_plugin_api::{CheckCtx, CompileCtx, Exit, Phases, Plugin, PluginCtx, PluginDef, Step};
 use ferrisix_router::Expr;
 use http::StatusCode;
 use serde_json::{json, Value};
@@ -68,7 +66,10 @@ fn return_schema() -> Value {
 }
 
 fn rules(conf: &Value) -> impl Iterator<Item = &Value> {
-    conf.get("rules").and_then(Value::as_array).into_iter().flatten()
+    conf.get("rules")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
 }
 
 fn actions(rule: &Value) -> impl Iterator<Item = &Vec<Value>> {
@@ -214,8 +215,8 @@ mod tests {
     use ferrisix_plugin_api::Flow;
 
     use super::*;
-    use ferrisix_config::validate::PluginCheck;
     use crate::testing::Compiler;
+    use ferrisix_config::validate::PluginCheck;
 
     fn exit_of(p: &Arc<dyn Plugin>, uri: &str) -> Option<u16> {
         let mut req = TestRequest::get(uri);
@@ -271,7 +272,12 @@ mod tests {
             "failed to validate the 'limit-count' action: value should match only one schema, \
              but matches none"
         ));
-        assert!(r.check(NAME, &rule(json!(["limit-conn", {"conn": 1, "burst": 0,
-            "default_conn_delay": 0.1, "key": "remote_addr"}]))).is_ok());
+        assert!(r
+            .check(
+                NAME,
+                &rule(json!(["limit-conn", {"conn": 1, "burst": 0,
+            "default_conn_delay": 0.1, "key": "remote_addr"}]))
+            )
+            .is_ok());
     }
 }

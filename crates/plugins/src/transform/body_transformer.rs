@@ -26,8 +26,7 @@ use base64::Engine as _;
 use bytes::Bytes;
 use ferrisix_config::schema::cjson;
 use ferrisix_plugin_api::{
-    CheckCtx, CompileCtx, Flow, Phases, Plugin, PluginCtx, PluginDef, ResponseHead, Step,
-    WholeBody,
+    CheckCtx, CompileCtx, Flow, Phases, Plugin, PluginCtx, PluginDef, ResponseHead, Step, WholeBody,
 };
 use ferrisix_router::VarSource;
 use http::{Method, StatusCode};
@@ -203,7 +202,9 @@ fn decode_multipart(body: &[u8], content_type: Option<&str>) -> Result<Value, St
             break;
         }
         let part = part.strip_prefix("\r\n").unwrap_or(part);
-        let (head, value) = part.split_once("\r\n\r\n").ok_or("malformed multipart part")?;
+        let (head, value) = part
+            .split_once("\r\n\r\n")
+            .ok_or("malformed multipart part")?;
         let value = value.strip_suffix("\r\n").unwrap_or(value);
         let name = head
             .lines()
@@ -239,7 +240,12 @@ fn decode(
 ) -> Result<Val, String> {
     let json = match format {
         Some("json") => cjson::decode(body)?,
-        Some("xml") => return Ok(Val::from_json(&xml::decode(&String::from_utf8_lossy(body))?, true)),
+        Some("xml") => {
+            return Ok(Val::from_json(
+                &xml::decode(&String::from_utf8_lossy(body))?,
+                true,
+            ))
+        }
         Some("encoded") => decode_form(body),
         Some("args") => decode_form(query.unwrap_or("").as_bytes()),
         Some("multipart") => decode_multipart(body, content_type)?,
@@ -352,8 +358,13 @@ fn transform(
     let format = input.format.as_deref();
     let decodes = (input.body.is_some() || input.get) && format != Some("plain");
     let fields = if decodes && format.is_some() {
-        decode(format, input.body.unwrap_or_default(), input.content_type, input.query)
-            .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("{typ} body decode: {e}")))?
+        decode(
+            format,
+            input.body.unwrap_or_default(),
+            input.content_type,
+            input.query,
+        )
+        .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("{typ} body decode: {e}")))?
     } else {
         Val::table(Vec::new())
     };
@@ -404,7 +415,13 @@ impl BodyTransformer {
             query: ctx.query(),
             get,
         };
-        match transform(side, Which::Request, &input, &view, self.max_req_body.max(1 << 20)) {
+        match transform(
+            side,
+            Which::Request,
+            &input,
+            &view,
+            self.max_req_body.max(1 << 20),
+        ) {
             Ok(out) => {
                 ctx.set_body(Bytes::from(out));
                 Flow::Continue
@@ -485,8 +502,8 @@ mod tests {
     use ferrisix_plugin_api::testing::TestRequest;
 
     use super::*;
-    use ferrisix_config::validate::PluginCheck;
     use crate::testing::Compiler;
+    use ferrisix_config::validate::PluginCheck;
 
     async fn run(conf: Value, req: &mut TestRequest) -> Flow {
         let c = Compiler::new();
@@ -545,10 +562,14 @@ mod tests {
         assert_eq!(code, 400);
         assert!(body.starts_with("{\"message\":\"request body decode: Error Parsing XML"));
         let conf = json!({"request": {"template": "{{name() .. \"x\"}}"}});
-        let mut r = TestRequest::post("/", "{\"name\":\"a\"}").header("content-type", "application/json");
+        let mut r =
+            TestRequest::post("/", "{\"name\":\"a\"}").header("content-type", "application/json");
         let (code, body) = exit(run(conf, &mut r).await);
         assert_eq!(code, 503);
-        assert!(body.starts_with("{\"message\":\"request template rendering: "), "{body}");
+        assert!(
+            body.starts_with("{\"message\":\"request template rendering: "),
+            "{body}"
+        );
     }
 
     #[test]
@@ -559,8 +580,10 @@ mod tests {
         assert!(err(json!({})).contains("object matches none of the required"));
         assert!(err(json!({"request": {"template": "{% if x then %}"}}))
             .contains("failed to compile the request template"));
-        assert!(err(json!({"request": {"template": "{% local function f() end %}"}}))
-            .contains("functions cannot be defined"));
+        assert!(
+            err(json!({"request": {"template": "{% local function f() end %}"}}))
+                .contains("functions cannot be defined")
+        );
     }
 
     #[test]

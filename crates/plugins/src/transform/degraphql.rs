@@ -168,8 +168,8 @@ mod tests {
     use ferrisix_plugin_api::testing::TestRequest;
 
     use super::*;
-    use ferrisix_config::validate::PluginCheck;
     use crate::testing::Compiler;
+    use ferrisix_config::validate::PluginCheck;
 
     async fn run(conf: Value, req: &mut TestRequest) -> Flow {
         let c = Compiler::new();
@@ -194,13 +194,20 @@ mod tests {
         let mut r = TestRequest::get("/g?name=bob");
         assert_eq!(run(conf.clone(), &mut r).await, Flow::Continue);
         let q = r.state.upstream_edits().query.clone().flatten().unwrap();
-        assert!(q.ends_with("&variables=%7B%22name%22%3A%22bob%22%7D"), "{q}");
+        assert!(
+            q.ends_with("&variables=%7B%22name%22%3A%22bob%22%7D"),
+            "{q}"
+        );
 
         let mut r = TestRequest::post("/g", "[1");
-        let Flow::Exit(e) = run(conf.clone(), &mut r).await else { panic!() };
+        let Flow::Exit(e) = run(conf.clone(), &mut r).await else {
+            panic!()
+        };
         assert_eq!(e.status, 400);
         let mut r = TestRequest::new(Method::PUT, "/g");
-        let Flow::Exit(e) = run(conf, &mut r).await else { panic!() };
+        let Flow::Exit(e) = run(conf, &mut r).await else {
+            panic!()
+        };
         assert_eq!(e.status, 405);
     }
 
@@ -211,10 +218,16 @@ mod tests {
         let err = |c: Value| r.check(NAME, &c).unwrap_err();
         assert!(err(json!({"query": "uery {}"}))
             .ends_with("failed to parse query: Syntax error near line 1"));
-        assert!(err(json!({"query": "query a { x } query b { y }"}))
-            .ends_with("operation_name is required if multiple operations are present in the query"));
+        assert!(
+            err(json!({"query": "query a { x } query b { y }"})).ends_with(
+                "operation_name is required if multiple operations are present in the query"
+            )
+        );
         assert!(r
-            .check(NAME, &json!({"query": "query a { x } query b { y }", "operation_name": "b"}))
+            .check(
+                NAME,
+                &json!({"query": "query a { x } query b { y }", "operation_name": "b"})
+            )
             .is_ok());
     }
 }

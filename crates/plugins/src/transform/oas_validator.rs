@@ -179,7 +179,9 @@ impl Oas {
             }
             let shared = params_of(item.get("parameters"));
             let mut ops = Vec::new();
-            for method in ["get", "put", "post", "delete", "options", "head", "patch", "trace"] {
+            for method in [
+                "get", "put", "post", "delete", "options", "head", "patch", "trace",
+            ] {
                 let Some(op) = item.get(method) else { continue };
                 let mut params = params_of(op.get("parameters"));
                 for p in &shared {
@@ -245,7 +247,10 @@ impl Oas {
                     Some(lit) if lit == got => {}
                     Some(_) => return None,
                     None if got.is_empty() => return None,
-                    None => values.push((names.next()?.clone(), crate::support::args::unescape(got.as_bytes()))),
+                    None => values.push((
+                        names.next()?.clone(),
+                        crate::support::args::unescape(got.as_bytes()),
+                    )),
                 }
             }
             Some((p, values))
@@ -257,13 +262,17 @@ impl Oas {
 fn coerce(text: &str, schema: &Value) -> Option<Value> {
     let t = match schema.get("type") {
         Some(Value::String(t)) => t.as_str(),
-        Some(Value::Array(list)) => list.iter().filter_map(Value::as_str).find(|t| *t != "null")?,
+        Some(Value::Array(list)) => list
+            .iter()
+            .filter_map(Value::as_str)
+            .find(|t| *t != "null")?,
         _ => return Some(Value::String(text.to_owned())),
     };
     Some(match t {
         "integer" => Value::from(text.trim().parse::<i64>().ok()?),
-        "number" => serde_json::Number::from_f64(text.trim().parse::<f64>().ok()?)
-            .map(Value::Number)?,
+        "number" => {
+            serde_json::Number::from_f64(text.trim().parse::<f64>().ok()?).map(Value::Number)?
+        }
         "boolean" => match text {
             "true" => Value::Bool(true),
             "false" => Value::Bool(false),
@@ -285,7 +294,10 @@ fn coerce(text: &str, schema: &Value) -> Option<Value> {
 fn check_param(p: &Param, value: Option<String>) -> Result<(), String> {
     let Some(text) = value else {
         return if p.required {
-            Err(format!("{} parameter \"{}\" is required", p.location, p.name))
+            Err(format!(
+                "{} parameter \"{}\" is required",
+                p.location, p.name
+            ))
         } else {
             Ok(())
         };
@@ -500,7 +512,10 @@ impl OasValidator {
                     .await
                     .map_err(|e| format!("failed to fetch spec from URL: {e}"))?;
                 if res.status() != StatusCode::OK {
-                    return Err(format!("spec URL returned status {}", res.status().as_u16()));
+                    return Err(format!(
+                        "spec URL returned status {}",
+                        res.status().as_u16()
+                    ));
                 }
                 let oas = Arc::new(Oas::compile(res.body()).map_err(|e| {
                     format!("failed to compile openapi spec fetched from URL: {e}")
@@ -549,9 +564,7 @@ impl OasValidator {
         let Err(err) = validate(&oas, &input, self.skip) else {
             return Flow::Continue;
         };
-        tracing::error!(
-            "error occurred while validating request [{method} {path}], err: {err}"
-        );
+        tracing::error!("error occurred while validating request [{method} {path}], err: {err}");
         if !self.reject {
             return Flow::Continue;
         }
@@ -578,24 +591,24 @@ mod tests {
     use ferrisix_plugin_api::testing::TestRequest;
 
     use super::*;
-    use ferrisix_config::validate::PluginCheck;
     use crate::testing::Compiler;
+    use ferrisix_config::validate::PluginCheck;
 
     fn spec() -> String {
         json!({"openapi": "3.0.2", "info": {"title": "t", "version": "1"},
-            "components": {"schemas": {"Pet": {"type": "object", "required": ["name"],
-                "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}}},
-            "paths": {
-                "/pets": {
-                    "get": {"parameters": [{"name": "status", "in": "query",
-                        "schema": {"type": "string", "enum": ["a", "b"]}}]},
-                    "post": {"requestBody": {"required": true, "content": {
-                        "application/json": {"schema": {"$ref": "#/components/schemas/Pet"}}}}}
-                },
-                "/pets/{id}": {"get": {"parameters": [{"name": "id", "in": "path",
-                    "required": true, "schema": {"type": "integer"}}]}},
-                "/pets/mine": {"get": {}}
-            }})
+        "components": {"schemas": {"Pet": {"type": "object", "required": ["name"],
+            "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}}},
+        "paths": {
+            "/pets": {
+                "get": {"parameters": [{"name": "status", "in": "query",
+                    "schema": {"type": "string", "enum": ["a", "b"]}}]},
+                "post": {"requestBody": {"required": true, "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/Pet"}}}}}
+            },
+            "/pets/{id}": {"get": {"parameters": [{"name": "id", "in": "path",
+                "required": true, "schema": {"type": "integer"}}]}},
+            "/pets/mine": {"get": {}}
+        }})
         .to_string()
     }
 
@@ -622,12 +635,21 @@ mod tests {
         assert_eq!(run(&conf, TestRequest::get("/pets/mine")).await, None);
         assert_eq!(
             run(&conf, TestRequest::get("/pets/abc")).await,
-            Some((400, "{\"message\":\"failed to validate request. \"}\n".into()))
+            Some((
+                400,
+                "{\"message\":\"failed to validate request. \"}\n".into()
+            ))
         );
         assert_eq!(run(&conf, TestRequest::get("/pets?status=a")).await, None);
-        assert!(run(&conf, TestRequest::get("/pets?status=c")).await.is_some());
-        let post = |b: &str| TestRequest::post("/pets", b).header("content-type", "application/json");
-        assert_eq!(run(&conf, post("{\"name\": \"rex\", \"age\": 3}")).await, None);
+        assert!(run(&conf, TestRequest::get("/pets?status=c"))
+            .await
+            .is_some());
+        let post =
+            |b: &str| TestRequest::post("/pets", b).header("content-type", "application/json");
+        assert_eq!(
+            run(&conf, post("{\"name\": \"rex\", \"age\": 3}")).await,
+            None
+        );
         assert!(run(&conf, post("{\"age\": \"old\"}")).await.is_some());
         assert!(run(&conf, TestRequest::post("/pets", "")).await.is_some());
         assert!(run(&conf, TestRequest::get("/cats")).await.is_some());

@@ -161,8 +161,8 @@ mod tests {
     use ferrisix_plugin_api::testing::TestRequest;
 
     use super::*;
-    use ferrisix_config::validate::PluginCheck;
     use crate::testing::Compiler;
+    use ferrisix_config::validate::PluginCheck;
 
     async fn run(conf: Value, req: &mut TestRequest) -> Flow {
         let c = Compiler::new();
@@ -191,9 +191,7 @@ mod tests {
 
     #[tokio::test]
     async fn body_messages_and_reencoding() {
-        let post = |b: &str| {
-            TestRequest::post("/x", b).header("content-type", "application/json")
-        };
+        let post = |b: &str| TestRequest::post("/x", b).header("content-type", "application/json");
         let mut r = post("{\"other\": 1}");
         assert_eq!(
             body_of(&run(body_conf(), &mut r).await),
@@ -236,7 +234,10 @@ mod tests {
         conf["rejected_code"] = json!(403);
         conf["rejected_msg"] = json!("no");
         let mut r = TestRequest::get("/x");
-        assert_eq!(body_of(&run(conf.clone(), &mut r).await), (403, "no".into()));
+        assert_eq!(
+            body_of(&run(conf.clone(), &mut r).await),
+            (403, "no".into())
+        );
         let mut r = TestRequest::post("/x", "{}")
             .header("content-type", "application/json")
             .header("content-type", "application/json");

@@ -57,7 +57,9 @@ fn lex(src: &str) -> Result<Vec<(Tok, usize)>, String> {
         }
         if b[i..].starts_with(b"--") {
             if b[i + 2..].starts_with(b"[[") {
-                let end = src[i..].find("]]").ok_or(format!("[string]:{line}: unfinished long comment"))?;
+                let end = src[i..]
+                    .find("]]")
+                    .ok_or(format!("[string]:{line}: unfinished long comment"))?;
                 line += src[i..i + end].matches('\n').count();
                 i += end + 2;
             } else {
@@ -105,13 +107,17 @@ fn lex(src: &str) -> Result<Vec<(Tok, usize)>, String> {
             let mut s = Vec::new();
             loop {
                 match b.get(i) {
-                    None | Some(b'\n') => return Err(format!("[string]:{line}: unfinished string")),
+                    None | Some(b'\n') => {
+                        return Err(format!("[string]:{line}: unfinished string"))
+                    }
                     Some(&q) if q == c => {
                         i += 1;
                         break;
                     }
                     Some(b'\\') => {
-                        let e = *b.get(i + 1).ok_or(format!("[string]:{line}: unfinished string"))?;
+                        let e = *b
+                            .get(i + 1)
+                            .ok_or(format!("[string]:{line}: unfinished string"))?;
                         i += 2;
                         match e {
                             b'n' => s.push(b'\n'),
@@ -132,7 +138,9 @@ fn lex(src: &str) -> Result<Vec<(Tok, usize)>, String> {
                                         _ => break,
                                     }
                                 }
-                                s.push(u8::try_from(n).map_err(|_| format!("[string]:{line}: escape sequence too large"))?);
+                                s.push(u8::try_from(n).map_err(|_| {
+                                    format!("[string]:{line}: escape sequence too large")
+                                })?);
                             }
                             _ => return Err(format!("[string]:{line}: invalid escape sequence")),
                         }
@@ -147,7 +155,9 @@ fn lex(src: &str) -> Result<Vec<(Tok, usize)>, String> {
             continue;
         }
         if b[i..].starts_with(b"[[") {
-            let end = src[i + 2..].find("]]").ok_or(format!("[string]:{line}: unfinished long string"))?;
+            let end = src[i + 2..]
+                .find("]]")
+                .ok_or(format!("[string]:{line}: unfinished long string"))?;
             let text = &src[i + 2..i + 2 + end];
             let text = text.strip_prefix('\n').unwrap_or(text);
             line += src[i..i + 2 + end].matches('\n').count();
@@ -205,8 +215,8 @@ struct Parser {
 type PResult<T> = Result<T, String>;
 
 const KEYWORDS: [&str; 21] = [
-    "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "goto", "if",
-    "in", "local", "nil", "not", "or", "repeat", "return", "then", "true", "until",
+    "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "goto", "if", "in",
+    "local", "nil", "not", "or", "repeat", "return", "then", "true", "until",
 ];
 
 impl Parser {
@@ -229,7 +239,11 @@ impl Parser {
     }
 
     fn err<T>(&self, what: &str) -> PResult<T> {
-        Err(format!("[string]:{}: {what} near '{}'", self.line(), self.near()))
+        Err(format!(
+            "[string]:{}: {what} near '{}'",
+            self.line(),
+            self.near()
+        ))
     }
 
     fn is_op(&self, o: &str) -> bool {
@@ -911,7 +925,10 @@ impl<'g> Machine<'g> {
         globals.set(Key::Str("string".into()), string_lib());
         globals.set(
             Key::Str("table".into()),
-            lib(&[("concat", Builtin::TabConcat), ("insert", Builtin::TabInsert)]),
+            lib(&[
+                ("concat", Builtin::TabConcat),
+                ("insert", Builtin::TabInsert),
+            ]),
         );
         globals.set(
             Key::Str("math".into()),
@@ -1027,10 +1044,7 @@ impl<'g> Machine<'g> {
                             let o = self.eval(obj)?;
                             let k = self.eval(key)?;
                             let Val::Table(t) = o else {
-                                return Err(format!(
-                                    "attempt to index a {} value",
-                                    o.type_name()
-                                ));
+                                return Err(format!("attempt to index a {} value", o.type_name()));
                             };
                             let k = key_of(&k).ok_or("table index is nil")?;
                             t.borrow_mut().set(k, v);
@@ -1157,7 +1171,10 @@ impl<'g> Machine<'g> {
                     _ => Val::Nil,
                 };
                 if !matches!(f, Val::Func(_)) {
-                    return Err(format!("attempt to call method '{name}' (a {} value)", f.type_name()));
+                    return Err(format!(
+                        "attempt to call method '{name}' (a {} value)",
+                        f.type_name()
+                    ));
                 }
                 let mut a = vec![o];
                 a.extend(self.values(args)?);
@@ -1179,7 +1196,8 @@ impl<'g> Machine<'g> {
             Expr::Index(obj, key) => {
                 let o = self.eval(obj)?;
                 let k = self.eval(key)?;
-                index(&o, &k).map_err(|t| format!("attempt to index {} (a {t} value)", describe(obj)))?
+                index(&o, &k)
+                    .map_err(|t| format!("attempt to index {} (a {t} value)", describe(obj)))?
             }
             Expr::Call(..) | Expr::Method(..) => {
                 self.eval_multi(e)?.into_iter().next().unwrap_or(Val::Nil)
@@ -1189,7 +1207,11 @@ impl<'g> Machine<'g> {
                 match *op {
                     "not" => Val::Bool(!v.truthy()),
                     "-" => Val::Num(-tonumber(&v).ok_or_else(|| {
-                        format!("attempt to perform arithmetic on {} (a {} value)", describe(x), v.type_name())
+                        format!(
+                            "attempt to perform arithmetic on {} (a {} value)",
+                            describe(x),
+                            v.type_name()
+                        )
                     })?),
                     _ => match &v {
                         Val::Str(s) => Val::Num(s.len() as f64),
@@ -1265,13 +1287,21 @@ impl<'g> Machine<'g> {
                 other => Err(format!(
                     "bad argument #{} to '{fname}' (string expected, got {})",
                     i + 1,
-                    if matches!(other, Val::Nil) { "no value" } else { other.type_name() }
+                    if matches!(other, Val::Nil) {
+                        "no value"
+                    } else {
+                        other.type_name()
+                    }
                 )),
             }
         };
         let int = |i: usize, fname: &str| -> RResult<i64> {
             tonumber(&arg(i)).map(|n| n.floor() as i64).ok_or_else(|| {
-                format!("bad argument #{} to '{fname}' (number expected, got {})", i + 1, arg(i).type_name())
+                format!(
+                    "bad argument #{} to '{fname}' (number expected, got {})",
+                    i + 1,
+                    arg(i).type_name()
+                )
             })
         };
         let one = |v: Val| Ok(vec![v]);
@@ -1288,19 +1318,25 @@ impl<'g> Machine<'g> {
             }
             Builtin::WriteRaw => {
                 let v = arg(0);
-                let t = if matches!(v, Val::Nil) { String::new() } else { tostring(&v) };
+                let t = if matches!(v, Val::Nil) {
+                    String::new()
+                } else {
+                    tostring(&v)
+                };
                 self.emit(&t)?;
                 Ok(Vec::new())
             }
             Builtin::EscapeXml => one(Val::str(&escape_xml(&text(0, "_escape_xml")?))),
-            Builtin::EscapeJson => {
-                one(Val::str(&lua_fmt::cjson_encode(&arg(0).to_json(0))))
-            }
+            Builtin::EscapeJson => one(Val::str(&lua_fmt::cjson_encode(&arg(0).to_json(0)))),
             Builtin::Ipairs => match arg(0) {
                 t @ Val::Table(_) => Ok(vec![Val::Func(Builtin::IpairsIter), t, Val::Num(0.0)]),
                 other => Err(format!(
                     "bad argument #1 to 'ipairs' (table expected, got {})",
-                    if matches!(other, Val::Nil) { "nil" } else { other.type_name() }
+                    if matches!(other, Val::Nil) {
+                        "nil"
+                    } else {
+                        other.type_name()
+                    }
                 )),
             },
             Builtin::IpairsIter => {
@@ -1314,7 +1350,11 @@ impl<'g> Machine<'g> {
                 t @ Val::Table(_) => Ok(vec![Val::Func(Builtin::Next), t, Val::Nil]),
                 other => Err(format!(
                     "bad argument #1 to 'pairs' (table expected, got {})",
-                    if matches!(other, Val::Nil) { "nil" } else { other.type_name() }
+                    if matches!(other, Val::Nil) {
+                        "nil"
+                    } else {
+                        other.type_name()
+                    }
                 )),
             },
             Builtin::Next => {
@@ -1348,25 +1388,38 @@ impl<'g> Machine<'g> {
             Builtin::StrSub => {
                 let s = text(0, "sub")?;
                 let len = s.len() as i64;
-                let norm = |i: i64| if i < 0 { (len + i + 1).max(1) } else { i.max(1) };
+                let norm = |i: i64| {
+                    if i < 0 {
+                        (len + i + 1).max(1)
+                    } else {
+                        i.max(1)
+                    }
+                };
                 let from = norm(int(1, "sub").unwrap_or(1));
                 let to = match arg(2) {
                     Val::Nil => len,
                     _ => {
                         let t = int(2, "sub")?;
-                        if t < 0 { len + t + 1 } else { t.min(len) }
+                        if t < 0 {
+                            len + t + 1
+                        } else {
+                            t.min(len)
+                        }
                     }
                 };
                 let out = if from > to {
                     String::new()
                 } else {
-                    String::from_utf8_lossy(&s.as_bytes()[(from - 1) as usize..to as usize]).into_owned()
+                    String::from_utf8_lossy(&s.as_bytes()[(from - 1) as usize..to as usize])
+                        .into_owned()
                 };
                 one(Val::str(&out))
             }
             Builtin::StrUpper => one(Val::str(&text(0, "upper")?.to_uppercase())),
             Builtin::StrLower => one(Val::str(&text(0, "lower")?.to_lowercase())),
-            Builtin::StrReverse => one(Val::str(&text(0, "reverse")?.chars().rev().collect::<String>())),
+            Builtin::StrReverse => one(Val::str(
+                &text(0, "reverse")?.chars().rev().collect::<String>(),
+            )),
             Builtin::StrRep => {
                 let s = text(0, "rep")?;
                 let n = int(1, "rep")?.max(0) as usize;
@@ -1386,7 +1439,10 @@ impl<'g> Machine<'g> {
                 match s.get(init - 1..).and_then(|rest| rest.find(&p)) {
                     Some(i) => {
                         let start = init - 1 + i;
-                        Ok(vec![Val::Num((start + 1) as f64), Val::Num((start + p.len()) as f64)])
+                        Ok(vec![
+                            Val::Num((start + 1) as f64),
+                            Val::Num((start + p.len()) as f64),
+                        ])
                     }
                     None => one(Val::Nil),
                 }
@@ -1450,7 +1506,8 @@ impl<'g> Machine<'g> {
                 let mut best = num_arg(&arg(0), "max")?;
                 for a in &args[1..] {
                     let x = num_arg(a, "max")?;
-                    if (*b == Builtin::MathMax && x > best) || (*b == Builtin::MathMin && x < best) {
+                    if (*b == Builtin::MathMax && x > best) || (*b == Builtin::MathMin && x < best)
+                    {
                         best = x;
                     }
                 }
@@ -1461,7 +1518,12 @@ impl<'g> Machine<'g> {
 }
 
 fn num_arg(v: &Val, f: &str) -> RResult<f64> {
-    tonumber(v).ok_or_else(|| format!("bad argument #1 to '{f}' (number expected, got {})", v.type_name()))
+    tonumber(v).ok_or_else(|| {
+        format!(
+            "bad argument #1 to '{f}' (number expected, got {})",
+            v.type_name()
+        )
+    })
 }
 
 fn string_lib_get(name: &str) -> Val {
@@ -1547,15 +1609,27 @@ fn binary(op: &str, a: &Val, b: &Val, l: &Expr, r: &Expr) -> RResult<Val> {
     let arith = |f: fn(f64, f64) -> f64| -> RResult<Val> {
         match (tonumber(a), tonumber(b)) {
             (Some(x), Some(y)) => Ok(Val::Num(f(x, y))),
-            (None, _) => Err(format!("attempt to perform arithmetic on {} (a {} value)", describe(l), a.type_name())),
-            _ => Err(format!("attempt to perform arithmetic on {} (a {} value)", describe(r), b.type_name())),
+            (None, _) => Err(format!(
+                "attempt to perform arithmetic on {} (a {} value)",
+                describe(l),
+                a.type_name()
+            )),
+            _ => Err(format!(
+                "attempt to perform arithmetic on {} (a {} value)",
+                describe(r),
+                b.type_name()
+            )),
         }
     };
     let cmp = || -> RResult<std::cmp::Ordering> {
         match (a, b) {
             (Val::Num(x), Val::Num(y)) => x.partial_cmp(y).ok_or_else(|| "NaN".to_string()),
             (Val::Str(x), Val::Str(y)) => Ok(x.cmp(y)),
-            _ => Err(format!("attempt to compare {} with {}", a.type_name(), b.type_name())),
+            _ => Err(format!(
+                "attempt to compare {} with {}",
+                a.type_name(),
+                b.type_name()
+            )),
         }
     };
     Ok(match op {
@@ -1570,7 +1644,11 @@ fn binary(op: &str, a: &Val, b: &Val, l: &Expr, r: &Expr) -> RResult<Val> {
                 match v {
                     Val::Str(s) => Ok(s.to_string()),
                     Val::Num(n) => Ok(lua_fmt::number(*n)),
-                    other => Err(format!("attempt to concatenate {} (a {} value)", describe(e), other.type_name())),
+                    other => Err(format!(
+                        "attempt to concatenate {} (a {} value)",
+                        describe(e),
+                        other.type_name()
+                    )),
                 }
             };
             Val::str(&(part(a, l)? + &part(b, r)?))
@@ -1624,11 +1702,18 @@ mod tests {
         assert_eq!(eval("not nil and 1 or 2").unwrap(), "1");
         assert_eq!(eval("#{1, 2, 3}").unwrap(), "3");
         assert_eq!(eval("(\"abc\"):upper()").unwrap(), "ABC");
-        assert_eq!(eval("string.gsub(\"a not b\", \"not \", \"\")").unwrap(), "a b");
+        assert_eq!(
+            eval("string.gsub(\"a not b\", \"not \", \"\")").unwrap(),
+            "a b"
+        );
         assert_eq!(eval("string.format(\"%s=%d\", \"x\", 3.7)").unwrap(), "x=3");
         assert_eq!(eval("_escape_json({a = {1, 2}})").unwrap(), "{\"a\":[1,2]}");
-        assert!(eval("name()").unwrap_err().contains("attempt to call global 'name'"));
-        assert!(eval("x.y").unwrap_err().contains("attempt to index global 'x'"));
+        assert!(eval("name()")
+            .unwrap_err()
+            .contains("attempt to call global 'name'"));
+        assert!(eval("x.y")
+            .unwrap_err()
+            .contains("attempt to index global 'x'"));
     }
 
     #[test]

@@ -193,10 +193,19 @@ mod tests {
 
     #[test]
     fn syntax() {
-        assert_eq!(render("<{{name}}>{*name*}").unwrap(), "<a&#47;b&amp;c>a/b&c");
+        assert_eq!(
+            render("<{{name}}>{*name*}").unwrap(),
+            "<a&#47;b&amp;c>a/b&c"
+        );
         assert_eq!(render("{\"n\":{{n+10}}}").unwrap(), "{\"n\":30}");
-        assert_eq!(render("{% if n > 1 then %}\nbig{% else %}small{% end %}").unwrap(), "big");
-        assert_eq!(render("{# note #}{-raw-}{{x}}{-raw-}{{missing}}.").unwrap(), "{{x}}.");
+        assert_eq!(
+            render("{% if n > 1 then %}\nbig{% else %}small{% end %}").unwrap(),
+            "big"
+        );
+        assert_eq!(
+            render("{# note #}{-raw-}{{x}}{-raw-}{{missing}}.").unwrap(),
+            "{{x}}."
+        );
         assert_eq!(
             render("{% for i = 1, 3 do %}{{i}},{% end %}").unwrap(),
             "1,2,3,"

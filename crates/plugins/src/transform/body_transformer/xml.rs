@@ -36,13 +36,14 @@ fn unescape(text: &str) -> Result<String, String> {
             "quot" => out.push('"'),
             "apos" => out.push('\''),
             _ => {
-                let code = if let Some(h) = ent.strip_prefix("#x").or_else(|| ent.strip_prefix("#X")) {
-                    u32::from_str_radix(h, 16).ok()
-                } else if let Some(d) = ent.strip_prefix('#') {
-                    d.parse().ok()
-                } else {
-                    None
-                };
+                let code =
+                    if let Some(h) = ent.strip_prefix("#x").or_else(|| ent.strip_prefix("#X")) {
+                        u32::from_str_radix(h, 16).ok()
+                    } else if let Some(d) = ent.strip_prefix('#') {
+                        d.parse().ok()
+                    } else {
+                        None
+                    };
                 out.push(code.and_then(char::from_u32).ok_or(FAIL)?);
             }
         }

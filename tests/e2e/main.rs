@@ -26,6 +26,7 @@ mod plugins_limit_req_conn;
 mod plugins_loggers;
 mod plugins_opentelemetry;
 mod plugins_prometheus;
+mod plugins_transform;
 mod plugins_zipkin;
 mod prometheus_scrape;
 mod reload;

@@ -43,7 +43,9 @@ fn validate_transform_and_route_by_rule() {
     assert_eq!(r.text(), "<m>POST</m>");
     let r = request(gw.addr(), "POST", "/bt", &json_ct, b"not json");
     assert_eq!(r.status, 400);
-    assert!(r.text().contains("request body decode: Expected value"), "{}", r.text());
+    // The response template runs on the plugin's own answer too, as APISIX's body filter
+    // does: `{"message": ...}` has no `method`.
+    assert_eq!(r.text(), "<m></m>");
 
     assert_eq!(get(gw.addr(), "/wf/a").status, 403);
     assert_eq!(get(gw.addr(), "/wf/b").status, 200);

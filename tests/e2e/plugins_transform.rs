@@ -35,11 +35,21 @@ fn validate_transform_and_route_by_rule() {
     );
     let r = request(gw.addr(), "POST", "/rv", &json_ct, b"{ \"name\" : \"ok\" }");
     assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.json()["body"], "{\"name\":\"ok\"}", "the checked JSON goes upstream");
+    assert_eq!(
+        r.json()["body"],
+        "{\"name\":\"ok\"}",
+        "the checked JSON goes upstream"
+    );
 
-    let r = request(gw.addr(), "POST", "/bt", &json_ct, b"{\"name\":\"hello\",\"age\":20}");
+    let r = request(
+        gw.addr(),
+        "POST",
+        "/bt",
+        &json_ct,
+        b"{\"name\":\"hello\",\"age\":20}",
+    );
     assert_eq!(r.status, 200, "{}", r.text());
-    // The upstream got the rendered request body; the client the rendered response.
+    // The client gets the response template rendered over the upstream's JSON echo.
     assert_eq!(r.text(), "<m>POST</m>");
     let r = request(gw.addr(), "POST", "/bt", &json_ct, b"not json");
     assert_eq!(r.status, 400);

@@ -28,6 +28,7 @@ mod plugins_loggers;
 mod plugins_opentelemetry;
 mod plugins_prometheus;
 mod plugins_proxy_cache;
+mod plugins_transform;
 mod plugins_zipkin;
 mod prometheus_scrape;
 mod reload;

@@ -27,7 +27,8 @@ use crate::body::read_limited;
 use crate::guard::AuthGuard;
 use crate::resources::{self, Resource};
 use crate::response::{nginx_page, Reply};
-use crate::{auth, cjson, path};
+use crate::{auth, path};
+use ferrisix_config::schema::cjson;
 
 mod checks;
 mod configs;

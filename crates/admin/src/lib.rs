@@ -14,7 +14,6 @@ mod api;
 mod args;
 mod auth;
 mod body;
-mod cjson;
 mod guard;
 pub mod keys;
 mod list;

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use crate::model::ResourceKind;
 
+pub mod cjson;
 pub mod defs;
 mod engine;
 pub mod lua;

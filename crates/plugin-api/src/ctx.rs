@@ -779,6 +779,12 @@ impl<'r> PluginCtx<'r> {
         self.state.body.buffered()
     }
 
+    /// Replaces the body sent upstream (`ngx.req.set_body_data`); the proxy sets its
+    /// Content-Length from it.
+    pub fn set_body(&mut self, body: Bytes) {
+        self.state.body = RequestBody::Buffered(body);
+    }
+
     /// Whether the body is a form as APISIX's `post_arg_*` variables read it: a Content-Type
     /// starting with `application/x-www-form-urlencoded` (a charset may follow).
     pub fn has_form_body(&self) -> bool {

@@ -29,6 +29,8 @@ impl Phases {
     /// `header_filter`, which is also where body filters are installed.
     pub const HEADER_FILTER: Phases = Phases(1 << 3);
     pub const LOG: Phases = Phases(1 << 5);
+    /// `mask_log`: edits what the log phase's plugins see, before any of them runs.
+    pub const LOG_MASK: Phases = Phases(1 << 6);
 
     pub const fn union(self, other: Phases) -> Phases {
         Phases(self.0 | other.0)
@@ -113,6 +115,10 @@ pub trait Plugin: Send + Sync + 'static {
     fn header_filter(&self, _ctx: &mut PluginCtx<'_>, _resp: &mut ResponseHead<'_>) {}
 
     fn log(&self, _ctx: &LogCtx) {}
+
+    /// Runs before every plugin's `log` and may change what they log (data-mask masks
+    /// fields there, as APISIX's runs in the log phase at a priority above the loggers').
+    fn mask_log(&self, _ctx: &mut LogCtx) {}
 }
 
 #[cfg(test)]

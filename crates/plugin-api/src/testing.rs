@@ -3,9 +3,10 @@
 
 use std::net::IpAddr;
 
+use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
 
-use crate::ctx::{PluginCtx, RequestState, RouteInfo};
+use crate::ctx::{PluginCtx, RequestBody, RequestState, RouteInfo};
 use crate::head::{ConnFacts, RequestHead};
 
 /// A request as the proxy would hold it.
@@ -43,6 +44,26 @@ impl TestRequest {
             conn,
             route: None,
         }
+    }
+
+    /// A request of `method` with a body already read (what a plugin's `read_body` gets).
+    pub fn with_body(method: Method, uri: &str, body: &str) -> TestRequest {
+        let mut r = TestRequest::new(method, uri);
+        r.state
+            .set_body(RequestBody::Buffered(Bytes::copy_from_slice(
+                body.as_bytes(),
+            )));
+        r
+    }
+
+    /// `POST uri` with `body`.
+    pub fn post(uri: &str, body: &str) -> TestRequest {
+        TestRequest::with_body(Method::POST, uri, body)
+    }
+
+    /// The body as it would go upstream, when it is held whole.
+    pub fn sent_body(&self) -> Option<Bytes> {
+        self.state.body().buffered().cloned()
     }
 
     pub fn header(mut self, name: &'static str, value: &str) -> TestRequest {

@@ -341,6 +341,18 @@ impl PluginChain {
         }
     }
 
+    /// The plugins' `mask_log`, run over both chains before any `log`.
+    pub fn mask_log(&self, ctx: &mut LogCtx, verdicts: Verdicts) {
+        if !self.phases.contains(Phases::LOG_MASK) {
+            return;
+        }
+        for (i, e) in self.entries.iter().enumerate() {
+            if e.plugin.phases().contains(Phases::LOG_MASK) && verdicts.allows(i) {
+                e.plugin.mask_log(ctx);
+            }
+        }
+    }
+
     pub fn log(&self, ctx: &LogCtx, verdicts: Verdicts) {
         if !self.phases.contains(Phases::LOG) {
             return;

@@ -9,6 +9,7 @@ pub mod logger;
 pub mod sink;
 
 family! {
+    data_mask,
     http_logger,
     tcp_logger,
     udp_logger,

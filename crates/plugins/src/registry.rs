@@ -362,6 +362,14 @@ mod tests {
             ("loki-logger", &["headers"]),
             ("clickhouse-logger", &["password"]),
             ("limit-count", &["redis_password", "sentinel_password"]),
+            (
+                "graphql-limit-count",
+                &[
+                    "redis_password",
+                    "sentinel_password",
+                    "introspection_headers",
+                ],
+            ),
             ("limit-req", &["redis_password"]),
             ("limit-conn", &["redis_password"]),
             ("key-auth", &["key"]),

@@ -1,15 +1,21 @@
-//! Support shared by several plugin families: the Redis connections of the limit plugins'
+//! Support shared by several plugin families: request arguments as Lua sees them, JSONPath,
+//! GraphQL documents, the Redis connections of the limit plugins'
 //! `redis`, `redis-cluster` and `redis-sentinel` policies, what the auth plugins share, the
-//! regexes of plugin confs (PCRE's syntax on a linear-time engine), header edits with `$var`
+//! checks of user-written JSON schemas, the regexes of plugin confs (PCRE's syntax on a linear-time engine), header edits with `$var`
 //! values, nginx's URI escapes, and the tracing plugins' ids, clock and collector export
 //! (`resty.roundrobin` is the plugin API's, shared with the upstream balancer).
 
+pub mod args;
 pub mod auth;
 pub mod encoding;
+pub mod graphql;
 pub mod headers;
 pub mod ip;
+pub mod jsonpath;
+pub mod limit;
 pub mod pcre;
 pub mod redis;
+pub mod schema_check;
 pub mod stream_sub;
 pub mod trace;
 pub mod uri;

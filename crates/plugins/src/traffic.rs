@@ -1,10 +1,13 @@
 //! Traffic control: splitting traffic between upstreams (traffic-split), injecting faults
 //! (fault-injection), breaking the circuit to failing upstreams (api-breaker) and shadowing
-//! requests to another host (proxy-mirror).
+//! requests to another host (proxy-mirror), running actions by rule (workflow) and labelling
+//! requests with headers (traffic-label).
 
 family! {
     traffic_split,
     fault_injection,
     api_breaker,
     proxy_mirror,
+    workflow,
+    traffic_label,
 }

@@ -69,7 +69,12 @@ impl PendingLog {
         if self.body_limit.is_some() {
             self.ctx.response_body = Some(std::mem::take(&mut self.body).freeze());
         }
-        // Global rules first, then the route's plugins.
+        // Masks (data-mask) before any plugin logs, then global rules first, then the
+        // route's plugins.
+        self.global.mask_log(&mut self.ctx, self.verdicts.0);
+        if let Some(r) = &self.route {
+            r.mask_log(&mut self.ctx, self.verdicts.1);
+        }
         self.global.log(&self.ctx, self.verdicts.0);
         if let Some(r) = &self.route {
             r.log(&self.ctx, self.verdicts.1);

@@ -24,9 +24,9 @@ use serde_json::{json, Map, Value};
 use super::resource::id_text;
 use super::{AdminApi, PREFIX};
 use crate::body::read_limited;
-use crate::cjson;
 use crate::resources;
 use crate::response::{Body as ReplyBody, Reply};
+use ferrisix_config::schema::cjson;
 
 /// The resource sections of a standalone document, as APISIX lists its etcd directories.
 const CONFIG_SECTIONS: [&str; 13] = [

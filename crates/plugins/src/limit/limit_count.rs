@@ -20,6 +20,7 @@ use serde_json::{json, Map, Value};
 pub mod local;
 pub mod redis;
 
+use crate::support::limit::LimitCost;
 use crate::support::redis::{self as redis_support, RedisPools, Remote, Target};
 use local::{Outcome, Space, Spaces};
 
@@ -317,6 +318,7 @@ impl LimitCount {
     }
 
     fn run_local(&self, space: &Space, ctx: &mut PluginCtx<'_>) -> Flow {
+        let cost = LimitCost::of(ctx);
         // The common case: one rule with fixed numbers, nothing to allocate.
         if let Some(Rule {
             count: Quota::Fixed(limit),
@@ -327,7 +329,7 @@ impl LimitCount {
         }) = &self.single
         {
             let k = key.resolve(ctx);
-            let o = self.count_local(space, k.as_ref(), *limit, *window);
+            let o = self.count_local(space, k.as_ref(), *limit, *window, cost);
             drop(k);
             let fixed = Some((limit_value, window_value, *window));
             return self.apply_with(ctx, o, *limit, headers, fixed);
@@ -351,7 +353,7 @@ impl LimitCount {
             } else {
                 KeyRef::Text(&key)
             };
-            let o = self.count_local(space, k, limit, window);
+            let o = self.count_local(space, k, limit, window, cost);
             if let Flow::Exit(e) = self.apply(ctx, o, limit, &names) {
                 return Flow::Exit(e);
             }
@@ -359,15 +361,23 @@ impl LimitCount {
         Flow::Continue
     }
 
-    fn count_local(&self, space: &Space, key: KeyRef<'_>, limit: u64, window: u64) -> Outcome {
+    fn count_local(
+        &self,
+        space: &Space,
+        key: KeyRef<'_>,
+        limit: u64,
+        window: u64,
+        cost: u64,
+    ) -> Outcome {
         if self.sliding {
-            space.sliding(key, limit, window, 1)
+            space.sliding(key, limit, window, cost)
         } else {
-            space.fixed(key, limit, window, 1)
+            space.fixed(key, limit, window, cost)
         }
     }
 
     async fn run_remote(&self, remote: &Remote, ctx: &mut PluginCtx<'_>) -> Flow {
+        let cost = LimitCost::of(ctx);
         let resolved: Vec<(String, u64, u64, HeaderNames)> = match self.resolve_rules(ctx) {
             Ok(rules) => rules
                 .into_iter()
@@ -391,7 +401,7 @@ impl LimitCount {
                         &format!("plugin-limit-count:{}:{key}", self.prefix),
                         limit,
                         window,
-                        1,
+                        cost,
                         self.clock.epoch_ms(),
                     )
                     .await
@@ -401,7 +411,7 @@ impl LimitCount {
                         &format!("plugin-limit-count:v1:{}:{key}", self.prefix),
                         limit,
                         window,
-                        1,
+                        cost,
                     )
                     .await
             };

@@ -1,6 +1,7 @@
 //! Request-body decoding as APISIX does it (lua-cjson under LuaJIT), with lua-cjson's error texts.
 //!
-//! APISIX answers an undecodable body with `invalid request body: <decoder error>`, and clients
+//! APISIX answers an undecodable body with `invalid request body: <decoder error>` (and plugins
+//! such as request-validation with the bare decoder error), and clients
 //! compare that text (`Expected object key string but found invalid token at character 2`). This
 //! decoder walks the input with lua-cjson's tokenizer rules so that the first error, its wording
 //! and its 1-based position match. It also accepts what lua-cjson accepts and serde_json does not

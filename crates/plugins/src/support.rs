@@ -1,13 +1,14 @@
 //! Support shared by several plugin families: the Redis connections of the limit plugins'
 //! `redis`, `redis-cluster` and `redis-sentinel` policies, what the auth plugins share, the
 //! regexes of plugin confs (PCRE's syntax on a linear-time engine), header edits with `$var`
-//! values, nginx's URI escapes, and the tracing plugins' ids, clock and collector export
+//! values, nginx's URI escapes, a small LDAP client (the ldap-auth plugins), and the tracing plugins' ids, clock and collector export
 //! (`resty.roundrobin` is the plugin API's, shared with the upstream balancer).
 
 pub mod auth;
 pub mod encoding;
 pub mod headers;
 pub mod ip;
+pub mod ldap;
 pub mod pcre;
 pub mod redis;
 pub mod stream_sub;

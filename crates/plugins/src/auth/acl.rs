@@ -300,14 +300,15 @@ mod tests {
                 ..Default::default()
             }));
         }
-        match p.access(&mut ctx) {
+        let out = match p.access(&mut ctx) {
             Step::Done(Flow::Continue) => (200, String::new()),
             Step::Done(Flow::Exit(e)) => (
                 e.status.as_u16(),
                 String::from_utf8_lossy(e.body.as_deref().unwrap_or_default()).into_owned(),
             ),
             Step::Wait(_) => panic!("acl does not wait"),
-        }
+        };
+        out
     }
 
     #[test]

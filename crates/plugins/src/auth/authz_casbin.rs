@@ -148,11 +148,12 @@ mod tests {
         let c = Compiler::new();
         let p = (DEF.compile)(&c.cx(NAME, conf, "casbin", metadata)).unwrap();
         let mut req = req;
-        match p.rewrite(&mut req.ctx()) {
+        let status = match p.rewrite(&mut req.ctx()) {
             Step::Done(Flow::Continue) => 200,
             Step::Done(Flow::Exit(e)) => e.status.as_u16(),
             Step::Wait(_) => panic!("authz-casbin does not wait"),
-        }
+        };
+        status
     }
 
     #[test]

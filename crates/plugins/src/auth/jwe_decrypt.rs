@@ -311,7 +311,10 @@ mod tests {
     fn schemas() {
         let c = Compiler::new();
         let r = &c.registry;
-        assert!(r.check(NAME, &json!({})).is_ok(), "both headers have defaults");
+        assert!(r
+            .check(NAME, &json!({"header": "X-Jwe", "forward_header": "X-Plain"}))
+            .is_ok());
+        assert!(r.check(NAME, &json!({"header": 1, "forward_header": "X"})).is_err());
         assert_eq!(
             r.check_consumer(NAME, &json!({"key": "k"})).unwrap_err(),
             "failed to check the configuration of plugin jwe-decrypt err: property \"secret\" is required"

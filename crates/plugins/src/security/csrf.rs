@@ -211,14 +211,15 @@ mod tests {
 
     fn verdict(p: &dyn Plugin, req: TestRequest) -> (u16, String) {
         let mut req = req;
-        match p.access(&mut req.ctx()) {
+        let out = match p.access(&mut req.ctx()) {
             Step::Done(Flow::Continue) => (200, String::new()),
             Step::Done(Flow::Exit(e)) => (
                 e.status.as_u16(),
                 String::from_utf8_lossy(e.body.as_deref().unwrap_or_default()).into_owned(),
             ),
             Step::Wait(_) => panic!("csrf does not wait"),
-        }
+        };
+        out
     }
 
     fn token(random: &str, expires: u64, key: &str) -> String {

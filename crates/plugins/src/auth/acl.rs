@@ -13,9 +13,7 @@
 
 use std::sync::Arc;
 
-use ferrisix_plugin_api::{
-    CheckCtx, CompileCtx, Exit, Phases, Plugin, PluginCtx, PluginDef, Step,
-};
+use ferrisix_plugin_api::{CheckCtx, CompileCtx, Exit, Phases, Plugin, PluginCtx, PluginDef, Step};
 use http::StatusCode;
 use serde_json::{json, Map, Value};
 
@@ -314,8 +312,18 @@ mod tests {
     #[test]
     fn allow_and_deny_by_label_values() {
         let allow = json!({"allow_labels": {"project": ["apisix"]}});
-        assert_eq!(run(allow.clone(), Some(json!({"project": "gw, apisix"}))).0, 200);
-        assert_eq!(run(allow.clone(), Some(json!({"project": "[\"a,b\",\"apisix\"]"}))).0, 200);
+        assert_eq!(
+            run(allow.clone(), Some(json!({"project": "gw, apisix"}))).0,
+            200
+        );
+        assert_eq!(
+            run(
+                allow.clone(),
+                Some(json!({"project": "[\"a,b\",\"apisix\"]"}))
+            )
+            .0,
+            200
+        );
         assert_eq!(
             run(allow.clone(), Some(json!({"project": "apisix2"}))),
             (403, "{\"message\":\"The consumer is forbidden.\"}\n".into())
@@ -326,7 +334,10 @@ mod tests {
             (401, "{\"message\":\"Missing authentication.\"}\n".into())
         );
         let web = json!({"allow_labels": {"p": ["web,server"]}});
-        assert_eq!(run(web.clone(), Some(json!({"p": "[\"web,server\"]"}))).0, 200);
+        assert_eq!(
+            run(web.clone(), Some(json!({"p": "[\"web,server\"]"}))).0,
+            200
+        );
         assert_eq!(run(web, Some(json!({"p": "web,server"}))).0, 403);
         let deny = json!({"deny_labels": {"team": ["red"]}, "rejected_msg": "no",
             "rejected_code": 451});

@@ -90,12 +90,17 @@ mod tests {
         let c = Compiler::new();
         let conf = json!({"headers": {"X-Dept": "$department", "X-Role": "$role"}});
         let p = (DEF.compile)(&c.cx(NAME, &conf, "acl", None)).unwrap();
-        let mut req = TestRequest::get("/").header("x-role", "admin").header("x-dept", "x");
+        let mut req = TestRequest::get("/")
+            .header("x-role", "admin")
+            .header("x-dept", "x");
         {
             let mut ctx = req.ctx();
             ctx.attach_consumer(Arc::new(Consumer {
                 username: "jack".into(),
-                labels: json!({"department": "devops"}).as_object().cloned().unwrap(),
+                labels: json!({"department": "devops"})
+                    .as_object()
+                    .cloned()
+                    .unwrap(),
                 ..Default::default()
             }));
             let _ = p.before_proxy(&mut ctx);

@@ -161,10 +161,20 @@ mod tests {
         let policy = "p, *, /public, GET\np, admin, *, *\ng, alice, admin";
         let conf = json!({"model": MODEL, "policy": policy, "username": "user"});
         assert_eq!(status(&conf, None, TestRequest::get("/public")), 200);
-        assert_eq!(status(&conf, None, TestRequest::new(Method::POST, "/public")), 403);
-        assert_eq!(status(&conf, None, TestRequest::get("/x").header("user", "bob")), 403);
         assert_eq!(
-            status(&conf, None, TestRequest::new(Method::DELETE, "/x").header("user", "alice")),
+            status(&conf, None, TestRequest::new(Method::POST, "/public")),
+            403
+        );
+        assert_eq!(
+            status(&conf, None, TestRequest::get("/x").header("user", "bob")),
+            403
+        );
+        assert_eq!(
+            status(
+                &conf,
+                None,
+                TestRequest::new(Method::DELETE, "/x").header("user", "alice")
+            ),
             200
         );
         let dir = tempfile::tempdir().unwrap();
@@ -172,10 +182,16 @@ mod tests {
         std::fs::write(&m, MODEL).unwrap();
         std::fs::write(&p, policy).unwrap();
         let files = json!({"model_path": m, "policy_path": p, "username": "user"});
-        assert_eq!(status(&files, None, TestRequest::get("/x").header("user", "admin")), 200);
+        assert_eq!(
+            status(&files, None, TestRequest::get("/x").header("user", "admin")),
+            200
+        );
         let only_user = json!({"username": "user"});
         let md = json!({"model": MODEL, "policy": policy});
-        assert_eq!(status(&only_user, Some(&md), TestRequest::get("/public")), 200);
+        assert_eq!(
+            status(&only_user, Some(&md), TestRequest::get("/public")),
+            200
+        );
         assert_eq!(status(&only_user, None, TestRequest::get("/public")), 503);
     }
 

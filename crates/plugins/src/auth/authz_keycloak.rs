@@ -37,7 +37,8 @@ pub static DEF: PluginDef = PluginDef {
 
 fn schema() -> Value {
     let text = |max: u64| json!({"type": "string", "minLength": 1, "maxLength": max});
-    let int = |min: u64, default: u64| json!({"type": "integer", "minimum": min, "default": default});
+    let int =
+        |min: u64, default: u64| json!({"type": "integer", "minimum": min, "default": default});
     json!({
         "type": "object",
         "properties": {
@@ -164,16 +165,21 @@ impl AuthzKeycloak {
         if let Some(e) = self.discovered.load_full() {
             return Ok((*e).clone());
         }
-        let url = self.discovery.as_deref().ok_or("Unable to determine token endpoint.")?;
-        let req = Request::get(url).body(Bytes::new()).map_err(|e| e.to_string())?;
+        let url = self
+            .discovery
+            .as_deref()
+            .ok_or("Unable to determine token endpoint.")?;
+        let req = Request::get(url)
+            .body(Bytes::new())
+            .map_err(|e| e.to_string())?;
         let resp = self
             .services
             .http()
             .send_verified(req, self.timeout, self.ssl_verify)
             .await
             .map_err(|e| format!("Accessing discovery URL ({url}) failed: {e}"))?;
-        let doc: Value = serde_json::from_slice(resp.body())
-            .map_err(|_| "JSON decoding failed".to_owned())?;
+        let doc: Value =
+            serde_json::from_slice(resp.body()).map_err(|_| "JSON decoding failed".to_owned())?;
         let e = doc
             .get("token_endpoint")
             .and_then(Value::as_str)
@@ -279,9 +285,9 @@ impl Plugin for AuthzKeycloak {
 
 #[cfg(test)]
 mod tests {
-    use ferrisix_config::validate::PluginCheck;
     use super::*;
     use crate::testing::Compiler;
+    use ferrisix_config::validate::PluginCheck;
 
     #[test]
     fn schema_messages() {
@@ -296,12 +302,19 @@ mod tests {
             err(json!({"token_endpoint": "https://k/t"})),
             format!("{prefix}property \"client_id\" is required")
         );
-        assert!(err(json!({"client_id": "c", "token_endpoint": "https://k/t",
+        assert!(
+            err(json!({"client_id": "c", "token_endpoint": "https://k/t",
             "lazy_load_paths": true}))
-        .starts_with(&format!("{prefix}allOf 2 failed: object matches none of the required")));
+            .starts_with(&format!(
+                "{prefix}allOf 2 failed: object matches none of the required"
+            ))
+        );
         assert!(c
             .registry
-            .check(NAME, &json!({"client_id": "c", "token_endpoint": "https://k/t"}))
+            .check(
+                NAME,
+                &json!({"client_id": "c", "token_endpoint": "https://k/t"})
+            )
             .is_ok());
     }
 }

@@ -15,9 +15,7 @@
 use std::sync::Arc;
 
 use base64::Engine;
-use ferrisix_plugin_api::{
-    CompileCtx, Phases, Plugin, PluginCtx, PluginDef, Prepared, Step,
-};
+use ferrisix_plugin_api::{CompileCtx, Phases, Plugin, PluginCtx, PluginDef, Prepared, Step};
 use http::{HeaderName, HeaderValue, StatusCode};
 use ring::aead;
 use serde_json::{json, Value};
@@ -61,7 +59,10 @@ fn consumer_schema() -> Value {
 struct JweKey(Option<aead::LessSafeKey>);
 
 fn prepare(conf: &Value) -> Result<Prepared, String> {
-    let secret = conf.get("secret").and_then(Value::as_str).unwrap_or_default();
+    let secret = conf
+        .get("secret")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let bytes = if conf.get("is_base64_encoded").and_then(Value::as_bool) == Some(true) {
         base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(secret.trim_end_matches('='))
@@ -277,7 +278,10 @@ mod tests {
         let conf = json!({"header": "Authorization", "forward_header": "X-Plain"});
         let token = seal(Some("k1"), SECRET, "claims");
         for value in [format!("Bearer {token}"), token.clone()] {
-            let (status, _, req) = run(conf.clone(), TestRequest::get("/").header("authorization", &value));
+            let (status, _, req) = run(
+                conf.clone(),
+                TestRequest::get("/").header("authorization", &value),
+            );
             assert_eq!(status, 200);
             assert_eq!(req.headers["x-plain"], "claims");
         }
@@ -292,17 +296,25 @@ mod tests {
         let conf = json!({"header": "Authorization", "forward_header": "Authorization"});
         let cases = [
             ("a.b.c".to_owned(), "JWE token invalid"),
-            (format!("invalid-{}", seal(Some("k1"), SECRET, "x")), "JWE token invalid"),
+            (
+                format!("invalid-{}", seal(Some("k1"), SECRET, "x")),
+                "JWE token invalid",
+            ),
             (seal(None, SECRET, "x"), "missing kid in JWE token"),
-            (seal(Some("nobody"), SECRET, "x"), "invalid kid in JWE token"),
+            (
+                seal(Some("nobody"), SECRET, "x"),
+                "invalid kid in JWE token",
+            ),
             (
                 seal(Some("k1"), "fedcba9876543210fedcba9876543210", "x"),
                 "failed to decrypt JWE token",
             ),
         ];
         for (token, want) in cases {
-            let (status, body, _) =
-                run(conf.clone(), TestRequest::get("/").header("authorization", &token));
+            let (status, body, _) = run(
+                conf.clone(),
+                TestRequest::get("/").header("authorization", &token),
+            );
             assert_eq!((status, body), (400, msg(want)), "{token}");
         }
     }
@@ -312,9 +324,14 @@ mod tests {
         let c = Compiler::new();
         let r = &c.registry;
         assert!(r
-            .check(NAME, &json!({"header": "X-Jwe", "forward_header": "X-Plain"}))
+            .check(
+                NAME,
+                &json!({"header": "X-Jwe", "forward_header": "X-Plain"})
+            )
             .is_ok());
-        assert!(r.check(NAME, &json!({"header": 1, "forward_header": "X"})).is_err());
+        assert!(r
+            .check(NAME, &json!({"header": 1, "forward_header": "X"}))
+            .is_err());
         assert_eq!(
             r.check_consumer(NAME, &json!({"key": "k"})).unwrap_err(),
             "failed to check the configuration of plugin jwe-decrypt err: property \"secret\" is required"

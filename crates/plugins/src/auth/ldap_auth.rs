@@ -23,8 +23,12 @@ use crate::support::ldap::{escape_dn_value, parse_addr, Connection, Target};
 
 pub const NAME: &str = "ldap-auth";
 
-pub static DEF: PluginDef =
-    PluginDef::new(NAME, 2540, schema, compile).with_credentials(consumer_schema, &[], "user_dn", None);
+pub static DEF: PluginDef = PluginDef::new(NAME, 2540, schema, compile).with_credentials(
+    consumer_schema,
+    &[],
+    "user_dn",
+    None,
+);
 
 fn schema() -> Value {
     json!({
@@ -75,7 +79,12 @@ impl std::fmt::Debug for LdapAuth {
 
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let conf = cx.filled();
-    let s = |k: &str| conf.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+    let s = |k: &str| {
+        conf.get(k)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
     let (host, port) = parse_addr(&s("ldap_uri"));
     Ok(Arc::new(LdapAuth {
         base_dn: s("base_dn"),
@@ -187,8 +196,14 @@ mod tests {
 
     #[test]
     fn credentials_and_addresses() {
-        assert_eq!(basic_credentials("Basic Zm9vOmJhcg=="), Some(("foo".into(), "bar".into())));
-        assert_eq!(basic_credentials("basic Zm9vOiBiYXIg"), Some(("foo".into(), "bar".into())));
+        assert_eq!(
+            basic_credentials("Basic Zm9vOmJhcg=="),
+            Some(("foo".into(), "bar".into()))
+        );
+        assert_eq!(
+            basic_credentials("basic Zm9vOiBiYXIg"),
+            Some(("foo".into(), "bar".into()))
+        );
         assert_eq!(basic_credentials("Basic Zm9v"), None, "no colon");
         assert_eq!(basic_credentials("Bad_header Zm9vOmZvbwo="), None);
     }
@@ -200,7 +215,10 @@ mod tests {
         let p = (DEF.compile)(&c.cx(NAME, &conf, "ldap", None)).unwrap();
         for (header, msg) in [
             (None, "Missing authorization in request"),
-            (Some("Bad_header Zm9vOmZvbwo="), "Invalid authorization in request"),
+            (
+                Some("Bad_header Zm9vOmZvbwo="),
+                "Invalid authorization in request",
+            ),
             (Some("Basic Zm9v"), "Invalid authorization in request"),
         ] {
             let mut req = TestRequest::get("/");
@@ -211,8 +229,14 @@ mod tests {
                 panic!("refused at once")
             };
             assert_eq!(e.status, 401);
-            assert_eq!(e.body.as_deref(), Some(format!("{{\"message\":\"{msg}\"}}\n").as_bytes()));
-            assert!(e.headers.iter().any(|(n, v)| n == "www-authenticate" && v == "Basic realm=\"ldap\""));
+            assert_eq!(
+                e.body.as_deref(),
+                Some(format!("{{\"message\":\"{msg}\"}}\n").as_bytes())
+            );
+            assert!(e
+                .headers
+                .iter()
+                .any(|(n, v)| n == "www-authenticate" && v == "Basic realm=\"ldap\""));
         }
     }
 

@@ -28,22 +28,30 @@ use http::{HeaderValue, StatusCode};
 use serde_json::{json, Value};
 
 use crate::support::auth::{challenge, realm_schema, unauthorized};
-use crate::support::ldap::{parse_addr, Connection, LdapError, Target, INVALID_CREDENTIALS, SIZE_LIMIT_EXCEEDED};
+use crate::support::ldap::{
+    parse_addr, Connection, LdapError, Target, INVALID_CREDENTIALS, SIZE_LIMIT_EXCEEDED,
+};
 
 pub const NAME: &str = "ldap-auth-advanced";
 
 pub static DEF: PluginDef = PluginDef {
     check: Some(check),
     encrypt_fields: &["ldap_password"],
-    ..PluginDef::new(NAME, 2541, schema, compile)
-        .with_credentials(consumer_schema, &[], "user_dn", None)
+    ..PluginDef::new(NAME, 2541, schema, compile).with_credentials(
+        consumer_schema,
+        &[],
+        "user_dn",
+        None,
+    )
 };
 
 /// RFC 4512 attribute descriptions: a name or a numeric OID, with `;option`s.
-const ATTR_PATTERN: &str = "^(?:[A-Za-z][A-Za-z0-9-]*|(?:0|[1-9][0-9]*)(?:\\.(?:0|[1-9][0-9]*))+)(?:;[A-Za-z0-9-]+)*$";
+const ATTR_PATTERN: &str =
+    "^(?:[A-Za-z][A-Za-z0-9-]*|(?:0|[1-9][0-9]*)(?:\\.(?:0|[1-9][0-9]*))+)(?:;[A-Za-z0-9-]+)*$";
 
 fn schema() -> Value {
-    let int = |min: u64, default: u64| json!({"type": "integer", "minimum": min, "default": default});
+    let int =
+        |min: u64, default: u64| json!({"type": "integer", "minimum": min, "default": default});
     json!({
         "type": "object",
         "title": "work with route or service object",
@@ -178,7 +186,10 @@ fn parse_credentials(scheme: &str, header: &str) -> Result<(String, String), &'s
 impl LdapAuthAdvanced {
     fn failed(&self, reason: &str) -> Flow {
         tracing::warn!("{NAME}: {reason}");
-        Flow::Exit(unauthorized("Authorization required", self.challenge.as_ref()))
+        Flow::Exit(unauthorized(
+            "Authorization required",
+            self.challenge.as_ref(),
+        ))
     }
 
     fn credentials(&self, ctx: &PluginCtx<'_>) -> Result<(String, String), &'static str> {
@@ -220,11 +231,20 @@ impl LdapAuthAdvanced {
             return Err(outage("LDAP search bind failed", e));
         }
         let found = conn
-            .search(&self.base_dn, &self.attribute, user, self.size_limit, self.time_limit)
+            .search(
+                &self.base_dn,
+                &self.attribute,
+                user,
+                self.size_limit,
+                self.time_limit,
+            )
             .await;
         let dns = match found {
             Ok(d) => d,
-            Err(LdapError::Result { code: SIZE_LIMIT_EXCEEDED, .. }) => {
+            Err(LdapError::Result {
+                code: SIZE_LIMIT_EXCEEDED,
+                ..
+            }) => {
                 return Err(self.failed(
                     "ambiguous user match (size limit exceeded); check attribute uniqueness",
                 ))
@@ -235,16 +255,17 @@ impl LdapAuthAdvanced {
             [] => return Err(self.failed("user not found")),
             [one] => one.clone(),
             _ => {
-                return Err(self.failed(
-                    "ambiguous user match (>1 entry); check attribute uniqueness",
-                ))
+                return Err(
+                    self.failed("ambiguous user match (>1 entry); check attribute uniqueness")
+                )
             }
         };
         match conn.bind(&user_dn, password).await {
             Ok(()) => {}
-            Err(LdapError::Result { code: INVALID_CREDENTIALS, .. }) => {
-                return Err(self.failed("user authentication failed"))
-            }
+            Err(LdapError::Result {
+                code: INVALID_CREDENTIALS,
+                ..
+            }) => return Err(self.failed("user authentication failed")),
             Err(e) => return Err(outage("LDAP authentication bind failed", e)),
         }
         conn.unbind().await;
@@ -259,7 +280,10 @@ impl LdapAuthAdvanced {
         if !self.consumer_required {
             return Flow::Continue;
         }
-        let cred = ctx.consumers().and_then(|c| c.find(NAME, &user_dn)).cloned();
+        let cred = ctx
+            .consumers()
+            .and_then(|c| c.find(NAME, &user_dn))
+            .cloned();
         match cred {
             Some(cred) => {
                 ctx.attach_consumer(cred.consumer.clone());
@@ -303,12 +327,18 @@ mod tests {
     fn credentials() {
         let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
         let h = format!("ldap {}", b64("alice:pa:ss"));
-        assert_eq!(parse_credentials("ldap", &h), Ok(("alice".into(), "pa:ss".into())));
+        assert_eq!(
+            parse_credentials("ldap", &h),
+            Ok(("alice".into(), "pa:ss".into()))
+        );
         assert_eq!(
             parse_credentials("ldap", &format!("LDAP {}", b64("useronly"))),
             Err("invalid credential: missing ':' separator")
         );
-        assert_eq!(parse_credentials("ldap", &format!("ldap {}", b64("a:"))), Err("empty password rejected before bind"));
+        assert_eq!(
+            parse_credentials("ldap", &format!("ldap {}", b64("a:"))),
+            Err("empty password rejected before bind")
+        );
         assert!(parse_credentials("basic", &h).is_err());
     }
 
@@ -322,8 +352,14 @@ mod tests {
             panic!("refused at once")
         };
         assert_eq!(e.status, 401);
-        assert_eq!(e.body.as_deref(), Some(&b"{\"message\":\"Authorization required\"}\n"[..]));
-        assert!(e.headers.iter().any(|(n, v)| n == "www-authenticate" && v == "ldap realm=\"ldap\""));
+        assert_eq!(
+            e.body.as_deref(),
+            Some(&b"{\"message\":\"Authorization required\"}\n"[..])
+        );
+        assert!(e
+            .headers
+            .iter()
+            .any(|(n, v)| n == "www-authenticate" && v == "ldap realm=\"ldap\""));
         let err = |conf: Value| c.registry.check(NAME, &conf).unwrap_err();
         let prefix = "failed to check the configuration of plugin ldap-auth-advanced err: ";
         assert_eq!(
@@ -334,7 +370,13 @@ mod tests {
             err(json!({"ldap_uri": "h", "base_dn": "b", "bind_dn": "cn=a"})),
             format!("{prefix}ldap_password is required when bind_dn is set")
         );
-        assert_eq!(err(json!({"base_dn": "b"})), format!("{prefix}property \"ldap_uri\" is required"));
-        assert!(err(json!({"ldap_uri": "h", "base_dn": "b", "attribute": "(cn=*)"})).contains("attribute"));
+        assert_eq!(
+            err(json!({"base_dn": "b"})),
+            format!("{prefix}property \"ldap_uri\" is required")
+        );
+        assert!(
+            err(json!({"ldap_uri": "h", "base_dn": "b", "attribute": "(cn=*)"}))
+                .contains("attribute")
+        );
     }
 }

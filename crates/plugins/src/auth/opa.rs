@@ -116,7 +116,12 @@ impl Opa {
             );
         }
         let mut query = Map::new();
-        for pair in ctx.query().unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
+        for pair in ctx
+            .query()
+            .unwrap_or_default()
+            .split('&')
+            .filter(|p| !p.is_empty())
+        {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             let dec = |s: &str| {
                 percent_encoding::percent_decode_str(&s.replace('+', " "))
@@ -227,7 +232,10 @@ impl Opa {
                     Value::String(s) => s.clone(),
                     other => lua::force_encode_scalar(other),
                 };
-                if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(&text)) {
+                if let (Ok(n), Ok(v)) = (
+                    HeaderName::from_bytes(k.as_bytes()),
+                    HeaderValue::from_str(&text),
+                ) {
                     exit = exit.with_header(n, v);
                 }
             }
@@ -235,9 +243,13 @@ impl Opa {
         }
         for name in &self.send_headers_upstream {
             let value = headers
-                .and_then(|h| h.get(name.as_str()).or_else(|| {
-                    h.iter().find(|(k, _)| k.eq_ignore_ascii_case(name.as_str())).map(|(_, v)| v)
-                }))
+                .and_then(|h| {
+                    h.get(name.as_str()).or_else(|| {
+                        h.iter()
+                            .find(|(k, _)| k.eq_ignore_ascii_case(name.as_str()))
+                            .map(|(_, v)| v)
+                    })
+                })
                 .and_then(Value::as_str)
                 .and_then(|v| HeaderValue::from_str(v).ok());
             match value {
@@ -285,7 +297,9 @@ mod tests {
         let log = seen.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((mut s, _)) = listener.accept().await else { return };
+                let Ok((mut s, _)) = listener.accept().await else {
+                    return;
+                };
                 let log = log.clone();
                 tokio::spawn(async move {
                     let mut buf = Vec::new();
@@ -297,18 +311,32 @@ mod tests {
                         }
                         buf.extend_from_slice(&chunk[..n]);
                         let text = String::from_utf8_lossy(&buf).to_string();
-                        let Some((head, body)) = text.split_once("\r\n\r\n") else { continue };
+                        let Some((head, body)) = text.split_once("\r\n\r\n") else {
+                            continue;
+                        };
                         let len: usize = head
                             .lines()
-                            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse().unwrap())
+                            })
                             .unwrap_or(0);
                         if body.len() < len {
                             continue;
                         }
-                        let path = head.split_whitespace().nth(1).unwrap_or_default().to_owned();
+                        let path = head
+                            .split_whitespace()
+                            .nth(1)
+                            .unwrap_or_default()
+                            .to_owned();
                         let input: Value = serde_json::from_str(body).unwrap_or(Value::Null);
-                        log.lock().unwrap().push(json!({"path": path, "body": input.clone()}));
-                        let user = input["input"]["request"]["headers"]["x-user"].as_str().unwrap_or_default();
+                        log.lock()
+                            .unwrap()
+                            .push(json!({"path": path, "body": input.clone()}));
+                        let user = input["input"]["request"]["headers"]["x-user"]
+                            .as_str()
+                            .unwrap_or_default();
                         let answer = (if path.ends_with("/broken") {
                             json!({"nothing": 1})
                         } else if user == "admin" {
@@ -349,17 +377,24 @@ mod tests {
             "send_headers_upstream": ["X-Role"]});
         let (flow, req) = run(
             conf.clone(),
-            TestRequest::get("/p?a=1&a=2").header("x-user", "admin").header("x-role", "forged"),
+            TestRequest::get("/p?a=1&a=2")
+                .header("x-user", "admin")
+                .header("x-role", "forged"),
         )
         .await;
         assert_eq!(flow, Flow::Continue);
         assert_eq!(req.headers["x-role"], "root");
         let got = seen.lock().unwrap()[0].clone();
         assert_eq!(got["path"], "/v1/data/example/allow");
-        assert_eq!(got["body"]["input"]["request"]["query"]["a"], json!(["1", "2"]));
+        assert_eq!(
+            got["body"]["input"]["request"]["query"]["a"],
+            json!(["1", "2"])
+        );
         assert_eq!(got["body"]["input"]["type"], "http");
         let (flow, _) = run(conf.clone(), TestRequest::get("/p")).await;
-        let Flow::Exit(e) = flow else { panic!("denied") };
+        let Flow::Exit(e) = flow else {
+            panic!("denied")
+        };
         assert_eq!(e.status, 401);
         assert_eq!(e.body.as_deref(), Some(&b"{\"msg\":\"denied\"}"[..]));
         assert!(e.headers.iter().any(|(n, v)| n == "x-why" && v == "nope"));
@@ -376,7 +411,10 @@ mod tests {
         let c = Compiler::new();
         let err = |conf: Value| c.registry.check(NAME, &conf).unwrap_err();
         let prefix = "failed to check the configuration of plugin opa err: ";
-        assert_eq!(err(json!({"host": "http://h"})), format!("{prefix}property \"policy\" is required"));
+        assert_eq!(
+            err(json!({"host": "http://h"})),
+            format!("{prefix}property \"policy\" is required")
+        );
         assert_eq!(
             err(json!({"host": 3233, "policy": "p"})),
             format!("{prefix}property \"host\" validation failed: wrong type: expected string, got number")

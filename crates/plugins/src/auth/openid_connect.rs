@@ -28,8 +28,8 @@ use base64::Engine;
 use bytes::Bytes;
 use ferrisix_config::schema::lua;
 use ferrisix_plugin_api::{
-    CheckCtx, Clock, CompileCtx, Exit, Flow, Phases, Plugin, PluginCtx, PluginDef,
-    PluginServices, Step,
+    CheckCtx, Clock, CompileCtx, Exit, Flow, Phases, Plugin, PluginCtx, PluginDef, PluginServices,
+    Step,
 };
 use http::{HeaderName, HeaderValue, Method, Request, StatusCode};
 use jsonwebtoken::{Algorithm, DecodingKey};
@@ -54,7 +54,8 @@ pub static DEF: PluginDef = PluginDef {
 };
 
 fn session_schema() -> Value {
-    let int = |min: u64, default: u64| json!({"type": "integer", "minimum": min, "default": default});
+    let int =
+        |min: u64, default: u64| json!({"type": "integer", "minimum": min, "default": default});
     json!({
         "type": "object",
         "properties": {
@@ -239,7 +240,10 @@ fn extend(to: &mut Value, more: Value) {
 }
 
 fn truthy(conf: &Value, key: &str) -> bool {
-    !matches!(conf.get(key), None | Some(Value::Null) | Some(Value::Bool(false)))
+    !matches!(
+        conf.get(key),
+        None | Some(Value::Null) | Some(Value::Bool(false))
+    )
 }
 
 fn text_of<'a>(conf: &'a Value, key: &str) -> Option<&'a str> {
@@ -251,9 +255,7 @@ fn text_of<'a>(conf: &'a Value, key: &str) -> Option<&'a str> {
 fn before_schema(conf: &Value) -> Result<(), String> {
     let bearer_only = truthy(conf, "bearer_only");
     if !bearer_only && !truthy(conf, "session") {
-        return Err(
-            "property \"session.secret\" is required when \"bearer_only\" is false".into(),
-        );
+        return Err("property \"session.secret\" is required when \"bearer_only\" is false".into());
     }
     let secret_optional = if bearer_only {
         truthy(conf, "public_key")
@@ -380,7 +382,8 @@ fn reachable_methods(conf: &Value) -> Vec<(&'static str, String)> {
     if !(truthy(conf, "public_key") || truthy(conf, "use_jwks"))
         && (bearer_only || truthy(conf, "introspection_endpoint"))
     {
-        let m = text_of(conf, "introspection_endpoint_auth_method").unwrap_or("client_secret_basic");
+        let m =
+            text_of(conf, "introspection_endpoint_auth_method").unwrap_or("client_secret_basic");
         out.push(("introspection_endpoint_auth_method", m.to_owned()));
     }
     if !bearer_only {
@@ -394,7 +397,10 @@ fn reachable_methods(conf: &Value) -> Vec<(&'static str, String)> {
         }
         let par = conf.get("par");
         if par.and_then(|p| p.get("enabled")) == Some(&Value::Bool(true)) {
-            if let Some(m) = par.and_then(|p| p.get("endpoint_auth_method")).and_then(Value::as_str) {
+            if let Some(m) = par
+                .and_then(|p| p.get("endpoint_auth_method"))
+                .and_then(Value::as_str)
+            {
                 out.push(("par.endpoint_auth_method", m.to_owned()));
             }
         }
@@ -430,10 +436,14 @@ fn check_assertion_alg(conf: &Value) -> Result<(), String> {
 
 fn check_par_method(conf: &Value) -> Result<(), String> {
     let par = conf.get("par");
-    if truthy(conf, "bearer_only") || par.and_then(|p| p.get("enabled")) != Some(&Value::Bool(true)) {
+    if truthy(conf, "bearer_only") || par.and_then(|p| p.get("enabled")) != Some(&Value::Bool(true))
+    {
         return Ok(());
     }
-    let Some(method) = par.and_then(|p| p.get("endpoint_auth_method")).and_then(Value::as_str) else {
+    let Some(method) = par
+        .and_then(|p| p.get("endpoint_auth_method"))
+        .and_then(Value::as_str)
+    else {
         return Ok(());
     };
     if let Some(Some(field)) = method_credential(method) {
@@ -564,9 +574,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         timeout.saturating_mul(1000)
     };
     let realm = s("realm").unwrap_or_else(|| "apisix".into());
-    let audience = conf
-        .get("claim_validator")
-        .and_then(|c| c.get("audience"));
+    let audience = conf.get("claim_validator").and_then(|c| c.get("audience"));
     let aud_flag = |k: &str| audience.and_then(|a| a.get(k)).and_then(Value::as_bool) == Some(true);
     Ok(Arc::new(OpenIdConnect {
         client_id: s("client_id").unwrap_or_default(),
@@ -699,13 +707,18 @@ impl OpenIdConnect {
             }
         }
         let doc = self.get_json(&self.discovery).await?;
-        self.cache.discovery.store(Some(Arc::new((now, doc.clone()))));
+        self.cache
+            .discovery
+            .store(Some(Arc::new((now, doc.clone()))));
         Ok(doc)
     }
 
     /// The provider's signing keys, cached for `jwk_expires_in`; `refresh` fetches anew (a
     /// `kid` not found: the provider may have rotated its keys).
-    async fn jwks(&self, refresh: bool) -> Result<Arc<(u64, Vec<(Option<String>, Value)>)>, String> {
+    async fn jwks(
+        &self,
+        refresh: bool,
+    ) -> Result<Arc<(u64, Vec<(Option<String>, Value)>)>, String> {
         let now = self.now_ms();
         if !refresh {
             if let Some(c) = self.cache.jwks.load_full() {
@@ -777,9 +790,12 @@ impl OpenIdConnect {
                 self.verify_with(token, &issuers, &key_for)
             }
             _ => {
-                let kid = jwt::load(token)
-                    .ok()
-                    .and_then(|l| l.header.get("kid").and_then(Value::as_str).map(str::to_owned));
+                let kid = jwt::load(token).ok().and_then(|l| {
+                    l.header
+                        .get("kid")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                });
                 let mut keys = self.jwks(false).await;
                 let known = |keys: &(u64, Vec<(Option<String>, Value)>)| {
                     kid.is_none() || keys.1.iter().any(|(k, _)| k.as_deref() == kid.as_deref())
@@ -796,8 +812,9 @@ impl OpenIdConnect {
                                 .find(|(k, _)| kid.is_none() || k.as_deref() == kid.as_deref())
                                 .map(|(_, j)| j)
                                 .ok_or_else(|| "no matching key in the JWKS".to_owned())?;
-                            let jwk: jsonwebtoken::jwk::Jwk = serde_json::from_value(jwk.clone())
-                                .map_err(|e| format!("invalid JWK: {e}"))?;
+                            let jwk: jsonwebtoken::jwk::Jwk =
+                                serde_json::from_value(jwk.clone())
+                                    .map_err(|e| format!("invalid JWK: {e}"))?;
                             DecodingKey::from_jwk(&jwk)
                                 .map(Arc::new)
                                 .map_err(|e| e.to_string())
@@ -857,8 +874,11 @@ impl OpenIdConnect {
                 enc(secret)
             ));
         } else {
-            let basic = base64::engine::general_purpose::STANDARD
-                .encode(format!("{}:{}", enc(&self.client_id), enc(secret)));
+            let basic = base64::engine::general_purpose::STANDARD.encode(format!(
+                "{}:{}",
+                enc(&self.client_id),
+                enc(secret)
+            ));
             req = req.header("authorization", format!("Basic {basic}"));
         }
         for (name, value) in addon_headers {
@@ -911,7 +931,10 @@ impl OpenIdConnect {
                 .unwrap_or_default();
             if !required.iter().all(|r| granted.contains(&r.as_str())) {
                 tracing::error!("OIDC introspection failed: required scopes not present");
-                return forbidden(&format!("required scopes {} not present", required.join(", ")));
+                return forbidden(&format!(
+                    "required scopes {} not present",
+                    required.join(", ")
+                ));
             }
         }
         let audience = claims
@@ -926,7 +949,9 @@ impl OpenIdConnect {
         }
         if self.match_with_client_id {
             let matched = match audience {
-                Some(Value::Array(list)) => list.iter().any(|v| v.as_str() == Some(&self.client_id)),
+                Some(Value::Array(list)) => {
+                    list.iter().any(|v| v.as_str() == Some(&self.client_id))
+                }
                 Some(Value::Object(_)) => false,
                 Some(v) => v.as_str() == Some(self.client_id.as_str()),
                 None => false,
@@ -937,7 +962,9 @@ impl OpenIdConnect {
             }
         }
         if let Some(schema) = &self.claim_schema {
-            if let Err(e) = ferrisix_config::schema::validate(schema, &Value::Object(claims.clone())) {
+            if let Err(e) =
+                ferrisix_config::schema::validate(schema, &Value::Object(claims.clone()))
+            {
                 tracing::error!("OIDC claim validation failed: {e}");
                 return self.invalid_token(&e);
             }
@@ -956,7 +983,8 @@ impl OpenIdConnect {
             let json = lua::cjson_encode(&Value::Object(claims.clone()));
             let b64 = base64::engine::general_purpose::STANDARD.encode(json);
             if let Ok(v) = HeaderValue::from_str(&b64) {
-                ctx.headers_mut().insert(HeaderName::from_static("x-userinfo"), v);
+                ctx.headers_mut()
+                    .insert(HeaderName::from_static("x-userinfo"), v);
             }
         }
         Flow::Continue
@@ -966,21 +994,22 @@ impl OpenIdConnect {
         if self.verifier.is_some() {
             match bearer(ctx, client_access_token) {
                 Bearer::Malformed => {
-                    tracing::error!("OIDC introspection failed: Invalid Authorization header format.");
+                    tracing::error!(
+                        "OIDC introspection failed: Invalid Authorization header format."
+                    );
                     return Flow::Exit(Exit::status(StatusCode::BAD_REQUEST));
                 }
                 Bearer::Token(token) => {
                     let claims = match self.verifier {
-                        Some(Verifier::Introspection) => match self
-                            .introspect(self.addon_headers(ctx), &token)
-                            .await
-                        {
-                            Ok(c) => c,
-                            Err(e) => {
-                                tracing::error!("OIDC introspection failed: {e}");
-                                return self.invalid_token(&e);
+                        Some(Verifier::Introspection) => {
+                            match self.introspect(self.addon_headers(ctx), &token).await {
+                                Ok(c) => c,
+                                Err(e) => {
+                                    tracing::error!("OIDC introspection failed: {e}");
+                                    return self.invalid_token(&e);
+                                }
                             }
-                        },
+                        }
                         _ => match self.verify_locally(&token).await {
                             Ok(c) => c,
                             Err(flow) => {
@@ -994,7 +1023,8 @@ impl OpenIdConnect {
                 Bearer::None if self.bearer_only => {
                     let mut exit = Exit::status(StatusCode::UNAUTHORIZED);
                     if let Some(c) = &self.challenge {
-                        exit = exit.with_header(HeaderName::from_static("www-authenticate"), c.clone());
+                        exit = exit
+                            .with_header(HeaderName::from_static("www-authenticate"), c.clone());
                     }
                     return Flow::Exit(exit);
                 }
@@ -1026,8 +1056,8 @@ impl Plugin for OpenIdConnect {
             ctx.headers_mut().remove(h);
         }
         // The cases decided without the provider answer now, without a future.
-        let local = matches!(self.verifier, Some(Verifier::PublicKey(_)))
-            && self.valid_issuers.is_some();
+        let local =
+            matches!(self.verifier, Some(Verifier::PublicKey(_))) && self.valid_issuers.is_some();
         if self.verifier.is_none() || local {
             let fut = self.run(ctx, client_access_token);
             return match now_or_never(fut) {

@@ -51,13 +51,18 @@ struct Csrf {
 impl std::fmt::Debug for Csrf {
     /// The key is a secret: not printed.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Csrf").field("name", &self.name).finish_non_exhaustive()
+        f.debug_struct("Csrf")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
     }
 }
 
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let conf = cx.filled();
-    let name = conf["name"].as_str().unwrap_or("apisix-csrf-token").to_owned();
+    let name = conf["name"]
+        .as_str()
+        .unwrap_or("apisix-csrf-token")
+        .to_owned();
     Ok(Arc::new(Csrf {
         key: conf["key"].as_str().unwrap_or_default().to_owned(),
         expires: conf["expires"].as_i64().unwrap_or(7200),
@@ -252,9 +257,15 @@ mod tests {
         };
         assert_eq!(verdict(&*p, TestRequest::get("/")).0, 200);
         let msg = |m: &str| (401, format!("{{\"error_msg\":\"{m}\"}}\n"));
-        assert_eq!(verdict(&*p, post(None, None)), msg("no csrf token in headers"));
+        assert_eq!(
+            verdict(&*p, post(None, None)),
+            msg("no csrf token in headers")
+        );
         assert_eq!(verdict(&*p, post(Some("a"), None)), msg("no csrf cookie"));
-        assert_eq!(verdict(&*p, post(Some("a"), Some("b"))), msg("csrf token mismatch"));
+        assert_eq!(
+            verdict(&*p, post(Some("a"), Some("b"))),
+            msg("csrf token mismatch")
+        );
         let bad = msg("Failed to verify the csrf token signature");
         assert_eq!(verdict(&*p, post(Some("a"), Some("a"))), bad);
         let good = token("0.25", 1_699_999_950, "k");

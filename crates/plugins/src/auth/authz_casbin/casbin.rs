@@ -80,9 +80,7 @@ fn sections(text: &str) -> HashMap<String, Vec<(String, String)>> {
         }
         if let Some((k, v)) = line.split_once('=') {
             let (k, v) = (k.trim().to_owned(), v.trim().to_owned());
-            out.entry(current.clone())
-                .or_default()
-                .push((k.clone(), v));
+            out.entry(current.clone()).or_default().push((k.clone(), v));
             last_key = Some((current.clone(), k));
         }
     }
@@ -526,7 +524,11 @@ mod tests {
 
     #[test]
     fn apisix_test_model() {
-        let e = Enforcer::new(MODEL, "p, *, /, GET\np, admin, *, *\ng, alice, admin\ng, bob, alice").unwrap();
+        let e = Enforcer::new(
+            MODEL,
+            "p, *, /, GET\np, admin, *, *\ng, alice, admin\ng, bob, alice",
+        )
+        .unwrap();
         assert!(e.enforce(&["anonymous", "/", "GET"]));
         assert!(!e.enforce(&["anonymous", "/", "POST"]));
         assert!(!e.enforce(&["anonymous", "/res", "GET"]));
@@ -539,7 +541,8 @@ mod tests {
     #[test]
     fn effects_and_functions() {
         let model = "[request_definition]\nr = sub, obj, act\n[policy_definition]\np = sub, obj, act, eft\n[policy_effect]\ne = some(where (p.eft == allow)) && !some(where (p.eft == deny))\n[matchers]\nm = r.sub == p.sub && keyMatch2(r.obj, p.obj) && regexMatch(r.act, p.act)";
-        let e = Enforcer::new(model, "p, a, /u/:id, GET|PUT, allow\np, a, /u/0, PUT, deny").unwrap();
+        let e =
+            Enforcer::new(model, "p, a, /u/:id, GET|PUT, allow\np, a, /u/0, PUT, deny").unwrap();
         assert!(e.enforce(&["a", "/u/7", "GET"]));
         assert!(e.enforce(&["a", "/u/0", "GET"]));
         assert!(!e.enforce(&["a", "/u/0", "PUT"]));

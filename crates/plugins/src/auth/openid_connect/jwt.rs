@@ -33,7 +33,8 @@ fn b64_json(part: &str) -> Option<Map<String, Value>> {
 /// lua-resty-jwt's `load_jwt`: three dot-separated parts, the first two base64url JSON objects.
 pub fn load(token: &str) -> Result<Loaded<'_>, String> {
     let mut parts = token.split('.');
-    let (Some(h), Some(p), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    let (Some(h), Some(p), Some(s), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return Err("invalid jwt: invalid jwt string".into());
     };
@@ -133,20 +134,19 @@ pub fn verify(
         key_for(algorithm, &loaded.header)
             .map_err(|e| format!("jwt signature verification failed: {e}"))?
     };
-    let ok = jsonwebtoken::crypto::verify(
-        loaded.signature,
-        loaded.signed.as_bytes(),
-        &key,
-        algorithm,
-    )
-    .unwrap_or(false);
+    let ok =
+        jsonwebtoken::crypto::verify(loaded.signature, loaded.signed.as_bytes(), &key, algorithm)
+            .unwrap_or(false);
     if !ok {
         return Err("jwt signature verification failed: signature mismatch".into());
     }
     check_claims(loaded.claims, opts)
 }
 
-fn check_claims(claims: Map<String, Value>, opts: &Verify<'_>) -> Result<Map<String, Value>, String> {
+fn check_claims(
+    claims: Map<String, Value>,
+    opts: &Verify<'_>,
+) -> Result<Map<String, Value>, String> {
     if !opts.valid_issuers.is_empty() {
         match claims.get("iss") {
             None | Some(Value::Null) => {
@@ -181,7 +181,12 @@ mod tests {
     use super::*;
 
     fn hs(claims: Value, alg: Algorithm, secret: &[u8]) -> String {
-        encode(&Header::new(alg), &claims, &EncodingKey::from_secret(secret)).unwrap()
+        encode(
+            &Header::new(alg),
+            &claims,
+            &EncodingKey::from_secret(secret),
+        )
+        .unwrap()
     }
 
     fn opts<'a>(issuers: &'a [String]) -> Verify<'a> {
@@ -203,7 +208,11 @@ mod tests {
     fn loads_verifies_and_checks_claims() {
         let issuers = vec!["me".to_owned()];
         let o = opts(&issuers);
-        let good = hs(json!({"iss": "me", "exp": 1_000_100}), Algorithm::HS256, b"s3cret");
+        let good = hs(
+            json!({"iss": "me", "exp": 1_000_100}),
+            Algorithm::HS256,
+            b"s3cret",
+        );
         assert_eq!(verify(&good, &o, &no_key).unwrap()["iss"], "me");
         let forged = hs(json!({"iss": "me"}), Algorithm::HS256, b"other");
         assert!(verify(&forged, &o, &no_key)
@@ -215,9 +224,17 @@ mod tests {
             "jwt signature verification failed: Claim 'iss' ('evil') returned failure"
         );
         // Within the slack, then past it.
-        let late = hs(json!({"iss": "me", "exp": 999_950}), Algorithm::HS256, b"s3cret");
+        let late = hs(
+            json!({"iss": "me", "exp": 999_950}),
+            Algorithm::HS256,
+            b"s3cret",
+        );
         assert!(verify(&late, &o, &no_key).is_ok());
-        let expired = hs(json!({"iss": "me", "exp": 999_000}), Algorithm::HS256, b"s3cret");
+        let expired = hs(
+            json!({"iss": "me", "exp": 999_000}),
+            Algorithm::HS256,
+            b"s3cret",
+        );
         assert_eq!(verify(&expired, &o, &no_key).unwrap_err(), "JWT expired");
         assert_eq!(
             verify("nope", &o, &no_key).unwrap_err(),
@@ -227,8 +244,14 @@ mod tests {
         let enc = |v: Value| {
             base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string().as_bytes())
         };
-        let none = format!("{}.{}.", enc(json!({"alg": "none"})), enc(json!({"iss": "me"})));
-        assert!(verify(&none, &o, &no_key).unwrap_err().contains("accept_none_alg"));
+        let none = format!(
+            "{}.{}.",
+            enc(json!({"alg": "none"})),
+            enc(json!({"iss": "me"}))
+        );
+        assert!(verify(&none, &o, &no_key)
+            .unwrap_err()
+            .contains("accept_none_alg"));
         let mut strict = opts(&issuers);
         strict.expected_alg = Some("RS256");
         assert_eq!(
@@ -237,6 +260,8 @@ mod tests {
         );
         // An asymmetric token without a key.
         let rs_header = format!("{}.{}.c2ln", enc(json!({"alg": "RS256"})), enc(json!({})));
-        assert!(verify(&rs_header, &o, &no_key).unwrap_err().contains("no key"));
+        assert!(verify(&rs_header, &o, &no_key)
+            .unwrap_err()
+            .contains("no key"));
     }
 }

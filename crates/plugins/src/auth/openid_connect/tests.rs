@@ -98,34 +98,54 @@ fn a_valid_token_reaches_the_upstream_with_its_claims() {
         base(json!({"access_token_in_authorization_header": true, "set_userinfo_header": false})),
         with_token(&t),
     );
-    assert_eq!(a.req.headers["authorization"], format!("Bearer {t}").as_str());
+    assert_eq!(
+        a.req.headers["authorization"],
+        format!("Bearer {t}").as_str()
+    );
     assert!(a.req.headers.get("x-access-token").is_none());
     assert!(a.req.headers.get("x-userinfo").is_none());
     // A client's X-Access-Token is the token when there is no Authorization.
-    let a = run(base(json!({})), TestRequest::get("/").header("x-access-token", &t));
+    let a = run(
+        base(json!({})),
+        TestRequest::get("/").header("x-access-token", &t),
+    );
     assert_eq!(a.status, 200);
 }
 
 #[test]
 fn missing_malformed_and_bad_tokens() {
     let a = run(base(json!({})), TestRequest::get("/"));
-    assert_eq!((a.status, a.challenge.as_deref()), (401, Some("Bearer realm=\"apisix\"")));
-    let a = run(base(json!({})), TestRequest::get("/").header("authorization", "Basic eA=="));
+    assert_eq!(
+        (a.status, a.challenge.as_deref()),
+        (401, Some("Bearer realm=\"apisix\""))
+    );
+    let a = run(
+        base(json!({})),
+        TestRequest::get("/").header("authorization", "Basic eA=="),
+    );
     assert_eq!(a.status, 401);
-    let a = run(base(json!({})), TestRequest::get("/").header("authorization", "foo"));
+    let a = run(
+        base(json!({})),
+        TestRequest::get("/").header("authorization", "foo"),
+    );
     assert_eq!(a.status, 400);
     let a = run(base(json!({})), with_token("not-a-jwt"));
     assert_eq!(a.status, 401);
+    assert!(a.challenge.unwrap().starts_with(
+        "Bearer realm=\"apisix\", error=\"invalid_token\", error_description=\"invalid jwt"
+    ));
+    let expired = token(json!({"iss": "iss", "exp": NOW - 121}));
+    let a = run(base(json!({})), with_token(&expired));
     assert!(a
         .challenge
         .unwrap()
-        .starts_with("Bearer realm=\"apisix\", error=\"invalid_token\", error_description=\"invalid jwt"));
-    let expired = token(json!({"iss": "iss", "exp": NOW - 121}));
-    let a = run(base(json!({})), with_token(&expired));
-    assert!(a.challenge.unwrap().ends_with("error_description=\"JWT expired\""));
+        .ends_with("error_description=\"JWT expired\""));
     let evil = token(json!({"iss": "evil"}));
     let a = run(base(json!({})), with_token(&evil));
-    assert!(a.challenge.unwrap().contains("Claim 'iss' ('evil') returned failure"));
+    assert!(a
+        .challenge
+        .unwrap()
+        .contains("Claim 'iss' ('evil') returned failure"));
     // HS256 signed with the public key as its secret (key confusion) is refused.
     let confused = encode(
         &Header::new(Algorithm::HS256),
@@ -133,17 +153,25 @@ fn missing_malformed_and_bad_tokens() {
         &EncodingKey::from_secret(PUBLIC.as_bytes()),
     )
     .unwrap();
-    let a = run(base(json!({"token_signing_alg_values_expected": null})), with_token(&confused));
+    let a = run(
+        base(json!({"token_signing_alg_values_expected": null})),
+        with_token(&confused),
+    );
     assert_eq!(a.status, 401);
 }
 
 #[test]
 fn audience_and_scopes() {
-    let conf = base(json!({"claim_validator": {"issuer": {"valid_issuers": ["iss"]},
-        "audience": {"match_with_client_id": true}}}));
+    let conf = base(
+        json!({"claim_validator": {"issuer": {"valid_issuers": ["iss"]},
+        "audience": {"match_with_client_id": true}}}),
+    );
     let other = token(json!({"iss": "iss", "aud": "other"}));
     let a = run(conf.clone(), with_token(&other));
-    assert_eq!((a.status, a.body.as_str()), (403, "{\"error\":\"mismatched audience\"}"));
+    assert_eq!(
+        (a.status, a.body.as_str()),
+        (403, "{\"error\":\"mismatched audience\"}")
+    );
     let none = token(json!({"iss": "iss"}));
     let a = run(conf.clone(), with_token(&none));
     assert_eq!(
@@ -157,7 +185,10 @@ fn audience_and_scopes() {
     let a = run(scoped.clone(), with_token(&t));
     assert_eq!(
         (a.status, a.body.as_str()),
-        (403, "{\"error\":\"required scopes read, write not present\"}")
+        (
+            403,
+            "{\"error\":\"required scopes read, write not present\"}"
+        )
     );
     let t = token(json!({"iss": "iss", "scope": "write read"}));
     assert_eq!(run(scoped, with_token(&t)).status, 200);
@@ -172,7 +203,12 @@ fn unauth_actions_without_a_token() {
     assert_eq!(run(deny, TestRequest::get("/")).status, 401);
     let mut pass = session.clone();
     pass["unauth_action"] = json!("pass");
-    let a = run(pass, TestRequest::get("/").header("x-access-token", "forged").header("x-refresh-token", "f"));
+    let a = run(
+        pass,
+        TestRequest::get("/")
+            .header("x-access-token", "forged")
+            .header("x-refresh-token", "f"),
+    );
     assert_eq!(a.status, 200);
     assert!(a.req.headers.get("x-access-token").is_none());
     assert!(a.req.headers.get("x-refresh-token").is_none());
@@ -201,13 +237,18 @@ fn schema_messages_in_apisix_order() {
         format!("{prefix}property \"session\" validation failed: property \"secret\" validation failed: string too short, expected at least 16, got 5")
     );
     assert_eq!(
-        err(json!({"client_id": "c", "discovery": "d", "bearer_only": true, "public_key": "k",
-            "use_dpop": true})),
+        err(
+            json!({"client_id": "c", "discovery": "d", "bearer_only": true, "public_key": "k",
+            "use_dpop": true})
+        ),
         format!("{prefix}property \"use_dpop\" is not allowed, use \"dpop.enabled\" instead")
     );
     assert!(c
         .registry
-        .check(NAME, &json!({"client_id": "c", "discovery": "d", "bearer_only": true,
-            "use_jwks": true}))
+        .check(
+            NAME,
+            &json!({"client_id": "c", "discovery": "d", "bearer_only": true,
+            "use_jwks": true})
+        )
         .is_ok());
 }

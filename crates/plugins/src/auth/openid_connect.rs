@@ -456,16 +456,23 @@ fn check_par_method(conf: &Value) -> Result<(), String> {
     Ok(())
 }
 
+/// The provider's signing keys (by `kid`, `None` for one without) and when they were fetched
+/// (epoch ms).
+type Jwks = (u64, Vec<(Option<String>, Value)>);
+
+/// Introspection answers by token, with the epoch ms each expires at.
+type Introspected = HashMap<String, (u64, Map<String, Value>)>;
+
 /// What the provider's documents hold, fetched on demand and cached.
 #[derive(Default)]
 struct ProviderCache {
     /// (fetched at, epoch ms; the discovery document).
     discovery: ArcSwapOption<(u64, Value)>,
     /// (fetched at, epoch ms; the JWKS keys by `kid`, and those without one).
-    jwks: ArcSwapOption<(u64, Vec<(Option<String>, Value)>)>,
+    jwks: ArcSwapOption<Jwks>,
     /// Introspection answers by token, with the epoch ms they expire at. Only the
     /// introspection path (a network call each miss) takes this lock.
-    introspected: Mutex<HashMap<String, (u64, Map<String, Value>)>>,
+    introspected: Mutex<Introspected>,
 }
 
 /// `public_key` parsed once for each key family its algorithms may name (a PEM holds one
@@ -715,10 +722,7 @@ impl OpenIdConnect {
 
     /// The provider's signing keys, cached for `jwk_expires_in`; `refresh` fetches anew (a
     /// `kid` not found: the provider may have rotated its keys).
-    async fn jwks(
-        &self,
-        refresh: bool,
-    ) -> Result<Arc<(u64, Vec<(Option<String>, Value)>)>, String> {
+    async fn jwks(&self, refresh: bool) -> Result<Arc<Jwks>, String> {
         let now = self.now_ms();
         if !refresh {
             if let Some(c) = self.cache.jwks.load_full() {
@@ -750,7 +754,7 @@ impl OpenIdConnect {
         &self,
         token: &str,
         issuers: &[String],
-        key_for: &dyn Fn(Algorithm, &Map<String, Value>) -> Result<Arc<DecodingKey>, String>,
+        key_for: &jwt::KeyFor<'_>,
     ) -> Result<Map<String, Value>, String> {
         let opts = jwt::Verify {
             expected_alg: self.expected_alg.as_deref(),
@@ -797,7 +801,7 @@ impl OpenIdConnect {
                         .map(str::to_owned)
                 });
                 let mut keys = self.jwks(false).await;
-                let known = |keys: &(u64, Vec<(Option<String>, Value)>)| {
+                let known = |keys: &Jwks| {
                     kid.is_none() || keys.1.iter().any(|(k, _)| k.as_deref() == kid.as_deref())
                 };
                 if matches!(&keys, Ok(k) if !known(k.as_ref())) {

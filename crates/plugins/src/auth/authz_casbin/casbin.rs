@@ -160,7 +160,7 @@ impl Enforcer {
             }
         }
         let mut regexes = HashMap::new();
-        collect_regexes(&matcher, &policies, &mut regexes, &policy_fields);
+        collect_regexes(&matcher, &policies, &mut regexes);
         Ok(Enforcer {
             request_fields,
             eft: policy_fields.iter().position(|f| f == "eft"),
@@ -279,17 +279,12 @@ impl Enforcer {
 }
 
 /// The regexes the policy lines feed to the matcher's functions, compiled once.
-fn collect_regexes(
-    e: &Expr,
-    policies: &[Vec<String>],
-    out: &mut HashMap<String, regex::Regex>,
-    policy_fields: &[String],
-) {
+fn collect_regexes(e: &Expr, policies: &[Vec<String>], out: &mut HashMap<String, regex::Regex>) {
     match e {
-        Expr::Not(x) => collect_regexes(x, policies, out, policy_fields),
+        Expr::Not(x) => collect_regexes(x, policies, out),
         Expr::And(a, b) | Expr::Or(a, b) | Expr::Eq(a, b) | Expr::Ne(a, b) => {
-            collect_regexes(a, policies, out, policy_fields);
-            collect_regexes(b, policies, out, policy_fields);
+            collect_regexes(a, policies, out);
+            collect_regexes(b, policies, out);
         }
         Expr::Call(name, args) => {
             let make: Option<fn(&str) -> String> = match name.as_str() {
@@ -308,7 +303,7 @@ fn collect_regexes(
                 }
             }
             for a in args {
-                collect_regexes(a, policies, out, policy_fields);
+                collect_regexes(a, policies, out);
             }
         }
         _ => {}

@@ -83,6 +83,10 @@ pub fn pem_key(pem: &str, alg: Algorithm) -> Option<DecodingKey> {
     }
 }
 
+/// Gives the key that checks a token of an algorithm and header.
+pub type KeyFor<'a> =
+    dyn Fn(Algorithm, &Map<String, Value>) -> Result<Arc<DecodingKey>, String> + 'a;
+
 /// What verification needs besides the token.
 pub struct Verify<'a> {
     pub expected_alg: Option<&'a str>,
@@ -99,7 +103,7 @@ pub struct Verify<'a> {
 pub fn verify(
     token: &str,
     opts: &Verify<'_>,
-    key_for: &dyn Fn(Algorithm, &Map<String, Value>) -> Result<Arc<DecodingKey>, String>,
+    key_for: &KeyFor<'_>,
 ) -> Result<Map<String, Value>, String> {
     let loaded = load(token)?;
     let alg = loaded

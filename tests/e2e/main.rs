@@ -19,6 +19,7 @@ mod grpc;
 mod headers;
 mod health;
 mod lifecycle;
+mod plugins_access;
 mod plugins_echo;
 mod plugins_http;
 mod plugins_kafka;

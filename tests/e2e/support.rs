@@ -7,6 +7,7 @@
 pub mod debian;
 pub mod etcd;
 pub mod redis;
+pub mod slapd;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -27,6 +27,8 @@ pub struct Consumer {
     pub credential_id: Option<String>,
     /// `labels.custom_id` (`X-Consumer-Custom-Id`).
     pub custom_id: Option<String>,
+    /// The consumer's `labels` (`ctx.consumer.labels`: acl, attach-consumer-label).
+    pub labels: Map<String, Value>,
     /// The consumer's plugins, merged with its group's.
     pub plugins: Map<String, Value>,
 }

@@ -84,6 +84,11 @@ impl ConsumerSet {
                     .and_then(|l| l.get("custom_id"))
                     .and_then(Value::as_str)
                     .map(str::to_owned),
+                labels: doc
+                    .get("labels")
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .unwrap_or_default(),
                 plugins: merged_plugins(env.registry, group_plugins, own),
             });
             match compile_plugins(username, group_id.as_deref(), group_plugins, own, env) {

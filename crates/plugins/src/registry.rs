@@ -376,6 +376,20 @@ mod tests {
             ("basic-auth", &["password"]),
             ("jwt-auth", &["secret"]),
             ("hmac-auth", &["secret_key"]),
+            ("jwe-decrypt", &["key", "secret"]),
+            ("csrf", &["key"]),
+            ("ldap-auth-advanced", &["ldap_password"]),
+            ("authz-keycloak", &["client_secret"]),
+            (
+                "openid-connect",
+                &[
+                    "client_secret",
+                    "client_rsa_private_key",
+                    "dpop.private_key",
+                    "session.secret",
+                    "session.redis.password",
+                ],
+            ),
         ];
         let r = PluginRegistry::builtin();
         for p in r.list() {

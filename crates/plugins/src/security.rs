@@ -1,5 +1,7 @@
-//! Plugins that enforce the browser's cross-origin rules.
+//! Plugins that enforce the browser's cross-origin rules: cors, and csrf's double-submit
+//! cookie.
 
 family! {
     cors,
+    csrf,
 }

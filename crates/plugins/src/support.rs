@@ -2,7 +2,7 @@
 //! GraphQL documents, the Redis connections of the limit plugins'
 //! `redis`, `redis-cluster` and `redis-sentinel` policies, what the auth plugins share, the
 //! checks of user-written JSON schemas, the regexes of plugin confs (PCRE's syntax on a linear-time engine), header edits with `$var`
-//! values, nginx's URI escapes, and the tracing plugins' ids, clock and collector export
+//! values, nginx's URI escapes, a small LDAP client (the ldap-auth plugins), and the tracing plugins' ids, clock and collector export
 //! (`resty.roundrobin` is the plugin API's, shared with the upstream balancer).
 
 pub mod args;
@@ -12,6 +12,7 @@ pub mod graphql;
 pub mod headers;
 pub mod ip;
 pub mod jsonpath;
+pub mod ldap;
 pub mod limit;
 pub mod pcre;
 pub mod redis;

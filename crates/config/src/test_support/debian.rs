@@ -1,4 +1,4 @@
-//! The programs the tests run (etcd, Redis, nginx, Prometheus, wrk, protoc, openssl, curl), as
+//! The programs the tests run (etcd, Redis, nginx, Prometheus, wrk, protoc, openssl, curl, slapd), as
 //! the Debian packages that hold them. `scripts/test.sh` installs every one of them once, before
 //! the tests; the tests themselves install nothing. A test that finds one missing fails at once
 //! ([`require`]), naming the program and the command that installs it: a skipped test would
@@ -20,6 +20,9 @@ pub const PROGRAMS: &[(&str, &str)] = &[
     ("protoc", "protobuf-compiler libprotobuf-dev"),
     ("openssl", "openssl"),
     ("curl", "curl"),
+    // The ldap-auth plugins' directory: slapd, with slapadd to load its test tree.
+    ("slapd", "slapd"),
+    ("slapadd", "slapd"),
 ];
 
 /// The path of `program`, which a test is about to run; panics, saying what installs it, when

@@ -104,9 +104,119 @@ pub fn hide_query_arg(ctx: &mut PluginCtx<'_>, name: &str) {
     }
 }
 
+/// The user an SSO plugin authenticated without a consumer (APISIX's `ctx.external_user`:
+/// the provider's userinfo), kept in the request's values for acl.
+#[derive(Clone, Debug)]
+pub struct ExternalUser(pub Value);
+
+/// One step of a [`JsonPath`].
+#[derive(Clone, Debug, PartialEq)]
+enum PathStep {
+    Key(String),
+    Index(usize),
+    /// `*` or `[*]`: every member or item.
+    All,
+}
+
+/// A JSON path of the subset APISIX's label fields use: `$` (optional), then `.name`,
+/// `['name']`, `[n]`, `.*` and `[*]` steps; a path without `$` starts with a name
+/// (`groups`, `org.teams`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct JsonPath(Vec<PathStep>);
+
+impl JsonPath {
+    pub fn parse(text: &str) -> Result<JsonPath, String> {
+        let bad = || format!("unsupported JSON path {text:?}");
+        let mut steps = Vec::new();
+        let mut rest = text.strip_prefix('$').unwrap_or(text);
+        if rest.len() == text.len() {
+            // No `$`: the first step is a bare name.
+            let end = rest.find(['.', '[']).unwrap_or(rest.len());
+            if end == 0 {
+                return Err(bad());
+            }
+            steps.push(PathStep::Key(rest[..end].to_owned()));
+            rest = &rest[end..];
+        }
+        while !rest.is_empty() {
+            if let Some(r) = rest.strip_prefix('.') {
+                let end = r.find(['.', '[']).unwrap_or(r.len());
+                let name = &r[..end];
+                if name.is_empty() {
+                    return Err(bad());
+                }
+                steps.push(if name == "*" {
+                    PathStep::All
+                } else {
+                    PathStep::Key(name.to_owned())
+                });
+                rest = &r[end..];
+            } else if let Some(r) = rest.strip_prefix('[') {
+                let end = r.find(']').ok_or_else(bad)?;
+                let inner = r[..end].trim();
+                steps.push(if inner == "*" {
+                    PathStep::All
+                } else if let Ok(i) = inner.parse::<usize>() {
+                    PathStep::Index(i)
+                } else if inner.len() >= 2
+                    && ((inner.starts_with('\'') && inner.ends_with('\''))
+                        || (inner.starts_with('"') && inner.ends_with('"')))
+                {
+                    PathStep::Key(inner[1..inner.len() - 1].to_owned())
+                } else {
+                    return Err(bad());
+                });
+                rest = &r[end + 1..];
+            } else {
+                return Err(bad());
+            }
+        }
+        Ok(JsonPath(steps))
+    }
+
+    /// The values the path reaches in `doc`.
+    pub fn query<'a>(&self, doc: &'a Value) -> Vec<&'a Value> {
+        let mut now = vec![doc];
+        for step in &self.0 {
+            let mut next = Vec::new();
+            for v in now {
+                match (step, v) {
+                    (PathStep::Key(k), Value::Object(m)) => next.extend(m.get(k)),
+                    (PathStep::Index(i), Value::Array(a)) => next.extend(a.get(*i)),
+                    (PathStep::All, Value::Object(m)) => next.extend(m.values()),
+                    (PathStep::All, Value::Array(a)) => next.extend(a.iter()),
+                    _ => {}
+                }
+            }
+            now = next;
+        }
+        now
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_paths() {
+        let doc = json!({"groups": ["a", "b"], "org": {"teams": [{"n": "x"}, {"n": "y"}]}});
+        let q = |p: &str| {
+            JsonPath::parse(p)
+                .unwrap()
+                .query(&doc)
+                .into_iter()
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(q("groups"), vec![json!(["a", "b"])]);
+        assert_eq!(q("$.groups[1]"), vec![json!("b")]);
+        assert_eq!(q("$.org.teams[*].n"), vec![json!("x"), json!("y")]);
+        assert_eq!(q("$['org']['teams'][0].n"), vec![json!("x")]);
+        assert!(q("$.nothing").is_empty());
+        assert!(JsonPath::parse("$[[").is_err());
+        assert!(JsonPath::parse("$.").is_err());
+    }
 
     #[test]
     fn query_without_keeps_the_rest() {

@@ -38,9 +38,12 @@ pub fn text_response(
 /// few codes, and clients that scrape the page see nginx's).
 fn nginx_reason(status: StatusCode) -> &'static str {
     match status.as_u16() {
+        401 => "Authorization Required",
         405 => "Not Allowed",
+        408 => "Request Time-out",
         413 => "Request Entity Too Large",
         414 => "Request-URI Too Large",
+        416 => "Requested Range Not Satisfiable",
         503 => "Service Temporarily Unavailable",
         504 => "Gateway Time-out",
         _ => status.canonical_reason().unwrap_or("Unknown"),
@@ -206,5 +209,11 @@ mod tests {
         assert!(std::str::from_utf8(&body)
             .unwrap()
             .contains("<h1>504 Gateway Time-out</h1>"));
+        // nginx's own words where they differ from the RFC's reason phrase.
+        let resp = error_page(StatusCode::UNAUTHORIZED, &server);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert!(std::str::from_utf8(&body)
+            .unwrap()
+            .contains("<title>401 Authorization Required</title>"));
     }
 }

@@ -18,6 +18,7 @@ mod grpc;
 mod headers;
 mod health;
 mod lifecycle;
+mod plugins_ai;
 mod plugins_echo;
 mod plugins_http;
 mod plugins_kafka;

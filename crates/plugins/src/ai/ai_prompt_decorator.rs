@@ -8,8 +8,7 @@ use bytes::Bytes;
 use ferrisix_plugin_api::{CompileCtx, Flow, Phases, Plugin, PluginCtx, PluginDef, Step};
 use serde_json::{json, Value};
 
-use super::ai_prompt_template::prompt;
-use crate::support::ai::{json_body, set_body};
+use crate::support::ai::{json_body, prompt_schema, set_body};
 
 pub const NAME: &str = "ai-prompt-decorator";
 
@@ -20,8 +19,8 @@ fn schema() -> Value {
         "type": "object",
         "properties": {
             "max_req_body_size": {"type": "integer", "minimum": 1, "default": 67108864},
-            "prepend": {"type": "array", "items": prompt()},
-            "append": {"type": "array", "items": prompt()}
+            "prepend": {"type": "array", "items": prompt_schema()},
+            "append": {"type": "array", "items": prompt_schema()}
         },
         "anyOf": [
             {"required": ["prepend"]},

@@ -9,23 +9,11 @@ use ferrisix_plugin_api::{CompileCtx, Flow, Phases, Plugin, PluginCtx, PluginDef
 use http::StatusCode;
 use serde_json::{json, Map, Value};
 
-use crate::support::ai::{json_body, message_exit, set_body};
+use crate::support::ai::{json_body, message_exit, prompt_schema, set_body};
 
 pub const NAME: &str = "ai-prompt-template";
 
 pub static DEF: PluginDef = PluginDef::new(NAME, 1071, schema, compile);
-
-/// A message of a template or a decoration (ai-prompt-decorator's too).
-pub(crate) fn prompt() -> Value {
-    json!({
-        "type": "object",
-        "properties": {
-            "role": {"type": "string", "enum": ["system", "user", "assistant"]},
-            "content": {"type": "string", "minLength": 1}
-        },
-        "required": ["role", "content"]
-    })
-}
 
 fn schema() -> Value {
     json!({
@@ -43,7 +31,7 @@ fn schema() -> Value {
                             "type": "object",
                             "properties": {
                                 "model": {"type": "string", "minLength": 1},
-                                "messages": {"type": "array", "minItems": 1, "items": prompt()}
+                                "messages": {"type": "array", "minItems": 1, "items": prompt_schema()}
                             }
                         }
                     },

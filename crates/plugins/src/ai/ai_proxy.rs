@@ -52,27 +52,9 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     }))
 }
 
-/// ai-proxy's and ai-proxy-multi's `access`: the request read and detected, the record for
-/// the log phase started.
-pub(crate) async fn start(
-    ctx: &mut PluginCtx<'_>,
-    max_body: usize,
-    logging: Logging,
-) -> Result<(), ferrisix_plugin_api::Exit> {
-    let req = ai::detect(ctx, max_body).await?;
-    let record = Arc::new(LlmRecord::default());
-    record.update(|f| {
-        f.request_model = req.body.get("model").and_then(Value::as_str).map(str::to_owned);
-        f.logging = logging;
-    });
-    ctx.insert(record);
-    ctx.insert(req);
-    Ok(())
-}
-
 impl AiProxy {
     async fn access_async(&self, ctx: &mut PluginCtx<'_>) -> Flow {
-        if let Err(exit) = start(ctx, self.max_body, self.logging).await {
+        if let Err(exit) = ai::start(ctx, self.max_body, self.logging).await {
             return Flow::Exit(exit);
         }
         ctx.insert(PickedInstance(self.instance.name.clone()));

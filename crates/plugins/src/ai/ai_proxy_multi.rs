@@ -14,9 +14,8 @@ use ferrisix_plugin_api::{
 use http::StatusCode;
 use serde_json::Value;
 
-use super::ai_proxy::start;
 use crate::support::ai::call::{self, CallConf, Instance};
-use crate::support::ai::{schema, AiRequest, Budget, LlmRecord, Logging, PickedInstance};
+use crate::support::ai::{schema, start, AiRequest, Budget, LlmRecord, Logging, PickedInstance};
 
 pub const NAME: &str = "ai-proxy-multi";
 

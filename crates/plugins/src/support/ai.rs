@@ -210,3 +210,33 @@ pub fn set_body(ctx: &mut PluginCtx<'_>, body: Bytes) {
     headers.insert(header::CONTENT_LENGTH, len);
     ctx.replace_body(body);
 }
+
+/// ai-proxy's and ai-proxy-multi's `access`: the request read and detected, the record for
+/// the log phase started.
+pub async fn start(
+    ctx: &mut PluginCtx<'_>,
+    max_body: usize,
+    logging: Logging,
+) -> Result<(), Exit> {
+    let req = ai::detect(ctx, max_body).await?;
+    let record = Arc::new(LlmRecord::default());
+    record.update(|f| {
+        f.request_model = req.body.get("model").and_then(Value::as_str).map(str::to_owned);
+        f.logging = logging;
+    });
+    ctx.insert(record);
+    ctx.insert(req);
+    Ok(())
+}
+
+/// A message of a prompt template or decoration: `role` and `content`.
+pub fn prompt_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "role": {"type": "string", "enum": ["system", "user", "assistant"]},
+            "content": {"type": "string", "minLength": 1}
+        },
+        "required": ["role", "content"]
+    })
+}

@@ -98,7 +98,7 @@ for _ in $(seq 1 100); do
 done
 
 FOLDERS=()
-for f in ${CONFORMANCE_FOLDERS:-admin dataplane tls upstream auth plugins}; do
+for f in ${CONFORMANCE_FOLDERS:-admin dataplane tls upstream auth plugins ai}; do
   FOLDERS+=("$SHARED/conformance/cases/$f")
 done
 set +e

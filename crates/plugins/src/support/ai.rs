@@ -218,7 +218,7 @@ pub async fn start(
     max_body: usize,
     logging: Logging,
 ) -> Result<(), Exit> {
-    let req = ai::detect(ctx, max_body).await?;
+    let req = detect(ctx, max_body).await?;
     let record = Arc::new(LlmRecord::default());
     record.update(|f| {
         f.request_model = req.body.get("model").and_then(Value::as_str).map(str::to_owned);

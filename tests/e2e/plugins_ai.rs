@@ -145,10 +145,18 @@ fn ai_proxy_chat_with_auth_options_and_token_budget() {
     ]});
     let gw = Gateway::start(&routes.to_string());
     let body = json!({"model": "client", "messages": [{"role": "user", "content": "hi"}]});
-    let r = chat(gw.addr(), "/chat", &[("Authorization", "Bearer client")], &body);
+    let r = chat(
+        gw.addr(),
+        "/chat",
+        &[("Authorization", "Bearer client")],
+        &body,
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["choices"][0]["message"]["content"], "an answer");
-    assert_eq!(r.header("x-ai-ratelimit-remaining-ai-proxy-openai"), Some("10"));
+    assert_eq!(
+        r.header("x-ai-ratelimit-remaining-ai-proxy-openai"),
+        Some("10")
+    );
     let (path, headers, sent) = p.seen.lock().unwrap()[0].clone();
     assert_eq!(path, "/v1/chat/completions");
     let auth: Vec<&str> = headers
@@ -162,14 +170,30 @@ fn ai_proxy_chat_with_auth_options_and_token_budget() {
 
     // 6 tokens spent of 10: 4 left, then none.
     let r = chat(gw.addr(), "/chat", &[], &body);
-    assert_eq!(r.header("x-ai-ratelimit-remaining-ai-proxy-openai"), Some("4"));
+    assert_eq!(
+        r.header("x-ai-ratelimit-remaining-ai-proxy-openai"),
+        Some("4")
+    );
     let r = chat(gw.addr(), "/chat", &[], &body);
     assert_eq!(r.status, 503);
-    assert_eq!(r.header("x-ai-ratelimit-remaining-ai-proxy-openai"), Some("0"));
-    assert_eq!(p.seen.lock().unwrap().len(), 2, "a refused request never reaches the provider");
+    assert_eq!(
+        r.header("x-ai-ratelimit-remaining-ai-proxy-openai"),
+        Some("0")
+    );
+    assert_eq!(
+        p.seen.lock().unwrap().len(),
+        2,
+        "a refused request never reaches the provider"
+    );
 
     // Not an AI request.
-    let r = request(gw.addr(), "POST", "/chat", &[("Content-Type", "text/plain")], b"x");
+    let r = request(
+        gw.addr(),
+        "POST",
+        "/chat",
+        &[("Content-Type", "text/plain")],
+        b"x",
+    );
     assert_eq!(r.status, 400);
     assert_eq!(
         r.text(),
@@ -219,7 +243,10 @@ fn streamed_answer_relayed_before_the_provider_finished() {
     );
     let again = json!({"messages": [{"role": "user", "content": "hi"}]});
     let r = chat(gw.addr(), "/s", &[], &again);
-    assert_eq!(r.header("x-ai-ratelimit-remaining-ai-proxy-openai"), Some("95"));
+    assert_eq!(
+        r.header("x-ai-ratelimit-remaining-ai-proxy-openai"),
+        Some("95")
+    );
 }
 
 #[test]

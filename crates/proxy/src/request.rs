@@ -112,7 +112,10 @@ async fn serve(ctx: &mut RequestCtx<'_>) -> Response<ResponseBody> {
                 .is_some_and(|c| c.has(ferrisix_plugin_api::Phases::UPSTREAM))
         });
     if let Some(exit) = plugins::request_phases(ctx, proxying).await {
-        let stream = ctx.plugins.as_mut().and_then(|r| r.state.take_exit_stream());
+        let stream = ctx
+            .plugins
+            .as_mut()
+            .and_then(|r| r.state.take_exit_stream());
         return match stream {
             Some(body) => canned::exit_stream_response(exit, body, server),
             None => canned::exit_response(exit, server),

@@ -176,8 +176,14 @@ mod tests {
 
     fn guard(allow: &[&str], deny: &[&str]) -> AiPromptGuard {
         AiPromptGuard {
-            allow: allow.iter().map(|p| pcre::compile(p, false).unwrap()).collect(),
-            deny: deny.iter().map(|p| pcre::compile(p, false).unwrap()).collect(),
+            allow: allow
+                .iter()
+                .map(|p| pcre::compile(p, false).unwrap())
+                .collect(),
+            deny: deny
+                .iter()
+                .map(|p| pcre::compile(p, false).unwrap())
+                .collect(),
             all_roles: false,
             all_history: false,
             fail_error: false,
@@ -190,13 +196,25 @@ mod tests {
         let g = guard(&["^Hi"], &["password"]);
         let chat = |m: Value| json!({"messages": m});
         let one = |t: &str| chat(json!([{"role": "user", "content": t}]));
-        assert_eq!(g.judge(Protocol::OpenAiChat, &one("Hi there")), Verdict::Pass);
-        assert_eq!(g.judge(Protocol::OpenAiChat, &one("hello")), Verdict::NotAllowed);
-        assert_eq!(g.judge(Protocol::OpenAiChat, &one("Hi, password")), Verdict::Denied);
+        assert_eq!(
+            g.judge(Protocol::OpenAiChat, &one("Hi there")),
+            Verdict::Pass
+        );
+        assert_eq!(
+            g.judge(Protocol::OpenAiChat, &one("hello")),
+            Verdict::NotAllowed
+        );
+        assert_eq!(
+            g.judge(Protocol::OpenAiChat, &one("Hi, password")),
+            Verdict::Denied
+        );
         let history = chat(json!([{"role": "user", "content": "password"},
                                   {"role": "user", "content": "Hi"}]));
         assert_eq!(g.judge(Protocol::OpenAiChat, &history), Verdict::Pass);
         let assistant_last = chat(json!([{"role": "assistant", "content": "password"}]));
-        assert_eq!(g.judge(Protocol::OpenAiChat, &assistant_last), Verdict::Pass);
+        assert_eq!(
+            g.judge(Protocol::OpenAiChat, &assistant_last),
+            Verdict::Pass
+        );
     }
 }

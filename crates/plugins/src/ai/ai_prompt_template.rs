@@ -56,7 +56,12 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .filter_map(|t| Some((t.get("name")?.as_str()?.to_owned(), t.get("template")?.clone())))
+        .filter_map(|t| {
+            Some((
+                t.get("name")?.as_str()?.to_owned(),
+                t.get("template")?.clone(),
+            ))
+        })
         .collect();
     Ok(Arc::new(AiPromptTemplate {
         templates,
@@ -144,7 +149,10 @@ mod tests {
 
     #[test]
     fn placeholders_filled_from_the_body() {
-        let vars = json!({"language": "python", "n": 3}).as_object().cloned().unwrap();
+        let vars = json!({"language": "python", "n": 3})
+            .as_object()
+            .cloned()
+            .unwrap();
         assert_eq!(
             fill("a {{ language }} / {{n}} / {{ missing }}.", &vars),
             "a python / 3 / ."

@@ -68,7 +68,15 @@ impl AiProxy {
         ) else {
             return Flow::Continue;
         };
-        let exit = call::call(ctx, &self.services, &self.instance, &self.call, &req, &record).await;
+        let exit = call::call(
+            ctx,
+            &self.services,
+            &self.instance,
+            &self.call,
+            &req,
+            &record,
+        )
+        .await;
         Flow::Exit(exit)
     }
 }

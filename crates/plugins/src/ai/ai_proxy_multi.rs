@@ -110,7 +110,11 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let list = instances(&conf)
         .iter()
         .map(|i| {
-            let name = i.get("name").and_then(Value::as_str).unwrap_or("").to_owned();
+            let name = i
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
             Instance::from_conf(i, name)
         })
         .collect::<Result<Vec<_>, String>>()?;
@@ -205,7 +209,10 @@ impl AiProxyMulti {
         }
         let mut tried = Vec::new();
         let Some(idx) = self.pick(ctx, &mut tried) else {
-            return Flow::Exit(Exit::body(StatusCode::SERVICE_UNAVAILABLE, "all servers tried"));
+            return Flow::Exit(Exit::body(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "all servers tried",
+            ));
         };
         ctx.insert(PickedInstance(self.instances[idx].name.clone()));
         ctx.insert(Tries {

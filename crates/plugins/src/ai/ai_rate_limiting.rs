@@ -75,8 +75,15 @@ fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
     if cx.conf.get("limit_strategy").and_then(Value::as_str) == Some("expression") {
         return Err("limit_strategy 'expression' (cost_expr) is not supported by ferrisix".into());
     }
-    if let Some(p) = cx.conf.get("policy").and_then(Value::as_str).filter(|p| *p != "local") {
-        return Err(format!("policy {p} is not supported by ferrisix (only local)"));
+    if let Some(p) = cx
+        .conf
+        .get("policy")
+        .and_then(Value::as_str)
+        .filter(|p| *p != "local")
+    {
+        return Err(format!(
+            "policy {p} is not supported by ferrisix (only local)"
+        ));
     }
     if cx.conf.get("rules").is_some() {
         return Err("rules are not supported by ferrisix".into());
@@ -247,7 +254,8 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
             global,
             instances,
             strategy,
-            show_headers: conf.get("show_limit_quota_header").and_then(Value::as_bool) != Some(false),
+            show_headers: conf.get("show_limit_quota_header").and_then(Value::as_bool)
+                != Some(false),
             rejection: Exit::rejection(conf.as_object().ok_or("conf is not an object")?, 503)?,
             budgets: cx.services.shared::<Budgets>(),
             clock: cx.services.clock().clone(),
@@ -278,10 +286,9 @@ impl Plugin for AiRateLimiting {
     }
 
     fn log(&self, ctx: &LogCtx) {
-        let (Some(PickedInstance(name)), Some(record)) = (
-            ctx.value::<PickedInstance>(),
-            ctx.value::<Arc<LlmRecord>>(),
-        ) else {
+        let (Some(PickedInstance(name)), Some(record)) =
+            (ctx.value::<PickedInstance>(), ctx.value::<Arc<LlmRecord>>())
+        else {
             return;
         };
         let Some(l) = self.inner.limit_of(name) else {

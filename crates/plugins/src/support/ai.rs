@@ -122,7 +122,10 @@ impl LlmRecord {
             put("completion_tokens", Some(json!(u.completion_tokens)));
             put("total_tokens", Some(json!(u.total_tokens)));
             put("upstream_response_time", ms(f.upstream_response_time));
-            put("stream", Some(json!(if f.stream { "true" } else { "false" })));
+            put(
+                "stream",
+                Some(json!(if f.stream { "true" } else { "false" })),
+            );
             put("tool_count", Some(json!(f.tool_count)));
             put("end_user_id", f.end_user_id.clone().map(Value::String));
             out.push(("llm_summary", Value::Object(s)));
@@ -161,7 +164,12 @@ pub async fn json_body(ctx: &mut PluginCtx<'_>, max: usize) -> Result<(Value, By
                 &format!("request size is greater than the maximum size {max} allowed"),
             ))
         }
-        Err(e) => return Err(message_exit(StatusCode::BAD_REQUEST, &format!("could not get body: {e}"))),
+        Err(e) => {
+            return Err(message_exit(
+                StatusCode::BAD_REQUEST,
+                &format!("could not get body: {e}"),
+            ))
+        }
     };
     if bytes.is_empty() {
         return Err(message_exit(
@@ -213,15 +221,15 @@ pub fn set_body(ctx: &mut PluginCtx<'_>, body: Bytes) {
 
 /// ai-proxy's and ai-proxy-multi's `access`: the request read and detected, the record for
 /// the log phase started.
-pub async fn start(
-    ctx: &mut PluginCtx<'_>,
-    max_body: usize,
-    logging: Logging,
-) -> Result<(), Exit> {
+pub async fn start(ctx: &mut PluginCtx<'_>, max_body: usize, logging: Logging) -> Result<(), Exit> {
     let req = detect(ctx, max_body).await?;
     let record = Arc::new(LlmRecord::default());
     record.update(|f| {
-        f.request_model = req.body.get("model").and_then(Value::as_str).map(str::to_owned);
+        f.request_model = req
+            .body
+            .get("model")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
         f.logging = logging;
     });
     ctx.insert(record);

@@ -67,7 +67,10 @@ impl Endpoint {
         };
         Some(Endpoint {
             scheme,
-            host: host.trim_start_matches('[').trim_end_matches(']').to_owned(),
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned(),
             port,
             path: (!path.is_empty()).then(|| path.to_owned()),
             query: decode_args(query),
@@ -95,7 +98,8 @@ fn unescape(s: &str) -> String {
         match b[i] {
             b'+' => out.push(b' '),
             b'%' if i + 2 < b.len() => {
-                match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16) {
+                match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16)
+                {
                     Ok(v) => {
                         out.push(v);
                         i += 2;
@@ -220,7 +224,9 @@ impl CallConf {
     pub fn from_conf(conf: &Value) -> CallConf {
         CallConf {
             timeout: Duration::from_millis(
-                conf.get("timeout").and_then(Value::as_u64).unwrap_or(30_000),
+                conf.get("timeout")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(30_000),
             ),
             ssl_verify: conf.get("ssl_verify").and_then(Value::as_bool) != Some(false),
             fallback_statuses: conf
@@ -315,8 +321,7 @@ fn build(
         (req.protocol, false, None)
     } else if req.protocol == Protocol::Passthrough {
         (Protocol::Passthrough, false, Some(ctx.uri().to_owned()))
-    } else if req.protocol == Protocol::AnthropicMessages && caps.contains(&Protocol::OpenAiChat)
-    {
+    } else if req.protocol == Protocol::AnthropicMessages && caps.contains(&Protocol::OpenAiChat) {
         (Protocol::OpenAiChat, true, None)
     } else {
         let names: Vec<&str> = caps.iter().map(|p| p.name()).collect();
@@ -488,8 +493,15 @@ pub async fn simple_chat(
         }
     }
     let model = body.get("model").and_then(Value::as_str).map(str::to_owned);
-    let uri = request_uri(inst, Protocol::OpenAiChat, None, model.as_deref(), false, Vec::new())
-        .map_err(|_| "could not resolve the LLM endpoint".to_owned())?;
+    let uri = request_uri(
+        inst,
+        Protocol::OpenAiChat,
+        None,
+        model.as_deref(),
+        false,
+        Vec::new(),
+    )
+    .map_err(|_| "could not resolve the LLM endpoint".to_owned())?;
     let mut request = Request::post(uri)
         .body(Bytes::from(body.to_string()))
         .map_err(|e| e.to_string())?;
@@ -507,7 +519,10 @@ pub async fn simple_chat(
         .await
         .map_err(|e| e.to_string())?;
     if resp.status() != StatusCode::OK {
-        return Err(format!("LLM service returned error status: {}", resp.status().as_u16()));
+        return Err(format!(
+            "LLM service returned error status: {}",
+            resp.status().as_u16()
+        ));
     }
     let answer: Value = serde_json::from_slice(resp.body())
         .map_err(|e| format!("failed to decode LLM response: {e}"))?;
@@ -684,7 +699,9 @@ impl StreamRelay {
         }
         if !text.is_empty() {
             self.record.update(|f| {
-                f.response_text.get_or_insert_with(String::new).push_str(&text);
+                f.response_text
+                    .get_or_insert_with(String::new)
+                    .push_str(&text);
             });
         }
         match self.convert {
@@ -697,7 +714,8 @@ impl StreamRelay {
         if !self.ended {
             self.ended = true;
             let took = self.started.elapsed();
-            self.record.update(|f| f.upstream_response_time = Some(took));
+            self.record
+                .update(|f| f.upstream_response_time = Some(took));
         }
     }
 }
@@ -773,7 +791,10 @@ mod tests {
         assert_eq!(e.path.as_deref(), Some("/v1/x/chat"));
         assert_eq!(
             e.query,
-            vec![("api-version".into(), "1".into()), ("k".into(), "a b".into())]
+            vec![
+                ("api-version".into(), "1".into()),
+                ("k".into(), "a b".into())
+            ]
         );
         assert!(Endpoint::parse("http//127.0.0.1:1999").is_none());
         assert!(Endpoint::parse("ftp://h").is_none());

@@ -184,17 +184,16 @@ impl Protocol {
     /// `messages` (text parts joined), embeddings' and Responses' `input` as the user's.
     pub fn messages(self, body: &Value) -> Vec<(String, String)> {
         match self {
-            Protocol::OpenAiChat | Protocol::AnthropicMessages | Protocol::BedrockConverse => {
-                body.get("messages")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .map(|m| {
-                        let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
-                        (role.to_owned(), content_text(m.get("content")))
-                    })
-                    .collect()
-            }
+            Protocol::OpenAiChat | Protocol::AnthropicMessages | Protocol::BedrockConverse => body
+                .get("messages")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|m| {
+                    let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
+                    (role.to_owned(), content_text(m.get("content")))
+                })
+                .collect(),
             Protocol::OpenAiEmbeddings | Protocol::OpenAiResponses => match body.get("input") {
                 Some(Value::String(s)) => vec![("user".into(), s.clone())],
                 Some(Value::Array(items)) => items
@@ -256,7 +255,10 @@ fn convert_media(block: &Value) -> Option<Value> {
     let kind = block.get("type").and_then(Value::as_str)?;
     match source.get("type").and_then(Value::as_str)? {
         "base64" => {
-            let data = source.get("data").and_then(Value::as_str).filter(|d| !d.is_empty())?;
+            let data = source
+                .get("data")
+                .and_then(Value::as_str)
+                .filter(|d| !d.is_empty())?;
             let default = if kind == "document" {
                 "application/pdf"
             } else {
@@ -266,10 +268,15 @@ fn convert_media(block: &Value) -> Option<Value> {
                 .get("media_type")
                 .and_then(Value::as_str)
                 .unwrap_or(default);
-            Some(json!({"type": "image_url", "image_url": {"url": format!("data:{media};base64,{data}")}}))
+            Some(
+                json!({"type": "image_url", "image_url": {"url": format!("data:{media};base64,{data}")}}),
+            )
         }
         "url" if kind == "image" => {
-            let url = source.get("url").and_then(Value::as_str).filter(|u| !u.is_empty())?;
+            let url = source
+                .get("url")
+                .and_then(Value::as_str)
+                .filter(|u| !u.is_empty())?;
             Some(json!({"type": "image_url", "image_url": {"url": url}}))
         }
         _ => None,
@@ -346,13 +353,22 @@ pub fn anthropic_to_openai_request(req: &Value) -> Result<Value, String> {
         .filter(|t| {
             // Anthropic's built-in tools have no OpenAI counterpart.
             !t.get("type").and_then(Value::as_str).is_some_and(|ty| {
-                ["computer_", "bash_", "text_editor_", "web_search", "code_execution_"]
-                    .iter()
-                    .any(|p| ty.starts_with(p))
+                [
+                    "computer_",
+                    "bash_",
+                    "text_editor_",
+                    "web_search",
+                    "code_execution_",
+                ]
+                .iter()
+                .any(|p| ty.starts_with(p))
             })
         })
         .filter_map(|t| {
-            let name = t.get("name").and_then(Value::as_str).filter(|n| !n.is_empty())?;
+            let name = t
+                .get("name")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())?;
             Some(json!({"type": "function", "function": {
                 "name": name,
                 "description": t.get("description").cloned().unwrap_or(Value::Null),
@@ -407,7 +423,8 @@ pub fn anthropic_to_openai_request(req: &Value) -> Result<Value, String> {
                         let content = match block.get("content") {
                             Some(Value::String(s)) => Value::String(s.clone()),
                             Some(Value::Array(subs)) => {
-                                let media: Vec<Value> = subs.iter().filter_map(convert_media).collect();
+                                let media: Vec<Value> =
+                                    subs.iter().filter_map(convert_media).collect();
                                 if media.is_empty() {
                                     Value::String(
                                         subs.iter()
@@ -417,9 +434,13 @@ pub fn anthropic_to_openai_request(req: &Value) -> Result<Value, String> {
                                 } else {
                                     Value::Array(
                                         subs.iter()
-                                            .filter_map(|s| match s.get("text").and_then(Value::as_str) {
-                                                Some(t) => Some(json!({"type": "text", "text": t})),
-                                                None => convert_media(s),
+                                            .filter_map(|s| {
+                                                match s.get("text").and_then(Value::as_str) {
+                                                    Some(t) => {
+                                                        Some(json!({"type": "text", "text": t}))
+                                                    }
+                                                    None => convert_media(s),
+                                                }
                                             })
                                             .collect(),
                                     )
@@ -427,7 +448,8 @@ pub fn anthropic_to_openai_request(req: &Value) -> Result<Value, String> {
                             }
                             _ => Value::String(String::new()),
                         };
-                        results.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
+                        results
+                            .push(json!({"role": "tool", "tool_call_id": id, "content": content}));
                     }
                 }
                 _ => {}
@@ -544,7 +566,10 @@ pub fn openai_to_anthropic_response(resp: &Value, model: Option<&str>) -> Result
     let u = obj.get("usage");
     let prompt = num(u.and_then(|u| u.get("prompt_tokens")));
     let completion = num(u.and_then(|u| u.get("completion_tokens")));
-    match u.and_then(|u| u.get("prompt_tokens_details")).filter(|d| d.is_object()) {
+    match u
+        .and_then(|u| u.get("prompt_tokens_details"))
+        .filter(|d| d.is_object())
+    {
         Some(d) => {
             let cached = num(d.get("cached_tokens"));
             usage.insert("input_tokens".into(), json!(prompt.saturating_sub(cached)));
@@ -813,7 +838,10 @@ impl AnthropicStream {
                    "delta": {"stop_reason": self.stop.unwrap_or("end_turn"), "stop_sequence": Value::Null},
                    "usage": {"input_tokens": u.prompt_tokens, "output_tokens": u.completion_tokens}}),
         ));
-        out.push_str(&anthropic_event("message_stop", json!({"type": "message_stop"})));
+        out.push_str(&anthropic_event(
+            "message_stop",
+            json!({"type": "message_stop"}),
+        ));
         self.finished = true;
     }
 }
@@ -831,7 +859,10 @@ mod tests {
             Some(Protocol::AnthropicMessages)
         );
         let input = json!({"input": "hi"});
-        assert_eq!(Protocol::detect(&input, "/x"), Some(Protocol::OpenAiEmbeddings));
+        assert_eq!(
+            Protocol::detect(&input, "/x"),
+            Some(Protocol::OpenAiEmbeddings)
+        );
         assert_eq!(
             Protocol::detect(&input, "/v1/responses"),
             Some(Protocol::OpenAiResponses)
@@ -858,8 +889,14 @@ mod tests {
         let msgs = out["messages"].as_array().unwrap();
         assert_eq!(msgs[0], json!({"role": "system", "content": "Be terse"}));
         assert_eq!(msgs[1]["content"][1]["image_url"]["url"], "http://i/p.png");
-        assert_eq!(msgs[2]["tool_calls"][0]["function"]["arguments"], "{\"a\":1}");
-        assert_eq!(msgs[3], json!({"role": "tool", "tool_call_id": "t1", "content": "42"}));
+        assert_eq!(
+            msgs[2]["tool_calls"][0]["function"]["arguments"],
+            "{\"a\":1}"
+        );
+        assert_eq!(
+            msgs[3],
+            json!({"role": "tool", "tool_call_id": "t1", "content": "42"})
+        );
         assert_eq!(
             anthropic_to_openai_request(&json!({"messages": []})).unwrap_err(),
             "missing messages"
@@ -877,7 +914,9 @@ mod tests {
     #[test]
     fn sse_events_across_chunks_and_stream_conversion() {
         let mut p = SseParser::default();
-        assert!(p.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"he").is_empty());
+        assert!(p
+            .feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"he")
+            .is_empty());
         let evs = p.feed(b"llo\"}}]}\n\ndata: [DONE]\n\n");
         assert_eq!(evs.len(), 2);
         assert_eq!(

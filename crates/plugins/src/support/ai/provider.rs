@@ -29,7 +29,11 @@ pub struct ProviderConf {
 
 impl ProviderConf {
     pub fn from_conf(v: Option<&Value>) -> ProviderConf {
-        let s = |k: &str| v.and_then(|v| v.get(k)).and_then(Value::as_str).map(str::to_owned);
+        let s = |k: &str| {
+            v.and_then(|v| v.get(k))
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        };
         ProviderConf {
             project_id: s("project_id"),
             region: s("region"),
@@ -201,8 +205,14 @@ mod tests {
         let chat = |p: Provider| p.path(Protocol::OpenAiChat, &none, None, false);
         assert_eq!(chat(Provider::OpenAi).unwrap(), "/v1/chat/completions");
         assert_eq!(chat(Provider::DeepSeek).unwrap(), "/chat/completions");
-        assert_eq!(chat(Provider::OpenRouter).unwrap(), "/api/v1/chat/completions");
-        assert_eq!(chat(Provider::Gemini).unwrap(), "/v1beta/openai/chat/completions");
+        assert_eq!(
+            chat(Provider::OpenRouter).unwrap(),
+            "/api/v1/chat/completions"
+        );
+        assert_eq!(
+            chat(Provider::Gemini).unwrap(),
+            "/v1beta/openai/chat/completions"
+        );
         assert_eq!(chat(Provider::AzureOpenAi).unwrap(), "/completions");
         assert_eq!(chat(Provider::VertexAi), None);
         let vc = ProviderConf {

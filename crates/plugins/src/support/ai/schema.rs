@@ -13,7 +13,8 @@ pub fn providers() -> Value {
 
 /// `auth`: header and query keys, a GCP service account, AWS keys.
 pub fn auth() -> Value {
-    let item = json!({"type": "object", "patternProperties": {"^[a-zA-Z0-9._-]+$": {"type": "string"}}});
+    let item =
+        json!({"type": "object", "patternProperties": {"^[a-zA-Z0-9._-]+$": {"type": "string"}}});
     json!({
         "type": "object",
         "patternProperties": {
@@ -94,7 +95,10 @@ fn common(props: &mut Map<String, Value>) {
 
 pub fn ai_proxy() -> Value {
     let mut props = Map::new();
-    props.insert("provider".into(), json!({"type": "string", "enum": providers()}));
+    props.insert(
+        "provider".into(),
+        json!({"type": "string", "enum": providers()}),
+    );
     props.insert("provider_conf".into(), provider_conf());
     props.insert("auth".into(), auth());
     props.insert("options".into(), options());
@@ -130,7 +134,10 @@ pub fn ai_proxy_multi() -> Value {
             "key": {"type": "string"}
         }, "default": {"algorithm": "roundrobin"}}),
     );
-    props.insert("instances".into(), json!({"type": "array", "minItems": 1, "items": instance}));
+    props.insert(
+        "instances".into(),
+        json!({"type": "array", "minItems": 1, "items": instance}),
+    );
     props.insert("semantic_opts".into(), json!({"type": "object"}));
     props.insert(
         "fallback_strategy".into(),
@@ -143,7 +150,10 @@ pub fn ai_proxy_multi() -> Value {
         "fallback_http_statuses".into(),
         json!({"type": "array", "minItems": 1, "uniqueItems": true, "items": {"type": "integer", "minimum": 400, "maximum": 599}}),
     );
-    props.insert("max_retries".into(), json!({"type": "integer", "minimum": 0}));
+    props.insert(
+        "max_retries".into(),
+        json!({"type": "integer", "minimum": 0}),
+    );
     props.insert(
         "retry_on_failure_within_ms".into(),
         json!({"type": "integer", "minimum": 1}),
@@ -162,9 +172,10 @@ pub fn provider_requirements(conf: &Value) -> Result<(), String> {
     let pc = conf.get("provider_conf");
     let pc_has = |k: &str| pc.and_then(|p| p.get(k)).is_some();
     match provider {
-        Some("vertex-ai") if !(pc_has("project_id") && pc_has("region")) && !has_endpoint => {
-            Err("vertex-ai requires either provider_conf (project_id + region) or override.endpoint".into())
-        }
+        Some("vertex-ai") if !(pc_has("project_id") && pc_has("region")) && !has_endpoint => Err(
+            "vertex-ai requires either provider_conf (project_id + region) or override.endpoint"
+                .into(),
+        ),
         Some("bedrock") if !pc_has("region") => Err("bedrock requires provider_conf.region".into()),
         Some("bedrock") if conf.get("auth").and_then(|a| a.get("aws")).is_none() => {
             Err("bedrock requires auth.aws".into())

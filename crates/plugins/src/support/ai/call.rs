@@ -704,10 +704,7 @@ impl StreamRelay {
                     .push_str(&text);
             });
         }
-        match self.convert {
-            Some(_) => Some(Bytes::from(converted)),
-            None => None,
-        }
+        self.convert.is_some().then(|| Bytes::from(converted))
     }
 
     fn end(&mut self) {

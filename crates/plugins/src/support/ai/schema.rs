@@ -172,7 +172,7 @@ pub fn provider_requirements(conf: &Value) -> Result<(), String> {
     let pc = conf.get("provider_conf");
     let pc_has = |k: &str| pc.and_then(|p| p.get(k)).is_some();
     match provider {
-        Some("vertex-ai") if !(pc_has("project_id") && pc_has("region")) && !has_endpoint => Err(
+        Some("vertex-ai") if !(has_endpoint || pc_has("project_id") && pc_has("region")) => Err(
             "vertex-ai requires either provider_conf (project_id + region) or override.endpoint"
                 .into(),
         ),

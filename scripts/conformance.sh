@@ -128,7 +128,7 @@ trap cleanup EXIT
 
 FOLDERS=()
 STANDALONE=
-for f in ${CONFORMANCE_FOLDERS:-admin dataplane tls upstream auth plugins access standalone-api}; do
+for f in ${CONFORMANCE_FOLDERS:-admin dataplane tls upstream auth plugins ai transform access standalone-api}; do
   if [ "$f" = standalone-api ]; then
     STANDALONE="$SHARED/conformance/cases/$f"
   else

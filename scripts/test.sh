@@ -24,6 +24,14 @@ if [ "${#missing[@]}" -gt 0 ]; then
     --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# The official OpenAI Python client, which the AI gateway's end-to-end test drives ferrisix with.
+openai_version="3.63.0"
+if ! python3 -c "import openai, sys; sys.exit(openai.__version__ != '$openai_version')" 2>/dev/null; then
+  echo "test.sh: installing openai==$openai_version (PyPI)" >&2
+  pip install -q "openai==$openai_version" 2>/dev/null \
+    || pip install -q --break-system-packages "openai==$openai_version"
+fi
+
 cargo fmt --all -- --check
 # cargo fmt follows `mod` items only: the plugin files listed through the `family!` macro are
 # reached by no `mod` rustfmt can see, so every source file is checked by name as well.

@@ -20,6 +20,7 @@ mod headers;
 mod health;
 mod lifecycle;
 mod plugins_access;
+mod plugins_ai;
 mod plugins_echo;
 mod plugins_http;
 mod plugins_kafka;

@@ -346,6 +346,11 @@ pub struct RequestState {
     uri: Option<String>,
     /// `proxy_request_buffering` as a plugin set it (proxy-control); `None`: the gateway's.
     request_buffering: Option<bool>,
+    /// The body of the exit a plugin answers with in place of the upstream, relayed as it
+    /// arrives (ai-proxy's streamed answers).
+    /// In a mutex only so that the state stays `Sync` (a body is `Send` alone); never
+    /// contended: one request's phases run one after the other.
+    exit_stream: std::sync::Mutex<Option<PendingBody>>,
 }
 
 impl fmt::Debug for RequestState {
@@ -379,7 +384,16 @@ impl RequestState {
             body_timeout: BODY_READ_GAP,
             uri: None,
             request_buffering: None,
+            exit_stream: std::sync::Mutex::new(None),
         }
+    }
+
+    /// The streamed body of the exit that ends the request, if a plugin set one.
+    pub fn take_exit_stream(&mut self) -> Option<PendingBody> {
+        self.exit_stream
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     /// `$uri` as a plugin set it, if one did.
@@ -799,6 +813,22 @@ impl<'r> PluginCtx<'r> {
             return None;
         }
         crate::vars::form_arg(self.body()?, name).map(Cow::Owned)
+    }
+
+    /// Replaces the request body (read or not) with `body`: the later phases read it, and it
+    /// goes upstream (the caller sets its `Content-Length`).
+    pub fn replace_body(&mut self, body: Bytes) {
+        self.state.body = RequestBody::Buffered(body);
+    }
+
+    /// The exit this phase returns sends `body` as it arrives instead of its own `body`
+    /// (a plugin that answers in place of the upstream relays the provider's stream).
+    pub fn set_exit_stream(&mut self, body: PendingBody) {
+        *self
+            .state
+            .exit_stream
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner()) = Some(body);
     }
 
     /// Refuses bodies larger than `bytes` with 413 (`client_max_body_size`).

@@ -159,11 +159,34 @@ impl HttpClient {
             .map_err(|_| HttpError::Timeout)?
     }
 
-    async fn send_inner(
+    /// Sends `req` and answers as soon as the response head is there, within `timeout`; the
+    /// body is read by the caller, as it arrives (an LLM's server-sent events). The
+    /// connection serves this call alone and closes when the body is dropped.
+    pub async fn send_streaming(
+        &self,
+        req: Request<Bytes>,
+        timeout: Duration,
+        ssl_verify: bool,
+    ) -> Result<Response<hyper::body::Incoming>, HttpError> {
+        tokio::time::timeout(timeout, async {
+            let (sender, parts, body, _) = self.prepare(req, ssl_verify, false).await?;
+            let mut sender = sender;
+            sender
+                .send_request(Request::from_parts(parts, Full::new(body)))
+                .await
+                .map_err(|e| HttpError::Protocol(e.to_string()))
+        })
+        .await
+        .map_err(|_| HttpError::Timeout)?
+    }
+
+    /// A ready connection for `req` (an idle one when `reuse`) and the request to send on it.
+    async fn prepare(
         &self,
         req: Request<Bytes>,
         ssl_verify: bool,
-    ) -> Result<Response<Bytes>, HttpError> {
+        reuse: bool,
+    ) -> Result<(Sender, http::request::Parts, Bytes, String), HttpError> {
         let (mut parts, body) = req.into_parts();
         let uri = parts.uri.clone();
         let tls = match uri.scheme_str() {
@@ -203,7 +226,12 @@ impl HttpClient {
                 }
             }
         }
-        let mut sender = match self.take_idle(&authority) {
+        let idle = if reuse {
+            self.take_idle(&authority)
+        } else {
+            None
+        };
+        let mut sender = match idle {
             Some(s) => s,
             None => self.connect(&host, port, tls).await?,
         };
@@ -211,6 +239,15 @@ impl HttpClient {
             .ready()
             .await
             .map_err(|e| HttpError::Protocol(e.to_string()))?;
+        Ok((sender, parts, body, authority))
+    }
+
+    async fn send_inner(
+        &self,
+        req: Request<Bytes>,
+        ssl_verify: bool,
+    ) -> Result<Response<Bytes>, HttpError> {
+        let (mut sender, parts, body, authority) = self.prepare(req, ssl_verify, true).await?;
         let resp = sender
             .send_request(Request::from_parts(parts, Full::new(body)))
             .await

@@ -28,6 +28,10 @@ impl Phases {
     pub const BEFORE_PROXY: Phases = Phases(1 << 2);
     /// `header_filter`, which is also where body filters are installed.
     pub const HEADER_FILTER: Phases = Phases(1 << 3);
+    /// The plugin answers in place of the upstream (ai-proxy): its `before_proxy` runs even on
+    /// a route without an upstream, and ends the request with an exit that may carry a
+    /// streamed body ([`crate::PluginCtx::set_exit_stream`]).
+    pub const UPSTREAM: Phases = Phases(1 << 4);
     pub const LOG: Phases = Phases(1 << 5);
     /// `mask_log`: edits what the log phase's plugins see, before any of them runs.
     pub const LOG_MASK: Phases = Phases(1 << 6);

@@ -31,6 +31,7 @@ pub mod support;
 #[cfg(test)]
 mod testing;
 
+pub mod ai;
 pub mod auth;
 pub mod encode;
 pub mod limit;
@@ -52,6 +53,7 @@ pub use registry::{PluginInfo, PluginRegistry, SchemaType};
 /// Every plugin ferrisix implements, family by family.
 pub fn builtin() -> impl Iterator<Item = &'static PluginDef> {
     [
+        ai::PLUGINS,
         auth::PLUGINS,
         encode::PLUGINS,
         limit::PLUGINS,

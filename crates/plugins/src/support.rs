@@ -1,10 +1,12 @@
-//! Support shared by several plugin families: request arguments as Lua sees them, JSONPath,
+//! Support shared by several plugin families: the AI plugins' providers, protocols and
+//! calls (`ai`), request arguments as Lua sees them, JSONPath,
 //! GraphQL documents, the Redis connections of the limit plugins'
 //! `redis`, `redis-cluster` and `redis-sentinel` policies, what the auth plugins share, the
 //! checks of user-written JSON schemas, the regexes of plugin confs (PCRE's syntax on a linear-time engine), header edits with `$var`
 //! values, nginx's URI escapes, a small LDAP client (the ldap-auth plugins), and the tracing plugins' ids, clock and collector export
 //! (`resty.roundrobin` is the plugin API's, shared with the upstream balancer).
 
+pub mod ai;
 pub mod args;
 pub mod auth;
 pub mod encoding;

@@ -104,9 +104,22 @@ async fn serve(ctx: &mut RequestCtx<'_>) -> Response<ResponseBody> {
         }
         return canned::route_not_found(server);
     };
-    let proxying = matches!(matched.target, RouteTarget::Upstream(_));
+    // A plugin that answers in place of the upstream (ai-proxy) needs none configured.
+    let proxying = matches!(matched.target, RouteTarget::Upstream(_))
+        || ctx.plugins.as_ref().is_some_and(|r| {
+            r.route
+                .as_deref()
+                .is_some_and(|c| c.has(ferrisix_plugin_api::Phases::UPSTREAM))
+        });
     if let Some(exit) = plugins::request_phases(ctx, proxying).await {
-        return canned::exit_response(exit, server);
+        let stream = ctx
+            .plugins
+            .as_mut()
+            .and_then(|r| r.state.take_exit_stream());
+        return match stream {
+            Some(body) => canned::exit_stream_response(exit, body, server),
+            None => canned::exit_response(exit, server),
+        };
     }
     let chosen = ctx
         .plugins

@@ -580,6 +580,12 @@ impl LogEntryConf {
             entry.insert("upstream_latency".into(), json!(u));
         }
         entry.insert("apisix_latency".into(), json!(apisix_latency));
+        // ai-proxy's `logging.summaries` and `logging.payloads`.
+        if let Some(record) = ctx.value::<std::sync::Arc<crate::support::ai::LlmRecord>>() {
+            for (k, v) in record.log_fields() {
+                entry.insert(k.into(), v);
+            }
+        }
         entry
     }
 }

@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ferrisix_plugin_api::BodyFilters;
+use ferrisix_plugin_api::{BodyError, BodyFilters, PendingBody};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
@@ -27,6 +27,8 @@ use crate::upstream::client::PooledConn;
 pub enum RelayError {
     Upstream(hyper::Error),
     ReadTimeout,
+    /// The body a plugin answers with in place of the upstream broke off.
+    Plugin(BodyError),
 }
 
 impl std::fmt::Display for RelayError {
@@ -36,6 +38,7 @@ impl std::fmt::Display for RelayError {
             RelayError::ReadTimeout => {
                 f.write_str("upstream timed out while reading response body")
             }
+            RelayError::Plugin(e) => write!(f, "plugin answer body: {e}"),
         }
     }
 }
@@ -78,6 +81,8 @@ pin_project! {
     enum Kind {
         Full { data: Option<Bytes> },
         Upstream { #[pin] body: UpstreamResponse },
+        // A plugin's answer in place of the upstream, relayed as it arrives.
+        Stream { body: PendingBody },
     }
 }
 
@@ -116,6 +121,16 @@ impl ResponseBody {
     pub fn upstream(body: UpstreamResponse) -> ResponseBody {
         ResponseBody {
             kind: Kind::Upstream { body },
+            filters: None,
+            filtered_end: false,
+            log: None,
+        }
+    }
+
+    /// The body of a plugin's answer in place of the upstream, relayed as it arrives.
+    pub fn stream(body: PendingBody) -> ResponseBody {
+        ResponseBody {
+            kind: Kind::Stream { body },
             filters: None,
             filtered_end: false,
             log: None,
@@ -225,6 +240,7 @@ impl Body for ResponseBody {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             Kind::Upstream { body } => body.inner.size_hint(),
+            Kind::Stream { body } => body.size_hint(),
         }
     }
 }
@@ -234,6 +250,7 @@ impl Kind {
         match self {
             Kind::Full { data } => data.is_none(),
             Kind::Upstream { body } => body.inner.is_end_stream(),
+            Kind::Stream { body } => body.is_end_stream(),
         }
     }
 
@@ -252,6 +269,12 @@ fn poll_kind(
     {
         match kind.project() {
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Stream { body } => match body.as_mut().poll_frame(cx) {
+                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(RelayError::Plugin(e)))),
+                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            },
             KindProj::Upstream { body } => {
                 let up = body.project();
                 match Pin::new(&mut *up.inner).poll_frame(cx) {

@@ -77,6 +77,22 @@ pub fn exit_response(exit: Exit, server: &HeaderValue) -> Response<ResponseBody>
     resp
 }
 
+/// A plugin's answer in place of the upstream: the exit's status and headers, and `body`
+/// relayed as it arrives.
+pub fn exit_stream_response(
+    exit: Exit,
+    body: ferrisix_plugin_api::PendingBody,
+    server: &HeaderValue,
+) -> Response<ResponseBody> {
+    let mut resp = Response::new(ResponseBody::stream(body));
+    *resp.status_mut() = exit.status;
+    resp.headers_mut().insert(SERVER, server.clone());
+    for (name, value) in exit.headers {
+        resp.headers_mut().append(name, value);
+    }
+    resp
+}
+
 /// Whether nginx has a built-in page for `status` (its `ngx_http_error_pages` table): 301-303,
 /// 307, 308, 400-416, 421, 429, 494-498 and 500-505, 507. For any other status an exit without
 /// a body sends no body at all.

@@ -1,0 +1,15 @@
+//! The AI gateway (APISIX 3.18's `ai-*` plugins): ai-proxy and ai-proxy-multi answer in
+//! place of the upstream with an LLM provider's answer; ai-rate-limiting spends token
+//! budgets; the prompt plugins shape the request before it goes (ai-prompt-template,
+//! ai-prompt-decorator), refuse it (ai-prompt-guard) or have an LLM rewrite it
+//! (ai-request-rewrite). What they share lives in `support::ai`.
+
+family! {
+    ai_proxy,
+    ai_proxy_multi,
+    ai_rate_limiting,
+    ai_prompt_template,
+    ai_prompt_decorator,
+    ai_prompt_guard,
+    ai_request_rewrite,
+}

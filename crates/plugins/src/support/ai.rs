@@ -1,0 +1,250 @@
+//! The AI gateway's shared parts, split as APISIX splits them: [`provider`] (each
+//! provider's host, paths and body rules: `ai-providers/`), [`protocol`] (the client
+//! protocols, their detection, usage and text, and the Anthropic Messages <-> OpenAI chat
+//! conversion: `ai-protocols/`) and [`call`] (the request to a provider and its answer
+//! relayed: `ai-proxy/base.lua`, `ai-transport/`); here, what the AI plugins of one request
+//! share: the request as read ([`AiRequest`]), the instance picked ([`PickedInstance`]),
+//! ai-rate-limiting's budget check ([`Budget`]) and what the call leaves for the log phase
+//! ([`LlmRecord`], which the loggers read for `logging.summaries` and `logging.payloads`).
+
+pub mod call;
+pub mod protocol;
+pub mod provider;
+pub mod schema;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use ferrisix_plugin_api::{BodyError, Exit, PluginCtx};
+use http::{header, HeaderValue, StatusCode};
+use serde_json::{json, Map, Value};
+
+use protocol::{Protocol, Usage};
+
+/// The request as ai-proxy or ai-proxy-multi read it in `access`.
+#[derive(Clone, Debug)]
+pub struct AiRequest {
+    pub protocol: Protocol,
+    pub body: Value,
+    pub stream: bool,
+}
+
+/// The instance the request goes to (APISIX's `ctx.picked_ai_instance_name`):
+/// `ai-proxy-<provider>` for ai-proxy, the instance's name for ai-proxy-multi.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PickedInstance(pub String);
+
+/// ai-rate-limiting's check of an instance's budget, which ai-proxy-multi asks before it
+/// picks an instance (`fallback_strategy` `instance_health_and_rate_limiting`).
+pub trait InstanceBudget: Send + Sync {
+    /// Whether `instance` has budget left; sets the `X-AI-RateLimit-*` headers of it.
+    fn allows(&self, ctx: &mut PluginCtx<'_>, instance: &str) -> bool;
+}
+
+/// The request's [`InstanceBudget`], set by ai-rate-limiting in `rewrite`.
+#[derive(Clone)]
+pub struct Budget(pub Arc<dyn InstanceBudget>);
+
+/// `logging` of ai-proxy and ai-proxy-multi.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Logging {
+    pub summaries: bool,
+    pub payloads: bool,
+}
+
+impl Logging {
+    pub fn from_conf(conf: &Value) -> Logging {
+        let flag = |k: &str| {
+            conf.get("logging")
+                .and_then(|l| l.get(k))
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+        };
+        Logging {
+            summaries: flag("summaries"),
+            payloads: flag("payloads"),
+        }
+    }
+}
+
+/// What the call to the provider found, for the log phase.
+#[derive(Clone, Debug, Default)]
+pub struct LlmFields {
+    /// The model the client asked for.
+    pub request_model: Option<String>,
+    /// The model sent to the provider.
+    pub model: Option<String>,
+    pub usage: Option<Usage>,
+    pub stream: bool,
+    pub tool_count: usize,
+    pub end_user_id: Option<String>,
+    pub response_text: Option<String>,
+    /// The client's conversation (`messages`, `input`).
+    pub request_messages: Value,
+    pub time_to_first_token: Option<Duration>,
+    pub upstream_response_time: Option<Duration>,
+    pub logging: Logging,
+}
+
+/// [`LlmFields`] of one request, filled as the answer goes by (a stream's usage comes last),
+/// read in the log phase once the answer is over.
+#[derive(Debug, Default)]
+pub struct LlmRecord(Mutex<LlmFields>);
+
+impl LlmRecord {
+    pub fn update(&self, f: impl FnOnce(&mut LlmFields)) {
+        f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    pub fn get(&self) -> LlmFields {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The log entry's `llm_summary`, `llm_request` and `llm_response_text`, as
+    /// `logging` asks.
+    pub fn log_fields(&self) -> Vec<(&'static str, Value)> {
+        let f = self.get();
+        let mut out = Vec::new();
+        let ms = |d: Option<Duration>| d.map(|d| json!(d.as_millis() as u64));
+        if f.logging.summaries {
+            let mut s = Map::new();
+            let mut put = |k: &str, v: Option<Value>| {
+                if let Some(v) = v {
+                    s.insert(k.into(), v);
+                }
+            };
+            put("request_model", f.request_model.clone().map(Value::String));
+            put("model", f.model.clone().map(Value::String));
+            put("duration", ms(f.time_to_first_token));
+            let u = f.usage.clone().unwrap_or_default();
+            put("prompt_tokens", Some(json!(u.prompt_tokens)));
+            put("completion_tokens", Some(json!(u.completion_tokens)));
+            put("total_tokens", Some(json!(u.total_tokens)));
+            put("upstream_response_time", ms(f.upstream_response_time));
+            put(
+                "stream",
+                Some(json!(if f.stream { "true" } else { "false" })),
+            );
+            put("tool_count", Some(json!(f.tool_count)));
+            put("end_user_id", f.end_user_id.clone().map(Value::String));
+            out.push(("llm_summary", Value::Object(s)));
+        }
+        if f.logging.payloads {
+            out.push((
+                "llm_request",
+                json!({"messages": f.request_messages, "stream": f.stream}),
+            ));
+            let mut text = Map::new();
+            if let Some(t) = f.response_text {
+                text.insert("content".into(), Value::String(t));
+            }
+            out.push(("llm_response_text", Value::Object(text)));
+        }
+        out
+    }
+}
+
+/// `{"message": text}`, as APISIX answers a table.
+pub fn message_exit(status: StatusCode, text: &str) -> Exit {
+    Exit::body(status, json!({ "message": text }).to_string()).with_header(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    )
+}
+
+/// The request body as JSON (`core.request.get_json_request_body_table`), or the 400 (413
+/// past `max`) APISIX answers.
+pub async fn json_body(ctx: &mut PluginCtx<'_>, max: usize) -> Result<(Value, Bytes), Exit> {
+    let bytes = match ctx.read_body(max).await {
+        Ok(b) => b.clone(),
+        Err(BodyError::TooLarge(_)) => {
+            return Err(message_exit(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("request size is greater than the maximum size {max} allowed"),
+            ))
+        }
+        Err(e) => {
+            return Err(message_exit(
+                StatusCode::BAD_REQUEST,
+                &format!("could not get body: {e}"),
+            ))
+        }
+    };
+    if bytes.is_empty() {
+        return Err(message_exit(
+            StatusCode::BAD_REQUEST,
+            "could not get body: request body is empty",
+        ));
+    }
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(v) => Ok((v, bytes)),
+        Err(e) => Err(message_exit(
+            StatusCode::BAD_REQUEST,
+            &format!("could not parse JSON request body: {e}"),
+        )),
+    }
+}
+
+/// ai-proxy's `detect_request_type`: a JSON body (by Content-Type, JSON when absent) of a
+/// protocol APISIX knows.
+pub async fn detect(ctx: &mut PluginCtx<'_>, max: usize) -> Result<AiRequest, Exit> {
+    let ct = ctx.header("content-type").unwrap_or("application/json");
+    if !ct.starts_with("application/json") {
+        return Err(Exit::body(
+            StatusCode::BAD_REQUEST,
+            format!("unsupported content-type: {ct}, only application/json is supported"),
+        ));
+    }
+    let (body, _) = json_body(ctx, max).await?;
+    let protocol = Protocol::detect(&body, ctx.uri()).ok_or_else(|| {
+        Exit::body(
+            StatusCode::BAD_REQUEST,
+            "no matching AI protocol for the request",
+        )
+    })?;
+    Ok(AiRequest {
+        stream: protocol.is_streaming(&body),
+        protocol,
+        body,
+    })
+}
+
+/// Replaces the request body (APISIX's `ngx.req.set_body_data`), its length with it.
+pub fn set_body(ctx: &mut PluginCtx<'_>, body: Bytes) {
+    let len = HeaderValue::from(body.len());
+    let headers = ctx.headers_mut();
+    headers.remove(header::TRANSFER_ENCODING);
+    headers.insert(header::CONTENT_LENGTH, len);
+    ctx.replace_body(body);
+}
+
+/// ai-proxy's and ai-proxy-multi's `access`: the request read and detected, the record for
+/// the log phase started.
+pub async fn start(ctx: &mut PluginCtx<'_>, max_body: usize, logging: Logging) -> Result<(), Exit> {
+    let req = detect(ctx, max_body).await?;
+    let record = Arc::new(LlmRecord::default());
+    record.update(|f| {
+        f.request_model = req
+            .body
+            .get("model")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        f.logging = logging;
+    });
+    ctx.insert(record);
+    ctx.insert(req);
+    Ok(())
+}
+
+/// A message of a prompt template or decoration: `role` and `content`.
+pub fn prompt_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "role": {"type": "string", "enum": ["system", "user", "assistant"]},
+            "content": {"type": "string", "minLength": 1}
+        },
+        "required": ["role", "content"]
+    })
+}

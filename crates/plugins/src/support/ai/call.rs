@@ -1,0 +1,814 @@
+//! One call to a provider, as APISIX's `ai-proxy/base.lua` `before_proxy` and
+//! `ai-transport/http.lua` make it: the client's protocol routed to what the provider
+//! speaks (natively, through the Anthropic converter, or passed through), the body shaped
+//! (`options`, `override.llm_options`, `override.request_body`), the request built (endpoint,
+//! auth headers and query, the client's headers), sent within `timeout`, and the answer
+//! relayed: an error as the provider sent it, a stream event by event as it arrives (its
+//! usage and text read on the way), a complete answer read, measured and, for a converted
+//! request, converted back.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ferrisix_plugin_api::{BodyError, Exit, HttpError, PluginCtx, PluginServices};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use serde_json::{json, Map, Value};
+
+use super::protocol::{
+    anthropic_to_openai_request, openai_to_anthropic_response, stream_facts, AnthropicStream,
+    Protocol, SseParser, Usage,
+};
+use super::provider::{Provider, ProviderConf};
+use super::{AiRequest, LlmRecord};
+
+/// `override.endpoint` taken apart as APISIX's `url.parse` does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub scheme: String,
+    pub host: String,
+    pub port: u16,
+    /// `None` for scheme and host only: the provider's path is used.
+    pub path: Option<String>,
+    pub query: Vec<(String, String)>,
+}
+
+impl Endpoint {
+    pub fn parse(text: &str) -> Option<Endpoint> {
+        let (scheme, rest) = text.split_once("://")?;
+        let scheme = scheme.to_ascii_lowercase();
+        if scheme != "http" && scheme != "https" {
+            return None;
+        }
+        let (authority, tail) = match rest.find(['/', '?']) {
+            Some(i) => rest.split_at(i),
+            None => (rest, ""),
+        };
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => {
+                (h.to_owned(), p.parse::<u16>().ok()?)
+            }
+            _ => (
+                authority.to_owned(),
+                if scheme == "https" { 443 } else { 80 },
+            ),
+        };
+        if host.is_empty() {
+            return None;
+        }
+        let (path, query) = match tail.split_once('?') {
+            Some((p, q)) => (p, q),
+            None => (tail, ""),
+        };
+        Some(Endpoint {
+            scheme,
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned(),
+            port,
+            path: (!path.is_empty()).then(|| path.to_owned()),
+            query: decode_args(query),
+        })
+    }
+}
+
+/// `a=1&b=2` as (name, value) pairs, percent-decoded.
+pub fn decode_args(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (unescape(k), unescape(v)),
+            None => (unescape(p), String::new()),
+        })
+        .collect()
+}
+
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16)
+                {
+                    Ok(v) => {
+                        out.push(v);
+                        i += 2;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `ngx.escape_uri`: everything but the unreserved characters percent-encoded.
+pub fn escape_uri(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// One AI instance: ai-proxy's conf, or one of ai-proxy-multi's `instances`.
+#[derive(Clone, Debug)]
+pub struct Instance {
+    pub name: String,
+    pub provider: Provider,
+    pub provider_conf: ProviderConf,
+    /// `auth.header`, names lower-cased.
+    pub auth_header: Vec<(HeaderName, HeaderValue)>,
+    pub auth_query: Vec<(String, String)>,
+    pub options: Map<String, Value>,
+    pub endpoint: Option<Endpoint>,
+    /// `override.llm_options.max_tokens`.
+    pub max_tokens: Option<Value>,
+    /// `override.request_body`: target protocol name -> patch.
+    pub request_body: Map<String, Value>,
+    pub force_override: bool,
+    pub priority: i64,
+    pub weight: u32,
+}
+
+impl Instance {
+    /// From a conf that passed the schema (ai-proxy's or an instance of ai-proxy-multi's).
+    pub fn from_conf(conf: &Value, name: String) -> Result<Instance, String> {
+        let provider_name = conf.get("provider").and_then(Value::as_str).unwrap_or("");
+        let provider = Provider::parse(provider_name)
+            .ok_or_else(|| format!("ai provider: {provider_name} is not supported."))?;
+        let auth = conf.get("auth");
+        let pairs = |key: &str| -> Vec<(String, String)> {
+            auth.and_then(|a| a.get(key))
+                .and_then(Value::as_object)
+                .into_iter()
+                .flatten()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        };
+        let auth_header = pairs("header")
+            .into_iter()
+            .map(|(k, v)| {
+                let name = HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes())
+                    .map_err(|_| format!("invalid auth header name {k}"))?;
+                let value =
+                    HeaderValue::from_str(&v).map_err(|_| format!("invalid auth header {k}"))?;
+                Ok((name, value))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let over = conf.get("override");
+        let endpoint = match over.and_then(|o| o.get("endpoint")).and_then(Value::as_str) {
+            Some(e) => Some(Endpoint::parse(e).ok_or("invalid endpoint")?),
+            None => None,
+        };
+        Ok(Instance {
+            name,
+            provider,
+            provider_conf: ProviderConf::from_conf(conf.get("provider_conf")),
+            auth_header,
+            auth_query: pairs("query"),
+            options: conf
+                .get("options")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default(),
+            endpoint,
+            max_tokens: over
+                .and_then(|o| o.get("llm_options"))
+                .and_then(|l| l.get("max_tokens"))
+                .cloned(),
+            request_body: over
+                .and_then(|o| o.get("request_body"))
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default(),
+            force_override: over
+                .and_then(|o| o.get("request_body_force_override"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            priority: conf.get("priority").and_then(Value::as_i64).unwrap_or(0),
+            weight: conf
+                .get("weight")
+                .and_then(Value::as_u64)
+                .map_or(1, |w| u32::try_from(w).unwrap_or(u32::MAX)),
+        })
+    }
+}
+
+/// What a call is bounded by.
+#[derive(Clone, Debug)]
+pub struct CallConf {
+    pub timeout: Duration,
+    pub ssl_verify: bool,
+    /// `fallback_http_statuses`: answers read as errors besides 429 and 5xx.
+    pub fallback_statuses: Vec<u16>,
+}
+
+impl CallConf {
+    pub fn from_conf(conf: &Value) -> CallConf {
+        CallConf {
+            timeout: Duration::from_millis(
+                conf.get("timeout")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(30_000),
+            ),
+            ssl_verify: conf.get("ssl_verify").and_then(Value::as_bool) != Some(false),
+            fallback_statuses: conf
+                .get("fallback_http_statuses")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.as_u64().and_then(|s| u16::try_from(s).ok()))
+                .collect(),
+        }
+    }
+}
+
+/// `override.request_body` merged into the body: objects recursively, anything else
+/// replaced; with `force` the patch wins, else the client's fields do.
+pub fn deep_merge(body: &mut Value, patch: &Value, force: bool) {
+    match (body, patch) {
+        (Value::Object(b), Value::Object(p)) => {
+            for (k, v) in p {
+                match b.get_mut(k) {
+                    Some(existing) if existing.is_object() && v.is_object() => {
+                        deep_merge(existing, v, force)
+                    }
+                    Some(existing) => {
+                        if force {
+                            *existing = v.clone();
+                        }
+                    }
+                    None => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (b, p) => {
+            if force {
+                *b = p.clone();
+            }
+        }
+    }
+}
+
+/// Client headers never forwarded: the body is the gateway's own, and the connection too.
+const DROPPED: [&str; 11] = [
+    "host",
+    "content-length",
+    "accept-encoding",
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "proxy-connection",
+    "expect",
+];
+
+/// The request for `inst`, and what its answer needs.
+struct Outgoing {
+    request: Request<Bytes>,
+    target: Protocol,
+    converted: bool,
+}
+
+fn text_exit(status: u16, text: &str) -> Exit {
+    Exit::body(
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        text.to_owned(),
+    )
+}
+
+/// `{"error_msg": msg}` as APISIX's JSON answer.
+fn json_exit(status: u16, body: &Value) -> Exit {
+    Exit::body(
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        body.to_string(),
+    )
+    .with_header(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    )
+}
+
+fn build(
+    ctx: &PluginCtx<'_>,
+    inst: &Instance,
+    req: &AiRequest,
+    record: &LlmRecord,
+) -> Result<Outgoing, Exit> {
+    let caps = inst.provider.capabilities();
+    let (target, converted, passthrough_path) = if caps.contains(&req.protocol) {
+        (req.protocol, false, None)
+    } else if req.protocol == Protocol::Passthrough {
+        (Protocol::Passthrough, false, Some(ctx.uri().to_owned()))
+    } else if req.protocol == Protocol::AnthropicMessages && caps.contains(&Protocol::OpenAiChat) {
+        (Protocol::OpenAiChat, true, None)
+    } else {
+        let names: Vec<&str> = caps.iter().map(|p| p.name()).collect();
+        return Err(text_exit(
+            400,
+            &format!(
+                "provider {} does not support {} protocol (supported: {})",
+                inst.provider.name(),
+                req.protocol.name(),
+                names.join(", ")
+            ),
+        ));
+    };
+    let model = inst
+        .options
+        .get("model")
+        .and_then(Value::as_str)
+        .or_else(|| req.body.get("model").and_then(Value::as_str))
+        .map(str::to_owned);
+    let mut body = if converted {
+        anthropic_to_openai_request(&req.body)
+            .map_err(|e| json_exit(400, &json!({"error_msg": e})))?
+    } else {
+        req.body.clone()
+    };
+    if let Some(obj) = body.as_object_mut() {
+        target.prepare_outgoing(obj);
+        for (k, v) in &inst.options {
+            obj.insert(k.clone(), v.clone());
+        }
+        if let Some(max) = &inst.max_tokens {
+            inst.provider.set_max_tokens(target, obj, max);
+        }
+    }
+    if let Some(patch) = inst.request_body.get(target.name()) {
+        deep_merge(&mut body, patch, inst.force_override);
+    }
+    let passthrough = target == Protocol::Passthrough;
+    let mut client_args = Vec::new();
+    if passthrough {
+        for (k, v) in decode_args(ctx.query().unwrap_or("")) {
+            if !inst.auth_query.iter().any(|(n, _)| *n == k) {
+                client_args.push((k, v));
+            }
+        }
+    }
+    let uri = request_uri(
+        inst,
+        target,
+        passthrough_path,
+        model.as_deref(),
+        req.stream,
+        client_args,
+    )?;
+    let method = if passthrough {
+        ctx.method().clone()
+    } else {
+        Method::POST
+    };
+    let mut headers = HeaderMap::new();
+    for (name, value) in ctx.headers() {
+        if !DROPPED.contains(&name.as_str()) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    for (name, value) in &inst.auth_header {
+        headers.insert(name.clone(), value.clone());
+    }
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    record.update(|f| {
+        f.model = model.clone();
+        f.stream = req.stream;
+        f.tool_count = body
+            .get("tools")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        f.end_user_id = body.get("user").and_then(Value::as_str).map(str::to_owned);
+        f.request_messages = req.protocol.request_content(&req.body);
+    });
+    let bytes = serde_json::to_vec(&body).unwrap_or_default();
+    let mut request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .body(Bytes::from(bytes))
+        .map_err(|e| json_exit(500, &json!({"error_msg": e.to_string()})))?;
+    *request.headers_mut() = headers;
+    Ok(Outgoing {
+        request,
+        target,
+        converted,
+    })
+}
+
+/// The provider's URL for `target`: `override.endpoint`'s scheme, host and port (else the
+/// provider's own over https), its path (else `path`, else the provider's path of `target`),
+/// and the query of `auth.query`, the endpoint and `extra` (a passthrough's client query).
+fn request_uri(
+    inst: &Instance,
+    target: Protocol,
+    path: Option<String>,
+    model: Option<&str>,
+    stream: bool,
+    extra: Vec<(String, String)>,
+) -> Result<String, Exit> {
+    let (scheme, host, port, endpoint_path, mut query) = match &inst.endpoint {
+        Some(e) => (
+            e.scheme.as_str(),
+            e.host.clone(),
+            e.port,
+            e.path.clone(),
+            e.query.clone(),
+        ),
+        None => {
+            let host = inst.provider.host(&inst.provider_conf).ok_or_else(|| {
+                json_exit(
+                    500,
+                    &json!({"error_msg": format!("no host for provider {}", inst.provider.name())}),
+                )
+            })?;
+            ("https", host, 443, None, Vec::new())
+        }
+    };
+    for (k, v) in inst.auth_query.iter().rev() {
+        query.retain(|(n, _)| n != k);
+        query.insert(0, (k.clone(), v.clone()));
+    }
+    query.extend(extra);
+    let path = endpoint_path
+        .or(path)
+        .or_else(|| inst.provider.path(target, &inst.provider_conf, model, stream))
+        .ok_or_else(|| {
+            json_exit(
+                400,
+                &json!({"error_msg": "could not resolve upstream path: ensure the route or request body specifies a model, or that override.endpoint includes a path"}),
+            )
+        })?;
+    let mut uri = format!("{scheme}://");
+    if host.contains(':') {
+        uri.push_str(&format!("[{host}]:{port}"));
+    } else {
+        uri.push_str(&format!("{host}:{port}"));
+    }
+    uri.push_str(&path);
+    if !query.is_empty() {
+        let q: Vec<String> = query
+            .iter()
+            .map(|(k, v)| format!("{}={}", escape_uri(k), escape_uri(v)))
+            .collect();
+        uri.push('?');
+        uri.push_str(&q.join("&"));
+    }
+    Ok(uri)
+}
+
+/// A chat of the gateway's own (ai-request-rewrite's): `body` (an OpenAI chat, `options`
+/// merged) to the provider's chat path with only the instance's auth, the answer's text.
+pub async fn simple_chat(
+    services: &PluginServices,
+    inst: &Instance,
+    conf: &CallConf,
+    mut body: Value,
+) -> Result<String, String> {
+    if let Some(obj) = body.as_object_mut() {
+        for (k, v) in &inst.options {
+            obj.insert(k.clone(), v.clone());
+        }
+    }
+    let model = body.get("model").and_then(Value::as_str).map(str::to_owned);
+    let uri = request_uri(
+        inst,
+        Protocol::OpenAiChat,
+        None,
+        model.as_deref(),
+        false,
+        Vec::new(),
+    )
+    .map_err(|_| "could not resolve the LLM endpoint".to_owned())?;
+    let mut request = Request::post(uri)
+        .body(Bytes::from(body.to_string()))
+        .map_err(|e| e.to_string())?;
+    let headers = request.headers_mut();
+    for (name, value) in &inst.auth_header {
+        headers.insert(name.clone(), value.clone());
+    }
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    let resp = services
+        .http()
+        .send_verified(request, conf.timeout, conf.ssl_verify)
+        .await
+        .map_err(|e| e.to_string())?;
+    if resp.status() != StatusCode::OK {
+        return Err(format!(
+            "LLM service returned error status: {}",
+            resp.status().as_u16()
+        ));
+    }
+    let answer: Value = serde_json::from_slice(resp.body())
+        .map_err(|e| format!("failed to decode LLM response: {e}"))?;
+    Protocol::OpenAiChat
+        .response_text(&answer)
+        .ok_or_else(|| "failed to extract text from LLM response".to_owned())
+}
+
+/// Whether an answer of `status` is an error the provider's body is passed on for (and a
+/// fallback of ai-proxy-multi may retry).
+pub fn is_error_status(conf: &CallConf, status: u16) -> bool {
+    status == 429 || (500..600).contains(&status) || conf.fallback_statuses.contains(&status)
+}
+
+/// Calls the provider of `inst` for `req` and answers the exit that ends the request: the
+/// provider's answer (a stream is set on `ctx` and relayed as it arrives), its error, or
+/// the gateway's 502/504 when it could not be reached in time.
+pub async fn call(
+    ctx: &mut PluginCtx<'_>,
+    services: &PluginServices,
+    inst: &Instance,
+    conf: &CallConf,
+    req: &AiRequest,
+    record: &Arc<LlmRecord>,
+) -> Exit {
+    let out = match build(ctx, inst, req, record) {
+        Ok(o) => o,
+        Err(exit) => return exit,
+    };
+    let started = Instant::now();
+    let resp = services
+        .http()
+        .send_streaming(out.request, conf.timeout, conf.ssl_verify)
+        .await;
+    let resp = match resp {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!("failed to send request to LLM server: {e}");
+            let status = if e == HttpError::Timeout {
+                StatusCode::GATEWAY_TIMEOUT
+            } else {
+                StatusCode::BAD_GATEWAY
+            };
+            record.update(|f| f.upstream_response_time = Some(started.elapsed()));
+            return Exit::status(status);
+        }
+    };
+    let status = resp.status();
+    let ct = resp.headers().get(header::CONTENT_TYPE).cloned();
+    let with_ct = |exit: Exit| match &ct {
+        Some(v) => exit.with_header(header::CONTENT_TYPE, v.clone()),
+        None => exit,
+    };
+    record.update(|f| f.time_to_first_token = Some(started.elapsed()));
+    let body = resp.into_body();
+    if is_error_status(conf, status.as_u16()) {
+        let read = tokio::time::timeout(conf.timeout, body.collect()).await;
+        let bytes = match read {
+            Ok(Ok(b)) => b.to_bytes(),
+            _ => Bytes::new(),
+        };
+        record.update(|f| f.upstream_response_time = Some(started.elapsed()));
+        return with_ct(Exit::body(status, bytes));
+    }
+    let streaming = ct.as_ref().and_then(|v| v.to_str().ok()).is_some_and(|v| {
+        v.contains("text/event-stream") || v.contains("application/vnd.amazon.eventstream")
+    });
+    if streaming {
+        let model = req
+            .body
+            .get("model")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let relay = StreamRelay {
+            inner: body,
+            parser: SseParser::default(),
+            target: out.target,
+            convert: out
+                .converted
+                .then(|| AnthropicStream::new(model.or_else(|| record.get().model))),
+            record: record.clone(),
+            gap: conf.timeout,
+            idle: None,
+            started,
+            usage: Usage::default(),
+            ended: false,
+        };
+        ctx.set_exit_stream(Box::pin(relay));
+        let mut exit = with_ct(Exit::status(status));
+        if out.converted {
+            exit.headers.retain(|(n, _)| n != header::CONTENT_TYPE);
+            exit.headers.push((
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            ));
+        }
+        return exit;
+    }
+    let bytes = match tokio::time::timeout(conf.timeout, body.collect()).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(e)) => {
+            tracing::warn!("failed to read the LLM answer: {e}");
+            return Exit::status(StatusCode::BAD_GATEWAY);
+        }
+        Err(_) => return Exit::status(StatusCode::GATEWAY_TIMEOUT),
+    };
+    record.update(|f| f.upstream_response_time = Some(started.elapsed()));
+    let Ok(answer) = serde_json::from_slice::<Value>(&bytes) else {
+        return with_ct(Exit::body(status, bytes));
+    };
+    let usage = out.target.usage(&answer);
+    let text = out.target.response_text(&answer);
+    record.update(|f| {
+        if let Some(u) = usage {
+            f.usage = Some(u);
+        }
+        f.response_text = text;
+    });
+    if out.converted {
+        let model = req.body.get("model").and_then(Value::as_str);
+        return match openai_to_anthropic_response(&answer, model) {
+            Ok(a) => with_ct(Exit::body(status, a.to_string())),
+            Err(e) => json_exit(500, &json!({"error_msg": e})),
+        };
+    }
+    with_ct(Exit::body(status, bytes))
+}
+
+/// A provider's stream on its way to the client: relayed as it arrives (converted to
+/// Anthropic events for a converted request), its usage and text read on the way, each
+/// read waiting at most the call's timeout.
+struct StreamRelay {
+    inner: Incoming,
+    parser: SseParser,
+    target: Protocol,
+    convert: Option<AnthropicStream>,
+    record: Arc<LlmRecord>,
+    gap: Duration,
+    idle: Option<Pin<Box<tokio::time::Sleep>>>,
+    started: Instant,
+    usage: Usage,
+    ended: bool,
+}
+
+impl StreamRelay {
+    fn read(&mut self, data: &Bytes) -> Option<Bytes> {
+        let events = self.parser.feed(data);
+        let mut converted = String::new();
+        let mut text = String::new();
+        for ev in &events {
+            let facts = stream_facts(self.target, ev);
+            if let Some(u) = facts.usage {
+                if u.prompt_tokens > 0 {
+                    self.usage.prompt_tokens = u.prompt_tokens;
+                }
+                if u.completion_tokens > 0 {
+                    self.usage.completion_tokens = u.completion_tokens;
+                }
+                self.usage.total_tokens = if u.total_tokens > 0 {
+                    u.total_tokens
+                } else {
+                    self.usage.prompt_tokens + self.usage.completion_tokens
+                };
+                self.usage.raw = u.raw;
+                let usage = self.usage.clone();
+                self.record.update(|f| f.usage = Some(usage));
+            }
+            if let Some(t) = facts.text {
+                text.push_str(&t);
+            }
+            if let Some(c) = self.convert.as_mut() {
+                converted.push_str(&c.convert(ev));
+            }
+        }
+        if !text.is_empty() {
+            self.record.update(|f| {
+                f.response_text
+                    .get_or_insert_with(String::new)
+                    .push_str(&text);
+            });
+        }
+        self.convert.is_some().then(|| Bytes::from(converted))
+    }
+
+    fn end(&mut self) {
+        if !self.ended {
+            self.ended = true;
+            let took = self.started.elapsed();
+            self.record
+                .update(|f| f.upstream_response_time = Some(took));
+        }
+    }
+}
+
+impl Body for StreamRelay {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        loop {
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    this.idle = None;
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
+                    match this.read(&data) {
+                        Some(out) if out.is_empty() => continue,
+                        Some(out) => return Poll::Ready(Some(Ok(Frame::data(out)))),
+                        None => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    tracing::error!("LLM stream broke off: {e}");
+                    this.end();
+                    return Poll::Ready(Some(Err(BodyError::Broken(e.to_string()))));
+                }
+                Poll::Ready(None) => {
+                    this.end();
+                    return Poll::Ready(None);
+                }
+                Poll::Pending => {
+                    let gap = this.gap;
+                    let idle = this
+                        .idle
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep(gap)));
+                    return match idle.as_mut().poll(cx) {
+                        Poll::Ready(()) => {
+                            tracing::error!("LLM stream timed out");
+                            this.end();
+                            Poll::Ready(Some(Err(BodyError::Timeout)))
+                        }
+                        Poll::Pending => Poll::Pending,
+                    };
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_as_apisix_parses_them() {
+        let e = Endpoint::parse("http://127.0.0.1:1988").unwrap();
+        assert_eq!((e.host.as_str(), e.port, e.path), ("127.0.0.1", 1988, None));
+        let e = Endpoint::parse("https://h/v1/x/chat?api-version=1&k=a%20b").unwrap();
+        assert_eq!(e.port, 443);
+        assert_eq!(e.path.as_deref(), Some("/v1/x/chat"));
+        assert_eq!(
+            e.query,
+            vec![
+                ("api-version".into(), "1".into()),
+                ("k".into(), "a b".into())
+            ]
+        );
+        assert!(Endpoint::parse("http//127.0.0.1:1999").is_none());
+        assert!(Endpoint::parse("ftp://h").is_none());
+    }
+
+    #[test]
+    fn request_body_override_merges() {
+        let mut body = json!({"temperature": 0.9, "metadata": {"user": "u"}, "stop": ["A"]});
+        let patch = json!({"temperature": 0.2, "metadata": {"team": "t"}, "stop": ["B"], "n": 1});
+        let mut forced = body.clone();
+        deep_merge(&mut body, &patch, false);
+        assert_eq!(
+            body,
+            json!({"temperature": 0.9, "metadata": {"user": "u", "team": "t"}, "stop": ["A"], "n": 1})
+        );
+        deep_merge(&mut forced, &patch, true);
+        assert_eq!(forced["temperature"], 0.2);
+        assert_eq!(forced["stop"], json!(["B"]));
+    }
+}

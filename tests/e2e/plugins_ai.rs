@@ -1,0 +1,348 @@
+//! End-to-end AI gateway through the binary, against an in-test LLM provider that speaks
+//! OpenAI's documented chat completions API (JSON answers with `usage`, and server-sent
+//! `chat.completion.chunk` events ending in `data: [DONE]` with a usage chunk when
+//! `stream_options.include_usage` is set): ai-proxy with auth, options and a token budget,
+//! a streamed answer relayed event by event before the provider finished, and
+//! ai-proxy-multi falling back from an instance that answers 429.
+use crate::support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::*;
+
+/// What the provider received: (path with query, lower-cased headers, body).
+type Seen = Arc<Mutex<Vec<(String, Vec<(String, String)>, Value)>>>;
+
+/// The provider. `/limited/...` answers 429; a streamed chat sends its first event, then
+/// waits for `release` before the rest.
+struct Provider {
+    addr: SocketAddr,
+    seen: Seen,
+    release: mpsc::Sender<()>,
+}
+
+fn start_provider() -> Provider {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Seen = Arc::default();
+    let (release, gate) = mpsc::channel::<()>();
+    let gate = Arc::new(Mutex::new(gate));
+    let s = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let (s, gate) = (s.clone(), gate.clone());
+            std::thread::spawn(move || serve(stream, &s, &gate));
+        }
+    });
+    Provider {
+        addr,
+        seen,
+        release,
+    }
+}
+
+fn serve(stream: TcpStream, seen: &Seen, gate: &Mutex<mpsc::Receiver<()>>) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return;
+    }
+    let target = line.split_whitespace().nth(1).unwrap_or("/").to_owned();
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        reader.read_line(&mut h).unwrap();
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+        }
+    }
+    let len: usize = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .map_or(0, |(_, v)| v.parse().unwrap());
+    let mut body = vec![0; len];
+    reader.read_exact(&mut body).unwrap();
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    seen.lock()
+        .unwrap()
+        .push((target.clone(), headers, body.clone()));
+    let mut out = stream;
+    let model = body["model"].as_str().unwrap_or("m").to_owned();
+    if target.starts_with("/limited") {
+        let err = r#"{"error":{"message":"slow down","type":"requests"}}"#;
+        let _ = write!(
+            out,
+            "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{err}",
+            err.len()
+        );
+        return;
+    }
+    if body["stream"] == json!(true) {
+        let _ = out.write_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+        );
+        let mut event = |data: String| {
+            let e = format!("data: {data}\n\n");
+            let _ = write!(out, "{:x}\r\n{e}\r\n", e.len());
+            let _ = out.flush();
+        };
+        let chunk = |delta: Value| {
+            json!({"id": "c1", "object": "chat.completion.chunk", "model": model,
+                   "choices": [{"index": 0, "delta": delta, "finish_reason": null}]})
+            .to_string()
+        };
+        event(chunk(json!({"role": "assistant", "content": "first"})));
+        // The rest only once the test saw the first event through the gateway.
+        let _ = gate.lock().unwrap().recv_timeout(Duration::from_secs(20));
+        event(chunk(json!({"content": " second"})));
+        if body["stream_options"]["include_usage"] == json!(true) {
+            event(
+                json!({"id": "c1", "object": "chat.completion.chunk", "choices": [],
+                       "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+                .to_string(),
+            );
+        }
+        event("[DONE]".into());
+        let _ = out.write_all(b"0\r\n\r\n");
+        return;
+    }
+    let answer = json!({"id": "c1", "object": "chat.completion", "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "an answer"},
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}})
+    .to_string();
+    let _ = write!(
+        out,
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+        answer.len()
+    );
+}
+
+fn chat(addr: SocketAddr, path: &str, extra: &[(&str, &str)], body: &Value) -> Reply {
+    let mut headers = vec![("Content-Type", "application/json")];
+    headers.extend_from_slice(extra);
+    request(addr, "POST", path, &headers, body.to_string().as_bytes())
+}
+
+#[test]
+fn ai_proxy_chat_with_auth_options_and_token_budget() {
+    let p = start_provider();
+    let routes = json!({"routes": [
+        {"id": "chat", "uri": "/chat", "plugins": {
+            "ai-proxy": {"provider": "openai", "auth": {"header": {"Authorization": "Bearer sk-e2e"}},
+                         "options": {"model": "gpt-e2e", "temperature": 0.1},
+                         "override": {"endpoint": format!("http://{}", p.addr)}},
+            "ai-rate-limiting": {"limit": 10, "time_window": 60}}},
+    ]});
+    let gw = Gateway::start(&routes.to_string());
+    let body = json!({"model": "client", "messages": [{"role": "user", "content": "hi"}]});
+    let r = chat(
+        gw.addr(),
+        "/chat",
+        &[("Authorization", "Bearer client")],
+        &body,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "an answer");
+    assert_eq!(
+        r.header("x-ai-ratelimit-remaining-ai-proxy-openai"),
+        Some("10")
+    );
+    let (path, headers, sent) = p.seen.lock().unwrap()[0].clone();
+    assert_eq!(path, "/v1/chat/completions");
+    let auth: Vec<&str> = headers
+        .iter()
+        .filter(|(k, _)| k == "authorization")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(auth, ["Bearer sk-e2e"], "the client's key replaced");
+    assert_eq!(sent["model"], "gpt-e2e");
+    assert_eq!(sent["temperature"], 0.1);
+
+    // 6 tokens spent of 10: 4 left, then none.
+    let r = chat(gw.addr(), "/chat", &[], &body);
+    assert_eq!(
+        r.header("x-ai-ratelimit-remaining-ai-proxy-openai"),
+        Some("4")
+    );
+    let r = chat(gw.addr(), "/chat", &[], &body);
+    assert_eq!(r.status, 503);
+    assert_eq!(
+        r.header("x-ai-ratelimit-remaining-ai-proxy-openai"),
+        Some("0")
+    );
+    assert_eq!(
+        p.seen.lock().unwrap().len(),
+        2,
+        "a refused request never reaches the provider"
+    );
+
+    // Not an AI request.
+    let r = request(
+        gw.addr(),
+        "POST",
+        "/chat",
+        &[("Content-Type", "text/plain")],
+        b"x",
+    );
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.text(),
+        "unsupported content-type: text/plain, only application/json is supported"
+    );
+}
+
+#[test]
+fn streamed_answer_relayed_before_the_provider_finished() {
+    let p = start_provider();
+    let routes = json!({"routes": [
+        {"id": "s", "uri": "/s", "plugins": {
+            "ai-proxy": {"provider": "openai", "auth": {"header": {"Authorization": "Bearer k"}},
+                         "override": {"endpoint": format!("http://{}", p.addr)}},
+            "ai-rate-limiting": {"limit": 100, "time_window": 60}}},
+    ]});
+    let gw = Gateway::start(&routes.to_string());
+    let body = json!({"stream": true, "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let mut s = TcpStream::connect(gw.addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        s,
+        "POST /s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // The first event comes while the provider still holds the rest back.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("first") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    assert!(head.contains("content-type: text/event-stream"), "{head}");
+    assert!(!head.contains("second"));
+    p.release.send(()).unwrap();
+    s.read_to_end(&mut got).unwrap();
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.contains("\"content\":\" second\""), "{text}");
+    assert!(text.contains("data: [DONE]"), "{text}");
+    // The gateway asked for the usage chunk, and the budget counted it.
+    assert_eq!(
+        p.seen.lock().unwrap()[0].2["stream_options"],
+        json!({"include_usage": true})
+    );
+    let again = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let r = chat(gw.addr(), "/s", &[], &again);
+    assert_eq!(
+        r.header("x-ai-ratelimit-remaining-ai-proxy-openai"),
+        Some("95")
+    );
+}
+
+#[test]
+fn ai_proxy_multi_falls_back_from_a_rate_limited_instance() {
+    let p = start_provider();
+    let routes = json!({"routes": [
+        {"id": "m", "uri": "/m", "plugins": {"ai-proxy-multi": {
+            "fallback_strategy": ["http_429"],
+            "instances": [
+                {"name": "busy", "provider": "openai", "weight": 1, "priority": 1,
+                 "auth": {"header": {"Authorization": "Bearer busy"}},
+                 "override": {"endpoint": format!("http://{}/limited/v1/chat/completions", p.addr)}},
+                {"name": "spare", "provider": "deepseek", "weight": 1, "priority": 0,
+                 "auth": {"query": {"key": "spare"}}, "options": {"model": "spare-model"},
+                 "override": {"endpoint": format!("http://{}", p.addr)}}]}}},
+        {"id": "n", "uri": "/n", "plugins": {"ai-proxy-multi": {
+            "instances": [
+                {"name": "busy", "provider": "openai", "weight": 1,
+                 "auth": {"header": {"Authorization": "Bearer busy"}},
+                 "override": {"endpoint": format!("http://{}/limited/v1/chat/completions", p.addr)}}]}}},
+    ]});
+    let gw = Gateway::start(&routes.to_string());
+    let body = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let r = chat(gw.addr(), "/m", &[], &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["model"], "spare-model");
+    let seen = p.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2);
+    assert!(seen[0].0.starts_with("/limited/"));
+    assert_eq!(seen[1].0, "/chat/completions?key=spare");
+
+    // Without a fallback the provider's 429 reaches the client as it was.
+    let r = chat(gw.addr(), "/n", &[], &body);
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(r.json()["error"]["message"], "slow down");
+}
+
+/// The official `openai` Python client (PyPI, installed by scripts/test.sh) against ai-proxy:
+/// a chat, a streamed chat, and a provider's 429 surfacing as the client's `RateLimitError`.
+#[test]
+fn official_openai_client() {
+    let p = start_provider();
+    let endpoint = format!("http://{}", p.addr);
+    let routes = json!({"routes": [
+        {"id": "v1", "uri": "/v1/*", "plugins": {
+            "ai-proxy": {"provider": "openai", "auth": {"header": {"Authorization": "Bearer sk-py"}},
+                         "override": {"endpoint": endpoint}}}},
+        {"id": "busy", "uri": "/busy/*", "plugins": {
+            "ai-proxy": {"provider": "openai", "auth": {"header": {"Authorization": "Bearer sk-py"}},
+                         "override": {"endpoint": format!("{endpoint}/limited/v1/chat/completions")}}}},
+    ]});
+    let gw = Gateway::start(&routes.to_string());
+    // The stream's second half waits for a release: give it up front.
+    p.release.send(()).unwrap();
+    let script = r#"
+import json, sys
+import openai
+base = sys.argv[1]
+c = openai.OpenAI(base_url=base + "/v1", api_key="client-key", max_retries=0)
+r = c.chat.completions.create(model="gpt-py", messages=[{"role": "user", "content": "hi"}])
+out = {"content": r.choices[0].message.content, "total": r.usage.total_tokens}
+s = c.chat.completions.create(model="gpt-py", stream=True,
+                              messages=[{"role": "user", "content": "hi"}])
+parts, usage = [], None
+for chunk in s:
+    if chunk.usage:
+        usage = chunk.usage.total_tokens
+    for choice in chunk.choices:
+        parts.append(choice.delta.content or "")
+out["stream"] = "".join(parts)
+out["stream_usage"] = usage
+busy = openai.OpenAI(base_url=base + "/busy/v1", api_key="k", max_retries=0)
+try:
+    busy.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    out["busy"] = "answered"
+except openai.RateLimitError as e:
+    out["busy"] = "RateLimitError %d" % e.status_code
+print(json.dumps(out))
+"#;
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(format!("http://{}", gw.addr()))
+        .output()
+        .expect("python3 (Debian's python3) runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("No module named 'openai'"),
+        "the openai Python package is missing: scripts/test.sh installs it (pip install openai)"
+    );
+    assert!(out.status.success(), "{stderr}");
+    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        got,
+        json!({"content": "an answer", "total": 6, "stream": "first second",
+               "stream_usage": 5, "busy": "RateLimitError 429"})
+    );
+}

@@ -18,4 +18,5 @@ family! {
     clickhouse_logger,
     file_logger,
     kafka_logger,
+    splunk_hec_logging,
 }

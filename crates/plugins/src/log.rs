@@ -19,4 +19,5 @@ family! {
     file_logger,
     kafka_logger,
     splunk_hec_logging,
+    loggly,
 }

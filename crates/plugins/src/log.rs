@@ -20,4 +20,5 @@ family! {
     kafka_logger,
     splunk_hec_logging,
     loggly,
+    datadog,
 }

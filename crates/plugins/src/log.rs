@@ -21,4 +21,5 @@ family! {
     splunk_hec_logging,
     loggly,
     datadog,
+    skywalking_logger,
 }

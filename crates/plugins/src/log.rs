@@ -22,4 +22,5 @@ family! {
     loggly,
     datadog,
     skywalking_logger,
+    sls_logger,
 }

@@ -23,4 +23,5 @@ family! {
     datadog,
     skywalking_logger,
     sls_logger,
+    tencent_cloud_cls,
 }

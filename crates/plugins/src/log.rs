@@ -24,4 +24,5 @@ family! {
     skywalking_logger,
     sls_logger,
     tencent_cloud_cls,
+    google_cloud_logging,
 }

@@ -8,4 +8,5 @@ pub mod generic_upstream;
 
 family! {
     aws_lambda,
+    azure_functions,
 }

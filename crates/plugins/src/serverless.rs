@@ -9,4 +9,5 @@ pub mod generic_upstream;
 family! {
     aws_lambda,
     azure_functions,
+    openwhisk,
 }

@@ -10,4 +10,5 @@ family! {
     aws_lambda,
     azure_functions,
     openwhisk,
+    openfunction,
 }

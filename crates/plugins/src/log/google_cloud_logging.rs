@@ -371,7 +371,7 @@ impl EntryHead {
 /// APISIX's log phase does).
 enum Google {
     Ready {
-        logger: Logger,
+        logger: Box<Logger>,
         head: Arc<EntryHead>,
     },
     Broken(String),
@@ -439,7 +439,10 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         }) as Arc<dyn BatchSink>)
     })?
     .with_vars(&VarNames::from(vec!["request_id".into()]));
-    Ok(Arc::new(Google::Ready { logger, head }))
+    Ok(Arc::new(Google::Ready {
+        logger: Box::new(logger),
+        head,
+    }))
 }
 
 #[cfg(test)]

@@ -62,6 +62,7 @@ pub mod compile;
 pub mod consumers;
 pub mod ctx;
 pub mod def;
+pub mod error_log;
 pub mod exec;
 pub mod exit;
 pub mod head;
@@ -92,6 +93,7 @@ pub use ctx::{
 pub use def::{
     CheckCtx, CheckFn, CompileFn, PluginDef, PluginKind, RunPolicy, SchemaErrorFn, Scope,
 };
+pub use error_log::ErrorLogTap;
 pub use exec::Executor;
 pub use exit::Exit;
 pub use head::{ConnFacts, RequestHead};

@@ -25,6 +25,7 @@ pub use ferrisix_config::reopen::LogReopen;
 use ferrisix_config::settings::PluginAttr;
 
 use crate::clock::Clock;
+use crate::error_log::ErrorLogTap;
 use crate::exec::Executor;
 use crate::http_client::HttpClient;
 use crate::shutdown::Shutdown;
@@ -48,6 +49,7 @@ pub struct PluginServices {
     tls_ports: Vec<u16>,
     shutdown: Shutdown,
     log_reopen: LogReopen,
+    error_log: Arc<ErrorLogTap>,
     shared: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
     texts: Mutex<HashSet<&'static str>>,
 }
@@ -80,9 +82,21 @@ impl PluginServices {
             tls_ports: Vec::new(),
             shutdown: Shutdown::new(),
             log_reopen: LogReopen::new(),
+            error_log: Arc::new(ErrorLogTap::new()),
             shared: Mutex::new(HashMap::new()),
             texts: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// The gateway's own error log, as the binary's log hands it over (error-log-logger).
+    pub fn error_log(&self) -> &Arc<ErrorLogTap> {
+        &self.error_log
+    }
+
+    /// Reads the gateway's error log from `tap` (the one the binary's log writes to).
+    pub fn with_error_log(mut self, tap: Arc<ErrorLogTap>) -> PluginServices {
+        self.error_log = tap;
+        self
     }
 
     pub fn clock(&self) -> &Clock {

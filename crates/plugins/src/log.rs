@@ -25,4 +25,5 @@ family! {
     sls_logger,
     tencent_cloud_cls,
     google_cloud_logging,
+    error_log_logger,
 }

@@ -28,6 +28,8 @@ pub struct LogControl {
     level: Option<String>,
     format: LogFormat,
     target: Option<AccessLogTarget>,
+    /// Where the lines plugins ask for go (error-log-logger).
+    tap: Arc<ErrorLogTap>,
 }
 
 /// `RUST_LOG` when set, else config.yaml's level (default `info`), with rustls's message
@@ -61,8 +63,9 @@ fn quiet_peer_input(directive: String) -> String {
 }
 
 /// Installs the process's subscriber. Called once, before anything logs. The lines the
-/// plugins ask for (error-log-logger) are handed to `tap` too.
-pub fn init(settings: &Settings, reopen: &LogReopen, tap: Arc<ErrorLogTap>) -> LogControl {
+/// plugins ask for (error-log-logger) are handed to [`LogControl::error_log`] too.
+pub fn init(settings: &Settings, reopen: &LogReopen) -> LogControl {
+    let tap = Arc::new(ErrorLogTap::new());
     let (directive, from_env) = directive(settings);
     let filter = EnvFilter::try_new(&directive).unwrap_or_else(|e| {
         eprintln!("ferrisix: log filter {directive:?} not usable ({e}); using info");
@@ -75,7 +78,7 @@ pub fn init(settings: &Settings, reopen: &LogReopen, tap: Arc<ErrorLogTap>) -> L
     let format = settings.ferrisix.log.format;
     let registry = tracing_subscriber::registry()
         .with(filter)
-        .with(Capture(tap));
+        .with(Capture(tap.clone()));
     let installed = match format {
         LogFormat::Text => registry
             .with(
@@ -100,10 +103,16 @@ pub fn init(settings: &Settings, reopen: &LogReopen, tap: Arc<ErrorLogTap>) -> L
         level: (!from_env).then_some(directive),
         format,
         target,
+        tap,
     }
 }
 
 impl LogControl {
+    /// The log's lines as plugins may read them.
+    pub fn error_log(&self) -> &Arc<ErrorLogTap> {
+        &self.tap
+    }
+
     /// Applies config.yaml's log settings again (SIGHUP): the level changes at once (unless
     /// `RUST_LOG` sets it); the format and destination need a restart, and are named.
     pub fn reload(&mut self, settings: &Settings) -> Vec<&'static str> {

@@ -53,8 +53,7 @@ fn main() -> ExitCode {
         }
     };
     let reopen = LogReopen::new();
-    let error_log = Arc::new(ferrisix_plugin_api::ErrorLogTap::new());
-    let log = logging::init(&settings.0, &reopen, error_log.clone());
+    let log = logging::init(&settings.0, &reopen);
     for w in &settings.1 {
         tracing::warn!("{w}");
     }
@@ -151,7 +150,7 @@ fn run(
         Executor::new(background.handle().clone()),
         Clock::system(),
     )
-    .with_error_log(error_log)
+    .with_error_log(log.error_log().clone())
     .with_tls_ports(if settings.apisix.ssl.enable {
         settings.apisix.ssl.listen.iter().map(|l| l.port).collect()
     } else {

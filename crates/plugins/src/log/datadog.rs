@@ -175,10 +175,7 @@ impl Metrics {
             "{p}apisix.latency:{}|h{suffix}",
             format_number(apisix)
         ));
-        lines.push(format!(
-            "{p}ingress.size:{}|ms{suffix}",
-            ctx.request_length
-        ));
+        lines.push(format!("{p}ingress.size:{}|ms{suffix}", ctx.request_length));
         lines.push(format!("{p}egress.size:{}|ms{suffix}", ctx.bytes_sent));
         lines.join("\n")
     }
@@ -257,9 +254,11 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
             format!("{namespace}.")
         },
         constant_tags,
-        route_name: route.map(|r| match r.name.as_deref().filter(|n| prefer_name && !n.is_empty()) {
-            Some(name) => name.to_owned(),
-            None => r.id.to_string(),
+        route_name: route.map(|r| {
+            match r.name.as_deref().filter(|n| prefer_name && !n.is_empty()) {
+                Some(name) => name.to_owned(),
+                None => r.id.to_string(),
+            }
         }),
         service_name: route.filter(|_| prefer_name).and_then(|r| {
             let id = r.service_id.as_deref().filter(|s| !s.is_empty())?;
@@ -427,7 +426,10 @@ mod tests {
         let pre = "failed to check the configuration of plugin datadog err: ";
         assert!(r.check(NAME, &json!({})).is_ok());
         assert!(r
-            .check(NAME, &json!({"constant_tags": ["a:b", "ünï:cödé", "x/y-z.w_1"]}))
+            .check(
+                NAME,
+                &json!({"constant_tags": ["a:b", "ünï:cödé", "x/y-z.w_1"]})
+            )
             .is_ok());
         assert_eq!(
             r.check(NAME, &json!({"constant_tags": ["a:"]})).unwrap_err(),

@@ -189,7 +189,8 @@ struct LineSink {
 impl LineSink {
     fn new(meta: &Map<String, Value>, services: &Arc<PluginServices>) -> Result<LineSink, String> {
         let timeout = Duration::from_secs(meta.get("timeout").and_then(Value::as_u64).unwrap_or(3));
-        let text = |v: &Value, k: &str, d: &str| v.get(k).and_then(Value::as_str).unwrap_or(d).to_owned();
+        let text =
+            |v: &Value, k: &str, d: &str| v.get(k).and_then(Value::as_str).unwrap_or(d).to_owned();
         let dest = if let Some(sw) = meta.get("skywalking") {
             let mut instance = text(sw, "service_instance_name", "APISIX Service Instance");
             if instance == "$hostname" {
@@ -203,11 +204,17 @@ impl LineSink {
                     services,
                     timeout,
                     false,
-                    vec![(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+                    vec![(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    )],
                 ),
             }
         } else if let Some(ch) = meta.get("clickhouse") {
-            let mut headers = vec![(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))];
+            let mut headers = vec![(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )];
             for (name, key) in [
                 ("x-clickhouse-user", "user"),
                 ("x-clickhouse-key", "password"),
@@ -226,7 +233,10 @@ impl LineSink {
             return Err("error-log-logger's kafka is not built in ferrisix".into());
         } else {
             // `tcp`, or the old top-level `host` and `port`.
-            let tcp = meta.get("tcp").cloned().unwrap_or_else(|| Value::Object(meta.clone()));
+            let tcp = meta
+                .get("tcp")
+                .cloned()
+                .unwrap_or_else(|| Value::Object(meta.clone()));
             let port = tcp.get("port").and_then(Value::as_i64).unwrap_or(0);
             let port = u16::try_from(port).map_err(|_| format!("invalid port {port}"))?;
             Destination::Tcp {
@@ -418,7 +428,10 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let mut filled = Value::Object(meta.clone());
     let _ = ferrisix_config::schema::validate_and_fill(&metadata_schema(), &mut filled);
     let filled = filled.as_object().cloned().unwrap_or_default();
-    if !["tcp", "skywalking", "clickhouse", "kafka"].iter().any(|k| filled.contains_key(*k)) {
+    if !["tcp", "skywalking", "clickhouse", "kafka"]
+        .iter()
+        .any(|k| filled.contains_key(*k))
+    {
         let host = filled.get("host").and_then(Value::as_str).unwrap_or("");
         let port = filled.get("port").map(Value::to_string).unwrap_or_default();
         tracing::warn!(
@@ -427,7 +440,10 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     }
     // One shipping per metadata, whichever global rules hold the plugin: the lines are taken
     // from the tap once.
-    let key = format!("{NAME}:{:08x}", crc32fast::hash(lua::cjson_encode(&Value::Object(filled.clone())).as_bytes()));
+    let key = format!(
+        "{NAME}:{:08x}",
+        crc32fast::hash(lua::cjson_encode(&Value::Object(filled.clone())).as_bytes())
+    );
     let services = cx.services;
     let map = services.shared::<StateMap<Shipper>>();
     let mut failed = None;
@@ -470,9 +486,18 @@ mod tests {
             "batch_max_size": 2});
         let p = (DEF.compile)(&c.cx(NAME, &json!({}), "ell-1", Some(&meta))).unwrap();
         assert!(tap.wants(level::WARN) && !tap.wants(level::INFO));
-        tap.push(level::INFO, "2024/01/01 00:00:00 [info] 1#0: not shipped".into());
-        tap.push(level::WARN, "2024/01/01 00:00:00 [warn] 1#0: shipped".into());
-        tap.push(level::ERROR, "2024/01/01 00:00:00 [error] 1#0: also shipped".into());
+        tap.push(
+            level::INFO,
+            "2024/01/01 00:00:00 [info] 1#0: not shipped".into(),
+        );
+        tap.push(
+            level::WARN,
+            "2024/01/01 00:00:00 [warn] 1#0: shipped".into(),
+        );
+        tap.push(
+            level::ERROR,
+            "2024/01/01 00:00:00 [error] 1#0: also shipped".into(),
+        );
         let (mut s, _) = tokio::time::timeout(Duration::from_secs(5), listener.accept())
             .await
             .unwrap()
@@ -533,13 +558,18 @@ mod tests {
         assert!(r
             .check_metadata(NAME, &json!({"tcp": {"host": "127.0.0.1", "port": 1999}}))
             .is_ok());
-        assert!(r.check_metadata(NAME, &json!({"host": "127.0.0.1", "port": 1999})).is_ok());
+        assert!(r
+            .check_metadata(NAME, &json!({"host": "127.0.0.1", "port": 1999}))
+            .is_ok());
         assert_eq!(
             r.check_metadata(NAME, &json!({})).unwrap_err(),
             "invalid configuration: value should match only one schema, but matches none"
         );
         assert!(r
-            .check_metadata(NAME, &json!({"tcp": {"host": "127.0.0.1", "port": 1}, "level": "FATAL"}))
+            .check_metadata(
+                NAME,
+                &json!({"tcp": {"host": "127.0.0.1", "port": 1}, "level": "FATAL"})
+            )
             .is_err());
         let info = r.get(NAME).unwrap();
         assert_eq!(info.priority, 1091);

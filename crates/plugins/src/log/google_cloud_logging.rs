@@ -18,7 +18,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use ferrisix_config::schema::lua;
-use ferrisix_plugin_api::{CompileCtx, LogCtx, LogNeeds, Phases, Plugin, PluginDef, PluginServices, VarNames};
+use ferrisix_plugin_api::{
+    CompileCtx, LogCtx, LogNeeds, Phases, Plugin, PluginDef, PluginServices, VarNames,
+};
 use http::{header, HeaderValue, Method};
 use serde_json::{json, Map, Value};
 
@@ -100,12 +102,10 @@ impl Account {
         let auth = match (conf.get("auth_config"), conf.get("auth_file")) {
             (Some(a), _) => a,
             (None, Some(Value::String(path))) => {
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    format!("failed to read configuration, file: {path} err: {e}")
-                })?;
-                file = serde_json::from_str::<Value>(&text).map_err(|e| {
-                    format!("config parse failure, file: {path}, err: {e}")
-                })?;
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("failed to read configuration, file: {path} err: {e}"))?;
+                file = serde_json::from_str::<Value>(&text)
+                    .map_err(|e| format!("config parse failure, file: {path}, err: {e}"))?;
                 &file
             }
             _ => return Err("configuration is not defined".into()),
@@ -207,10 +207,7 @@ impl GoogleSink {
         let builder = self
             .target
             .request(Method::POST, &self.account.token_uri)
-            .header(
-                header::CONTENT_TYPE,
-                "application/x-www-form-urlencoded",
-            );
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
         let resp = match self.target.call(builder, Bytes::from(body)).await {
             Ok(r) => r,
             Err(e) => {
@@ -464,10 +461,11 @@ mod tests {
     /// expiry), and answers a bearer token; `POST /v2/entries:write` needs that token.
     fn google(req: &Captured) -> Vec<u8> {
         if req.head.starts_with("POST /token ") {
-            let form: std::collections::HashMap<String, String> =
-                url_form(&req.text());
+            let form: std::collections::HashMap<String, String> = url_form(&req.text());
             if form.get("grant_type").map(String::as_str) != Some(JWT_BEARER)
-                || !req.lower().contains("content-type: application/x-www-form-urlencoded")
+                || !req
+                    .lower()
+                    .contains("content-type: application/x-www-form-urlencoded")
             {
                 return answer(400, r#"{"error":"unsupported_grant_type"}"#);
             }
@@ -475,7 +473,8 @@ mod tests {
             let mut v = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::RS256);
             v.set_audience(&[format!("http://{}/token", host_of(req))]);
             v.set_issuer(&["gw@project.iam.gserviceaccount.com"]);
-            let Ok(t) = jsonwebtoken::decode::<Value>(form.get("assertion").map_or("", |a| a), &key, &v)
+            let Ok(t) =
+                jsonwebtoken::decode::<Value>(form.get("assertion").map_or("", |a| a), &key, &v)
             else {
                 return answer(400, r#"{"error":"invalid_grant"}"#);
             };
@@ -490,7 +489,10 @@ mod tests {
             );
         }
         if req.head.starts_with("POST /v2/entries:write ") {
-            if !req.lower().contains("authorization: bearer ya29.test-token") {
+            if !req
+                .lower()
+                .contains("authorization: bearer ya29.test-token")
+            {
                 return answer(401, r#"{"error":{"code":401,"status":"UNAUTHENTICATED"}}"#);
             }
             return answer(200, "{}");
@@ -563,17 +565,33 @@ mod tests {
                 assert!(got[0].head.starts_with("POST /token "), "{}", got[0].head);
             }
             let write = got.last().unwrap();
-            assert!(write.head.starts_with("POST /v2/entries:write "), "{}", write.head);
+            assert!(
+                write.head.starts_with("POST /v2/entries:write "),
+                "{}",
+                write.head
+            );
             let body: Value = serde_json::from_slice(&write.body).unwrap();
             assert_eq!(body["partialSuccess"], false);
             let e = &body["entries"][1];
-            assert_eq!(e["logName"], "projects/apisix-test/logs/apisix.apache.org%2Flogs");
-            assert_eq!(e["resource"], json!({"type": "generic_node", "labels": {"node_id": "n1"}}));
+            assert_eq!(
+                e["logName"],
+                "projects/apisix-test/logs/apisix.apache.org%2Flogs"
+            );
+            assert_eq!(
+                e["resource"],
+                json!({"type": "generic_node", "labels": {"node_id": "n1"}})
+            );
             assert_eq!(e["labels"]["source"], "apache-apisix-google-cloud-logging");
             assert_eq!(e["httpRequest"]["status"], 200);
-            assert!(e["httpRequest"]["requestUrl"].as_str().unwrap().ends_with("/x?n=1"));
+            assert!(e["httpRequest"]["requestUrl"]
+                .as_str()
+                .unwrap()
+                .ends_with("/x?n=1"));
             assert!(e["httpRequest"]["latency"].as_str().unwrap().ends_with('s'));
-            assert_eq!(e["jsonPayload"], json!({"route_id": "r1", "service_id": "", "extra": "/x?n=1"}));
+            assert_eq!(
+                e["jsonPayload"],
+                json!({"route_id": "r1", "service_id": "", "extra": "/x?n=1"})
+            );
             assert!(e["timestamp"].as_str().unwrap().ends_with('Z'));
         }
     }
@@ -589,7 +607,10 @@ mod tests {
         };
         let mut wrong = Account::from_conf(&json!({"auth_config": auth(port)})).unwrap();
         wrong.client_email = "other@project.iam.gserviceaccount.com".into();
-        let err = sink(wrong).write(&[Bytes::from_static(b"{}")]).await.unwrap_err();
+        let err = sink(wrong)
+            .write(&[Bytes::from_static(b"{}")])
+            .await
+            .unwrap_err();
         assert_eq!(err.message, "failed to get google oauth token");
         let mut account = Account::from_conf(&json!({"auth_config": auth(port)})).unwrap();
         account.entries_uri = format!("http://127.0.0.1:{port}/other");
@@ -618,7 +639,8 @@ mod tests {
         assert_eq!(a.project_id, "p");
         assert_eq!(a.scope, "https://www.googleapis.com/auth/cloud-platform");
         assert_eq!(a.entries_uri, DEFAULT_ENTRIES_URI);
-        let missing = Account::from_conf(&json!({"auth_file": "/nonexistent/sa.json"})).unwrap_err();
+        let missing =
+            Account::from_conf(&json!({"auth_file": "/nonexistent/sa.json"})).unwrap_err();
         assert!(
             missing.starts_with("failed to read configuration, file: /nonexistent/sa.json err: "),
             "{missing}"

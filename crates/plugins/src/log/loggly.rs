@@ -19,7 +19,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferrisix_config::schema::lua;
-use ferrisix_plugin_api::{CheckCtx, CompileCtx, LogCtx, Plugin, PluginDef, PluginServices, VarNames};
+use ferrisix_plugin_api::{
+    CheckCtx, CompileCtx, LogCtx, Plugin, PluginDef, PluginServices, VarNames,
+};
 use http::{header, HeaderName, HeaderValue, Method};
 use serde_json::{json, Map, Value};
 
@@ -99,7 +101,10 @@ fn metadata_schema() -> Value {
     let mut s = sink::metadata_schema();
     let props = s["properties"].as_object_mut().expect("an object schema");
     for (k, v) in [
-        ("host", json!({"type": "string", "default": "logs-01.loggly.com"})),
+        (
+            "host",
+            json!({"type": "string", "default": "logs-01.loggly.com"}),
+        ),
         ("port", json!({"type": "integer", "default": 514})),
         (
             "protocol",
@@ -302,7 +307,10 @@ impl SyslogHead {
             .filter_map(Value::as_str)
             .map(|t| format!("tag=\"{t}\""))
             .collect();
-        let token = c.get("customer_token").and_then(Value::as_str).unwrap_or("");
+        let token = c
+            .get("customer_token")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         SyslogHead {
             structured: format!("[{token}@41058 {}]", tags.join(" ")),
             severity: severity_of(c.get("severity").and_then(Value::as_str).unwrap_or("INFO")),
@@ -444,7 +452,10 @@ mod tests {
             &services,
         )
         .unwrap();
-        let err = sink.send(&[Bytes::from_static(b"{}")], 1).await.unwrap_err();
+        let err = sink
+            .send(&[Bytes::from_static(b"{}")], 1)
+            .await
+            .unwrap_err();
         assert_eq!(
             err.message,
             "failed to send log to loggly, http status code: 403 response body: {\"response\":\"forbidden\"}"
@@ -480,23 +491,33 @@ mod tests {
         let r = crate::PluginRegistry::builtin();
         let pre = "failed to check the configuration of plugin loggly err: ";
         let err = |c: Value| r.check(NAME, &c).unwrap_err();
-        assert_eq!(err(json!({})), format!("{pre}property \"customer_token\" is required"));
+        assert_eq!(
+            err(json!({})),
+            format!("{pre}property \"customer_token\" is required")
+        );
         assert_eq!(
             err(json!({"customer_token": "t", "tags": ["tag=x"]})),
             format!("{pre}property \"tags\" validation failed: failed to validate item 1: failed to match pattern \"^(?!tag=)[ -~]*\" with \"tag=x\"")
         );
         assert!(r
-            .check(NAME, &json!({"customer_token": "t", "tags": ["ta", "tagx", "x", ""]}))
+            .check(
+                NAME,
+                &json!({"customer_token": "t", "tags": ["ta", "tagx", "x", ""]})
+            )
             .is_ok());
         assert!(r
-            .check(NAME, &json!({"customer_token": "t", "severity_map": {"600": "INFO"}}))
+            .check(
+                NAME,
+                &json!({"customer_token": "t", "severity_map": {"600": "INFO"}})
+            )
             .is_err());
         assert!(r
-            .check(NAME, &json!({"customer_token": "t", "severity": "crit", "severity_map": {"502": "err"}}))
+            .check(
+                NAME,
+                &json!({"customer_token": "t", "severity": "crit", "severity_map": {"502": "err"}})
+            )
             .is_ok());
-        assert!(r
-            .check_metadata(NAME, &json!({"protocol": "tcp"}))
-            .is_err());
+        assert!(r.check_metadata(NAME, &json!({"protocol": "tcp"})).is_err());
         assert_eq!(r.get(NAME).unwrap().priority, 411);
     }
 }

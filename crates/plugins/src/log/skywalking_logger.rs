@@ -13,7 +13,9 @@ use std::sync::Arc;
 use base64::Engine;
 use bytes::Bytes;
 use ferrisix_config::schema::lua;
-use ferrisix_plugin_api::{CompileCtx, HttpError, LogCtx, Plugin, PluginDef, PluginServices, VarNames};
+use ferrisix_plugin_api::{
+    CompileCtx, HttpError, LogCtx, Plugin, PluginDef, PluginServices, VarNames,
+};
 use http::{header, HeaderValue, Method, Uri};
 use serde_json::{json, Map, Value};
 
@@ -142,8 +144,11 @@ impl BatchSink for OapSink {
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let services = cx.services;
     let filled = cx.filled();
-    let service = conf::text(filled.as_object().ok_or("conf is not an object")?, "service_name")
-        .to_owned();
+    let service = conf::text(
+        filled.as_object().ok_or("conf is not an object")?,
+        "service_name",
+    )
+    .to_owned();
     let mut instance = filled
         .get("service_instance_name")
         .and_then(Value::as_str)
@@ -230,7 +235,8 @@ mod tests {
         assert_eq!(log["service"], "gw");
         assert_eq!(log["serviceInstance"], log_entry::hostname());
         assert_eq!(log["endpoint"], "/get");
-        let body: Value = serde_json::from_str(log["body"]["json"]["json"].as_str().unwrap()).unwrap();
+        let body: Value =
+            serde_json::from_str(log["body"]["json"]["json"].as_str().unwrap()).unwrap();
         assert_eq!(body, json!({"s": "200", "route_id": "1"}));
     }
 
@@ -262,10 +268,16 @@ mod tests {
             .check(NAME, &json!({"endpoint_addr": "http://127.0.0.1:12800"}))
             .is_ok());
         assert!(r
-            .check(NAME, &json!({"endpoint_addr": "http://127.0.0.1:12800", "timeout": 0}))
+            .check(
+                NAME,
+                &json!({"endpoint_addr": "http://127.0.0.1:12800", "timeout": 0})
+            )
             .is_err());
         let info = r.get(NAME).unwrap();
         assert_eq!(info.priority, 408);
-        assert_eq!(info.schema["properties"]["name"]["default"], "skywalking logger");
+        assert_eq!(
+            info.schema["properties"]["name"]["default"],
+            "skywalking logger"
+        );
     }
 }

@@ -87,7 +87,13 @@ impl BatchSink for SlsSink {
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let tls_client = cx.services.tls().clone();
     let filled = cx.filled();
-    let text = |k: &str| filled.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+    let text = |k: &str| {
+        filled
+            .get(k)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    };
     let params = [
         ("project", text("project")),
         ("logstore", text("logstore")),
@@ -170,7 +176,9 @@ mod tests {
     async fn rfc5424_lines_over_verified_tls() {
         let (port, mut rx) = sls_server().await;
         // The certificate is for 127.0.0.1, signed by the test CA the gateway trusts.
-        let c = Compiler::with(Arc::new(PluginServices::default().with_tls_roots(test_ca())));
+        let c = Compiler::with(Arc::new(
+            PluginServices::default().with_tls_roots(test_ca()),
+        ));
         let conf = json!({"host": "127.0.0.1", "port": port, "project": "proj", "logstore": "store",
             "access_key_id": "AKID", "access_key_secret": "SECRET", "batch_max_size": 2,
             "log_format": {"s": "$status"}});
@@ -193,7 +201,10 @@ mod tests {
             std::process::id()
         ))
         .unwrap();
-        let json = re.captures(lines[1]).unwrap_or_else(|| panic!("{}", lines[1]))[1].to_owned();
+        let json = re
+            .captures(lines[1])
+            .unwrap_or_else(|| panic!("{}", lines[1]))[1]
+            .to_owned();
         assert_eq!(
             serde_json::from_str::<Value>(&json).unwrap(),
             json!({"s": "404", "route_id": "1"})

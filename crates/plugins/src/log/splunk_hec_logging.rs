@@ -202,11 +202,9 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         Ok(Arc::new(SplunkSink::new(c, services)?) as Arc<dyn BatchSink>)
     })?;
     let hostname = log_entry::hostname();
-    Ok(
-        logger.encoded_by_parts(move |parts, now_ms, _: &LogCtx| {
-            Bytes::from(lua::cjson_encode(&event(parts, now_ms, &hostname)))
-        }),
-    )
+    Ok(logger.encoded_by_parts(move |parts, now_ms, _: &LogCtx| {
+        Bytes::from(lua::cjson_encode(&event(parts, now_ms, &hostname)))
+    }))
 }
 
 #[cfg(test)]
@@ -221,7 +219,10 @@ mod tests {
     /// it; another token gets HEC's 403.
     fn hec(req: &Captured) -> Vec<u8> {
         if !req.head.starts_with("POST /services/collector ") {
-            return answer(404, r#"{"text":"The requested URL was not found on this server.","code":404}"#);
+            return answer(
+                404,
+                r#"{"text":"The requested URL was not found on this server.","code":404}"#,
+            );
         }
         if !req.lower().contains("\r\nauthorization: splunk t0k") {
             return answer(403, r#"{"text":"Invalid token","code":4}"#);
@@ -262,9 +263,15 @@ mod tests {
         assert_eq!(e["event"]["response_status"], 200);
         assert_eq!(e["event"]["request_query"]["n"], "1");
         // An extra field the event has already is not replaced; others are added.
-        assert!(e["event"]["request_url"].as_str().unwrap().ends_with("/x?n=1"));
+        assert!(e["event"]["request_url"]
+            .as_str()
+            .unwrap()
+            .ends_with("/x?n=1"));
         assert_eq!(e["event"]["route"], "r1");
-        assert!(e["event"].get("server").is_none(), "only APISIX's selection");
+        assert!(
+            e["event"].get("server").is_none(),
+            "only APISIX's selection"
+        );
     }
 
     #[tokio::test]
@@ -313,7 +320,10 @@ mod tests {
         let r = crate::PluginRegistry::builtin();
         let err = |c: Value| r.check(NAME, &c).unwrap_err();
         let pre = "failed to check the configuration of plugin splunk-hec-logging err: ";
-        assert_eq!(err(json!({})), format!("{pre}property \"endpoint\" is required"));
+        assert_eq!(
+            err(json!({})),
+            format!("{pre}property \"endpoint\" is required")
+        );
         assert_eq!(
             err(json!({"endpoint": {"uri": "http://127.0.0.1:8088"}})),
             format!("{pre}property \"endpoint\" validation failed: property \"token\" is required")

@@ -126,9 +126,8 @@ fn hmac_sha1_hex(key: &[u8], msg: &[u8]) -> String {
 pub fn sign(secret_id: &str, secret_key: &str, now: u64) -> String {
     let request_info = format!("post\n{API_PATH}\n\n\n");
     let sign_time = format!("{now};{}", now + AUTH_EXPIRE);
-    let request_sha1 = hex(
-        digest::digest(&digest::SHA1_FOR_LEGACY_USE_ONLY, request_info.as_bytes()).as_ref(),
-    );
+    let request_sha1 =
+        hex(digest::digest(&digest::SHA1_FOR_LEGACY_USE_ONLY, request_info.as_bytes()).as_ref());
     let string_to_sign = format!("sha1\n{sign_time}\n{request_sha1}\n");
     let sign_key = hmac_sha1_hex(secret_key.as_bytes(), sign_time.as_bytes());
     let signature = hmac_sha1_hex(sign_key.as_bytes(), string_to_sign.as_bytes());
@@ -346,10 +345,7 @@ impl ClsSink {
             headers.push((header::HOST, h));
         }
         ClsSink {
-            url: format!(
-                "{scheme}://{host}{API_PATH}?topic_id={}",
-                text("cls_topic")
-            ),
+            url: format!("{scheme}://{host}{API_PATH}?topic_id={}", text("cls_topic")),
             secret_id: text("secret_id"),
             secret_key: text("secret_key"),
             // The SDK's read and send timeouts.
@@ -376,8 +372,10 @@ mod tests {
     /// key, "sha1\n<sign time>\n<sha1 hex of the request info>\n") in hex, the request
     /// info the method, path, parameters and headers each followed by a newline.
     fn authorized(auth: &str) -> bool {
-        let fields: std::collections::HashMap<&str, &str> =
-            auth.split('&').filter_map(|kv| kv.split_once('=')).collect();
+        let fields: std::collections::HashMap<&str, &str> = auth
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+            .collect();
         let (Some(t), Some(sig)) = (fields.get("q-key-time"), fields.get("q-signature")) else {
             return false;
         };
@@ -399,7 +397,8 @@ mod tests {
             .lines()
             .find_map(|l| {
                 let (k, v) = l.split_once(": ")?;
-                k.eq_ignore_ascii_case("authorization").then(|| v.to_owned())
+                k.eq_ignore_ascii_case("authorization")
+                    .then(|| v.to_owned())
             })
             .unwrap_or_default()
     }
@@ -410,7 +409,10 @@ mod tests {
         if !authorized(&authorization(req)) {
             return answer(401, r#"{"errorcode":"Unauthorized"}"#);
         }
-        if !req.head.starts_with("POST /structuredlog?topic_id=topic-1 ") {
+        if !req
+            .head
+            .starts_with("POST /structuredlog?topic_id=topic-1 ")
+        {
             return answer(500, "no such topic");
         }
         match proto::LogGroupList::decode(&req.body[..]) {
@@ -473,15 +475,21 @@ mod tests {
             "{}",
             err.message
         );
-        assert!(err.message.ends_with("body, no such topic"), "{}", err.message);
+        assert!(
+            err.message.ends_with("body, no such topic"),
+            "{}",
+            err.message
+        );
     }
 
     #[test]
     fn contents_as_the_sdk_normalises_them() {
         let e = json!({"s": "x", "n": 1.5, "t": {"a": [1]}, "b": true});
         let (c, size) = contents(e.as_object().unwrap());
-        let m: std::collections::HashMap<_, _> =
-            c.iter().map(|c| (c.key.as_str(), c.value.as_str())).collect();
+        let m: std::collections::HashMap<_, _> = c
+            .iter()
+            .map(|c| (c.key.as_str(), c.value.as_str()))
+            .collect();
         assert_eq!(m["s"], "x");
         assert_eq!(m["n"], "1.5");
         assert_eq!(m["t"], "{\"a\":[1]}");
@@ -495,7 +503,11 @@ mod tests {
         let r = crate::PluginRegistry::builtin();
         let pre = "failed to check the configuration of plugin tencent-cloud-cls err: ";
         assert_eq!(
-            r.check(NAME, &json!({"cls_host": "h", "cls_topic": "t", "secret_id": "i"})).unwrap_err(),
+            r.check(
+                NAME,
+                &json!({"cls_host": "h", "cls_topic": "t", "secret_id": "i"})
+            )
+            .unwrap_err(),
             format!("{pre}property \"secret_key\" is required")
         );
         let ok = json!({"cls_host": "h", "cls_topic": "t", "secret_id": "i", "secret_key": "k"});
@@ -504,7 +516,9 @@ mod tests {
         bad["sample_ratio"] = json!(0);
         assert_eq!(
             r.check(NAME, &bad).unwrap_err(),
-            format!("{pre}property \"sample_ratio\" validation failed: expected 0 to be at least 1e-05")
+            format!(
+                "{pre}property \"sample_ratio\" validation failed: expected 0 to be at least 1e-05"
+            )
         );
         bad["sample_ratio"] = json!(0.5);
         bad["scheme"] = json!("ftp");

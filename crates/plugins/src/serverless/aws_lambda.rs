@@ -359,8 +359,16 @@ mod tests {
         // What was sent verifies: rebuild the call from what the platform saw and sign it
         // again with the same date.
         let auth = s["headers"]["authorization"].as_str().unwrap().to_owned();
-        assert!(auth.starts_with("AWS4-HMAC-SHA256 Credential=AKID/"), "{auth}");
-        assert!(auth.contains("/eu-west-1/lambda/aws4_request, SignedHeaders=host;x-amz-date, Signature="), "{auth}");
+        assert!(
+            auth.starts_with("AWS4-HMAC-SHA256 Credential=AKID/"),
+            "{auth}"
+        );
+        assert!(
+            auth.contains(
+                "/eu-west-1/lambda/aws4_request, SignedHeaders=host;x-amz-date, Signature="
+            ),
+            "{auth}"
+        );
         assert_eq!(s["query"], "a=1&b=2");
         let date = s["headers"]["x-amz-date"].as_str().unwrap();
         let iam = Iam {
@@ -369,12 +377,17 @@ mod tests {
             region: "eu-west-1".into(),
             service: "lambda".into(),
         };
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
         let at = (now - 10..=now)
             .find(|t| amz_dates(*t).0 == date)
             .expect("signed within the last seconds");
         let mut again = suite_call(Method::GET, "/default/fn", Some("a=1&b=2"));
-        again.headers.insert("host", HeaderValue::from_static("127.0.0.1"));
+        again
+            .headers
+            .insert("host", HeaderValue::from_static("127.0.0.1"));
         sign(&mut again, &iam, at);
         assert_eq!(again.headers["authorization"], auth.as_str());
     }

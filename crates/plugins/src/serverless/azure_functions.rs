@@ -130,7 +130,8 @@ mod tests {
         let addr = platform(azure).await;
         let c = Compiler::new();
         let uri = format!("http://{addr}/api");
-        let conf = json!({"function_uri": uri, "authorization": {"apikey": "fn-key", "clientid": "c1"}});
+        let conf =
+            json!({"function_uri": uri, "authorization": {"apikey": "fn-key", "clientid": "c1"}});
         let p = (DEF.compile)(&c.cx(NAME, &conf, "az-1", None)).unwrap();
         let mut req = request(Method::POST, "/azure/httptrigger?name=x")
             .header("content-type", "application/json")
@@ -148,7 +149,11 @@ mod tests {
         assert_eq!(s["body"], "{}");
         assert!(e.headers.iter().any(|(k, v)| k == "x-fn" && v == "called"));
         // The client's key wins.
-        let e = call(&*p, request(Method::GET, "/azure/f").header("x-functions-key", "bad")).await;
+        let e = call(
+            &*p,
+            request(Method::GET, "/azure/f").header("x-functions-key", "bad"),
+        )
+        .await;
         assert_eq!(e.status, 401);
         // Without authorization: the metadata's master key.
         let conf = json!({"function_uri": uri});
@@ -159,7 +164,10 @@ mod tests {
         assert_eq!(seen(&e)["headers"]["x-functions-clientid"], "");
         // Nothing anywhere: no key, Azure refuses.
         let p = (DEF.compile)(&c.cx(NAME, &conf, "az-3", None)).unwrap();
-        assert_eq!(call(&*p, request(Method::GET, "/azure/f")).await.status, 401);
+        assert_eq!(
+            call(&*p, request(Method::GET, "/azure/f")).await.status,
+            401
+        );
     }
 
     #[tokio::test]
@@ -170,19 +178,26 @@ mod tests {
         let c = Compiler::new();
         let conf = json!({"function_uri": format!("http://{addr}/api"), "timeout": 500});
         let p = (DEF.compile)(&c.cx(NAME, &conf, "az-4", None)).unwrap();
-        assert_eq!(call(&*p, request(Method::GET, "/azure/f")).await.status, 503);
+        assert_eq!(
+            call(&*p, request(Method::GET, "/azure/f")).await.status,
+            503
+        );
     }
 
     #[test]
     fn schema_messages() {
         let r = crate::PluginRegistry::builtin();
-        assert!(r.check(NAME, &json!({"function_uri": "http://a/api"})).is_ok());
+        assert!(r
+            .check(NAME, &json!({"function_uri": "http://a/api"}))
+            .is_ok());
         assert_eq!(
             r.check(NAME, &json!({"function_uri": "http://a/api", "authorization": {"apikey": 1}}))
                 .unwrap_err(),
             "failed to check the configuration of plugin azure-functions err: property \"authorization\" validation failed: property \"apikey\" validation failed: wrong type: expected string, got number"
         );
-        assert!(r.check_metadata(NAME, &json!({"master_apikey": "k"})).is_ok());
+        assert!(r
+            .check_metadata(NAME, &json!({"master_apikey": "k"}))
+            .is_ok());
         assert_eq!(r.get(NAME).unwrap().priority, -1900);
     }
 }

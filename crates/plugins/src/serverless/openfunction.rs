@@ -63,7 +63,12 @@ mod tests {
         if s["headers"]["authorization"] != "Basic dGVzdDp0ZXN0" {
             return (401, "unauthorized".into());
         }
-        let name = s["path"].as_str().unwrap_or("").rsplit('/').next().unwrap_or("");
+        let name = s["path"]
+            .as_str()
+            .unwrap_or("")
+            .rsplit('/')
+            .next()
+            .unwrap_or("");
         (200, format!("Hello, {name}!"))
     }
 
@@ -90,7 +95,10 @@ mod tests {
             "failed to check the configuration of plugin openfunction err: property \"function_uri\" is required"
         );
         assert!(r
-            .check(NAME, &json!({"function_uri": "http://a/b", "authorization": {"service_token": "u:p"}}))
+            .check(
+                NAME,
+                &json!({"function_uri": "http://a/b", "authorization": {"service_token": "u:p"}})
+            )
             .is_ok());
         assert_eq!(r.get(NAME).unwrap().priority, -1902);
     }

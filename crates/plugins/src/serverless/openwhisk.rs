@@ -78,7 +78,8 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     );
     url.parse::<http::Uri>()
         .map_err(|e| format!("invalid action URL {url}: {e}"))?;
-    let token = base64::engine::general_purpose::STANDARD.encode(text("service_token").unwrap_or(""));
+    let token =
+        base64::engine::general_purpose::STANDARD.encode(text("service_token").unwrap_or(""));
     Ok(Arc::new(OpenWhisk {
         url,
         authorization: HeaderValue::from_str(&format!("Basic {token}"))
@@ -112,7 +113,10 @@ fn response(status: StatusCode, body: &Bytes) -> Flow {
             Value::String(s) => s.clone(),
             other => lua::cjson_encode(other),
         };
-        if let (Ok(k), Ok(v)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(&value)) {
+        if let (Ok(k), Ok(v)) = (
+            HeaderName::from_bytes(k.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
             headers.push((k, v));
         }
     }
@@ -195,7 +199,10 @@ mod tests {
         // guest's default key `23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP`.
         let key = "MjNiYzQ2YjEtNzFmNi00ZWQ1LThjNTQtODE2YWE0ZjhjNTAyOjEyM3pPM3haQ0xyTU42djJCS0sxZFhZRnBYbFBrY2NPRnFtMTJDZEFzTWdSVTRWck5aOWx5R1ZDR3VNREdJd1A=";
         if s["headers"]["authorization"] != format!("Basic {key}") {
-            return (401, r#"{"error":"The supplied authentication is invalid"}"#.into());
+            return (
+                401,
+                r#"{"error":"The supplied authentication is invalid"}"#.into(),
+            );
         }
         if s["method"] != "POST" || s["query"] != "blocking=true&result=true&timeout=3000" {
             return (400, "{}".into());
@@ -208,10 +215,14 @@ mod tests {
             "/api/v1/namespaces/guest/actions/hello" => (200, json!({"hello": name}).to_string()),
             "/api/v1/namespaces/guest/actions/pkg/web" => (
                 200,
-                json!({"statusCode": 201, "headers": {"x-action": "web"}, "body": {"made": name}}).to_string(),
+                json!({"statusCode": 201, "headers": {"x-action": "web"}, "body": {"made": name}})
+                    .to_string(),
             ),
             "/api/v1/namespaces/guest/actions/raw" => (200, "not json".into()),
-            _ => (404, r#"{"error":"The requested resource does not exist."}"#.into()),
+            _ => (
+                404,
+                r#"{"error":"The requested resource does not exist."}"#.into(),
+            ),
         }
     }
 
@@ -219,8 +230,9 @@ mod tests {
 
     fn post(body: &'static str) -> TestRequest {
         let mut r = TestRequest::new(Method::POST, "/hello");
-        r.state
-            .set_body(ferrisix_plugin_api::RequestBody::Buffered(Bytes::from_static(body.as_bytes())));
+        r.state.set_body(ferrisix_plugin_api::RequestBody::Buffered(
+            Bytes::from_static(body.as_bytes()),
+        ));
         r
     }
 
@@ -271,7 +283,10 @@ mod tests {
         bad["action"] = json!("good name.v1");
         assert!(r.check(NAME, &bad).is_ok());
         bad.as_object_mut().unwrap().remove("namespace");
-        assert_eq!(r.check(NAME, &bad).unwrap_err(), format!("{pre}property \"namespace\" is required"));
+        assert_eq!(
+            r.check(NAME, &bad).unwrap_err(),
+            format!("{pre}property \"namespace\" is required")
+        );
         assert_eq!(r.get(NAME).unwrap().priority, -1901);
     }
 }

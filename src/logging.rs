@@ -1,7 +1,8 @@
 //! The process's own log (nginx's error log): where it goes (`nginx_config.error_log`: stderr
 //! by default, stdout or a file that SIGUSR1 reopens), its level (`nginx_config.error_log_level`,
 //! replaced by `RUST_LOG` when that is set, and re-read on SIGHUP), and its format
-//! (`ferrisix.log.format`: text, or one JSON object per line for log collectors).
+//! (`ferrisix.log.format`: text, or one JSON object per line for log collectors); the lines
+//! plugins ask for (error-log-logger) are handed to them as well.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -10,6 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use ferrisix_config::reopen::LogReopen;
 use ferrisix_config::settings::{AccessLogTarget, LogFormat, Settings};
+use ferrisix_plugin_api::ErrorLogTap;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
@@ -26,6 +28,8 @@ pub struct LogControl {
     level: Option<String>,
     format: LogFormat,
     target: Option<AccessLogTarget>,
+    /// Where the lines plugins ask for go (error-log-logger).
+    tap: Arc<ErrorLogTap>,
 }
 
 /// `RUST_LOG` when set, else config.yaml's level (default `info`), with rustls's message
@@ -58,8 +62,10 @@ fn quiet_peer_input(directive: String) -> String {
     }
 }
 
-/// Installs the process's subscriber. Called once, before anything logs.
+/// Installs the process's subscriber. Called once, before anything logs. The lines the
+/// plugins ask for (error-log-logger) are handed to [`LogControl::error_log`] too.
 pub fn init(settings: &Settings, reopen: &LogReopen) -> LogControl {
+    let tap = Arc::new(ErrorLogTap::new());
     let (directive, from_env) = directive(settings);
     let filter = EnvFilter::try_new(&directive).unwrap_or_else(|e| {
         eprintln!("ferrisix: log filter {directive:?} not usable ({e}); using info");
@@ -70,7 +76,9 @@ pub fn init(settings: &Settings, reopen: &LogReopen) -> LogControl {
     let sink = ErrorLog::new(target.as_ref(), reopen.clone());
     let ansi = sink.is_terminal();
     let format = settings.ferrisix.log.format;
-    let registry = tracing_subscriber::registry().with(filter);
+    let registry = tracing_subscriber::registry()
+        .with(filter)
+        .with(Capture(tap.clone()));
     let installed = match format {
         LogFormat::Text => registry
             .with(
@@ -95,10 +103,16 @@ pub fn init(settings: &Settings, reopen: &LogReopen) -> LogControl {
         level: (!from_env).then_some(directive),
         format,
         target,
+        tap,
     }
 }
 
 impl LogControl {
+    /// The log's lines as plugins may read them.
+    pub fn error_log(&self) -> &Arc<ErrorLogTap> {
+        &self.tap
+    }
+
     /// Applies config.yaml's log settings again (SIGHUP): the level changes at once (unless
     /// `RUST_LOG` sets it); the format and destination need a restart, and are named.
     pub fn reload(&mut self, settings: &Settings) -> Vec<&'static str> {
@@ -203,6 +217,58 @@ impl ErrorLog {
                 }
             }
         }
+    }
+}
+
+/// Hands the log's lines to the plugins' [`ErrorLogTap`] while one asks for them, written
+/// as nginx's error log writes them: `2024/01/02 03:04:05 [warn] <pid>#0: <message>, <field>:
+/// <value>, ...`.
+struct Capture(Arc<ErrorLogTap>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        use ferrisix_plugin_api::error_log as level;
+        let (rank, name) = match *event.metadata().level() {
+            tracing::Level::ERROR => (level::ERROR, "error"),
+            tracing::Level::WARN => (level::WARN, "warn"),
+            tracing::Level::INFO => (level::INFO, "info"),
+            tracing::Level::DEBUG => (level::DEBUG, "debug"),
+            tracing::Level::TRACE => (level::TRACE, "debug"),
+        };
+        if !self.0.wants(rank) {
+            return;
+        }
+        let mut fields = JsonFields::default();
+        event.record(&mut fields);
+        let mut line = match fields.0.remove("message") {
+            Some(serde_json::Value::String(m)) => m,
+            Some(other) => other.to_string(),
+            None => String::new(),
+        };
+        for (k, v) in &fields.0 {
+            match v {
+                serde_json::Value::String(s) => line.push_str(&format!(", {k}: {s}")),
+                other => line.push_str(&format!(", {k}: {other}")),
+            }
+        }
+        let t = ferrisix_plugin_api::clock::CivilTime::from_unix_secs(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        );
+        self.0.push(
+            rank,
+            format!(
+                "{:04}/{:02}/{:02} {:02}:{:02}:{:02} [{name}] {}#0: {line}",
+                t.year,
+                t.month,
+                t.day,
+                t.hour,
+                t.minute,
+                t.second,
+                std::process::id()
+            ),
+        );
     }
 }
 

@@ -150,6 +150,7 @@ fn run(
         Executor::new(background.handle().clone()),
         Clock::system(),
     )
+    .with_error_log(log.error_log().clone())
     .with_tls_ports(if settings.apisix.ssl.enable {
         settings.apisix.ssl.listen.iter().map(|l| l.port).collect()
     } else {

@@ -15,7 +15,8 @@
 //! their [`LogNeeds`].
 //!
 //! Nothing here is process-wide: the clock, the executor for background tasks, the HTTP
-//! client, the connection statistics and the typed shared states live in one
+//! client, the connection statistics, the gateway's own error log as plugins may read it
+//! ([`ErrorLogTap`]) and the typed shared states live in one
 //! [`PluginServices`] value that the binary makes and passes down, so two gateways in one
 //! process share nothing. State that must outlive snapshots (counters, buckets, series) lives
 //! in a [`StateMap`], which releases a resource's state when the last snapshot using it is
@@ -62,6 +63,7 @@ pub mod compile;
 pub mod consumers;
 pub mod ctx;
 pub mod def;
+pub mod error_log;
 pub mod exec;
 pub mod exit;
 pub mod head;
@@ -92,6 +94,7 @@ pub use ctx::{
 pub use def::{
     CheckCtx, CheckFn, CompileFn, PluginDef, PluginKind, RunPolicy, SchemaErrorFn, Scope,
 };
+pub use error_log::ErrorLogTap;
 pub use exec::Executor;
 pub use exit::Exit;
 pub use head::{ConnFacts, RequestHead};

@@ -25,6 +25,7 @@ pub use ferrisix_config::reopen::LogReopen;
 use ferrisix_config::settings::{PluginAttr, ProxyCacheSettings};
 
 use crate::clock::Clock;
+use crate::error_log::ErrorLogTap;
 use crate::exec::Executor;
 use crate::http_client::HttpClient;
 use crate::shutdown::Shutdown;
@@ -50,6 +51,7 @@ pub struct PluginServices {
     proxy_cache: Option<Arc<ProxyCacheSettings>>,
     shutdown: Shutdown,
     log_reopen: LogReopen,
+    error_log: Arc<ErrorLogTap>,
     shared: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
     texts: Mutex<HashSet<&'static str>>,
 }
@@ -83,9 +85,21 @@ impl PluginServices {
             proxy_cache: Some(Arc::new(ProxyCacheSettings::default())),
             shutdown: Shutdown::new(),
             log_reopen: LogReopen::new(),
+            error_log: Arc::new(ErrorLogTap::new()),
             shared: Mutex::new(HashMap::new()),
             texts: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// The gateway's own error log, as the binary's log hands it over (error-log-logger).
+    pub fn error_log(&self) -> &Arc<ErrorLogTap> {
+        &self.error_log
+    }
+
+    /// Reads the gateway's error log from `tap` (the one the binary's log writes to).
+    pub fn with_error_log(mut self, tap: Arc<ErrorLogTap>) -> PluginServices {
+        self.error_log = tap;
+        self
     }
 
     pub fn clock(&self) -> &Clock {

@@ -40,6 +40,7 @@ pub mod observe;
 pub mod request;
 pub mod restriction;
 pub mod security;
+pub mod serverless;
 pub mod traffic;
 pub mod transform;
 
@@ -62,6 +63,7 @@ pub fn builtin() -> impl Iterator<Item = &'static PluginDef> {
         request::PLUGINS,
         restriction::PLUGINS,
         security::PLUGINS,
+        serverless::PLUGINS,
         traffic::PLUGINS,
         transform::PLUGINS,
     ]

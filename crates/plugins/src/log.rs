@@ -19,4 +19,12 @@ family! {
     clickhouse_logger,
     file_logger,
     kafka_logger,
+    splunk_hec_logging,
+    loggly,
+    datadog,
+    skywalking_logger,
+    sls_logger,
+    tencent_cloud_cls,
+    google_cloud_logging,
+    error_log_logger,
 }

@@ -1,7 +1,8 @@
 //! Observability: opentelemetry and zipkin tracing, prometheus metrics and public-api, which serves plugins' own APIs (the
-//! metrics text) on a data-plane route.
+//! metrics text, node-status' `/apisix/status`) on a data-plane route.
 
 family! {
+    node_status,
     opentelemetry,
     prometheus,
     public_api,

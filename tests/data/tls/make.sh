@@ -5,6 +5,7 @@
 #   server        CN server.local, SANs server.local, localhost, IP 127.0.0.1 (RSA)
 #   wild          CN *.wild.local (RSA)
 #   dual-rsa      CN dual.local, SANs dual.local, rsa.dual.local (RSA)
+#   (dual-rsa.pub: dual-rsa's public key)
 #   dual-ecdsa    CN dual.local, SANs dual.local, ecdsa.dual.local (EC P-256)
 #   other         CN other.local (EC P-256)
 #   client-ca     RSA CA that signs client certificates
@@ -65,3 +66,6 @@ key client-v1 rsa
 openssl req -new -key client-v1.key -subj "/O=ferrisix-test/CN=client-v1" -out .ca/client-v1.csr
 openssl ca -batch -config .ca/ca.cnf -cert client-ca.crt -keyfile client-ca.key -notext -startdate $S -enddate $E -in .ca/client-v1.csr -out client-v1.crt 2>/dev/null
 rm -rf .ca
+# dual-rsa's public key on its own: google-cloud-logging's tests check the service-account JWT
+# it signs with dual-rsa.key.
+openssl rsa -in dual-rsa.key -pubout -out dual-rsa.pub 2>/dev/null

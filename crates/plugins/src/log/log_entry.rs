@@ -332,7 +332,7 @@ fn expr_vars(e: &Expr, out: &mut BTreeSet<Box<str>>) {
 }
 
 /// The machine's name (`core.utils.gethostname`).
-fn hostname() -> String {
+pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .or_else(|_| std::fs::read_to_string("/etc/hostname"))
         .map(|s| s.trim().to_owned())
@@ -468,6 +468,21 @@ impl LogEntryConf {
 
     /// The entry of one request (`get_log_entry`); `now_ms` is the wall clock now.
     pub fn build(&self, ctx: &LogCtx, now_ms: u64) -> Map<String, Value> {
+        let (mut entry, extra) = self.build_parts(ctx, now_ms);
+        for (k, v) in extra.into_iter().flatten() {
+            entry.entry(k).or_insert(v);
+        }
+        entry
+    }
+
+    /// The entry and, apart, the `log_format_extra` fields of a default entry (`None` for a
+    /// `log_format` entry), as `get_log_entry` returns them: splunk-hec-logging puts the
+    /// extra fields into its own event rather than the entry.
+    pub fn build_parts(
+        &self,
+        ctx: &LogCtx,
+        now_ms: u64,
+    ) -> (Map<String, Value>, Option<Map<String, Value>>) {
         let src = EntrySource { ctx, now_ms };
         match &self.format {
             Some(f) => {
@@ -478,17 +493,14 @@ impl LogEntryConf {
                     }
                     entry.insert("route_id".into(), Value::String(route_id.into()));
                 }
-                entry
+                (entry, None)
             }
-            None => {
-                let mut entry = self.full_log(&src);
-                if let Some(x) = &self.extra {
-                    for (k, v) in x.build(&src, self.max_req_body_bytes) {
-                        entry.entry(k).or_insert(v);
-                    }
-                }
-                entry
-            }
+            None => (
+                self.full_log(&src),
+                self.extra
+                    .as_ref()
+                    .map(|x| x.build(&src, self.max_req_body_bytes)),
+            ),
         }
     }
 

@@ -41,9 +41,48 @@ impl Logger {
         no_matched: bool,
         sink: impl FnOnce(&Map<String, Value>) -> Result<Arc<dyn BatchSink>, String>,
     ) -> Result<Logger, String> {
+        Logger::compile_keyed(cx, plugin, no_matched, cx.state_key(), false, sink)
+    }
+
+    /// As [`Logger::compile`] for a logger whose sink reads the plugin's metadata as well
+    /// (where loggly and datadog send): the processor is kept while both the conf and the
+    /// metadata are unchanged, so a batch goes where the metadata said when it was pushed.
+    pub fn compile_with_metadata(
+        cx: &CompileCtx<'_>,
+        plugin: &'static str,
+        sink: impl FnOnce(&Map<String, Value>) -> Result<Arc<dyn BatchSink>, String>,
+    ) -> Result<Logger, String> {
+        Logger::compile_keyed(cx, plugin, false, metadata_key(cx), false, sink)
+    }
+
+    /// As [`Logger::compile_with_metadata`] for a plugin that makes its own entry from the
+    /// request's log context (datadog's metrics): APISIX's log entry is not built, so only
+    /// `route_id` and `service_id` are captured besides what [`Logger::with_vars`] adds.
+    pub fn compile_own_entry(
+        cx: &CompileCtx<'_>,
+        plugin: &'static str,
+        sink: impl FnOnce(&Map<String, Value>) -> Result<Arc<dyn BatchSink>, String>,
+    ) -> Result<Logger, String> {
+        Logger::compile_keyed(cx, plugin, false, metadata_key(cx), true, sink)
+    }
+
+    fn compile_keyed(
+        cx: &CompileCtx<'_>,
+        plugin: &'static str,
+        no_matched: bool,
+        key: String,
+        own_entry: bool,
+        sink: impl FnOnce(&Map<String, Value>) -> Result<Arc<dyn BatchSink>, String>,
+    ) -> Result<Logger, String> {
         let filled = cx.filled();
         let conf = filled.as_object().ok_or("conf is not an object")?;
-        let entry = LogEntryConf::compile(conf, cx.metadata)?;
+        let entry = if own_entry {
+            let mut minimal = Map::new();
+            minimal.insert("log_format".into(), Value::Object(Map::new()));
+            LogEntryConf::compile(&minimal, None)?
+        } else {
+            LogEntryConf::compile(conf, cx.metadata)?
+        };
         let max_pending = cx
             .metadata
             .and_then(|m| m.get("max_pending_entries"))
@@ -51,7 +90,6 @@ impl Logger {
             .map_or(DEFAULT_MAX_PENDING_ENTRIES, |n| n as usize);
         let services = cx.services;
         let map = services.shared::<StateMap<BatchProcessor>>();
-        let key = cx.state_key();
         // The sink is made before the lease so that a bad conf fails the compile.
         let sink = sink(conf)?;
         let processor = map.lease(&key, || {
@@ -108,6 +146,33 @@ impl Logger {
         self.processor.push(encode(entry, now));
     }
 
+    /// The log phase with the entry's parts kept apart (`get_log_entry`'s three results).
+    pub fn log_parts(&self, ctx: &LogCtx, encode: impl FnOnce(EntryParts, u64) -> Bytes) {
+        let now = self.clock.epoch_ms();
+        if !self.entry.matches(ctx, now) {
+            return;
+        }
+        let (entry, extra) = self.entry.build_parts(ctx, now);
+        let parts = EntryParts {
+            entry,
+            extra,
+            customized: self.entry.customized(),
+        };
+        self.processor.push(encode(parts, now));
+    }
+
+    /// The plugin logging each request as `encode` makes it from the entry's parts (the
+    /// parts, the wall clock in milliseconds, the request's log context).
+    pub fn encoded_by_parts(
+        self,
+        encode: impl Fn(EntryParts, u64, &LogCtx) -> Bytes + Send + Sync + 'static,
+    ) -> Arc<dyn Plugin> {
+        Arc::new(PartsPlugin {
+            logger: self,
+            encode: Box::new(encode),
+        })
+    }
+
     /// The plugin logging each request's entry as JSON.
     pub fn into_plugin(self) -> Arc<dyn Plugin> {
         Arc::new(LogPlugin {
@@ -127,6 +192,16 @@ impl Logger {
             encode: Some(Box::new(encode)),
         })
     }
+}
+
+/// The state key of a conf together with the plugin's metadata.
+fn metadata_key(cx: &CompileCtx<'_>) -> String {
+    let meta = cx.metadata.map(lua::cjson_encode).unwrap_or_default();
+    format!(
+        "{}:m{:08x}",
+        cx.state_key(),
+        crc32fast::hash(meta.as_bytes())
+    )
 }
 
 type Encode = Box<dyn Fn(Map<String, Value>, u64, &LogCtx) -> Bytes + Send + Sync>;
@@ -153,6 +228,39 @@ impl Plugin for LogPlugin {
                 .logger
                 .log_with(ctx, |entry, now| encode(entry, now, ctx)),
         }
+    }
+}
+
+/// One request's entry as log-util's `get_log_entry` returns it.
+pub struct EntryParts {
+    /// The default entry (without `log_format_extra`) or the `log_format` entry.
+    pub entry: Map<String, Value>,
+    /// The default entry's `log_format_extra` fields, resolved.
+    pub extra: Option<Map<String, Value>>,
+    /// Whether `entry` is a `log_format` entry.
+    pub customized: bool,
+}
+
+type PartsEncode = Box<dyn Fn(EntryParts, u64, &LogCtx) -> Bytes + Send + Sync>;
+
+/// A logger encoding the entry's parts itself.
+struct PartsPlugin {
+    logger: Logger,
+    encode: PartsEncode,
+}
+
+impl Plugin for PartsPlugin {
+    fn phases(&self) -> Phases {
+        Phases::LOG
+    }
+
+    fn log_needs(&self) -> LogNeeds {
+        self.logger.needs()
+    }
+
+    fn log(&self, ctx: &LogCtx) {
+        self.logger
+            .log_parts(ctx, |parts, now| (self.encode)(parts, now, ctx));
     }
 }
 

@@ -11,7 +11,7 @@
 //!   plugin with the logger's own encoding of each entry.
 //! - [`conf`] reads the usual shapes of a filled conf (host and port, endpoints, timeouts,
 //!   headers); [`net`] sends one batch over a new TCP (or TLS) connection or as a UDP
-//!   datagram; [`http`] sends it through the gateway's HTTP client (`https` with
+//!   datagram; [`rfc5424`] writes syslog lines; [`http`] sends it through the gateway's HTTP client (`https` with
 //!   `ssl_verify`); [`encode_batch`] joins encoded entries as APISIX's loggers do.
 //!
 //! A new logger (say kafka-logger) is then:
@@ -34,6 +34,7 @@
 pub mod conf;
 pub mod http;
 pub mod net;
+pub mod rfc5424;
 #[cfg(test)]
 pub(crate) mod testing;
 
@@ -41,7 +42,7 @@ use ferrisix_plugin_api::{CheckCtx, CompileFn, PluginDef};
 use serde_json::Value;
 
 pub use super::batch_processor::{BatchSink, SendError, SendFuture};
-pub use super::logger::{encode_batch, Concat, Logger};
+pub use super::logger::{encode_batch, Concat, EntryParts, Logger};
 use super::{batch_processor, log_entry};
 
 /// A logger's definition: its name, priority, schema and compile, with every logger's
@@ -68,6 +69,12 @@ pub fn schema(mut schema: Value, name_default: &str) -> Value {
             props.entry(k).or_insert(v);
         }
     }
+    batch_processor::wrap_schema(schema, name_default)
+}
+
+/// A logger's schema without the log entry's shared properties (a logger whose schema has
+/// only some of them, as APISIX's splunk-hec-logging): `schema` with the batch processor's.
+pub fn batch_schema(schema: Value, name_default: &str) -> Value {
     batch_processor::wrap_schema(schema, name_default)
 }
 

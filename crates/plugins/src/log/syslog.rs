@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use ferrisix_config::schema::lua;
-use ferrisix_plugin_api::clock::CivilTime;
 use ferrisix_plugin_api::{CompileCtx, LogCtx, Plugin, PluginDef, VarNames};
 use serde_json::{json, Value};
 
 use super::sink::net::{self, NetError, Tls};
+use super::sink::rfc5424;
 use super::sink::{self, conf, BatchSink, Logger, SendError, SendFuture};
 
 pub const NAME: &str = "syslog";
@@ -38,28 +38,16 @@ fn schema() -> Value {
     )
 }
 
-/// log-util's `get_rfc3339_zulu_timestamp`: `2024-01-02T03:04:05.678Z`.
-fn rfc3339_ms(ms: u64) -> String {
-    let t = CivilTime::from_unix_secs(ms / 1000);
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
-        t.year,
-        t.month,
-        t.day,
-        t.hour,
-        t.minute,
-        t.second,
-        ms % 1000
-    )
-}
-
 /// `rfc5424.encode("SYSLOG", "INFO", host, "apisix", pid, msg)`.
 fn rfc5424(ms: u64, host: Option<&str>, pid: u32, msg: &str) -> String {
-    const PRI: u32 = 5 * 8 + 6;
-    let host = host.filter(|h| !h.is_empty()).unwrap_or("-");
-    format!(
-        "<{PRI}>1 {} {host} apisix {pid} - - {msg}\n",
-        rfc3339_ms(ms)
+    rfc5424::encode(
+        rfc5424::FACILITY_SYSLOG,
+        rfc5424::SEVERITY_INFO,
+        ms,
+        host,
+        pid,
+        msg,
+        None,
     )
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs APISIX's conformance cases (../shared/conformance) against a freshly started ferrisix:
 # data port 9080, TLS port 9443 (certificates from ssls), Admin API 9180, prometheus on
-# 127.0.0.1:9091, control API on 127.0.0.1:9090, embedded store in a temp dir.
+# 127.0.0.1:9091, control API on 127.0.0.1:9090, stream ports 127.0.0.1:9100, 9101, 9110 (TLS)
+# and UDP 9200, embedded store in a temp dir.
 # Every case folder runs unless CONFORMANCE_FOLDERS names some (e.g. "auth plugins").
 # Usage: scripts/conformance.sh [--min N] [--etcd] [run.py args...]
 #   --etcd  use a real etcd (Debian's etcd-server, installed when missing, started on random
@@ -59,6 +60,23 @@ apisix:
     listen:
       - ip: 127.0.0.1
         port: 9443
+  # The stream cases' listeners (the runner's --stream, --stream2, --stream-tls, --stream-udp).
+  proxy_mode: http&stream
+  stream_proxy:
+    tcp:
+      - addr: "127.0.0.1:9100"
+      - addr: "127.0.0.1:9101"
+      - addr: "127.0.0.1:9110"
+        tls: true
+    udp:
+      - "127.0.0.1:9200"
+stream_plugins:
+  - ip-restriction
+  - limit-conn
+  - mqtt-proxy
+  - traffic-split
+  - prometheus
+  - syslog
 deployment:
   role: traditional
 $PROVIDER_YAML
@@ -98,7 +116,7 @@ for _ in $(seq 1 100); do
 done
 
 FOLDERS=()
-for f in ${CONFORMANCE_FOLDERS:-admin dataplane tls upstream auth plugins}; do
+for f in ${CONFORMANCE_FOLDERS:-admin dataplane tls upstream auth plugins stream}; do
   FOLDERS+=("$SHARED/conformance/cases/$f")
 done
 set +e

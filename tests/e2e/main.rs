@@ -33,6 +33,7 @@ mod restart;
 mod retries;
 mod routing;
 mod security;
+mod stream;
 mod streaming;
 mod tls;
 mod tls_etcd;

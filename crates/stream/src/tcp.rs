@@ -76,6 +76,8 @@ where
     let table = handle.load_full();
     let Some(route) = table.match_route(&vars).cloned() else {
         tracing::info!(client = %vars.remote, port = vars.local.port(), "stream: not hit any route");
+        // A TLS client gets its close_notify, then the FIN.
+        let _ = tokio::time::timeout(Duration::from_secs(1), client.shutdown()).await;
         return;
     };
     drop(table);

@@ -27,7 +27,10 @@ fn redis_cli_through_a_stream_route() {
     let ready = poll_until(Duration::from_secs(10), || {
         redis_cli(tcp, &["PING"]).trim() == "PONG"
     });
-    assert!(ready.is_some(), "redis-cli PING through the gateway never answered PONG");
+    assert!(
+        ready.is_some(),
+        "redis-cli PING through the gateway never answered PONG"
+    );
     assert_eq!(redis_cli(tcp, &["SET", "through", "gateway"]).trim(), "OK");
     // The value reached the real server, and comes back through the gateway.
     assert_eq!(redis_cli(redis.port, &["GET", "through"]).trim(), "gateway");
@@ -77,5 +80,8 @@ fn udp_route_answers_datagrams_and_unmatched_ones_get_none() {
         .set_read_timeout(Some(Duration::from_millis(500)))
         .unwrap();
     other.send_to(b"ping", ("127.0.0.1", udp)).unwrap();
-    assert!(other.recv_from(&mut buf).is_err(), "an unmatched datagram was answered");
+    assert!(
+        other.recv_from(&mut buf).is_err(),
+        "an unmatched datagram was answered"
+    );
 }

@@ -40,7 +40,10 @@ impl StreamPlugins {
     pub fn new(names: Option<&[String]>) -> (StreamPlugins, Vec<String>) {
         let wanted: Vec<String> = match names {
             Some(n) => n.to_vec(),
-            None => DEFAULT_STREAM_PLUGINS.iter().map(|s| s.to_string()).collect(),
+            None => DEFAULT_STREAM_PLUGINS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
         };
         let unknown = wanted
             .iter()
@@ -65,7 +68,10 @@ impl StreamPlugins {
     }
 
     pub fn priority(&self, name: &str) -> Option<i64> {
-        self.enabled.iter().find(|(n, _)| *n == name).map(|(_, p)| *p)
+        self.enabled
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, p)| *p)
     }
 
     /// The schema `GET /apisix/admin/plugins/<name>?subsystem=stream` shows.
@@ -204,7 +210,8 @@ mod tests {
             "unknown plugin [mqttt-proxy]"
         );
         assert_eq!(
-            p.check(&json!({"ip-restriction": "127.0.0.1"})).unwrap_err(),
+            p.check(&json!({"ip-restriction": "127.0.0.1"}))
+                .unwrap_err(),
             "invalid plugin conf \"127.0.0.1\" for plugin [ip-restriction]"
         );
         assert_eq!(

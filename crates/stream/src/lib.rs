@@ -75,10 +75,9 @@ pub async fn follow(
         let snapshot = snapshots.load_full();
         let previous = handle.load_full();
         let env2 = env.clone();
-        let compiled = tokio::task::spawn_blocking(move || {
-            StreamTable::compile(&snapshot, &previous, &env2)
-        })
-        .await;
+        let compiled =
+            tokio::task::spawn_blocking(move || StreamTable::compile(&snapshot, &previous, &env2))
+                .await;
         match compiled {
             Ok(table) => {
                 for (id, why) in &table.quarantine {

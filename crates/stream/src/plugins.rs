@@ -235,7 +235,8 @@ impl LimitConn {
             });
             (n > 0).then_some(text)
         } else {
-            vars.var(self.key.trim_start_matches('$')).map(|v| v.into_owned())
+            vars.var(self.key.trim_start_matches('$'))
+                .map(|v| v.into_owned())
         };
         // APISIX: a key with no value counts under the client address.
         let key = value
@@ -244,9 +245,8 @@ impl LimitConn {
         let count = self
             .space
             .incoming(KeyRef::Text(&key), self.conn + self.burst)?;
-        let delay = (count > self.conn).then(|| {
-            Duration::try_from_secs_f64(self.delay).unwrap_or(Duration::from_millis(100))
-        });
+        let delay = (count > self.conn)
+            .then(|| Duration::try_from_secs_f64(self.delay).unwrap_or(Duration::from_millis(100)));
         Some((
             ConnTicket {
                 space: self.space.clone(),
@@ -269,7 +269,10 @@ fn traffic_split(
     });
     let mut rules = Vec::new();
     let empty = Vec::new();
-    let list = conf.get("rules").and_then(Value::as_array).unwrap_or(&empty);
+    let list = conf
+        .get("rules")
+        .and_then(Value::as_array)
+        .unwrap_or(&empty);
     for (ri, rule) in list.iter().enumerate() {
         let matches = match rule.get("match").and_then(Value::as_array) {
             None => None,
@@ -293,7 +296,8 @@ fn traffic_split(
             let weight = entry.get("weight").and_then(Value::as_u64).unwrap_or(1);
             let target = if let Some(up) = entry.get("upstream").filter(|u| u.is_object()) {
                 let previous = reuse.and_then(|t| t.rules.get(ri)?.targets.get(ui)?.clone());
-                let holder = format!("{route_id}#traffic-split.rules[{ri}].weighted_upstreams[{ui}]");
+                let holder =
+                    format!("{route_id}#traffic-split.rules[{ri}].weighted_upstreams[{ui}]");
                 Some(snapshot.compile_upstream(
                     ResourceKind::StreamRoutes,
                     &holder,
@@ -402,11 +406,7 @@ pub struct Session {
 
 /// The preread phase up to mqtt-proxy's read: ip-restriction, limit-conn, traffic-split
 /// (mqtt-proxy's own check runs where the bytes are read, see [`check_mqtt_connect`]).
-pub async fn preread(
-    plugins: &[StreamPlugin],
-    vars: &ConnVars,
-    session: &mut Session,
-) -> Preread {
+pub async fn preread(plugins: &[StreamPlugin], vars: &ConnVars, session: &mut Session) -> Preread {
     for p in plugins {
         match p {
             StreamPlugin::IpRestriction {
@@ -461,7 +461,10 @@ pub fn log(plugins: &[StreamPlugin], vars: &ConnVars) {
             StreamPlugin::Prometheus(counter) => {
                 counter.fetch_add(1, Ordering::Relaxed);
             }
-            StreamPlugin::Syslog { plugin, vars: names } => {
+            StreamPlugin::Syslog {
+                plugin,
+                vars: names,
+            } => {
                 let ctx = LogCtx {
                     status: 200,
                     request_time: vars.started.elapsed(),
@@ -583,16 +586,37 @@ mod tests {
     #[test]
     fn mqtt_connect_packets() {
         let v311 = hex("10 0f 00 04 4d 51 54 54 04 02 00 3c 00 03 66 6f 6f");
-        assert_eq!(check_mqtt_connect(&v311, "MQTT", 4), MqttRead::Connect("foo".into()));
-        assert_eq!(check_mqtt_connect(&v311[..5], "MQTT", 4), MqttRead::Incomplete);
+        assert_eq!(
+            check_mqtt_connect(&v311, "MQTT", 4),
+            MqttRead::Connect("foo".into())
+        );
+        assert_eq!(
+            check_mqtt_connect(&v311[..5], "MQTT", 4),
+            MqttRead::Incomplete
+        );
         let empty = hex("10 0c 00 04 4d 51 54 54 04 02 00 3c 00 00");
-        assert_eq!(check_mqtt_connect(&empty, "MQTT", 4), MqttRead::Connect(String::new()));
+        assert_eq!(
+            check_mqtt_connect(&empty, "MQTT", 4),
+            MqttRead::Connect(String::new())
+        );
         let v5 = hex("10 0d 00 04 4d 51 54 54 05 02 00 3c 00 00 00");
-        assert!(matches!(check_mqtt_connect(&v5, "MQTT", 4), MqttRead::Bad(_)));
-        assert_eq!(check_mqtt_connect(&v5, "MQTT", 5), MqttRead::Connect(String::new()));
+        assert!(matches!(
+            check_mqtt_connect(&v5, "MQTT", 4),
+            MqttRead::Bad(_)
+        ));
+        assert_eq!(
+            check_mqtt_connect(&v5, "MQTT", 5),
+            MqttRead::Connect(String::new())
+        );
         let v5_id = hex("10 10 00 04 4d 51 54 54 05 02 00 3c 00 00 03 63 6c 69");
-        assert_eq!(check_mqtt_connect(&v5_id, "MQTT", 5), MqttRead::Connect("cli".into()));
-        assert!(matches!(check_mqtt_connect(b"mmmmmm\n", "MQTT", 4), MqttRead::Bad(_)));
+        assert_eq!(
+            check_mqtt_connect(&v5_id, "MQTT", 5),
+            MqttRead::Connect("cli".into())
+        );
+        assert!(matches!(
+            check_mqtt_connect(b"mmmmmm\n", "MQTT", 4),
+            MqttRead::Bad(_)
+        ));
     }
 
     #[test]

@@ -117,9 +117,10 @@ impl StreamTable {
     /// The route for a connection, `None` when no route matches (the connection is closed).
     pub fn match_route(&self, vars: &ConnVars) -> Option<&Arc<StreamRoute>> {
         if let Some(sni) = vars.sni.as_deref() {
-            let hit = self.sni_routes.iter().find(|r| {
-                r.sni.as_ref().is_some_and(|m| m.matches(sni)) && r.addrs_match(vars)
-            });
+            let hit = self
+                .sni_routes
+                .iter()
+                .find(|r| r.sni.as_ref().is_some_and(|m| m.matches(sni)) && r.addrs_match(vars));
             if hit.is_some() {
                 return hit;
             }
@@ -176,10 +177,7 @@ fn compile_route(
         // The key names the route; a stored `id` may be absent or an integer.
         obj.insert("id".into(), Value::String(id.to_string()));
     }
-    schema::validate(
-        schema::resource_schema(ResourceKind::StreamRoutes),
-        &value,
-    )?;
+    schema::validate(schema::resource_schema(ResourceKind::StreamRoutes), &value)?;
     if value.get("protocol").is_some() {
         return Err("xRPC protocols are not supported".to_string());
     }
@@ -304,7 +302,9 @@ mod tests {
         let net = ip_matcher("127.0.0.1/26").unwrap();
         assert!(net.contains(&"127.0.0.63".parse::<IpAddr>().unwrap()));
         assert!(!net.contains(&"127.0.0.64".parse::<IpAddr>().unwrap()));
-        assert!(ip_matcher("127.0.0.1").unwrap().contains(&"127.0.0.1".parse::<IpAddr>().unwrap()));
+        assert!(ip_matcher("127.0.0.1")
+            .unwrap()
+            .contains(&"127.0.0.1".parse::<IpAddr>().unwrap()));
         assert!(ip_matcher(":/8").is_none());
     }
 }

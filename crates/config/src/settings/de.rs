@@ -710,7 +710,9 @@ pub(crate) fn stream_listen<'de, D: Deserializer<'de>>(
     stream_listen_value(&value).map_err(de::Error::custom)
 }
 
-fn stream_listen_value(value: &serde_json::Value) -> Result<Vec<crate::settings::StreamListen>, String> {
+fn stream_listen_value(
+    value: &serde_json::Value,
+) -> Result<Vec<crate::settings::StreamListen>, String> {
     use serde_json::Value;
     let entries = match value {
         Value::Null => return Ok(Vec::new()),
@@ -724,7 +726,11 @@ fn stream_listen_value(value: &serde_json::Value) -> Result<Vec<crate::settings:
                 let tls = match map.get("tls") {
                     None | Some(Value::Null) => false,
                     Some(Value::Bool(b)) => *b,
-                    Some(other) => return Err(format!("stream_proxy: `tls` must be a boolean, found {other}")),
+                    Some(other) => {
+                        return Err(format!(
+                            "stream_proxy: `tls` must be a boolean, found {other}"
+                        ))
+                    }
                 };
                 let addr = map
                     .get("addr")

@@ -14,8 +14,8 @@
 //! [`Plugin::log_needs`]); `.expire` drops series not updated for that many seconds. Both cost
 //! nothing when they are not configured.
 
-use std::fmt::Write as _;
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 

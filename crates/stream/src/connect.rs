@@ -119,13 +119,9 @@ pub async fn tcp(up: &CompiledUpstream, vars: &mut ConnVars) -> Option<Upstream>
         if up.scheme != Scheme::Tls {
             return Some(Upstream::Plain(stream));
         }
-        let Some(tls) = &up.tls else {
-            return None;
-        };
+        let tls = up.tls.as_ref()?;
         let sni = vars.sni.clone().unwrap_or_else(|| DEFAULT_SNI.to_string());
-        let Some(name) = ferrisix_tls::upstream::server_name(&sni) else {
-            return None;
-        };
+        let name = ferrisix_tls::upstream::server_name(&sni)?;
         let connector = tokio_rustls::TlsConnector::from(Arc::clone(&tls.config));
         match tokio::time::timeout(connect_timeout(up), connector.connect(name, stream)).await {
             Ok(Ok(s)) => return Some(Upstream::Tls(Box::new(s))),

@@ -128,14 +128,14 @@ async fn relay(
                 }
                 None => return,
             },
-            r = node.recv(&mut buf) => match r {
-                Ok(n) => {
+            r = node.recv(&mut buf) => {
+                // An error is an ICMP one from the node (nothing listening): the session
+                // goes on.
+                if let Ok(n) = r {
                     vars.bytes_sent += n as u64;
                     let _ = socket.send_to(&buf[..n], peer).await;
                 }
-                // An ICMP error from the node (nothing listening): the session goes on.
-                Err(_) => {}
-            },
+            }
             () = tokio::time::sleep(idle) => return,
         }
     }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs APISIX's conformance cases (../shared/conformance) against a freshly started ferrisix:
 # data port 9080, TLS port 9443 (certificates from ssls), Admin API 9180, prometheus on
-# 127.0.0.1:9091, control API on 127.0.0.1:9090, embedded store in a temp dir.
+# 127.0.0.1:9091, control API on 127.0.0.1:9090, stream ports 127.0.0.1:9100, 9101, 9110 (TLS)
+# and UDP 9200, embedded store in a temp dir.
 # Every case folder runs unless CONFORMANCE_FOLDERS names some (e.g. "auth plugins").
 # The standalone-api folder runs on its own gateway, started afterwards in APISIX's API-driven
 # standalone mode (config_provider: yaml, status API on 127.0.0.1:7085) and stopped after it:
@@ -77,6 +78,23 @@ $3
         cache_levels: "1:2"
       - name: memory_cache
         memory_size: 50m
+  # The stream cases' listeners (the runner's --stream, --stream2, --stream-tls, --stream-udp).
+  proxy_mode: http&stream
+  stream_proxy:
+    tcp:
+      - addr: "127.0.0.1:9100"
+      - addr: "127.0.0.1:9101"
+      - addr: "127.0.0.1:9110"
+        tls: true
+    udp:
+      - "127.0.0.1:9200"
+stream_plugins:
+  - ip-restriction
+  - limit-conn
+  - mqtt-proxy
+  - traffic-split
+  - prometheus
+  - syslog
 deployment:
   role: traditional
 $2
@@ -128,7 +146,7 @@ trap cleanup EXIT
 
 FOLDERS=()
 STANDALONE=
-for f in ${CONFORMANCE_FOLDERS:-admin dataplane tls upstream auth plugins ai transform access standalone-api}; do
+for f in ${CONFORMANCE_FOLDERS:-admin dataplane tls upstream auth plugins ai transform access stream standalone-api}; do
   if [ "$f" = standalone-api ]; then
     STANDALONE="$SHARED/conformance/cases/$f"
   else

@@ -198,7 +198,16 @@ fn run(
     // Standalone files have no modify indexes to report.
     let store_states = source.store.as_ref().map(|_| states.clone());
     cli::configure_plugins(&services, health.clone(), store_states, handle.clone());
-    let prometheus_enabled = registry.get("prometheus").is_some();
+    let (stream_plugins, unknown_stream) =
+        ferrisix_plugins::stream::StreamPlugins::new(settings.stream_plugins.as_deref());
+    let stream_on = settings.apisix.proxy_mode.stream();
+    if stream_on {
+        for name in unknown_stream {
+            tracing::warn!(plugin = %name, "config.yaml enables a stream plugin ferrisix does not have; ignored");
+        }
+    }
+    let prometheus_enabled = registry.get("prometheus").is_some()
+        || (stream_on && stream_plugins.priority("prometheus").is_some());
     let plugins = Arc::new(registry.clone());
     let compiling = std::time::Instant::now();
     // Compile the first state before accepting traffic, so the first request sees the routes.
@@ -222,8 +231,16 @@ fn run(
         "first configuration compiled; serving starts"
     );
     handle.store(Arc::new(snapshot));
-    control.spawn(snapshot::follow(states, handle.clone(), options, plugins));
+    let (published_tx, published_rx) = tokio::sync::watch::channel(0);
+    control.spawn(snapshot::follow(
+        states,
+        handle.clone(),
+        options,
+        plugins,
+        published_tx,
+    ));
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let shutdown_rx_stream = shutdown_rx.clone();
     // The data plane's accepting ends with this one when the sockets wait for a successor.
     let (linger_tx, linger_rx) = tokio::sync::watch::channel(false);
 
@@ -347,6 +364,20 @@ fn run(
             env!("CARGO_PKG_VERSION")
         );
         Some(server)
+    };
+    // The stream proxy: its own runtime, beside the HTTP workers (a data-plane role only).
+    let _stream_runtime = if stream_on && settings.deployment.role != Role::ControlPlane {
+        Some(start_stream(
+            &settings,
+            handle.clone(),
+            published_rx,
+            stream_plugins,
+            services.clone(),
+            &control,
+            shutdown_rx_stream.clone(),
+        )?)
+    } else {
+        None
     };
     sockets.close_unused();
 
@@ -496,4 +527,48 @@ fn run(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Binds the stream listeners and serves them on a runtime of their own, compiling the stream
+/// routes of every published snapshot on the control runtime.
+fn start_stream(
+    settings: &Settings,
+    snapshots: ferrisix_proxy::SnapshotHandle,
+    published: tokio::sync::watch::Receiver<i64>,
+    plugins: ferrisix_plugins::stream::StreamPlugins,
+    services: Arc<PluginServices>,
+    control: &tokio::runtime::Runtime,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Result<tokio::runtime::Runtime, String> {
+    let proxy = &settings.apisix.stream_proxy;
+    if proxy.tcp.is_empty() && proxy.udp.is_empty() {
+        tracing::warn!("apisix.proxy_mode includes stream but apisix.stream_proxy lists no tcp or udp listener");
+    }
+    let listeners = ferrisix_stream::Listeners::bind(&proxy.tcp, &proxy.udp)?;
+    let table: ferrisix_stream::StreamHandle = Arc::new(ArcSwap::from_pointee(
+        ferrisix_stream::StreamTable::default(),
+    ));
+    let env = Arc::new(ferrisix_stream::StreamEnv { plugins, services });
+    control.spawn(ferrisix_stream::follow(
+        snapshots,
+        published,
+        table.clone(),
+        env,
+    ));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("ferrisix-stream")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the stream runtime: {e}"))?;
+    {
+        let _rt = runtime.enter();
+        listeners.serve(table, ferrisix_stream::StreamTimeouts::default(), shutdown)?;
+    }
+    tracing::info!(
+        tcp = ?proxy.tcp.iter().map(|l| format!("{}:{}{}", l.ip, l.port, if l.tls { " tls" } else { "" })).collect::<Vec<_>>(),
+        udp = ?proxy.udp.iter().map(|l| format!("{}:{}", l.ip, l.port)).collect::<Vec<_>>(),
+        "stream proxy listening"
+    );
+    Ok(runtime)
 }

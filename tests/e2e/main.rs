@@ -40,6 +40,7 @@ mod retries;
 mod routing;
 mod security;
 mod standalone_api;
+mod stream;
 mod streaming;
 mod tls;
 mod tls_etcd;

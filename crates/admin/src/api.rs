@@ -59,6 +59,8 @@ pub struct AdminOptions {
     pub server: String,
     /// `apisix.proxy_mode` includes `stream`: stream routes may be managed.
     pub stream_mode: bool,
+    /// `stream_plugins`: what `/plugins/list?subsystem=stream` lists and stream routes may use.
+    pub stream_plugins: ferrisix_plugins::stream::StreamPlugins,
     /// `apisix.data_encryption.keyring`: ssl keys and upstream client keys are stored
     /// encrypted with it, as APISIX stores them.
     pub keyring: ferrisix_config::encrypt::Keyring,
@@ -85,6 +87,7 @@ impl AdminOptions {
             body_limit: MAX_BODY,
             server: concat!("ferrisix/", env!("CARGO_PKG_VERSION")).to_string(),
             stream_mode: false,
+            stream_plugins: ferrisix_plugins::stream::StreamPlugins::new(None).0,
             keyring: ferrisix_config::encrypt::Keyring::apisix_default(),
             encrypt_fields: true,
             key_guard: AdminKeyGuard::default(),

@@ -26,10 +26,13 @@ pub enum ResourceKind {
     Ssls,
     PluginMetadata,
     Routes,
+    /// `stream_routes/<id>`: the L4 routes of the stream proxy (`apisix.proxy_mode` with
+    /// `stream`); the HTTP snapshot carries them through untouched.
+    StreamRoutes,
 }
 
 impl ResourceKind {
-    pub const ALL: [ResourceKind; 10] = [
+    pub const ALL: [ResourceKind; 11] = [
         ResourceKind::Upstreams,
         ResourceKind::Services,
         ResourceKind::PluginConfigs,
@@ -40,6 +43,7 @@ impl ResourceKind {
         ResourceKind::Ssls,
         ResourceKind::PluginMetadata,
         ResourceKind::Routes,
+        ResourceKind::StreamRoutes,
     ];
 
     /// The directory name under the etcd prefix and the key in `apisix.yaml`.
@@ -54,6 +58,7 @@ impl ResourceKind {
             ResourceKind::Ssls => "ssls",
             ResourceKind::PluginMetadata => "plugin_metadata",
             ResourceKind::Routes => "routes",
+            ResourceKind::StreamRoutes => "stream_routes",
         }
     }
 
@@ -78,6 +83,7 @@ impl ResourceKind {
             ResourceKind::Ssls => "ssl",
             ResourceKind::PluginMetadata => "plugin_metadata",
             ResourceKind::Routes => "route",
+            ResourceKind::StreamRoutes => "stream route",
         }
     }
 }

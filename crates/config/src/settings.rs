@@ -33,6 +33,8 @@ pub struct Settings {
     pub deployment: Deployment,
     /// Enabled HTTP plugins. `None` = APISIX's default list (every plugin ferrisix has).
     pub plugins: Option<Vec<String>>,
+    /// Enabled stream plugins. `None` = APISIX's default stream list.
+    pub stream_plugins: Option<Vec<String>>,
     pub plugin_attr: PluginAttr,
     /// Service discovery (`discovery.dns`).
     pub discovery: DiscoverySettings,
@@ -62,6 +64,8 @@ pub struct ApisixSettings {
     pub normalize_uri_like_servlet: bool,
     pub router: RouterSettings,
     pub proxy_mode: ProxyMode,
+    /// The stream proxy's listeners, used when `proxy_mode` includes `stream`.
+    pub stream_proxy: StreamProxySettings,
     /// The control API (readiness, applied revision, dumps).
     pub enable_control: bool,
     pub control: ControlListen,
@@ -282,6 +286,7 @@ impl Default for ApisixSettings {
             normalize_uri_like_servlet: false,
             router: RouterSettings::default(),
             proxy_mode: ProxyMode::Http,
+            stream_proxy: StreamProxySettings::default(),
             enable_control: true,
             control: ControlListen::default(),
             status: None,
@@ -311,6 +316,33 @@ pub enum HttpRouter {
     RadixtreeHostUri,
     RadixtreeUri,
     RadixtreeUriWithParameter,
+}
+
+/// `apisix.stream_proxy`: the L4 listeners. Each entry is a port, an `"ip:port"` string (a
+/// port range `"ip:9100-9105"` too), or a map `{addr, tls}` whose `addr` is either.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct StreamProxySettings {
+    #[serde(deserialize_with = "de::stream_listen")]
+    pub tcp: Vec<StreamListen>,
+    #[serde(deserialize_with = "de::stream_listen")]
+    pub udp: Vec<StreamListen>,
+}
+
+/// One stream listener address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamListen {
+    pub ip: IpAddr,
+    pub port: u16,
+    /// TLS is terminated on this port, the certificate chosen from `ssls` by SNI (TCP only).
+    pub tls: bool,
+}
+
+impl ProxyMode {
+    /// Whether the stream proxy runs.
+    pub fn stream(self) -> bool {
+        matches!(self, ProxyMode::Stream | ProxyMode::HttpAndStream)
+    }
 }
 
 /// `apisix.proxy_mode`.

@@ -222,7 +222,7 @@ impl ConfigState {
     pub fn modify_indexes(&self) -> Vec<(String, i64)> {
         let mut out = Vec::with_capacity(11);
         let mut max = 0;
-        // stream_routes and protos are resources ferrisix does not load: always 0.
+        // protos are resources ferrisix does not load: always 0.
         for (key, kind) in [
             ("routes", Some(ResourceKind::Routes)),
             ("services", Some(ResourceKind::Services)),
@@ -230,7 +230,7 @@ impl ConfigState {
             ("consumers", Some(ResourceKind::Consumers)),
             ("global_rules", Some(ResourceKind::GlobalRules)),
             ("upstreams", Some(ResourceKind::Upstreams)),
-            ("stream_routes", None),
+            ("stream_routes", Some(ResourceKind::StreamRoutes)),
             ("protos", None),
         ] {
             let idx = kind

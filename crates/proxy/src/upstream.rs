@@ -30,7 +30,7 @@ pub mod client;
 pub mod dns;
 pub(crate) mod forwarded;
 pub mod health;
-pub(crate) mod nodes;
+pub mod nodes;
 mod websocket;
 
 use std::time::Instant;

@@ -409,6 +409,24 @@ impl AdminApi {
                 }
             }
         }
+        // apisix/stream/router/ip_port.lua stream_route_checker().
+        if let Some(plugins) = conf.get("plugins") {
+            self.options.stream_plugins.check(plugins)?;
+        }
+        for field in ["remote_addr", "server_addr"] {
+            if let Some(addr) = conf.get(field).and_then(Value::as_str) {
+                let ok = addr.parse::<std::net::IpAddr>().is_ok()
+                    || addr.parse::<ipnet::IpNet>().is_ok();
+                if !ok {
+                    return Err(format!("invalid {field}: {addr}"));
+                }
+            }
+        }
+        // No xRPC protocol is built, so every protocol name is unknown (APISIX with no
+        // `xrpc.protocols` configured).
+        if let Some(name) = protocol.and_then(|p| p.get("name")) {
+            return Err(format!("unknown protocol [{}]", id_text(name)));
+        }
         Ok(())
     }
 

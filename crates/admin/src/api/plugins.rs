@@ -33,14 +33,19 @@ fn lua_list(items: Vec<Value>) -> Value {
 
 impl AdminApi {
     /// `GET /apisix/admin/plugins/list[?subsystem=http|stream]`: names by priority, highest
-    /// first. No stream plugins exist yet.
+    /// first.
     pub(crate) fn plugin_list(&self, args: &Args) -> Reply {
         let names = match args.get("subsystem") {
             None => self.plugins().list().map(|p| json!(p.name)).collect(),
             Some(a) if a.as_str() == Some("http") => {
                 self.plugins().list().map(|p| json!(p.name)).collect()
             }
-            Some(a) if a.as_str() == Some("stream") => Vec::new(),
+            Some(a) if a.as_str() == Some("stream") => self
+                .options()
+                .stream_plugins
+                .names()
+                .map(|n| json!(n))
+                .collect(),
             Some(_) => {
                 return Reply::Lua {
                     status: StatusCode::BAD_REQUEST,
@@ -89,10 +94,16 @@ impl AdminApi {
             }
             return Reply::json(StatusCode::OK, Value::Object(all));
         }
-        let plugin = match subsystem.as_str() {
-            "http" => name.and_then(|n| registry.get(n)),
-            _ => None,
-        };
+        if subsystem == "stream" {
+            return match name.and_then(|n| self.options().stream_plugins.schema(n)) {
+                Some(s) => Reply::json(StatusCode::OK, lua_view(s)),
+                None => Reply::error(
+                    StatusCode::NOT_FOUND,
+                    "plugin not found in subsystem stream".to_string(),
+                ),
+            };
+        }
+        let plugin = name.and_then(|n| registry.get(n));
         let Some(plugin) = plugin else {
             return Reply::error(
                 StatusCode::NOT_FOUND,

@@ -200,13 +200,13 @@ fn ignored_and_unknown_keys_warn() {
         "stream_routes: [{id: 1}]\nprotos: []\nsecrets: []\nconsumer_groups: [{id: g}]\nroutes_conf_version: 3\nroutez: []\n#END\n",
         Format::Yaml,
     );
-    // Consumer groups are served.
-    assert_eq!(doc.state.len(), 1);
+    // Consumer groups and stream routes are served.
+    assert_eq!(doc.state.len(), 2);
     assert!(doc.state.get(ResourceKind::ConsumerGroups, "g").is_some());
+    assert!(doc.state.get(ResourceKind::StreamRoutes, "1").is_some());
     assert_eq!(
         doc.warnings,
         vec![
-            "`stream_routes` is not supported by ferrisix; its 1 item(s) are ignored",
             "`protos` is not supported by ferrisix; its 0 item(s) are ignored",
             "`secrets` is not supported by ferrisix; its 0 item(s) are ignored",
             "unknown top-level key `routez` ignored",

@@ -704,3 +704,80 @@ mod tests {
         assert_eq!(parse_ipnet("localhost"), None);
     }
 }
+
+/// `apisix.stream_proxy.tcp` / `.udp`: a list of ports, `"ip:port"` (or `"ip:from-to"`)
+/// strings, or `{addr, tls}` maps whose `addr` is one of those.
+pub(crate) fn stream_listen<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<crate::settings::StreamListen>, D::Error> {
+    let value = serde_json::Value::deserialize(d)?;
+    stream_listen_value(&value).map_err(de::Error::custom)
+}
+
+fn stream_listen_value(
+    value: &serde_json::Value,
+) -> Result<Vec<crate::settings::StreamListen>, String> {
+    use serde_json::Value;
+    let entries = match value {
+        Value::Null => return Ok(Vec::new()),
+        Value::Array(items) => items.clone(),
+        other => vec![other.clone()],
+    };
+    let mut out = Vec::new();
+    for entry in &entries {
+        let (addr, tls) = match entry {
+            Value::Object(map) => {
+                let tls = match map.get("tls") {
+                    None | Some(Value::Null) => false,
+                    Some(Value::Bool(b)) => *b,
+                    Some(other) => {
+                        return Err(format!(
+                            "stream_proxy: `tls` must be a boolean, found {other}"
+                        ))
+                    }
+                };
+                let addr = map
+                    .get("addr")
+                    .ok_or_else(|| "stream_proxy: an entry map needs `addr`".to_string())?;
+                (addr.clone(), tls)
+            }
+            other => (other.clone(), false),
+        };
+        let text = match &addr {
+            Value::Number(n) => n.to_string(),
+            Value::String(s) => s.clone(),
+            other => return Err(format!("stream_proxy: bad listen address {other}")),
+        };
+        let (ip, ports) = match text.rsplit_once(':') {
+            Some((ip, ports)) => {
+                let ip = ip.trim_start_matches('[').trim_end_matches(']');
+                let ip: IpAddr = ip
+                    .parse()
+                    .map_err(|_| format!("stream_proxy: bad address `{text}`"))?;
+                (ip, ports)
+            }
+            None => (IpAddr::from([0, 0, 0, 0]), text.as_str()),
+        };
+        let port = |p: &str| {
+            p.trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| format!("stream_proxy: bad port in `{text}`"))
+        };
+        let (from, to) = match ports.split_once('-') {
+            Some((a, b)) => (port(a)?, port(b)?),
+            None => {
+                let p = port(ports)?;
+                (p, p)
+            }
+        };
+        if from > to {
+            return Err(format!("stream_proxy: empty port range `{text}`"));
+        }
+        for port in from..=to {
+            out.push(crate::settings::StreamListen { ip, port, tls });
+        }
+    }
+    Ok(out)
+}

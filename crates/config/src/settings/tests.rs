@@ -998,3 +998,64 @@ apisix:
     .unwrap_err();
     assert!(err.to_string().contains("zones[0].cache_levels"), "{err}");
 }
+
+#[test]
+fn stream_proxy_listens_and_plugins() {
+    let s = parse(
+        r#"
+apisix:
+  proxy_mode: stream
+  stream_proxy:
+    tcp:
+      - 9100
+      - "127.0.0.1:9101"
+      - addr: "[::1]:9110"
+        tls: true
+      - addr: 9120
+      - "127.0.0.2:9130-9132"
+    udp:
+      - "127.0.0.1:9200"
+stream_plugins:
+  - ip-restriction
+  - mqtt-proxy
+"#,
+    );
+    assert!(s.apisix.proxy_mode.stream());
+    let tcp: Vec<(IpAddr, u16, bool)> = s
+        .apisix
+        .stream_proxy
+        .tcp
+        .iter()
+        .map(|l| (l.ip, l.port, l.tls))
+        .collect();
+    assert_eq!(
+        tcp,
+        [
+            (ip("0.0.0.0"), 9100, false),
+            (ip("127.0.0.1"), 9101, false),
+            (ip("::1"), 9110, true),
+            (ip("0.0.0.0"), 9120, false),
+            (ip("127.0.0.2"), 9130, false),
+            (ip("127.0.0.2"), 9131, false),
+            (ip("127.0.0.2"), 9132, false),
+        ]
+    );
+    assert_eq!(s.apisix.stream_proxy.udp.len(), 1);
+    assert_eq!(s.apisix.stream_proxy.udp[0].port, 9200);
+    assert_eq!(
+        s.stream_plugins.as_deref(),
+        Some(&["ip-restriction".to_string(), "mqtt-proxy".to_string()][..])
+    );
+    assert!(!parse("apisix: {proxy_mode: http}")
+        .apisix
+        .proxy_mode
+        .stream());
+    for bad in [
+        "apisix: {stream_proxy: {tcp: [\"127.0.0.1:0\"]}}",
+        "apisix: {stream_proxy: {tcp: [\"x:9100\"]}}",
+        "apisix: {stream_proxy: {tcp: [\"127.0.0.1:9105-9100\"]}}",
+        "apisix: {stream_proxy: {tcp: [{addr: 9100, tls: 1}]}}",
+    ] {
+        assert!(!errors(bad).is_empty(), "{bad}");
+    }
+}

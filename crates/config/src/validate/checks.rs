@@ -177,6 +177,10 @@ impl Checker<'_> {
             ResourceKind::Credentials => self.credential(conf),
             ResourceKind::Ssls => self.ssl(conf),
             ResourceKind::PluginMetadata => self.plugin_metadata(conf),
+            // The stream proxy checks its plugins against the stream plugins when it compiles.
+            ResourceKind::StreamRoutes => {
+                crate::schema::validate(crate::schema::resource_schema(kind), conf)
+            }
         }
         .map_err(ValidationError::from)
     }
@@ -248,6 +252,7 @@ pub fn missing_reference_message(kind: ResourceKind, id: &str) -> String {
         ResourceKind::Credentials => "credential info by credential",
         ResourceKind::PluginMetadata => "plugin metadata info by plugin metadata",
         ResourceKind::Routes => "route info by route",
+        ResourceKind::StreamRoutes => "stream route info by stream route",
     };
     format!("failed to fetch {what} id [{id}], response code: 404")
 }

@@ -14,7 +14,9 @@
 //! [`Plugin::log_needs`]); `.expire` drops series not updated for that many seconds. Both cost
 //! nothing when they are not configured.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwapOption;
@@ -167,6 +169,9 @@ pub struct Metrics {
     /// One render at a time: expiring series is then the work of one thread (see
     /// [`series`]), and concurrent scrapes are rare.
     render_lock: Mutex<()>,
+    /// `stream_connection_total` per stream route: the stream proxy takes a route's counter
+    /// when it compiles the route and counts on it without a lock.
+    stream_connections: Mutex<BTreeMap<String, Arc<AtomicU64>>>,
 }
 
 /// The extra labels of one metric, in their configured order.
@@ -332,7 +337,12 @@ fn series_key(name: &str, parts: &[&[(&str, &str)]]) -> String {
 }
 
 /// Metric families: (name without prefix, help, type).
-const FAMILIES: [(&str, &str, &str); 10] = [
+const FAMILIES: [(&str, &str, &str); 11] = [
+    (
+        "stream_connection_total",
+        "Total number of connections handled per stream route in APISIX",
+        "counter",
+    ),
     (
         "bandwidth",
         "Total bandwidth in bytes consumed per service in APISIX",
@@ -458,7 +468,18 @@ impl Metrics {
                 bandwidth: expire_ms(m.bandwidth.expire),
             },
             render_lock: Mutex::new(()),
+            stream_connections: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// The `apisix_stream_connection_total{route}` counter of stream route `route` (kept
+    /// for the life of the process, as APISIX's shared-dict counters are).
+    pub fn stream_connection_counter(&self, route: &str) -> Arc<AtomicU64> {
+        let mut map = self
+            .stream_connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        map.entry(route.to_owned()).or_default().clone()
     }
 
     /// Applies `plugin_metadata/prometheus` (its `disabled_labels`); `None`: no metadata.
@@ -673,6 +694,17 @@ impl Metrics {
             ));
         }
         lines.push(("http_requests_total".into(), c.requests.to_string()));
+        for (route, n) in self
+            .stream_connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            lines.push((
+                series_key("stream_connection_total", &[&[("route", route)]]),
+                n.load(std::sync::atomic::Ordering::Relaxed).to_string(),
+            ));
+        }
         let source = self.node_source.load_full();
         let reachable = source
             .as_ref()

@@ -159,6 +159,39 @@ impl Snapshot {
         self.cache.applied.raw(&self.cache.source, kind)
     }
 
+    /// The state this snapshot compiled (the stream proxy reads its `stream_routes` here).
+    pub fn source(&self) -> &ConfigState {
+        &self.cache.source
+    }
+
+    /// The compiled inline upstream of service `id`.
+    pub fn service_upstream(&self, id: &str) -> Option<&Arc<CompiledUpstream>> {
+        self.cache.service_upstreams.get(id)
+    }
+
+    /// Compiles the inline upstream `conf` of a resource the HTTP snapshot does not serve
+    /// (a stream route), with this snapshot's certificates and the process' upstream
+    /// services; `previous` (its compiled form in the last compile) keeps its balancer and
+    /// health state while the definition is unchanged.
+    pub fn compile_upstream(
+        &self,
+        kind: ResourceKind,
+        id: &str,
+        conf: &Value,
+        previous: Option<&Arc<CompiledUpstream>>,
+    ) -> Result<Arc<CompiledUpstream>, String> {
+        let up = ferrisix_config::validate::upstream_from_value(None, conf)
+            .map_err(|e| e.to_string())?;
+        let options = &self.cache.options;
+        let up = options.upstreams.inline.definition(Arc::new(up));
+        let env = UpstreamEnv {
+            ctx: &options.tls,
+            store: &self.tls,
+            services: &options.upstreams,
+        };
+        inline_upstream(&up, Holder::Resource { kind, id }, previous, env)
+    }
+
     /// The compiled route `id`, if it is in the route table.
     pub fn route(&self, id: &str) -> Option<&Arc<CompiledRoute>> {
         self.cache.routes.get(id).map(|s| &s.compiled)

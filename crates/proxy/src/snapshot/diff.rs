@@ -97,6 +97,7 @@ pub struct ConfigDiff {
     pub consumer_groups: Difference,
     pub credentials: Difference,
     pub ssls: Difference,
+    pub stream_routes: Difference,
 }
 
 impl ConfigDiff {
@@ -138,6 +139,7 @@ impl ConfigDiff {
             ResourceKind::ConsumerGroups => &self.consumer_groups,
             ResourceKind::Credentials => &self.credentials,
             ResourceKind::Ssls => &self.ssls,
+            ResourceKind::StreamRoutes => &self.stream_routes,
         }
     }
 
@@ -153,6 +155,7 @@ impl ConfigDiff {
             ResourceKind::ConsumerGroups => &mut self.consumer_groups,
             ResourceKind::Credentials => &mut self.credentials,
             ResourceKind::Ssls => &mut self.ssls,
+            ResourceKind::StreamRoutes => &mut self.stream_routes,
         }
     }
 

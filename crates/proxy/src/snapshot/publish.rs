@@ -22,12 +22,14 @@ pub fn new_handle(options: &CompileOptions) -> SnapshotHandle {
 /// a compile runs is applied by the next one, as one publish. No change waits for more than
 /// the compile in progress (well under a millisecond for one route at 100,000 routes); nothing
 /// is held back on purpose. The compile runs on the blocking pool, so a worker keeps serving
-/// requests meanwhile.
+/// requests meanwhile. `published` gets each published snapshot's revision (the stream
+/// proxy compiles its routes from every snapshot).
 pub async fn follow(
     mut rx: tokio::sync::watch::Receiver<Arc<ConfigState>>,
     handle: SnapshotHandle,
     options: CompileOptions,
     plugins: Arc<PluginRegistry>,
+    published: tokio::sync::watch::Sender<i64>,
 ) {
     let options = Arc::new(options);
     loop {
@@ -58,6 +60,7 @@ pub async fn follow(
         let (revision, routes) = (snapshot.revision, snapshot.router.len());
         let quarantined = snapshot.quarantine.len();
         handle.store(Arc::new(snapshot));
+        published.send_replace(revision);
         // `elapsed_us` is the compile's wall time (at nice +10 it stretches while requests keep
         // the cores busy) and `cpu_us` what it cost; `validate_us`, `routes_us` and `table_us`
         // its stages; `queued_us` the wait for a blocking thread, and `applied_us` the store's

@@ -105,7 +105,11 @@ pub(super) fn client_cert_id(up: &Upstream) -> Option<String> {
 
 /// The upstream's TLS client config (`https`, `grpcs`), with the client certificate from
 /// `tls.client_cert`/`client_key` or from the ssl named by `tls.client_cert_id`.
-fn upstream_tls(up: &Upstream, env: UpstreamEnv<'_>, h2: bool) -> Result<UpstreamTls, String> {
+fn upstream_tls(
+    up: &Upstream,
+    env: UpstreamEnv<'_>,
+    alpn: &[&[u8]],
+) -> Result<UpstreamTls, String> {
     let tls = up.tls.as_ref();
     let field = |k: &str| tls.and_then(|t| t.get(k)).and_then(Value::as_str);
     let verify = tls
@@ -131,7 +135,6 @@ fn upstream_tls(up: &Upstream, env: UpstreamEnv<'_>, h2: bool) -> Result<Upstrea
     } else {
         None
     };
-    let alpn: &[&[u8]] = if h2 { &[b"h2"] } else { &[b"http/1.1"] };
     UpstreamTls::new(&env.ctx.settings, verify, identity, alpn)
 }
 
@@ -201,14 +204,15 @@ impl CompiledUpstream {
     ) -> Result<CompiledUpstream, String> {
         let (tls, h2) = match up.scheme {
             Scheme::Http => (None, false),
-            Scheme::Https => (Some(upstream_tls(up, env, false)?), false),
+            Scheme::Https => (Some(upstream_tls(up, env, &[b"http/1.1"])?), false),
             Scheme::Grpc => (None, true),
-            Scheme::Grpcs => (Some(upstream_tls(up, env, true)?), true),
-            // L4 schemes belong to stream routes, which ferrisix does not have.
-            other => {
-                return Err(format!(
-                    "upstream scheme {other:?} is for stream routes, which are not supported"
-                ))
+            Scheme::Grpcs => (Some(upstream_tls(up, env, &[b"h2"])?), true),
+            // The stream proxy's schemes: bytes as they come, and TLS without ALPN (nginx's
+            // stream `proxy_ssl` offers none).
+            Scheme::Tcp | Scheme::Udp => (None, false),
+            Scheme::Tls => (Some(upstream_tls(up, env, &[])?), false),
+            Scheme::Kafka => {
+                return Err("upstream scheme Kafka (kafka-proxy) is not supported".to_string())
             }
         };
         if up.lb_type == LbType::Chash {

@@ -1,0 +1,158 @@
+//! The L4 stream proxy: APISIX's `stream_routes` over TCP, TLS and UDP, a sibling of the HTTP
+//! data plane.
+//!
+//! It shares the HTTP side's configuration flow: every snapshot the HTTP side publishes
+//! carries the store's `stream_routes`, and [`follow`] compiles them into a [`StreamTable`]
+//! against that snapshot's upstreams, services and certificates (`table`). The listeners
+//! (`tcp`, `udp`) read only the published table: no locks, no store calls per connection.
+//!
+//! The modules, in the order a connection meets them:
+//!
+//! - `tcp` / `udp`: accept (TLS terminated on `tls: true` ports with the `ssls` certificate
+//!   for the SNI), match a route (`table`), run the plugins' preread phase (`plugins`), pick
+//!   and connect a node through the route's upstream (`connect`), relay, then the log phase.
+//! - `vars`: the nginx stream variables a connection answers (`remote_addr`, `server_port`,
+//!   `route_id`, `mqtt_client_id` ...), for plugins, chash keys and log formats.
+#![forbid(unsafe_code)]
+
+mod connect;
+mod plugins;
+mod table;
+mod tcp;
+mod udp;
+mod vars;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use ferrisix_config::settings::StreamListen;
+use ferrisix_plugin_api::PluginServices;
+use ferrisix_plugins::stream::StreamPlugins;
+use ferrisix_proxy::SnapshotHandle;
+
+pub use table::{StreamRoute, StreamTable};
+
+/// The published stream table, swapped whole.
+pub type StreamHandle = Arc<ArcSwap<StreamTable>>;
+
+/// What compiling stream routes needs beside the HTTP snapshot.
+#[derive(Clone)]
+pub struct StreamEnv {
+    pub plugins: StreamPlugins,
+    pub services: Arc<PluginServices>,
+}
+
+/// Timeouts of the relay, nginx stream's defaults where an upstream sets none.
+#[derive(Clone, Copy, Debug)]
+pub struct StreamTimeouts {
+    /// `proxy_timeout` (nginx: 10 min): a TCP session with no byte either way for this long
+    /// is closed; a UDP session likewise.
+    pub idle: Duration,
+    /// A TLS handshake, or a preread (mqtt-proxy's CONNECT), must finish within this.
+    pub preread: Duration,
+}
+
+impl Default for StreamTimeouts {
+    fn default() -> Self {
+        StreamTimeouts {
+            idle: Duration::from_secs(600),
+            preread: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Compiles the stream table for every snapshot the HTTP side publishes, until `changes`
+/// ends. `changes` fires after each publish (see `ferrisix_proxy::snapshot::follow`).
+pub async fn follow(
+    snapshots: SnapshotHandle,
+    mut changes: tokio::sync::watch::Receiver<i64>,
+    handle: StreamHandle,
+    env: Arc<StreamEnv>,
+) {
+    loop {
+        let snapshot = snapshots.load_full();
+        let previous = handle.load_full();
+        let env2 = env.clone();
+        let compiled =
+            tokio::task::spawn_blocking(move || StreamTable::compile(&snapshot, &previous, &env2))
+                .await;
+        match compiled {
+            Ok(table) => {
+                for (id, why) in &table.quarantine {
+                    tracing::warn!(stream_route = %id, error = %why, "stream route quarantined");
+                }
+                handle.store(Arc::new(table));
+            }
+            Err(e) => tracing::error!("stream route compile failed: {e}"),
+        }
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The stream listeners of `config.yaml`, bound and serving on the current runtime.
+pub struct Listeners {
+    pub tcp: Vec<(StreamListen, std::net::TcpListener)>,
+    pub udp: Vec<(StreamListen, std::net::UdpSocket)>,
+}
+
+impl Listeners {
+    /// Binds every listener (the process fails to start when one cannot be).
+    pub fn bind(tcp: &[StreamListen], udp: &[StreamListen]) -> Result<Listeners, String> {
+        let mut out = Listeners {
+            tcp: Vec::new(),
+            udp: Vec::new(),
+        };
+        for l in tcp {
+            let addr = SocketAddr::new(l.ip, l.port);
+            let s = std::net::TcpListener::bind(addr)
+                .map_err(|e| format!("stream_proxy.tcp {addr}: {e}"))?;
+            s.set_nonblocking(true)
+                .map_err(|e| format!("stream_proxy.tcp {addr}: {e}"))?;
+            out.tcp.push((*l, s));
+        }
+        for l in udp {
+            let addr = SocketAddr::new(l.ip, l.port);
+            let s = std::net::UdpSocket::bind(addr)
+                .map_err(|e| format!("stream_proxy.udp {addr}: {e}"))?;
+            s.set_nonblocking(true)
+                .map_err(|e| format!("stream_proxy.udp {addr}: {e}"))?;
+            out.udp.push((*l, s));
+        }
+        Ok(out)
+    }
+
+    /// Serves every listener on the current tokio runtime until `shutdown` turns true.
+    pub fn serve(
+        self,
+        table: StreamHandle,
+        timeouts: StreamTimeouts,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> Result<(), String> {
+        for (listen, socket) in self.tcp {
+            let listener = tokio::net::TcpListener::from_std(socket)
+                .map_err(|e| format!("stream_proxy.tcp: {e}"))?;
+            tokio::spawn(tcp::serve(
+                listener,
+                listen.tls,
+                table.clone(),
+                timeouts,
+                shutdown.clone(),
+            ));
+        }
+        for (_, socket) in self.udp {
+            let socket = tokio::net::UdpSocket::from_std(socket)
+                .map_err(|e| format!("stream_proxy.udp: {e}"))?;
+            tokio::spawn(udp::serve(
+                Arc::new(socket),
+                table.clone(),
+                timeouts,
+                shutdown.clone(),
+            ));
+        }
+        Ok(())
+    }
+}

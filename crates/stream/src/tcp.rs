@@ -1,0 +1,215 @@
+//! TCP (and TLS-terminated) sessions: accept, match, preread, connect, relay, log.
+//!
+//! The relay copies each direction on its own (so a slow reader on one side holds back only
+//! that side's sender: back-pressure), and the session ends, as APISIX's does (nginx's
+//! `proxy_half_close off`), once either side has closed and what it sent has been passed on.
+//! A session with no byte either way for the idle timeout is closed.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::plugins::{self, MqttRead, Preread, Session};
+use crate::vars::ConnVars;
+use crate::{connect, StreamHandle, StreamTimeouts};
+
+/// The most bytes mqtt-proxy reads looking for a whole CONNECT packet.
+const MAX_PREREAD: usize = 64 * 1024;
+
+pub async fn serve(
+    listener: TcpListener,
+    tls: bool,
+    table: StreamHandle,
+    timeouts: StreamTimeouts,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = shutdown.changed() => return,
+        };
+        let (stream, remote) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of descriptors, most often: wait a little rather than spin.
+                tracing::error!(error = %e, "stream: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        tokio::spawn(session(stream, remote, tls, table.clone(), timeouts));
+    }
+}
+
+async fn session(
+    stream: TcpStream,
+    remote: SocketAddr,
+    tls: bool,
+    handle: StreamHandle,
+    timeouts: StreamTimeouts,
+) {
+    let Ok(local) = stream.local_addr() else {
+        return;
+    };
+    let _ = stream.set_nodelay(true);
+    let mut vars = ConnVars::new(remote, local, "TCP");
+    if !tls {
+        return run(stream, vars, handle, timeouts).await;
+    }
+    let certs = handle.load().tls.clone();
+    match ferrisix_tls::accept(stream, move || certs, false, timeouts.preread).await {
+        Ok((stream, info)) => {
+            vars.sni = info.sni.clone();
+            run(stream, vars, handle, timeouts).await;
+        }
+        Err(e) => tracing::info!(client = %remote, error = %e, "stream: TLS handshake failed"),
+    }
+}
+
+async fn run<C>(mut client: C, mut vars: ConnVars, handle: StreamHandle, timeouts: StreamTimeouts)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    let table = handle.load_full();
+    let Some(route) = table.match_route(&vars).cloned() else {
+        tracing::info!(client = %vars.remote, port = vars.local.port(), "stream: not hit any route");
+        // A TLS client gets its close_notify, then the FIN.
+        let _ = tokio::time::timeout(Duration::from_secs(1), client.shutdown()).await;
+        return;
+    };
+    drop(table);
+    vars.route_id = Some(route.id.clone());
+    vars.service_id = route.service_id.clone();
+    let mut session = Session::default();
+    let served = serve_session(&mut client, &mut vars, &route, &mut session, timeouts).await;
+    if !served {
+        let _ = tokio::time::timeout(Duration::from_secs(1), client.shutdown()).await;
+    }
+    // The limit-conn tickets go before the log phase runs, as APISIX's log decrements.
+    drop(session);
+    plugins::log(&route.plugins, &vars);
+}
+
+/// The session after its route matched: `false` when it was closed before any relay.
+async fn serve_session<C>(
+    client: &mut C,
+    vars: &mut ConnVars,
+    route: &crate::StreamRoute,
+    session: &mut Session,
+    timeouts: StreamTimeouts,
+) -> bool
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    if let Preread::Close = plugins::preread(&route.plugins, vars, session).await {
+        return false;
+    }
+    if let Some((name, level)) = session.mqtt.clone() {
+        let mut buf = Vec::with_capacity(256);
+        let read = tokio::time::timeout(timeouts.preread, async {
+            loop {
+                match plugins::check_mqtt_connect(&buf, &name, level) {
+                    MqttRead::Incomplete if buf.len() < MAX_PREREAD => {}
+                    MqttRead::Incomplete => return Err("packet too large"),
+                    MqttRead::Bad(why) => return Err(why),
+                    MqttRead::Connect(id) => return Ok(id),
+                }
+                let mut chunk = [0u8; 4096];
+                match client.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return Err("closed before a whole CONNECT"),
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+        })
+        .await;
+        match read {
+            Ok(Ok(id)) => {
+                vars.mqtt_client_id = Some(id);
+                vars.bytes_received += buf.len() as u64;
+                session.preread = buf;
+            }
+            Ok(Err(why)) => {
+                tracing::info!(client = %vars.remote, "stream: mqtt-proxy: {why}");
+                return false;
+            }
+            Err(_) => return false,
+        }
+    }
+    let Some(up) = session.upstream.clone().or_else(|| route.upstream.clone()) else {
+        tracing::error!(stream_route = %route.id, "stream: missing upstream configuration");
+        return false;
+    };
+    let Some(mut server) = connect::tcp(&up, vars).await else {
+        return false;
+    };
+    if !session.preread.is_empty() && server.write_all(&session.preread).await.is_err() {
+        return false;
+    }
+    let (up_bytes, down_bytes) = relay(client, server, timeouts.idle).await;
+    vars.bytes_received += up_bytes;
+    vars.bytes_sent += down_bytes;
+    true
+}
+
+/// Copies both ways until either side closes (its FIN passed on first) or nothing moved
+/// for `idle`; answers the bytes sent upstream and downstream.
+async fn relay<C, S>(client: &mut C, server: S, idle: Duration) -> (u64, u64)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let start = Instant::now();
+    let last = AtomicU64::new(0);
+    let up = AtomicU64::new(0);
+    let down = AtomicU64::new(0);
+    let (mut cr, mut cw) = tokio::io::split(client);
+    let (mut sr, mut sw) = tokio::io::split(server);
+    tokio::select! {
+        () = pump(&mut cr, &mut sw, &last, &up, start, idle) => {}
+        () = pump(&mut sr, &mut cw, &last, &down, start, idle) => {}
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), cw.shutdown()).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), sw.shutdown()).await;
+    (up.load(Ordering::Relaxed), down.load(Ordering::Relaxed))
+}
+
+async fn pump<R, W>(
+    r: &mut R,
+    w: &mut W,
+    last: &AtomicU64,
+    total: &AtomicU64,
+    start: Instant,
+    idle: Duration,
+) where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; 16 * 1024];
+    let now_ms = || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+    loop {
+        let n = match tokio::time::timeout(idle, r.read(&mut buf)).await {
+            Err(_) => {
+                // Idle only when the other direction was idle too.
+                let since = now_ms().saturating_sub(last.load(Ordering::Relaxed));
+                if u128::from(since) < idle.as_millis() {
+                    continue;
+                }
+                return;
+            }
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                let _ = tokio::time::timeout(Duration::from_secs(1), w.shutdown()).await;
+                return;
+            }
+            Ok(Ok(n)) => n,
+        };
+        last.store(now_ms(), Ordering::Relaxed);
+        match tokio::time::timeout(idle, w.write_all(&buf[..n])).await {
+            Ok(Ok(())) => {}
+            _ => return,
+        }
+        total.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}

@@ -29,6 +29,13 @@ use lifecycle::Event;
 #[global_allocator]
 static ALLOCATOR: ferrisix_alloc::Mimalloc = ferrisix_alloc::Mimalloc;
 
+/// Writes `text` and a newline to stdout. A reader that went away (`ferrisix -V | head -1`)
+/// is no error of ours: `println!` would panic on the broken pipe.
+fn print_stdout(text: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{text}");
+}
+
 fn main() -> ExitCode {
     let args = match cli::Args::parse(std::env::args().skip(1)) {
         Ok(a) => a,
@@ -38,11 +45,11 @@ fn main() -> ExitCode {
         }
     };
     if args.help {
-        println!("{}", cli::USAGE);
+        print_stdout(cli::USAGE);
         return ExitCode::SUCCESS;
     }
     if args.version {
-        println!("{}", cli::version_text());
+        print_stdout(&cli::version_text());
         return ExitCode::SUCCESS;
     }
     let settings = match cli::load_settings(&args) {

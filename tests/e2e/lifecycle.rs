@@ -216,3 +216,22 @@ fn request_smuggling_probe(addr: std::net::SocketAddr) -> u16 {
         b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\n\r\n",
     )
 }
+
+/// `ferrisix -V | head -1` and `ferrisix --help | head`: the reader goes away before the text
+/// is written. The binary exits 0 without a panic's backtrace.
+#[test]
+fn version_and_help_into_a_closed_pipe_exit_quietly() {
+    for flag in ["-V", "--help"] {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_ferrisix"))
+            .arg(flag)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .expect("ferrisix runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{flag}: {:?} {stderr}", out.status);
+        assert!(!stderr.contains("panicked"), "{flag}: {stderr}");
+    }
+}

@@ -639,72 +639,6 @@ impl<'de> Deserialize<'de> for WorkerProcesses {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn nginx_times() {
-        assert_eq!(parse_nginx_time("240s"), Some(Duration::from_secs(240)));
-        assert_eq!(parse_nginx_time("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_nginx_time("1m30s"), Some(Duration::from_secs(90)));
-        assert_eq!(parse_nginx_time("500ms"), Some(Duration::from_millis(500)));
-        assert_eq!(parse_nginx_time("15"), Some(Duration::from_secs(15)));
-        assert_eq!(parse_nginx_time("1h"), Some(Duration::from_secs(3600)));
-        assert_eq!(parse_nginx_time("s"), None);
-        assert_eq!(parse_nginx_time("10x"), None);
-        assert_eq!(parse_nginx_time(""), None);
-    }
-
-    #[test]
-    fn nginx_sizes() {
-        assert_eq!(parse_nginx_size("0"), Some(0));
-        assert_eq!(parse_nginx_size("8k"), Some(8192));
-        assert_eq!(parse_nginx_size("1M"), Some(1 << 20));
-        assert_eq!(parse_nginx_size("2g"), Some(2 << 30));
-        assert_eq!(parse_nginx_size("m"), None);
-        assert_eq!(parse_nginx_size("1t"), None);
-    }
-
-    #[test]
-    fn listen_strings() {
-        assert_eq!(
-            parse_listen_str("127.0.0.1:9081"),
-            Some((IpAddr::from([127, 0, 0, 1]), 9081))
-        );
-        assert_eq!(
-            parse_listen_str("[::1]:9082"),
-            Some(("::1".parse().unwrap(), 9082))
-        );
-        assert_eq!(
-            parse_listen_str("*:80"),
-            Some((IpAddr::from([0, 0, 0, 0]), 80))
-        );
-        assert_eq!(
-            parse_listen_str("9083"),
-            Some((IpAddr::from([0, 0, 0, 0]), 9083))
-        );
-        assert_eq!(parse_listen_str("::1:9082"), None);
-        assert_eq!(parse_listen_str("127.0.0.1:0"), None);
-        assert_eq!(parse_listen_str("x"), None);
-    }
-
-    #[test]
-    fn ip_forms() {
-        assert_eq!(
-            parse_ipnet("127.0.0.0/24"),
-            Some("127.0.0.0/24".parse().unwrap())
-        );
-        assert_eq!(
-            parse_ipnet("10.0.0.1"),
-            Some("10.0.0.1/32".parse().unwrap())
-        );
-        assert_eq!(parse_ipnet("::1"), Some("::1/128".parse().unwrap()));
-        assert_eq!(parse_ipnet("[::1]"), Some("::1/128".parse().unwrap()));
-        assert_eq!(parse_ipnet("localhost"), None);
-    }
-}
-
 /// `apisix.stream_proxy.tcp` / `.udp`: a list of ports, `"ip:port"` (or `"ip:from-to"`)
 /// strings, or `{addr, tls}` maps whose `addr` is one of those.
 pub(crate) fn stream_listen<'de, D: Deserializer<'de>>(
@@ -780,4 +714,70 @@ fn stream_listen_value(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nginx_times() {
+        assert_eq!(parse_nginx_time("240s"), Some(Duration::from_secs(240)));
+        assert_eq!(parse_nginx_time("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_nginx_time("1m30s"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_nginx_time("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_nginx_time("15"), Some(Duration::from_secs(15)));
+        assert_eq!(parse_nginx_time("1h"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_nginx_time("s"), None);
+        assert_eq!(parse_nginx_time("10x"), None);
+        assert_eq!(parse_nginx_time(""), None);
+    }
+
+    #[test]
+    fn nginx_sizes() {
+        assert_eq!(parse_nginx_size("0"), Some(0));
+        assert_eq!(parse_nginx_size("8k"), Some(8192));
+        assert_eq!(parse_nginx_size("1M"), Some(1 << 20));
+        assert_eq!(parse_nginx_size("2g"), Some(2 << 30));
+        assert_eq!(parse_nginx_size("m"), None);
+        assert_eq!(parse_nginx_size("1t"), None);
+    }
+
+    #[test]
+    fn listen_strings() {
+        assert_eq!(
+            parse_listen_str("127.0.0.1:9081"),
+            Some((IpAddr::from([127, 0, 0, 1]), 9081))
+        );
+        assert_eq!(
+            parse_listen_str("[::1]:9082"),
+            Some(("::1".parse().unwrap(), 9082))
+        );
+        assert_eq!(
+            parse_listen_str("*:80"),
+            Some((IpAddr::from([0, 0, 0, 0]), 80))
+        );
+        assert_eq!(
+            parse_listen_str("9083"),
+            Some((IpAddr::from([0, 0, 0, 0]), 9083))
+        );
+        assert_eq!(parse_listen_str("::1:9082"), None);
+        assert_eq!(parse_listen_str("127.0.0.1:0"), None);
+        assert_eq!(parse_listen_str("x"), None);
+    }
+
+    #[test]
+    fn ip_forms() {
+        assert_eq!(
+            parse_ipnet("127.0.0.0/24"),
+            Some("127.0.0.0/24".parse().unwrap())
+        );
+        assert_eq!(
+            parse_ipnet("10.0.0.1"),
+            Some("10.0.0.1/32".parse().unwrap())
+        );
+        assert_eq!(parse_ipnet("::1"), Some("::1/128".parse().unwrap()));
+        assert_eq!(parse_ipnet("[::1]"), Some("::1/128".parse().unwrap()));
+        assert_eq!(parse_ipnet("localhost"), None);
+    }
 }

@@ -380,6 +380,26 @@ mod tests {
             ("csrf", &["key"]),
             ("ldap-auth-advanced", &["ldap_password"]),
             ("authz-keycloak", &["client_secret"]),
+            ("loggly", &["customer_token"]),
+            ("google-cloud-logging", &["auth_config.private_key"]),
+            ("sls-logger", &["access_key_secret"]),
+            ("splunk-hec-logging", &["endpoint.token"]),
+            ("tencent-cloud-cls", &["secret_key"]),
+            ("openwhisk", &["service_token"]),
+            ("openfunction", &["authorization.service_token"]),
+            ("azure-functions", &["authorization.apikey"]),
+            (
+                "aws-lambda",
+                &[
+                    "authorization.apikey",
+                    "authorization.iam.accesskey",
+                    "authorization.iam.secretkey",
+                ],
+            ),
+            (
+                "error-log-logger",
+                &["clickhouse.password", "kafka.brokers.sasl_config.password"],
+            ),
             (
                 "openid-connect",
                 &[

@@ -716,7 +716,6 @@ plugin_attr:
             "unknown or unsupported key `apisix.node_listen[0].reuseport` ignored",
             "unknown or unsupported key `nginx_config.http.upstream.keepalive_pool` ignored",
             "unknown or unsupported key `plugin_attr.prometheus.metrics.llm_latency` ignored",
-            "unknown or unsupported key `stream_plugins` ignored",
         ]
     );
 }

@@ -185,7 +185,7 @@ fn a_bad_resource_is_quarantined_on_its_own() {
     )
     .put(
         "upstreams/bad-scheme",
-        json!({"scheme": "tcp", "nodes": {"127.0.0.1:1": 1}}),
+        json!({"scheme": "kafka", "nodes": {"127.0.0.1:1": 1}}),
     );
     let snap = first(&s);
     for id in ALL {

@@ -322,8 +322,6 @@ pub fn upstream_statuses(snapshot: &Snapshot) -> Vec<(String, String, u16, bool)
     out
 }
 
-/// Serves the control API until `shutdown` turns true. `limits` bounds silent, idle and
-/// non-reading clients as on the data port.
 /// Serves the status API ([`ControlApi::handle_status`]) on `listener` until `shutdown`.
 pub async fn serve_status(
     listener: TcpListener,
@@ -343,6 +341,8 @@ pub async fn serve_status(
     .await;
 }
 
+/// Serves the control API until `shutdown` turns true. `limits` bounds silent, idle and
+/// non-reading clients as on the data port.
 pub async fn serve(
     listener: TcpListener,
     api: Arc<ControlApi>,

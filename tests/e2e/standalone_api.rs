@@ -339,3 +339,53 @@ fn a_restart_starts_empty_and_not_ready() {
     });
     assert!(ready.is_some());
 }
+
+/// A `stream_routes` item of the pushed document is served on the stream port (with
+/// `proxy_mode: http&stream`): the stream proxy compiles the same published state.
+#[test]
+fn stream_routes_of_the_document_are_served() {
+    use std::io::{Read, Write};
+    // A TCP node that answers every read with "echo: " and what it read.
+    let node = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let node_addr = node.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut conn in node.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = conn.read(&mut buf) {
+                    if n == 0 || conn.write_all(&[b"echo: ", &buf[..n]].concat()).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let (tcp, udp) = (free_port(), free_port());
+    let gw = StoreGatewayBuilder::standalone_api()
+        .apisix_key(&format!(
+            "proxy_mode: http&stream\nstream_proxy:\n  tcp:\n    - \"127.0.0.1:{tcp}\"\n  udp:\n    - \"127.0.0.1:{udp}\""
+        ))
+        .start();
+    let doc = json!({
+        "stream_routes": [{
+            "id": "s1",
+            "server_port": tcp,
+            "upstream": {"type": "roundrobin", "nodes": {node_addr.to_string(): 1}}
+        }]
+    });
+    assert_eq!(put_config(&gw, "stream-1", &doc).status, 202);
+    let echoed = || -> Option<()> {
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", tcp)).ok()?;
+        conn.set_read_timeout(Some(Duration::from_millis(500)))
+            .ok()?;
+        conn.write_all(b"ping").ok()?;
+        let mut buf = [0u8; 64];
+        let n = conn.read(&mut buf).ok()?;
+        (&buf[..n] == b"echo: ping").then_some(())
+    };
+    let answered = poll_until(Duration::from_secs(10), || echoed().is_some());
+    assert!(
+        answered.is_some(),
+        "the pushed stream route was not served on 127.0.0.1:{tcp}"
+    );
+}

@@ -32,9 +32,26 @@ if ! python3 -c "import openai, sys; sys.exit(openai.__version__ != '$openai_ver
     || pip install -q --break-system-packages "openai==$openai_version"
 fi
 
+# Admin API clients from PyPI that tests/e2e/admin_tools.rs drives ferrisix with.
+for pkg in mcp-apisix==0.4.0 apisix-python-client==0.1.0; do
+  if ! python3 -c "import importlib.metadata as m, sys; n, v = '$pkg'.split('=='); sys.exit(m.version(n) != v)" 2>/dev/null; then
+    echo "test.sh: installing $pkg (PyPI)" >&2
+    pip install -q "$pkg" 2>/dev/null || pip install -q --break-system-packages "$pkg"
+  fi
+done
+
+# kubernetes-validate (Kubernetes' OpenAPI schemas, offline), which checks deploy/kubernetes/.
+k8s_validate_version="1.37.0"
+if ! python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('kubernetes-validate') != '$k8s_validate_version')" 2>/dev/null; then
+  echo "test.sh: installing kubernetes-validate==$k8s_validate_version (PyPI)" >&2
+  pip install -q "kubernetes-validate==$k8s_validate_version" 2>/dev/null \
+    || pip install -q --break-system-packages "kubernetes-validate==$k8s_validate_version"
+fi
+
 cargo fmt --all -- --check
 # cargo fmt follows `mod` items only: the plugin files listed through the `family!` macro are
 # reached by no `mod` rustfmt can see, so every source file is checked by name as well.
 find crates tests benches examples src -name '*.rs' 2>/dev/null | xargs rustfmt --edition 2021 --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked "$@"
+scripts/check/kubernetes-test.sh target/debug/ferrisix

@@ -111,6 +111,7 @@ pub async fn admin_api(
     options.keyring = settings.apisix.data_encryption.keyring();
     options.encrypt_fields = settings.apisix.data_encryption.enable_encrypt_fields;
     options.key_guard = settings.ferrisix.admin_key_guard.clone();
+    options.ui_dir = settings.admin_ui_dir();
     options.stream_mode = settings.apisix.proxy_mode.stream();
     options.stream_plugins =
         ferrisix_plugins::stream::StreamPlugins::new(settings.stream_plugins.as_deref()).0;

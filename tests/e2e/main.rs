@@ -8,6 +8,7 @@
 
 mod support;
 
+mod admin_tools;
 mod auth_etcd;
 mod balancing;
 mod dns;

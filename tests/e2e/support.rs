@@ -793,6 +793,8 @@ pub struct StoreGatewayBuilder {
     store: StoreKind,
     etcd_keys: Vec<String>,
     apisix_keys: Vec<String>,
+    ferrisix_keys: Vec<String>,
+    admin_keys: Vec<String>,
     workers: usize,
     log_filter: String,
 }
@@ -819,6 +821,8 @@ impl StoreGatewayBuilder {
             // loaded CI machine.
             etcd_keys: vec!["timeout: 5".into()],
             apisix_keys: Vec::new(),
+            ferrisix_keys: Vec::new(),
+            admin_keys: Vec::new(),
             workers: 1,
             log_filter: "warn".into(),
         }
@@ -834,6 +838,18 @@ impl StoreGatewayBuilder {
     pub fn apisix_key(mut self, lines: &str) -> StoreGatewayBuilder {
         self.apisix_keys
             .extend(lines.lines().map(|l| format!("  {l}\n")));
+        self
+    }
+
+    /// Adds a `key: value` line under `ferrisix:`, e.g. `admin_ui_dir: ui`.
+    pub fn ferrisix_key(mut self, line: &str) -> StoreGatewayBuilder {
+        self.ferrisix_keys.push(format!("  {line}\n"));
+        self
+    }
+
+    /// Adds a `key: value` line under `deployment.admin`, e.g. `enable_admin_ui: false`.
+    pub fn admin_key(mut self, line: &str) -> StoreGatewayBuilder {
+        self.admin_keys.push(format!("    {line}\n"));
         self
     }
 
@@ -923,8 +939,10 @@ impl StoreGatewayBuilder {
              \x20     - name: admin\n\
              \x20       key: {key}\n\
              \x20       role: admin\n\
+             {admin_keys}\
              ferrisix:\n\
              \x20 data_dir: {data_dir}\n\
+             {ferrisix_keys}\
              plugin_attr:\n\
              \x20 prometheus:\n\
              \x20   export_addr:\n\
@@ -941,6 +959,8 @@ impl StoreGatewayBuilder {
             metrics = gw.metrics_port,
             key = gw.admin_key,
             data_dir = gw.data_dir().display(),
+            ferrisix_keys = self.ferrisix_keys.concat(),
+            admin_keys = self.admin_keys.concat(),
             workers = self.workers,
             access_log = dir.join("access.log").display(),
         )

@@ -69,6 +69,8 @@ pub struct AdminOptions {
     pub encrypt_fields: bool,
     /// `ferrisix.admin_key_guard`: failed authentications per client address.
     pub key_guard: AdminKeyGuard,
+    /// `enable_admin_ui`: the dashboard's directory, served at `/ui/`; `None` serves nothing.
+    pub ui_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for AdminOptions {
@@ -91,6 +93,7 @@ impl AdminOptions {
             keyring: ferrisix_config::encrypt::Keyring::apisix_default(),
             encrypt_fields: true,
             key_guard: AdminKeyGuard::default(),
+            ui_dir: None,
         }
     }
 }
@@ -199,6 +202,12 @@ impl AdminApi {
         let Some(uri) = path::normalize(parts.uri.path()) else {
             return self.page(StatusCode::BAD_REQUEST, false);
         };
+        // `location = /ui` and `location ^~ /ui/`: the dashboard's static files, no key.
+        if let Some(root) = &self.options.ui_dir {
+            if crate::ui::is_ui_path(&uri) {
+                return crate::ui::serve(root, &parts, &uri, &self.server).await;
+            }
+        }
         // Outside nginx's `location /apisix/admin` nothing of APISIX runs.
         if !uri.starts_with(PREFIX) {
             return self.page(StatusCode::NOT_FOUND, false);

@@ -22,6 +22,7 @@ mod path;
 mod resources;
 mod response;
 mod server;
+mod ui;
 
 pub use api::{AdminApi, AdminOptions, ReloadHook, MAX_BODY};
 pub use server::serve;

@@ -607,6 +607,9 @@ pub struct AdminSettings {
     #[serde(deserialize_with = "de::opt_ipnets")]
     pub allow_admin: Option<Vec<IpNet>>,
     pub enable_admin_cors: bool,
+    /// The embedded dashboard: the static files of `ferrisix.admin_ui_dir` at `/ui/` on the
+    /// Admin port (on by default, as in APISIX).
+    pub enable_admin_ui: bool,
     pub admin_api_version: AdminApiVersion,
 }
 
@@ -627,6 +630,7 @@ impl Default for AdminSettings {
             admin_key_required: true,
             allow_admin: Some(vec![loopback_admin_net()]),
             enable_admin_cors: true,
+            enable_admin_ui: true,
             admin_api_version: AdminApiVersion::V3,
         }
     }
@@ -897,6 +901,10 @@ pub struct FerrisixSettings {
     /// Where the embedded store keeps its database and etcd mode its local copy of the last
     /// applied config. Relative paths resolve against config.yaml's directory; default `data`.
     pub data_dir: Option<PathBuf>,
+    /// The dashboard's directory served at `/ui/` (`deployment.admin.enable_admin_ui`).
+    /// Relative paths resolve against config.yaml's directory; default `../ui`, i.e. `ui`
+    /// beside `conf/`, where APISIX keeps it (`<apisix home>/ui`).
+    pub admin_ui_dir: Option<PathBuf>,
     /// APISIX 2.x compatibility: also answer `/apisix/admin` on the data port (loopback
     /// clients only), so 2.x scripts that PUT to :9080 work as written.
     pub admin_on_data_port: bool,
@@ -927,6 +935,7 @@ impl Default for FerrisixSettings {
             admin_key_guard: AdminKeyGuard::default(),
             config_file: None,
             data_dir: None,
+            admin_ui_dir: None,
             admin_on_data_port: false,
             http2: Http2Settings::default(),
             log: LogSettings::default(),
@@ -1062,6 +1071,20 @@ impl Settings {
             Some(_) => PathBuf::from("."),
             None => PathBuf::from("conf"),
         }
+    }
+
+    /// The dashboard's directory (`ferrisix.admin_ui_dir`), `None` when
+    /// `deployment.admin.enable_admin_ui` is off.
+    pub fn admin_ui_dir(&self) -> Option<PathBuf> {
+        if !self.deployment.admin.enable_admin_ui {
+            return None;
+        }
+        let dir = self.config_dir();
+        Some(match &self.ferrisix.admin_ui_dir {
+            Some(p) if p.is_absolute() => p.clone(),
+            Some(p) => dir.join(p),
+            None => dir.join("..").join("ui"),
+        })
     }
 
     /// The data directory (`ferrisix.data_dir`, default `data` beside config.yaml).

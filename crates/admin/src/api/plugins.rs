@@ -70,7 +70,23 @@ impl AdminApi {
         if args.str("all") == Some("true") {
             tracing::warn!("query parameter \"all\" will be deprecated soon.");
             if args.str("subsystem") == Some("stream") {
-                return Reply::json(StatusCode::OK, json!({}));
+                // APISIX loads the stream plugins in the http subsystem too (for the Admin
+                // API's checks), whatever `proxy_mode` is: name, priority, schema, version.
+                let stream = &self.options().stream_plugins;
+                let mut all = Map::new();
+                for name in stream.names() {
+                    let mut info = Map::new();
+                    let version = registry.get(name).map_or(json!(0.1), |p| json!(p.version));
+                    info.insert("version".into(), version);
+                    if let Some(priority) = stream.priority(name) {
+                        info.insert("priority".into(), json!(priority));
+                    }
+                    if let Some(schema) = stream.schema(name) {
+                        info.insert("schema".into(), with_mark(&schema));
+                    }
+                    all.insert(name.to_string(), lua_view(Value::Object(info)));
+                }
+                return Reply::json(StatusCode::OK, Value::Object(all));
             }
             let mut all = Map::new();
             for p in registry.list() {

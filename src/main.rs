@@ -229,7 +229,8 @@ fn run(
         ttl: std::time::Duration::from_secs_f64(lru.ttl.max(0.0)),
         neg_ttl: std::time::Duration::from_secs_f64(lru.neg_ttl.max(0.0)),
     };
-    let mut resolver = ferrisix_plugins::secrets::SecretResolver::new(services.clone(), ttl);
+    let mut resolver = ferrisix_plugins::secrets::SecretResolver::new(services.clone(), ttl)
+        .with_decryptor(registry.field_decryptor());
     let first = states.borrow().clone();
     let first = Arc::new(control.block_on(resolver.resolve(first)));
     let (resolved_tx, resolved) = tokio::sync::watch::channel(first.clone());

@@ -330,6 +330,10 @@ impl Refused {
 /// per shard) and each item's last version that resolved whole.
 #[derive(Default)]
 pub struct StateResolver {
+    /// Where plugins' fields are stored encrypted: what reveals them in a `plugins` object
+    /// (a reference may be stored in such a field), and the quoted names of the plugins that
+    /// have such fields (an item naming none needs no look).
+    reveal: Option<(Vec<String>, RevealFn)>,
     input: ConfigState,
     /// The items holding references, with the references.
     with_refs: BTreeMap<(ResourceKind, String), Vec<String>>,
@@ -337,6 +341,9 @@ pub struct StateResolver {
     /// resolved from, and the resolved item.
     last_good: HashMap<(ResourceKind, String), (StoredValue, StoredItem)>,
 }
+
+/// Decrypts the stored-encrypted fields of a `plugins` object in place.
+pub type RevealFn = Box<dyn Fn(&mut Value) + Send + Sync>;
 
 /// The kinds [`ref_fields`] names.
 const REF_KINDS: [ResourceKind; 9] = [
@@ -352,6 +359,36 @@ const REF_KINDS: [ResourceKind; 9] = [
 ];
 
 impl StateResolver {
+    /// A resolver that first decrypts the plugins' stored-encrypted fields (`names`: the
+    /// quoted names of the plugins that have them).
+    pub fn with_reveal(names: Vec<String>, reveal: RevealFn) -> StateResolver {
+        StateResolver {
+            reveal: Some((names, reveal)),
+            ..StateResolver::default()
+        }
+    }
+
+    /// `value` of `kind` as stored, its plugins' encrypted fields decrypted.
+    fn parse(&self, kind: ResourceKind, item: &StoredItem) -> Value {
+        let mut value = item.value.parse();
+        if let Some((_, reveal)) = &self.reveal {
+            if ref_fields(kind).contains(&"/plugins") {
+                if let Some(plugins) = value.get_mut("plugins") {
+                    reveal(plugins);
+                }
+            }
+        }
+        value
+    }
+
+    fn may_hold_refs(&self, text: &str) -> bool {
+        may_hold_refs(text)
+            || self
+                .reveal
+                .as_ref()
+                .is_some_and(|(names, _)| names.iter().any(|n| text.contains(n.as_str())))
+    }
+
     /// Takes `input` as the newest state, finding the references of what changed.
     pub fn update(&mut self, input: &ConfigState) {
         for kind in REF_KINDS {
@@ -363,8 +400,8 @@ impl StateResolver {
             for id in ids {
                 let key = (kind, id);
                 let refs = match input.get(kind, &key.1) {
-                    Some(item) if may_hold_refs(item.value.text()) => {
-                        refs_of(kind, &item.value.parse())
+                    Some(item) if self.may_hold_refs(item.value.text()) => {
+                        refs_of(kind, &self.parse(kind, item))
                     }
                     _ => Vec::new(),
                 };
@@ -410,7 +447,7 @@ impl StateResolver {
             let Some(item) = self.input.get(kind, id) else {
                 continue;
             };
-            let mut value = item.value.parse();
+            let mut value = self.parse(kind, item);
             let mut unresolved = Vec::new();
             for field in ref_fields(kind) {
                 if let Some(v) = value.pointer_mut(field) {

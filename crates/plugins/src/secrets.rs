@@ -39,6 +39,15 @@ use tokio::sync::watch;
 
 use crate::support::cloud::gcp_token::Token;
 
+/// What decrypts the plugins' stored-encrypted fields (`PluginRegistry::field_decryptor`):
+/// a reference stored in such a field is found and resolved too.
+pub struct Decryptor {
+    /// The quoted names of the plugins with `encrypt_fields`.
+    pub names: Vec<String>,
+    /// Decrypts those fields in a `plugins` object, in place.
+    pub decrypt: secret::RevealFn,
+}
+
 /// The cache's lifetimes (config.yaml's `apisix.lru.secret`).
 #[derive(Clone, Copy, Debug)]
 pub struct CacheTtl {
@@ -121,6 +130,14 @@ impl SecretResolver {
     /// references from the process environment.
     pub fn new(services: Arc<PluginServices>, ttl: CacheTtl) -> SecretResolver {
         SecretResolver::with_env(services, ttl, Box::new(ferrisix_config::env::process_env))
+    }
+
+    /// Decrypts the plugins' stored-encrypted fields before looking for references.
+    pub fn with_decryptor(mut self, decryptor: Option<Decryptor>) -> SecretResolver {
+        if let Some(d) = decryptor {
+            self.refs = StateResolver::with_reveal(d.names, d.decrypt);
+        }
+        self
     }
 
     /// [`SecretResolver::new`] with another environment (tests).

@@ -20,7 +20,9 @@ use std::time::Duration;
 
 use base64::Engine;
 use serde_json::{json, Value};
-use support::{free_port, poll_until, request, Behaviour, StoreGateway, StoreGatewayBuilder, Upstream};
+use support::{
+    free_port, poll_until, request, Behaviour, StoreGateway, StoreGatewayBuilder, Upstream,
+};
 
 /// One request an in-test store received.
 #[derive(Clone, Debug)]
@@ -143,7 +145,12 @@ fn gateway(envs: &[(&str, &str)], apisix_keys: &str) -> StoreGateway {
 
 fn put(gw: &StoreGateway, path: &str, body: &Value) {
     let r = gw.admin("PUT", path, &body.to_string());
-    assert!(r.status == 200 || r.status == 201, "{path}: {} {}", r.status, r.text());
+    assert!(
+        r.status == 200 || r.status == 201,
+        "{path}: {} {}",
+        r.status,
+        r.text()
+    );
 }
 
 fn with_key(gw: &StoreGateway, path: &str, key: &str) -> support::Reply {
@@ -194,7 +201,10 @@ fn vault() -> Vault {
             };
         }
         match kv.get(path) {
-            Some(v) => (200, json!({"data": v, "lease_duration": 2764800}).to_string()),
+            Some(v) => (
+                200,
+                json!({"data": v, "lease_duration": 2764800}).to_string(),
+            ),
             None => (404, r#"{"errors":[]}"#.into()),
         }
     }));
@@ -225,11 +235,7 @@ fn vault_kv1_and_kv2_in_plugin_confs_and_credentials_and_rotation() {
         "/apisix/admin/secrets/vault/2",
         &json!({"uri": v.server.url(), "prefix": "kv2/data/apisix", "token": "root-token"}),
     );
-    put(
-        &gw,
-        "/apisix/admin/consumers",
-        &json!({"username": "jack"}),
-    );
+    put(&gw, "/apisix/admin/consumers", &json!({"username": "jack"}));
     put(
         &gw,
         "/apisix/admin/consumers/jack/credentials/c1",
@@ -246,11 +252,19 @@ fn vault_kv1_and_kv2_in_plugin_confs_and_credentials_and_rotation() {
     wait_status(&gw, "/r", "jack-v1", 200);
     let echo = with_key(&gw, "/r", "jack-v1").json();
     assert_eq!(echo["headers"]["x-secret"], "from-kv2", "{echo}");
-    assert_eq!(with_key(&gw, "/r", "$secret://vault/1/jack/key").status, 401);
+    assert_eq!(
+        with_key(&gw, "/r", "$secret://vault/1/jack/key").status,
+        401
+    );
     let seen = v.server.seen();
-    assert!(seen.iter().any(|r| r.path == "/v1/kv/apisix/jack"), "{seen:?}");
+    assert!(
+        seen.iter().any(|r| r.path == "/v1/kv/apisix/jack"),
+        "{seen:?}"
+    );
     assert!(seen.iter().any(|r| r.path == "/v1/kv2/data/apisix/headers"));
-    assert!(seen.iter().all(|r| r.header("x-vault-token") == Some("root-token")));
+    assert!(seen
+        .iter()
+        .all(|r| r.header("x-vault-token") == Some("root-token")));
 
     // Rotation: the store's new value reaches new requests, the old one stops working.
     v.set("kv/apisix/jack", json!({"key": "jack-v2"}));
@@ -265,7 +279,9 @@ fn vault_kv1_and_kv2_in_plugin_confs_and_credentials_and_rotation() {
     // The store down after boot: the last values keep serving.
     v.up.store(false, Ordering::SeqCst);
     let before = v.server.seen().len();
-    poll_until(Duration::from_secs(20), || v.server.seen().len() > before + 2);
+    poll_until(Duration::from_secs(20), || {
+        v.server.seen().len() > before + 2
+    });
     assert_eq!(with_key(&gw, "/r", "jack-v2").status, 200);
     let log = gw.log_text();
     assert!(log.contains("failed to refresh secret reference: $secret://vault/1/jack/key"));
@@ -313,7 +329,10 @@ fn an_unresolved_key_auth_reference_lets_nobody_in() {
     // The rest of the configuration serves.
     wait_status(&gw, "/r", "rose-key", 200);
     // APISIX would keep the reference as the key: the client sending its text is let in.
-    assert_eq!(with_key(&gw, "/r", "$secret://vault/1/jack/key").status, 401);
+    assert_eq!(
+        with_key(&gw, "/r", "$secret://vault/1/jack/key").status,
+        401
+    );
     assert_eq!(with_key(&gw, "/r", "$secret://vault/9/tom/key").status, 401);
     let log = gw.log_text();
     assert!(
@@ -335,9 +354,10 @@ fn an_unresolved_key_auth_reference_lets_nobody_in() {
         .filter(|q| q["kind"] == "consumers")
         .collect();
     assert_eq!(quarantined.len(), 2, "{config}");
-    assert!(quarantined
-        .iter()
-        .all(|q| q["error"].as_str().unwrap().contains("field: /plugins/key-auth/key")));
+    assert!(quarantined.iter().all(|q| q["error"]
+        .as_str()
+        .unwrap()
+        .contains("field: /plugins/key-auth/key")));
 }
 
 #[test]
@@ -366,8 +386,14 @@ fn a_store_down_at_boot_refuses_what_uses_it_and_the_rest_serves() {
     );
     gw.stop();
     gw.restart();
-    assert_eq!(request(gw.data_addr(), "GET", "/plain", &[], b"").status, 200);
-    assert_eq!(request(gw.data_addr(), "GET", "/secret", &[], b"").status, 404);
+    assert_eq!(
+        request(gw.data_addr(), "GET", "/plain", &[], b"").status,
+        200
+    );
+    assert_eq!(
+        request(gw.data_addr(), "GET", "/secret", &[], b"").status,
+        404
+    );
     let log = gw.log_text();
     assert!(
         log.contains("resource refused")
@@ -466,7 +492,12 @@ mod sigv4_check {
 /// session token required, `ResourceNotFoundException` for unknown ids.
 fn aws(secrets: HashMap<String, String>) -> Server {
     Server::start(Arc::new(move |req: &Req| {
-        let deny = |m: &str| (403, json!({"__type": "InvalidSignatureException", "message": m}).to_string());
+        let deny = |m: &str| {
+            (
+                403,
+                json!({"__type": "InvalidSignatureException", "message": m}).to_string(),
+            )
+        };
         if req.method != "POST"
             || req.path != "/"
             || req.header("x-amz-target") != Some("secretsmanager.GetSecretValue")
@@ -576,7 +607,11 @@ fn aws_signed_requests_resolve_an_ssl_certificate_and_key() {
             .unwrap()
     };
     let ok = poll_until(Duration::from_secs(20), || curl().status.success());
-    assert!(ok.is_some(), "no TLS with the resolved key; log:\n{}", gw.log_text());
+    assert!(
+        ok.is_some(),
+        "no TLS with the resolved key; log:\n{}",
+        gw.log_text()
+    );
     let seen = store.seen();
     let ids: Vec<String> = seen
         .iter()
@@ -614,10 +649,16 @@ fn google(token_uri: Arc<Mutex<String>>, secrets: HashMap<String, String>) -> Se
             v.set_audience(&[token_uri.lock().unwrap().clone()]);
             let assertion = form.get("assertion").map_or("", String::as_str);
             return match jsonwebtoken::decode::<Value>(assertion, &key, &v) {
-                Ok(t) if t.claims["iss"] == "gw@p1.iam.gserviceaccount.com"
-                    && t.claims["scope"] == "https://www.googleapis.com/auth/cloud-platform" =>
+                Ok(t)
+                    if t.claims["iss"] == "gw@p1.iam.gserviceaccount.com"
+                        && t.claims["scope"]
+                            == "https://www.googleapis.com/auth/cloud-platform" =>
                 {
-                    (200, r#"{"access_token":"ya29.e2e","expires_in":3599,"token_type":"Bearer"}"#.into())
+                    (
+                        200,
+                        r#"{"access_token":"ya29.e2e","expires_in":3599,"token_type":"Bearer"}"#
+                            .into(),
+                    )
                 }
                 _ => (400, r#"{"error":"invalid_grant"}"#.into()),
             };
@@ -665,12 +706,18 @@ fn gcp_service_account_tokens_and_env_references() {
     let token_uri = Arc::new(Mutex::new(String::new()));
     let store = google(
         token_uri.clone(),
-        HashMap::from([("creds".to_owned(), r#"{"user":"svc","password":"gcp-pw"}"#.to_owned())]),
+        HashMap::from([(
+            "creds".to_owned(),
+            r#"{"user":"svc","password":"gcp-pw"}"#.to_owned(),
+        )]),
     );
     *token_uri.lock().unwrap() = format!("{}/token", store.url());
     let up = Upstream::start("up", Behaviour::Echo);
     let gw = gateway(
-        &[("E2E_JSON_ENV", r#"{"tag": "from-env-json"}"#), ("E2E_PLAIN_ENV", "from-env")],
+        &[
+            ("E2E_JSON_ENV", r#"{"tag": "from-env-json"}"#),
+            ("E2E_PLAIN_ENV", "from-env"),
+        ],
         "",
     );
     // The account as a key file (`auth_file`), as a service account's JSON key.

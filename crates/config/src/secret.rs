@@ -568,7 +568,11 @@ mod tests {
         );
         assert_eq!(env_or_plain("$env://JACK_KEY", &env), "jack-key");
         assert_eq!(env_or_plain("literal", &env), "literal");
-        let (m, conf) = manager_conf("aws/1", &json!({"access_key_id": "a", "secret_access_key": "s"})).unwrap();
+        let (m, conf) = manager_conf(
+            "aws/1",
+            &json!({"access_key_id": "a", "secret_access_key": "s"}),
+        )
+        .unwrap();
         assert_eq!((m.as_str(), &conf["region"]), ("aws", &json!("us-east-1")));
         assert_eq!(
             manager_conf("nope/1", &json!({})).unwrap_err(),
@@ -593,9 +597,16 @@ mod tests {
         let value = |v: &str| Some(Ok(Value::String(v.into())));
         let (out, refused) = r.resolve(&env, &|u| (u == key).then(|| value("v1")).flatten());
         assert!(refused.is_empty());
-        let jack = out.get(ResourceKind::Consumers, "jack").unwrap().value.parse();
+        let jack = out
+            .get(ResourceKind::Consumers, "jack")
+            .unwrap()
+            .value
+            .parse();
         assert_eq!(jack["plugins"]["key-auth"]["key"], "v1");
-        assert_eq!(out.written[&(ResourceKind::Consumers, "jack".into())].parse(), consumer);
+        assert_eq!(
+            out.written[&(ResourceKind::Consumers, "jack".into())].parse(),
+            consumer
+        );
         let route = out.get(ResourceKind::Routes, "1").unwrap().value.parse();
         assert_eq!(route["plugins"]["p"]["h"], "jack-key");
         assert_eq!(route["upstream"]["tls"]["client_key"], "jack-key");
@@ -619,12 +630,22 @@ mod tests {
         let next = state(&[(ResourceKind::Consumers, "jack", changed)]);
         r.update(&next);
         let (out, _) = r.resolve(&env, &|u| (u == key).then(|| value("v1")).flatten());
-        let jack = out.get(ResourceKind::Consumers, "jack").unwrap().value.parse();
+        let jack = out
+            .get(ResourceKind::Consumers, "jack")
+            .unwrap()
+            .value
+            .parse();
         assert_eq!(jack["plugins"]["key-auth"]["key"], "v1");
-        assert!(out.unreadable.contains_key(&(ResourceKind::Consumers, "jack".into())));
+        assert!(out
+            .unreadable
+            .contains_key(&(ResourceKind::Consumers, "jack".into())));
 
         // References gone from the state are forgotten.
-        r.update(&state(&[(ResourceKind::Routes, "2", json!({"uri": "/plain"}))]));
+        r.update(&state(&[(
+            ResourceKind::Routes,
+            "2",
+            json!({"uri": "/plain"}),
+        )]));
         assert!(r.secret_refs().is_empty());
         let (out, refused) = r.resolve(&env, &|_| None);
         assert!(refused.is_empty() && out.unreadable.is_empty());

@@ -141,11 +141,7 @@ impl SecretResolver {
     }
 
     /// [`SecretResolver::new`] with another environment (tests).
-    pub fn with_env(
-        services: Arc<PluginServices>,
-        ttl: CacheTtl,
-        env: Box<Env>,
-    ) -> SecretResolver {
+    pub fn with_env(services: Arc<PluginServices>, ttl: CacheTtl, env: Box<Env>) -> SecretResolver {
         SecretResolver {
             services,
             ttl,
@@ -190,7 +186,9 @@ impl SecretResolver {
         let mut todo: Vec<(String, Result<(String, Value), String>)> = Vec::new();
         for uri in self.refs.secret_refs() {
             let manager = manager_of(&self.input, uri);
-            let conf_text = manager.as_ref().map_or_else(|_| String::new(), |m| m.0.clone());
+            let conf_text = manager
+                .as_ref()
+                .map_or_else(|_| String::new(), |m| m.0.clone());
             let cached = self
                 .cache
                 .get(uri)
@@ -218,7 +216,9 @@ impl SecretResolver {
         let results = futures_util::future::join_all(fetches).await;
         let mut changed = false;
         for ((uri, result), (_, manager)) in results.into_iter().zip(&todo) {
-            let conf = manager.as_ref().map_or_else(|_| String::new(), |m| m.0.clone());
+            let conf = manager
+                .as_ref()
+                .map_or_else(|_| String::new(), |m| m.0.clone());
             let previous = self.cache.remove(&uri);
             let before = previous.as_ref().map(|p| p.value.clone());
             let kept = previous.filter(|p| p.conf == conf && p.value.is_ok());
@@ -365,4 +365,3 @@ fn json_field(text: &str, field: &str) -> Result<Option<Value>, FetchError> {
         .map_err(|e| FetchError::Missing(format!("failed to decode result, err: {e}")))?;
     Ok(data.get(field).filter(|v| !v.is_null()).cloned())
 }
-

@@ -197,7 +197,7 @@ fn wrong_shapes_refuse_the_file() {
 #[test]
 fn ignored_and_unknown_keys_warn() {
     let doc = parse(
-        "stream_routes: [{id: 1}]\nprotos: []\nsecrets: [{id: vault/1, uri: "http://v", prefix: kv, token: t}]\nconsumer_groups: [{id: g}]\nroutes_conf_version: 3\nroutez: []\n#END\n",
+        "stream_routes: [{id: 1}]\nprotos: []\nsecrets: [{id: vault/1, uri: \"http://v\", prefix: kv, token: t}]\nconsumer_groups: [{id: g}]\nroutes_conf_version: 3\nroutez: []\n#END\n",
         Format::Yaml,
     );
     // Consumer groups, stream routes and secret managers are served.

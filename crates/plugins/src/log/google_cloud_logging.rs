@@ -25,8 +25,8 @@ use http::{header, HeaderValue, Method};
 use serde_json::{json, Map, Value};
 
 use super::sink::http::HttpTarget;
-use crate::support::cloud::gcp_token::{self, Token};
 use super::sink::{self, rfc5424, BatchSink, EntryParts, Logger, SendError, SendFuture};
+use crate::support::cloud::gcp_token::{self, Token};
 
 pub const NAME: &str = "google-cloud-logging";
 
@@ -398,7 +398,8 @@ mod tests {
     fn google(req: &Captured) -> Vec<u8> {
         if req.head.starts_with("POST /token ") {
             let form: std::collections::HashMap<String, String> = url_form(&req.text());
-            if form.get("grant_type").map(String::as_str) != Some("urn:ietf:params:oauth:grant-type:jwt-bearer")
+            if form.get("grant_type").map(String::as_str)
+                != Some("urn:ietf:params:oauth:grant-type:jwt-bearer")
                 || !req
                     .lower()
                     .contains("content-type: application/x-www-form-urlencoded")
@@ -573,7 +574,10 @@ mod tests {
         .unwrap();
         let a = Account::from_conf(&json!({"auth_file": path})).unwrap();
         assert_eq!(a.project_id, "p");
-        assert_eq!(a.oauth.scope, "https://www.googleapis.com/auth/cloud-platform");
+        assert_eq!(
+            a.oauth.scope,
+            "https://www.googleapis.com/auth/cloud-platform"
+        );
         assert_eq!(a.entries_uri, DEFAULT_ENTRIES_URI);
         let missing =
             Account::from_conf(&json!({"auth_file": "/nonexistent/sa.json"})).unwrap_err();

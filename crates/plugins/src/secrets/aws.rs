@@ -25,7 +25,10 @@ fn endpoint(conf: &Value) -> Result<Uri, FetchError> {
     let raw = conf
         .get("endpoint_url")
         .and_then(Value::as_str)
-        .map_or_else(|| format!("https://secretsmanager.{region}.amazonaws.com"), str::to_owned);
+        .map_or_else(
+            || format!("https://secretsmanager.{region}.amazonaws.com"),
+            str::to_owned,
+        );
     let uri: Uri = raw
         .parse()
         .map_err(|e| FetchError::Missing(format!("invalid endpoint_url {raw}: {e}")))?;
@@ -126,7 +129,9 @@ pub async fn get(
     now: u64,
 ) -> Result<Option<Value>, FetchError> {
     if key.is_empty() || key.starts_with('/') {
-        return Err(FetchError::Missing(format!("can't find main key, key: {key}")));
+        return Err(FetchError::Missing(format!(
+            "can't find main key, key: {key}"
+        )));
     }
     let mut main = key;
     let mut sub: Option<&str> = None;

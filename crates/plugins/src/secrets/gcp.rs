@@ -50,7 +50,9 @@ pub fn token_key(account: &Account) -> String {
 }
 
 fn ssl_verify(conf: &Value) -> bool {
-    conf.get("ssl_verify").and_then(Value::as_bool).unwrap_or(true)
+    conf.get("ssl_verify")
+        .and_then(Value::as_bool)
+        .unwrap_or(true)
 }
 
 /// A new access token for `account` (`refresh_access_token`).
@@ -86,7 +88,9 @@ pub async fn get(
         None => (key, None),
     };
     if main.is_empty() {
-        return Err(FetchError::Missing(format!("can't find main key, key: {key}")));
+        return Err(FetchError::Missing(format!(
+            "can't find main key, key: {key}"
+        )));
     }
     let fail = "failed to retrtive data from gcp secret manager: ";
     let Some(token) = token else {
@@ -116,9 +120,8 @@ pub async fn get(
             format!("{fail}{}", String::from_utf8_lossy(resp.body())),
         ));
     }
-    let body: Value = serde_json::from_slice(resp.body()).map_err(|e| {
-        FetchError::Missing(format!("{fail}failed to parse response data, {e}"))
-    })?;
+    let body: Value = serde_json::from_slice(resp.body())
+        .map_err(|e| FetchError::Missing(format!("{fail}failed to parse response data, {e}")))?;
     let data = body
         .get("payload")
         .and_then(|p| p.get("data"))

@@ -42,10 +42,14 @@ pub async fn get(
         return Err(FetchError::Missing(format!("error key format, key: {key}")));
     };
     if main.is_empty() {
-        return Err(FetchError::Missing(format!("can't find main key, key: {key}")));
+        return Err(FetchError::Missing(format!(
+            "can't find main key, key: {key}"
+        )));
     }
     if sub.is_empty() {
-        return Err(FetchError::Missing(format!("can't find sub key, key: {key}")));
+        return Err(FetchError::Missing(format!(
+            "can't find sub key, key: {key}"
+        )));
     }
     let text = |k: &str| conf.get(k).and_then(Value::as_str).unwrap_or("");
     let uri = format!(

@@ -111,7 +111,11 @@ impl Token {
 
     /// The `Authorization` header's value.
     pub fn authorization(&self) -> String {
-        format!("{} {}", self.kind.as_deref().unwrap_or("Bearer"), self.value)
+        format!(
+            "{} {}",
+            self.kind.as_deref().unwrap_or("Bearer"),
+            self.value
+        )
     }
 }
 
@@ -148,7 +152,9 @@ mod tests {
         let mut v = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::RS256);
         v.set_audience(&[DEFAULT_TOKEN_URI]);
         v.validate_exp = false;
-        let claims = jsonwebtoken::decode::<Value>(&jwt, &key, &v).unwrap().claims;
+        let claims = jsonwebtoken::decode::<Value>(&jwt, &key, &v)
+            .unwrap()
+            .claims;
         assert_eq!(claims["iss"], "sa@p.iam.gserviceaccount.com");
         assert_eq!(claims["exp"], now + 3600);
         assert!(account.exchange_body(now).unwrap().starts_with(
@@ -162,6 +168,9 @@ mod tests {
             private_key: "nope".into(),
             ..account
         };
-        assert!(bad.assertion(now).unwrap_err().starts_with("invalid private_key"));
+        assert!(bad
+            .assertion(now)
+            .unwrap_err()
+            .starts_with("invalid private_key"));
     }
 }

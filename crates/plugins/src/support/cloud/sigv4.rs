@@ -130,7 +130,13 @@ pub fn amz_dates(secs: u64) -> (String, String) {
 }
 
 /// The signature of the string to sign, with the key derived from `secret_key`.
-pub fn signature(secret_key: &str, datestamp: &str, region: &str, service: &str, sts: &str) -> String {
+pub fn signature(
+    secret_key: &str,
+    datestamp: &str,
+    region: &str,
+    service: &str,
+    sts: &str,
+) -> String {
     let k_date = hmac256(format!("AWS4{secret_key}").as_bytes(), datestamp);
     let k_region = hmac256(&k_date, region);
     let k_service = hmac256(&k_region, service);

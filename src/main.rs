@@ -221,10 +221,24 @@ fn run(
     // The state is let go once compiled: held here, it kept the boot's whole store read (every
     // route's stored text) alive for the life of the process, after every route was replaced
     // or deleted.
+    // `$secret://` and `$env://` references are resolved between the store and the compile
+    // (fetched before the first compile, refreshed in the background), so the compile and the
+    // request path only ever see values.
+    let lru = &settings.apisix.lru.secret;
+    let ttl = ferrisix_plugins::secrets::CacheTtl {
+        ttl: std::time::Duration::from_secs_f64(lru.ttl.max(0.0)),
+        neg_ttl: std::time::Duration::from_secs_f64(lru.neg_ttl.max(0.0)),
+    };
+    let mut resolver = ferrisix_plugins::secrets::SecretResolver::new(services.clone(), ttl)
+        .with_decryptor(registry.field_decryptor());
+    let first = states.borrow().clone();
+    let first = Arc::new(control.block_on(resolver.resolve(first)));
+    let (resolved_tx, resolved) = tokio::sync::watch::channel(first.clone());
+    control.spawn(resolver.run(states.clone(), resolved_tx));
     let snapshot = {
-        let first = states.borrow().clone();
         on_ending_thread(|| snapshot::Snapshot::compile(&first, &handle.load(), &options, &plugins))
     };
+    drop(first);
     // The boot's stages, for whoever wonders where the time to serving went.
     tracing::info!(
         revision = snapshot.revision,
@@ -240,7 +254,7 @@ fn run(
     handle.store(Arc::new(snapshot));
     let (published_tx, published_rx) = tokio::sync::watch::channel(0);
     control.spawn(snapshot::follow(
-        states,
+        resolved,
         handle.clone(),
         options,
         plugins,

@@ -39,6 +39,7 @@ mod reload;
 mod restart;
 mod retries;
 mod routing;
+mod secrets;
 mod security;
 mod standalone_api;
 mod stream;

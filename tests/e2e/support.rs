@@ -797,6 +797,7 @@ pub struct StoreGatewayBuilder {
     admin_keys: Vec<String>,
     workers: usize,
     log_filter: String,
+    envs: Vec<(String, String)>,
 }
 
 impl StoreGatewayBuilder {
@@ -825,7 +826,14 @@ impl StoreGatewayBuilder {
             admin_keys: Vec::new(),
             workers: 1,
             log_filter: "warn".into(),
+            envs: Vec::new(),
         }
+    }
+
+    /// An environment variable of the process (on top of the test's own).
+    pub fn env(mut self, name: &str, value: &str) -> StoreGatewayBuilder {
+        self.envs.push((name.to_owned(), value.to_owned()));
+        self
     }
 
     /// Adds a `key: value` line under `deployment.etcd` (a later line for the same key wins).
@@ -879,6 +887,7 @@ impl StoreGatewayBuilder {
                 metrics_port: free_port(),
                 admin_key: ADMIN_KEY.to_owned(),
                 log_filter: self.log_filter.clone(),
+                envs: self.envs.clone(),
             };
             std::fs::write(gw.config_path(), self.config_yaml(&gw)).unwrap();
             match gw.launch() {
@@ -978,6 +987,7 @@ pub struct StoreGateway {
     pub metrics_port: u16,
     pub admin_key: String,
     log_filter: String,
+    envs: Vec<(String, String)>,
 }
 
 impl StoreGateway {
@@ -1037,6 +1047,7 @@ impl StoreGateway {
             .arg("-c")
             .arg(self.config_path())
             .env("RUST_LOG", &self.log_filter)
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -1150,6 +1161,7 @@ impl StoreGateway {
             .arg("-c")
             .arg(self.config_path())
             .env("RUST_LOG", &self.log_filter)
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

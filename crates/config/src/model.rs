@@ -29,10 +29,13 @@ pub enum ResourceKind {
     /// `stream_routes/<id>`: the L4 routes of the stream proxy (`apisix.proxy_mode` with
     /// `stream`); the HTTP snapshot carries them through untouched.
     StreamRoutes,
+    /// `secrets/<manager>/<id>`: a secret manager's configuration, which `$secret://`
+    /// references name. The id is `<manager>/<id>`.
+    Secrets,
 }
 
 impl ResourceKind {
-    pub const ALL: [ResourceKind; 11] = [
+    pub const ALL: [ResourceKind; 12] = [
         ResourceKind::Upstreams,
         ResourceKind::Services,
         ResourceKind::PluginConfigs,
@@ -44,6 +47,7 @@ impl ResourceKind {
         ResourceKind::PluginMetadata,
         ResourceKind::Routes,
         ResourceKind::StreamRoutes,
+        ResourceKind::Secrets,
     ];
 
     /// The directory name under the etcd prefix and the key in `apisix.yaml`.
@@ -59,6 +63,7 @@ impl ResourceKind {
             ResourceKind::PluginMetadata => "plugin_metadata",
             ResourceKind::Routes => "routes",
             ResourceKind::StreamRoutes => "stream_routes",
+            ResourceKind::Secrets => "secrets",
         }
     }
 
@@ -84,6 +89,7 @@ impl ResourceKind {
             ResourceKind::PluginMetadata => "plugin_metadata",
             ResourceKind::Routes => "route",
             ResourceKind::StreamRoutes => "stream route",
+            ResourceKind::Secrets => "secret",
         }
     }
 }

@@ -71,6 +71,8 @@ pub fn resource_schema(kind: ResourceKind) -> &'static Value {
         ResourceKind::Ssls => &SSL,
         ResourceKind::PluginMetadata => &PLUGIN_METADATA,
         ResourceKind::StreamRoutes => &STREAM_ROUTE,
+        // Checked by the manager's own schema (`secret::manager_schema`).
+        ResourceKind::Secrets => &PLUGIN_METADATA,
     }
 }
 

@@ -87,6 +87,38 @@ pub struct ApisixSettings {
     /// The cache zones proxy-cache stores answers in (`None`: the key set to null, so
     /// proxy-cache checks no zone names, as APISIX's `check_schema` without the section).
     pub proxy_cache: Option<ProxyCacheSettings>,
+    /// `apisix.lru`: the caches' lifetimes (ferrisix reads `secret`).
+    pub lru: LruSettings,
+}
+
+/// `apisix.lru`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct LruSettings {
+    pub secret: SecretLru,
+}
+
+/// `apisix.lru.secret`: how long a resolved secret reference is kept (`ttl`) and a failed
+/// one (`neg_ttl`), in seconds. `count` and `neg_count` bound APISIX's per-worker LRU; ferrisix
+/// keeps one entry per reference in use, so they are read and not needed.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct SecretLru {
+    pub ttl: f64,
+    pub count: u64,
+    pub neg_ttl: f64,
+    pub neg_count: u64,
+}
+
+impl Default for SecretLru {
+    fn default() -> SecretLru {
+        SecretLru {
+            ttl: 300.0,
+            count: 512,
+            neg_ttl: 60.0,
+            neg_count: 512,
+        }
+    }
 }
 
 /// `apisix.proxy_cache`: how long the disk strategy keeps an answer that says nothing of its
@@ -297,6 +329,7 @@ impl Default for ApisixSettings {
             enable_ipv6: true,
             disable_upstream_healthcheck: false,
             proxy_cache: Some(ProxyCacheSettings::default()),
+            lru: LruSettings::default(),
         }
     }
 }

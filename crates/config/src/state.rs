@@ -168,6 +168,10 @@ pub struct ConfigState {
     /// `resources` (an older valid version there keeps serving); the data plane lists them as
     /// quarantined.
     pub unreadable: BTreeMap<(ResourceKind, String), String>,
+    /// The stored values, as written, of the items whose secret references were replaced by
+    /// their values (`crate::secret::StateResolver`): what is shown of them (the control
+    /// API's dumps), so no value is.
+    pub written: BTreeMap<(ResourceKind, String), StoredValue>,
 }
 
 impl ConfigState {

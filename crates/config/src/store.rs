@@ -164,6 +164,17 @@ pub fn place_of(prefix: &str, key: &str) -> KeyPlace {
             }
         }
     }
+    if dir == "secrets" {
+        // `<manager>/<id>`: a secret manager's configuration.
+        return match id.split_once('/') {
+            Some((manager, sid))
+                if !manager.is_empty() && !sid.is_empty() && !sid.contains('/') =>
+            {
+                KeyPlace::Resource(ResourceKind::Secrets, id.to_string())
+            }
+            _ => KeyPlace::Other,
+        };
+    }
     if id.is_empty() || id.contains('/') {
         return KeyPlace::Other;
     }

@@ -188,15 +188,19 @@ fn sources(src: &Path) -> Vec<Source> {
 
 /// A file of a family (`<family>.rs`, `<family>/...`) or of `support/`.
 fn is_plugin_module(rel: &str) -> bool {
-    const CRATE_CODE: [&str; 6] = [
+    const CRATE_CODE: [&str; 7] = [
         "lib.rs",
         "registry.rs",
         "chain.rs",
         "consumers.rs",
+        "secrets.rs",
         "testing.rs",
         "boundary.rs",
     ];
-    !CRATE_CODE.contains(&rel) && !rel.starts_with("consumers/") && !rel.starts_with("chain/")
+    !CRATE_CODE.contains(&rel)
+        && !rel.starts_with("consumers/")
+        && !rel.starts_with("chain/")
+        && !rel.starts_with("secrets/")
 }
 
 fn read(path: &Path) -> String {

@@ -269,15 +269,27 @@ fn add_credentials(
                 "{kind:?} {id}: failed to decrypt {failure}"
             );
         }
-        // APISIX's `fill_consumer_secret`: a reference left unresolved is kept as it is.
-        for u in ferrisix_config::secret::resolve_refs(&mut conf, vars) {
-            tracing::error!(
-                plugin = info.name,
-                "{kind:?} {id}: failed to resolve secret reference: {}, field: {}, err: {}",
-                u.reference,
-                u.field,
-                u.error
-            );
+        // APISIX's `fill_consumer_secret`. The references are resolved before the compile
+        // (`crate::secrets`); what is left here is `$env://` only where that did not run.
+        // Beyond APISIX, which keeps an unresolved reference as written (so its text would
+        // work as the key or password): the credential is left out, fail closed.
+        let unresolved = ferrisix_config::secret::resolve_refs(&mut conf, vars);
+        if !unresolved.is_empty() {
+            let fields: Vec<String> = unresolved
+                .iter()
+                .map(|u| {
+                    format!(
+                        "failed to resolve secret reference: {}, field: {}, err: {}",
+                        u.reference, u.field, u.error
+                    )
+                })
+                .collect();
+            problems.push(ConsumerProblem {
+                kind,
+                id: id.to_owned(),
+                error: format!("plugin {}: {}", info.name, fields.join("; ")),
+            });
+            continue;
         }
         if let Some(schema) = info.schema_of(crate::registry::SchemaType::Consumer) {
             let _ = ferrisix_config::schema::validate_and_fill(schema, &mut conf);
@@ -428,7 +440,13 @@ mod tests {
             &vars,
             env(),
         );
-        assert!(problems.is_empty(), "{problems:?}");
+        // Beyond APISIX: the unresolved reference fails closed, named with its field.
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].id, "jack/credentials/v");
+        assert_eq!(
+            problems[0].error,
+            "plugin key-auth: failed to resolve secret reference: $secret://vault/1/jack/key, field: /key, err: not fetched"
+        );
         let jack = set
             .index
             .find("key-auth", "key-from-env")
@@ -437,12 +455,11 @@ mod tests {
         assert!(set.index.find("key-auth", "$env://JACK_KEY").is_none());
         let basic = set.index.find("basic-auth", "jack").unwrap();
         assert_eq!(basic.field("password"), Some("pw-from-env"));
-        // Unresolved (no secret managers yet): kept as it is, as APISIX keeps it.
-        let vault = set
+        // The reference's own text lets nobody in.
+        assert!(set
             .index
             .find("key-auth", "$secret://vault/1/jack/key")
-            .unwrap();
-        assert_eq!(vault.consumer.credential_id.as_deref(), Some("v"));
+            .is_none());
     }
 
     /// A test plugin that marks in a header the requests whose rewrite it ran.

@@ -27,6 +27,7 @@ pub mod consumers;
 #[cfg(test)]
 mod guide;
 pub mod registry;
+pub mod secrets;
 pub mod stream;
 pub mod support;
 #[cfg(test)]

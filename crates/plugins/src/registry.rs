@@ -4,6 +4,7 @@
 //! `/schema/plugins/<name>`, validation ([`PluginCheck`]) and compilation all read it.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -162,6 +163,34 @@ impl PluginRegistry {
             );
         }
         Cow::Owned(plain)
+    }
+
+    /// Where the plugins' `encrypt_fields` are stored encrypted: the names of the plugins
+    /// that have some, and what decrypts them in a `plugins` object (for the secret
+    /// resolution, which must see a reference stored in such a field).
+    pub fn field_decryptor(&self) -> Option<crate::secrets::Decryptor> {
+        let keyring = self.field_keyring.clone()?;
+        let fields: HashMap<String, &'static [&'static str]> = self
+            .plugins
+            .iter()
+            .filter(|p| !p.def.encrypt_fields.is_empty())
+            .map(|p| (p.name.to_owned(), p.def.encrypt_fields))
+            .collect();
+        let names = fields.keys().map(|n| format!("\"{n}\"")).collect();
+        Some(crate::secrets::Decryptor {
+            names,
+            decrypt: Box::new(move |plugins: &mut Value| {
+                let Some(map) = plugins.as_object_mut() else {
+                    return;
+                };
+                for (name, conf) in map.iter_mut() {
+                    if let Some(paths) = fields.get(name) {
+                        // A field that does not decrypt is kept as stored, as the compile does.
+                        let _ = process_fields(&keyring, conf, paths, FieldOp::Decrypt);
+                    }
+                }
+            }),
+        })
     }
 
     /// Every plugin ferrisix implements, with services of its own (tools and tests).

@@ -9,6 +9,7 @@
 pub mod ai;
 pub mod args;
 pub mod auth;
+pub mod cloud;
 pub mod encoding;
 pub mod graphql;
 pub mod headers;

@@ -58,18 +58,29 @@ impl ControlApi {
         let snapshot = self.snapshot.load();
         let health = (self.health)();
         let path = path.trim_end_matches('/');
+        // Resources whose secret references were resolved are shown as written, with the
+        // references, as APISIX shows them: never a secret's value.
+        let shown = |kind: ResourceKind, id: &str, v: &Value| -> Value {
+            match snapshot.source().written.get(&(kind, id.to_owned())) {
+                Some(written) => written.parse(),
+                None => v.clone(),
+            }
+        };
         let dump = |kind: ResourceKind| -> Value {
             Value::Array(
                 snapshot
                     .applied(kind)
                     .into_iter()
-                    .map(|(id, v)| json!({"id": id, "value": &*v}))
+                    .map(|(id, v)| {
+                        let value = shown(kind, &id, &v);
+                        json!({"id": id, "value": value})
+                    })
                     .collect(),
             )
         };
         let one = |kind: ResourceKind, id: &str| -> Response<Full<Bytes>> {
             match snapshot.applied(kind).into_iter().find(|(i, _)| i == id) {
-                Some((_, v)) => json_response(StatusCode::OK, (*v).clone()),
+                Some((_, v)) => json_response(StatusCode::OK, shown(kind, id, &v)),
                 None => json_response(StatusCode::NOT_FOUND, json!({"error_msg": "not found"})),
             }
         };

@@ -2,7 +2,7 @@
 //! guard deletes, reading other resources from the store.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use ferrisix_config::model::ResourceKind;
 use ferrisix_config::schema::{self, schema_by_name};
@@ -12,7 +12,7 @@ use ferrisix_config::validate::{
     ReferenceLookup,
 };
 use ferrisix_plugins::{PluginKind, PluginRegistry};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::resource::{id_text, parse_stored, truthy};
 use super::{AdminApi, Call};
@@ -45,68 +45,6 @@ impl Prefetched {
             }
         }
         message
-    }
-}
-
-/// Secret managers APISIX ships, with their configuration schemas.
-fn secret_schema(manager: &str) -> Option<&'static Value> {
-    static URI: &str = r"^[^\/]+:\/\/([\da-zA-Z.-]+|\[[\da-fA-F:]+\])(:\d+)?";
-    static VAULT: LazyLock<Value> = LazyLock::new(|| {
-        json!({
-            "type": "object",
-            "properties": {
-                "uri": {"type": "string", "pattern": URI},
-                "prefix": {"type": "string"},
-                "token": {"type": "string"},
-                "namespace": {"type": "string"}
-            },
-            "required": ["uri", "prefix", "token"]
-        })
-    });
-    static AWS: LazyLock<Value> = LazyLock::new(|| {
-        json!({
-            "type": "object",
-            "properties": {
-                "access_key_id": {"type": "string"},
-                "secret_access_key": {"type": "string"},
-                "session_token": {"type": "string"},
-                "region": {"type": "string", "default": "us-east-1"},
-                "endpoint_url": {"type": "string", "pattern": URI}
-            },
-            "required": ["access_key_id", "secret_access_key"]
-        })
-    });
-    static GCP: LazyLock<Value> = LazyLock::new(|| {
-        json!({
-            "type": "object",
-            "properties": {
-                "auth_config": {
-                    "type": "object",
-                    "properties": {
-                        "client_email": {"type": "string"},
-                        "private_key": {"type": "string"},
-                        "project_id": {"type": "string"},
-                        "token_uri": {"type": "string", "default": "https://oauth2.googleapis.com/token"},
-                        "scope": {
-                            "type": "array",
-                            "items": {"type": "string"},
-                            "default": ["https://www.googleapis.com/auth/cloud-platform"]
-                        },
-                        "entries_uri": {"type": "string", "default": "https://secretmanager.googleapis.com/v1"}
-                    },
-                    "required": ["client_email", "private_key", "project_id"]
-                },
-                "ssl_verify": {"type": "boolean", "default": true},
-                "auth_file": {"type": "string"}
-            },
-            "oneOf": [{"required": ["auth_config"]}, {"required": ["auth_file"]}]
-        })
-    });
-    match manager {
-        "vault" => Some(&VAULT),
-        "aws" => Some(&AWS),
-        "gcp" => Some(&GCP),
-        _ => None,
     }
 }
 
@@ -338,7 +276,7 @@ impl AdminApi {
             }
             Checker::Secret => {
                 let manager = typ.unwrap_or_default();
-                let Some(schema) = secret_schema(manager) else {
+                let Some(schema) = ferrisix_config::secret::manager_schema(manager) else {
                     return bad(format!("invalid secret manager: {manager}"));
                 };
                 schema::validate(schema, conf).map_err(invalid).or_else(bad)

@@ -273,6 +273,7 @@ impl StandaloneApiStore {
             revision,
             resources: inner.state.resources.clone(),
             unreadable: BTreeMap::new(),
+            written: BTreeMap::new(),
         };
         for (t, version) in renewed {
             let kinds: Vec<ResourceKind> = match t {

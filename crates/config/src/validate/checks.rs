@@ -181,6 +181,9 @@ impl Checker<'_> {
             ResourceKind::StreamRoutes => {
                 crate::schema::validate(crate::schema::resource_schema(kind), conf)
             }
+            // The id names the manager whose schema applies: the data plane's secret
+            // resolution checks it when it reads the item.
+            ResourceKind::Secrets => Ok(()),
         }
         .map_err(ValidationError::from)
     }
@@ -253,6 +256,7 @@ pub fn missing_reference_message(kind: ResourceKind, id: &str) -> String {
         ResourceKind::PluginMetadata => "plugin metadata info by plugin metadata",
         ResourceKind::Routes => "route info by route",
         ResourceKind::StreamRoutes => "stream route info by stream route",
+        ResourceKind::Secrets => "secret info by secret",
     };
     format!("failed to fetch {what} id [{id}], response code: 404")
 }

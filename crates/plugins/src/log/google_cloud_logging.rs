@@ -26,6 +26,7 @@ use serde_json::{json, Map, Value};
 
 use super::sink::http::HttpTarget;
 use super::sink::{self, rfc5424, BatchSink, EntryParts, Logger, SendError, SendFuture};
+use crate::support::cloud::gcp_token::{self, Token};
 
 pub const NAME: &str = "google-cloud-logging";
 
@@ -34,9 +35,7 @@ pub static DEF: PluginDef = PluginDef {
     ..sink::def(NAME, 407, schema, compile)
 };
 
-const DEFAULT_TOKEN_URI: &str = "https://oauth2.googleapis.com/token";
 const DEFAULT_ENTRIES_URI: &str = "https://logging.googleapis.com/v2/entries:write";
-const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
 
 fn schema() -> Value {
     let scopes = json!({"type": "array",
@@ -59,7 +58,7 @@ fn schema() -> Value {
                         "client_email": {"type": "string"},
                         "private_key": {"type": "string"},
                         "project_id": {"type": "string"},
-                        "token_uri": {"type": "string", "default": DEFAULT_TOKEN_URI},
+                        "token_uri": {"type": "string", "default": gcp_token::DEFAULT_TOKEN_URI},
                         "scope": scope,
                         "scopes": scopes,
                         "entries_uri": {"type": "string", "default": DEFAULT_ENTRIES_URI}
@@ -84,15 +83,13 @@ fn schema() -> Value {
     )
 }
 
-/// The service account (`google-cloud-oauth.lua`'s object).
+/// The service account (`google-cloud-oauth.lua`'s object, shared in
+/// `support::cloud::gcp_token`) and where entries are written.
 #[derive(Clone, Debug)]
 struct Account {
-    client_email: String,
-    private_key: String,
+    oauth: gcp_token::Account,
     project_id: String,
-    token_uri: String,
     entries_uri: String,
-    scope: String,
 }
 
 impl Account {
@@ -110,43 +107,15 @@ impl Account {
             }
             _ => return Err("configuration is not defined".into()),
         };
-        let text = |k: &str| auth.get(k).and_then(Value::as_str).map(str::to_owned);
-        let scope = match auth.get("scopes").or_else(|| auth.get("scope")) {
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(a)) => a
-                .iter()
-                .filter_map(Value::as_str)
-                .collect::<Vec<_>>()
-                .join(" "),
-            _ => "https://www.googleapis.com/auth/cloud-platform".into(),
-        };
+        let oauth = gcp_token::Account::from_auth(auth);
         Ok(Account {
-            client_email: text("client_email").unwrap_or_default(),
-            private_key: text("private_key").unwrap_or_default(),
-            project_id: text("project_id").unwrap_or_default(),
-            token_uri: text("token_uri").unwrap_or_else(|| DEFAULT_TOKEN_URI.into()),
-            entries_uri: text("entries_uri").unwrap_or_else(|| DEFAULT_ENTRIES_URI.into()),
-            scope,
+            project_id: oauth.project_id.clone(),
+            entries_uri: auth
+                .get("entries_uri")
+                .and_then(Value::as_str)
+                .map_or_else(|| DEFAULT_ENTRIES_URI.into(), str::to_owned),
+            oauth,
         })
-    }
-
-    /// The signed JWT asserting the account at `now` (seconds).
-    fn assertion(&self, now: u64) -> Result<String, String> {
-        let key = jsonwebtoken::EncodingKey::from_rsa_pem(self.private_key.as_bytes())
-            .map_err(|e| format!("invalid private_key: {e}"))?;
-        let claims = json!({
-            "iss": self.client_email,
-            "aud": self.token_uri,
-            "scope": self.scope,
-            "iat": now,
-            "exp": now + 3600,
-        });
-        jsonwebtoken::encode(
-            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256),
-            &claims,
-            &key,
-        )
-        .map_err(|e| format!("failed to sign the jwt: {e}"))
     }
 }
 
@@ -156,30 +125,10 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// An access token and when it expires (seconds).
-#[derive(Clone, Debug)]
-struct Token {
-    value: String,
-    kind: Option<String>,
-    expires_at: u64,
-}
-
 struct GoogleSink {
     account: Account,
     target: HttpTarget,
     token: Mutex<Option<Token>>,
-}
-
-/// `ngx.encode_args`' escaping of a form value.
-fn form_escape(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 impl GoogleSink {
@@ -192,21 +141,16 @@ impl GoogleSink {
                 return Some(t.clone());
             }
         }
-        let assertion = match self.account.assertion(now) {
-            Ok(a) => a,
+        let body = match self.account.oauth.exchange_body(now) {
+            Ok(b) => b,
             Err(e) => {
                 tracing::error!("failed to refresh google oauth access token, {e}");
                 return None;
             }
         };
-        let body = format!(
-            "grant_type={}&assertion={}",
-            form_escape(JWT_BEARER),
-            form_escape(&assertion)
-        );
         let builder = self
             .target
-            .request(Method::POST, &self.account.token_uri)
+            .request(Method::POST, &self.account.oauth.token_uri)
             .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
         let resp = match self.target.call(builder, Bytes::from(body)).await {
             Ok(r) => r,
@@ -225,20 +169,12 @@ impl GoogleSink {
             );
             return None;
         }
-        let v: Value = match serde_json::from_slice(resp.body()) {
-            Ok(v) => v,
+        let token = match Token::from_answer(resp.body(), now_secs()) {
+            Ok(t) => t,
             Err(e) => {
-                tracing::error!("failed to parse google oauth response data: {e}");
+                tracing::error!("{e}");
                 return None;
             }
-        };
-        let token = Token {
-            value: v.get("access_token")?.as_str()?.to_owned(),
-            kind: v
-                .get("token_type")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
-            expires_at: now_secs() + v.get("expires_in").and_then(Value::as_u64).unwrap_or(0),
         };
         if let Ok(mut kept) = self.token.lock() {
             *kept = Some(token.clone());
@@ -462,7 +398,8 @@ mod tests {
     fn google(req: &Captured) -> Vec<u8> {
         if req.head.starts_with("POST /token ") {
             let form: std::collections::HashMap<String, String> = url_form(&req.text());
-            if form.get("grant_type").map(String::as_str) != Some(JWT_BEARER)
+            if form.get("grant_type").map(String::as_str)
+                != Some("urn:ietf:params:oauth:grant-type:jwt-bearer")
                 || !req
                     .lower()
                     .contains("content-type: application/x-www-form-urlencoded")
@@ -606,7 +543,7 @@ mod tests {
             token: Mutex::new(None),
         };
         let mut wrong = Account::from_conf(&json!({"auth_config": auth(port)})).unwrap();
-        wrong.client_email = "other@project.iam.gserviceaccount.com".into();
+        wrong.oauth.client_email = "other@project.iam.gserviceaccount.com".into();
         let err = sink(wrong)
             .write(&[Bytes::from_static(b"{}")])
             .await
@@ -637,7 +574,10 @@ mod tests {
         .unwrap();
         let a = Account::from_conf(&json!({"auth_file": path})).unwrap();
         assert_eq!(a.project_id, "p");
-        assert_eq!(a.scope, "https://www.googleapis.com/auth/cloud-platform");
+        assert_eq!(
+            a.oauth.scope,
+            "https://www.googleapis.com/auth/cloud-platform"
+        );
         assert_eq!(a.entries_uri, DEFAULT_ENTRIES_URI);
         let missing =
             Account::from_conf(&json!({"auth_file": "/nonexistent/sa.json"})).unwrap_err();
@@ -645,7 +585,7 @@ mod tests {
             missing.starts_with("failed to read configuration, file: /nonexistent/sa.json err: "),
             "{missing}"
         );
-        assert!(a.assertion(1).unwrap().split('.').count() == 3);
+        assert!(a.oauth.assertion(1).unwrap().split('.').count() == 3);
     }
 
     #[test]

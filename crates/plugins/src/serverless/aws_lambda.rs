@@ -12,13 +12,13 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use ferrisix_plugin_api::clock::CivilTime;
 use ferrisix_plugin_api::{CompileCtx, Plugin, PluginDef};
-use http::{HeaderName, HeaderValue};
-use ring::{digest, hmac};
 use serde_json::{json, Value};
 
+use http::{HeaderName, HeaderValue};
+
 use super::generic_upstream::{self, Call};
+use crate::support::cloud::sigv4;
 
 pub const NAME: &str = "aws-lambda";
 
@@ -30,8 +30,6 @@ pub static DEF: PluginDef = PluginDef {
     ],
     ..PluginDef::new(NAME, -1899, schema, compile)
 };
-
-const ALGO: &str = "AWS4-HMAC-SHA256";
 
 fn schema() -> Value {
     generic_upstream::schema(Some(json!({
@@ -63,154 +61,25 @@ pub struct Iam {
     pub service: String,
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn sha256_hex(data: &[u8]) -> String {
-    hex(digest::digest(&digest::SHA256, data).as_ref())
-}
-
-fn hmac256(key: &[u8], msg: &str) -> Vec<u8> {
-    hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, key), msg.as_bytes())
-        .as_ref()
-        .to_vec()
-}
-
-/// SigV4's URI encoding: everything but `A-Z a-z 0-9 - _ . ~` as `%XX`.
-fn uri_encode(s: &[u8]) -> String {
-    s.iter()
-        .map(|&b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// `ngx.unescape_uri` with `+` as a space, as `get_uri_args` decodes arguments.
-fn unescape(s: &str) -> Vec<u8> {
-    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
-                (Some(h), Some(l)) => {
-                    out.push(h * 16 + l);
-                    i += 3;
-                    continue;
-                }
-                _ => out.push(b'%'),
-            },
-            b'+' => out.push(b' '),
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    out
-}
-
-/// The canonical query string: each argument's name and value decoded, URI-encoded, the
-/// pairs sorted by name then value (an argument without a value has an empty one).
-pub fn canonical_query(query: Option<&str>) -> String {
-    let mut pairs: Vec<(String, String)> = query
-        .unwrap_or("")
-        .split('&')
-        .filter(|kv| !kv.is_empty())
-        .filter_map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            let name = unescape(k);
-            (!name.is_empty()).then(|| (uri_encode(&name), uri_encode(&unescape(v))))
-        })
-        .collect();
-    pairs.sort();
-    pairs
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join("&")
-}
-
-/// `pl.path.normpath` for the canonical URI: empty and `.` segments dropped, `..` taking
-/// the one before; then no trailing `/` and a leading one.
-pub fn canonical_uri(path: &str) -> String {
-    let mut parts: Vec<&str> = Vec::new();
-    for seg in path.split('/') {
-        match seg {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            s => parts.push(s),
-        }
-    }
-    format!("/{}", parts.join("/"))
-}
-
-/// `YYYYMMDDTHHMMSSZ` and `YYYYMMDD` of `secs`.
-fn amz_dates(secs: u64) -> (String, String) {
-    let t = CivilTime::from_unix_secs(secs);
-    let date = format!("{:04}{:02}{:02}", t.year, t.month, t.day);
-    (
-        format!("{date}T{:02}{:02}{:02}Z", t.hour, t.minute, t.second),
-        date,
-    )
-}
-
-/// Signs `call` with `iam` at `secs` (the request processor's SigV4 step).
+/// Signs `call` with `iam` at `secs` (the request processor's SigV4 step, shared with the
+/// secret managers in `support::cloud::sigv4`); the query is sent as it was signed.
 pub fn sign(call: &mut Call, iam: &Iam, secs: u64) {
-    let (amzdate, datestamp) = amz_dates(secs);
-    call.headers.insert(
-        HeaderName::from_static("x-amz-date"),
-        HeaderValue::from_str(&amzdate).expect("digits make a header value"),
-    );
-    let uri = canonical_uri(&call.path);
-    let qs = canonical_query(call.query.as_deref());
-    call.query = (!qs.is_empty()).then(|| qs.clone());
-    let mut names: Vec<&str> = call
-        .headers
-        .keys()
-        .map(HeaderName::as_str)
-        .filter(|k| *k != "connection")
-        .collect();
-    names.sort_unstable();
-    names.dedup();
-    let mut canonical_headers = String::new();
-    for name in &names {
-        let values: Vec<String> = call
-            .headers
-            .get_all(*name)
-            .iter()
-            .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_owned())
-            .collect();
-        canonical_headers.push_str(&format!("{name}:{}\n", values.join(",")));
-    }
-    let signed_headers = names.join(";");
-    let canonical_request = format!(
-        "{}\n{uri}\n{qs}\n{canonical_headers}\n{signed_headers}\n{}",
-        call.method.as_str().to_uppercase(),
-        sha256_hex(&call.body)
-    );
-    let scope = format!("{datestamp}/{}/{}/aws4_request", iam.region, iam.service);
-    let string_to_sign = format!(
-        "{ALGO}\n{amzdate}\n{scope}\n{}",
-        sha256_hex(canonical_request.as_bytes())
-    );
-    let k_date = hmac256(format!("AWS4{}", iam.secretkey).as_bytes(), &datestamp);
-    let k_region = hmac256(&k_date, &iam.region);
-    let k_service = hmac256(&k_region, &iam.service);
-    let k_signing = hmac256(&k_service, "aws4_request");
-    let signature = hex(&hmac256(&k_signing, &string_to_sign));
-    let authorization = format!(
-        "{ALGO} Credential={}/{scope}, SignedHeaders={signed_headers}, Signature={signature}",
-        iam.accesskey
-    );
-    if let Ok(v) = HeaderValue::from_str(&authorization) {
-        call.headers.insert(http::header::AUTHORIZATION, v);
-    }
+    let creds = sigv4::Credentials {
+        access_key: iam.accesskey.clone(),
+        secret_key: iam.secretkey.clone(),
+        session_token: None,
+        region: iam.region.clone(),
+        service: iam.service.clone(),
+    };
+    let mut req = sigv4::Request {
+        method: &call.method,
+        path: &call.path,
+        query: call.query.as_deref(),
+        headers: &mut call.headers,
+        body: &call.body,
+    };
+    let qs = sigv4::sign(&mut req, &creds, secs);
+    call.query = (!qs.is_empty()).then_some(qs);
 }
 
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
@@ -320,16 +189,6 @@ mod tests {
         assert_eq!(
             signature(&c),
             "5da7c1a2acd57cee7505fc6676e4e544621c30862966e37dddb68e92efbe5d6b"
-        );
-    }
-
-    #[test]
-    fn canonical_parts() {
-        assert_eq!(canonical_uri("/a//b/./c/../d/"), "/a/b/d");
-        assert_eq!(canonical_uri(""), "/");
-        assert_eq!(
-            canonical_query(Some("b=2&a=x+y&a=%2F&flag&c=%7E")),
-            "a=%2F&a=x%20y&b=2&c=~&flag="
         );
     }
 

@@ -98,6 +98,9 @@ pub struct ConfigDiff {
     pub credentials: Difference,
     pub ssls: Difference,
     pub stream_routes: Difference,
+    /// The secret managers' configurations: read by the secret resolution before the
+    /// compile, which they do not reach otherwise.
+    pub secrets: Difference,
 }
 
 impl ConfigDiff {
@@ -140,6 +143,7 @@ impl ConfigDiff {
             ResourceKind::Credentials => &self.credentials,
             ResourceKind::Ssls => &self.ssls,
             ResourceKind::StreamRoutes => &self.stream_routes,
+            ResourceKind::Secrets => &self.secrets,
         }
     }
 
@@ -156,6 +160,7 @@ impl ConfigDiff {
             ResourceKind::Credentials => &mut self.credentials,
             ResourceKind::Ssls => &mut self.ssls,
             ResourceKind::StreamRoutes => &mut self.stream_routes,
+            ResourceKind::Secrets => &mut self.secrets,
         }
     }
 

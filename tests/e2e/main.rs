@@ -10,6 +10,7 @@ mod support;
 
 mod auth_etcd;
 mod balancing;
+mod discovery;
 mod dns;
 mod docs_commands;
 mod docs_inline;

@@ -365,6 +365,8 @@ struct Cluster {
     informer: Informer,
     publisher: Publisher,
     prefix: String,
+    /// Failures since the last good list (the first retry comes sooner).
+    failures: u32,
 }
 
 impl Cluster {
@@ -479,6 +481,7 @@ impl Cluster {
             self.informer.apply(obj, false);
         }
         self.publish_all();
+        self.failures = 0;
         // APISIX watches 8 times from one list, then lists again.
         for _ in 0..8 {
             match self
@@ -498,20 +501,16 @@ impl Cluster {
 }
 
 async fn run(mut cluster: Cluster) {
-    let mut failures = 0u32;
     loop {
-        match cluster.list_watch().await {
-            Ok(()) => failures = 0,
-            Err(e) => {
-                cluster.publisher.failed(&e);
-                failures += 1;
-                tokio::time::sleep(if failures == 1 {
-                    RETRY_FIRST
-                } else {
-                    RETRY_LATER
-                })
-                .await;
-            }
+        if let Err(e) = cluster.list_watch().await {
+            cluster.publisher.failed(&e);
+            cluster.failures += 1;
+            let pause = if cluster.failures == 1 {
+                RETRY_FIRST
+            } else {
+                RETRY_LATER
+            };
+            tokio::time::sleep(pause).await;
         }
     }
 }
@@ -613,6 +612,7 @@ fn start_cluster(
         },
         publisher,
         prefix: part.id.clone(),
+        failures: 0,
     };
     env.executor.spawn(run(cluster));
     Ok(())

@@ -414,7 +414,10 @@ fn fingerprint(up: &Upstream) -> u64 {
         (t.connect.to_bits(), t.send.to_bits(), t.read.to_bits()).hash(&mut h);
     }
     (&up.upstream_host, &up.discovery_type, &up.service_name).hash(&mut h);
-    up.discovery_args.as_ref().map(|a| a.to_string()).hash(&mut h);
+    up.discovery_args
+        .as_ref()
+        .map(|a| a.to_string())
+        .hash(&mut h);
     (up.checks.is_some(), up.tls.is_some()).hash(&mut h);
     h.finish()
 }

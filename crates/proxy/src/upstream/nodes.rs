@@ -108,15 +108,15 @@ fn ip_text(ip: IpAddr) -> String {
 
 /// Whether `up` takes its nodes from a registry (not DNS).
 fn from_registry(up: &Upstream) -> bool {
-    up.discovery_type.as_deref().is_some_and(Discovery::is_registry)
+    up.discovery_type
+        .as_deref()
+        .is_some_and(Discovery::is_registry)
 }
 
 /// What the registry lists for `up` now.
 fn registry_lookup(up: &Upstream, env: &UpstreamServices) -> Lookup {
     match (&up.discovery_type, &up.service_name) {
-        (Some(kind), Some(sn)) => env
-            .discovery
-            .nodes(kind, sn, up.discovery_args.as_deref()),
+        (Some(kind), Some(sn)) => env.discovery.nodes(kind, sn, up.discovery_args.as_deref()),
         _ => Lookup::Missing,
     }
 }

@@ -173,6 +173,26 @@ pub fn upstream_services(
         discovery_order: dns.map(|d| d.order.clone()).unwrap_or_default(),
         hosts_file: None,
     };
+    // Registries' HTTPS is verified against `ssl_trusted_certificate` when one is named (an
+    // unreadable one fails in `compile_options`), else the system's bundle.
+    let trusted = settings
+        .apisix
+        .ssl
+        .ssl_trusted_certificate
+        .as_deref()
+        .filter(|t| *t != "system")
+        .and_then(|_| {
+            ferrisix_tls::TlsSettings::new(&settings.apisix.ssl, &settings.config_dir()).ok()
+        })
+        .map(|t| t.trusted);
+    let discovery = ferrisix_proxy::upstream::discovery::Discovery::start(
+        &settings.discovery,
+        ferrisix_proxy::upstream::discovery::DiscoveryEnv {
+            executor: executor.clone(),
+            trusted,
+            metrics: Default::default(),
+        },
+    );
     Arc::new(ferrisix_proxy::UpstreamServices {
         health: ferrisix_proxy::upstream::health::HealthService::new(executor.clone())
             .disabled(settings.apisix.disable_upstream_healthcheck),
@@ -180,6 +200,7 @@ pub fn upstream_services(
         dns: ferrisix_proxy::upstream::dns::DnsResolver::new(&options, Some(executor)),
         prefix: settings.deployment.etcd.prefix.clone(),
         inline: Default::default(),
+        discovery,
     })
 }
 

@@ -11,6 +11,7 @@ mod support;
 mod admin_tools;
 mod auth_etcd;
 mod balancing;
+mod discovery;
 mod dns;
 mod docs_commands;
 mod docs_inline;

@@ -211,9 +211,11 @@ pub struct Upstream {
     /// (This and `tls` are boxed: most upstreams have neither.)
     pub checks: Option<Box<Value>>,
     pub tls: Option<Box<Value>>,
-    /// `discovery_type` (only `dns` is built) with its `service_name`.
+    /// `discovery_type` (dns, consul, consul_kv, nacos, eureka, kubernetes) with its
+    /// `service_name` and `discovery_args` (nacos' `namespace_id` and `group_name`).
     pub discovery_type: Option<String>,
     pub service_name: Option<String>,
+    pub discovery_args: Option<Box<Value>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]

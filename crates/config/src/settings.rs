@@ -7,6 +7,7 @@
 //! generated admin key back in [`save`].
 
 mod de;
+pub mod discovery;
 mod load;
 pub mod save;
 mod values;
@@ -36,7 +37,7 @@ pub struct Settings {
     /// Enabled stream plugins. `None` = APISIX's default stream list.
     pub stream_plugins: Option<Vec<String>>,
     pub plugin_attr: PluginAttr,
-    /// Service discovery (`discovery.dns`).
+    /// Service discovery (`discovery.<registry>`, see [`discovery`]).
     pub discovery: DiscoverySettings,
     /// ferrisix-only keys.
     pub ferrisix: FerrisixSettings,
@@ -187,12 +188,7 @@ impl Default for ProxyCacheSettings {
     }
 }
 
-/// The `discovery:` section; only `dns` is built.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(default)]
-pub struct DiscoverySettings {
-    pub dns: Option<DnsDiscoverySettings>,
-}
+pub use discovery::DiscoverySettings;
 
 /// `discovery.dns` (APISIX's `apisix/discovery/dns/schema.lua`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]

@@ -1,6 +1,8 @@
 //! The control port (127.0.0.1:9090 by default, like APISIX's control API): readiness, the
 //! applied configuration revision, quarantined resources, dumps of what is being served, and
-//! APISIX's health-check views (`/v1/healthcheck`, `/v1/healthcheck/{type}/{id}`).
+//! APISIX's health-check views (`/v1/healthcheck`, `/v1/healthcheck/{type}/{id}`), and the
+//! discovery modules' views (`/v1/discovery/{name}/dump`, `/v1/discovery/{name}/show_dump_file`;
+//! beyond APISIX, `/v1/discovery` gives each registry's fetch and failure counts).
 //!
 //! It reads the published snapshot and the store's health; it never touches the request path.
 
@@ -127,6 +129,8 @@ impl ControlApi {
             _ => {
                 if let Some(rest) = path.strip_prefix("/v1/healthcheck/") {
                     self.health_checker(&snapshot, rest, accept_html)
+                } else if let Some(rest) = path.strip_prefix("/v1/discovery") {
+                    discovery_view(&snapshot, rest)
                 } else if let Some(id) = path.strip_prefix("/v1/route/") {
                     one(ResourceKind::Routes, id)
                 } else if let Some(id) = path.strip_prefix("/v1/upstream/") {
@@ -141,6 +145,35 @@ impl ControlApi {
     }
 }
 
+/// `/v1/discovery{rest}`.
+fn discovery_view(snapshot: &Snapshot, rest: &str) -> Response<Full<Bytes>> {
+    let discovery = &snapshot.upstream_services().discovery;
+    if rest.is_empty() {
+        return json_response(StatusCode::OK, discovery.stats());
+    }
+    let not_found = || json_response(StatusCode::NOT_FOUND, json!({"error_msg": "not found"}));
+    let Some((name, what)) = rest.trim_start_matches('/').split_once('/') else {
+        return not_found();
+    };
+    match what {
+        "dump" => match discovery.dump(name) {
+            Some(v) => json_response(StatusCode::OK, v),
+            None => not_found(),
+        },
+        "show_dump_file" => match discovery.show_dump_file(name) {
+            Some((status, body)) => {
+                // APISIX answers the file's text (or why not) as it is.
+                let mut resp = Response::new(Full::new(Bytes::from(body)));
+                *resp.status_mut() =
+                    StatusCode::from_u16(status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+                resp
+            }
+            None => not_found(),
+        },
+        _ => not_found(),
+    }
+}
+
 impl ControlApi {
     /// The status API (`apisix.status`): `/status` answers that the process runs,
     /// `/status/ready` whether it serves its configuration source's current state (in
@@ -149,13 +182,20 @@ impl ControlApi {
     pub fn handle_status(&self, path: &str) -> Response<Full<Bytes>> {
         if path.starts_with("/status/ready") {
             let health = (self.health)();
-            return if health.synced {
-                json_response(StatusCode::OK, json!({"status": "ok"}))
-            } else {
-                json_response(
+            if !health.synced {
+                return json_response(
                     StatusCode::SERVICE_UNAVAILABLE,
                     json!({"status": "error", "error": health.detail}),
-                )
+                );
+            }
+            // APISIX 3.15: not ready until the registries that say so are.
+            let snapshot = self.snapshot.load();
+            return match snapshot.upstream_services().discovery.check_ready() {
+                Ok(()) => json_response(StatusCode::OK, json!({"status": "ok"})),
+                Err(e) => json_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    json!({"status": "error", "error": e}),
+                ),
             };
         }
         if path.starts_with("/status") {

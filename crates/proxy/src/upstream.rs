@@ -27,6 +27,7 @@ mod retry;
 // What the stages rest on.
 pub mod balancer;
 pub mod client;
+pub mod discovery;
 pub mod dns;
 pub(crate) mod forwarded;
 pub mod health;

@@ -305,6 +305,7 @@ fn check(s: &Settings, errors: &mut Vec<String>) {
         ));
     }
     check_extra_labels(&s.plugin_attr.prometheus.metrics, errors);
+    super::discovery::check(&s.discovery, errors);
     if let Some(pc) = &s.apisix.proxy_cache {
         for (i, z) in pc.zones.iter().enumerate() {
             if let Some(levels) = &z.cache_levels {

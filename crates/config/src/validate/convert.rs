@@ -280,6 +280,7 @@ fn build_upstream(id: Option<String>, u: &Value) -> Upstream {
         tls: u.get("tls").map(|v| Box::new(v.clone())),
         discovery_type: string(u.get("discovery_type")),
         service_name: string(u.get("service_name")),
+        discovery_args: u.get("discovery_args").map(|v| Box::new(v.clone())),
     }
 }
 

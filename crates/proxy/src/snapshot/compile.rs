@@ -154,6 +154,11 @@ impl Snapshot {
         }
     }
 
+    /// What upstreams compiled with (the control API reads the registries from it).
+    pub fn upstream_services(&self) -> &Arc<UpstreamServices> {
+        &self.cache.options.upstreams
+    }
+
     /// The accepted (possibly previous, if quarantined) stored values of one kind, by id.
     pub fn applied(&self, kind: ResourceKind) -> Vec<(String, Arc<Value>)> {
         self.cache.applied.raw(&self.cache.source, kind)

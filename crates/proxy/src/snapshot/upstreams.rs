@@ -238,7 +238,7 @@ impl CompiledUpstream {
         }
         match up.discovery_type.as_deref() {
             None | Some("dns") => {}
-            Some(other) => return Err(format!("discovery {other} is not supported")),
+            Some(other) => env.services.discovery.check_type(other)?,
         }
         let services = env.services;
         let name = match holder {
@@ -414,6 +414,10 @@ fn fingerprint(up: &Upstream) -> u64 {
         (t.connect.to_bits(), t.send.to_bits(), t.read.to_bits()).hash(&mut h);
     }
     (&up.upstream_host, &up.discovery_type, &up.service_name).hash(&mut h);
+    up.discovery_args
+        .as_ref()
+        .map(|a| a.to_string())
+        .hash(&mut h);
     (up.checks.is_some(), up.tls.is_some()).hash(&mut h);
     h.finish()
 }

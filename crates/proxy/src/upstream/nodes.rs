@@ -24,6 +24,7 @@ use crate::error::ProxyError;
 use crate::upstream::balancer::{
     BalancerEnv, BalancerType, HashOn, NodeWeight, PickState, UpstreamPicker,
 };
+use crate::upstream::discovery::{Discovery, Lookup, Nodes};
 use crate::upstream::dns::{self, DnsResolver, Purpose, Record};
 use crate::upstream::health::{HealthService, Target, TargetSpec, UpstreamChecker};
 
@@ -39,6 +40,8 @@ pub struct UpstreamServices {
     pub prefix: String,
     /// Equal inline upstreams of every snapshot, shared.
     pub inline: crate::snapshot::InlineUpstreams,
+    /// The registries of `discovery_type` consul, consul_kv, nacos, eureka and kubernetes.
+    pub discovery: Discovery,
 }
 
 impl Default for UpstreamServices {
@@ -49,6 +52,7 @@ impl Default for UpstreamServices {
             dns: DnsResolver::new(&dns::DnsOptions::default(), None),
             prefix: "/apisix".to_string(),
             inline: Default::default(),
+            discovery: Discovery::default(),
         }
     }
 }
@@ -75,6 +79,8 @@ pub struct NodeSet {
     pub pending: bool,
     /// The records each name had when this set was built.
     answers: HashMap<(Purpose, String), Vec<Record>>,
+    /// What the registry listed when this set was built (registry discovery only).
+    discovered: Option<Nodes>,
 }
 
 impl std::fmt::Debug for NodeSet {
@@ -100,9 +106,41 @@ fn ip_text(ip: IpAddr) -> String {
     }
 }
 
+/// Whether `up` takes its nodes from a registry (not DNS).
+fn from_registry(up: &Upstream) -> bool {
+    up.discovery_type
+        .as_deref()
+        .is_some_and(Discovery::is_registry)
+}
+
+/// What the registry lists for `up` now.
+fn registry_lookup(up: &Upstream, env: &UpstreamServices) -> Lookup {
+    match (&up.discovery_type, &up.service_name) {
+        (Some(kind), Some(sn)) => env.discovery.nodes(kind, sn, up.discovery_args.as_deref()),
+        _ => Lookup::Missing,
+    }
+}
+
+/// The host names among a registry's nodes (resolved like domain nodes).
+fn registry_names(nodes: Option<&Nodes>) -> Vec<(Purpose, String)> {
+    let mut out = Vec::new();
+    for n in nodes.into_iter().flat_map(|n| n.iter()) {
+        if !is_ip(&n.host) {
+            let key = (Purpose::Node, n.host.clone());
+            if !out.contains(&key) {
+                out.push(key);
+            }
+        }
+    }
+    out
+}
+
 /// The names an upstream needs resolved.
 fn names(up: &Upstream) -> Vec<(Purpose, String)> {
     let mut out = Vec::new();
+    if from_registry(up) {
+        return out;
+    }
     if up.discovery_type.as_deref() == Some("dns") {
         if let Some(sn) = &up.service_name {
             out.push((Purpose::Discovery, discovery_host(sn).0.to_string()));
@@ -155,17 +193,47 @@ impl NodeSet {
     ) -> Result<NodeSet, String> {
         let mut answers = HashMap::new();
         let mut pending = false;
-        for (purpose, name) in names(up) {
+        let discovered = if from_registry(up) {
+            match registry_lookup(up, env) {
+                Lookup::Nodes(n) => Some(n),
+                Lookup::Pending => {
+                    pending = true;
+                    None
+                }
+                Lookup::Missing => None,
+            }
+        } else {
+            None
+        };
+        let mut names = names(up);
+        names.extend(registry_names(discovered.as_ref()));
+        for (purpose, name) in names {
             match env.dns.known(purpose, &name) {
                 Some(a) => {
                     answers.insert((purpose, name), a.records);
                 }
-                None => pending = !looked_up,
+                None => pending |= !looked_up,
             }
         }
         // (host as written, ip, port, weight, priority)
         let mut expanded: Vec<(String, IpAddr, u16, u32, i64)> = Vec::new();
-        if up.discovery_type.as_deref() == Some("dns") {
+        if let Some(list) = &discovered {
+            for n in list.iter() {
+                let bare = n.host.trim_start_matches('[').trim_end_matches(']');
+                match bare.parse::<IpAddr>() {
+                    Ok(ip) => expanded.push((ip_text(ip), ip, n.port, n.weight, 0)),
+                    Err(_) => {
+                        for r in answers
+                            .get(&(Purpose::Node, n.host.clone()))
+                            .into_iter()
+                            .flatten()
+                        {
+                            expanded.push((n.host.clone(), r.ip, n.port, n.weight, 0));
+                        }
+                    }
+                }
+            }
+        } else if up.discovery_type.as_deref() == Some("dns") {
             if let Some(sn) = &up.service_name {
                 let (host, port) = discovery_host(sn);
                 for r in answers
@@ -252,6 +320,7 @@ impl NodeSet {
             checker: checker.cloned(),
             pending,
             answers,
+            discovered,
         })
     }
 
@@ -370,7 +439,7 @@ impl UpstreamNodes {
         let looked_up = env.dns.executor().is_none();
         let set = NodeSet::build(up, env, checker, prev.as_deref(), looked_up)?;
         drop(prev);
-        let named = !names(up).is_empty();
+        let named = !names(up).is_empty() || from_registry(up);
         let nodes = Arc::new(UpstreamNodes {
             sets: if named {
                 Sets::Live(ArcSwap::from_pointee(set))
@@ -386,7 +455,11 @@ impl UpstreamNodes {
                     checker: checker.cloned(),
                     env: env.clone(),
                 };
-                executor.spawn(refresh(Arc::downgrade(&nodes), source));
+                if from_registry(up) {
+                    executor.spawn(follow_registry(Arc::downgrade(&nodes), source));
+                } else {
+                    executor.spawn(refresh(Arc::downgrade(&nodes), source));
+                }
             }
         }
         Ok(nodes)
@@ -461,5 +534,64 @@ async fn refresh(nodes: Weak<UpstreamNodes>, source: Source) {
             .map(|n| n.saturating_duration_since(std::time::Instant::now()))
             .unwrap_or(Duration::from_secs(5));
         tokio::time::sleep(wait).await;
+    }
+}
+
+/// The refresh task of an upstream whose nodes come from a registry: rebuilds its set when the
+/// registry's list for its service changes (and resolves the host names the list has).
+async fn follow_registry(nodes: Weak<UpstreamNodes>, source: Source) {
+    let mut changes = source.env.discovery.subscribe();
+    loop {
+        changes.borrow_and_update();
+        let lookup = registry_lookup(&source.config, &source.env);
+        let list = match &lookup {
+            Lookup::Nodes(n) => Some(n.clone()),
+            _ => None,
+        };
+        let mut resolved = HashMap::new();
+        for (purpose, name) in registry_names(list.as_ref()) {
+            let _ = source.env.dns.resolve(purpose, &name).await;
+            if let Some(a) = source.env.dns.known(purpose, &name) {
+                resolved.insert((purpose, name), a.records);
+            }
+        }
+        let Some(live) = nodes.upgrade() else {
+            return;
+        };
+        let Sets::Live(slot) = &live.sets else {
+            return;
+        };
+        let current = slot.load_full();
+        let same_list = match (&current.discovered, &list) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        let pending = matches!(lookup, Lookup::Pending);
+        if !same_list || resolved != current.answers || current.pending != pending {
+            match NodeSet::build(
+                &source.config,
+                &source.env,
+                source.checker.as_ref(),
+                Some(&current),
+                true,
+            ) {
+                Ok(set) => {
+                    slot.store(Arc::new(set));
+                    live.changed.notify_waiters();
+                }
+                Err(e) => tracing::warn!(error = %e, "upstream nodes not rebuilt"),
+            }
+        }
+        drop(live);
+        // Host names among the nodes are looked up again while nothing changes.
+        let recheck = if resolved.is_empty() {
+            Duration::from_secs(3600)
+        } else {
+            Duration::from_secs(30)
+        };
+        if let Ok(Err(_)) = tokio::time::timeout(recheck, changes.changed()).await {
+            return;
+        }
     }
 }

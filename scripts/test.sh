@@ -32,6 +32,13 @@ if ! python3 -c "import openai, sys; sys.exit(openai.__version__ != '$openai_ver
     || pip install -q --break-system-packages "openai==$openai_version"
 fi
 
+# The proxy-wasm test modules' toolchain (tests/e2e/wasm.rs builds the modules from source):
+# AssemblyScript and its proxy-wasm SDK, pinned in tests/wasm/package-lock.json, from npm.
+if ! (cd tests/wasm && npm ls --depth=0 >/dev/null 2>&1); then
+  echo "test.sh: installing tests/wasm's AssemblyScript toolchain (npm)" >&2
+  (cd tests/wasm && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
 cargo fmt --all -- --check
 # cargo fmt follows `mod` items only: the plugin files listed through the `family!` macro are
 # reached by no `mod` rustfmt can see, so every source file is checked by name as well.

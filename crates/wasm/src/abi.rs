@@ -36,7 +36,9 @@ pub(crate) const ACTION_CONTINUE: i32 = 0;
 
 /// Header pairs as the ABI passes them: the count, each pair's two lengths, then each name and
 /// value followed by a NUL byte (all integers little-endian u32).
-pub(crate) fn encode_pairs<'a>(pairs: impl Iterator<Item = (&'a [u8], &'a [u8])> + Clone) -> Vec<u8> {
+pub(crate) fn encode_pairs<'a>(
+    pairs: impl Iterator<Item = (&'a [u8], &'a [u8])> + Clone,
+) -> Vec<u8> {
     let n = pairs.clone().count();
     let bytes: usize = pairs.clone().map(|(k, v)| k.len() + v.len() + 2).sum();
     let mut out = Vec::with_capacity(4 + n * 8 + bytes);
@@ -111,7 +113,10 @@ mod tests {
 
     #[test]
     fn property_paths_split_on_nul() {
-        assert_eq!(path_segments(b"request\0path"), vec![&b"request"[..], b"path"]);
+        assert_eq!(
+            path_segments(b"request\0path"),
+            vec![&b"request"[..], b"path"]
+        );
         assert_eq!(path_segments(b"remote_addr"), vec![&b"remote_addr"[..]]);
     }
 }

@@ -9,8 +9,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use wasmtime::{
-    Caller, Engine, Error, ExternType, Func, FuncType, Linker, Memory, Module, StoreLimits,
-    TypedFunc, Val, ValType,
+    Caller, Engine, Error, ExternType, Func, Linker, Memory, Module, StoreLimits, TypedFunc, Val,
+    ValType,
 };
 
 use crate::abi::{self, buffer, map, status};
@@ -137,16 +137,15 @@ fn mem(c: &C<'_>) -> Option<Memory> {
 fn read(c: &C<'_>, ptr: i32, len: i32) -> Option<Vec<u8>> {
     let m = mem(c)?;
     let (ptr, len) = (ptr as u32 as usize, len as u32 as usize);
-    m.data(c).get(ptr..ptr.checked_add(len)?).map(<[u8]>::to_vec)
+    m.data(c)
+        .get(ptr..ptr.checked_add(len)?)
+        .map(<[u8]>::to_vec)
 }
 
 fn write(c: &mut C<'_>, ptr: i32, bytes: &[u8]) -> bool {
     let Some(m) = mem(c) else { return false };
     let ptr = ptr as u32 as usize;
-    match m
-        .data_mut(c)
-        .get_mut(ptr..ptr.saturating_add(bytes.len()))
-    {
+    match m.data_mut(c).get_mut(ptr..ptr.saturating_add(bytes.len())) {
         Some(dst) => {
             dst.copy_from_slice(bytes);
             true
@@ -243,9 +242,9 @@ pub(crate) fn linker(engine: &Engine, module: &Module) -> Result<Linker<HostStat
         }
         let is_wasi = module_name.starts_with("wasi");
         let owned = name.to_owned();
-        let returns_i32 = matches!(ty.results().collect::<Vec<_>>().as_slice(), [ValType::I32]);
-        let ty2: FuncType = ty.clone();
-        l.func_new(module_name, name, ty2, move |mut c, params, results| {
+        let returns_i32 =
+            ty.results().len() == 1 && matches!(ty.results().next(), Some(ValType::I32));
+        l.func_new(module_name, name, ty, move |mut c, params, results| {
             if is_wasi {
                 return wasi(&mut c, &owned, params, results);
             }
@@ -337,9 +336,7 @@ fn pseudo(call: &Call, ty: i32, name: &[u8]) -> Option<Vec<u8>> {
             .req_headers
             .get(http::header::HOST)
             .map(|v| v.as_bytes().to_vec()),
-        (map::RESPONSE_HEADERS, b":status") => {
-            Some(call.resp_status?.to_string().into_bytes())
-        }
+        (map::RESPONSE_HEADERS, b":status") => Some(call.resp_status?.to_string().into_bytes()),
         _ => None,
     }
 }
@@ -351,9 +348,7 @@ fn pairs_of(call: &Call, ty: i32) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
             &[b":authority", b":path", b":method", b":scheme"],
             &call.req_headers,
         ),
-        map::RESPONSE_HEADERS if call.resp_status.is_some() => {
-            (&[b":status"], &call.resp_headers)
-        }
+        map::RESPONSE_HEADERS if call.resp_status.is_some() => (&[b":status"], &call.resp_headers),
         map::HTTP_CALL_RESPONSE_HEADERS => {
             return call.callout.as_ref().map(|r| r.headers.clone());
         }
@@ -420,9 +415,7 @@ fn property(state: &HostState, path: &[u8]) -> Option<Vec<u8>> {
         [b"plugin_root_id"] | [b"plugin_vm_id"] => return Some(Vec::new()),
         [b"plugin_name"] => return Some(state.name.as_bytes().to_vec()),
         [b"request", b"path"] => return Some(call.path.as_bytes().to_vec()),
-        [b"request", b"method"] => {
-            return Some(call.method.as_ref()?.as_str().as_bytes().to_vec())
-        }
+        [b"request", b"method"] => return Some(call.method.as_ref()?.as_str().as_bytes().to_vec()),
         [b"request", b"scheme"] => return Some(call.scheme.as_bytes().to_vec()),
         [b"request", b"host"] => "host",
         [b"source", b"address"] => "remote_addr",
@@ -533,7 +526,13 @@ fn define_host_calls(l: &mut Linker<HostState>) -> Result<(), Error> {
     l.func_wrap(
         "env",
         "proxy_get_buffer_bytes",
-        |mut c: C<'_>, ty: i32, start: i32, max: i32, ret_ptr: i32, ret_len: i32| -> Result<i32, Error> {
+        |mut c: C<'_>,
+         ty: i32,
+         start: i32,
+         max: i32,
+         ret_ptr: i32,
+         ret_len: i32|
+         -> Result<i32, Error> {
             let data = c.data();
             let whole: &[u8] = match ty {
                 buffer::REQUEST_BODY => match &data.call.req_body {
@@ -571,7 +570,9 @@ fn define_host_calls(l: &mut Linker<HostState>) -> Result<(), Error> {
                 buffer::VM_CONFIGURATION => Some(0),
                 _ => return status::BAD_ARGUMENT,
             };
-            let Some(len) = len else { return status::NOT_FOUND };
+            let Some(len) = len else {
+                return status::NOT_FOUND;
+            };
             if write_u32(&mut c, len_ptr, len as u32) && write_u32(&mut c, flags_ptr, 1) {
                 status::OK
             } else {
@@ -638,8 +639,7 @@ fn define_host_calls(l: &mut Linker<HostState>) -> Result<(), Error> {
                     set_pseudo(call, ty, &k, &v);
                     continue;
                 }
-                let (Some(name), Ok(value)) = (header_name(&k), HeaderValue::from_bytes(&v))
-                else {
+                let (Some(name), Ok(value)) = (header_name(&k), HeaderValue::from_bytes(&v)) else {
                     continue;
                 };
                 if let Some(h) = header_map(call, ty) {
@@ -652,7 +652,13 @@ fn define_host_calls(l: &mut Linker<HostState>) -> Result<(), Error> {
     l.func_wrap(
         "env",
         "proxy_get_header_map_value",
-        |mut c: C<'_>, ty: i32, kp: i32, kl: i32, ret_ptr: i32, ret_len: i32| -> Result<i32, Error> {
+        |mut c: C<'_>,
+         ty: i32,
+         kp: i32,
+         kl: i32,
+         ret_ptr: i32,
+         ret_len: i32|
+         -> Result<i32, Error> {
             let key = arg!(c, kp, kl).to_ascii_lowercase();
             let call = &c.data().call;
             let value = if ty == map::HTTP_CALL_RESPONSE_HEADERS {
@@ -699,7 +705,13 @@ fn define_host_calls(l: &mut Linker<HostState>) -> Result<(), Error> {
         l.func_wrap(
             "env",
             name,
-            move |mut c: C<'_>, ty: i32, kp: i32, kl: i32, vp: i32, vl: i32| -> Result<i32, Error> {
+            move |mut c: C<'_>,
+                  ty: i32,
+                  kp: i32,
+                  kl: i32,
+                  vp: i32,
+                  vl: i32|
+                  -> Result<i32, Error> {
                 let key = arg!(c, kp, kl).to_ascii_lowercase();
                 let value = arg!(c, vp, vl);
                 let call = &mut c.data_mut().call;
@@ -844,12 +856,22 @@ fn define_host_calls(l: &mut Linker<HostState>) -> Result<(), Error> {
     l.func_wrap("env", "proxy_continue_stream", |_: C<'_>, _t: i32| -> i32 {
         status::OK
     })?;
-    l.func_wrap("env", "proxy_continue_request", |_: C<'_>| -> i32 { status::OK })?;
-    l.func_wrap("env", "proxy_continue_response", |_: C<'_>| -> i32 { status::OK })?;
+    l.func_wrap("env", "proxy_continue_request", |_: C<'_>| -> i32 {
+        status::OK
+    })?;
+    l.func_wrap("env", "proxy_continue_response", |_: C<'_>| -> i32 {
+        status::OK
+    })?;
     l.func_wrap(
         "env",
         "proxy_get_shared_data",
-        |mut c: C<'_>, kp: i32, kl: i32, ret_ptr: i32, ret_len: i32, cas_ptr: i32| -> Result<i32, Error> {
+        |mut c: C<'_>,
+         kp: i32,
+         kl: i32,
+         ret_ptr: i32,
+         ret_len: i32,
+         cas_ptr: i32|
+         -> Result<i32, Error> {
             let key = arg!(c, kp, kl);
             let Some((value, cas)) = c.data().shared.get(&key) else {
                 return Ok(status::NOT_FOUND);

@@ -232,9 +232,7 @@ fn compile_conf(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     // As wasm.lua: a table is JSON-encoded (cjson), a string handed over as it is.
     let conf = match cx.conf.get("conf") {
         Some(Value::String(s)) => Bytes::from(s.clone()),
-        Some(v @ Value::Object(_)) => {
-            Bytes::from(ferrisix_config::schema::lua::cjson_encode(v))
-        }
+        Some(v @ Value::Object(_)) => Bytes::from(ferrisix_config::schema::lua::cjson_encode(v)),
         _ => return Err("invalid conf type".into()),
     };
     let key = cx.state_key();

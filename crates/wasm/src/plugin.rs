@@ -81,7 +81,11 @@ impl Drop for CtxGuard {
     fn drop(&mut self) {
         if let Some(Err(e)) = vm::with_same_vm(self.uid, self.vm_id, |vm| vm.finish(self.ctx, true))
         {
-            tracing::error!("{}: failed to run wasm plugin: {}", self.name, vm::describe(&e));
+            tracing::error!(
+                "{}: failed to run wasm plugin: {}",
+                self.name,
+                vm::describe(&e)
+            );
         }
     }
 }

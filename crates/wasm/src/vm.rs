@@ -312,8 +312,8 @@ impl WorkerVm {
         ctx == 1
             || self
                 .roots
-            .values()
-            .any(|r| r.ctx == Some(ctx) && r.key.strong_count() > 0)
+                .values()
+                .any(|r| r.ctx == Some(ctx) && r.key.strong_count() > 0)
     }
 
     /// A new HTTP context under root context `root`.

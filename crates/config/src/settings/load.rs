@@ -390,12 +390,19 @@ fn check_wasm(s: &Settings, errors: &mut Vec<String>) {
     let mut seen = std::collections::HashSet::new();
     for (i, p) in s.wasm.plugins.iter().enumerate() {
         if p.name.is_empty() {
-            errors.push(format!("wasm.plugins[{i}].name: expected a non-empty string"));
+            errors.push(format!(
+                "wasm.plugins[{i}].name: expected a non-empty string"
+            ));
         } else if !seen.insert(p.name.as_str()) {
-            errors.push(format!("wasm.plugins[{i}].name: duplicate plugin {:?}", p.name));
+            errors.push(format!(
+                "wasm.plugins[{i}].name: duplicate plugin {:?}",
+                p.name
+            ));
         }
         if p.file.as_os_str().is_empty() {
-            errors.push(format!("wasm.plugins[{i}].file: expected a non-empty string"));
+            errors.push(format!(
+                "wasm.plugins[{i}].file: expected a non-empty string"
+            ));
         }
     }
     let limits = &s.ferrisix.wasm;

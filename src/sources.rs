@@ -126,7 +126,11 @@ pub async fn admin_api(
         // `PUT /plugins/reload` re-reads the plugin list from config.yaml, as APISIX does.
         let path = config_path.as_ref()?;
         let (s, _) = Settings::load(path).ok()?;
-        Some(PluginRegistry::new(services.clone(), s.plugins.as_deref()).0.with_plugins(&wasm))
+        Some(
+            PluginRegistry::new(services.clone(), s.plugins.as_deref())
+                .0
+                .with_plugins(&wasm),
+        )
     });
     let api = AdminApi::new(options, store, plugins).with_reload_hook(hook);
     if let Some(standalone) = standalone {

@@ -48,10 +48,17 @@ if ! python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('kubern
     || pip install -q --break-system-packages "kubernetes-validate==$k8s_validate_version"
 fi
 
+# The proxy-wasm test modules' toolchain (tests/e2e/wasm.rs builds the modules from source):
+# AssemblyScript and its proxy-wasm SDK, pinned in tests/wasm/package-lock.json, from npm.
+if ! (cd tests/wasm && npm ls --depth=0 >/dev/null 2>&1); then
+  echo "test.sh: installing tests/wasm's AssemblyScript toolchain (npm)" >&2
+  (cd tests/wasm && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
 cargo fmt --all -- --check
 # cargo fmt follows `mod` items only: the plugin files listed through the `family!` macro are
 # reached by no `mod` rustfmt can see, so every source file is checked by name as well.
 find crates tests benches examples src -name '*.rs' 2>/dev/null | xargs rustfmt --edition 2021 --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked "$@"
-scripts/check/kubernetes-test.sh target/debug/ferrisix
+scripts/check/kubernetes-test.sh "${CARGO_TARGET_DIR:-target}/debug/ferrisix"

@@ -94,8 +94,20 @@ pub fn check(settings: &Settings) -> ExitCode {
     }
     // Only a standalone file holds resources to check; a store's are checked as they are
     // written.
+    // `wasm.plugins`: every module read and compiled, as at boot.
+    let wasm = ferrisix_wasm::WasmPlugins::load(
+        &settings.wasm,
+        &settings.ferrisix.wasm,
+        Some(&settings.config_dir()),
+        |name| ferrisix_plugins::builtin().any(|d| d.name == name),
+    )
+    .unwrap_or_else(|errors| {
+        problems.extend(errors);
+        ferrisix_wasm::WasmPlugins::none()
+    });
     if settings.provider().file_format().is_some() {
         let (registry, unknown) = PluginRegistry::enabled(settings.plugins.as_deref());
+        let registry = registry.with_plugins(wasm.defs());
         problems.extend(
             unknown
                 .iter()

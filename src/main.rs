@@ -191,8 +191,18 @@ fn run(
     let states = source.states.clone();
     let health = source.health.clone();
 
+    // config.yaml's `wasm.plugins`: compiled once here, registered beside the built-in ones.
+    let wasm = ferrisix_wasm::WasmPlugins::load(
+        &settings.wasm,
+        &settings.ferrisix.wasm,
+        Some(&settings.config_dir()),
+        |name| ferrisix_plugins::builtin().any(|d| d.name == name),
+    )
+    .map_err(|errors| errors.join("; "))?;
+    wasm.install(&services)?;
     let (mut registry, unknown) =
         PluginRegistry::new(services.clone(), settings.plugins.as_deref());
+    registry = registry.with_plugins(wasm.defs());
     // As APISIX's `enable_gde`: the plugins' `encrypt_fields` are stored encrypted on a store
     // the Admin API writes, never in a standalone file.
     let encryption = &settings.apisix.data_encryption;

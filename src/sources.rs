@@ -117,11 +117,21 @@ pub async fn admin_api(
         ferrisix_plugins::stream::StreamPlugins::new(settings.stream_plugins.as_deref()).0;
     let config_path = settings.source.clone();
     let services = plugins.services().clone();
+    // The wasm plugins stay as booted (their modules are compiled once).
+    let wasm: Vec<&'static ferrisix_plugin_api::PluginDef> = plugins
+        .list()
+        .map(|p| p.def)
+        .filter(|d| !ferrisix_plugins::builtin().any(|b| std::ptr::eq(b, *d)))
+        .collect();
     let hook: ferrisix_admin::ReloadHook = Arc::new(move || {
         // `PUT /plugins/reload` re-reads the plugin list from config.yaml, as APISIX does.
         let path = config_path.as_ref()?;
         let (s, _) = Settings::load(path).ok()?;
-        Some(PluginRegistry::new(services.clone(), s.plugins.as_deref()).0)
+        Some(
+            PluginRegistry::new(services.clone(), s.plugins.as_deref())
+                .0
+                .with_plugins(&wasm),
+        )
     });
     let api = AdminApi::new(options, store, plugins).with_reload_hook(hook);
     if let Some(standalone) = standalone {

@@ -47,3 +47,4 @@ mod stream;
 mod streaming;
 mod tls;
 mod tls_etcd;
+mod wasm;

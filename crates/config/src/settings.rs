@@ -39,6 +39,8 @@ pub struct Settings {
     pub plugin_attr: PluginAttr,
     /// Service discovery (`discovery.<registry>`, see [`discovery`]).
     pub discovery: DiscoverySettings,
+    /// `wasm.plugins`: proxy-wasm plugins (ferrisix-wasm).
+    pub wasm: WasmSettings,
     /// ferrisix-only keys.
     pub ferrisix: FerrisixSettings,
     /// The file these settings came from; relative paths in them resolve against its directory.
@@ -956,6 +958,58 @@ pub struct FerrisixSettings {
     /// a start follows or not. `0` closes them at SIGTERM, as nginx does. Default 5s.
     #[serde(deserialize_with = "de::duration")]
     pub handover_wait: Duration,
+    /// Limits of the proxy-wasm plugins' modules (APISIX has none).
+    pub wasm: WasmLimits,
+}
+
+/// config.yaml's `wasm:` section, as APISIX reads it: the proxy-wasm plugins, each registered
+/// under its own name like a built-in plugin.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct WasmSettings {
+    pub plugins: Vec<WasmPluginSettings>,
+}
+
+/// One of `wasm.plugins`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct WasmPluginSettings {
+    pub name: String,
+    pub priority: i64,
+    /// The module (`.wasm`); a relative path resolves against config.yaml's directory.
+    pub file: PathBuf,
+    #[serde(default)]
+    pub http_request_phase: WasmRequestPhase,
+}
+
+/// Where a wasm plugin's `proxy_on_request_headers` runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WasmRequestPhase {
+    #[default]
+    Access,
+    Rewrite,
+}
+
+/// `ferrisix.wasm`: what one call into a module may use. A call past either limit traps: the
+/// request gets APISIX's answer for a failed wasm plugin (503) and the worker's instance of
+/// that module is made afresh.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct WasmLimits {
+    /// The longest one call into a module may run (epoch interruption). Default 1s.
+    #[serde(deserialize_with = "de::duration")]
+    pub timeout: Duration,
+    /// The most linear memory one instance may grow to, in bytes. Default 64 MiB.
+    pub max_memory: u64,
+}
+
+impl Default for WasmLimits {
+    fn default() -> Self {
+        WasmLimits {
+            timeout: Duration::from_secs(1),
+            max_memory: 64 << 20,
+        }
+    }
 }
 
 impl Default for FerrisixSettings {
@@ -971,6 +1025,7 @@ impl Default for FerrisixSettings {
             handover_socket: None,
             pid_file: None,
             handover_wait: Duration::from_secs(5),
+            wasm: WasmLimits::default(),
         }
     }
 }

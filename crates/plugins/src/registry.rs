@@ -131,6 +131,24 @@ impl PluginRegistry {
         }
     }
 
+    /// This registry with `defs` added: plugins the configuration itself declares (config.yaml's
+    /// `wasm.plugins`), enabled whatever the `plugins` list says, as APISIX loads them.
+    pub fn with_plugins(self, defs: &[&'static PluginDef]) -> PluginRegistry {
+        if defs.is_empty() {
+            return self;
+        }
+        let all: Vec<&'static PluginDef> = self
+            .plugins
+            .iter()
+            .map(|p| p.def)
+            .chain(defs.iter().copied())
+            .collect();
+        PluginRegistry {
+            field_keyring: self.field_keyring.clone(),
+            ..Self::from_defs(self.services.clone(), all)
+        }
+    }
+
     /// The plugins' `encrypt_fields` are stored encrypted with `keyring` (APISIX's
     /// `data_encryption.enable_encrypt_fields` on a store the Admin API writes): the route,
     /// service, plugin config and global rule confs are decrypted with it before they compile,

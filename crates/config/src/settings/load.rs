@@ -286,6 +286,7 @@ fn check(s: &Settings, errors: &mut Vec<String>) {
             ));
         }
     }
+    check_wasm(s, errors);
     let guard = &s.ferrisix.admin_key_guard;
     if guard.enabled && (guard.burst == 0 || guard.per_minute == 0) {
         errors.push(
@@ -385,6 +386,38 @@ fn http_metrics(
 /// starts with a bad one but then has no such metric at all (every request's log phase fails
 /// on it); a repeated name makes an exposition Prometheus refuses to scrape. Both are refused
 /// here instead.
+/// `wasm.plugins`: APISIX's schema (a name and a file each), names unique; ferrisix's limits.
+fn check_wasm(s: &Settings, errors: &mut Vec<String>) {
+    let mut seen = std::collections::HashSet::new();
+    for (i, p) in s.wasm.plugins.iter().enumerate() {
+        if p.name.is_empty() {
+            errors.push(format!(
+                "wasm.plugins[{i}].name: expected a non-empty string"
+            ));
+        } else if !seen.insert(p.name.as_str()) {
+            errors.push(format!(
+                "wasm.plugins[{i}].name: duplicate plugin {:?}",
+                p.name
+            ));
+        }
+        if p.file.as_os_str().is_empty() {
+            errors.push(format!(
+                "wasm.plugins[{i}].file: expected a non-empty string"
+            ));
+        }
+    }
+    let limits = &s.ferrisix.wasm;
+    if limits.timeout.is_zero() {
+        errors.push("ferrisix.wasm.timeout: invalid value: 0, expected more than 0".into());
+    }
+    if limits.max_memory < 65536 {
+        errors.push(format!(
+            "ferrisix.wasm.max_memory: invalid value: {}, expected at least 65536 (one page)",
+            limits.max_memory
+        ));
+    }
+}
+
 fn check_extra_labels(m: &PrometheusMetrics, errors: &mut Vec<String>) {
     for (metric, attr, builtin) in http_metrics(m) {
         for (i, label) in attr.extra_labels.iter().enumerate() {

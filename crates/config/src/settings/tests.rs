@@ -1058,3 +1058,32 @@ stream_plugins:
         assert!(!errors(bad).is_empty(), "{bad}");
     }
 }
+
+#[test]
+fn wasm_plugins_and_limits() {
+    let s = parse(
+        "wasm:\n  plugins:\n    - name: wasm-log\n      priority: 7999\n      file: t/wasm/log.wasm\n\
+         \x20   - name: wasm-auth\n      priority: 7998\n      file: /abs/auth.wasm\n      http_request_phase: rewrite\n\
+         ferrisix:\n  wasm:\n    timeout: 250ms\n    max_memory: 1048576\n",
+    );
+    let p = &s.wasm.plugins;
+    assert_eq!(p.len(), 2);
+    assert_eq!((p[0].name.as_str(), p[0].priority), ("wasm-log", 7999));
+    assert_eq!(p[0].file, PathBuf::from("t/wasm/log.wasm"));
+    assert_eq!(p[0].http_request_phase, WasmRequestPhase::Access);
+    assert_eq!(p[1].http_request_phase, WasmRequestPhase::Rewrite);
+    assert_eq!(s.ferrisix.wasm.timeout, Duration::from_millis(250));
+    assert_eq!(s.ferrisix.wasm.max_memory, 1 << 20);
+    assert_eq!(parse("{}").ferrisix.wasm, WasmLimits::default());
+    for bad in [
+        "wasm: {plugins: [{name: a, priority: 1, file: a.wasm}, {name: a, priority: 2, file: b.wasm}]}",
+        "wasm: {plugins: [{name: '', priority: 1, file: a.wasm}]}",
+        "wasm: {plugins: [{name: a, priority: 1, file: ''}]}",
+        "wasm: {plugins: [{name: a, priority: 1, file: a.wasm, http_request_phase: log}]}",
+        "wasm: {plugins: [{name: a, file: a.wasm}]}",
+        "ferrisix: {wasm: {timeout: 0}}",
+        "ferrisix: {wasm: {max_memory: 100}}",
+    ] {
+        assert!(!errors(bad).is_empty(), "{bad}");
+    }
+}

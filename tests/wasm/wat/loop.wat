@@ -1,0 +1,10 @@
+;; A proxy-wasm module whose request callback never returns: the call deadline must end it.
+(module
+  (memory (export "memory") 1)
+  (func (export "proxy_abi_version_0_2_0"))
+  (func (export "proxy_on_memory_allocate") (param i32) (result i32) (i32.const 1024))
+  (func (export "proxy_on_context_create") (param i32 i32))
+  (func (export "proxy_on_configure") (param i32 i32) (result i32) (i32.const 1))
+  (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32)
+    (loop $forever (br $forever))
+    (i32.const 0)))

@@ -16,6 +16,7 @@ mod docs_inline;
 mod embedded_store;
 mod etcd_cluster;
 mod grpc;
+mod grpc_transcode;
 mod headers;
 mod health;
 mod lifecycle;

@@ -25,6 +25,8 @@ pub enum ResourceKind {
     Credentials,
     Ssls,
     PluginMetadata,
+    /// `protos/<id>`: protobuf definitions grpc-transcode compiles against.
+    Protos,
     Routes,
     /// `stream_routes/<id>`: the L4 routes of the stream proxy (`apisix.proxy_mode` with
     /// `stream`); the HTTP snapshot carries them through untouched.
@@ -32,7 +34,7 @@ pub enum ResourceKind {
 }
 
 impl ResourceKind {
-    pub const ALL: [ResourceKind; 11] = [
+    pub const ALL: [ResourceKind; 12] = [
         ResourceKind::Upstreams,
         ResourceKind::Services,
         ResourceKind::PluginConfigs,
@@ -42,6 +44,7 @@ impl ResourceKind {
         ResourceKind::Credentials,
         ResourceKind::Ssls,
         ResourceKind::PluginMetadata,
+        ResourceKind::Protos,
         ResourceKind::Routes,
         ResourceKind::StreamRoutes,
     ];
@@ -57,6 +60,7 @@ impl ResourceKind {
             ResourceKind::Consumers | ResourceKind::Credentials => "consumers",
             ResourceKind::Ssls => "ssls",
             ResourceKind::PluginMetadata => "plugin_metadata",
+            ResourceKind::Protos => "protos",
             ResourceKind::Routes => "routes",
             ResourceKind::StreamRoutes => "stream_routes",
         }
@@ -82,6 +86,7 @@ impl ResourceKind {
             ResourceKind::Credentials => "credential",
             ResourceKind::Ssls => "ssl",
             ResourceKind::PluginMetadata => "plugin_metadata",
+            ResourceKind::Protos => "proto",
             ResourceKind::Routes => "route",
             ResourceKind::StreamRoutes => "stream route",
         }

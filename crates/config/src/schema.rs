@@ -70,6 +70,7 @@ pub fn resource_schema(kind: ResourceKind) -> &'static Value {
         ResourceKind::Credentials => &CREDENTIAL,
         ResourceKind::Ssls => &SSL,
         ResourceKind::PluginMetadata => &PLUGIN_METADATA,
+        ResourceKind::Protos => &PROTO,
         ResourceKind::StreamRoutes => &STREAM_ROUTE,
     }
 }

@@ -110,5 +110,7 @@ pub use state::{Lease, Retain, StateMap};
 pub use stats::{ConnStats, ConnTotals};
 pub use template::Template;
 pub use tls_client::TlsClient;
+/// The snapshot's compiled `protos` (the config crate compiles them; plugins read them here).
+pub use ferrisix_config::proto::Protos;
 pub use upstream::{NoUpstreams, UpstreamRef, UpstreamResolver};
 pub use vars::RequestVars;

@@ -6,6 +6,8 @@ family! {
     body_transformer,
     degraphql,
     echo,
+    grpc_transcode,
+    grpc_web,
     mocking,
     oas_validator,
     proxy_buffering,

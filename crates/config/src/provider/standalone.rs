@@ -48,7 +48,7 @@ pub struct Standalone {
 }
 
 /// Top-level keys APISIX accepts that ferrisix does not serve yet.
-const IGNORED_KINDS: [&str; 2] = ["protos", "secrets"];
+const IGNORED_KINDS: [&str; 1] = ["secrets"];
 
 /// Parses a standalone file with the process environment; warnings are logged. Every item gets
 /// `revision` as its create and mod revision.

@@ -200,14 +200,13 @@ fn ignored_and_unknown_keys_warn() {
         "stream_routes: [{id: 1}]\nprotos: []\nsecrets: []\nconsumer_groups: [{id: g}]\nroutes_conf_version: 3\nroutez: []\n#END\n",
         Format::Yaml,
     );
-    // Consumer groups and stream routes are served.
+    // Consumer groups, stream routes and protos are served.
     assert_eq!(doc.state.len(), 2);
     assert!(doc.state.get(ResourceKind::ConsumerGroups, "g").is_some());
     assert!(doc.state.get(ResourceKind::StreamRoutes, "1").is_some());
     assert_eq!(
         doc.warnings,
         vec![
-            "`protos` is not supported by ferrisix; its 0 item(s) are ignored",
             "`secrets` is not supported by ferrisix; its 0 item(s) are ignored",
             "unknown top-level key `routez` ignored",
         ]

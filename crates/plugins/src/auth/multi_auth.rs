@@ -63,6 +63,7 @@ fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
         def.verdict(&CheckCtx {
             conf,
             schema: &schema,
+            protos: cx.protos,
             services: cx.services,
             now: cx.now,
             consumer: false,

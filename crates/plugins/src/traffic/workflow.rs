@@ -115,6 +115,7 @@ fn check_action(cx: &CheckCtx<'_>, action: &[Value]) -> Result<(), String> {
             def.verdict(&CheckCtx {
                 conf: &conf,
                 schema: &schema,
+                protos: cx.protos,
                 services: cx.services,
                 now: cx.now,
                 consumer: false,

@@ -404,8 +404,8 @@ fn transcodes_unary_calls_with_options_errors_and_deadlines() {
     // ... or the status details in the body, raw or decoded as `status_detail_type`.
     let mut shown = hello("GetErrResp");
     shown["show_status_in_body"] = json!(true);
-    route(&gw, "err", "/err", shown.clone(), server);
-    let r = call(&gw, "GET", "/err?name=world", None);
+    route(&gw, "err2", "/err2", shown.clone(), server);
+    let r = call(&gw, "GET", "/err2?name=world", None);
     assert_eq!(r.status, 503);
     assert_eq!(
         body_json(&r),
@@ -414,15 +414,15 @@ fn transcodes_unary_calls_with_options_errors_and_deadlines() {
             "value": "\u{8}\u{1}\u{12}\u{1c}The server is out of service\u{1a}\u{7}service"}]}})
     );
     shown["status_detail_type"] = json!("helloworld.ErrorDetail");
-    route(&gw, "err", "/err", shown.clone(), server);
-    let r = call(&gw, "GET", "/err?name=world", None);
+    route(&gw, "err3", "/err3", shown.clone(), server);
+    let r = call(&gw, "GET", "/err3?name=world", None);
     assert_eq!(
         body_json(&r)["error"]["details"],
         json!([{"code": 1, "message": "The server is out of service", "type": "service"}])
     );
     shown["status_detail_type"] = json!("helloworld.error");
-    route(&gw, "err", "/err", shown, server);
-    let r = call(&gw, "GET", "/err?name=world", None);
+    route(&gw, "err4", "/err4", shown, server);
+    let r = call(&gw, "GET", "/err4?name=world", None);
     assert_eq!(r.status, 503);
     assert_eq!(
         r.text(),

@@ -23,6 +23,7 @@ mod lifecycle;
 mod plugins_access;
 mod plugins_ai;
 mod plugins_echo;
+mod plugins_error_page;
 mod plugins_http;
 mod plugins_kafka;
 mod plugins_limit_count;

@@ -6,6 +6,7 @@ family! {
     body_transformer,
     degraphql,
     echo,
+    error_page,
     grpc_transcode,
     grpc_web,
     mocking,

@@ -53,7 +53,8 @@
 //! - `ferrisix_config::model`, `ferrisix_config::encrypt`, `ferrisix_config::env`,
 //!   `ferrisix_config::secret`: resources, their encrypted fields and secret references, as
 //!   the consumer set reads them;
-//! - `ferrisix_config::pem`, `ferrisix_config::test_support`: in tests only.
+//! - `ferrisix_config::pem`, `ferrisix_config::proto` (protos for grpc-transcode),
+//!   `ferrisix_config::test_support`: in tests only.
 //!
 //! `ferrisix-plugins`' `boundary` test holds its code and its `Cargo.toml` to these lists.
 #![forbid(unsafe_code)]

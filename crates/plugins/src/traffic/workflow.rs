@@ -115,7 +115,6 @@ fn check_action(cx: &CheckCtx<'_>, action: &[Value]) -> Result<(), String> {
             def.verdict(&CheckCtx {
                 conf: &conf,
                 schema: &schema,
-                protos: cx.protos,
                 services: cx.services,
                 now: cx.now,
                 consumer: false,
@@ -183,6 +182,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
                 upstreams: cx.upstreams,
                 apis: cx.apis,
                 schema: &schema,
+                protos: cx.protos,
             })
             .map_err(|e| format!("{name}: {e}"))?;
             Action::Plugin(plugin)

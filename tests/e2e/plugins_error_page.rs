@@ -52,7 +52,8 @@ fn gateway_errors_get_the_metadata_pages() {
     assert_eq!(r.status, 502);
     assert_eq!(r.header("content-type"), Some("text/html"));
     assert!(
-        r.text().contains("<center><h1>502 Bad Gateway</h1></center>"),
+        r.text()
+            .contains("<center><h1>502 Bad Gateway</h1></center>"),
         "{}",
         r.text()
     );

@@ -98,6 +98,8 @@ pub use def::{
 pub use error_log::ErrorLogTap;
 pub use exec::Executor;
 pub use exit::Exit;
+/// The snapshot's compiled `protos` (the config crate compiles them; plugins read them here).
+pub use ferrisix_config::proto::Protos;
 pub use head::{ConnFacts, RequestHead};
 pub use http_client::{HttpClient, HttpError};
 pub use key::{KeySpec, KeyValue};
@@ -111,7 +113,5 @@ pub use state::{Lease, Retain, StateMap};
 pub use stats::{ConnStats, ConnTotals};
 pub use template::Template;
 pub use tls_client::TlsClient;
-/// The snapshot's compiled `protos` (the config crate compiles them; plugins read them here).
-pub use ferrisix_config::proto::Protos;
 pub use upstream::{NoUpstreams, UpstreamRef, UpstreamResolver};
 pub use vars::RequestVars;

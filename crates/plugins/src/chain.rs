@@ -13,8 +13,8 @@ use bytes::Bytes;
 use ferrisix_config::model::ResourceKind;
 use ferrisix_config::vars::compile_vars;
 use ferrisix_plugin_api::{
-    CompileCtx, Flow, LogCtx, LogNeeds, Owner, Phases, Plugin, PluginCtx, PluginKind, Protos, ResponseHead,
-    RouteInfo, RunPolicy, Step, UpstreamResolver,
+    CompileCtx, Flow, LogCtx, LogNeeds, Owner, Phases, Plugin, PluginCtx, PluginKind, Protos,
+    ResponseHead, RouteInfo, RunPolicy, Step, UpstreamResolver,
 };
 use ferrisix_router::Expr;
 use serde_json::{Map, Value};

@@ -164,7 +164,11 @@ mod tests {
     #[test]
     fn gateway_errors_get_the_metadata_pages() {
         let plain = (Some("text/plain".to_owned()), None, None);
-        assert_eq!(answer(None, 404, false), plain, "no metadata: nothing to do");
+        assert_eq!(
+            answer(None, 404, false),
+            plain,
+            "no metadata: nothing to do"
+        );
         let off = json!({"error_404": {"body": "x"}});
         assert_eq!(answer(Some(off), 404, false), plain, "off by default");
         let meta = json!({"enable": true, "error_404": {},
@@ -172,7 +176,10 @@ mod tests {
             "error_503": {"body": ""}});
         let (ct, len, body) = answer(Some(meta.clone()), 404, false);
         let body = body.unwrap();
-        assert!(body.contains("<h1>404 Not Found</h1>"), "APISIX's default: {body}");
+        assert!(
+            body.contains("<h1>404 Not Found</h1>"),
+            "APISIX's default: {body}"
+        );
         assert_eq!(ct.as_deref(), Some("text/html"));
         assert_eq!(len, Some(body.len().to_string()));
         assert_eq!(

@@ -11,7 +11,7 @@
 //! `header_filter`: CORS headers (`Access-Control-Allow-Origin: *` unless one is set already,
 //! by the cors plugin; `Access-Control-Expose-Headers: grpc-message,grpc-status`; on the
 //! preflight `Access-Control-Allow-Methods: POST` and `cors_allow_headers`), the request's
-//! Content-Type on the answer. The body: each chunk base64-encoded for the text forms, and the
+//! Content-Type on the answer. The body: base64-encoded for the text forms, and the
 //! upstream's trailers as gRPC-Web's trailer frame at the end (`0x80`, length,
 //! `grpc-status:<s>\r\ngrpc-message:<m>\r\n`; status 2 "upstream grpc status not received"
 //! without trailers), except for a trailers-only answer, whose `grpc-status` is in the head.
@@ -81,9 +81,7 @@ enum Encoding {
 fn encoding(content_type: &str) -> Option<Encoding> {
     match content_type {
         "application/grpc-web" | "application/grpc-web+proto" => Some(Encoding::Binary),
-        "application/grpc-web-text" | "application/grpc-web-text+proto" => {
-            Some(Encoding::Base64)
-        }
+        "application/grpc-web-text" | "application/grpc-web-text+proto" => Some(Encoding::Base64),
         _ => None,
     }
 }
@@ -129,7 +127,11 @@ impl GrpcWeb {
             tracing::error!("request method: `{}` invalid", ctx.method());
             return Self::exit(ctx, mime, StatusCode::METHOD_NOT_ALLOWED);
         }
-        let Some(enc) = mime.as_ref().and_then(|m| m.to_str().ok()).and_then(encoding) else {
+        let Some(enc) = mime
+            .as_ref()
+            .and_then(|m| m.to_str().ok())
+            .and_then(encoding)
+        else {
             tracing::error!(
                 "request Content-Type: `{}` invalid",
                 mime.as_ref()
@@ -214,31 +216,37 @@ impl BodyFilter for WebBody {
     }
 
     fn filter(&mut self, chunk: &mut BodyChunk) {
-        let mut data = if self.encoding == Encoding::Base64 {
-            self.pending.extend_from_slice(&chunk.data);
-            let whole = if chunk.end {
-                self.pending.len()
-            } else {
-                self.pending.len() / 3 * 3
-            };
-            let raw = self.pending.split_to(whole);
-            BytesMut::from(b64().encode(&raw).as_bytes())
-        } else {
-            BytesMut::from(&chunk.data[..])
-        };
-        if chunk.end && !self.metadata_sent {
+        let trailer = (chunk.end && !self.metadata_sent).then(|| {
             let (status, message) = self
                 .trailers
                 .take()
                 .unwrap_or_else(|| ("2".into(), "upstream grpc status not received".into()));
-            let frame = trailer_frame(&status, &message);
-            if self.encoding == Encoding::Base64 {
-                data.extend_from_slice(b64().encode(&frame).as_bytes());
-            } else {
-                data.extend_from_slice(&frame);
+            trailer_frame(&status, &message)
+        });
+        match self.encoding {
+            Encoding::Base64 => {
+                // The trailer frame is encoded with the last bytes: one base64 text, padded
+                // only at its very end.
+                self.pending.extend_from_slice(&chunk.data);
+                if let Some(t) = &trailer {
+                    self.pending.extend_from_slice(t);
+                }
+                let whole = if chunk.end {
+                    self.pending.len()
+                } else {
+                    self.pending.len() / 3 * 3
+                };
+                let raw = self.pending.split_to(whole);
+                chunk.data = Bytes::from(b64().encode(&raw));
+            }
+            Encoding::Binary => {
+                if let Some(t) = trailer {
+                    let mut data = BytesMut::from(&chunk.data[..]);
+                    data.extend_from_slice(&t);
+                    chunk.data = data.freeze();
+                }
             }
         }
-        chunk.data = data.freeze();
     }
 }
 
@@ -336,7 +344,11 @@ mod tests {
     fn trailers_become_the_last_frame() {
         let mut t = HeaderMap::new();
         t.insert("grpc-status", HeaderValue::from_static("0"));
-        let out = run(&mut web(Encoding::Binary, false), &[b"\0\0\0\0\x01x"], Some(t));
+        let out = run(
+            &mut web(Encoding::Binary, false),
+            &[b"\0\0\0\0\x01x"],
+            Some(t),
+        );
         let mut want = b"\0\0\0\0\x01x".to_vec();
         want.extend_from_slice(&trailer_frame("0", ""));
         assert_eq!(out, want);
@@ -358,11 +370,15 @@ mod tests {
     fn text_answers_are_base64_in_whole_groups() {
         let mut t = HeaderMap::new();
         t.insert("grpc-status", HeaderValue::from_static("0"));
-        let out = run(&mut web(Encoding::Base64, false), &[b"abcd", b"ef", b"g"], Some(t));
+        let out = run(
+            &mut web(Encoding::Base64, false),
+            &[b"abcd", b"ef", b"g"],
+            Some(t),
+        );
         let text = String::from_utf8(out).unwrap();
-        let mut want = b64().encode(b"abcdefg");
-        want.push_str(&b64().encode(trailer_frame("0", "")));
-        assert_eq!(text, want);
+        let mut raw = b"abcdefg".to_vec();
+        raw.extend_from_slice(&trailer_frame("0", ""));
+        assert_eq!(text, b64().encode(raw));
         assert!(encoding("application/grpc-web-text+proto") == Some(Encoding::Base64));
         assert!(encoding("application/json").is_none());
     }

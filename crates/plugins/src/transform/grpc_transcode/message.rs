@@ -221,7 +221,10 @@ fn field_value(field: &FieldDescriptor, v: &Value) -> Result<Pb, String> {
 /// The message `desc` from `table` (a JSON object; a request's arguments made into one).
 pub fn message(desc: &MessageDescriptor, table: &Value) -> Result<DynamicMessage, String> {
     let Value::Object(obj) = table else {
-        return Err(format!("table expected for {}, got {table}", desc.full_name()));
+        return Err(format!(
+            "table expected for {}, got {table}",
+            desc.full_name()
+        ));
     };
     let mut msg = DynamicMessage::new(desc.clone());
     for field in desc.fields() {
@@ -367,8 +370,7 @@ message Req {
 }"#;
 
     fn desc() -> MessageDescriptor {
-        let pool =
-            ferrisix_config::proto::compile("t", PROTO, &Arc::new(Map2::new())).unwrap();
+        let pool = ferrisix_config::proto::compile("t", PROTO, &Arc::new(Map2::new())).unwrap();
         pool.get_message_by_name("t.Req").unwrap()
     }
 
@@ -382,8 +384,11 @@ message Req {
     #[test]
     fn defaults_enums_and_coercions() {
         let o = Options::default();
-        let got = round(json!({"name": "w", "person": {"name": "Joe", "age": "3"},
-            "gender": 2, "big": "7", "flag": "false", "ratio": "0.5"}), o);
+        let got = round(
+            json!({"name": "w", "person": {"name": "Joe", "age": "3"},
+            "gender": 2, "big": "7", "flag": "false", "ratio": "0.5"}),
+            o,
+        );
         assert_eq!(
             got,
             json!({"name": "w", "items": [], "gender": "GENDER_FEMALE",
@@ -391,7 +396,10 @@ message Req {
                 "counts": {}, "ratio": 0.5, "ubig": 0})
         );
         let o = Options::of(&["enum_as_value".into(), "no_default_values".into()]);
-        let got = round(json!({"name": "w", "gender": "GENDER_MALE", "items": ["a"]}), o);
+        let got = round(
+            json!({"name": "w", "gender": "GENDER_MALE", "items": ["a"]}),
+            o,
+        );
         assert_eq!(got, json!({"name": "w", "items": ["a"], "gender": 1}));
         let o = Options::of(&["use_default_metatable".into()]);
         assert_eq!(round(json!({}), o), json!({}));

@@ -240,7 +240,10 @@ message EchoMsg { string msg = 1; }"#;
         assert_eq!(check("src", src), Ok(()));
         let alone = Protos::compile_all(HashMap::from([("src".into(), src.into())]));
         let err = alone.get("src").unwrap().as_ref().unwrap_err();
-        assert!(err.missing_import && err.message.contains("proto/user.proto"), "{err}");
+        assert!(
+            err.missing_import && err.message.contains("proto/user.proto"),
+            "{err}"
+        );
         let both = Protos::compile_all(HashMap::from([
             ("src".into(), src.into()),
             ("user".into(), user.into()),

@@ -337,7 +337,10 @@ impl AdminApi {
                 // APISIX compiles the content: a syntax error is refused with the compiler's
                 // message. An import naming a proto not written yet is accepted; the data
                 // plane holds that proto back until the import exists.
-                let content = conf.get("content").and_then(Value::as_str).unwrap_or_default();
+                let content = conf
+                    .get("content")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
                 let pid = id.map_or_else(|| "proto".to_owned(), id_text);
                 ferrisix_config::proto::check(&pid, content)
                     .map_err(|e| format!("invalid content: {e}"))

@@ -192,7 +192,10 @@ impl Checker<'_> {
 /// proto back until it exists.
 fn proto(conf: &Value) -> Result<(), String> {
     crate::schema::validate(crate::schema::resource_schema(ResourceKind::Protos), conf)?;
-    let content = conf.get("content").and_then(Value::as_str).unwrap_or_default();
+    let content = conf
+        .get("content")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let id = conf.get("id").map_or_else(|| "proto".to_owned(), id_text);
     crate::proto::check(&id, content).map_err(|e| format!("invalid content: {e}"))
 }

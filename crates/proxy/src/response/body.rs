@@ -180,7 +180,10 @@ impl Body for ResponseBody {
         let mut this = self.project();
         if *this.filtered_end {
             // The upstream's trailers, as the filters left them, follow the last chunk.
-            let trailers = this.filters.as_deref_mut().and_then(BodyFilters::take_trailers);
+            let trailers = this
+                .filters
+                .as_deref_mut()
+                .and_then(BodyFilters::take_trailers);
             return Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))));
         }
         loop {

@@ -257,7 +257,11 @@ impl Applied {
         // A proto that does not compile (an import naming no proto) is held back alone; the
         // routes using it answer as APISIX's do when their proto cannot be loaded.
         for (id, err) in applied.protos.errors() {
-            quarantine.push(Quarantined::new(ResourceKind::Protos, id, err.message.clone()));
+            quarantine.push(Quarantined::new(
+                ResourceKind::Protos,
+                id,
+                err.message.clone(),
+            ));
         }
         applied_diff.protos = diff.protos.clone();
         // Each replaced or removed route and service may have let go of a shared upstream.

@@ -18,9 +18,9 @@ use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-/// Messages as bytes, unchanged.
+/// Messages as bytes, unchanged (also the codec of `grpc_transcode`'s tonic server).
 #[derive(Clone, Copy, Default)]
-struct Raw;
+pub(crate) struct Raw;
 
 impl Codec for Raw {
     type Encode = Bytes;

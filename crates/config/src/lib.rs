@@ -13,6 +13,7 @@ pub mod model;
 pub mod nesting;
 pub mod parallel;
 pub mod pem;
+pub mod proto;
 pub mod provider;
 pub mod reopen;
 pub mod schema;

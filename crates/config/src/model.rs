@@ -25,6 +25,8 @@ pub enum ResourceKind {
     Credentials,
     Ssls,
     PluginMetadata,
+    /// `protos/<id>`: protobuf definitions grpc-transcode compiles against.
+    Protos,
     Routes,
     /// `stream_routes/<id>`: the L4 routes of the stream proxy (`apisix.proxy_mode` with
     /// `stream`); the HTTP snapshot carries them through untouched.
@@ -45,6 +47,7 @@ impl ResourceKind {
         ResourceKind::Credentials,
         ResourceKind::Ssls,
         ResourceKind::PluginMetadata,
+        ResourceKind::Protos,
         ResourceKind::Routes,
         ResourceKind::StreamRoutes,
         ResourceKind::Secrets,
@@ -61,6 +64,7 @@ impl ResourceKind {
             ResourceKind::Consumers | ResourceKind::Credentials => "consumers",
             ResourceKind::Ssls => "ssls",
             ResourceKind::PluginMetadata => "plugin_metadata",
+            ResourceKind::Protos => "protos",
             ResourceKind::Routes => "routes",
             ResourceKind::StreamRoutes => "stream_routes",
             ResourceKind::Secrets => "secrets",
@@ -87,6 +91,7 @@ impl ResourceKind {
             ResourceKind::Credentials => "credential",
             ResourceKind::Ssls => "ssl",
             ResourceKind::PluginMetadata => "plugin_metadata",
+            ResourceKind::Protos => "proto",
             ResourceKind::Routes => "route",
             ResourceKind::StreamRoutes => "stream route",
             ResourceKind::Secrets => "secret",

@@ -70,6 +70,7 @@ pub fn resource_schema(kind: ResourceKind) -> &'static Value {
         ResourceKind::Credentials => &CREDENTIAL,
         ResourceKind::Ssls => &SSL,
         ResourceKind::PluginMetadata => &PLUGIN_METADATA,
+        ResourceKind::Protos => &PROTO,
         ResourceKind::StreamRoutes => &STREAM_ROUTE,
         // Checked by the manager's own schema (`secret::manager_schema`).
         ResourceKind::Secrets => &PLUGIN_METADATA,

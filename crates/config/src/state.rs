@@ -226,7 +226,6 @@ impl ConfigState {
     pub fn modify_indexes(&self) -> Vec<(String, i64)> {
         let mut out = Vec::with_capacity(11);
         let mut max = 0;
-        // protos are resources ferrisix does not load: always 0.
         for (key, kind) in [
             ("routes", Some(ResourceKind::Routes)),
             ("services", Some(ResourceKind::Services)),
@@ -235,7 +234,7 @@ impl ConfigState {
             ("global_rules", Some(ResourceKind::GlobalRules)),
             ("upstreams", Some(ResourceKind::Upstreams)),
             ("stream_routes", Some(ResourceKind::StreamRoutes)),
-            ("protos", None),
+            ("protos", Some(ResourceKind::Protos)),
         ] {
             let idx = kind
                 .and_then(|k| self.items_unordered(k).map(|i| i.mod_revision).max())

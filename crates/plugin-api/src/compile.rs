@@ -9,6 +9,8 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode};
 use serde_json::{Map, Value};
 
+use ferrisix_config::proto::Protos;
+
 use crate::ctx::{Owner, RouteInfo};
 use crate::services::PluginServices;
 use crate::upstream::UpstreamResolver;
@@ -91,6 +93,8 @@ pub struct CompileCtx<'a> {
     pub apis: &'a PluginApis,
     /// The plugin's schema, to fill in defaults.
     pub schema: &'a Value,
+    /// The snapshot's compiled `protos` (grpc-transcode's `proto_id`).
+    pub protos: &'a Protos,
 }
 
 impl CompileCtx<'_> {

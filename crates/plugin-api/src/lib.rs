@@ -55,7 +55,8 @@
 //!   the consumer set reads them;
 //! - `ferrisix_config::state`: the store's states, which the secret resolution (`secrets`)
 //!   rewrites with the references' values before the compile;
-//! - `ferrisix_config::pem`, `ferrisix_config::test_support`: in tests only.
+//! - `ferrisix_config::pem`, `ferrisix_config::proto` (protos for grpc-transcode),
+//!   `ferrisix_config::test_support`: in tests only.
 //!
 //! `ferrisix-plugins`' `boundary` test holds its code and its `Cargo.toml` to these lists.
 #![forbid(unsafe_code)]
@@ -99,6 +100,8 @@ pub use def::{
 pub use error_log::ErrorLogTap;
 pub use exec::Executor;
 pub use exit::Exit;
+/// The snapshot's compiled `protos` (the config crate compiles them; plugins read them here).
+pub use ferrisix_config::proto::Protos;
 pub use head::{ConnFacts, RequestHead};
 pub use http_client::{HttpClient, HttpError};
 pub use key::{KeySpec, KeyValue};

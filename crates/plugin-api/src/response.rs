@@ -24,6 +24,11 @@ pub struct BodyChunk {
 /// A streaming transformation of the response body, made per request in `header_filter`.
 pub trait BodyFilter: Send + 'static {
     fn filter(&mut self, chunk: &mut BodyChunk);
+
+    /// The upstream's trailers (gRPC's `grpc-status`), seen before the end of the stream
+    /// reaches [`BodyFilter::filter`]; a filter may change them, or empty them to send none
+    /// (grpc-web moves them into the body).
+    fn trailers(&mut self, _trailers: &mut HeaderMap) {}
 }
 
 /// The filters of one response, run by the proxy on each chunk.
@@ -34,6 +39,8 @@ pub struct BodyFilters {
     /// codings (gzip, brotli), as nginx's C filters run after the Lua body filters.
     last: Vec<Box<dyn BodyFilter>>,
     ended: bool,
+    /// The trailers as the filters left them, sent after the last chunk.
+    trailers: Option<HeaderMap>,
 }
 
 impl std::fmt::Debug for BodyFilters {
@@ -76,6 +83,20 @@ impl BodyFilters {
         }
         self.ended = chunk.end;
         chunk
+    }
+
+    /// Runs every filter on the upstream's trailers and keeps what is left of them to send
+    /// after the last chunk ([`BodyFilters::take_trailers`]).
+    pub fn trailers(&mut self, mut trailers: HeaderMap) {
+        for f in self.filters.iter_mut().chain(self.last.iter_mut()) {
+            f.trailers(&mut trailers);
+        }
+        self.trailers = (!trailers.is_empty()).then_some(trailers);
+    }
+
+    /// The trailers to send once the body is over.
+    pub fn take_trailers(&mut self) -> Option<HeaderMap> {
+        self.trailers.take()
     }
 
     /// Runs a whole body through the filters at once.

@@ -13,8 +13,8 @@ use bytes::Bytes;
 use ferrisix_config::model::ResourceKind;
 use ferrisix_config::vars::compile_vars;
 use ferrisix_plugin_api::{
-    CompileCtx, Flow, LogCtx, LogNeeds, Owner, Phases, Plugin, PluginCtx, PluginKind, ResponseHead,
-    RouteInfo, RunPolicy, Step, UpstreamResolver,
+    CompileCtx, Flow, LogCtx, LogNeeds, Owner, Phases, Plugin, PluginCtx, PluginKind, Protos,
+    ResponseHead, RouteInfo, RunPolicy, Step, UpstreamResolver,
 };
 use ferrisix_router::Expr;
 use serde_json::{Map, Value};
@@ -38,6 +38,8 @@ pub struct CompileEnv<'a> {
     pub registry: &'a PluginRegistry,
     /// The upstreams of the snapshot being compiled (traffic-split's choices).
     pub upstreams: &'a dyn UpstreamResolver,
+    /// The snapshot's compiled protos (grpc-transcode).
+    pub protos: &'a Protos,
 }
 
 impl std::fmt::Debug for CompileEnv<'_> {
@@ -119,6 +121,7 @@ impl ChainEntry {
             upstreams: env.upstreams,
             apis: env.registry.apis(),
             schema: &info.schema,
+            protos: env.protos,
         };
         let plugin = (info.def.compile)(&cx)
             .map_err(|e| format!("failed to load plugin {}: {e}", src.name))?;
@@ -679,6 +682,7 @@ mod tests {
             metadata: &HashMap::new(),
             registry: &registry,
             upstreams: &ferrisix_plugin_api::NoUpstreams,
+            protos: &Protos::EMPTY,
         };
         let srcs = [PluginSource {
             name: "secretive",

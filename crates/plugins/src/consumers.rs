@@ -498,6 +498,7 @@ mod tests {
             metadata,
             registry,
             upstreams: &NoUpstreams,
+            protos: &ferrisix_plugin_api::Protos::EMPTY,
         };
         let owner = Owner::new(ResourceKind::Routes, "merge-1");
         let ka = json!({});

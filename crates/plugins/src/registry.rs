@@ -263,6 +263,7 @@ impl PluginRegistry {
             upstreams: &NoUpstreams,
             apis: &self.apis,
             schema: &info.schema,
+            protos: &ferrisix_plugin_api::Protos::EMPTY,
         })
     }
 }

@@ -50,6 +50,7 @@ impl Compiler {
             upstreams: &NoUpstreams,
             apis: self.registry.apis(),
             schema: &info.schema,
+            protos: &ferrisix_plugin_api::Protos::EMPTY,
         }
     }
 }
@@ -63,6 +64,7 @@ pub(crate) fn env() -> CompileEnv<'static> {
         metadata,
         registry,
         upstreams: &NoUpstreams,
+        protos: &ferrisix_plugin_api::Protos::EMPTY,
     }
 }
 

@@ -271,8 +271,18 @@ impl AdminApi {
                 Ok(())
             }
             Checker::Proto => {
-                // The protobuf source itself is not compiled here.
-                core_schema("proto", conf).or_else(bad)
+                core_schema("proto", conf).or_else(bad)?;
+                // APISIX compiles the content: a syntax error is refused with the compiler's
+                // message. An import naming a proto not written yet is accepted; the data
+                // plane holds that proto back until the import exists.
+                let content = conf
+                    .get("content")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let pid = id.map_or_else(|| "proto".to_owned(), id_text);
+                ferrisix_config::proto::check(&pid, content)
+                    .map_err(|e| format!("invalid content: {e}"))
+                    .or_else(bad)
             }
             Checker::Secret => {
                 let manager = typ.unwrap_or_default();

@@ -47,9 +47,6 @@ pub struct Standalone {
     pub warnings: Vec<String>,
 }
 
-/// Top-level keys APISIX accepts that ferrisix does not serve yet.
-const IGNORED_KINDS: [&str; 1] = ["protos"];
-
 /// Parses a standalone file with the process environment; warnings are logged. Every item gets
 /// `revision` as its create and mod revision.
 pub fn parse_standalone(text: &str, format: Format, revision: i64) -> Result<ConfigState, String> {
@@ -131,11 +128,6 @@ pub fn parse_standalone_with(
             }
         } else if key == "plugins" {
             out.plugins = parse_plugins(value, &mut out.warnings)?;
-        } else if IGNORED_KINDS.contains(&key.as_str()) {
-            let n = value.as_array().map_or(0, Vec::len);
-            out.warnings.push(format!(
-                "`{key}` is not supported by ferrisix; its {n} item(s) are ignored"
-            ));
         } else if key.ends_with("_conf_version") {
             // Written by APISIX's API-driven standalone mode (`GET /apisix/admin/configs`), so a
             // dumped config can be used as a file; file mode has no use for them.

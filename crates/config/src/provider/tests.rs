@@ -195,12 +195,12 @@ fn wrong_shapes_refuse_the_file() {
 }
 
 #[test]
-fn ignored_and_unknown_keys_warn() {
+fn unknown_keys_warn() {
     let doc = parse(
         "stream_routes: [{id: 1}]\nprotos: []\nsecrets: [{id: vault/1, uri: \"http://v\", prefix: kv, token: t}]\nconsumer_groups: [{id: g}]\nroutes_conf_version: 3\nroutez: []\n#END\n",
         Format::Yaml,
     );
-    // Consumer groups, stream routes and secret managers are served.
+    // Consumer groups, stream routes, protos (none here) and secret managers are served.
     assert_eq!(doc.state.len(), 3);
     assert!(doc.state.get(ResourceKind::Secrets, "vault/1").is_some());
     assert!(doc.state.get(ResourceKind::ConsumerGroups, "g").is_some());
@@ -208,7 +208,6 @@ fn ignored_and_unknown_keys_warn() {
     assert_eq!(
         doc.warnings,
         vec![
-            "`protos` is not supported by ferrisix; its 0 item(s) are ignored",
             "unknown top-level key `routez` ignored",
         ]
     );

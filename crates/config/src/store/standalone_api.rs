@@ -36,8 +36,8 @@ use crate::state::{ConfigState, StoredItem, StoredValue};
 use crate::store::{place_of, KeyPlace, KeyValue, PutOutcome, Store, StoreError, StoreHealth};
 
 /// The resource types of a standalone document: APISIX's HTTP and stream etcd directories,
-/// in the order ferrisix checks and writes them. Types ferrisix does not serve (`protos`,
-/// `secrets`, `plugins`) are still kept and returned by `GET`.
+/// in the order ferrisix checks and writes them. Types ferrisix does not serve (`secrets`,
+/// `plugins`) are still kept and returned by `GET`.
 pub const RESOURCE_TYPES: [&str; 13] = [
     "routes",
     "services",

@@ -177,6 +177,7 @@ impl Checker<'_> {
             ResourceKind::Credentials => self.credential(conf),
             ResourceKind::Ssls => self.ssl(conf),
             ResourceKind::PluginMetadata => self.plugin_metadata(conf),
+            ResourceKind::Protos => proto(conf),
             // The stream proxy checks its plugins against the stream plugins when it compiles.
             ResourceKind::StreamRoutes => {
                 crate::schema::validate(crate::schema::resource_schema(kind), conf)
@@ -187,6 +188,19 @@ impl Checker<'_> {
         }
         .map_err(ValidationError::from)
     }
+}
+
+/// A proto: APISIX's schema, then its content compiles (`invalid content: <compiler's
+/// message>`); an import that names no proto yet is left to the data plane, which holds the
+/// proto back until it exists.
+fn proto(conf: &Value) -> Result<(), String> {
+    crate::schema::validate(crate::schema::resource_schema(ResourceKind::Protos), conf)?;
+    let content = conf
+        .get("content")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let id = conf.get("id").map_or_else(|| "proto".to_owned(), id_text);
+    crate::proto::check(&id, content).map_err(|e| format!("invalid content: {e}"))
 }
 
 /// APISIX's `plugin.check_schema` over a `plugins` object on its own, for resources whose other
@@ -254,6 +268,7 @@ pub fn missing_reference_message(kind: ResourceKind, id: &str) -> String {
         ResourceKind::ConsumerGroups => "consumer group info by consumer group",
         ResourceKind::Credentials => "credential info by credential",
         ResourceKind::PluginMetadata => "plugin metadata info by plugin metadata",
+        ResourceKind::Protos => "proto info by proto",
         ResourceKind::Routes => "route info by route",
         ResourceKind::StreamRoutes => "stream route info by stream route",
         ResourceKind::Secrets => "secret info by secret",

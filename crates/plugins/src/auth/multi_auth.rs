@@ -91,6 +91,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
             upstreams: cx.upstreams,
             apis: cx.apis,
             schema: &schema,
+            protos: cx.protos,
         })
         .map_err(|e| format!("{name}: {e}"))?;
         plugins.push((def.name, plugin));

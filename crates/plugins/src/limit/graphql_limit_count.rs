@@ -103,6 +103,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         upstreams: cx.upstreams,
         apis: cx.apis,
         schema: cx.schema,
+        protos: cx.protos,
     })?;
     Ok(Arc::new(GraphqlLimitCount {
         limit,

@@ -182,6 +182,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
                 upstreams: cx.upstreams,
                 apis: cx.apis,
                 schema: &schema,
+                protos: cx.protos,
             })
             .map_err(|e| format!("{name}: {e}"))?;
             Action::Plugin(plugin)

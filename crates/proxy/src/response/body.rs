@@ -179,7 +179,12 @@ impl Body for ResponseBody {
     ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
         let mut this = self.project();
         if *this.filtered_end {
-            return Poll::Ready(None);
+            // The upstream's trailers, as the filters left them, follow the last chunk.
+            let trailers = this
+                .filters
+                .as_deref_mut()
+                .and_then(BodyFilters::take_trailers);
+            return Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))));
         }
         loop {
             let polled = poll_kind(this.kind.as_mut(), cx);
@@ -198,8 +203,14 @@ impl Body for ResponseBody {
                         let end = this.kind.as_ref().is_end();
                         (data, end)
                     }
-                    // Trailers go as they are.
-                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                    // Trailers go to the filters, then after the last chunk.
+                    Err(frame) => match frame.into_trailers() {
+                        Ok(trailers) => {
+                            filters.trailers(trailers);
+                            continue;
+                        }
+                        Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                    },
                 },
                 Poll::Ready(None) => (Bytes::new(), true),
                 other => return other,
@@ -218,7 +229,8 @@ impl Body for ResponseBody {
                 return Poll::Ready(Some(Ok(Frame::data(chunk.data))));
             }
             if chunk.end {
-                return Poll::Ready(None);
+                let trailers = filters.take_trailers();
+                return Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))));
             }
         }
     }

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use ferrisix_config::model::{GlobalRule, PluginConfig, ResourceKind, Route, Service, Upstream};
+use ferrisix_config::proto::Protos;
 use ferrisix_config::shared_map::SharedMap;
 use ferrisix_config::state::{ConfigState, StoredItem, StoredValue};
 use ferrisix_config::validate::{self, PluginCheck};
@@ -85,6 +86,9 @@ pub(super) struct Applied {
     /// Plugin metadata documents by plugin name, as stored and parsed (each plugin reads its
     /// own).
     pub plugin_metadata: HashMap<String, Accepted<Value>>,
+    /// The protos compiled (grpc-transcode reads them), again only when one changed: an
+    /// import makes one proto depend on others.
+    pub protos: Protos,
     /// Consumers by username, consumer groups by id, credentials by
     /// `<username>/credentials/<id>`: checked, then compiled as stored (`raw`).
     pub consumers: SharedMap<Accepted<()>>,
@@ -93,6 +97,20 @@ pub(super) struct Applied {
     /// Every stored resource that is refused (with an older version serving or not), per kind
     /// in validation order, by id: reported by every compile until it changes.
     refusals: [BTreeMap<String, Quarantined>; 8],
+}
+
+/// Every stored proto compiled against the others (a proto without a string `content`, which
+/// the Admin API refuses, compiles as empty text).
+fn compile_protos(state: &ConfigState) -> Protos {
+    let contents = state
+        .items_unordered(ResourceKind::Protos)
+        .map(|i| {
+            let v = i.value.parse();
+            let content = v.get("content").and_then(Value::as_str).unwrap_or_default();
+            (i.id.clone(), content.to_owned())
+        })
+        .collect();
+    Protos::compile_all(contents)
 }
 
 impl Applied {
@@ -193,6 +211,11 @@ impl Applied {
                     (i.id.clone(), Accepted { raw, typed })
                 })
                 .collect(),
+            protos: if diff.protos.is_empty() {
+                previous.protos.clone()
+            } else {
+                compile_protos(state)
+            },
             consumers: accept_checked(
                 KindUpdate {
                     state,
@@ -231,6 +254,16 @@ impl Applied {
         for kind in &applied.refusals {
             quarantine.extend(kind.values().cloned());
         }
+        // A proto that does not compile (an import naming no proto) is held back alone; the
+        // routes using it answer as APISIX's do when their proto cannot be loaded.
+        for (id, err) in applied.protos.errors() {
+            quarantine.push(Quarantined::new(
+                ResourceKind::Protos,
+                id,
+                err.message.clone(),
+            ));
+        }
+        applied_diff.protos = diff.protos.clone();
         // Each replaced or removed route and service may have let go of a shared upstream.
         let [routes, services] = [&applied_diff.routes, &applied_diff.services];
         inline.released(

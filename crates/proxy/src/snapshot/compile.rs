@@ -33,7 +33,7 @@ use serde_json::Value;
 
 use super::accept::{Applied, Quarantined};
 use super::diff::{ConfigDiff, Difference, SnapshotDiff};
-use super::routes::{compile_slot, Changes, CompiledRoute, RouteInputs, RouteSlot};
+use super::routes::{compile_slot, Changes, CompiledRoute, RouteInputs, RouteSlot, PROTO_PLUGIN};
 use super::ssls;
 use super::upstreams::{
     inline_upstream, upstreams_by_id, CompiledUpstream, CompiledUpstreams, Holder, PluginUpstreams,
@@ -292,6 +292,7 @@ impl Snapshot {
             metadata: &metadata,
             registry: plugins,
             upstreams: &resolver,
+            protos: &applied.protos,
         };
         let globals_changed = !applied_diff.global_rules.is_empty()
             || applied.global_rules.values().any(|rule| {
@@ -300,6 +301,11 @@ impl Snapshot {
                     .keys()
                     .any(|p| applied_diff.plugin_metadata.touches(p))
             })
+            || (!applied_diff.protos.is_empty()
+                && applied
+                    .global_rules
+                    .values()
+                    .any(|rule| rule.typed.plugins.contains_key(PROTO_PLUGIN)))
             || !same_options;
         let (globals, global_upstreams) = if globals_changed {
             let globals = Arc::new(prepare_globals(state, &applied, plugin_env));
@@ -314,6 +320,7 @@ impl Snapshot {
             || !applied_diff.consumer_groups.is_empty()
             || !applied_diff.credentials.is_empty()
             || !applied_diff.plugin_metadata.is_empty()
+            || !applied_diff.protos.is_empty()
             || !same_options;
         let consumers = if consumers_changed {
             let (set, problems) = ConsumerSet::compile(
@@ -363,6 +370,7 @@ impl Snapshot {
             || !applied_diff.services.is_empty()
             || !applied_diff.plugin_configs.is_empty()
             || !applied_diff.plugin_metadata.is_empty()
+            || !applied_diff.protos.is_empty()
             || !upstream_diff.is_empty()
             || !service_upstream_diff.is_empty()
             || !config.ssls.is_empty();

@@ -135,8 +135,13 @@ impl RouteDeps {
                 .plugins
                 .iter()
                 .any(|p| applied.plugin_metadata.touches(p))
+            || (!applied.protos.is_empty() && self.plugins.contains(PROTO_PLUGIN))
     }
 }
+
+/// The plugin that compiles against protos: its routes are built again when a proto changes
+/// (one proto may import another, so any change).
+pub(super) const PROTO_PLUGIN: &str = "grpc-transcode";
 
 /// Every string `upstream_id` in a plugin configuration.
 fn upstream_ids_in(value: &Value, out: &mut BTreeSet<String>) {

@@ -66,6 +66,7 @@ pub mod def;
 pub mod error_log;
 pub mod exec;
 pub mod exit;
+pub mod ext_runner;
 pub mod head;
 pub mod http_client;
 pub mod key;
@@ -97,6 +98,7 @@ pub use def::{
 pub use error_log::ErrorLogTap;
 pub use exec::Executor;
 pub use exit::Exit;
+pub use ext_runner::ExtRunner;
 pub use head::{ConnFacts, RequestHead};
 pub use http_client::{HttpClient, HttpError};
 pub use key::{KeySpec, KeyValue};

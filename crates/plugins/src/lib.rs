@@ -35,6 +35,7 @@ mod testing;
 pub mod ai;
 pub mod auth;
 pub mod encode;
+pub mod external;
 pub mod limit;
 pub mod log;
 pub mod observe;
@@ -58,6 +59,7 @@ pub fn builtin() -> impl Iterator<Item = &'static PluginDef> {
         ai::PLUGINS,
         auth::PLUGINS,
         encode::PLUGINS,
+        external::PLUGINS,
         limit::PLUGINS,
         log::PLUGINS,
         observe::PLUGINS,

@@ -1,0 +1,12 @@
+//! External plugin runners (APISIX's `ext-plugin-*`): plugins written in any language run in
+//! a separate process, the runner, which the gateway asks over a unix socket with APISIX's
+//! protocol (`runner`). The binary starts and supervises the runner when config.yaml sets
+//! `ext-plugin.cmd`.
+
+pub mod runner;
+
+family! {
+    ext_plugin_pre_req,
+    ext_plugin_post_req,
+    ext_plugin_post_resp,
+}

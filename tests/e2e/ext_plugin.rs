@@ -10,7 +10,10 @@ use serde_json::{json, Value};
 
 use crate::support::{get, poll_until, request, Behaviour, Gateway, Reply, Upstream};
 
-const RUNNER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/ext_plugin_runner.py");
+const RUNNER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/e2e/ext_plugin_runner.py"
+);
 
 fn require_python() {
     let out = Command::new("python3")
@@ -48,7 +51,9 @@ fn route(id: &str, uri: &str, plugins: Value, node: &str) -> Value {
 fn start(routes: Vec<Value>) -> RunnerGateway {
     require_python();
     let gw = Gateway::start_with(&json!({ "routes": routes }).to_string(), &runner_config());
-    let up = poll_until(Duration::from_secs(20), || get(gw.addr(), "/stats").status == 200);
+    let up = poll_until(Duration::from_secs(20), || {
+        get(gw.addr(), "/stats").status == 200
+    });
     assert!(up.is_some(), "the runner never answered");
     RunnerGateway(gw)
 }
@@ -357,14 +362,27 @@ fn a_runner_killed_mid_request_is_restarted() {
 fn garbage_slow_and_down_runners_get_503_or_degrade() {
     let up = Upstream::start("up", Behaviour::Echo);
     let node = up.node();
-    let pre = |pairs: &[(&str, &str)], degrade: bool| {
-        json!({"ext-plugin-pre-req": {"conf": conf(pairs), "allow_degradation": degrade}})
-    };
+    let pre = |pairs: &[(&str, &str)], degrade: bool| json!({"ext-plugin-pre-req": {"conf": conf(pairs), "allow_degradation": degrade}});
     let gw = start(vec![
         stats_route(&node),
-        route("garbage", "/garbage", pre(&[("mode", "garbage")], false), &node),
-        route("badtype", "/badtype", pre(&[("mode", "badtype")], false), &node),
-        route("slow", "/slow", pre(&[("mode", "slow"), ("delay", "3")], false), &node),
+        route(
+            "garbage",
+            "/garbage",
+            pre(&[("mode", "garbage")], false),
+            &node,
+        ),
+        route(
+            "badtype",
+            "/badtype",
+            pre(&[("mode", "badtype")], false),
+            &node,
+        ),
+        route(
+            "slow",
+            "/slow",
+            pre(&[("mode", "slow"), ("delay", "3")], false),
+            &node,
+        ),
         route(
             "garbage-ok",
             "/garbage-ok",

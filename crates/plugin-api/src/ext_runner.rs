@@ -70,6 +70,8 @@ mod tests {
         r.flush_tokens();
         assert_eq!(r.generation(), g + 1);
         assert_eq!(r.path(), Path::new("/tmp/r.sock"));
-        assert!(ExtRunner::default_path().ends_with(format!("conf/apisix-{}.sock", std::process::id())));
+        assert!(
+            ExtRunner::default_path().ends_with(format!("conf/apisix-{}.sock", std::process::id()))
+        );
     }
 }

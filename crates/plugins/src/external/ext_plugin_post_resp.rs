@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferrisix_plugin_api::{
-    CompileCtx, Exit, Flow, HttpClient, Phases, Plugin, PluginCtx, PluginDef, Step,
+    CompileCtx, Exit, Flow, Phases, Plugin, PluginCtx, PluginDef, PluginServices, Step,
 };
 use http::{HeaderValue, Request, StatusCode};
 use serde_json::Value;
@@ -30,14 +30,14 @@ fn schema() -> Value {
 
 struct PostResp {
     client: RunnerClient,
-    http: HttpClient,
+    services: Arc<PluginServices>,
 }
 
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let key = format!("{}#{NAME}", cx.state_key());
     Ok(Arc::new(PostResp {
         client: RunnerClient::new(NAME, key, &cx.filled(), cx.services),
-        http: cx.services.http().clone(),
+        services: cx.services.clone(),
     }))
 }
 
@@ -72,7 +72,8 @@ impl PostResp {
             .map_err(|e| e.to_string())?;
         *req.headers_mut() = headers;
         let resp = self
-            .http
+            .services
+            .http()
             .send(req, UPSTREAM_TIMEOUT)
             .await
             .map_err(|e| e.to_string())?;
@@ -136,7 +137,6 @@ impl Plugin for PostResp {
         Step::Wait(Box::pin(self.run(ctx)))
     }
 }
-
 
 #[cfg(test)]
 mod tests {

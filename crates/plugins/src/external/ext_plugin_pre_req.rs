@@ -49,7 +49,9 @@ mod tests {
     #[test]
     fn schema_as_apisix() {
         let r = PluginRegistry::builtin();
-        assert!(r.check(NAME, &json!({"conf": [{"name": "a", "value": "b"}]})).is_ok());
+        assert!(r
+            .check(NAME, &json!({"conf": [{"name": "a", "value": "b"}]}))
+            .is_ok());
         assert!(r.check(NAME, &json!({})).is_ok());
         for bad in [
             json!({"conf": []}),

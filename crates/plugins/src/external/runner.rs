@@ -9,9 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ferrisix_plugin_api::{
-    Clock, Exit, ExtRunner, Flow, PluginCtx, PluginServices, SharedState,
-};
+use ferrisix_plugin_api::{Clock, Exit, ExtRunner, Flow, PluginCtx, PluginServices, SharedState};
 use ferrisix_router::VarSource;
 use http::{HeaderName, HeaderValue, StatusCode};
 use serde_json::{json, Value};
@@ -127,7 +125,8 @@ struct Conn<'a> {
 
 impl Conn<'_> {
     async fn send(&mut self, ty: u8, data: &[u8], what: &str) -> Result<(), String> {
-        let hdr = proto::header(ty, data.len()).map_err(|e| format!("failed to send {what}: {e}"))?;
+        let hdr =
+            proto::header(ty, data.len()).map_err(|e| format!("failed to send {what}: {e}"))?;
         let io = async {
             self.stream.write_all(&hdr).await?;
             self.stream.write_all(data).await
@@ -197,8 +196,10 @@ impl TokenCache {
 
     fn set(&self, token: u32, now_ms: u64, generation: u64) {
         self.generation.store(generation, Ordering::Release);
-        self.expires_ms
-            .store(now_ms + CONF_TOKEN_TTL.as_millis() as u64, Ordering::Release);
+        self.expires_ms.store(
+            now_ms + CONF_TOKEN_TTL.as_millis() as u64,
+            Ordering::Release,
+        );
         self.token.store(u64::from(token), Ordering::Release);
     }
 }
@@ -234,7 +235,12 @@ pub struct RunnerClient {
 
 impl RunnerClient {
     /// `key` names the conf to the runner (APISIX sends its lrucache key).
-    pub fn new(name: &'static str, key: String, conf: &Value, services: &PluginServices) -> RunnerClient {
+    pub fn new(
+        name: &'static str,
+        key: String,
+        conf: &Value,
+        services: &PluginServices,
+    ) -> RunnerClient {
         let list = conf
             .get("conf")
             .and_then(Value::as_array)
@@ -313,7 +319,11 @@ impl RunnerClient {
         let token = proto::read_conf_token(&data)
             .map_err(|e| format!("failed to receive RPC_PREPARE_CONF: {e}"))?;
         conn.release();
-        tracing::info!(plugin = self.name, token, "successfully obtained conf token");
+        tracing::info!(
+            plugin = self.name,
+            token,
+            "successfully obtained conf token"
+        );
         self.token.set(token, self.clock.mono_ms(), generation);
         Ok(token)
     }
@@ -509,7 +519,7 @@ impl RunnerClient {
                 })
             }
             Action::Rewrite(rw) => {
-                apply_rewrite(ctx, &rw, args, path);
+                apply_rewrite(ctx, &rw, args);
                 Flow::Continue
             }
         };
@@ -517,7 +527,11 @@ impl RunnerClient {
         Ok(flow)
     }
 
-    async fn resp_call(&self, ctx: &mut PluginCtx<'_>, up: &Upstream) -> Result<RespOutcome, String> {
+    async fn resp_call(
+        &self,
+        ctx: &mut PluginCtx<'_>,
+        up: &Upstream,
+    ) -> Result<RespOutcome, String> {
         let token = self.token().await?;
         let headers: Vec<(String, String)> = up
             .headers
@@ -614,7 +628,6 @@ fn apply_rewrite(
     ctx: &mut PluginCtx<'_>,
     rw: &proto::Rewrite<'_>,
     mut args: Vec<(String, Option<String>)>,
-    current_path: String,
 ) {
     let path = rw.path.map(uri_safe_encode);
     if let Some(p) = &path {
@@ -657,10 +670,6 @@ fn apply_rewrite(
         }
         let q = encode_args(&args);
         ctx.set_upstream_query(if q.is_empty() { None } else { Some(q) });
-        if path.is_none() {
-            // The arguments change what goes upstream: the path goes with them as it was.
-            ctx.set_upstream_path(current_path);
-        }
     }
 }
 

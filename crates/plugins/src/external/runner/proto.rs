@@ -260,13 +260,11 @@ impl<'a> Table<'a> {
     }
 
     pub fn u16(&self, id: u16, default: u16) -> R<u16> {
-        self.field(id)?
-            .map_or(Ok(default), |p| u16_at(self.buf, p))
+        self.field(id)?.map_or(Ok(default), |p| u16_at(self.buf, p))
     }
 
     pub fn u32(&self, id: u16, default: u32) -> R<u32> {
-        self.field(id)?
-            .map_or(Ok(default), |p| u32_at(self.buf, p))
+        self.field(id)?.map_or(Ok(default), |p| u32_at(self.buf, p))
     }
 
     pub fn table(&self, id: u16) -> R<Option<Table<'a>>> {
@@ -503,7 +501,11 @@ mod tests {
         let rewrite = Table::root(&b).unwrap();
         assert_eq!(rewrite.str(0).unwrap(), Some("/new"));
         assert_eq!(rewrite.text_entries(1).unwrap(), vec![]);
-        assert_eq!(rewrite.u16(7, 9).unwrap(), 9, "beyond the vtable: the default");
+        assert_eq!(
+            rewrite.u16(7, 9).unwrap(),
+            9,
+            "beyond the vtable: the default"
+        );
     }
 
     #[test]
@@ -560,15 +562,31 @@ mod tests {
         let buf = http_resp_call(5, 201, &[("a", Some("b"))], 2);
         let t = Table::root(&buf).unwrap();
         assert_eq!(
-            (t.u32(0, 0).unwrap(), t.u16(1, 0).unwrap(), t.u32(3, 0).unwrap()),
+            (
+                t.u32(0, 0).unwrap(),
+                t.u16(1, 0).unwrap(),
+                t.u32(3, 0).unwrap()
+            ),
             (5, 201, 2)
         );
-        assert_eq!(Table::root(&extra_info_resp(None)).unwrap().bytes(0).unwrap(), None);
         assert_eq!(
-            Table::root(&extra_info_resp(Some(b"x"))).unwrap().bytes(0).unwrap(),
+            Table::root(&extra_info_resp(None))
+                .unwrap()
+                .bytes(0)
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            Table::root(&extra_info_resp(Some(b"x")))
+                .unwrap()
+                .bytes(0)
+                .unwrap(),
             Some(&b"x"[..])
         );
         assert_eq!(method_code("CONNECT"), 0);
-        assert_eq!(err_to_msg(&[]), "unreadable err: malformed flatbuffer: offset out of bounds");
+        assert_eq!(
+            err_to_msg(&[]),
+            "unreadable err: malformed flatbuffer: offset out of bounds"
+        );
     }
 }

@@ -1075,7 +1075,13 @@ ferrisix:
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_eq!(
         s.ext_plugin.cmd.as_deref(),
-        Some(&["python3".to_owned(), "runner.py".to_owned(), "run".to_owned()][..])
+        Some(
+            &[
+                "python3".to_owned(),
+                "runner.py".to_owned(),
+                "run".to_owned()
+            ][..]
+        )
     );
     assert_eq!(s.ext_plugin_socket(), PathBuf::from("/tmp/runner.sock"));
     assert_eq!(s.ferrisix.ext_plugin_timeout, Duration::from_secs(2));

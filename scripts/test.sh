@@ -55,6 +55,15 @@ if ! (cd tests/wasm && npm ls --depth=0 >/dev/null 2>&1); then
   (cd tests/wasm && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
+# The protocol's published Python definitions, which the external plugin runner of the
+# ext-plugin end-to-end tests is written with (tests/e2e/ext_plugin_runner.py).
+a6_version="0.2.1"; flatbuffers_version="25.2.10"
+if ! python3 -c "import A6.HTTPReqCall.Req, flatbuffers, importlib.metadata as m, sys; sys.exit(m.version('a6pluginprotos') != '$a6_version')" 2>/dev/null; then
+  echo "test.sh: installing a6pluginprotos==$a6_version flatbuffers==$flatbuffers_version (PyPI)" >&2
+  pip install -q "a6pluginprotos==$a6_version" "flatbuffers==$flatbuffers_version" 2>/dev/null \
+    || pip install -q --break-system-packages "a6pluginprotos==$a6_version" "flatbuffers==$flatbuffers_version"
+fi
+
 cargo fmt --all -- --check
 # cargo fmt follows `mod` items only: the plugin files listed through the `family!` macro are
 # reached by no `mod` rustfmt can see, so every source file is checked by name as well.

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod cli;
+mod ext_runner;
 mod lifecycle;
 mod logging;
 mod reload;
@@ -17,7 +18,7 @@ use ferrisix_config::reopen::LogReopen;
 use ferrisix_config::settings::{ProviderKind, Role, Settings};
 use ferrisix_net::handover::{self, HandoverServer, Successor};
 use ferrisix_net::ListenerSet;
-use ferrisix_plugin_api::{Clock, Executor, PluginServices};
+use ferrisix_plugin_api::{Clock, Executor, ExtRunner, PluginServices};
 use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::server::GatewayHandle;
 use ferrisix_proxy::snapshot;
@@ -164,6 +165,11 @@ fn run(
         Vec::new()
     })
     .with_proxy_cache(settings.apisix.proxy_cache.clone());
+    let ext_runner = Arc::new(ExtRunner::new(
+        settings.ext_plugin_socket(),
+        settings.ferrisix.ext_plugin_timeout,
+    ));
+    services = services.with_ext_runner(ext_runner.clone());
     // The plugins' TLS peers (log servers, HTTPS endpoints) are verified against the CA
     // bundle upstreams use, as APISIX's `lua_ssl_trusted_certificate` serves both (a bad
     // bundle is reported by the compile options below).
@@ -177,6 +183,13 @@ fn run(
     let upstreams = cli::upstream_services(&settings, control.handle().clone());
     let options = cli::compile_options(&settings, upstreams)?;
     let handle = snapshot::new_handle(&options);
+
+    // `ext-plugin.cmd`: the runner starts with the gateway, as APISIX's privileged agent
+    // starts it, and is stopped once the requests are over.
+    let runner = match &settings.ext_plugin.cmd {
+        Some(cmd) => Some(ext_runner::start(cmd.clone(), ext_runner.clone())?),
+        None => None,
+    };
 
     // Before opening the store: a predecessor on the embedded store closes it first.
     let (predecessor, mut sockets) = take_over(&settings)?;
@@ -541,6 +554,9 @@ fn run(
     }
     if let Some(server) = server {
         server.wait();
+    }
+    if let Some(runner) = runner {
+        runner.stop();
     }
     // The requests are over: the loggers' buffered batches go out before the process ends.
     let flushed = background.block_on(

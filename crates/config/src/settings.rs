@@ -41,6 +41,9 @@ pub struct Settings {
     pub discovery: DiscoverySettings,
     /// `wasm.plugins`: proxy-wasm plugins (ferrisix-wasm).
     pub wasm: WasmSettings,
+    /// The external plugin runner (`ext-plugin`).
+    #[serde(rename = "ext-plugin")]
+    pub ext_plugin: ExtPluginSettings,
     /// ferrisix-only keys.
     pub ferrisix: FerrisixSettings,
     /// The file these settings came from; relative paths in them resolve against its directory.
@@ -191,6 +194,18 @@ impl Default for ProxyCacheSettings {
 }
 
 pub use discovery::DiscoverySettings;
+
+/// The `ext-plugin:` section: the runner the `ext-plugin-*` plugins talk to.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct ExtPluginSettings {
+    /// The runner's command line (program and arguments); the gateway starts it, restarts it
+    /// when it exits and stops it on shutdown.
+    pub cmd: Option<Vec<String>>,
+    /// The runner's socket instead of `apisix-<pid>.sock` beside config.yaml (APISIX uses it
+    /// in its tests; a runner started by hand listens there).
+    pub path_for_test: Option<PathBuf>,
+}
 
 /// `discovery.dns` (APISIX's `apisix/discovery/dns/schema.lua`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -958,6 +973,10 @@ pub struct FerrisixSettings {
     /// a start follows or not. `0` closes them at SIGTERM, as nginx does. Default 5s.
     #[serde(deserialize_with = "de::duration")]
     pub handover_wait: Duration,
+    /// How long the `ext-plugin-*` plugins wait on the runner for one send or one read
+    /// (APISIX's is fixed at 60 s; connecting has 1 s). Default 60s.
+    #[serde(deserialize_with = "de::duration")]
+    pub ext_plugin_timeout: Duration,
     /// Limits of the proxy-wasm plugins' modules (APISIX has none).
     pub wasm: WasmLimits,
 }
@@ -1026,6 +1045,7 @@ impl Default for FerrisixSettings {
             pid_file: None,
             handover_wait: Duration::from_secs(5),
             wasm: WasmLimits::default(),
+            ext_plugin_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -1184,6 +1204,24 @@ impl Settings {
     /// The hand-over socket (`ferrisix.handover_socket`), `None` when turned off.
     pub fn handover_socket(&self) -> Option<PathBuf> {
         self.data_dir_file(&self.ferrisix.handover_socket, "ferrisix.sock")
+    }
+
+    /// The external plugin runner's socket: `ext-plugin.path_for_test`, else APISIX's
+    /// `apisix-<pid>.sock` in the configuration directory, made absolute (the runner is told
+    /// it through `APISIX_LISTEN_ADDRESS`).
+    pub fn ext_plugin_socket(&self) -> PathBuf {
+        let path = match &self.ext_plugin.path_for_test {
+            Some(p) => p.clone(),
+            None => self
+                .config_dir()
+                .join(format!("apisix-{}.sock", std::process::id())),
+        };
+        if path.is_absolute() {
+            return path;
+        }
+        std::env::current_dir()
+            .map(|d| d.join(&path))
+            .unwrap_or(path)
     }
 
     /// The pid file (`ferrisix.pid_file`), `None` when turned off.

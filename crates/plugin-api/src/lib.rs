@@ -69,6 +69,7 @@ pub mod def;
 pub mod error_log;
 pub mod exec;
 pub mod exit;
+pub mod ext_runner;
 pub mod head;
 pub mod http_client;
 pub mod key;
@@ -102,6 +103,7 @@ pub use exec::Executor;
 pub use exit::Exit;
 /// The snapshot's compiled `protos` (the config crate compiles them; plugins read them here).
 pub use ferrisix_config::proto::Protos;
+pub use ext_runner::ExtRunner;
 pub use head::{ConnFacts, RequestHead};
 pub use http_client::{HttpClient, HttpError};
 pub use key::{KeySpec, KeyValue};

@@ -14,6 +14,7 @@
 //!   plugin that writes a file compares [`LogReopen::generation`] with the one it opened the
 //!   file at before each write (an atomic load) and reopens the path when they differ, or
 //!   waits on [`LogReopen::subscribe`] in a background task,
+//! - where the external plugin runner listens ([`ExtRunner`], `ext-plugin` in config.yaml),
 //! - typed shared states ([`SharedState`]): one value per type and gateway, made on first use
 //!   (the Redis pools, the metrics registry, the counter spaces of the limit plugins).
 
@@ -27,6 +28,7 @@ use ferrisix_config::settings::{PluginAttr, ProxyCacheSettings};
 use crate::clock::Clock;
 use crate::error_log::ErrorLogTap;
 use crate::exec::Executor;
+use crate::ext_runner::ExtRunner;
 use crate::http_client::HttpClient;
 use crate::shutdown::Shutdown;
 use crate::stats::ConnStats;
@@ -52,6 +54,7 @@ pub struct PluginServices {
     shutdown: Shutdown,
     log_reopen: LogReopen,
     error_log: Arc<ErrorLogTap>,
+    ext_runner: Arc<ExtRunner>,
     shared: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
     texts: Mutex<HashSet<&'static str>>,
 }
@@ -86,6 +89,7 @@ impl PluginServices {
             shutdown: Shutdown::new(),
             log_reopen: LogReopen::new(),
             error_log: Arc::new(ErrorLogTap::new()),
+            ext_runner: Arc::new(ExtRunner::default()),
             shared: Mutex::new(HashMap::new()),
             texts: Mutex::new(HashSet::new()),
         }
@@ -99,6 +103,18 @@ impl PluginServices {
     /// Reads the gateway's error log from `tap` (the one the binary's log writes to).
     pub fn with_error_log(mut self, tap: Arc<ErrorLogTap>) -> PluginServices {
         self.error_log = tap;
+        self
+    }
+
+    /// The external plugin runner the `ext-plugin-*` plugins talk to.
+    pub fn ext_runner(&self) -> &Arc<ExtRunner> {
+        &self.ext_runner
+    }
+
+    /// Talks to the runner `runner` describes (`ext-plugin` of config.yaml; the binary
+    /// supervises the runner itself when `ext-plugin.cmd` is set).
+    pub fn with_ext_runner(mut self, runner: Arc<ExtRunner>) -> PluginServices {
+        self.ext_runner = runner;
         self
     }
 

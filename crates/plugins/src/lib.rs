@@ -36,6 +36,7 @@ mod testing;
 pub mod ai;
 pub mod auth;
 pub mod encode;
+pub mod external;
 pub mod limit;
 pub mod log;
 pub mod observe;
@@ -59,6 +60,7 @@ pub fn builtin() -> impl Iterator<Item = &'static PluginDef> {
         ai::PLUGINS,
         auth::PLUGINS,
         encode::PLUGINS,
+        external::PLUGINS,
         limit::PLUGINS,
         log::PLUGINS,
         observe::PLUGINS,

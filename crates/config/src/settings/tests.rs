@@ -1087,3 +1087,37 @@ fn wasm_plugins_and_limits() {
         assert!(!errors(bad).is_empty(), "{bad}");
     }
 }
+
+#[test]
+fn ext_plugin_section() {
+    let (s, warnings) = Settings::from_yaml_str_with_env(
+        r#"
+ext-plugin:
+  cmd: ["python3", "runner.py", "run"]
+  path_for_test: /tmp/runner.sock
+ferrisix:
+  ext_plugin_timeout: 2s
+"#,
+        &no_env,
+    )
+    .unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(
+        s.ext_plugin.cmd.as_deref(),
+        Some(
+            &[
+                "python3".to_owned(),
+                "runner.py".to_owned(),
+                "run".to_owned()
+            ][..]
+        )
+    );
+    assert_eq!(s.ext_plugin_socket(), PathBuf::from("/tmp/runner.sock"));
+    assert_eq!(s.ferrisix.ext_plugin_timeout, Duration::from_secs(2));
+    let d = Settings::default();
+    assert_eq!(d.ferrisix.ext_plugin_timeout, Duration::from_secs(60));
+    assert!(d.ext_plugin_socket().is_absolute());
+    assert!(d
+        .ext_plugin_socket()
+        .ends_with(format!("conf/apisix-{}.sock", std::process::id())));
+}

@@ -28,6 +28,7 @@ mod plugins_limit_count;
 mod plugins_limit_req_conn;
 mod plugins_loggers;
 mod plugins_long_tail;
+mod plugins_sso;
 mod plugins_opentelemetry;
 mod plugins_prometheus;
 mod plugins_proxy_cache;

@@ -38,7 +38,8 @@ impl Provider {
         let node = require("node");
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/oidc");
         assert!(
-            dir.join("node_modules/oidc-provider/package.json").is_file(),
+            dir.join("node_modules/oidc-provider/package.json")
+                .is_file(),
             "oidc-provider is not installed in tests/oidc: run scripts/test.sh, which installs it"
         );
         let child = Command::new(node)
@@ -78,7 +79,11 @@ fn split_url(url: &str) -> (SocketAddr, String) {
     let addr = authority.parse().expect("a 127.0.0.1:<port> URL");
     (
         addr,
-        if path.is_empty() { "/".into() } else { path.into() },
+        if path.is_empty() {
+            "/".into()
+        } else {
+            path.into()
+        },
     )
 }
 
@@ -99,7 +104,9 @@ impl Browser {
             let pair = value.split(';').next().unwrap();
             let (k, v) = pair.split_once('=').unwrap();
             let gone = value.contains("Max-Age=0")
-                || value.to_ascii_lowercase().contains("expires=thu, 01 jan 1970");
+                || value
+                    .to_ascii_lowercase()
+                    .contains("expires=thu, 01 jan 1970");
             if gone || v.is_empty() {
                 self.jar.remove(k);
             } else {
@@ -133,7 +140,10 @@ impl Browser {
             if !(300..400).contains(&reply.status) {
                 return (url, reply);
             }
-            let next = reply.header("location").expect("a redirect's Location").to_owned();
+            let next = reply
+                .header("location")
+                .expect("a redirect's Location")
+                .to_owned();
             let next = if next.starts_with('/') {
                 let (addr, _) = split_url(&url);
                 format!("http://{addr}{next}")
@@ -242,9 +252,15 @@ fn openid_connect_login_flow_against_oidc_provider() {
     let r = browser.get(&format!("{base}/app/page?x=1"));
     assert_eq!(r.status, 302, "{}", r.text());
     let to_op = r.header("location").unwrap().to_owned();
-    assert!(to_op.starts_with(&format!("{}/auth?", op.issuer())), "{to_op}");
+    assert!(
+        to_op.starts_with(&format!("{}/auth?", op.issuer())),
+        "{to_op}"
+    );
     assert_eq!(query_param(&to_op, "client_id").as_deref(), Some("gw"));
-    assert_eq!(query_param(&to_op, "response_type").as_deref(), Some("code"));
+    assert_eq!(
+        query_param(&to_op, "response_type").as_deref(),
+        Some("code")
+    );
     assert_eq!(
         query_param(&to_op, "redirect_uri"),
         Some(format!("{base}/app/page/.apisix/redirect"))
@@ -279,7 +295,10 @@ fn openid_connect_login_flow_against_oidc_provider() {
     assert_eq!(r.status, 200, "{}", r.text());
     let echo = r.json();
     let h = &echo["headers"];
-    let access = h["x-access-token"].as_str().expect("an access token").to_owned();
+    let access = h["x-access-token"]
+        .as_str()
+        .expect("an access token")
+        .to_owned();
     let id = b64_json(h["x-id-token"].as_str().unwrap());
     assert_eq!(id["sub"], "alice");
     assert_eq!(id["aud"], "gw");
@@ -326,7 +345,11 @@ fn openid_connect_login_flow_against_oidc_provider() {
     assert_eq!(r.status, 302);
     assert!(r.header("location").unwrap().starts_with(&op.issuer()));
     assert_eq!(Browser::default().get(&format!("{base}/deny")).status, 401);
-    assert_eq!(up.hits(), 2, "only the signed-in requests reached the upstream");
+    assert_eq!(
+        up.hits(),
+        2,
+        "only the signed-in requests reached the upstream"
+    );
 
     // A callback whose state is not the session's restarts the flow (APISIX), never signs in.
     let mut forged = pending.clone();
@@ -347,19 +370,32 @@ fn openid_connect_login_flow_against_oidc_provider() {
     assert_eq!(renewing.get(&callback).status, 302);
     let first = renewing.get(&format!("{base}/renew"));
     assert_eq!(first.status, 200, "{}", first.text());
-    assert!(first.header("set-cookie").is_some(), "the renewed session is saved");
+    assert!(
+        first.header("set-cookie").is_some(),
+        "the renewed session is saved"
+    );
     let second = renewing.get(&format!("{base}/renew"));
     assert_eq!(second.status, 200);
     let token = |r: &Reply| r.json()["headers"]["x-access-token"].clone();
     assert!(token(&first).is_string());
-    assert_ne!(token(&first), token(&second), "a new access token each time");
+    assert_ne!(
+        token(&first),
+        token(&second),
+        "a new access token each time"
+    );
 
     // Logout: the session cookie is expired and the browser goes to the end-session endpoint.
     let r = browser.get(&format!("{base}/logout"));
     assert_eq!(r.status, 302, "{}", r.text());
-    assert!(!browser.jar.contains_key("session"), "the cookie is expired");
+    assert!(
+        !browser.jar.contains_key("session"),
+        "the cookie is expired"
+    );
     let end = r.header("location").unwrap().to_owned();
-    assert!(end.starts_with(&format!("{}/session/end?", op.issuer())), "{end}");
+    assert!(
+        end.starts_with(&format!("{}/session/end?", op.issuer())),
+        "{end}"
+    );
     assert_eq!(
         query_param(&end, "post_logout_redirect_uri").as_deref(),
         Some("http://127.0.0.1:1/bye")
@@ -444,7 +480,8 @@ impl Cas {
                     }
                     _ => (200, String::new(), "logged out".to_owned()),
                 };
-                let mut reply = format!("HTTP/1.1 {status} X\r\nContent-Length: {}\r\n", body.len());
+                let mut reply =
+                    format!("HTTP/1.1 {status} X\r\nContent-Length: {}\r\n", body.len());
                 if !location.is_empty() {
                     reply.push_str(&format!("Location: {location}\r\n"));
                 }
@@ -565,7 +602,10 @@ fn cas_auth_single_sign_on_with_an_in_test_cas_server() {
         Some(format!("http://{}/logout", cas.addr).as_str())
     );
     assert!(!browser.jar.contains_key(&session));
-    assert_eq!(Browser::default().get(&format!("{base}/logout")).status, 401);
+    assert_eq!(
+        Browser::default().get(&format!("{base}/logout")).status,
+        401
+    );
     assert_eq!(up.hits(), 2, "only signed-in requests reached the upstream");
 }
 
@@ -652,7 +692,10 @@ fn authz_casdoor_signs_in_with_an_in_test_casdoor() {
     let r = browser.get(&format!("{base}/anything/page"));
     assert_eq!(r.status, 302, "{}", r.text());
     let to = r.header("location").unwrap().to_owned();
-    assert!(to.starts_with(&format!("http://{idp}/login/oauth/authorize?")), "{to}");
+    assert!(
+        to.starts_with(&format!("http://{idp}/login/oauth/authorize?")),
+        "{to}"
+    );
     assert_eq!(query_param(&to, "redirect_uri"), Some(callback.clone()));
     assert_eq!(query_param(&to, "scope").as_deref(), Some("read"));
     // A callback with another state is refused.
@@ -663,7 +706,10 @@ fn authz_casdoor_signs_in_with_an_in_test_casdoor() {
     assert_eq!(r.status, 503, "no session at the callback");
     // Casdoor signs in; the gateway exchanges the code and returns to the page.
     let r = browser.get(&to);
-    let back = r.header("location").unwrap().replace("http://gw.test", &base);
+    let back = r
+        .header("location")
+        .unwrap()
+        .replace("http://gw.test", &base);
     let r = browser.get(&back);
     assert_eq!(r.status, 302, "{}", r.text());
     assert_eq!(r.header("location"), Some("/anything/page"));
@@ -716,13 +762,23 @@ fn dingtalk_and_feishu_sign_in_with_in_test_servers() {
         let body: Value = serde_json::from_str(body).unwrap_or(Value::Null);
         if head.starts_with("POST /token ") {
             let ok = body == json!({"appKey": "ding-app", "appSecret": "ding-secret"});
-            let answer = if ok { json!({"accessToken": "app-token", "expireIn": 7200}) } else { json!({}) };
+            let answer = if ok {
+                json!({"accessToken": "app-token", "expireIn": 7200})
+            } else {
+                json!({})
+            };
             (200, answer.to_string())
         } else if head.starts_with("POST /user?access_token=app-token ") {
             if body["code"] == "good-code" {
-                (200, json!({"errcode": 0, "result": {"userid": "u1", "name": "Ding"}}).to_string())
+                (
+                    200,
+                    json!({"errcode": 0, "result": {"userid": "u1", "name": "Ding"}}).to_string(),
+                )
             } else {
-                (200, json!({"errcode": 40078, "errmsg": "invalid code"}).to_string())
+                (
+                    200,
+                    json!({"errcode": 40078, "errmsg": "invalid code"}).to_string(),
+                )
             }
         } else {
             (404, "{}".into())
@@ -738,14 +794,26 @@ fn dingtalk_and_feishu_sign_in_with_in_test_servers() {
                 && body["grant_type"] == "authorization_code"
                 && body["redirect_uri"] == "https://app.example/feishu";
             if ok {
-                (200, json!({"access_token": "user-token", "expires_in": 7200}).to_string())
+                (
+                    200,
+                    json!({"access_token": "user-token", "expires_in": 7200}).to_string(),
+                )
             } else {
-                (400, json!({"code": 20003, "error": "invalid_grant"}).to_string())
+                (
+                    400,
+                    json!({"code": 20003, "error": "invalid_grant"}).to_string(),
+                )
             }
         } else if head.starts_with("GET /user ") && head.contains("Bearer user-token") {
-            (200, json!({"code": 0, "data": {"open_id": "ou_1", "name": "Fei"}}).to_string())
+            (
+                200,
+                json!({"code": 0, "data": {"open_id": "ou_1", "name": "Fei"}}).to_string(),
+            )
         } else {
-            (200, json!({"code": 99991663, "msg": "bad token"}).to_string())
+            (
+                200,
+                json!({"code": 99991663, "msg": "bad token"}).to_string(),
+            )
         }
     });
     let conf = json!({"routes": [
@@ -772,7 +840,11 @@ fn dingtalk_and_feishu_sign_in_with_in_test_servers() {
         let mut browser = Browser::default();
         // No session, no code: to the login page.
         let r = browser.get(&format!("{base}{path}"));
-        assert_eq!((r.status, r.header("location")), (302, Some(login)), "{path}");
+        assert_eq!(
+            (r.status, r.header("location")),
+            (302, Some(login)),
+            "{path}"
+        );
         // A code the provider refuses.
         let r = browser.get(&format!("{base}{path}?code=bad-code"));
         assert_eq!(r.status, 401, "{path}: {}", r.text());
@@ -789,9 +861,17 @@ fn dingtalk_and_feishu_sign_in_with_in_test_servers() {
         assert_eq!(info[user_key], user);
         let r = browser.get(&format!("{base}{path}"));
         assert_eq!(r.status, 200, "{path}: the session carries the user");
-        assert_eq!(b64_json(r.json()["headers"]["x-userinfo"].as_str().unwrap())[user_key], user);
+        assert_eq!(
+            b64_json(r.json()["headers"]["x-userinfo"].as_str().unwrap())[user_key],
+            user
+        );
         // A tampered session cookie is no session.
-        let name = browser.jar.keys().find(|k| k.ends_with("_session")).unwrap().clone();
+        let name = browser
+            .jar
+            .keys()
+            .find(|k| k.ends_with("_session"))
+            .unwrap()
+            .clone();
         let mut tampered = browser.clone();
         let v = tampered.jar.get_mut(&name).unwrap();
         let last = v.pop().unwrap();

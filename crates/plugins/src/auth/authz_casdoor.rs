@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferrisix_plugin_api::{
-    CheckCtx, Clock, CompileCtx, Exit, Flow, Phases, Plugin, PluginCtx, PluginDef,
-    PluginServices, Step,
+    CheckCtx, Clock, CompileCtx, Exit, Flow, Phases, Plugin, PluginCtx, PluginDef, PluginServices,
+    Step,
 };
 use http::header::{LOCATION, SET_COOKIE};
 use http::{HeaderValue, Method, Request, StatusCode};
@@ -50,11 +50,13 @@ fn schema() -> Value {
 
 fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
     for field in ["endpoint_addr", "callback_url"] {
-        let v = cx.conf.get(field).and_then(Value::as_str).unwrap_or_default();
+        let v = cx
+            .conf
+            .get(field)
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         if !v.starts_with("https://") {
-            tracing::warn!(
-                "Using {NAME} {field} with no TLS is a security risk"
-            );
+            tracing::warn!("Using {NAME} {field} with no TLS is a security risk");
         }
     }
     Ok(())
@@ -156,9 +158,8 @@ impl Casdoor {
             .await
             .map_err(|e| e.to_string())?;
         let text = String::from_utf8_lossy(resp.body());
-        let data: Value = serde_json::from_slice(resp.body()).map_err(|e| {
-            format!("failed to parse casdoor response data: {e}, body: {text}")
-        })?;
+        let data: Value = serde_json::from_slice(resp.body())
+            .map_err(|e| format!("failed to parse casdoor response data: {e}, body: {text}"))?;
         let token = data
             .get("access_token")
             .and_then(Value::as_str)
@@ -195,7 +196,9 @@ impl Casdoor {
             self.callback(ctx, &mut session, &mut set_cookies, why, now)
                 .await
         } else {
-            let expires_at = session.get("access_token_expires_at").and_then(Value::as_i64);
+            let expires_at = session
+                .get("access_token_expires_at")
+                .and_then(Value::as_i64);
             let valid = session.present()
                 && session.get("access_token").is_some()
                 && session.get_str("client_id") == Some(self.client_id.as_str())

@@ -205,11 +205,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         &ring::digest::SHA256,
         format!("{idp_uri}|{callback}").as_bytes(),
     );
-    let fingerprint: String = digest
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let fingerprint: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
     Ok(Arc::new(CasAuth {
         callback_path: callback_path(&callback),
         idp_uri,
@@ -344,8 +340,7 @@ impl CasAuth {
     /// `<idp_uri>/serviceValidate`: the user of a valid ticket.
     async fn validate(&self, service: String, ticket: &str) -> Option<String> {
         let enc = |s: &str| {
-            percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC)
-                .to_string()
+            percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
         };
         let url = format!(
             "{}/serviceValidate?ticket={}&service={}",
@@ -490,7 +485,13 @@ mod tests {
         );
         assert_eq!(callback_path("https://app.example.com"), "/");
         assert!(is_safe_redirect("/a?b=1"));
-        for bad in ["", "https://evil", "//evil", "/\\evil", "/a\r\nSet-Cookie: x"] {
+        for bad in [
+            "",
+            "https://evil",
+            "//evil",
+            "/\\evil",
+            "/a\r\nSet-Cookie: x",
+        ] {
             assert!(!is_safe_redirect(bad), "{bad:?}");
         }
     }

@@ -33,6 +33,13 @@ pub static DEF: PluginDef = PluginDef {
 
 const TOKEN_TTL_MS: u64 = 7_000_000;
 
+/// What `ngx.encode_args` leaves as it is: letters, digits, `-._~`.
+const COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 fn schema() -> Value {
     let text = || json!({"type": "string", "minLength": 1});
     let secret = json!({"type": "string", "minLength": 8, "maxLength": 32});
@@ -179,11 +186,15 @@ impl DingTalk {
 
     /// The user of a code; `Err((message, is the code's fault))`.
     async fn userinfo(&self, token: &str, code: &str) -> Result<Value, (String, bool)> {
-        let sep = if self.userinfo_url.contains('?') { '&' } else { '?' };
+        let sep = if self.userinfo_url.contains('?') {
+            '&'
+        } else {
+            '?'
+        };
         let url = format!(
             "{}{sep}access_token={}",
             self.userinfo_url,
-            percent_encoding::utf8_percent_encode(token, percent_encoding::NON_ALPHANUMERIC)
+            percent_encoding::utf8_percent_encode(token, COMPONENT)
         );
         let data = self
             .post_json(&url, json!({"code": code}))

@@ -221,7 +221,9 @@ impl Feishu {
     ) -> Result<Value, Flow> {
         let mut token = session.get_str("access_token").map(str::to_owned);
         if token.is_some() {
-            let expires_at = session.get("access_token_expires_at").and_then(Value::as_i64);
+            let expires_at = session
+                .get("access_token_expires_at")
+                .and_then(Value::as_i64);
             if !expires_at.is_some_and(|e| (now as i64) < e) {
                 token = None;
                 session.set("access_token", Value::Null);
@@ -233,7 +235,10 @@ impl Feishu {
             None => match self.access_token(code).await {
                 Ok((t, expires_in)) => {
                     session.set("access_token", json!(t));
-                    session.set("access_token_expires_at", json!(now as i64 + expires_in - 60));
+                    session.set(
+                        "access_token_expires_at",
+                        json!(now as i64 + expires_in - 60),
+                    );
                     t
                 }
                 Err(e) => {

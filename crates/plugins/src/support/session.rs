@@ -283,7 +283,9 @@ impl SessionConf {
         now: u64,
     ) -> Result<Session, String> {
         let value = cookie(cookies.clone(), &self.name).ok_or("missing session cookie")?;
-        let header_b64 = value.get(..HEADER_ENCODED).ok_or("invalid session header")?;
+        let header_b64 = value
+            .get(..HEADER_ENCODED)
+            .ok_or("invalid session header")?;
         let header = URL_SAFE_NO_PAD
             .decode(header_b64)
             .map_err(|_| "unable to base64url decode session header")?;
@@ -301,16 +303,13 @@ impl SessionConf {
             return Err("session absolute timeout exceeded".into());
         }
         let rolling_offset = le(&header[40..44]);
-        let rolling = now
-            .saturating_sub(creation)
-            .saturating_sub(rolling_offset);
+        let rolling = now.saturating_sub(creation).saturating_sub(rolling_offset);
         if self.rolling_timeout != 0 && rolling > self.rolling_timeout {
             return Err("session rolling timeout exceeded".into());
         }
         let size = le(&header[44..47]) as usize;
         let idling_offset = le(&header[TOUCH_AT..MAC_AT]);
-        if self.idling_timeout != 0 && rolling.saturating_sub(idling_offset) > self.idling_timeout
-        {
+        if self.idling_timeout != 0 && rolling.saturating_sub(idling_offset) > self.idling_timeout {
             return Err("session idling timeout exceeded".into());
         }
         // Constant-time comparisons: the MAC is the cookie's authentication.
@@ -353,7 +352,8 @@ impl SessionConf {
         let data = parsed
             .as_array()
             .and_then(|list| {
-                list.iter().find(|e| e.get(1).and_then(Value::as_str) == Some("default"))
+                list.iter()
+                    .find(|e| e.get(1).and_then(Value::as_str) == Some("default"))
             })
             .and_then(|e| e.get(0))
             .and_then(Value::as_object)
@@ -586,14 +586,21 @@ mod tests {
         );
         // Idle past 100 s, then past the absolute 5000 s.
         assert_eq!(
-            c.open(std::iter::once(good.as_str()), 1_000_101).1.as_deref(),
+            c.open(std::iter::once(good.as_str()), 1_000_101)
+                .1
+                .as_deref(),
             Some("session idling timeout exceeded")
         );
         let lax = SessionConf::new(&json!({"secret": "0123456789abcdef", "idling_timeout": 0,
             "rolling_timeout": 0, "absolute_timeout": 50}));
-        assert!(lax.open(std::iter::once(good.as_str()), 1_000_049).1.is_none());
+        assert!(lax
+            .open(std::iter::once(good.as_str()), 1_000_049)
+            .1
+            .is_none());
         assert_eq!(
-            lax.open(std::iter::once(good.as_str()), 1_000_051).1.as_deref(),
+            lax.open(std::iter::once(good.as_str()), 1_000_051)
+                .1
+                .as_deref(),
             Some("session absolute timeout exceeded")
         );
     }
@@ -606,7 +613,11 @@ mod tests {
         let cookies = c.save(&mut s, 1_000_000).unwrap();
         assert_eq!(cookies.len(), 2);
         assert!(cookies[1].starts_with("session2="));
-        let jar = cookies.iter().map(|c| pair(c)).collect::<Vec<_>>().join("; ");
+        let jar = cookies
+            .iter()
+            .map(|c| pair(c))
+            .collect::<Vec<_>>()
+            .join("; ");
         let (mut opened, err) = c.open(std::iter::once(jar.as_str()), 1_000_090);
         assert_eq!(err, None);
         assert_eq!(opened.get_str("big").map(str::len), Some(6000));
@@ -623,20 +634,29 @@ mod tests {
         let mut s = Session::default();
         s.set("userinfo", json!("{}"));
         let cookie = pair(&old.save(&mut s, 1_000_000).unwrap()[0]);
-        let new = SessionConf::new(&json!({"secret": "new-secret", "secret_fallbacks": ["old-secret"]}));
+        let new =
+            SessionConf::new(&json!({"secret": "new-secret", "secret_fallbacks": ["old-secret"]}));
         let (mut opened, err) = new.open(std::iter::once(cookie.as_str()), 1_000_001);
         assert_eq!(err, None);
         // Saved again under the current secret: no longer readable with the old one alone.
         let resaved = pair(&new.save(&mut opened, 1_000_002).unwrap()[0]);
-        assert!(old.open(std::iter::once(resaved.as_str()), 1_000_003).1.is_some());
+        assert!(old
+            .open(std::iter::once(resaved.as_str()), 1_000_003)
+            .1
+            .is_some());
         let newest = SessionConf::new(&json!({"secret": "new-secret"}));
-        assert!(newest.open(std::iter::once(resaved.as_str()), 1_000_003).1.is_none());
+        assert!(newest
+            .open(std::iter::once(resaved.as_str()), 1_000_003)
+            .1
+            .is_none());
     }
 
     #[test]
     fn deprecated_lifetime_and_destroy() {
-        let c = SessionConf::new(&json!({"secret": "0123456789abcdef", "cookie": {"lifetime": 7},
-            "cookie_name": "sid", "cookie_secure": true, "cookie_domain": "example.com"}));
+        let c = SessionConf::new(
+            &json!({"secret": "0123456789abcdef", "cookie": {"lifetime": 7},
+            "cookie_name": "sid", "cookie_secure": true, "cookie_domain": "example.com"}),
+        );
         assert_eq!(c.absolute_timeout, 7);
         let mut s = Session::default();
         let gone = c.destroy(&mut s);

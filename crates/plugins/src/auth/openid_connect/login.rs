@@ -35,11 +35,11 @@ const MAX_AUTH_FLOW_RESTARTS: u64 = 3;
 /// A 1x1 transparent PNG: the logout answer to a client that prefers images (an `<img>`
 /// pointing at the logout path), as lua-resty-openidc's.
 const PIXEL: &[u8] = &[
-    0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44,
-    0x52, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x04, 0x00, 0x00, 0x00, 0xb5,
-    0x1c, 0x0c, 0x02, 0x00, 0x00, 0x00, 0x0b, 0x49, 0x44, 0x41, 0x54, 0x78, 0xda, 0x63, 0x60,
-    0x00, 0x02, 0x00, 0x00, 0x05, 0x00, 0x01, 0xe9, 0xfa, 0xdc, 0xd8, 0x00, 0x00, 0x00, 0x00,
-    0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
+    0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x04, 0x00, 0x00, 0x00, 0xb5, 0x1c, 0x0c,
+    0x02, 0x00, 0x00, 0x00, 0x0b, 0x49, 0x44, 0x41, 0x54, 0x78, 0xda, 0x63, 0x60, 0x00, 0x02, 0x00,
+    0x00, 0x05, 0x00, 0x01, 0xe9, 0xfa, 0xdc, 0xd8, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4e, 0x44,
+    0xae, 0x42, 0x60, 0x82,
 ];
 
 /// The login flow's options.
@@ -354,7 +354,8 @@ impl OpenIdConnect {
                 user,
             } => {
                 if let Some(schema) = &self.claim_schema {
-                    let data = json!({"user": user, "access_token": access_token, "id_token": id_token});
+                    let data =
+                        json!({"user": user, "access_token": access_token, "id_token": id_token});
                     let mut data = data;
                     if let Value::Object(m) = &mut data {
                         m.retain(|_, v| !v.is_null());
@@ -537,7 +538,9 @@ impl OpenIdConnect {
     ) -> Outcome {
         let doc = match self.discovery_doc().await {
             Ok(d) => d,
-            Err(e) => return Outcome::Failed(e, session.get_str("original_url").map(str::to_owned)),
+            Err(e) => {
+                return Outcome::Failed(e, session.get_str("original_url").map(str::to_owned))
+            }
         };
         let Some(endpoint) = doc.get("authorization_endpoint").and_then(Value::as_str) else {
             return Outcome::Failed(
@@ -603,7 +606,10 @@ impl OpenIdConnect {
         let expected = session.get_str("state").map(str::to_owned);
         // Constant time: the state is the callback's proof that this browser began the flow.
         let matches = expected.as_deref().is_some_and(|e| {
-            bool::from(subtle::ConstantTimeEq::ct_eq(e.as_bytes(), state.as_bytes()))
+            bool::from(subtle::ConstantTimeEq::ct_eq(
+                e.as_bytes(),
+                state.as_bytes(),
+            ))
         });
         if !matches {
             tracing::error!(
@@ -616,7 +622,10 @@ impl OpenIdConnect {
             Ok(d) => d,
             Err(e) => return Outcome::Failed(e, original),
         };
-        let issuer = doc.get("issuer").and_then(Value::as_str).unwrap_or_default();
+        let issuer = doc
+            .get("issuer")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         if let Some(iss) = arg(ctx, "iss") {
             if iss != issuer {
                 tracing::error!(
@@ -649,7 +658,10 @@ impl OpenIdConnect {
             Ok(t) => t,
             Err(e) => return Outcome::Failed(e, original),
         };
-        let raw_id_token = tokens.get("id_token").and_then(Value::as_str).unwrap_or_default();
+        let raw_id_token = tokens
+            .get("id_token")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         let nonce = session.get_str("nonce").map(str::to_owned);
         let id_token = match self
             .verify_id_token(raw_id_token, issuer, nonce.as_deref(), now)
@@ -691,10 +703,7 @@ impl OpenIdConnect {
             session.set("refresh_token", r.clone());
         }
         self.save(login, session, cookies, now);
-        let to = session
-            .get_str("original_url")
-            .unwrap_or("/")
-            .to_owned();
+        let to = session.get_str("original_url").unwrap_or("/").to_owned();
         Outcome::Exit(redirect(&to))
     }
 
@@ -704,7 +713,8 @@ impl OpenIdConnect {
             Value::String(s) => s.parse().ok(),
             _ => None,
         });
-        given.or(login.access_token_expires_in).unwrap_or(3600) - 1
+        given.or(login.access_token_expires_in).unwrap_or(3600)
+            - 1
             - login.access_token_expires_leeway
     }
 
@@ -740,13 +750,18 @@ impl OpenIdConnect {
             ("scope".to_owned(), login.scope.clone()),
         ];
         let tokens = self.token_endpoint(login, &doc, body).await?;
-        let issuer = doc.get("issuer").and_then(Value::as_str).unwrap_or_default();
+        let issuer = doc
+            .get("issuer")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         let mut id_token = None;
         if let Some(raw) = tokens.get("id_token").and_then(Value::as_str) {
             match self.verify_id_token(raw, issuer, None, now).await {
                 Ok(c) => id_token = Some((raw.to_owned(), c)),
                 Err(e) => {
-                    tracing::error!("invalid id token, discarding tokens returned while refreshing");
+                    tracing::error!(
+                        "invalid id token, discarding tokens returned while refreshing"
+                    );
                     return Err(e);
                 }
             }
@@ -971,7 +986,12 @@ impl OpenIdConnect {
             Err(e) => {
                 let alg = jwt::load(raw)
                     .ok()
-                    .and_then(|l| l.header.get("alg").and_then(Value::as_str).map(str::to_owned))
+                    .and_then(|l| {
+                        l.header
+                            .get("alg")
+                            .and_then(Value::as_str)
+                            .map(str::to_owned)
+                    })
                     .unwrap_or_default();
                 tracing::error!("id_token '{alg}' signature verification failed: {e}");
                 return Err(e);
@@ -1134,6 +1154,9 @@ mod tests {
     fn combined_uris() {
         let p = vec![("a".to_owned(), "x y".to_owned())];
         assert_eq!(combine("https://op/auth", &p), "https://op/auth?a=x%20y");
-        assert_eq!(combine("https://op/auth?z=1", &p), "https://op/auth?z=1&a=x%20y");
+        assert_eq!(
+            combine("https://op/auth?z=1", &p),
+            "https://op/auth?z=1&a=x%20y"
+        );
     }
 }

@@ -443,12 +443,10 @@ impl OpenIdConnect {
     ) -> Outcome {
         let target = ctx.request_uri().to_owned();
         let path = target.split('?').next().unwrap_or_default().to_owned();
-        let redirect_uri = match self.redirect_uri(login, ctx) {
-            Ok(u) => u,
-            Err(exit) => return Outcome::Exit(exit),
-        };
+        // Only the paths that send it need the absolute URI (and a Host to build it from).
+        let redirect_uri = self.redirect_uri(login, ctx);
         let redirect_path = match &login.redirect_uri {
-            Some(_) => uri_path(&redirect_uri),
+            Some(u) => uri_path(u),
             None => default_redirect_path(ctx.uri()),
         };
         let deny = self.unauth_action != "auth";
@@ -459,6 +457,10 @@ impl OpenIdConnect {
                     Some(target),
                 );
             }
+            let redirect_uri = match redirect_uri {
+                Ok(u) => u,
+                Err(exit) => return Outcome::Exit(exit),
+            };
             return self
                 .authorization_response(ctx, login, session, cookies, now, &redirect_uri)
                 .await;
@@ -496,6 +498,10 @@ impl OpenIdConnect {
             if deny {
                 return Outcome::Failed("unauthorized request".into(), Some(target));
             }
+            let redirect_uri = match redirect_uri {
+                Ok(u) => u,
+                Err(exit) => return Outcome::Exit(exit),
+            };
             return self
                 .authorize(login, session, cookies, now, &target, &redirect_uri, None)
                 .await;
@@ -503,6 +509,10 @@ impl OpenIdConnect {
         if let Some(interval) = login.refresh_session_interval {
             let last = session.get("last_authenticated").and_then(Value::as_i64);
             if last.is_none_or(|l| l + interval < now as i64) {
+                let redirect_uri = match redirect_uri {
+                    Ok(u) => u,
+                    Err(exit) => return Outcome::Exit(exit),
+                };
                 return self
                     .authorize(
                         login,

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 # prometheus without its recommends, which would pull in (and start) node-exporter;
 # libprotobuf-dev: the well-known .proto files etcd's import, for the generated-code check.
-packages="etcd-server redis-server redis-tools nginx prometheus wrk protobuf-compiler libprotobuf-dev openssl curl slapd"
+packages="etcd-server redis-server redis-tools nginx prometheus wrk protobuf-compiler libprotobuf-dev openssl curl slapd nodejs"
 missing=()
 for p in $packages; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
@@ -62,6 +62,19 @@ if ! python3 -c "import A6.HTTPReqCall.Req, flatbuffers, importlib.metadata as m
   echo "test.sh: installing a6pluginprotos==$a6_version flatbuffers==$flatbuffers_version (PyPI)" >&2
   pip install -q "a6pluginprotos==$a6_version" "flatbuffers==$flatbuffers_version" 2>/dev/null \
     || pip install -q --break-system-packages "a6pluginprotos==$a6_version" "flatbuffers==$flatbuffers_version"
+fi
+
+# npm's oidc-provider (a certified OpenID provider), which openid-connect's login-flow test runs:
+# pinned in tests/oidc/package-lock.json, installed into tests/oidc/node_modules (ignored by git).
+oidc_provider_version="9.13.3"
+if ! grep -qs "\"version\": \"$oidc_provider_version\"" tests/oidc/node_modules/oidc-provider/package.json; then
+  echo "test.sh: installing oidc-provider@$oidc_provider_version (npm)" >&2
+  if ! command -v npm >/dev/null; then
+    sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
+      --no-install-recommends npm >/dev/null
+  fi
+  (cd tests/oidc && npm ci --no-audit --no-fund --silent)
 fi
 
 cargo fmt --all -- --check

@@ -36,6 +36,7 @@ mod plugins_long_tail;
 mod plugins_opentelemetry;
 mod plugins_prometheus;
 mod plugins_proxy_cache;
+mod plugins_sso;
 mod plugins_transform;
 mod plugins_zipkin;
 mod prometheus_scrape;

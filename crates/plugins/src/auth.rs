@@ -1,9 +1,9 @@
 //! Authentication and authorization: the plugins that find the consumer a request comes from
 //! (key-auth, basic-auth, jwt-auth, hmac-auth, jwe-decrypt, ldap-auth, ldap-auth-advanced, and
-//! multi-auth over them), openid-connect's bearer tokens, the external deciders (forward-auth,
-//! opa, authz-keycloak, authz-casbin's policies), and the plugins that act on who it is
-//! (consumer-restriction, acl, attach-consumer-label). Credentials are
-//! looked up in the snapshot's consumer index
+//! multi-auth over them), openid-connect (bearer tokens and the login flow), cas-auth's single
+//! sign-on, the external deciders (forward-auth, opa, authz-keycloak, authz-casbin's
+//! policies), and the plugins that act on who it is (consumer-restriction, acl,
+//! attach-consumer-label). Credentials are looked up in the snapshot's consumer index
 //! ([`ferrisix_plugin_api::ConsumerIndex`]); secrets are compared in constant time and never
 //! logged.
 
@@ -11,9 +11,13 @@ family! {
     acl,
     attach_consumer_label,
     authz_casbin,
+    authz_casdoor,
     authz_keycloak,
     basic_auth,
+    cas_auth,
     consumer_restriction,
+    dingtalk_auth,
+    feishu_auth,
     forward_auth,
     hmac_auth,
     jwe_decrypt,

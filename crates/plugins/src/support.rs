@@ -3,7 +3,7 @@
 //! GraphQL documents, the Redis connections of the limit plugins'
 //! `redis`, `redis-cluster` and `redis-sentinel` policies, what the auth plugins share, the
 //! checks of user-written JSON schemas, the regexes of plugin confs (PCRE's syntax on a linear-time engine), header edits with `$var`
-//! values, nginx's URI escapes, a small LDAP client (the ldap-auth plugins), and the tracing plugins' ids, clock and collector export
+//! values, nginx's URI escapes, a small LDAP client (the ldap-auth plugins), lua-resty-session's cookie sessions (the login plugins), and the tracing plugins' ids, clock and collector export
 //! (`resty.roundrobin` is the plugin API's, shared with the upstream balancer).
 
 pub mod ai;
@@ -20,6 +20,7 @@ pub mod limit;
 pub mod pcre;
 pub mod redis;
 pub mod schema_check;
+pub mod session;
 pub mod stream_sub;
 pub mod trace;
 pub mod uri;

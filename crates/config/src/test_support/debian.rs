@@ -23,6 +23,8 @@ pub const PROGRAMS: &[(&str, &str)] = &[
     // The ldap-auth plugins' directory: slapd, with slapadd to load its test tree.
     ("slapd", "slapd"),
     ("slapadd", "slapd"),
+    // openid-connect's login-flow test runs npm's oidc-provider on Debian's Node.js.
+    ("node", "nodejs"),
 ];
 
 /// The path of `program`, which a test is about to run; panics, saying what installs it, when

@@ -36,6 +36,7 @@ use jsonwebtoken::{Algorithm, DecodingKey};
 use serde_json::{json, Map, Value};
 
 pub mod jwt;
+pub mod login;
 
 pub const NAME: &str = "openid-connect";
 
@@ -539,6 +540,8 @@ struct OpenIdConnect {
     services: Arc<PluginServices>,
     clock: Clock,
     cache: ProviderCache,
+    /// The relying-party login flow (without `bearer_only`).
+    login: Option<login::Login>,
 }
 
 impl std::fmt::Debug for OpenIdConnect {
@@ -627,6 +630,11 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         services: cx.services.clone(),
         clock: cx.services.clock().clone(),
         cache: ProviderCache::default(),
+        login: if b("bearer_only") {
+            None
+        } else {
+            login::Login::new(&conf)
+        },
     }))
 }
 
@@ -784,14 +792,26 @@ impl OpenIdConnect {
                 }
             },
         };
-        let result = match &self.verifier {
+        self.verify_signed(token, &issuers)
+            .await
+            .map_err(|e| self.invalid_token(&e))
+    }
+
+    /// A token's signature (the public key, else the provider's JWKS key of its `kid`) and
+    /// claims.
+    async fn verify_signed(
+        &self,
+        token: &str,
+        issuers: &[String],
+    ) -> Result<Map<String, Value>, String> {
+        match &self.verifier {
             Some(Verifier::PublicKey(keys)) => {
                 let key_for = |alg: Algorithm, _: &Map<String, Value>| {
                     keys.key(alg)
                         .cloned()
                         .ok_or_else(|| "invalid public key".to_owned())
                 };
-                self.verify_with(token, &issuers, &key_for)
+                self.verify_with(token, issuers, &key_for)
             }
             _ => {
                 let kid = jwt::load(token).ok().and_then(|l| {
@@ -823,13 +843,12 @@ impl OpenIdConnect {
                                 .map(Arc::new)
                                 .map_err(|e| e.to_string())
                         };
-                        self.verify_with(token, &issuers, &key_for)
+                        self.verify_with(token, issuers, &key_for)
                     }
                     Err(e) => Err(format!("jwt signature verification failed: {e}")),
                 }
             }
-        };
-        result.map_err(|e| self.invalid_token(&e))
+        }
     }
 
     /// Token introspection (RFC 7662) at the configured or discovered endpoint.
@@ -1036,15 +1055,10 @@ impl OpenIdConnect {
             }
         }
         // No token: the session flow.
-        match self.unauth_action.as_str() {
-            "pass" => Flow::Continue,
-            "deny" => Flow::Exit(Exit::status(StatusCode::UNAUTHORIZED)),
-            _ => {
-                tracing::error!(
-                    "OIDC authentication failed: the authorization code flow (unauth_action \"auth\") is not supported"
-                );
-                Flow::Exit(Exit::status(StatusCode::INTERNAL_SERVER_ERROR))
-            }
+        match &self.login {
+            Some(login) => self.session_flow(ctx, login).await,
+            None if self.unauth_action == "pass" => Flow::Continue,
+            None => Flow::Exit(Exit::status(StatusCode::UNAUTHORIZED)),
         }
     }
 }
@@ -1062,7 +1076,7 @@ impl Plugin for OpenIdConnect {
         // The cases decided without the provider answer now, without a future.
         let local =
             matches!(self.verifier, Some(Verifier::PublicKey(_))) && self.valid_issuers.is_some();
-        if self.verifier.is_none() || local {
+        if self.login.is_none() && (self.verifier.is_none() || local) {
             let fut = self.run(ctx, client_access_token);
             return match now_or_never(fut) {
                 Some(flow) => Step::Done(flow),

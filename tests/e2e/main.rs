@@ -15,6 +15,7 @@ mod docs_commands;
 mod docs_inline;
 mod embedded_store;
 mod etcd_cluster;
+mod etcd_pages;
 mod grpc;
 mod headers;
 mod health;

@@ -26,8 +26,8 @@ fn serves(gw: &StoreGateway, uri: &str) -> bool {
 fn pages_of_last_listing(log: &str) -> Option<u64> {
     let line = log
         .lines()
-        .filter(|l| l.contains("loaded the configuration from etcd"))
-        .last()?;
+        .rev()
+        .find(|l| l.contains("loaded the configuration from etcd"))?;
     let rest = &line[line.find("pages=")? + "pages=".len()..];
     rest.split(|c: char| !c.is_ascii_digit())
         .next()?

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::etcd::Etcd;
-use support::{poll_from, route_to, Behaviour, StoreGateway, Upstream};
+use support::{poll_from, route_to, Behaviour, StoreGateway, StoreGatewayBuilder, Upstream};
 
 const ROUTES: usize = 300;
 const LIMIT: Duration = Duration::from_secs(20);
@@ -62,7 +62,7 @@ fn boots_in_many_pages_while_etcd_compacts() {
             }
         })
     };
-    let gw = StoreGateway::etcd(&etcd.endpoint())
+    let gw = StoreGatewayBuilder::etcd(&etcd.endpoint())
         .etcd_key("page_size: 7")
         .log_filter("info")
         .start();

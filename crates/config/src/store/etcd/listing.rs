@@ -340,11 +340,7 @@ impl Position {
     /// `limit`, or as many): grown toward `limit` keys by a power of two, at most 16-fold (an
     /// empty range says little of the next one), never narrower; the widest past the end.
     fn widened(&self, keys: usize, limit: usize) -> Position {
-        let factor = if keys == 0 {
-            16
-        } else {
-            (limit / keys).clamp(1, 16)
-        };
+        let factor = limit.checked_div(keys).map_or(16, |f| f.clamp(1, 16));
         // The largest power of two not above the factor.
         let shift = usize::BITS - 1 - factor.leading_zeros();
         let mut out = [0u8; POSITION_BYTES];

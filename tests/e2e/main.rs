@@ -17,6 +17,7 @@ mod docs_commands;
 mod docs_inline;
 mod embedded_store;
 mod etcd_cluster;
+mod etcd_pages;
 mod ext_plugin;
 mod grpc;
 mod grpc_transcode;

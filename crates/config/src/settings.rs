@@ -752,6 +752,13 @@ pub struct EtcdSettings {
     /// Seconds a watch long-poll waits.
     pub watch_timeout: u64,
     pub startup_retry: u32,
+    /// Beyond APISIX: the most keys one read of a full listing asks etcd for (the first
+    /// load, a re-list after compaction, an Admin list of a whole directory). The pages are
+    /// read at one pinned revision, so together they are one snapshot.
+    pub page_size: u32,
+    /// Beyond APISIX: stored values longer than this many bytes are quarantined (logged,
+    /// reported, never served) instead of parsed and compiled; `0`: no limit.
+    pub max_value_size: u64,
     #[serde(deserialize_with = "de::opt_stringish")]
     pub user: Option<String>,
     #[serde(deserialize_with = "de::opt_stringish")]
@@ -767,6 +774,8 @@ impl Default for EtcdSettings {
             timeout: 30,
             watch_timeout: 50,
             startup_retry: 2,
+            page_size: 1000,
+            max_value_size: 1536 * 1024,
             user: None,
             password: None,
             tls: EtcdTls::default(),

@@ -191,6 +191,23 @@ pub struct StateBuilder {
     prefix: String,
     state: ConfigState,
     next_seq: u64,
+    /// Values longer than this are quarantined, not parsed (see [`StateBuilder::with_max_value`]).
+    max_value: Option<usize>,
+}
+
+/// A full listing being read page by page, in key order, into the next state: from
+/// [`StateBuilder::start_listing`] to [`StateBuilder::finish_listing`]. Until it is finished
+/// the builder's state is untouched, so a listing given up half way (its revision compacted,
+/// the connection lost) leaves nothing behind.
+#[derive(Debug)]
+pub struct Listing {
+    old: BTreeMap<ResourceKind, SharedMap<StoredItem>>,
+    resources: BTreeMap<ResourceKind, SharedMap<StoredItem>>,
+    unreadable: BTreeMap<(ResourceKind, String), String>,
+    /// Keys read so far.
+    pub keys: usize,
+    /// The last key read, so pages out of key order are caught.
+    last_key: Option<String>,
 }
 
 impl StateBuilder {
@@ -199,46 +216,82 @@ impl StateBuilder {
             prefix: prefix.into(),
             state: ConfigState::default(),
             next_seq: 0,
+            max_value: None,
         }
+    }
+
+    /// Values longer than `bytes` are quarantined: listed as unreadable (reported, never
+    /// served; an older valid version keeps serving) with a log line, and not parsed, so one
+    /// huge value (a route with a million hosts) costs neither the memory nor the time of its
+    /// parse and compile. `None`: no limit.
+    pub fn with_max_value(mut self, bytes: Option<usize>) -> StateBuilder {
+        self.max_value = bytes;
+        self
     }
 
     /// Replaces everything with a full listing (start-up, or a re-list after compaction).
     /// Items whose value is unchanged keep their `Arc` and slot, so the compiler can tell
     /// what a re-list actually changed.
     pub fn reset(&mut self, kvs: &[KeyValue], revision: i64) {
-        let old = std::mem::take(&mut self.state.resources);
         let mut sorted: Vec<&KeyValue> = kvs.iter().collect();
         sorted.sort_by(|a, b| a.key.cmp(&b.key));
-        let mut resources: BTreeMap<ResourceKind, SharedMap<StoredItem>> = BTreeMap::new();
-        let mut unreadable = BTreeMap::new();
-        // Each value is parsed once to check it (most of a listing's cost at 100,000 routes):
-        // on every core when there are many.
-        let parsed = crate::parallel::map(&sorted, |kv| match place_of(&self.prefix, &kv.key) {
-            KeyPlace::Resource(kind, id) => Some((kind, id, parse_value(&kv.value))),
+        let mut listing = self.start_listing();
+        self.add_page(&mut listing, &sorted);
+        self.finish_listing(listing, revision);
+    }
+
+    /// Starts a listing read in pages (see [`Listing`]).
+    pub fn start_listing(&self) -> Listing {
+        Listing {
+            // Shared maps: a few pointers are copied.
+            old: self.state.resources.clone(),
+            resources: BTreeMap::new(),
+            unreadable: BTreeMap::new(),
+            keys: 0,
+            last_key: None,
+        }
+    }
+
+    /// Adds a page of the listing: keys in key order, after those of the pages before. Each
+    /// value is parsed once to check it (most of a listing's cost at 100,000 routes): on
+    /// every core when there are many.
+    pub fn add_page(&mut self, listing: &mut Listing, kvs: &[&KeyValue]) {
+        debug_assert!(
+            kvs.windows(2).all(|w| w[0].key < w[1].key)
+                && match (&listing.last_key, kvs.first()) {
+                    (Some(last), Some(first)) => *last < first.key,
+                    _ => true,
+                },
+            "a listing's pages come in key order"
+        );
+        listing.keys += kvs.len();
+        if let Some(last) = kvs.last() {
+            listing.last_key = Some(last.key.clone());
+        }
+        let max_value = self.max_value;
+        let parsed = crate::parallel::map(kvs, |kv| match place_of(&self.prefix, &kv.key) {
+            KeyPlace::Resource(kind, id) => Some((kind, id, checked_value(kv, max_value))),
             KeyPlace::Other => None,
         });
-        for (kv, place) in sorted.into_iter().zip(parsed) {
+        for (kv, place) in kvs.iter().zip(parsed) {
             let Some((kind, id, value)) = place else {
                 continue;
             };
-            let Some(value) = value else {
-                // Not JSON: set aside, and an older valid version (if known) keeps serving.
-                tracing::error!(key = %kv.key, "stored value is not JSON; ignored");
-                if let Some(p) = old.get(&kind).and_then(|m| m.get(&id)) {
-                    resources
-                        .entry(kind)
-                        .or_default()
-                        .insert(id.clone(), p.clone());
+            let value = match value {
+                Ok(value) => value,
+                Err(reason) => {
+                    // Set aside, and an older valid version (if known) keeps serving.
+                    tracing::error!(key = %kv.key, "{reason}; ignored");
+                    self.quarantine_in(listing, kind, id, reason);
+                    continue;
                 }
-                unreadable.insert((kind, id), NOT_JSON.to_string());
-                continue;
             };
-            let previous = old.get(&kind).and_then(|m| m.get(&id));
+            let previous = listing.old.get(&kind).and_then(|m| m.get(&id));
             let item = match previous {
                 Some(p) if p.value == value && p.mod_revision == kv.mod_revision => p.clone(),
                 Some(p) => StoredItem {
                     id: id.clone(),
-                    value: value.clone(),
+                    value,
                     create_revision: kv.create_revision,
                     mod_revision: kv.mod_revision,
                     seq: p.seq,
@@ -247,17 +300,43 @@ impl StateBuilder {
                     self.next_seq += 1;
                     StoredItem {
                         id: id.clone(),
-                        value: value.clone(),
+                        value,
                         create_revision: kv.create_revision,
                         mod_revision: kv.mod_revision,
                         seq: self.next_seq,
                     }
                 }
             };
-            resources.entry(kind).or_default().insert(id, item);
+            listing.resources.entry(kind).or_default().insert(id, item);
         }
-        self.state.resources = resources;
-        self.state.unreadable = unreadable;
+    }
+
+    /// Records a key of the listing whose value could not be read at all (larger than what
+    /// the client accepts in one message): quarantined as a value over the limit would be.
+    pub fn quarantine(&mut self, listing: &mut Listing, key: &str, reason: String) {
+        listing.keys += 1;
+        listing.last_key = Some(key.to_owned());
+        if let KeyPlace::Resource(kind, id) = place_of(&self.prefix, key) {
+            tracing::error!(key, "{reason}; ignored");
+            self.quarantine_in(listing, kind, id, reason);
+        }
+    }
+
+    fn quarantine_in(&self, listing: &mut Listing, kind: ResourceKind, id: String, reason: String) {
+        if let Some(p) = listing.old.get(&kind).and_then(|m| m.get(&id)) {
+            listing
+                .resources
+                .entry(kind)
+                .or_default()
+                .insert(id.clone(), p.clone());
+        }
+        listing.unreadable.insert((kind, id), reason);
+    }
+
+    /// Makes the listing, read at `revision`, the state.
+    pub fn finish_listing(&mut self, listing: Listing, revision: i64) {
+        self.state.resources = listing.resources;
+        self.state.unreadable = listing.unreadable;
         self.state.revision = revision;
     }
 
@@ -278,14 +357,16 @@ impl StateBuilder {
                 removed || was_unreadable
             }
             Some(kv) => {
-                let Some(value) = parse_value(&kv.value) else {
-                    // Not JSON: APISIX logs and skips it, keeping any older valid version; it
-                    // is listed so the data plane reports it as quarantined.
-                    tracing::error!(key, "stored value is not JSON; ignored");
-                    self.state
-                        .unreadable
-                        .insert((kind, id), NOT_JSON.to_string());
-                    return true;
+                let value = match checked_value(kv, self.max_value) {
+                    Ok(value) => value,
+                    Err(reason) => {
+                        // Not JSON (APISIX logs and skips it) or over the size limit: any
+                        // older valid version keeps serving; it is listed so the data plane
+                        // reports it as quarantined.
+                        tracing::error!(key, "{reason}; ignored");
+                        self.state.unreadable.insert((kind, id), reason);
+                        return true;
+                    }
                 };
                 let map = self.state.resources.entry(kind).or_default();
                 let seq = match map.get(&id) {
@@ -322,8 +403,15 @@ impl StateBuilder {
 
 const NOT_JSON: &str = "stored value is not JSON";
 
-fn parse_value(bytes: &[u8]) -> Option<StoredValue> {
-    StoredValue::from_json(bytes)
+/// The parsed value of `kv`, or why it is quarantined.
+fn checked_value(kv: &KeyValue, max_value: Option<usize>) -> Result<StoredValue, String> {
+    if let Some(max) = max_value.filter(|max| kv.value.len() > *max) {
+        return Err(format!(
+            "stored value of {} bytes is over the limit of {max} bytes",
+            kv.value.len()
+        ));
+    }
+    StoredValue::from_json(&kv.value).ok_or_else(|| NOT_JSON.to_string())
 }
 
 /// A pair for the stores' tests: `key` holding `value`, created and last modified at `rev`.
@@ -366,6 +454,112 @@ mod tests {
             KeyPlace::Resource(ResourceKind::ConsumerGroups, "g".into())
         );
         assert_eq!(place_of("/apisix", "/other/routes/1"), KeyPlace::Other);
+    }
+
+    #[test]
+    fn a_listing_in_pages_is_the_listing_at_once() {
+        let kvs: Vec<KeyValue> = (0..40)
+            .map(|i| kv(&format!("/apisix/routes/{i:02}"), r#"{"uri":"/a"}"#, i + 1))
+            .chain([kv("/apisix/upstreams/u", "{}", 50)])
+            .collect();
+        let mut whole = StateBuilder::new("/apisix");
+        whole.reset(&kvs, 60);
+        let mut paged = StateBuilder::new("/apisix");
+        // A listing given up half way leaves the state as it was.
+        let mut abandoned = paged.start_listing();
+        let refs: Vec<&KeyValue> = kvs.iter().collect();
+        paged.add_page(&mut abandoned, &refs[..7]);
+        assert!(paged.state().resources.is_empty());
+        let mut listing = paged.start_listing();
+        for page in refs.chunks(7) {
+            paged.add_page(&mut listing, page);
+        }
+        assert_eq!(listing.keys, 41);
+        paged.finish_listing(listing, 60);
+        // The same items (the abandoned listing used up insertion numbers, not their order).
+        let items = |b: &StateBuilder| -> Vec<(ResourceKind, String, i64, i64)> {
+            b.state()
+                .resources
+                .iter()
+                .flat_map(|(kind, m)| {
+                    m.values()
+                        .map(|i| (*kind, i.id.clone(), i.create_revision, i.mod_revision))
+                })
+                .collect()
+        };
+        let (mut got, mut want) = (items(&paged), items(&whole));
+        got.sort();
+        want.sort();
+        assert_eq!(got, want);
+        assert_eq!(paged.state().revision, 60);
+        let ids = |b: &StateBuilder| -> Vec<String> {
+            b.state()
+                .items_in_order(ResourceKind::Routes)
+                .iter()
+                .map(|i| i.id.clone())
+                .collect()
+        };
+        assert_eq!(ids(&paged), ids(&whole));
+    }
+
+    #[test]
+    fn values_over_the_limit_are_quarantined_alone() {
+        let big = format!(r#"{{"uri":"/big","desc":"{}"}}"#, "x".repeat(200));
+        let mut b = StateBuilder::new("/apisix").with_max_value(Some(100));
+        b.reset(
+            &[
+                kv("/apisix/routes/1", r#"{"uri":"/1"}"#, 1),
+                kv("/apisix/routes/2", &big, 2),
+                kv("/apisix/routes/3", r#"{"uri":"/3"}"#, 3),
+            ],
+            3,
+        );
+        assert!(b.state().get(ResourceKind::Routes, "1").is_some());
+        assert!(b.state().get(ResourceKind::Routes, "2").is_none());
+        assert!(b.state().get(ResourceKind::Routes, "3").is_some());
+        let reason = &b.state().unreadable[&(ResourceKind::Routes, "2".to_string())];
+        assert!(reason.contains("over the limit of 100 bytes"), "{reason}");
+        // Through a change: the older valid version stays, and is reported set aside.
+        assert!(b.apply(
+            "/apisix/routes/1",
+            Some(&kv("/apisix/routes/1", &big, 4)),
+            4
+        ));
+        assert_eq!(
+            b.state()
+                .get(ResourceKind::Routes, "1")
+                .unwrap()
+                .mod_revision,
+            1
+        );
+        assert!(b
+            .state()
+            .unreadable
+            .contains_key(&(ResourceKind::Routes, "1".to_string())));
+        // Without a limit the same value is read.
+        let mut unlimited = StateBuilder::new("/apisix");
+        unlimited.reset(&[kv("/apisix/routes/2", &big, 2)], 2);
+        assert!(unlimited.state().get(ResourceKind::Routes, "2").is_some());
+    }
+
+    #[test]
+    fn an_unreadable_key_of_a_listing_is_quarantined() {
+        let mut b = StateBuilder::new("/apisix");
+        b.reset(&[kv("/apisix/routes/1", r#"{"uri":"/1"}"#, 1)], 1);
+        let mut listing = b.start_listing();
+        b.quarantine(&mut listing, "/apisix/routes/1", "too large to read".into());
+        b.add_page(
+            &mut listing,
+            &[&kv("/apisix/routes/2", r#"{"uri":"/2"}"#, 2)],
+        );
+        b.finish_listing(listing, 2);
+        // The older valid version keeps serving, and is reported.
+        assert!(b.state().get(ResourceKind::Routes, "1").is_some());
+        assert_eq!(
+            b.state().unreadable[&(ResourceKind::Routes, "1".to_string())],
+            "too large to read"
+        );
+        assert!(b.state().get(ResourceKind::Routes, "2").is_some());
     }
 
     #[test]

@@ -658,3 +658,123 @@ async fn pages_come_from_the_followed_state_while_it_matches_etcd() {
     assert_eq!(page.total, 42);
     assert_eq!(store.stats().pages_from_state, before + 1);
 }
+
+/// A config of many pages, compacted between two pages of the first listing: the pinned
+/// revision is gone, the listing starts over from the newest revision (once, not in a loop),
+/// every route is there, including the one written while the first try was read, and the
+/// watch then follows from the listing's revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boots_in_pages_through_a_compaction_in_the_middle() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let etcd = Etcd::start();
+    let mut direct = etcd.client().await;
+    etcd_put(&mut direct, "/apisix/upstreams/u", upstream()).await;
+    for i in 0..60 {
+        etcd_put(
+            &mut direct,
+            format!("/apisix/routes/{i}"),
+            route(&format!("/r{i}")),
+        )
+        .await;
+    }
+    let compacted = Arc::new(AtomicBool::new(false));
+    let most_pages = Arc::new(AtomicU64::new(0));
+    let endpoint = etcd.endpoint();
+    let hook: ferrisix_config::store::etcd::PageHook = {
+        let (compacted, most_pages) = (Arc::clone(&compacted), Arc::clone(&most_pages));
+        Arc::new(move |pages, _revision| {
+            most_pages.fetch_max(pages, Ordering::Relaxed);
+            let first = pages == 5 && !compacted.swap(true, Ordering::Relaxed);
+            let endpoint = endpoint.clone();
+            Box::pin(async move {
+                if first {
+                    let mut client = etcd_client::Client::connect([endpoint], None)
+                        .await
+                        .unwrap();
+                    let newest = etcd_put(&mut client, "/apisix/routes/mid", route("/mid")).await;
+                    compact(&mut client, newest).await;
+                }
+            })
+        })
+    };
+    let mut settings = settings(vec![etcd.endpoint()]);
+    settings.page_size = 4;
+    let store = EtcdStore::connect_with_page_hook(&settings, None, hook)
+        .await
+        .unwrap();
+    assert!(compacted.load(Ordering::Relaxed), "the hook compacted");
+    let stats = store.stats();
+    assert_eq!(stats.list_restarts, 1, "{stats:?}");
+    assert_eq!(stats.relists, 1, "{stats:?}");
+    assert!(
+        most_pages.load(Ordering::Relaxed) >= 15,
+        "62 keys in pages of 4"
+    );
+    for i in 0..60 {
+        assert!(has_route(&store, &i.to_string(), &format!("/r{i}")), "{i}");
+    }
+    assert!(has_route(&store, "mid", "/mid"));
+    assert_matches_etcd(&store, &etcd).await;
+    // The watch starts after the listing's revision: later changes arrive, none is missed.
+    etcd_put(&mut direct, "/apisix/routes/late", route("/late")).await;
+    etcd_put(&mut direct, "/apisix/routes/3", route("/r3b")).await;
+    await_route(&store, "a write after the boot", "late", "/late").await;
+    await_route(&store, "an update after the boot", "3", "/r3b").await;
+    assert_matches_etcd(&store, &etcd).await;
+    assert_eq!(store.stats().list_restarts, 1);
+}
+
+/// A value over `max_value_size` is quarantined alone: the pages around it load, an older
+/// valid version keeps serving when one comes through the watch, and the Admin list of the
+/// directory (read in pages too) still has every key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_value_is_quarantined_alone() {
+    let etcd = Etcd::start();
+    let mut direct = etcd.client().await;
+    let big = |uri: &str| {
+        let hosts: Vec<String> = (0..200).map(|i| format!("\"h{i}.example.com\"")).collect();
+        format!(
+            r#"{{"uri":"{uri}","hosts":[{}],"upstream":{{"nodes":{{"127.0.0.1:1980":1}}}}}}"#,
+            hosts.join(",")
+        )
+    };
+    for i in 0..10 {
+        etcd_put(
+            &mut direct,
+            format!("/apisix/routes/{i}"),
+            route(&format!("/r{i}")),
+        )
+        .await;
+    }
+    etcd_put(&mut direct, "/apisix/routes/4b", big("/big")).await;
+    let mut settings = settings(vec![etcd.endpoint()]);
+    settings.page_size = 3;
+    settings.max_value_size = 1000;
+    let store = EtcdStore::connect(&settings, None).await.unwrap();
+    for i in 0..10 {
+        assert!(has_route(&store, &i.to_string(), &format!("/r{i}")), "{i}");
+    }
+    assert!(!holds(&store, ResourceKind::Routes, "4b"));
+    let reason = store
+        .subscribe()
+        .borrow()
+        .unreadable
+        .get(&(ResourceKind::Routes, "4b".to_string()))
+        .cloned();
+    assert!(
+        reason
+            .as_deref()
+            .is_some_and(|r| r.contains("over the limit of 1000 bytes")),
+        "{reason:?}"
+    );
+    // Through the watch: the older valid version of 2 keeps serving.
+    etcd_put(&mut direct, "/apisix/routes/2", big("/r2big")).await;
+    etcd_put(&mut direct, "/apisix/routes/after", route("/after")).await;
+    await_route(&store, "the write after", "after", "/after").await;
+    assert!(has_route(&store, "2", "/r2"));
+    // Fits again: served.
+    etcd_put(&mut direct, "/apisix/routes/4b", route("/small")).await;
+    await_route(&store, "4b fits now", "4b", "/small").await;
+    let (listed, _) = store.list("/apisix/routes/").await.unwrap();
+    assert_eq!(listed.len(), 12, "every key, in pages of 3");
+}

@@ -121,6 +121,10 @@ fn defaults_match_apisix() {
     assert_eq!(d.admin.admin_api_version, AdminApiVersion::V3);
     assert_eq!(d.etcd.host, vec!["http://127.0.0.1:2379".to_string()]);
     assert_eq!(etcd_timing(&d.etcd), ("/apisix", 30, 50, 2));
+    assert_eq!(
+        (d.etcd.page_size, d.etcd.max_value_size),
+        (1000, 1536 * 1024)
+    );
     assert!(d.etcd.tls.verify);
 
     let p = &s.plugin_attr.prometheus;
@@ -364,6 +368,8 @@ deployment:
     timeout: 5
     watch_timeout: 20
     startup_retry: 5
+    page_size: 250
+    max_value_size: 0
     user: root
     password: 123456
     tls: {cert: /c.pem, key: /k.pem, verify: false, sni: etcd.local}
@@ -390,6 +396,7 @@ deployment:
     assert_eq!(d.admin.admin_api_version, AdminApiVersion::Default);
     assert_eq!(d.etcd.host.len(), 2);
     assert_eq!(etcd_timing(&d.etcd), ("/gw", 5, 20, 5));
+    assert_eq!((d.etcd.page_size, d.etcd.max_value_size), (250, 0));
     assert_eq!(
         (d.etcd.user.as_deref(), d.etcd.password.as_deref()),
         (Some("root"), Some("123456"))

@@ -1,17 +1,21 @@
 //! The etcd store: APISIX's own configuration backend, followed the way APISIX's data plane
 //! follows it (spec §8.2), and written the way its Admin API writes it.
 //!
-//! **Following.** At start one range read of `<prefix>/` is applied with
-//! [`StateBuilder::reset`](super::StateBuilder::reset) and published, and its header revision
-//! remembered. Then a single watch on `<prefix>/` from that revision + 1 (with `prev_kv` and
-//! progress notifications) feeds every PUT/DELETE to
+//! **Following.** At start `<prefix>/` is listed in pages of `deployment.etcd.page_size`
+//! keys, every page at the revision of the first (`listing`), so that they form one snapshot
+//! however big the configuration; the pages go through
+//! [`StateBuilder::add_page`](super::StateBuilder::add_page), the listing is published and its
+//! revision remembered. Then a single watch on `<prefix>/` from that revision + 1 (with
+//! `prev_kv` and progress notifications) feeds every PUT/DELETE to
 //! [`StateBuilder::apply`](super::StateBuilder::apply); a state is published after each
-//! response that changed something. Events at or below the applied revision are dropped, so nothing is
-//! applied twice. The watch is re-created from the applied revision + 1 after any break, so
-//! nothing is missed either; when etcd cannot serve that (the watch is cancelled with a
-//! `compact_revision`), or the history went backwards (a header revision below ours, or another
-//! cluster id: etcd restored or rebuilt), the prefix is listed again. A re-list keeps the `Arc`
-//! of every unchanged item, so only real changes reach the data plane.
+//! response that changed something. Events at or below the applied revision are dropped, so
+//! nothing is applied twice. The watch is re-created from the applied revision + 1 after any
+//! break, so nothing is missed either; when etcd cannot serve that (the watch is cancelled with
+//! a `compact_revision`), or the history went backwards (a header revision below ours, or
+//! another cluster id: etcd restored or rebuilt), the prefix is listed again. A listing whose
+//! own revision is compacted before its last page is read starts over from the newest
+//! revision. A re-list keeps the `Arc` of every unchanged item, so only real changes reach the
+//! data plane.
 //!
 //! **Failures.** The store talks to one endpoint at a time (tonic's balancer would keep sending
 //! requests to a dead member). A broken connection or watch moves to the next endpoint with a
@@ -34,9 +38,11 @@
 //!
 //! **Layout.** This file is the store: settings, the shared part, connecting, and the reads,
 //! writes, transactions and leases of [`Store`]. The sync loop (listing, watch, progress,
-//! re-list, reconnects) is in `sync`; Admin list pages cut from the followed state or from
-//! etcd's sorted range in `pages`; the local copy on disk in `local_copy`.
+//! re-list, reconnects) is in `sync`; full listings read in pages at one revision in
+//! `listing`; Admin list pages cut from the followed state or from etcd's sorted range in
+//! `pages`; the local copy on disk in `local_copy`.
 
+mod listing;
 mod local_copy;
 mod pages;
 mod sync;
@@ -48,7 +54,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, PutOptions, Txn, TxnOp,
     TxnOpResponse,
 };
 use tokio::sync::watch;
@@ -57,6 +63,7 @@ use tokio::task::JoinHandle;
 use super::{KeyValue, Page, PutOutcome, Store, StoreError, StoreHealth};
 use crate::settings::EtcdSettings;
 use crate::state::ConfigState;
+use listing::{ListError, ListPage, PagedListing};
 use local_copy::copy_writer;
 pub use local_copy::LocalCopy;
 use pages::StatePage;
@@ -88,6 +95,9 @@ pub struct SyncStats {
     pub publishes: u64,
     /// Admin pages read from the followed state (the rest were read from etcd's sorted range).
     pub pages_from_state: u64,
+    /// Listings started over because etcd compacted their revision while their pages were
+    /// read.
+    pub list_restarts: u64,
 }
 
 #[derive(Default)]
@@ -99,11 +109,21 @@ struct Counters {
     duplicates: AtomicU64,
     publishes: AtomicU64,
     pages_from_state: AtomicU64,
+    list_restarts: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
+
+/// Called by a listing after each page it read, before it asks for the next, with the pages
+/// read so far and the listing's pinned revision: for tests that change etcd in the middle of
+/// a listing (see [`EtcdStore::connect_with_page_hook`]).
+pub type PageHook = Arc<
+    dyn Fn(u64, i64) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        + Send
+        + Sync,
+>;
 
 /// Settings turned into what the client needs.
 #[derive(Clone)]
@@ -114,6 +134,11 @@ struct Config {
     prefix: String,
     timeout: Duration,
     watch_timeout: Duration,
+    /// Keys per page of a full listing (`deployment.etcd.page_size`).
+    page_size: usize,
+    /// Values longer than this are quarantined (`deployment.etcd.max_value_size`).
+    max_value: Option<usize>,
+    page_hook: Option<PageHook>,
 }
 
 impl Config {
@@ -164,6 +189,10 @@ impl Config {
             prefix: settings.prefix.trim_end_matches('/').to_owned(),
             timeout,
             watch_timeout: Duration::from_secs(settings.watch_timeout.max(1)),
+            page_size: usize::try_from(settings.page_size.max(1)).unwrap_or(usize::MAX),
+            max_value: (settings.max_value_size > 0)
+                .then(|| usize::try_from(settings.max_value_size).unwrap_or(usize::MAX)),
+            page_hook: None,
         })
     }
 
@@ -297,7 +326,26 @@ impl EtcdStore {
         local_copy: Option<PathBuf>,
         trusted_ca: Option<&Path>,
     ) -> Result<Arc<EtcdStore>, StoreError> {
-        let config = Config::new(settings, trusted_ca)?;
+        EtcdStore::start(Config::new(settings, trusted_ca)?, local_copy, settings).await
+    }
+
+    /// [`EtcdStore::connect`], calling `hook` between the pages of every listing: a test's
+    /// way to compact or change etcd in the middle of one.
+    pub async fn connect_with_page_hook(
+        settings: &EtcdSettings,
+        local_copy: Option<PathBuf>,
+        hook: PageHook,
+    ) -> Result<Arc<EtcdStore>, StoreError> {
+        let mut config = Config::new(settings, None)?;
+        config.page_hook = Some(hook);
+        EtcdStore::start(config, local_copy, settings).await
+    }
+
+    async fn start(
+        config: Config,
+        local_copy: Option<PathBuf>,
+        settings: &EtcdSettings,
+    ) -> Result<Arc<EtcdStore>, StoreError> {
         let (states, _) = watch::channel(Arc::new(ConfigState::default()));
         let (copies, copies_rx) = watch::channel(None);
         let shared = Arc::new(Shared {
@@ -395,6 +443,7 @@ impl EtcdStore {
             duplicates: get(&c.duplicates),
             publishes: get(&c.publishes),
             pages_from_state: get(&c.pages_from_state),
+            list_restarts: get(&c.list_restarts),
         }
     }
 
@@ -518,19 +567,35 @@ impl Store for EtcdStore {
         Ok(response.kvs().first().map(kv_of))
     }
 
+    /// Read in pages at one revision, as the sync loop lists (see `listing`).
     async fn list(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
-        let mut kv = self
-            .client()?
-            .kv_client()
-            .max_decoding_message_size(MAX_MESSAGE);
-        let response = self
-            .call(kv.get(prefix, Some(GetOptions::new().with_prefix())))
-            .await?;
-        // etcd answers in key order.
-        Ok((
-            response.kvs().iter().map(kv_of).collect(),
-            header_revision(response.header()),
-        ))
+        let config = &self.shared.config;
+        let mut restarts = 0;
+        'listing: loop {
+            let mut pages = PagedListing::new(
+                self.client()?.kv_client(),
+                prefix,
+                config.page_size,
+                config.timeout,
+            );
+            let mut kvs = Vec::new();
+            loop {
+                match pages.next().await {
+                    Ok(Some(ListPage::Kvs(page))) => kvs.extend(page),
+                    Ok(Some(ListPage::TooLarge { key, reason })) => {
+                        tracing::error!(key, "{reason}; left out of the list");
+                    }
+                    Ok(None) => break,
+                    Err(ListError::Compacted) if restarts < sync::LIST_RESTARTS => {
+                        restarts += 1;
+                        continue 'listing;
+                    }
+                    Err(e) => return Err(StoreError::Unavailable(e.to_string())),
+                }
+            }
+            // etcd answers in key order.
+            return Ok((kvs, pages.revision().unwrap_or(0)));
+        }
     }
 
     /// A page in creation order (APISIX's page order), without reading the directory from

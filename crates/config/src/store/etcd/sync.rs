@@ -2,20 +2,25 @@
 //! reports, the re-list after a compaction or a restore, and the reconnects with backoff (the
 //! parent module's **Following** and **Failures**).
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, EventType, GetOptions, WatchOptions, WatchResponse};
+use etcd_client::{Client, EventType, WatchOptions, WatchResponse};
 
+use super::listing::{ListError, ListPage, PagedListing};
 use super::{bump, kv_of, LocalCopy, Shared, MAX_MESSAGE};
 use crate::model::ResourceKind;
-use crate::store::{KeyValue, StateBuilder, StoreHealth};
+use crate::store::{KeyValue, Listing, StateBuilder, StoreHealth};
 
 /// First reconnect delay; doubled after each failure up to [`BACKOFF_MAX`].
 pub const BACKOFF_START: Duration = Duration::from_millis(100);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// How many times one listing starts over because etcd compacted its revision meanwhile.
+pub(super) const LIST_RESTARTS: u32 = 3;
 
 #[derive(Debug)]
 pub(super) struct Backoff {
@@ -64,7 +69,8 @@ pub(super) struct Syncer {
 impl Syncer {
     pub(super) fn new(shared: Arc<Shared>) -> Syncer {
         Syncer {
-            builder: StateBuilder::new(shared.config.prefix.clone()),
+            builder: StateBuilder::new(shared.config.prefix.clone())
+                .with_max_value(shared.config.max_value),
             shared,
             applied: 0,
             cluster: None,
@@ -159,42 +165,71 @@ impl Syncer {
         Ok(client)
     }
 
-    /// Reads the whole prefix and makes it the state.
+    /// Reads the whole prefix, in pages at one revision, and makes it the state. When etcd
+    /// compacts that revision before the last page is read, the listing starts over from the
+    /// newest revision, a few times (a history compacted faster than it can be listed is an
+    /// error, retried with the session's backoff, not a tight loop).
     async fn relist(&mut self, client: &Client) -> Result<(), String> {
-        let mut kv = client.kv_client().max_decoding_message_size(MAX_MESSAGE);
-        let request = kv.get(
-            self.shared.config.dir(),
-            Some(GetOptions::new().with_prefix()),
-        );
-        let response = match tokio::time::timeout(self.timeout(), request).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => return Err(e.to_string()),
-            Err(_) => {
-                return Err(format!(
-                    "listing timed out after {}s",
-                    self.timeout().as_secs()
-                ))
+        let mut restarts = 0;
+        loop {
+            match self.list_in_pages(client).await {
+                Ok(()) => return Ok(()),
+                Err(ListError::Compacted) if restarts < LIST_RESTARTS => {
+                    restarts += 1;
+                    bump(&self.shared.counters.list_restarts);
+                    tracing::warn!(
+                        restarts,
+                        "etcd compacted the revision of the listing while its pages were read; \
+                         listing again from the newest revision"
+                    );
+                }
+                Err(e) => return Err(e.to_string()),
             }
-        };
-        let header = response.header().ok_or("etcd answered without a header")?;
-        let (revision, cluster) = (header.revision(), header.cluster_id());
-        let kvs: Vec<KeyValue> = response.kvs().iter().map(kv_of).collect();
-        let nested = kvs
-            .iter()
-            .filter(|kv| is_nested(&self.shared.config.prefix, &kv.key))
-            .map(|kv| kv.key.clone())
-            .collect();
+        }
+    }
+
+    async fn list_in_pages(&mut self, client: &Client) -> Result<(), ListError> {
+        let shared = Arc::clone(&self.shared);
+        let config = &shared.config;
+        let mut pages = PagedListing::new(
+            client.kv_client(),
+            &config.dir(),
+            config.page_size,
+            self.timeout(),
+        );
+        let mut listing = self.builder.start_listing();
+        let mut nested = BTreeSet::new();
+        let mut page = pages.next().await?;
+        let mut returned = 0u64;
+        while let Some(current) = page {
+            returned += 1;
+            if let Some(hook) = &config.page_hook {
+                hook(returned, pages.revision().unwrap_or(0)).await;
+            }
+            // The next page is asked for before this one is parsed: etcd reads it while the
+            // values here are checked.
+            let (next, ()) = tokio::join!(pages.next(), async {
+                self.absorb(&mut listing, &mut nested, current)
+            });
+            page = next?;
+        }
+        let revision = pages
+            .revision()
+            .ok_or_else(|| ListError::Failed("etcd answered without a header".into()))?;
+        let keys = listing.keys;
         *self.shared.nested.lock().unwrap_or_else(|e| e.into_inner()) = nested;
-        self.builder.reset(&kvs, revision);
+        self.builder.finish_listing(listing, revision);
         self.applied = revision;
-        self.cluster = Some(cluster);
+        self.cluster = Some(pages.cluster());
         bump(&self.shared.counters.relists);
         self.from_copy = None;
         // Unchanged items kept their `Arc`s, so this comparison is mostly pointer checks.
         let changed = self.shared.states.borrow().resources != self.builder.state().resources;
         tracing::info!(
             revision,
-            keys = kvs.len(),
+            keys,
+            pages = returned,
+            reads = pages.pages,
             changed,
             "loaded the configuration from etcd"
         );
@@ -212,6 +247,23 @@ impl Syncer {
             }
         });
         Ok(())
+    }
+
+    /// Adds a page of a listing to the next state.
+    fn absorb(&mut self, listing: &mut Listing, nested: &mut BTreeSet<String>, page: ListPage) {
+        match page {
+            ListPage::Kvs(kvs) => {
+                let prefix = &self.shared.config.prefix;
+                nested.extend(
+                    kvs.iter()
+                        .filter(|kv| is_nested(prefix, &kv.key))
+                        .map(|kv| kv.key.clone()),
+                );
+                let refs: Vec<&KeyValue> = kvs.iter().collect();
+                self.builder.add_page(listing, &refs);
+            }
+            ListPage::TooLarge { key, reason } => self.builder.quarantine(listing, &key, reason),
+        }
     }
 
     /// Records that the published state reflects etcd through `revision`.

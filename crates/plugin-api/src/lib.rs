@@ -101,9 +101,9 @@ pub use def::{
 pub use error_log::ErrorLogTap;
 pub use exec::Executor;
 pub use exit::Exit;
+pub use ext_runner::ExtRunner;
 /// The snapshot's compiled `protos` (the config crate compiles them; plugins read them here).
 pub use ferrisix_config::proto::Protos;
-pub use ext_runner::ExtRunner;
 pub use head::{ConnFacts, RequestHead};
 pub use http_client::{HttpClient, HttpError};
 pub use key::{KeySpec, KeyValue};

@@ -207,9 +207,7 @@ fn unknown_keys_warn() {
     assert!(doc.state.get(ResourceKind::StreamRoutes, "1").is_some());
     assert_eq!(
         doc.warnings,
-        vec![
-            "unknown top-level key `routez` ignored",
-        ]
+        vec!["unknown top-level key `routez` ignored",]
     );
 }
 

@@ -37,7 +37,7 @@ pub enum ResourceKind {
 }
 
 impl ResourceKind {
-    pub const ALL: [ResourceKind; 12] = [
+    pub const ALL: [ResourceKind; 13] = [
         ResourceKind::Upstreams,
         ResourceKind::Services,
         ResourceKind::PluginConfigs,

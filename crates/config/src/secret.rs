@@ -442,7 +442,7 @@ impl StateResolver {
     ) -> (ConfigState, Vec<Refused>) {
         let mut out = self.input.clone();
         let mut refused = Vec::new();
-        for (key, _) in &self.with_refs {
+        for key in self.with_refs.keys() {
             let (kind, id) = (key.0, &key.1);
             let Some(item) = self.input.get(kind, id) else {
                 continue;

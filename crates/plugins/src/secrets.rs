@@ -39,6 +39,9 @@ use tokio::sync::watch;
 
 use crate::support::cloud::gcp_token::Token;
 
+/// One reference to fetch: its URI, and its manager's (kind, configuration) or why there is none.
+type ManagerFetch = (String, Result<(String, Value), String>);
+
 /// What decrypts the plugins' stored-encrypted fields (`PluginRegistry::field_decryptor`):
 /// a reference stored in such a field is found and resolved too.
 pub struct Decryptor {
@@ -183,7 +186,7 @@ impl SecretResolver {
     /// changed, or whose time is up. Answers whether a value changed.
     async fn fetch(&mut self) -> bool {
         let now = Instant::now();
-        let mut todo: Vec<(String, Result<(String, Value), String>)> = Vec::new();
+        let mut todo: Vec<ManagerFetch> = Vec::new();
         for uri in self.refs.secret_refs() {
             let manager = manager_of(&self.input, uri);
             let conf_text = manager
@@ -258,7 +261,7 @@ impl SecretResolver {
         changed
     }
 
-    async fn gcp_tokens(&mut self, todo: &[(String, Result<(String, Value), String>)]) {
+    async fn gcp_tokens(&mut self, todo: &[ManagerFetch]) {
         let now = now_secs();
         for (_, manager) in todo {
             let Ok((_, conf)) = manager else { continue };

@@ -7,11 +7,14 @@ use std::sync::Mutex;
 
 use crate::abi::status;
 
+/// Shared data: key → (value, CAS token).
+type SharedData = HashMap<Vec<u8>, (Vec<u8>, u32)>;
+
 /// One plugin's shared key-value store and queues (the proxy-wasm "VM id" scope: one per
 /// plugin).
 #[derive(Default)]
 pub(crate) struct Shared {
-    data: Mutex<HashMap<Vec<u8>, (Vec<u8>, u32)>>,
+    data: Mutex<SharedData>,
     queues: Mutex<Queues>,
 }
 

@@ -43,6 +43,9 @@ pub(crate) struct RootKey {
     pub conf: Bytes,
 }
 
+/// `proxy_on_http_call_response(context, token, headers, body size, trailers)`.
+type HttpCallResponse = TypedFunc<(u32, u32, u32, u32, u32), ()>;
+
 struct Exports {
     context_create: Option<TypedFunc<(u32, u32), ()>>,
     vm_start: Option<TypedFunc<(u32, u32), u32>>,
@@ -51,7 +54,7 @@ struct Exports {
     request_body: Option<TypedFunc<(u32, u32, u32), u32>>,
     response_headers: Option<TypedFunc<(u32, u32, u32), u32>>,
     response_body: Option<TypedFunc<(u32, u32, u32), u32>>,
-    http_call_response: Option<TypedFunc<(u32, u32, u32, u32, u32), ()>>,
+    http_call_response: Option<HttpCallResponse>,
     tick: Option<TypedFunc<u32, ()>>,
     queue_ready: Option<TypedFunc<(u32, u32), ()>>,
     done: Option<TypedFunc<u32, u32>>,

@@ -654,7 +654,7 @@ mod tests {
             );
         }
         let s = load("discovery:\n  nacos:\n    host: [\"http://u:p@127.0.0.1:8848\"]\n  tars: {db_conf: {}}\n").unwrap();
-        assert_eq!(s.discovery.nacos.unwrap().prefix, "/nacos/v1/");
+        assert_eq!(s.discovery.nacos.as_ref().unwrap().prefix, "/nacos/v1/");
         assert!(s.discovery.configured("tars"));
         assert!(!s.discovery.configured("consul"));
     }

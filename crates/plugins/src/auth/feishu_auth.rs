@@ -224,7 +224,7 @@ impl Feishu {
             let expires_at = session
                 .get("access_token_expires_at")
                 .and_then(Value::as_i64);
-            if !expires_at.is_some_and(|e| (now as i64) < e) {
+            if expires_at.is_none_or(|e| (now as i64) >= e) {
                 token = None;
                 session.set("access_token", Value::Null);
                 session.set("access_token_expires_at", Value::Null);

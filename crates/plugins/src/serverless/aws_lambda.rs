@@ -241,7 +241,7 @@ mod tests {
             .unwrap()
             .as_secs();
         let at = (now - 10..=now)
-            .find(|t| amz_dates(*t).0 == date)
+            .find(|t| sigv4::amz_dates(*t).0 == date)
             .expect("signed within the last seconds");
         let mut again = suite_call(Method::GET, "/default/fn", Some("a=1&b=2"));
         again

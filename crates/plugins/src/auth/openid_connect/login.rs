@@ -1045,13 +1045,13 @@ impl OpenIdConnect {
         }
         match claims.get("aud") {
             None | Some(Value::Null) => return fail("no \"aud\" claim found in id_token".into()),
-            Some(Value::Array(list)) => {
-                if !list.iter().any(|a| a.as_str() == Some(&self.client_id)) {
-                    return fail(format!(
-                        "no match found token audience array: client_id={}",
-                        self.client_id
-                    ));
-                }
+            Some(Value::Array(list))
+                if !list.iter().any(|a| a.as_str() == Some(&self.client_id)) =>
+            {
+                return fail(format!(
+                    "no match found token audience array: client_id={}",
+                    self.client_id
+                ));
             }
             Some(Value::String(a)) if *a != self.client_id => {
                 return fail(format!(

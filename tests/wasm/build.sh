@@ -12,7 +12,7 @@ fi
 mkdir -p build
 for src in src/*.ts; do
   name=$(basename "$src" .ts)
-  [ "$name" = json ] && continue
+  [ "$name" = json ] || [ "$name" = conf ] && continue
   out="build/$name.wasm"
   if [ -f "$out" ] && [ "$out" -nt "$src" ] && [ "$out" -nt src/json.ts ]; then
     continue

@@ -353,7 +353,17 @@ impl WasmConf {
                 b":scheme" => scheme = v_str.into_owned(),
                 b":authority" => builder = builder.header(header::HOST, &v[..]),
                 k if k.starts_with(b":") => {}
-                k => builder = builder.header(k, &v[..]),
+                k => {
+                    if http::HeaderName::from_bytes(k).is_err() {
+                        tracing::error!(
+                            "{}: http call with an invalid header name {:?}",
+                            self.name(),
+                            String::from_utf8_lossy(k)
+                        );
+                        return CallResponse::default();
+                    }
+                    builder = builder.header(k, &v[..]);
+                }
             }
         }
         let uri = format!("{scheme}://{}{path}", pending.upstream);

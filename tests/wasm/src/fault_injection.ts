@@ -5,17 +5,19 @@ import {
   RootContext, Context, registerRootContext, FilterHeadersStatusValues, log, LogLevelValues,
   send_local_response, GrpcStatusValues, Headers,
 } from "@solo-io/proxy-runtime/runtime";
+import { readConfiguration } from "./conf";
 import { get_current_time_nanoseconds } from "@solo-io/proxy-runtime/runtime";
 import { parse } from "./json";
 
 class FaultRoot extends RootContext {
+  conf: string = "";
   body: string = "";
   status: i32 = 0;
   percentage: i32 = 100;
 
   onConfigure(size: u32): bool {
-    super.onConfigure(size);
-    let v = parse(this.getConfiguration());
+    this.conf = readConfiguration(size);
+    let v = parse(this.conf);
     if (v == null) {
       log(LogLevelValues.error, "error decoding plugin configuration");
       return false;

@@ -6,6 +6,7 @@ import {
   RootContext, Context, registerRootContext, FilterHeadersStatusValues, log, LogLevelValues,
   send_local_response, GrpcStatusValues, Headers, HeaderPair, stream_context, get_property,
 } from "@solo-io/proxy-runtime/runtime";
+import { readConfiguration } from "./conf";
 import { parse, JValue } from "./json";
 
 function names(v: JValue, lower: bool): Array<string> {
@@ -22,6 +23,7 @@ function pair(k: string, v: string): HeaderPair {
 }
 
 class AuthRoot extends RootContext {
+  conf: string = "";
   host: string = "";
   path: string = "/";
   scheme: string = "http";
@@ -31,8 +33,8 @@ class AuthRoot extends RootContext {
   requestHeaders: Array<string> = new Array<string>();
 
   onConfigure(size: u32): bool {
-    super.onConfigure(size);
-    let parsed = parse(this.getConfiguration());
+    this.conf = readConfiguration(size);
+    let parsed = parse(this.conf);
     if (parsed == null) {
       log(LogLevelValues.error, "error decoding plugin configuration");
       return false;

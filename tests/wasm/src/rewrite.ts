@@ -6,6 +6,7 @@ import {
   RootContext, Context, registerRootContext, FilterHeadersStatusValues, FilterDataStatusValues,
   log, LogLevelValues, stream_context, set_property, get_buffer_bytes, BufferTypeValues,
 } from "@solo-io/proxy-runtime/runtime";
+import { readConfiguration } from "./conf";
 import { parse, JValue } from "./json";
 
 // proxy_set_buffer_bytes as the ABI defines it (the runtime binds no function to it).
@@ -35,6 +36,7 @@ function headers(v: JValue): Array<Header> {
 }
 
 class RewriteRoot extends RootContext {
+  conf: string = "";
   reqHeaders: Array<Header> = new Array<Header>();
   removeHeaders: Array<string> = new Array<string>();
   respHeaders: Array<Header> = new Array<Header>();
@@ -45,8 +47,8 @@ class RewriteRoot extends RootContext {
   logBody: bool = false;
 
   onConfigure(size: u32): bool {
-    super.onConfigure(size);
-    let parsed = parse(this.getConfiguration());
+    this.conf = readConfiguration(size);
+    let parsed = parse(this.conf);
     if (parsed == null) {
       log(LogLevelValues.error, "error decoding plugin configuration");
       return false;

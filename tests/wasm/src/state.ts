@@ -6,6 +6,7 @@ import {
   RootContext, Context, registerRootContext, FilterHeadersStatusValues, send_local_response,
   GrpcStatusValues, Headers, set_tick_period_milliseconds, log, LogLevelValues,
 } from "@solo-io/proxy-runtime/runtime";
+import { readConfiguration } from "./conf";
 
 // The shared-data and queue calls as the ABI defines them (the runtime's bindings of these
 // pass the wrong pointers).
@@ -58,8 +59,9 @@ function read(key: string): u32 {
 let queue: u32 = 0;
 
 class StateRoot extends RootContext {
+  conf: string = "";
   onConfigure(size: u32): bool {
-    super.onConfigure(size);
+    this.conf = readConfiguration(size);
     let name = String.UTF8.encode("events");
     let at = changetype<usize>(slots);
     if (proxy_register_shared_queue(changetype<usize>(name), name.byteLength, at) != 0) {

@@ -322,18 +322,21 @@ fn adc_apisix_backend_dump_sync_validate_and_delete() {
     );
 
     // The configuration serves as ADC meant it.
+    // The route and the global rule are separate writes: wait until both serve.
     let seen = poll_until(Duration::from_secs(10), || {
-        request(
+        let r = request(
             gw.data_addr(),
             "GET",
             "/adc/get",
             &[("Host", "adc.example.com"), ("apikey", "jack-secret")],
             b"",
-        )
-        .status
-            == 200
+        );
+        r.status == 200 && r.header("x-adc").is_some()
     });
-    assert!(seen.is_some(), "the synced route never served");
+    assert!(
+        seen.is_some(),
+        "the synced route and global rule never served"
+    );
     let reply = request(
         gw.data_addr(),
         "GET",

@@ -354,7 +354,7 @@ mod tests {
         assert_eq!(out, want);
         assert_eq!(
             &trailer_frame("0", "")[..],
-            b"\x80\0\0\0\x1agrpc-status:0\r\ngrpc-message:\r\n"
+            b"\x80\0\0\0\x1egrpc-status:0\r\ngrpc-message:\r\n"
         );
         // No trailers at all: status 2.
         let out = run(&mut web(Encoding::Binary, false), &[], None);

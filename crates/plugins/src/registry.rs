@@ -430,7 +430,10 @@ mod tests {
             ("authz-keycloak", &["client_secret"]),
             ("cas-auth", &["cookie.secret"]),
             ("authz-casdoor", &["client_secret"]),
-            ("dingtalk-auth", &["app_secret", "secret", "secret_fallbacks"]),
+            (
+                "dingtalk-auth",
+                &["app_secret", "secret", "secret_fallbacks"],
+            ),
             ("feishu-auth", &["app_secret", "secret", "secret_fallbacks"]),
             ("loggly", &["customer_token"]),
             ("google-cloud-logging", &["auth_config.private_key"]),

@@ -683,6 +683,10 @@ struct Kube {
     /// Commands for the open watch, each delivered once (from `cursor` on).
     log: Vec<WatchCmd>,
     cursor: usize,
+    /// The newest watch connection. The gateway holds one watch at a time, and a connection it
+    /// dropped (after a 410, say) is only noticed on the next write: its handler must not take
+    /// a command meant for the newer watch.
+    watch_generation: u64,
 }
 
 fn endpoints(ns: &str, name: &str, version: u64, ports: &[u16]) -> Value {
@@ -736,7 +740,12 @@ fn kube_server(shared: Arc<Shared<Kube>>, token: &'static str) -> Registry {
             return false;
         }
         let mut st = shared.state.lock().unwrap();
+        st.watch_generation += 1;
+        let generation = st.watch_generation;
         loop {
+            if st.watch_generation != generation {
+                return false;
+            }
             while st.cursor < st.log.len() {
                 let next = st.cursor;
                 st.cursor += 1;
@@ -786,6 +795,7 @@ fn kubernetes_list_watch_follows_endpoints_and_recovers() {
         list_fails: 1,
         log: Vec::new(),
         cursor: 0,
+        watch_generation: 0,
     });
     let kube = kube_server(shared.clone(), "tok-1");
     let token_dir = tempfile::tempdir().unwrap();
@@ -1277,6 +1287,7 @@ fn change_to_traffic_kubernetes_1000_services() {
         list_fails: 0,
         log: Vec::new(),
         cursor: 0,
+        watch_generation: 0,
     });
     let kube = kube_server(shared.clone(), "t");
     let gw = Gw::start(

@@ -168,7 +168,10 @@ fn logging_with_string_and_object_confs() {
     let r = request(gw.addr(), "GET", "/obj", &[], b"");
     assert_eq!(r.status, 200);
     gw.wait_log(r#"with conf {"body":"a/b","n":1} in http ctx"#);
-    // One HTTP context per request: a second request gets a new one.
+    // One HTTP context per request. Each worker has its own instance of the module, which
+    // numbers its contexts itself (as each nginx worker's VM does in APISIX), so an id can
+    // repeat across the two workers but never within one: over five more requests, no id is
+    // seen more than twice.
     let ctx_ids = |log: &str| -> Vec<String> {
         log.lines()
             .filter(|l| l.contains("with conf zzz in http ctx"))
@@ -176,13 +179,19 @@ fn logging_with_string_and_object_confs() {
             .collect()
     };
     let before = ctx_ids(&gw.log()).len();
-    request(gw.addr(), "GET", "/log", &[], b"");
+    for _ in 0..5 {
+        assert_eq!(request(gw.addr(), "GET", "/log", &[], b"").status, 200);
+    }
     poll_until(Duration::from_secs(10), || {
-        ctx_ids(&gw.log()).len() > before
+        ctx_ids(&gw.log()).len() >= before + 5
     });
     let ids = ctx_ids(&gw.log());
-    assert_eq!(ids.len(), before + 1, "{ids:?}");
-    assert_ne!(ids[ids.len() - 1], ids[ids.len() - 2], "{ids:?}");
+    assert_eq!(ids.len(), before + 5, "{ids:?}");
+    let mut seen: std::collections::BTreeMap<&str, usize> = Default::default();
+    for id in &ids {
+        *seen.entry(id.as_str()).or_default() += 1;
+    }
+    assert!(seen.values().all(|n| *n <= 2), "{ids:?}");
 }
 
 #[test]

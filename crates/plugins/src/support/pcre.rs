@@ -36,8 +36,11 @@ pub fn compile(pattern: &str, caseless: bool) -> Result<Regex, String> {
 /// `\d`, `\w`, `\s` and `\b` stay ASCII as in PCRE without UCP; `\Q...\E` quotes; `a`
 /// anchors every match at the search's start, `gsub` included.
 ///
-/// One PCRE reading is not kept: after a `$` that matched before the final newline, the
-/// pattern cannot consume that newline (`a$\n` does not match `"a\n"`).
+/// A `$` or `\Z` followed at once by one newline token (`\n`, a literal newline, or `\s`,
+/// without a quantifier) can only match before the final newline and then take it, so the
+/// pair becomes `\n\z` (`a$\n` matches `"a\n"`, as in PCRE). One PCRE reading is not kept:
+/// a newline taken after a `$` in any other form (`a$\n?`, `a$(\n)`, `a$ \n` with `x`) does
+/// not match, because the crate has no look-ahead to leave it unconsumed.
 #[derive(Clone, Debug)]
 pub struct BodyRegex {
     regex: regex::bytes::Regex,
@@ -187,6 +190,28 @@ impl Translated {
         self.dollars.push(g);
         self.source.push_str("(?:\\z|(\\n)\\z)");
     }
+
+    /// A `$` (or `\Z`) that ends at `next`: when one unquantified newline token follows, the
+    /// pair is `\n\z` and the index after that token is returned; else a plain [`dollar`].
+    ///
+    /// [`dollar`]: Translated::dollar
+    fn dollar_at(&mut self, chars: &[char], next: usize, extended: bool) -> Option<usize> {
+        let after = match (chars.get(next), chars.get(next + 1)) {
+            (Some('\\'), Some('n' | 's')) => next + 2,
+            // With `x`, a literal newline is white space, not a token.
+            (Some('\n'), _) if !extended => next + 1,
+            _ => {
+                self.dollar();
+                return None;
+            }
+        };
+        if matches!(chars.get(after), Some('?' | '*' | '+' | '{')) {
+            self.dollar();
+            return None;
+        }
+        self.source.push_str("\\n\\z");
+        Some(after)
+    }
 }
 
 /// `\d`, `\w`, `\s` (and their negations) as PCRE's ASCII classes, for inside a class.
@@ -222,7 +247,11 @@ fn translate(pattern: &str, multi_line: bool, extended: bool, utf8: bool) -> Tra
                 };
                 i += 2;
                 match d {
-                    'Z' => t.dollar(),
+                    'Z' => {
+                        if let Some(after) = t.dollar_at(&chars, i, x) {
+                            i = after;
+                        }
+                    }
                     'Q' => {
                         while let Some(q) = at(i) {
                             if q == '\\' && at(i + 1) == Some('E') {
@@ -333,7 +362,12 @@ fn translate(pattern: &str, multi_line: bool, extended: bool, utf8: bool) -> Tra
                 }
                 t.source.push(')');
             }
-            '$' if !m => t.dollar(),
+            '$' if !m => {
+                if let Some(after) = t.dollar_at(&chars, i + 1, x) {
+                    i = after;
+                    continue;
+                }
+            }
             '^' if m => {
                 let g = t.group();
                 t.carets.push(g);

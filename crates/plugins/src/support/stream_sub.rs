@@ -231,6 +231,13 @@ mod tests {
             "aN",
             "the final newline itself, ending at the end"
         );
+        // A newline taken right after `$`: only the final one, as PCRE.
+        assert_eq!(g("a$\\n", "jo", "X", "a\n"), "X");
+        assert_eq!(g("a$\\n", "jo", "X", "a\na\n"), "a\nX");
+        assert_eq!(g("a\\Z\\s", "jo", "X", "a\n"), "X");
+        assert_eq!(g("a$\n", "jo", "X", "a\n"), "X");
+        assert_eq!(g("a$\\nb", "jo", "X", "a\nb"), "a\nb");
+        assert_eq!(g("(a$\\n)", "jo", "[$1]", "a\n"), "[a\n]");
         // Captures keep PCRE's numbers.
         assert_eq!(once("(l+)(o)$", "jo", "$2$1", "hello\n"), "heoll\n");
         assert_eq!(once("(l+)(o)$", "jo", "${0}!", "hello\n"), "hello!\n");

@@ -546,3 +546,46 @@ fn a_stream_session_idles_out_at_the_upstreams_timeout() {
     let closed = reader.read_to_end(&mut rest);
     assert!(matches!(closed, Ok(0)), "{closed:?}");
 }
+
+/// ip-restriction reads the client a trusted balancer named, and limit-conn counts by
+/// `$proxy_protocol_addr` (APISIX's `t/stream-plugin/limit-conn.t` key).
+#[test]
+fn stream_plugins_see_the_proxy_client() {
+    let node = pp_upstream("N");
+    let (guarded, limited) = (free_port(), free_port());
+    let routes = format!(
+        "stream_routes:\n  - id: guarded\n    server_port: {guarded}\n    plugins:\n      ip-restriction:\n        blacklist: [198.51.100.0/24]\n    upstream:\n      type: roundrobin\n      nodes:\n        \"{node}\": 1\n\
+         \x20 - id: limited\n    server_port: {limited}\n    plugins:\n      limit-conn:\n        conn: 1\n        burst: 0\n        default_conn_delay: 0.1\n        key: \"$proxy_protocol_addr\"\n        key_type: var_combination\n    upstream:\n      type: roundrobin\n      nodes:\n        \"{node}\": 1\n"
+    );
+    let stream_keys = format!(
+        "  proxy_protocol:\n    enable_tcp_pp: true\n  stream_proxy:\n    tcp:\n      - \"127.0.0.1:{guarded}\"\n      - \"127.0.0.1:{limited}\"\n"
+    );
+    let _gw = start_stream_gateway(
+        &stream_keys,
+        "    real_ip_from:\n      - 127.0.0.1\n",
+        &routes,
+    );
+    let from = |ip: &str| format!("PROXY TCP4 {ip} 10.0.0.1 1000 2000\r\nping\n");
+    let ready = poll_until(Duration::from_secs(10), || {
+        first_line(guarded, from("203.0.113.5").as_bytes()) == "N saw ping"
+    });
+    assert!(ready.is_some(), "the stream route never answered");
+    assert_eq!(first_line(guarded, from("198.51.100.7").as_bytes()), "");
+
+    // One session from 192.0.2.1 held open: a second one from the same claimed client is
+    // refused, one from another claimed client is not.
+    let mut held = TcpStream::connect(("127.0.0.1", limited)).unwrap();
+    held.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    held.write_all(from("192.0.2.1").as_bytes()).unwrap();
+    let mut reader = BufReader::new(held.try_clone().unwrap());
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert_eq!(line, "N saw ping\n");
+    assert_eq!(first_line(limited, from("192.0.2.1").as_bytes()), "");
+    assert_eq!(
+        first_line(limited, from("192.0.2.2").as_bytes()),
+        "N saw ping"
+    );
+    drop(reader);
+    drop(held);
+}

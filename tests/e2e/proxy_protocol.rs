@@ -589,3 +589,52 @@ fn stream_plugins_see_the_proxy_client() {
     drop(reader);
     drop(held);
 }
+
+/// On a `tls: true` stream port the header comes before the handshake; with
+/// `proxy_protocol_to_upstream` the node gets the trusted client's address in clear.
+#[test]
+fn a_tls_stream_port_reads_the_header_before_the_handshake() {
+    let node = pp_upstream("N");
+    let port = free_port();
+    let apisix_yaml = format!(
+        "ssls:\n  - id: \"1\"\n    sni: \"server.local\"\n    cert: {}    key: {}\
+         stream_routes:\n  - id: s\n    upstream:\n      type: roundrobin\n      nodes:\n        \"{node}\": 1\n",
+        pem_block("server.crt"),
+        pem_block("server.key"),
+    );
+    let stream_keys = format!(
+        "  stream_proxy:\n    tcp:\n      - addr: \"127.0.0.1:{port}\"\n        tls: true\n        proxy_protocol: true\n        proxy_protocol_to_upstream: true\n"
+    );
+    let _gw = start_stream_gateway(
+        &stream_keys,
+        "    real_ip_from:\n      - 127.0.0.1\n",
+        &apisix_yaml,
+    );
+    let front = proxy_in_front(
+        port,
+        v2_tcp4(
+            "198.51.100.7:56324".parse().unwrap(),
+            "10.0.0.1:9100".parse().unwrap(),
+        ),
+    );
+    // curl speaks TLS through the balancer; the node's answer is not HTTP, so --http0.9.
+    let mut body = String::new();
+    let ok = poll_until(Duration::from_secs(10), || {
+        let out = Command::new(support::debian::require("curl"))
+            .args(["-sk", "--http0.9", "--max-time", "3", "--resolve"])
+            .arg(format!("server.local:{front}:127.0.0.1"))
+            .arg(format!("https://server.local:{front}/"))
+            .stderr(Stdio::null())
+            .output()
+            .unwrap();
+        body = String::from_utf8_lossy(&out.stdout).into_owned();
+        !body.is_empty()
+    });
+    assert!(ok.is_some(), "no answer through the TLS stream port");
+    assert_eq!(
+        body.lines().next(),
+        Some(format!("N saw PROXY TCP4 198.51.100.7 127.0.0.1 56324 {port}").as_str()),
+        "{body}"
+    );
+    assert!(body.contains("GET / HTTP/1.1"), "{body}");
+}

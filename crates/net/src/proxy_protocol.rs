@@ -179,7 +179,8 @@ fn parse_v2(buf: &[u8]) -> Parsed {
             if block.len() < 12 {
                 return Parsed::Invalid("broken header: a short v2 IPv4 address block");
             }
-            let ip = |at: usize| IpAddr::from([block[at], block[at + 1], block[at + 2], block[at + 3]]);
+            let ip =
+                |at: usize| IpAddr::from([block[at], block[at + 1], block[at + 2], block[at + 3]]);
             let port = |at: usize| u16::from_be_bytes([block[at], block[at + 1]]);
             ProxyHeader::Proxied {
                 source: SocketAddr::new(ip(0), port(8)),
@@ -235,7 +236,10 @@ impl std::error::Error for ReadError {}
 /// Reads the PROXY header that must open `stream`, consuming exactly its bytes, within
 /// `timeout` (nginx: `client_header_timeout` on HTTP listeners, `proxy_protocol_timeout` on
 /// stream ones).
-pub async fn read_header(stream: &mut TcpStream, timeout: Duration) -> Result<ProxyHeader, ReadError> {
+pub async fn read_header(
+    stream: &mut TcpStream,
+    timeout: Duration,
+) -> Result<ProxyHeader, ReadError> {
     match tokio::time::timeout(timeout, read_header_untimed(stream)).await {
         Ok(r) => r,
         Err(_) => Err(ReadError::Timeout),

@@ -318,8 +318,9 @@ async fn serve(
                                 match ferrisix_net::proxy_protocol::read_header(&mut stream, limits.header_timeout).await {
                                     Ok(header) => info.with_proxy_protocol(header),
                                     Err(e) => {
-                                        // nginx logs a broken header at error level and a
-                                        // timeout at info; either closes the connection.
+                                        // Closed either way; at info (nginx: error for a
+                                        // broken header) since any client can send one
+                                        // and the error log must not be its to fill.
                                         tracing::info!(client = %peer, "{e}");
                                         return;
                                     }

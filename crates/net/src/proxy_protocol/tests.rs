@@ -100,7 +100,11 @@ fn every_prefix_of_a_header_is_incomplete() {
     let v1 = b"PROXY TCP4 198.51.100.7 10.0.0.1 56324 9100\r\n".to_vec();
     for header in [v1, v2_tcp4()] {
         for n in 0..header.len() {
-            assert_eq!(parse(&header[..n]), Parsed::Incomplete, "prefix of {n} bytes");
+            assert_eq!(
+                parse(&header[..n]),
+                Parsed::Incomplete,
+                "prefix of {n} bytes"
+            );
         }
         assert!(matches!(parse(&header), Parsed::Header(_, n) if n == header.len()));
     }
@@ -213,7 +217,12 @@ async fn pair() -> (TcpStream, TcpStream) {
 async fn a_header_split_across_reads_is_read_whole_and_nothing_after_it() {
     let (mut client, mut server) = pair().await;
     let writer = tokio::spawn(async move {
-        for part in [&b"PRO"[..], b"XY TCP4 198.51.100.7 ", b"10.0.0.1 5 6\r", b"\nhello"] {
+        for part in [
+            &b"PRO"[..],
+            b"XY TCP4 198.51.100.7 ",
+            b"10.0.0.1 5 6\r",
+            b"\nhello",
+        ] {
             client.write_all(part).await.unwrap();
             client.flush().await.unwrap();
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -19,7 +19,7 @@ use ferrisix_proxy::{
     CompileOptions, Gateway, RealIpConfig, ServerOptions, SnapshotHandle, WorkerModel,
 };
 use ferrisix_router::RouterKind;
-use http::{HeaderName, HeaderValue};
+use http::HeaderValue;
 use tokio::sync::watch;
 
 pub const USAGE: &str = "usage: ferrisix [-c CONFIG] [-t] [-V]
@@ -242,12 +242,11 @@ pub fn gateway(
     Gateway {
         snapshot,
         server_header,
-        real_ip: RealIpConfig {
-            header: HeaderName::from_bytes(http.real_ip_header.to_ascii_lowercase().as_bytes())
-                .unwrap_or(HeaderName::from_static("x-real-ip")),
-            trusted: http.real_ip_from.nets.clone(),
-            recursive: http.real_ip_recursive,
-        },
+        real_ip: RealIpConfig::new(
+            &http.real_ip_header,
+            http.real_ip_from.nets.clone(),
+            http.real_ip_recursive,
+        ),
         show_upstream_status: settings.apisix.show_upstream_status_in_response_header,
         access_log: Arc::new(
             AccessLog::new(sink, &http.access_log_format)
@@ -274,25 +273,38 @@ pub fn server_options(settings: &Settings) -> ServerOptions {
             .map(|l| Listen {
                 addr: SocketAddr::new(l.ip, l.port),
                 http2: l.enable_http2,
+                proxy_protocol: false,
             })
+            .chain(
+                settings
+                    .apisix
+                    .proxy_protocol
+                    .listen_http_port
+                    .map(|port| proxy_protocol_listen(settings, port)),
+            )
             .collect(),
         workers: settings.nginx_config.worker_processes.resolve(),
         model,
         shutdown_timeout: settings.nginx_config.worker_shutdown_timeout,
         limits: conn_limits(settings),
-        tls_listen: if settings.apisix.ssl.enable {
-            settings
-                .apisix
-                .ssl
-                .listen
+        tls_listen: {
+            let ssl = &settings.apisix.ssl;
+            let listen = if ssl.enable { &ssl.listen[..] } else { &[] };
+            listen
                 .iter()
                 .map(|l| Listen {
                     addr: SocketAddr::new(l.ip, l.port),
                     http2: l.enable_http2,
+                    proxy_protocol: false,
                 })
+                .chain(
+                    settings
+                        .apisix
+                        .proxy_protocol
+                        .listen_https_port
+                        .map(|port| proxy_protocol_listen(settings, port)),
+                )
                 .collect()
-        } else {
-            Vec::new()
         },
         http2: {
             let h = settings.ferrisix.http2;
@@ -304,6 +316,16 @@ pub fn server_options(settings: &Settings) -> ServerOptions {
                 max_frame_size: h.max_frame_size,
             }
         },
+    }
+}
+
+/// A listener of `apisix.proxy_protocol.listen_http_port` / `listen_https_port`: every IPv4
+/// address (APISIX's `listen <port> default_server proxy_protocol`), HTTP/2 as the server's.
+fn proxy_protocol_listen(settings: &Settings, port: u16) -> Listen {
+    Listen {
+        addr: SocketAddr::new(std::net::IpAddr::from([0, 0, 0, 0]), port),
+        http2: settings.apisix.enable_http2,
+        proxy_protocol: true,
     }
 }
 

@@ -591,7 +591,11 @@ fn start_stream(
     if proxy.tcp.is_empty() && proxy.udp.is_empty() {
         tracing::warn!("apisix.proxy_mode includes stream but apisix.stream_proxy lists no tcp or udp listener");
     }
-    let listeners = ferrisix_stream::Listeners::bind(&proxy.tcp, &proxy.udp)?;
+    let listeners = ferrisix_stream::Listeners::bind(
+        &proxy.tcp,
+        &proxy.udp,
+        &settings.nginx_config.stream.real_ip_from.nets,
+    )?;
     let table: ferrisix_stream::StreamHandle = Arc::new(ArcSwap::from_pointee(
         ferrisix_stream::StreamTable::default(),
     ));

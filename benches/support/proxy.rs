@@ -30,7 +30,7 @@ use ferrisix_proxy::{
     CompileOptions, Gateway, Listen, RealIpConfig, ServerHandle, ServerOptions, WorkerModel,
 };
 use ferrisix_router::RouterKind;
-use http::{HeaderName, HeaderValue};
+use http::HeaderValue;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -156,12 +156,11 @@ pub fn start_proxy(route_json: &str, upstream_port: u16) -> Proxy {
         client_max_body_size: http.client_max_body_size,
         snapshot: handle,
         server_header: HeaderValue::from_static(concat!("ferrisix/", env!("CARGO_PKG_VERSION"))),
-        real_ip: RealIpConfig {
-            header: HeaderName::from_bytes(http.real_ip_header.to_ascii_lowercase().as_bytes())
-                .unwrap(),
-            trusted: http.real_ip_from.nets.clone(),
-            recursive: http.real_ip_recursive,
-        },
+        real_ip: RealIpConfig::new(
+            &http.real_ip_header,
+            http.real_ip_from.nets.clone(),
+            http.real_ip_recursive,
+        ),
         show_upstream_status: false,
         // Off: the benches measure the request path, not the disk.
         access_log: Arc::new(AccessLog::new(LogSink::Off, &http.access_log_format)),

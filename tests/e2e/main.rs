@@ -41,6 +41,7 @@ mod plugins_sso;
 mod plugins_transform;
 mod plugins_zipkin;
 mod prometheus_scrape;
+mod proxy_protocol;
 mod reload;
 mod restart;
 mod retries;

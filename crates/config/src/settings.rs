@@ -72,6 +72,9 @@ pub struct ApisixSettings {
     pub proxy_mode: ProxyMode,
     /// The stream proxy's listeners, used when `proxy_mode` includes `stream`.
     pub stream_proxy: StreamProxySettings,
+    /// `apisix.proxy_protocol`: the HTTP listeners that require a PROXY protocol header, and
+    /// the stream ports' defaults for reading and sending one.
+    pub proxy_protocol: ProxyProtocolSettings,
     /// The control API (readiness, applied revision, dumps).
     pub enable_control: bool,
     pub control: ControlListen,
@@ -332,6 +335,7 @@ impl Default for ApisixSettings {
             router: RouterSettings::default(),
             proxy_mode: ProxyMode::Http,
             stream_proxy: StreamProxySettings::default(),
+            proxy_protocol: ProxyProtocolSettings::default(),
             enable_control: true,
             control: ControlListen::default(),
             status: None,
@@ -382,6 +386,51 @@ pub struct StreamListen {
     pub port: u16,
     /// TLS is terminated on this port, the certificate chosen from `ssls` by SNI (TCP only).
     pub tls: bool,
+    /// `proxy_protocol`: a PROXY protocol header must open each connection (TCP only). An
+    /// entry without the key takes `apisix.proxy_protocol.enable_tcp_pp` once the file is
+    /// read, so after loading it is `Some` on every TCP entry.
+    pub proxy_protocol: Option<bool>,
+    /// `proxy_protocol_to_upstream`: a v1 header is sent to the node before any byte of the
+    /// session; without the key, `apisix.proxy_protocol.enable_tcp_pp_to_upstream`.
+    pub proxy_protocol_to_upstream: Option<bool>,
+}
+
+impl StreamListen {
+    /// `ip:port`, no TLS, no PROXY protocol.
+    pub fn plain(ip: IpAddr, port: u16) -> StreamListen {
+        StreamListen {
+            ip,
+            port,
+            tls: false,
+            proxy_protocol: None,
+            proxy_protocol_to_upstream: None,
+        }
+    }
+
+    /// Whether connections on this port open with a PROXY protocol header.
+    pub fn accepts_proxy_protocol(&self) -> bool {
+        self.proxy_protocol == Some(true)
+    }
+
+    /// Whether sessions on this port send a PROXY protocol header to their node.
+    pub fn sends_proxy_protocol(&self) -> bool {
+        self.proxy_protocol_to_upstream == Some(true)
+    }
+}
+
+/// `apisix.proxy_protocol` (APISIX's `apisix/cli/schema.lua`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct ProxyProtocolSettings {
+    /// An HTTP listener on every IPv4 address of this port whose connections must open with
+    /// a PROXY protocol header (nginx's `listen <port> proxy_protocol`).
+    pub listen_http_port: Option<u16>,
+    /// The same for HTTPS: the header, then the TLS handshake.
+    pub listen_https_port: Option<u16>,
+    /// The default of `proxy_protocol` on `stream_proxy.tcp` entries.
+    pub enable_tcp_pp: bool,
+    /// The default of `proxy_protocol_to_upstream` on `stream_proxy.tcp` entries.
+    pub enable_tcp_pp_to_upstream: bool,
 }
 
 impl ProxyMode {
@@ -419,6 +468,29 @@ pub struct NginxConfig {
     #[serde(deserialize_with = "de::duration")]
     pub worker_shutdown_timeout: Duration,
     pub http: NginxHttp,
+    pub stream: NginxStream,
+}
+
+/// `nginx_config.stream`: what ferrisix reads of it.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct NginxStream {
+    /// nginx stream's `set_real_ip_from`: peers trusted to name the client in the PROXY
+    /// protocol header of a `proxy_protocol` port. From one of them, the header's address
+    /// becomes `$remote_addr` (route matching, ip-restriction, limit-conn, the header sent
+    /// upstream); from anyone else it is only `$proxy_protocol_addr`. Empty by default.
+    pub real_ip_from: RealIpFrom,
+}
+
+impl Default for NginxStream {
+    fn default() -> Self {
+        NginxStream {
+            real_ip_from: RealIpFrom {
+                nets: Vec::new(),
+                unix: false,
+            },
+        }
+    }
 }
 
 impl Default for NginxConfig {
@@ -429,6 +501,7 @@ impl Default for NginxConfig {
             worker_processes: WorkerProcesses::Auto,
             worker_shutdown_timeout: Duration::from_secs(240),
             http: NginxHttp::default(),
+            stream: NginxStream::default(),
         }
     }
 }

@@ -24,6 +24,8 @@
 //!   API, health probes) give way to the workers when the cores are busy.
 //! * [`coarse_monotonic_ms`]: the monotonic clock as of the last kernel tick, for idle
 //!   timestamps that need no finer resolution and are read on every request.
+//! * [`proxy_protocol`]: the PROXY protocol (v1 and v2) read off a fresh connection, and
+//!   the v1 header written to an upstream.
 //! * [`log_text`]: log lines that cannot flood: repeated warnings counted and summarised
 //!   ([`Repeats`]), client-supplied text cut to a bounded length ([`clip`]).
 #![forbid(unsafe_code)]
@@ -39,6 +41,7 @@ mod lifetime;
 mod listeners;
 pub mod log_text;
 mod priority;
+pub mod proxy_protocol;
 mod serve;
 
 pub use accept::Acceptor;

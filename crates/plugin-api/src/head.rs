@@ -14,9 +14,46 @@ pub struct ConnFacts {
     pub local: SocketAddr,
     /// The connection is TLS (`$scheme` is `https`).
     pub tls: bool,
+    /// What the PROXY protocol header that opened the connection said, on the listeners that
+    /// require one (`$proxy_protocol_addr`, `$proxy_protocol_port`,
+    /// `$proxy_protocol_server_addr`, `$proxy_protocol_server_port`); `None` elsewhere, and
+    /// for a header without addresses (v2 `LOCAL`, v1 `UNKNOWN`).
+    pub proxy_protocol: Option<ProxiedAddrs>,
+    /// The realip rewrite takes the client from the PROXY header (nginx's
+    /// `real_ip_header proxy_protocol` from a trusted peer): `$remote_addr` and
+    /// `$remote_port` are the header's source.
+    pub client_from_proxy_protocol: bool,
+}
+
+/// The addresses of a PROXY protocol header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProxiedAddrs {
+    /// The client, as the proxy in front saw it.
+    pub source: SocketAddr,
+    /// The address the client connected to on that proxy.
+    pub destination: SocketAddr,
 }
 
 impl ConnFacts {
+    /// A connection without a PROXY protocol header.
+    pub fn new(peer: SocketAddr, local: SocketAddr, tls: bool) -> ConnFacts {
+        ConnFacts {
+            peer,
+            local,
+            tls,
+            proxy_protocol: None,
+            client_from_proxy_protocol: false,
+        }
+    }
+
+    /// `$remote_port` before any plugin changes it.
+    pub fn remote_port(&self) -> u16 {
+        match self.proxy_protocol {
+            Some(pp) if self.client_from_proxy_protocol => pp.source.port(),
+            _ => self.peer.port(),
+        }
+    }
+
     /// `$scheme`.
     pub fn scheme(&self) -> &'static str {
         if self.tls {

@@ -29,11 +29,11 @@ impl TestRequest {
 
     pub fn new(method: Method, uri: &str) -> TestRequest {
         let uri: Uri = uri.parse().expect("a valid test URI");
-        let conn = ConnFacts {
-            peer: "127.0.0.1:40000".parse().expect("address"),
-            local: "127.0.0.1:9080".parse().expect("address"),
-            tls: false,
-        };
+        let conn = ConnFacts::new(
+            "127.0.0.1:40000".parse().expect("address"),
+            "127.0.0.1:9080".parse().expect("address"),
+            false,
+        );
         TestRequest {
             method,
             path: uri.path().to_owned(),

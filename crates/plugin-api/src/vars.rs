@@ -136,9 +136,20 @@ impl<'r> RequestVars<'r> {
             "remote_addr" => Cow::Owned(self.remote_addr.to_string()),
             "remote_port" => Cow::Owned(
                 self.remote_port
-                    .unwrap_or(head.conn.peer.port())
+                    .unwrap_or(head.conn.remote_port())
                     .to_string(),
             ),
+            // Empty (unset) where no PROXY header named them, as nginx's.
+            "proxy_protocol_addr" => Cow::Owned(head.conn.proxy_protocol?.source.ip().to_string()),
+            "proxy_protocol_port" => {
+                Cow::Owned(head.conn.proxy_protocol?.source.port().to_string())
+            }
+            "proxy_protocol_server_addr" => {
+                Cow::Owned(head.conn.proxy_protocol?.destination.ip().to_string())
+            }
+            "proxy_protocol_server_port" => {
+                Cow::Owned(head.conn.proxy_protocol?.destination.port().to_string())
+            }
             "realip_remote_port" => Cow::Owned(head.conn.peer.port().to_string()),
             "realip_remote_addr" => Cow::Owned(head.conn.peer.ip().to_string()),
             "server_addr" => Cow::Owned(head.conn.local.ip().to_string()),
@@ -164,11 +175,15 @@ mod tests {
 
     #[test]
     fn nginx_variables() {
-        let conn = ConnFacts {
-            peer: "10.0.0.1:5555".parse().unwrap(),
-            local: "127.0.0.1:9080".parse().unwrap(),
-            tls: false,
-        };
+        let mut conn = ConnFacts::new(
+            "10.0.0.1:5555".parse().unwrap(),
+            "127.0.0.1:9080".parse().unwrap(),
+            false,
+        );
+        conn.proxy_protocol = Some(crate::head::ProxiedAddrs {
+            source: "198.51.100.7:56324".parse().unwrap(),
+            destination: "[2001:db8::1]:443".parse().unwrap(),
+        });
         let uri: Uri = "/a%20b?x=1+2&y=%41".parse().unwrap();
         let head = RequestHead {
             method: &Method::POST,
@@ -200,6 +215,36 @@ mod tests {
         assert_eq!(v("server_port").as_deref(), Some("9080"));
         assert_eq!(v("is_args").as_deref(), Some("?"));
         assert_eq!(v("nope"), None);
+        assert_eq!(v("proxy_protocol_addr").as_deref(), Some("198.51.100.7"));
+        assert_eq!(v("proxy_protocol_port").as_deref(), Some("56324"));
+        assert_eq!(
+            v("proxy_protocol_server_addr").as_deref(),
+            Some("2001:db8::1")
+        );
+        assert_eq!(v("proxy_protocol_server_port").as_deref(), Some("443"));
+        // The realip rewrite did not take the header's address: the peer's port stays.
+        assert_eq!(v("remote_port").as_deref(), Some("5555"));
+        let mut from_header = conn;
+        from_header.client_from_proxy_protocol = true;
+        let head = RequestHead {
+            conn: &from_header,
+            ..head
+        };
+        let vars = RequestVars {
+            head: &head,
+            ..vars
+        };
+        assert_eq!(vars.var("remote_port").as_deref(), Some("56324"));
+        let plain = ConnFacts::new(conn.peer, conn.local, false);
+        let head = RequestHead {
+            conn: &plain,
+            ..head
+        };
+        let vars = RequestVars {
+            head: &head,
+            ..vars
+        };
+        assert_eq!(vars.var("proxy_protocol_addr"), None);
     }
 
     #[test]

@@ -77,11 +77,7 @@ impl ConnInfo {
             access_log: gateway.access_log.clone(),
         });
         ConnInfo {
-            facts: ConnFacts {
-                peer,
-                local,
-                tls: false,
-            },
+            facts: ConnFacts::new(peer, local, false),
             forwarded: ForwardedValues::new(peer, local, "http"),
             log,
             gateway,
@@ -95,6 +91,37 @@ impl ConnInfo {
         self.facts.tls = true;
         self.forwarded = ForwardedValues::new(self.facts.peer, self.facts.local, "https");
         self
+    }
+
+    /// A connection opened by a PROXY protocol header (the listeners of
+    /// `apisix.proxy_protocol`): its addresses become `$proxy_protocol_*`, and, with
+    /// `real_ip_header: proxy_protocol` and a trusted peer, the client (`$remote_addr`,
+    /// `$remote_port`, what `X-Real-IP` and `X-Forwarded-For` say).
+    pub fn with_proxy_protocol(
+        mut self,
+        header: ferrisix_net::proxy_protocol::ProxyHeader,
+    ) -> ConnInfo {
+        let Some((source, destination)) = header.addresses() else {
+            return self;
+        };
+        self.facts.proxy_protocol = Some(ferrisix_plugin_api::ProxiedAddrs {
+            source,
+            destination,
+        });
+        let real_ip = &self.gateway.real_ip;
+        if real_ip.proxy_protocol && real_ip.trusts(self.facts.peer.ip()) {
+            self.facts.client_from_proxy_protocol = true;
+        }
+        self
+    }
+
+    /// `$remote_addr` as the connection gives it, before any header is read: the PROXY
+    /// header's client when the realip rewrite takes it.
+    pub fn client_from_proxy_protocol(&self) -> Option<IpAddr> {
+        let pp = self.facts.proxy_protocol?;
+        self.facts
+            .client_from_proxy_protocol
+            .then_some(pp.source.ip())
     }
 
     /// `$scheme`.

@@ -41,14 +41,18 @@ impl ConnInfo {
         let started = Instant::now();
         ferrisix_net::share_core(started);
         let (parts, body) = req.into_parts();
-        let remote_addr = gateway
-            .real_ip
-            .client_addr(self.peer().ip(), &parts.headers);
+        let remote_addr = match self.client_from_proxy_protocol() {
+            Some(client) => client,
+            None => gateway
+                .real_ip
+                .client_addr(self.peer().ip(), &parts.headers),
+        };
         let record = gateway.access_log.enabled().then(|| {
             Box::new(LogRecord {
                 start: started,
                 remote_addr,
                 server_port: self.local().port(),
+                proxy_protocol: self.facts.proxy_protocol.map(|pp| pp.source),
                 method: parts.method.clone(),
                 uri: parts.uri.clone(),
                 version: parts.version,

@@ -59,12 +59,20 @@ pub struct Listen {
     /// HTTP/2 served: on an HTTPS listener `h2` offered by ALPN, on a plain one h2c with prior
     /// knowledge (APISIX's `http2 on;`). Without it a listener speaks HTTP/1 alone.
     pub http2: bool,
+    /// Each connection must open with a PROXY protocol header (v1 or v2), read within
+    /// `client_header_timeout` before anything else (the TLS handshake on an HTTPS
+    /// listener): nginx's `listen ... proxy_protocol`, APISIX's `apisix.proxy_protocol`.
+    pub proxy_protocol: bool,
 }
 
 impl Listen {
     /// `addr` with HTTP/2 on, APISIX's default.
     pub fn new(addr: SocketAddr) -> Listen {
-        Listen { addr, http2: true }
+        Listen {
+            addr,
+            http2: true,
+            proxy_protocol: false,
+        }
     }
 }
 
@@ -90,13 +98,15 @@ impl Default for Http2Limits {
     }
 }
 
-/// A bound socket, whether it is HTTPS, and whether it serves HTTP/2.
+/// A bound socket, whether it is HTTPS, whether it serves HTTP/2, and whether its
+/// connections open with a PROXY protocol header.
 type Bound = (std::net::TcpListener, Kind);
 
 #[derive(Clone, Copy, Debug)]
 struct Kind {
     tls: bool,
     http2: bool,
+    proxy_protocol: bool,
 }
 
 /// The two connection builders: hyper-util's auto-detecting one where HTTP/2 is on, hyper's
@@ -125,6 +135,7 @@ fn take_all(
         let kind = Kind {
             tls,
             http2: listen.http2,
+            proxy_protocol: listen.proxy_protocol,
         };
         let taken = sockets
             .take(addr, groups, reuse_port)
@@ -292,7 +303,7 @@ async fn serve(
                         let local = local.or_else(|| stream.local_addr().ok());
                         let Some(local) = local else { continue };
                         let info = ConnInfo::new(gateways.load_full(), peer, local);
-                        if !kind.tls {
+                        if !kind.tls && !kind.proxy_protocol {
                             let _ = stream.set_nodelay(true);
                             serve_connection(&builders, kind.http2, &drain, &limits, stream, info);
                             continue;
@@ -301,7 +312,26 @@ async fn serve(
                         let builders = builders.clone();
                         let drain = drain.clone();
                         tokio::spawn(async move {
+                            let mut stream = stream;
                             let _ = stream.set_nodelay(true);
+                            let info = if kind.proxy_protocol {
+                                match ferrisix_net::proxy_protocol::read_header(&mut stream, limits.header_timeout).await {
+                                    Ok(header) => info.with_proxy_protocol(header),
+                                    Err(e) => {
+                                        // Closed either way; at info (nginx: error for a
+                                        // broken header) since any client can send one
+                                        // and the error log must not be its to fill.
+                                        tracing::info!(client = %peer, "{e}");
+                                        return;
+                                    }
+                                }
+                            } else {
+                                info
+                            };
+                            if !kind.tls {
+                                serve_connection(&builders, http2, &drain, &limits, stream, info);
+                                return;
+                            }
                             let snapshot = info.gateway.snapshot.clone();
                             let store = move || snapshot.load().tls.clone();
                             match ferrisix_tls::accept(stream, store, http2, limits.header_timeout).await {

@@ -15,7 +15,7 @@ use ferrisix_proxy::snapshot::CompiledUpstream;
 use ferrisix_proxy::upstream::balancer::PickState;
 use ferrisix_proxy::upstream::nodes::HealthView;
 use ferrisix_router::VarSource;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpStream, UdpSocket};
 use tokio_rustls::client::TlsStream;
 
@@ -87,8 +87,15 @@ fn connect_timeout(up: &CompiledUpstream) -> Duration {
     }
 }
 
-/// Connects to a node of `up`, trying the next node on a failure while tries are left.
-pub async fn tcp(up: &CompiledUpstream, vars: &mut ConnVars) -> Option<Upstream> {
+/// Connects to a node of `up`, trying the next node on a failure while tries are left. With
+/// `proxy_protocol`, a v1 PROXY header naming the client (`$remote_addr`, after the realip
+/// rewrite) and the address it connected to goes first, before a TLS handshake too, as
+/// nginx's stream `proxy_protocol on` sends it.
+pub async fn tcp(
+    up: &CompiledUpstream,
+    vars: &mut ConnVars,
+    proxy_protocol: bool,
+) -> Option<Upstream> {
     let set = up.nodes.ready(connect_timeout(up)).await;
     let key = hash_key(up, vars).into_owned();
     let mut state = PickState::new(Cow::Owned(key));
@@ -107,7 +114,7 @@ pub async fn tcp(up: &CompiledUpstream, vars: &mut ConnVars) -> Option<Upstream>
                 Ok(Err(_)) => Err(ErrorKind::ConnectRefused),
                 Err(_) => Err(ErrorKind::ConnectTimeout),
             };
-        let stream = match connected {
+        let mut stream = match connected {
             Ok(s) => s,
             Err(kind) => {
                 tracing::warn!(upstream = %addr, error = ?kind, "stream: connecting to the upstream failed");
@@ -116,6 +123,17 @@ pub async fn tcp(up: &CompiledUpstream, vars: &mut ConnVars) -> Option<Upstream>
             }
         };
         let _ = stream.set_nodelay(true);
+        if proxy_protocol {
+            let header = ferrisix_net::proxy_protocol::v1_header(vars.remote, vars.local);
+            let sent =
+                tokio::time::timeout(connect_timeout(up), stream.write_all(header.as_bytes()))
+                    .await;
+            if !matches!(sent, Ok(Ok(()))) {
+                tracing::warn!(upstream = %addr, "stream: sending the PROXY protocol header to the upstream failed");
+                set.report_retry(node, ProxyError::new(ErrorKind::ConnectionBroken));
+                continue;
+            }
+        }
         if up.scheme != Scheme::Tls {
             return Some(Upstream::Plain(stream));
         }

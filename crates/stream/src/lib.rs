@@ -8,8 +8,9 @@
 //!
 //! The modules, in the order a connection meets them:
 //!
-//! - `tcp` / `udp`: accept (TLS terminated on `tls: true` ports with the `ssls` certificate
-//!   for the SNI), match a route (`table`), run the plugins' preread phase (`plugins`), pick
+//! - `tcp` / `udp`: accept (a PROXY protocol header read first on `proxy_protocol` ports;
+//!   TLS terminated on `tls: true` ports with the `ssls` certificate for the SNI), match a
+//!   route (`table`), run the plugins' preread phase (`plugins`), pick
 //!   and connect a node through the route's upstream (`connect`), relay, then the log phase.
 //! - `vars`: the nginx stream variables a connection answers (`remote_addr`, `server_port`,
 //!   `route_id`, `mqtt_client_id` ...), for plugins, chash keys and log formats.
@@ -31,6 +32,7 @@ use ferrisix_config::settings::StreamListen;
 use ferrisix_plugin_api::PluginServices;
 use ferrisix_plugins::stream::StreamPlugins;
 use ferrisix_proxy::SnapshotHandle;
+use ipnet::IpNet;
 
 pub use table::{StreamRoute, StreamTable};
 
@@ -50,8 +52,29 @@ pub struct StreamTimeouts {
     /// `proxy_timeout` (nginx: 10 min): a TCP session with no byte either way for this long
     /// is closed; a UDP session likewise.
     pub idle: Duration,
-    /// A TLS handshake, or a preread (mqtt-proxy's CONNECT), must finish within this.
+    /// A TLS handshake, a preread (mqtt-proxy's CONNECT), or a PROXY protocol header
+    /// (nginx's `proxy_protocol_timeout`, 30 s) must finish within this.
     pub preread: Duration,
+}
+
+impl StreamTimeouts {
+    /// The idle timeout of a session to `up`: APISIX's stream balancer hands the upstream's
+    /// `timeout` to nginx (`set_timeouts`), whose stream module has one `proxy_timeout` for
+    /// both directions and takes the larger of `send` and `read` for it; an upstream
+    /// without `timeout` keeps `default`. (`timeout.connect` bounds each connect, see
+    /// `connect`.)
+    pub fn idle_for(
+        default: Duration,
+        up: &ferrisix_proxy::snapshot::CompiledUpstream,
+    ) -> Duration {
+        match up.configured_timeout() {
+            Some(t) => {
+                let secs = |s: f64| Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX);
+                secs(t.send).max(secs(t.read))
+            }
+            None => default,
+        }
+    }
 }
 
 impl Default for StreamTimeouts {
@@ -97,14 +120,22 @@ pub async fn follow(
 pub struct Listeners {
     pub tcp: Vec<(StreamListen, std::net::TcpListener)>,
     pub udp: Vec<(StreamListen, std::net::UdpSocket)>,
+    /// `nginx_config.stream.real_ip_from`: the peers whose PROXY header names the client.
+    pub real_ip_from: Arc<[IpNet]>,
 }
 
 impl Listeners {
-    /// Binds every listener (the process fails to start when one cannot be).
-    pub fn bind(tcp: &[StreamListen], udp: &[StreamListen]) -> Result<Listeners, String> {
+    /// Binds every listener (the process fails to start when one cannot be). `real_ip_from`
+    /// is `nginx_config.stream.real_ip_from`.
+    pub fn bind(
+        tcp: &[StreamListen],
+        udp: &[StreamListen],
+        real_ip_from: &[IpNet],
+    ) -> Result<Listeners, String> {
         let mut out = Listeners {
             tcp: Vec::new(),
             udp: Vec::new(),
+            real_ip_from: real_ip_from.into(),
         };
         for l in tcp {
             let addr = SocketAddr::new(l.ip, l.port);
@@ -135,9 +166,15 @@ impl Listeners {
         for (listen, socket) in self.tcp {
             let listener = tokio::net::TcpListener::from_std(socket)
                 .map_err(|e| format!("stream_proxy.tcp: {e}"))?;
+            let port = tcp::TcpPort {
+                tls: listen.tls,
+                proxy_protocol: listen.accepts_proxy_protocol(),
+                proxy_protocol_to_upstream: listen.sends_proxy_protocol(),
+                real_ip_from: self.real_ip_from.clone(),
+            };
             tokio::spawn(tcp::serve(
                 listener,
-                listen.tls,
+                Arc::new(port),
                 table.clone(),
                 timeouts,
                 shutdown.clone(),

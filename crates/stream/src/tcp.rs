@@ -1,14 +1,20 @@
-//! TCP (and TLS-terminated) sessions: accept, match, preread, connect, relay, log.
+//! TCP (and TLS-terminated) sessions: accept (the PROXY protocol header read first where
+//! the port requires one), match, preread, connect (a v1 header sent first where the port
+//! says so), relay, log.
 //!
 //! The relay copies each direction on its own (so a slow reader on one side holds back only
 //! that side's sender: back-pressure), and the session ends, as APISIX's does (nginx's
 //! `proxy_half_close off`), once either side has closed and what it sent has been passed on.
-//! A session with no byte either way for the idle timeout is closed.
+//! A session with no byte either way for the idle timeout (the upstream's `timeout`, the
+//! larger of `send` and `read`, else nginx's `proxy_timeout` default) is closed.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferrisix_net::proxy_protocol;
+use ipnet::IpNet;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -19,9 +25,22 @@ use crate::{connect, StreamHandle, StreamTimeouts};
 /// The most bytes mqtt-proxy reads looking for a whole CONNECT packet.
 const MAX_PREREAD: usize = 64 * 1024;
 
+/// What a TCP stream port does besides relaying.
+#[derive(Debug)]
+pub struct TcpPort {
+    /// TLS terminated here.
+    pub tls: bool,
+    /// A PROXY protocol header (v1 or v2) opens each connection.
+    pub proxy_protocol: bool,
+    /// A v1 header goes to the node before any byte of the session.
+    pub proxy_protocol_to_upstream: bool,
+    /// The peers whose PROXY header names the client (`nginx_config.stream.real_ip_from`).
+    pub real_ip_from: Arc<[IpNet]>,
+}
+
 pub async fn serve(
     listener: TcpListener,
-    tls: bool,
+    port: Arc<TcpPort>,
     table: StreamHandle,
     timeouts: StreamTimeouts,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
@@ -40,14 +59,20 @@ pub async fn serve(
                 continue;
             }
         };
-        tokio::spawn(session(stream, remote, tls, table.clone(), timeouts));
+        tokio::spawn(session(
+            stream,
+            remote,
+            port.clone(),
+            table.clone(),
+            timeouts,
+        ));
     }
 }
 
 async fn session(
-    stream: TcpStream,
+    mut stream: TcpStream,
     remote: SocketAddr,
-    tls: bool,
+    port: Arc<TcpPort>,
     handle: StreamHandle,
     timeouts: StreamTimeouts,
 ) {
@@ -56,21 +81,36 @@ async fn session(
     };
     let _ = stream.set_nodelay(true);
     let mut vars = ConnVars::new(remote, local, "TCP");
-    if !tls {
-        return run(stream, vars, handle, timeouts).await;
+    if port.proxy_protocol {
+        match proxy_protocol::read_header(&mut stream, timeouts.preread).await {
+            Ok(header) => vars.take_proxy_protocol(header, &port.real_ip_from),
+            Err(e) => {
+                tracing::info!(client = %remote, "stream: {e}");
+                return;
+            }
+        }
+    }
+    let to_upstream = port.proxy_protocol_to_upstream;
+    if !port.tls {
+        return run(stream, vars, handle, timeouts, to_upstream).await;
     }
     let certs = handle.load().tls.clone();
     match ferrisix_tls::accept(stream, move || certs, false, timeouts.preread).await {
         Ok((stream, info)) => {
             vars.sni = info.sni.clone();
-            run(stream, vars, handle, timeouts).await;
+            run(stream, vars, handle, timeouts, to_upstream).await;
         }
         Err(e) => tracing::info!(client = %remote, error = %e, "stream: TLS handshake failed"),
     }
 }
 
-async fn run<C>(mut client: C, mut vars: ConnVars, handle: StreamHandle, timeouts: StreamTimeouts)
-where
+async fn run<C>(
+    mut client: C,
+    mut vars: ConnVars,
+    handle: StreamHandle,
+    timeouts: StreamTimeouts,
+    proxy_protocol_to_upstream: bool,
+) where
     C: AsyncRead + AsyncWrite + Unpin,
 {
     let table = handle.load_full();
@@ -84,7 +124,15 @@ where
     vars.route_id = Some(route.id.clone());
     vars.service_id = route.service_id.clone();
     let mut session = Session::default();
-    let served = serve_session(&mut client, &mut vars, &route, &mut session, timeouts).await;
+    let served = serve_session(
+        &mut client,
+        &mut vars,
+        &route,
+        &mut session,
+        timeouts,
+        proxy_protocol_to_upstream,
+    )
+    .await;
     if !served {
         let _ = tokio::time::timeout(Duration::from_secs(1), client.shutdown()).await;
     }
@@ -100,6 +148,7 @@ async fn serve_session<C>(
     route: &crate::StreamRoute,
     session: &mut Session,
     timeouts: StreamTimeouts,
+    proxy_protocol_to_upstream: bool,
 ) -> bool
 where
     C: AsyncRead + AsyncWrite + Unpin,
@@ -142,13 +191,14 @@ where
         tracing::error!(stream_route = %route.id, "stream: missing upstream configuration");
         return false;
     };
-    let Some(mut server) = connect::tcp(&up, vars).await else {
+    let Some(mut server) = connect::tcp(&up, vars, proxy_protocol_to_upstream).await else {
         return false;
     };
     if !session.preread.is_empty() && server.write_all(&session.preread).await.is_err() {
         return false;
     }
-    let (up_bytes, down_bytes) = relay(client, server, timeouts.idle).await;
+    let idle = StreamTimeouts::idle_for(timeouts.idle, &up);
+    let (up_bytes, down_bytes) = relay(client, server, idle).await;
     vars.bytes_received += up_bytes;
     vars.bytes_sent += down_bytes;
     true

@@ -1,5 +1,6 @@
 //! UDP sessions: one per client address on each listener, each with a connected socket to
-//! its node; a datagram either way keeps it alive, and it ends after the idle timeout. The
+//! its node; a datagram either way keeps it alive, and it ends after the idle timeout (the
+//! upstream's `timeout`, the larger of `send` and `read`, when it sets one). The
 //! listener's own task owns the session map (no lock); sessions are capped per listener, a
 //! datagram past the cap from a new address is dropped.
 
@@ -93,6 +94,7 @@ async fn session(
             match up {
                 Some(up) => {
                     if let Some(node) = connect::udp(&up, &mut vars).await {
+                        let idle = crate::StreamTimeouts::idle_for(idle, &up);
                         relay(&socket, peer, &node, &mut rx, &mut vars, idle).await;
                     }
                 }

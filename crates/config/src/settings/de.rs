@@ -659,23 +659,24 @@ fn stream_listen_value(
     };
     let mut out = Vec::new();
     for entry in &entries {
-        let (addr, tls) = match entry {
+        let flag = |map: &serde_json::Map<String, Value>, key: &str| match map.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(other) => Err(format!(
+                "stream_proxy: `{key}` must be a boolean, found {other}"
+            )),
+        };
+        let (addr, tls, pp, pp_up) = match entry {
             Value::Object(map) => {
-                let tls = match map.get("tls") {
-                    None | Some(Value::Null) => false,
-                    Some(Value::Bool(b)) => *b,
-                    Some(other) => {
-                        return Err(format!(
-                            "stream_proxy: `tls` must be a boolean, found {other}"
-                        ))
-                    }
-                };
+                let tls = flag(map, "tls")?.unwrap_or(false);
+                let pp = flag(map, "proxy_protocol")?;
+                let pp_up = flag(map, "proxy_protocol_to_upstream")?;
                 let addr = map
                     .get("addr")
                     .ok_or_else(|| "stream_proxy: an entry map needs `addr`".to_string())?;
-                (addr.clone(), tls)
+                (addr.clone(), tls, pp, pp_up)
             }
-            other => (other.clone(), false),
+            other => (other.clone(), false, None, None),
         };
         let text = match &addr {
             Value::Number(n) => n.to_string(),
@@ -710,7 +711,13 @@ fn stream_listen_value(
             return Err(format!("stream_proxy: empty port range `{text}`"));
         }
         for port in from..=to {
-            out.push(crate::settings::StreamListen { ip, port, tls });
+            out.push(crate::settings::StreamListen {
+                ip,
+                port,
+                tls,
+                proxy_protocol: pp,
+                proxy_protocol_to_upstream: pp_up,
+            });
         }
     }
     Ok(out)

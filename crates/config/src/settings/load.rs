@@ -124,6 +124,7 @@ impl Settings {
         let mut settings = deserialize_collecting(&mut value, &mut errors, &mut warnings);
         apply_listener_http2_default(&mut settings, &value);
         apply_ssl_listen_defaults(&mut settings, &value);
+        apply_stream_proxy_protocol_defaults(&mut settings);
         check(&settings, &mut errors);
         admin_key_checks(&settings, &mut errors, &mut warnings);
         prometheus_warnings(&settings, &mut warnings);
@@ -254,6 +255,22 @@ fn apply_ssl_listen_defaults(settings: &mut Settings, value: &serde_yaml::Value)
         if entry.is_some_and(|e| e.is_mapping() && e.get("port").is_none()) {
             addr.port = 9443;
         }
+    }
+}
+
+/// A `stream_proxy.tcp` entry without its own `proxy_protocol` / `proxy_protocol_to_upstream`
+/// takes `apisix.proxy_protocol.enable_tcp_pp` / `enable_tcp_pp_to_upstream` (APISIX's
+/// `apisix/cli/ops.lua`). UDP ports never read or send the PROXY protocol.
+fn apply_stream_proxy_protocol_defaults(settings: &mut Settings) {
+    let pp = settings.apisix.proxy_protocol;
+    for l in &mut settings.apisix.stream_proxy.tcp {
+        l.proxy_protocol.get_or_insert(pp.enable_tcp_pp);
+        l.proxy_protocol_to_upstream
+            .get_or_insert(pp.enable_tcp_pp_to_upstream);
+    }
+    for l in &mut settings.apisix.stream_proxy.udp {
+        l.proxy_protocol = Some(false);
+        l.proxy_protocol_to_upstream = Some(false);
     }
 }
 

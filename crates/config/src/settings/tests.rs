@@ -1066,6 +1066,84 @@ stream_plugins:
     }
 }
 
+/// APISIX's `t/cli/test_stream_proxy_protocol.sh` cases: the global defaults, per-port
+/// overrides both ways, UDP never, and `nginx_config.stream.real_ip_from`.
+#[test]
+fn proxy_protocol_keys() {
+    let flags = |s: &Settings| -> Vec<(u16, bool, bool)> {
+        s.apisix
+            .stream_proxy
+            .tcp
+            .iter()
+            .map(|l| (l.port, l.accepts_proxy_protocol(), l.sends_proxy_protocol()))
+            .collect()
+    };
+    let s = parse("apisix:\n  stream_proxy:\n    tcp: [9100]\n    udp: [9200]\n");
+    assert_eq!(flags(&s), [(9100, false, false)]);
+    assert_eq!(s.apisix.proxy_protocol, ProxyProtocolSettings::default());
+    assert!(s.nginx_config.stream.real_ip_from.nets.is_empty());
+
+    let s = parse(
+        r#"
+apisix:
+  proxy_protocol:
+    listen_http_port: 9181
+    listen_https_port: 9182
+    enable_tcp_pp: true
+    enable_tcp_pp_to_upstream: true
+  stream_proxy:
+    tcp:
+      - 9100
+      - addr: 9101
+        proxy_protocol: false
+      - addr: "127.0.0.1:9102-9103"
+        proxy_protocol_to_upstream: false
+    udp:
+      - 9200
+nginx_config:
+  stream:
+    real_ip_from:
+      - 192.168.1.0/24
+      - 10.0.0.0/8
+"#,
+    );
+    let pp = s.apisix.proxy_protocol;
+    assert_eq!(
+        (pp.listen_http_port, pp.listen_https_port),
+        (Some(9181), Some(9182))
+    );
+    assert_eq!(
+        flags(&s),
+        [
+            (9100, true, true),
+            (9101, false, true),
+            (9102, true, false),
+            (9103, true, false)
+        ]
+    );
+    let udp = &s.apisix.stream_proxy.udp[0];
+    assert!(!udp.accepts_proxy_protocol() && !udp.sends_proxy_protocol());
+    let trusted = &s.nginx_config.stream.real_ip_from;
+    assert!(trusted.trusts(ip("192.168.1.9")) && trusted.trusts(ip("10.1.2.3")));
+    assert!(!trusted.trusts(ip("127.0.0.1")));
+
+    let s = parse(
+        "apisix:\n  stream_proxy:\n    tcp:\n      - addr: 9100\n        proxy_protocol: true\n      - addr: 9101\n        proxy_protocol_to_upstream: true\n",
+    );
+    assert_eq!(flags(&s), [(9100, true, false), (9101, false, true)]);
+
+    for bad in [
+        "apisix: {proxy_protocol: {listen_http_port: x}}",
+        "apisix: {proxy_protocol: {listen_http_port: 70000}}",
+        "apisix: {proxy_protocol: {enable_tcp_pp: 1}}",
+        "apisix: {stream_proxy: {tcp: [{addr: 9100, proxy_protocol: yes-please}]}}",
+        "apisix: {stream_proxy: {tcp: [{addr: 9100, proxy_protocol_to_upstream: 1}]}}",
+        "nginx_config: {stream: {real_ip_from: [not-an-address]}}",
+    ] {
+        assert!(!errors(bad).is_empty(), "{bad}");
+    }
+}
+
 #[test]
 fn wasm_plugins_and_limits() {
     let s = parse(

@@ -45,6 +45,8 @@ enum Segment {
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Var {
     RemoteAddr,
+    ProxyProtocolAddr,
+    ProxyProtocolPort,
     RemoteUser,
     TimeLocal,
     TimeIso8601,
@@ -98,6 +100,8 @@ pub struct LogRecord {
     pub start: Instant,
     pub remote_addr: IpAddr,
     pub server_port: u16,
+    /// The PROXY protocol header's client (`$proxy_protocol_addr`, `$proxy_protocol_port`).
+    pub proxy_protocol: Option<std::net::SocketAddr>,
     pub method: Method,
     pub uri: Uri,
     pub version: Version,
@@ -146,6 +150,8 @@ impl AccessLog {
             }
             let var = match name.as_str() {
                 "remote_addr" => Var::RemoteAddr,
+                "proxy_protocol_addr" => Var::ProxyProtocolAddr,
+                "proxy_protocol_port" => Var::ProxyProtocolPort,
                 "remote_user" => Var::RemoteUser,
                 "time_local" => Var::TimeLocal,
                 "time_iso8601" => Var::TimeIso8601,
@@ -361,6 +367,14 @@ impl LogRecord {
         let now = at.now;
         match v {
             Var::RemoteAddr => push_ip(out, self.remote_addr),
+            Var::ProxyProtocolAddr => match self.proxy_protocol {
+                Some(pp) => push_ip(out, pp.ip()),
+                None => return false,
+            },
+            Var::ProxyProtocolPort => match self.proxy_protocol {
+                Some(pp) => push_int(out, pp.port()),
+                None => return false,
+            },
             Var::RemoteUser | Var::Unknown => return false,
             // nginx's `$time_local`, `$time_iso8601` and `$msec` are the time of the log write.
             Var::TimeLocal => {
@@ -837,6 +851,7 @@ mod tests {
             start: Instant::now(),
             remote_addr: "127.0.0.1".parse().unwrap(),
             server_port: 9080,
+            proxy_protocol: None,
             method: Method::GET,
             uri: "/".parse().unwrap(),
             version: Version::HTTP_11,

@@ -14,16 +14,33 @@ pub struct RealIpConfig {
     pub header: HeaderName,
     pub trusted: Vec<IpNet>,
     pub recursive: bool,
+    /// `real_ip_header proxy_protocol`: the client is the PROXY protocol header's source
+    /// (on the listeners that read one, from a trusted peer), not a request header's.
+    pub proxy_protocol: bool,
 }
 
 impl RealIpConfig {
-    fn trusts(&self, ip: IpAddr) -> bool {
+    /// `real_ip_header` as config.yaml writes it (`proxy_protocol`, or a header name).
+    pub fn new(header: &str, trusted: Vec<IpNet>, recursive: bool) -> RealIpConfig {
+        let proxy_protocol = header.eq_ignore_ascii_case("proxy_protocol");
+        RealIpConfig {
+            header: HeaderName::from_bytes(header.to_ascii_lowercase().as_bytes())
+                .unwrap_or(HeaderName::from_static("x-real-ip")),
+            trusted,
+            recursive,
+            proxy_protocol,
+        }
+    }
+
+    pub(crate) fn trusts(&self, ip: IpAddr) -> bool {
         self.trusted.iter().any(|n| n.contains(&ip))
     }
 
     /// nginx's realip module: a trusted peer may name the client in the configured header.
+    /// With `proxy_protocol` no request header names it (the connection did, see
+    /// `ConnInfo::with_proxy_protocol`).
     pub fn client_addr(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
-        if !self.trusts(peer) {
+        if self.proxy_protocol || !self.trusts(peer) {
             return peer;
         }
         let Some(value) = headers.get(&self.header).and_then(|v| v.to_str().ok()) else {
@@ -64,6 +81,7 @@ mod tests {
             header: HeaderName::from_static("x-real-ip"),
             trusted: vec!["127.0.0.1/32".parse().unwrap()],
             recursive: false,
+            proxy_protocol: false,
         };
         let mut h = HeaderMap::new();
         h.insert("x-real-ip", HeaderValue::from_static("10.1.1.1"));
@@ -91,6 +109,7 @@ mod tests {
                 "10.0.0.0/8".parse().unwrap(),
             ],
             recursive: true,
+            proxy_protocol: false,
         };
         let mut h = HeaderMap::new();
         h.insert(
@@ -101,5 +120,25 @@ mod tests {
             cfg.client_addr("127.0.0.1".parse().unwrap(), &h),
             "1.2.3.4".parse::<IpAddr>().unwrap()
         );
+    }
+
+    #[test]
+    fn proxy_protocol_names_no_request_header() {
+        let cfg = RealIpConfig::new(
+            "proxy_protocol",
+            vec!["127.0.0.1/32".parse().unwrap()],
+            false,
+        );
+        assert!(cfg.proxy_protocol);
+        let mut h = HeaderMap::new();
+        h.insert("proxy_protocol", HeaderValue::from_static("10.1.1.1"));
+        h.insert("x-real-ip", HeaderValue::from_static("10.1.1.2"));
+        assert_eq!(
+            cfg.client_addr("127.0.0.1".parse().unwrap(), &h),
+            "127.0.0.1".parse::<IpAddr>().unwrap()
+        );
+        let cfg = RealIpConfig::new("X-Forwarded-For", Vec::new(), false);
+        assert_eq!(cfg.header.as_str(), "x-forwarded-for");
+        assert!(!cfg.proxy_protocol);
     }
 }

@@ -165,6 +165,12 @@ pub(super) enum Holder<'a> {
 }
 
 impl CompiledUpstream {
+    /// The upstream's own `timeout` as written (`None`: it sets none, and the defaults of
+    /// the subsystem apply: the stream proxy's differ from the HTTP side's).
+    pub fn configured_timeout(&self) -> Option<ferrisix_config::model::Timeout> {
+        self.source.timeout
+    }
+
     /// Total tries allowed for a request on `set`: `retries` + 1, by default one per node.
     pub fn max_tries(&self, set: &NodeSet) -> usize {
         match self.retries {

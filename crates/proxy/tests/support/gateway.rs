@@ -16,7 +16,7 @@ use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::log::access::{AccessLog, LogSink};
 use ferrisix_proxy::snapshot::{self, Snapshot};
 use ferrisix_proxy::{CompileOptions, Gateway, Listen, RealIpConfig, ServerOptions, WorkerModel};
-use http::{HeaderName, HeaderValue};
+use http::HeaderValue;
 use serde_json::Value;
 
 /// One stored resource, as the store would hand it over (`seq`: its place in the listing).
@@ -85,11 +85,7 @@ pub fn serve(
     let gateway = Arc::new(Gateway {
         snapshot: handle.clone(),
         server_header: HeaderValue::from_static("ferrisix"),
-        real_ip: RealIpConfig {
-            header: HeaderName::from_static("x-real-ip"),
-            trusted: Vec::new(),
-            recursive: false,
-        },
+        real_ip: RealIpConfig::new("X-Real-IP", Vec::new(), false),
         show_upstream_status: false,
         access_log: Arc::new(AccessLog::new(LogSink::Off, "")),
         stats: services.conn_stats().clone(),

@@ -29,7 +29,7 @@ pub struct ApiAnswer {
 #[derive(Clone)]
 pub enum ApiHandler {
     /// An answer from the method and URI alone (node-status' document, prometheus' text).
-    Answer(Arc<dyn Fn(&Method, &str) -> ApiAnswer + Send + Sync>),
+    Answer(ApiAnswerFn),
     /// A handler of the whole request (APISIX's handlers that read the body, look up
     /// consumers or call out): `make` builds it once per snapshot from the `plugin_metadata`
     /// of `plugin`, and `public-api` runs its `access` phase, which answers with an exit.
@@ -39,7 +39,10 @@ pub enum ApiHandler {
     },
 }
 
-/// Builds a [`ApiHandler::Request`] handler from its plugin's metadata (`None`: none set).
+/// Answers a plugin API request from its method and URI ([`ApiHandler::Answer`]).
+pub type ApiAnswerFn = Arc<dyn Fn(&Method, &str) -> ApiAnswer + Send + Sync>;
+
+/// Builds an [`ApiHandler::Request`] handler from its plugin's metadata (`None`: none set).
 pub type ApiMaker =
     Arc<dyn Fn(Option<&Value>, &Arc<PluginServices>) -> Arc<dyn Plugin> + Send + Sync>;
 

@@ -126,20 +126,20 @@ fn text(v: &Value) -> Option<String> {
 }
 
 /// The consumer credential of `appid`, as APISIX's `consumers_kv(..., "appid")` finds it.
-enum Found {
+enum Lookup {
     /// No consumer has wolf-rbac at all.
     NoConsumers,
-    NotFound,
+    Unknown,
     Credential(Arc<Credential>),
 }
 
-fn find_consumer(ctx: &PluginCtx<'_>, appid: &str) -> Found {
+fn find_consumer(ctx: &PluginCtx<'_>, appid: &str) -> Lookup {
     match ctx.consumers() {
         Some(index) if index.has_plugin(NAME) => match index.find(NAME, appid) {
-            Some(c) => Found::Credential(c.clone()),
-            None => Found::NotFound,
+            Some(c) => Lookup::Credential(c.clone()),
+            None => Lookup::Unknown,
         },
-        _ => Found::NoConsumers,
+        _ => Lookup::NoConsumers,
     }
 }
 
@@ -295,20 +295,20 @@ impl WolfRbac {
             ));
         };
         let cred = match find_consumer(ctx, appid) {
-            Found::NoConsumers => {
+            Lookup::NoConsumers => {
                 return Flow::Exit(message_exit(
                     StatusCode::UNAUTHORIZED,
                     "Missing related consumer",
                 ))
             }
-            Found::NotFound => {
+            Lookup::Unknown => {
                 tracing::error!("consumer [{}] not found", clip(appid));
                 return Flow::Exit(message_exit(
                     StatusCode::UNAUTHORIZED,
                     "Invalid appid in rbac token",
                 ));
             }
-            Found::Credential(c) => c,
+            Lookup::Credential(c) => c,
         };
         let (server, ssl_verify) = server_of(&cred);
         let action = ctx.method().as_str().to_owned();
@@ -471,9 +471,9 @@ impl WolfApi {
     /// `get_consumer`: 500 without any wolf-rbac consumer, 400 for an unknown appid.
     fn consumer(ctx: &PluginCtx<'_>, appid: &str) -> Result<Arc<Credential>, Exit> {
         match find_consumer(ctx, appid) {
-            Found::Credential(c) => Ok(c),
-            Found::NoConsumers => Err(Exit::status(StatusCode::INTERNAL_SERVER_ERROR)),
-            Found::NotFound => {
+            Lookup::Credential(c) => Ok(c),
+            Lookup::NoConsumers => Err(Exit::status(StatusCode::INTERNAL_SERVER_ERROR)),
+            Lookup::Unknown => {
                 tracing::info!("{NAME}: request appid [{}] not found", clip(appid));
                 Err(fail(StatusCode::BAD_REQUEST, "appid not found"))
             }

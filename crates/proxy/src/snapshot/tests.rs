@@ -412,6 +412,15 @@ fn public_api_routes_follow_every_plugin_metadata() {
     let v2 = compile(&s, &v1);
     assert_eq!(v2.diff().routes.changed, ids(&["api"]));
     assert!(same_route(&v1, &v2, "plain"));
+    // In a global rule: the global chains, and so every route.
+    s.put("global_rules/g", json!({"plugins": {"public-api": {}}}));
+    let v3 = compile(&s, &v2);
+    s.put(
+        "plugin_metadata/batch-requests",
+        json!({"max_body_size": 4096}),
+    );
+    let v4 = compile(&s, &v3);
+    assert_eq!(v4.diff().routes.changed, ids(&["api", "plain"]));
 }
 
 #[test]

@@ -164,7 +164,8 @@ fn run(
     } else {
         Vec::new()
     })
-    .with_proxy_cache(settings.apisix.proxy_cache.clone());
+    .with_proxy_cache(settings.apisix.proxy_cache.clone())
+    .with_real_ip_header(&settings.nginx_config.http.real_ip_header);
     let ext_runner = Arc::new(ExtRunner::new(
         settings.ext_plugin_socket(),
         settings.ferrisix.ext_plugin_timeout,

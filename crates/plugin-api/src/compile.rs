@@ -2,6 +2,7 @@
 //! the plugin's metadata, the shared services, the upstreams it may send requests to, and the
 //! plugin APIs of the enabled plugins.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use serde_json::{Map, Value};
 use ferrisix_config::proto::Protos;
 
 use crate::ctx::{Owner, RouteInfo};
+use crate::plugin::Plugin;
 use crate::services::PluginServices;
 use crate::upstream::UpstreamResolver;
 
@@ -23,8 +25,26 @@ pub struct ApiAnswer {
     pub body: Bytes,
 }
 
-/// What answers a plugin API request (method, URI).
-pub type ApiHandler = Arc<dyn Fn(&Method, &str) -> ApiAnswer + Send + Sync>;
+/// What answers a plugin API request.
+#[derive(Clone)]
+pub enum ApiHandler {
+    /// An answer from the method and URI alone (node-status' document, prometheus' text).
+    Answer(ApiAnswerFn),
+    /// A handler of the whole request (APISIX's handlers that read the body, look up
+    /// consumers or call out): `make` builds it once per snapshot from the `plugin_metadata`
+    /// of `plugin`, and `public-api` runs its `access` phase, which answers with an exit.
+    Request {
+        plugin: &'static str,
+        make: ApiMaker,
+    },
+}
+
+/// Answers a plugin API request from its method and URI ([`ApiHandler::Answer`]).
+pub type ApiAnswerFn = Arc<dyn Fn(&Method, &str) -> ApiAnswer + Send + Sync>;
+
+/// Builds an [`ApiHandler::Request`] handler from its plugin's metadata (`None`: none set).
+pub type ApiMaker =
+    Arc<dyn Fn(Option<&Value>, &Arc<PluginServices>) -> Arc<dyn Plugin> + Send + Sync>;
 
 /// One plugin API: a method set and a URI its plugin answers itself (APISIX's `api_router`),
 /// served on a data-plane route through `public-api`.
@@ -64,10 +84,22 @@ impl PluginApis {
         PluginApis(apis.into())
     }
 
-    /// The answer of the API matching `method` and `uri`, `None` when none matches.
+    /// The position of the API matching `method` and `uri` in [`PluginApis::iter`].
+    pub fn position(&self, method: &Method, uri: &str) -> Option<usize> {
+        self.0.iter().position(|a| a.matches(method, uri))
+    }
+
+    /// The answer of the API matching `method` and `uri`, `None` when none matches or the
+    /// one that matches handles the whole request ([`ApiHandler::Request`]).
     pub fn answer(&self, method: &Method, uri: &str) -> Option<ApiAnswer> {
-        let api = self.0.iter().find(|a| a.matches(method, uri))?;
-        Some((api.handler)(method, uri))
+        match &self.0.get(self.position(method, uri)?)?.handler {
+            ApiHandler::Answer(answer) => Some(answer(method, uri)),
+            ApiHandler::Request { .. } => None,
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &PluginApi> {
+        self.0.iter()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -88,6 +120,9 @@ pub struct CompileCtx<'a> {
     pub route: Option<&'a RouteInfo>,
     /// `plugin_metadata/<name>`, if any.
     pub metadata: Option<&'a Value>,
+    /// Every plugin's `plugin_metadata` by name (public-api builds the API handlers of
+    /// other plugins from theirs).
+    pub all_metadata: &'a HashMap<String, Value>,
     pub services: &'a Arc<PluginServices>,
     pub upstreams: &'a dyn UpstreamResolver,
     pub apis: &'a PluginApis,
@@ -181,12 +216,12 @@ mod tests {
             PluginApi {
                 methods: &[Method::GET],
                 uri: "/exact".into(),
-                handler: Arc::new(answer),
+                handler: ApiHandler::Answer(Arc::new(answer)),
             },
             PluginApi {
                 methods: &[Method::GET],
                 uri: "/apisix/plugin/x/*".into(),
-                handler: Arc::new(answer),
+                handler: ApiHandler::Answer(Arc::new(answer)),
             },
         ]);
         assert_eq!(apis.answer(&Method::GET, "/exact").unwrap().body, "/exact");

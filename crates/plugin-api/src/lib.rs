@@ -89,7 +89,7 @@ pub mod upstream;
 pub mod vars;
 
 pub use clock::Clock;
-pub use compile::{ApiAnswer, ApiHandler, CompileCtx, PluginApi, PluginApis};
+pub use compile::{ApiAnswer, ApiHandler, ApiMaker, CompileCtx, PluginApi, PluginApis};
 pub use consumers::{AuthDef, ConsumerIndex, Credential, Prepared};
 pub use ctx::{
     BodyError, Consumer, Owner, PendingBody, PluginCtx, RequestBody, RequestGuards, RequestState,

@@ -101,6 +101,13 @@ pub trait Plugin: Send + Sync + 'static {
         LogNeeds::default()
     }
 
+    /// Whether the request phases look consumers up ([`PluginCtx::consumers`]) although the
+    /// plugin is not an auth plugin (public-api serving wolf-rbac's login); auth plugins get
+    /// them by their kind.
+    fn needs_consumers(&self) -> bool {
+        false
+    }
+
     fn rewrite<'a>(&'a self, _ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
         Step::CONTINUE
     }

@@ -49,6 +49,8 @@ pub struct PluginServices {
     attr: PluginAttr,
     /// The HTTPS listeners' ports (`apisix.ssl.listen` when `apisix.ssl.enable`).
     tls_ports: Vec<u16>,
+    /// `nginx_config.http.real_ip_header`, lower-cased.
+    real_ip_header: String,
     /// `apisix.proxy_cache`: the zones proxy-cache stores answers in.
     proxy_cache: Option<Arc<ProxyCacheSettings>>,
     shutdown: Shutdown,
@@ -85,6 +87,7 @@ impl PluginServices {
             conn_stats: Arc::new(ConnStats::new()),
             attr,
             tls_ports: Vec::new(),
+            real_ip_header: "x-real-ip".to_owned(),
             proxy_cache: Some(Arc::new(ProxyCacheSettings::default())),
             shutdown: Shutdown::new(),
             log_reopen: LogReopen::new(),
@@ -153,6 +156,18 @@ impl PluginServices {
     pub fn with_tls_ports(mut self, ports: Vec<u16>) -> PluginServices {
         self.tls_ports = ports;
         self
+    }
+
+    /// `nginx_config.http.real_ip_header`: the header batch-requests sets the client's
+    /// address in on the requests it sends back to the gateway.
+    pub fn with_real_ip_header(mut self, name: &str) -> PluginServices {
+        self.real_ip_header = name.to_ascii_lowercase();
+        self
+    }
+
+    /// `nginx_config.http.real_ip_header`, lower-cased (`x-real-ip` unless set).
+    pub fn real_ip_header(&self) -> &str {
+        &self.real_ip_header
     }
 
     /// `apisix.proxy_cache` as config.yaml has it (APISIX's default zones unless set).

@@ -2,7 +2,7 @@
 //! (key-auth, basic-auth, jwt-auth, hmac-auth, jwe-decrypt, ldap-auth, ldap-auth-advanced, and
 //! multi-auth over them), openid-connect (bearer tokens and the login flow), cas-auth's single
 //! sign-on, the external deciders (forward-auth, opa, authz-keycloak, authz-casbin's
-//! policies), and the plugins that act on who it is (consumer-restriction, acl,
+//! policies, wolf-rbac), and the plugins that act on who it is (consumer-restriction, acl,
 //! attach-consumer-label). Credentials are looked up in the snapshot's consumer index
 //! ([`ferrisix_plugin_api::ConsumerIndex`]); secrets are compared in constant time and never
 //! logged.
@@ -28,4 +28,5 @@ family! {
     openid_connect,
     multi_auth,
     opa,
+    wolf_rbac,
 }

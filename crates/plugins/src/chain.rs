@@ -117,6 +117,7 @@ impl ChainEntry {
             owner: src.owner,
             route,
             metadata: env.metadata.get(info.name),
+            all_metadata: env.metadata,
             services: env.registry.services(),
             upstreams: env.upstreams,
             apis: env.registry.apis(),
@@ -185,7 +186,7 @@ impl PluginChain {
             .iter()
             .filter(|e| e.plugin.phases().contains(Phases::LOG))
             .fold(LogNeeds::default(), |n, e| n.union(&e.plugin.log_needs()));
-        let needs_consumers = entries.iter().any(|e| e.auth);
+        let needs_consumers = entries.iter().any(|e| e.auth || e.plugin.needs_consumers());
         PluginChain {
             entries: entries.into_boxed_slice(),
             phases,

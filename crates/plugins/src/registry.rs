@@ -253,12 +253,17 @@ impl PluginRegistry {
         let info = self
             .get(name)
             .ok_or_else(|| format!("unknown plugin [{name}]"))?;
+        let all_metadata: HashMap<String, Value> = metadata
+            .map(|m| (info.name.to_owned(), m.clone()))
+            .into_iter()
+            .collect();
         (info.def.compile)(&CompileCtx {
             name: info.name,
             conf,
             owner,
             route,
             metadata,
+            all_metadata: &all_metadata,
             services: &self.services,
             upstreams: &NoUpstreams,
             apis: &self.apis,

@@ -17,6 +17,8 @@ use crate::registry::PluginRegistry;
 /// Compiles confs against one set of services (one gateway).
 pub(crate) struct Compiler {
     pub registry: PluginRegistry,
+    /// Every plugin's `plugin_metadata` (what public-api builds other plugins' APIs from).
+    pub all_metadata: HashMap<String, Value>,
 }
 
 impl Compiler {
@@ -27,6 +29,7 @@ impl Compiler {
     pub fn with(services: Arc<PluginServices>) -> Compiler {
         Compiler {
             registry: PluginRegistry::new(services, None).0,
+            all_metadata: HashMap::new(),
         }
     }
 
@@ -46,6 +49,7 @@ impl Compiler {
             owner,
             route: None,
             metadata,
+            all_metadata: &self.all_metadata,
             services: self.registry.services(),
             upstreams: &NoUpstreams,
             apis: self.registry.apis(),

@@ -1,7 +1,8 @@
 //! Traffic control: splitting traffic between upstreams (traffic-split), injecting faults
 //! (fault-injection), breaking the circuit to failing upstreams (api-breaker) and shadowing
 //! requests to another host (proxy-mirror), running actions by rule (workflow) and labelling
-//! requests with headers (traffic-label).
+//! requests with headers (traffic-label), and sending a batch of requests back through the gateway
+//! (batch-requests).
 
 family! {
     traffic_split,
@@ -10,4 +11,5 @@ family! {
     proxy_mirror,
     workflow,
     traffic_label,
+    batch_requests,
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use ferrisix_config::schema::lua;
 use ferrisix_plugin_api::{
-    ApiAnswer, CompileCtx, ConnStats, Phases, Plugin, PluginApi, PluginDef, PluginServices, Scope,
+    ApiAnswer, ApiHandler, CompileCtx, ConnStats, Phases, Plugin, PluginApi, PluginDef, PluginServices, Scope,
     SharedState,
 };
 use http::{HeaderValue, Method, StatusCode};
@@ -73,14 +73,14 @@ fn apis(services: &PluginServices) -> Vec<PluginApi> {
     vec![PluginApi {
         methods: &[Method::GET],
         uri: "/apisix/status".into(),
-        handler: Arc::new(move |_: &Method, _: &str| {
+        handler: ApiHandler::Answer(Arc::new(move |_: &Method, _: &str| {
             let body = status(&stats, &id.0);
             ApiAnswer {
                 status: StatusCode::OK,
                 content_type: HeaderValue::from_static("application/json"),
                 body: Bytes::from(lua::cjson_encode(&body)),
             }
-        }),
+        })),
     }]
 }
 
@@ -121,7 +121,10 @@ mod tests {
         assert_eq!(list.len(), 1);
         assert!(list[0].matches(&Method::GET, "/apisix/status"));
         assert!(!list[0].matches(&Method::POST, "/apisix/status"));
-        let answer = (list[0].handler)(&Method::GET, "/apisix/status");
+        let ApiHandler::Answer(handler) = &list[0].handler else {
+            panic!("node-status answers from the URI alone")
+        };
+        let answer = handler(&Method::GET, "/apisix/status");
         assert_eq!(answer.status, StatusCode::OK);
         let v: Value = serde_json::from_slice(&answer.body).unwrap();
         let id = services.shared::<NodeId>();

@@ -24,7 +24,7 @@ use bytes::Bytes;
 use ferrisix_config::schema::lua;
 use ferrisix_config::settings::{MetricAttr, PrometheusAttr};
 use ferrisix_plugin_api::{
-    ApiAnswer, Clock, CompileCtx, ConnStats, Lease, LogCtx, LogNeeds, Phases, Plugin, PluginApi,
+    ApiAnswer, ApiHandler, Clock, CompileCtx, ConnStats, Lease, LogCtx, LogNeeds, Phases, Plugin, PluginApi,
     PluginDef, PluginServices, ResponseSource, Retain, RouteInfo, RunPolicy, SharedState, StateMap,
     VarNames,
 };
@@ -99,12 +99,12 @@ fn apis(services: &PluginServices) -> Vec<PluginApi> {
     vec![PluginApi {
         methods: &[Method::GET],
         uri: attr.export_uri.clone(),
-        handler: Arc::new(move |_: &Method, _: &str| ApiAnswer {
+        handler: ApiHandler::Answer(Arc::new(move |_: &Method, _: &str| ApiAnswer {
             status: StatusCode::OK,
             // APISIX's handler sets `content_type: text/plain` before answering the text.
             content_type: HeaderValue::from_static("text/plain"),
             body: Bytes::from(metrics.render()),
-        }),
+        })),
     }]
 }
 

@@ -7,13 +7,17 @@
 //! plugins ([`PluginDef::apis`], collected by the registry) and answers with that API, or 404
 //! when none matches.
 //!
-//! The one API ferrisix has is prometheus' metrics text at `plugin_attr.prometheus.export_uri`,
-//! listed only when `enable_export_server` is false (as APISIX's `get_api`).
+//! The APIs are prometheus' metrics text at `plugin_attr.prometheus.export_uri` (listed only
+//! when `enable_export_server` is false, as APISIX's `get_api`), node-status' `/apisix/status`,
+//! batch-requests' `/apisix/batch-requests` and wolf-rbac's login, password and user APIs.
+//! The last two handle the whole request (its body, the consumers, calls out): their
+//! handlers are built here, per snapshot, from their plugins' `plugin_metadata`, and run as
+//! this plugin's access phase.
 
 use std::sync::Arc;
 
 use ferrisix_plugin_api::{
-    CompileCtx, Exit, Phases, Plugin, PluginApis, PluginCtx, PluginDef, Step,
+    ApiHandler, CompileCtx, Exit, Phases, Plugin, PluginApis, PluginCtx, PluginDef, Step,
 };
 use http::{header, StatusCode};
 use serde_json::{json, Value};
@@ -27,22 +31,48 @@ fn schema() -> Value {
 }
 
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
+    // The APIs that handle the whole request are built now, from their plugins' metadata of
+    // this snapshot; the others answer from the URI alone.
+    let handlers = cx
+        .apis
+        .iter()
+        .map(|api| match &api.handler {
+            ApiHandler::Answer(_) => None,
+            ApiHandler::Request { plugin, make } => {
+                Some(make(cx.all_metadata.get(*plugin), cx.services))
+            }
+        })
+        .collect::<Vec<_>>();
     Ok(Arc::new(PublicApi {
         uri: cx
             .conf
             .get("uri")
             .and_then(Value::as_str)
             .map(str::to_owned),
+        needs_consumers: handlers.iter().flatten().any(|h| h.needs_consumers()),
         apis: cx.apis.clone(),
+        handlers,
     }))
 }
 
 /// `public-api` compiled for one route.
-#[derive(Debug)]
 pub struct PublicApi {
     /// `uri`: the API to serve, whatever path matched the route.
     uri: Option<String>,
     apis: PluginApis,
+    /// The whole-request handlers, by the position of their API in `apis`.
+    handlers: Vec<Option<Arc<dyn Plugin>>>,
+    /// Some handler looks consumers up (wolf-rbac's login).
+    needs_consumers: bool,
+}
+
+impl std::fmt::Debug for PublicApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PublicApi")
+            .field("uri", &self.uri)
+            .field("apis", &self.apis)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Plugin for PublicApi {
@@ -50,15 +80,28 @@ impl Plugin for PublicApi {
         Phases::ACCESS
     }
 
+    fn needs_consumers(&self) -> bool {
+        self.needs_consumers
+    }
+
     fn access<'a>(&'a self, ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
         let uri = self.uri.as_deref().unwrap_or(ctx.uri());
-        let exit = match self.apis.answer(ctx.method(), uri) {
-            Some(answer) => Exit::body(answer.status, answer.body)
-                .with_header(header::CONTENT_TYPE, answer.content_type),
+        let found = self.apis.position(ctx.method(), uri);
+        let Some(i) = found else {
             // No API at this path (or not for this method): APISIX's `return 404`.
-            None => Exit::status(StatusCode::NOT_FOUND),
+            return Step::exit(Exit::status(StatusCode::NOT_FOUND));
         };
-        Step::exit(exit)
+        if let Some(Some(handler)) = self.handlers.get(i) {
+            return handler.access(ctx);
+        }
+        let uri = self.uri.as_deref().unwrap_or(ctx.uri());
+        match self.apis.answer(ctx.method(), uri) {
+            Some(answer) => Step::exit(
+                Exit::body(answer.status, answer.body)
+                    .with_header(header::CONTENT_TYPE, answer.content_type),
+            ),
+            None => Step::exit(Exit::status(StatusCode::NOT_FOUND)),
+        }
     }
 }
 

@@ -178,6 +178,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
                 owner: cx.owner,
                 route: cx.route,
                 metadata: None,
+                all_metadata: cx.all_metadata,
                 services: cx.services,
                 upstreams: cx.upstreams,
                 apis: cx.apis,

@@ -9,9 +9,11 @@
 //! 2. upstreams by id: changed ones are compiled again, the others keep their compiled form
 //!    (and so their balancer's position); services' inline upstreams likewise;
 //! 3. the global rules' chains: prepared again when a global rule, or the metadata of one of
-//!    their plugins, changed;
+//!    their plugins (of any plugin, for `public-api`, which builds the plugins' APIs from
+//!    theirs), changed;
 //! 4. routes: rebuilt when the route itself, its service, its plugin config, an upstream it
-//!    uses, the metadata of one of its plugins, or the global chains changed; every other
+//!    uses, the metadata of one of its plugins (any, for `public-api`), or the global chains
+//!    changed; every other
 //!    route is handed on as the same `Arc<CompiledRoute>`;
 //! 5. the route table is the previous one with the routes that are new, rebuilt or gone
 //!    applied to it (`RouteTable::apply`): everything else is shared with the previous
@@ -33,7 +35,9 @@ use serde_json::Value;
 
 use super::accept::{Applied, Quarantined};
 use super::diff::{ConfigDiff, Difference, SnapshotDiff};
-use super::routes::{compile_slot, Changes, CompiledRoute, RouteInputs, RouteSlot, PROTO_PLUGIN};
+use super::routes::{
+    compile_slot, Changes, CompiledRoute, RouteInputs, RouteSlot, API_PLUGIN, PROTO_PLUGIN,
+};
 use super::ssls;
 use super::upstreams::{
     inline_upstream, upstreams_by_id, CompiledUpstream, CompiledUpstreams, Holder, PluginUpstreams,
@@ -296,10 +300,10 @@ impl Snapshot {
         };
         let globals_changed = !applied_diff.global_rules.is_empty()
             || applied.global_rules.values().any(|rule| {
-                rule.typed
-                    .plugins
-                    .keys()
-                    .any(|p| applied_diff.plugin_metadata.touches(p))
+                rule.typed.plugins.keys().any(|p| {
+                    applied_diff.plugin_metadata.touches(p)
+                        || (p == API_PLUGIN && !applied_diff.plugin_metadata.is_empty())
+                })
             })
             || (!applied_diff.protos.is_empty()
                 && applied

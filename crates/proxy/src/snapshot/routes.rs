@@ -136,8 +136,14 @@ impl RouteDeps {
                 .iter()
                 .any(|p| applied.plugin_metadata.touches(p))
             || (!applied.protos.is_empty() && self.plugins.contains(PROTO_PLUGIN))
+            || (!applied.plugin_metadata.is_empty() && self.plugins.contains(API_PLUGIN))
     }
 }
+
+/// The plugin that serves other plugins' APIs, whose handlers it builds from those plugins'
+/// metadata (batch-requests' `max_body_size`): its routes are built again when any plugin
+/// metadata changes.
+pub(super) const API_PLUGIN: &str = "public-api";
 
 /// The plugin that compiles against protos: its routes are built again when a proto changes
 /// (one proto may import another, so any change).

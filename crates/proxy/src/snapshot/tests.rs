@@ -388,6 +388,41 @@ fn a_change_rebuilds_what_depends_on_it() {
     );
 }
 
+/// public-api builds other plugins' APIs from their metadata (batch-requests' limits): its
+/// routes are built again whenever any plugin metadata changes, the others are kept.
+#[test]
+fn public_api_routes_follow_every_plugin_metadata() {
+    let mut s = Store::new();
+    s.put(
+        "routes/api",
+        route(
+            "/apisix/batch-requests",
+            json!({"plugins": {"public-api": {}}}),
+        ),
+    )
+    .put(
+        "routes/plain",
+        route("/p", json!({"upstream": {"nodes": {"127.0.0.1:1980": 1}}})),
+    );
+    let v1 = first(&s);
+    s.put(
+        "plugin_metadata/batch-requests",
+        json!({"max_body_size": 2048}),
+    );
+    let v2 = compile(&s, &v1);
+    assert_eq!(v2.diff().routes.changed, ids(&["api"]));
+    assert!(same_route(&v1, &v2, "plain"));
+    // In a global rule: the global chains, and so every route.
+    s.put("global_rules/g", json!({"plugins": {"public-api": {}}}));
+    let v3 = compile(&s, &v2);
+    s.put(
+        "plugin_metadata/batch-requests",
+        json!({"max_body_size": 4096}),
+    );
+    let v4 = compile(&s, &v3);
+    assert_eq!(v4.diff().routes.changed, ids(&["api", "plain"]));
+}
+
 #[test]
 fn a_missing_reference_is_followed_when_it_appears() {
     let mut s = Store::new();

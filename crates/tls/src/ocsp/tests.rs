@@ -351,7 +351,10 @@ async fn a_chain_without_responder_or_issuer_is_named() {
     let ca = CertificateDer::from(der_of(&dir, "ca.pem"));
     let leaf = CertificateDer::from(der_of(&dir, "leaf.pem"));
     assert_eq!(
-        stapler.answer(&[ca.clone()], &conf).await.unwrap_err(),
+        stapler
+            .answer(std::slice::from_ref(&ca), &conf)
+            .await
+            .unwrap_err(),
         "failed to get ocsp url: cert not contains authority_information_access extension"
     );
     assert_eq!(

@@ -242,3 +242,48 @@ fn max_size_rotates_and_max_kept_keeps_the_newest() {
         assert!(gone < &left[0], "{gone} was deleted but {left:?} kept");
     }
 }
+
+/// A bad `plugin_attr.log-rotate` is refused with the key named, by `ferrisix -t` and at the
+/// start; without log-rotate in `plugins` the attribute is not read.
+#[test]
+fn a_bad_attribute_is_named_by_the_check_and_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |plugins: &str| {
+        std::fs::write(
+            dir.path().join("config.yaml"),
+            format!(
+                "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {}\n  enable_admin: false\n  ssl:\n    enable: false\n\
+                 deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n\
+                 {plugins}plugin_attr:\n  log-rotate: {{interval: 0, max_kept: 2}}\n",
+                free_port()
+            ),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("apisix.yaml"), "routes: []\n#END\n").unwrap();
+    };
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_ferrisix"))
+            .arg("-c")
+            .arg(dir.path().join("config.yaml"))
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    write("plugins:\n  - log-rotate\n");
+    let want = "plugin_attr.log-rotate.interval: invalid value: 0, expected a number of seconds, 1 or more";
+    let checked = run(&["-t"]);
+    let text = String::from_utf8_lossy(&checked.stderr);
+    assert!(!checked.status.success() && text.contains(want), "{text}");
+    let started = run(&[]);
+    let text = String::from_utf8_lossy(&started.stderr);
+    assert!(!started.status.success() && text.contains(want), "{text}");
+    write("plugins:\n  - prometheus\n");
+    let checked = run(&["-t"]);
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+}

@@ -362,3 +362,88 @@ async fn a_chain_without_responder_or_issuer_is_named() {
         "failed to create ocsp request: no issuer certificate in chain"
     );
 }
+
+/// A responder's good answer is checked and cached: asked again, the stapler does not ask the
+/// responder, and it asks again no later than the answer's nextUpdate or `cache_ttl`. An
+/// answer that fails the check is not kept: the next try asks again.
+#[tokio::test]
+async fn answers_are_cached_and_refreshed_before_they_expire() {
+    let (_t, dir) = setup();
+    let good: &'static [u8] = Box::leak(respond(&dir, "V", "ca.pem", "ca.key").into_boxed_slice());
+    let head = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/ocsp-response\r\nContent-Length: {}\r\n\r\n",
+        good.len()
+    );
+    let answer: &'static [u8] = Box::leak([head.as_bytes(), good].concat().into_boxed_slice());
+    let (url, mut asked) = responder(answer).await;
+    // A leaf whose AIA names this responder.
+    std::fs::write(
+        dir.join("x.ext"),
+        format!("authorityInfoAccess=OCSP;URI:{url}\n"),
+    )
+    .unwrap();
+    openssl(
+        &dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "leaf.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-set_serial",
+            "0x1234",
+            "-days",
+            "30",
+            "-extfile",
+            "x.ext",
+            "-out",
+            "here.pem",
+        ],
+    );
+    let chain = [
+        CertificateDer::from(der_of(&dir, "here.pem")),
+        CertificateDer::from(der_of(&dir, "ca.pem")),
+    ];
+    let stapler = OcspStapler::new(tokio::runtime::Handle::current());
+    let conf = OcspStapling {
+        enabled: true,
+        skip_verify: false,
+        cache_ttl: 3600,
+    };
+    let (resp, next, refresh) = stapler.answer(&chain, &conf).await.unwrap();
+    assert_eq!(resp, good);
+    let next = next.expect("the answer has a nextUpdate");
+    assert!(refresh <= Duration::from_secs(next.saturating_sub(now_secs()) + 1));
+    assert!(refresh <= Duration::from_secs(3600) && refresh >= Duration::from_secs(1));
+    assert!(asked.recv().await.is_some());
+    let (again, _, _) = stapler.answer(&chain, &conf).await.unwrap();
+    assert_eq!(again, good);
+    assert!(
+        asked.try_recv().is_err(),
+        "the second answer came from the cache"
+    );
+
+    // The same answer for another CA's view of the chain fails the check, and is dropped.
+    let foreign = [
+        CertificateDer::from(der_of(&dir, "here.pem")),
+        CertificateDer::from(der_of(&dir, "other.pem")),
+    ];
+    let e = stapler.answer(&foreign, &conf).await.unwrap_err();
+    assert!(e.starts_with("failed to validate ocsp response: "), "{e}");
+    assert!(asked.recv().await.is_some());
+    assert!(stapler.answer(&foreign, &conf).await.is_err());
+    assert!(
+        asked.recv().await.is_some(),
+        "asked again after a failed check"
+    );
+    // skip_verify: stapled as it came.
+    let skip = OcspStapling {
+        skip_verify: true,
+        ..conf
+    };
+    let (unchecked, next, _) = stapler.answer(&foreign, &skip).await.unwrap();
+    assert_eq!((unchecked.as_slice(), next), (good, None));
+}

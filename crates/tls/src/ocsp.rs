@@ -315,6 +315,10 @@ fn complete_body(raw: &[u8]) -> Result<Option<Vec<u8>>, String> {
             if size == 0 {
                 return Ok(Some(out));
             }
+            // A size past the answer's limit would only overflow.
+            if size > MAX_RESPONSE {
+                return Err("chunk too large".to_string());
+            }
             if rest.len() < size + 2 {
                 return Ok(None);
             }

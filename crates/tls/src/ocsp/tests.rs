@@ -447,3 +447,23 @@ async fn answers_are_cached_and_refreshed_before_they_expire() {
     let (unchecked, next, _) = stapler.answer(&foreign, &skip).await.unwrap();
     assert_eq!((unchecked.as_slice(), next), (good, None));
 }
+
+#[test]
+fn answers_that_do_not_parse_are_errors_not_panics() {
+    let head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let huge = [&head[..], b"ffffffffffffffff\r\nab"].concat();
+    assert!(complete_body(&huge).is_err());
+    let partial = [&head[..], b"5\r\nab"].concat();
+    assert_eq!(complete_body(&partial).unwrap(), None);
+    assert!(complete_body(b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n").is_err());
+    assert!(status_of(b"garbage").is_err());
+    for bad in [
+        &b""[..],
+        b"\x30",
+        b"\x30\x85\x01\x01\x01\x01\x01",
+        b"\x30\x02\x02\x01",
+        b"\x1f\x00",
+    ] {
+        assert!(Cert::parse(bad).is_err());
+    }
+}

@@ -175,6 +175,11 @@ fn responder(dir: &Path, port: u16) -> Responder {
 
 /// `openssl s_client -status` for `sni`: its whole output.
 fn s_client_status(port: u16, sni: &str, ca: &Path) -> String {
+    s_client_status_with(port, sni, ca, &[])
+}
+
+/// [`s_client_status`] with more of s_client's options (`-tls1_2`).
+fn s_client_status_with(port: u16, sni: &str, ca: &Path, more: &[&str]) -> String {
     let out = Command::new("openssl")
         .args([
             "s_client",
@@ -186,6 +191,7 @@ fn s_client_status(port: u16, sni: &str, ca: &Path) -> String {
             "-CAfile",
         ])
         .arg(ca)
+        .args(more)
         .stdin(Stdio::null())
         .output()
         .expect("openssl is installed");
@@ -255,6 +261,11 @@ fn answers_are_fetched_checked_and_stapled() {
     );
     assert!(out.contains("Cert Status: good"), "{out}");
     assert!(out.contains("Serial Number: 1001"), "{out}");
+    assert!(out.contains("Verify return code: 0 (ok)"), "{out}");
+    // TLS 1.2 carries it in its own CertificateStatus message.
+    let out = s_client_status_with(tls_port, "good.test", &ca, &["-tls1_2"]);
+    assert!(out.contains("Protocol  : TLSv1.2"), "{out}");
+    assert!(out.contains("Cert Status: good"), "{out}");
 
     // The revoked certificate: its answer does not pass the check, nothing is stapled, and
     // the log says why in APISIX's words.

@@ -11,6 +11,7 @@ use ferrisix_config::settings::{AccessLogTarget, HttpRouter, Settings};
 use ferrisix_config::state::ConfigState;
 use ferrisix_net::ListenerSet;
 use ferrisix_plugin_api::PluginServices;
+use ferrisix_plugins::log::log_rotate;
 use ferrisix_plugins::observe::prometheus::Metrics;
 use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::log::access::{AccessLog, LogSink};
@@ -105,6 +106,9 @@ pub fn check(settings: &Settings) -> ExitCode {
         problems.extend(errors);
         ferrisix_wasm::WasmPlugins::none()
     });
+    if let Err(e) = log_rotator(settings, &LogReopen::new()) {
+        problems.push(e);
+    }
     if settings.provider().file_format().is_some() {
         let (registry, unknown) = PluginRegistry::enabled(settings.plugins.as_deref());
         let registry = registry.with_plugins(wasm.defs());
@@ -135,18 +139,26 @@ pub fn check(settings: &Settings) -> ExitCode {
 pub fn compile_options(
     settings: &Settings,
     upstreams: Arc<ferrisix_proxy::UpstreamServices>,
+    background: tokio::runtime::Handle,
 ) -> Result<CompileOptions, String> {
     let tls = ferrisix_tls::TlsSettings::new(&settings.apisix.ssl, &settings.config_dir())?;
+    let mut tls = ferrisix_tls::TlsContext::new(tls, settings.apisix.data_encryption.keyring());
+    // ocsp-stapling enabled (by the `plugins` list, or by its absence, which enables every
+    // plugin): the ssls that ask get their OCSP answers stapled, fetched on `background`.
+    let stapling = settings
+        .plugins
+        .as_deref()
+        .is_none_or(|p| p.iter().any(|n| n == "ocsp-stapling"));
+    if stapling {
+        tls = tls.with_ocsp(ferrisix_tls::ocsp::OcspStapler::new(background));
+    }
     Ok(CompileOptions {
         router: match settings.apisix.router.http {
             HttpRouter::RadixtreeHostUri => RouterKind::HostUri,
             HttpRouter::RadixtreeUri => RouterKind::Uri,
             HttpRouter::RadixtreeUriWithParameter => RouterKind::UriWithParameter,
         },
-        tls: Arc::new(ferrisix_tls::TlsContext::new(
-            tls,
-            settings.apisix.data_encryption.keyring(),
-        )),
+        tls: Arc::new(tls),
         upstreams,
     })
 }
@@ -258,6 +270,45 @@ pub fn gateway(
         client_body_timeout: http.client_body_timeout,
         client_max_body_size: http.client_max_body_size,
     }
+}
+
+/// The log-rotate timer's state, when config.yaml's `plugins` list names log-rotate (APISIX's
+/// default list leaves it out, so a config without a list does not rotate): the error log and
+/// the access log where they are files, moved by `plugin_attr.log-rotate`. Fails on a bad
+/// `plugin_attr.log-rotate`.
+pub fn log_rotator(
+    settings: &Settings,
+    reopen: &LogReopen,
+) -> Result<Option<log_rotate::LogRotator>, String> {
+    let listed = settings
+        .plugins
+        .as_deref()
+        .is_some_and(|p| p.iter().any(|n| n == log_rotate::NAME));
+    if !listed {
+        return Ok(None);
+    }
+    let attr =
+        log_rotate::RotateAttr::from_attr(settings.plugin_attr.others.get(log_rotate::NAME))?;
+    let mut logs = Vec::new();
+    match &settings.nginx_config.error_log {
+        Some(AccessLogTarget::File(path)) => logs.push(log_rotate::RotatedLog {
+            kind: "error.log",
+            path: path.clone(),
+            reopen: reopen.clone(),
+        }),
+        _ => tracing::info!(
+            "log-rotate: nginx_config.error_log is not a file (stderr by default); only the access log is rotated"
+        ),
+    }
+    let http = &settings.nginx_config.http;
+    if let (true, AccessLogTarget::File(path)) = (http.enable_access_log, &http.access_log) {
+        logs.push(log_rotate::RotatedLog {
+            kind: "access.log",
+            path: path.clone(),
+            reopen: reopen.clone(),
+        });
+    }
+    Ok(Some(log_rotate::LogRotator::new(attr, logs)))
 }
 
 pub fn server_options(settings: &Settings) -> ServerOptions {

@@ -193,6 +193,9 @@ impl ErrorLog {
             Target::Stderr => io::stderr().lock().write_all(buf),
             Target::Stdout => io::stdout().lock().write_all(buf),
             Target::File { path, reopen, file } => {
+                // Counted until the line is written: a rotation waits for it before it
+                // compresses the file it moved away (see `LogReopen::settle`).
+                let _writing = reopen.writing();
                 let generation = reopen.generation();
                 let mut file = file.lock().unwrap_or_else(|e| e.into_inner());
                 if file.as_ref().is_none_or(|(g, _)| *g != generation) {

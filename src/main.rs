@@ -182,7 +182,7 @@ fn run(
     let reopen_for_plugins = services.log_reopen().clone();
     // Health probes and DNS lookups run on the control runtime, never on a worker.
     let upstreams = cli::upstream_services(&settings, control.handle().clone());
-    let options = cli::compile_options(&settings, upstreams)?;
+    let options = cli::compile_options(&settings, upstreams, background.handle().clone())?;
     let handle = snapshot::new_handle(&options);
 
     // `ext-plugin.cmd`: the runner starts with the gateway, as APISIX's privileged agent
@@ -284,6 +284,10 @@ fn run(
         plugins,
         published_tx,
     ));
+    // log-rotate: its timer moves the logs aside off the request path.
+    if let Some(rotator) = cli::log_rotator(&settings, &reopen)? {
+        background.spawn(rotator.run());
+    }
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let shutdown_rx_stream = shutdown_rx.clone();
     // The data plane's accepting ends with this one when the sockets wait for a successor.

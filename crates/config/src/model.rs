@@ -313,4 +313,16 @@ pub struct Ssl {
     /// `status: 0` takes the ssl out of the handshakes.
     pub enabled: bool,
     pub ssl_protocols: Option<Vec<String>>,
+    /// `ocsp_stapling` (the ocsp-stapling plugin's field of ssls).
+    pub ocsp_stapling: Option<OcspStapling>,
+}
+
+/// `ssls/<id>.ocsp_stapling`, with APISIX's defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OcspStapling {
+    pub enabled: bool,
+    /// Staple the responder's answer without checking it.
+    pub skip_verify: bool,
+    /// Seconds an answer is cached (60 or more).
+    pub cache_ttl: u64,
 }

@@ -1,7 +1,8 @@
 //! Loggers: each request's log entry (`log_entry`, APISIX's `log-util`) sent to a log
 //! pipeline through a batch processor (`batch_processor`, APISIX's), one file per logger on
 //! the shared `logger` core and the `sink` helpers (schemas, conf reading, TCP/TLS/UDP and
-//! HTTP(S) sends); file-logger writes its own file through a writer task.
+//! HTTP(S) sends); file-logger writes its own file through a writer task; log-rotate rotates
+//! the gateway's own access and error logs.
 
 pub mod batch_processor;
 pub mod log_entry;
@@ -18,6 +19,7 @@ family! {
     syslog,
     clickhouse_logger,
     file_logger,
+    log_rotate,
     kafka_logger,
     splunk_hec_logging,
     loggly,

@@ -7,13 +7,15 @@
 //! reads a ClientHello, picks the ssl by SNI (or `fallback_sni`) and completes the handshake;
 //! [`mtls`] applies APISIX's per-request client-certificate rules; [`upstream`] builds the
 //! client configs used towards TLS upstreams; [`resumption`] keeps a resumed session within
-//! the client-certificate policy it was made under. [`TlsSettings`] carries `apisix.ssl`:
+//! the client-certificate policy it was made under; [`ocsp`] staples the responders' answers
+//! (the ocsp-stapling plugin). [`TlsSettings`] carries `apisix.ssl`:
 //! protocols, nginx cipher names mapped onto rustls suites, session cache and tickets.
 #![forbid(unsafe_code)]
 
 pub mod accept;
 pub mod ciphers;
 pub mod mtls;
+pub mod ocsp;
 pub mod resumption;
 pub mod server;
 pub mod settings;

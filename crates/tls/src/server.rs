@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use ferrisix_config::model::{Ssl, SslClient};
 use ferrisix_config::pem;
 use rustls::client::danger::HandshakeSignatureValid;
@@ -14,6 +15,7 @@ use rustls::{
     DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
 };
 
+use crate::ocsp::{KeySlots, OcspStapler};
 use crate::resumption::{Scope, ScopedSessions, ScopedTicketer};
 use crate::settings::{protocol_versions, TlsSettings};
 
@@ -24,7 +26,8 @@ pub const ALPN_H2: [&[u8]; 2] = [b"h2", b"http/1.1"];
 /// cipher suites) choose between an RSA and an ECDSA certificate.
 #[derive(Debug)]
 pub struct PairResolver {
-    keys: Vec<Arc<CertifiedKey>>,
+    /// Each pair swappable for a copy with a stapled OCSP answer ([`crate::ocsp`]).
+    keys: Arc<KeySlots>,
     tls13: bool,
 }
 
@@ -33,21 +36,18 @@ impl ResolvesServerCert for PairResolver {
         let schemes = hello.signature_schemes();
         let suites = hello.cipher_suites();
         let tls13 = self.tls13 && suites.iter().any(|s| crate::ciphers::is_tls13(*s));
-        self.keys
-            .iter()
-            .find(|ck| {
-                if ck.key.choose_scheme(schemes).is_none() {
-                    return false;
-                }
-                if tls13 {
-                    return true;
-                }
-                let ecdsa = !matches!(ck.key.algorithm(), rustls::SignatureAlgorithm::RSA);
-                suites
-                    .iter()
-                    .any(|s| crate::ciphers::tls12_auth_is_ecdsa(*s) == Some(ecdsa))
-            })
-            .cloned()
+        self.keys.iter().map(ArcSwap::load_full).find(|ck| {
+            if ck.key.choose_scheme(schemes).is_none() {
+                return false;
+            }
+            if tls13 {
+                return true;
+            }
+            let ecdsa = !matches!(ck.key.algorithm(), rustls::SignatureAlgorithm::RSA);
+            suites
+                .iter()
+                .any(|s| crate::ciphers::tls12_auth_is_ecdsa(*s) == Some(ecdsa))
+        })
     }
 }
 
@@ -240,14 +240,19 @@ pub struct ServerSsl {
     pub client: Option<ClientPolicy>,
 }
 
-/// Builds the server side of `ssl`. `Err` quarantines it (a PEM that does not parse).
-pub fn build(ssl: &Ssl, settings: &TlsSettings) -> Result<ServerSsl, String> {
+/// Builds the server side of `ssl`. `Err` quarantines it (a PEM that does not parse). With
+/// `ocsp` and `ocsp_stapling.enabled`, each certificate gets its answer stapled.
+pub fn build(
+    ssl: &Ssl,
+    settings: &TlsSettings,
+    ocsp: Option<&Arc<OcspStapler>>,
+) -> Result<ServerSsl, String> {
     let mut keys = Vec::new();
     let mut mismatch = None;
     let pairs = std::iter::once((&ssl.cert, &ssl.key)).chain(ssl.certs.iter().zip(&ssl.keys));
     for (i, (cert, key)) in pairs.enumerate() {
         match certified_key(cert, key, settings) {
-            Ok(ck) => keys.push(Arc::new(ck)),
+            Ok(ck) => keys.push(ArcSwap::from_pointee(ck)),
             Err(KeyError::Invalid(e)) if i == 0 => return Err(e),
             Err(KeyError::Invalid(e)) => {
                 return Err(format!("failed to handle cert-key pair[{i}]: {e}"))
@@ -302,6 +307,12 @@ pub fn build(ssl: &Ssl, settings: &TlsSettings) -> Result<ServerSsl, String> {
         Some(v) => builder.with_client_cert_verifier(v),
         None => builder.with_no_client_auth(),
     };
+    let keys: Arc<KeySlots> = keys.into();
+    if let (Some(stapler), Some(conf)) = (ocsp, ssl.ocsp_stapling.as_ref().filter(|o| o.enabled)) {
+        for index in 0..keys.len() {
+            stapler.staple(ssl.id.clone(), conf.clone(), Arc::downgrade(&keys), index);
+        }
+    }
     let mut config = builder.with_cert_resolver(Arc::new(PairResolver {
         keys,
         tls13: versions.contains(&&rustls::version::TLS13),

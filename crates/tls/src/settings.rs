@@ -142,6 +142,9 @@ pub fn system_roots() -> RootCertStore {
 pub struct TlsContext {
     pub settings: TlsSettings,
     pub keyring: Keyring,
+    /// Staples OCSP answers for the ssls that ask (`ocsp_stapling.enabled`) when the
+    /// ocsp-stapling plugin is enabled; `None`: no stapling.
+    pub ocsp: Option<std::sync::Arc<crate::ocsp::OcspStapler>>,
 }
 
 impl Default for TlsContext {
@@ -150,12 +153,23 @@ impl Default for TlsContext {
         TlsContext {
             settings: TlsSettings::default(),
             keyring: Keyring::apisix_default(),
+            ocsp: None,
         }
     }
 }
 
 impl TlsContext {
     pub fn new(settings: TlsSettings, keyring: Keyring) -> TlsContext {
-        TlsContext { settings, keyring }
+        TlsContext {
+            settings,
+            keyring,
+            ocsp: None,
+        }
+    }
+
+    /// This context stapling OCSP answers with `stapler` (the ocsp-stapling plugin enabled).
+    pub fn with_ocsp(mut self, stapler: std::sync::Arc<crate::ocsp::OcspStapler>) -> TlsContext {
+        self.ocsp = Some(stapler);
+        self
     }
 }

@@ -162,7 +162,7 @@ impl CertStore {
                     }
                     let entry = match previous.by_id.get(&ssl.id).filter(|e| e.source == *ssl) {
                         Some(e) => e.clone(),
-                        None => match server::build(ssl, &ctx.settings) {
+                        None => match server::build(ssl, &ctx.settings, ctx.ocsp.as_ref()) {
                             Ok(built) => {
                                 if let Err(e) = &built.configs {
                                     tracing::error!(

@@ -216,6 +216,16 @@ impl AdminApi {
                 }
             }
             Checker::Core(kind) => {
+                // ocsp-stapling adds `ocsp_stapling` to the ssl schema when it is enabled;
+                // without it the field is one the schema does not have.
+                if kind == ResourceKind::Ssls
+                    && conf.get("ocsp_stapling").is_some()
+                    && plugins.get("ocsp-stapling").is_none()
+                {
+                    return bad(invalid(
+                        "additional properties forbidden, found ocsp_stapling".to_string(),
+                    ));
+                }
                 // Private keys that are not PEM are decrypted with the keyring and parsed, as
                 // APISIX's `validate` does.
                 let keyring = &self.options().keyring;

@@ -333,6 +333,69 @@ async fn ssls_hide_private_keys() {
     assert_eq!(r.json()["value"]["key"], stored.as_str());
 }
 
+/// ocsp-stapling adds `ocsp_stapling` to the ssl schema (`enabled`, `skip_verify`, `cache_ttl`
+/// of 60 or more): with the plugin enabled it is checked; without it the schema has no such
+/// field, as APISIX answers (`t/plugin/ocsp-stapling.t`).
+#[tokio::test]
+async fn ssls_take_ocsp_stapling_only_with_the_plugin() {
+    use std::sync::Arc;
+    let cert = include_str!("../../../../tests/data/tls/server.crt");
+    let key = include_str!("../../../../tests/data/tls/server.key");
+    let ssl = |ocsp: serde_json::Value| json!({"cert": cert, "key": key, "snis": ["a.com"], "ocsp_stapling": ocsp});
+    let a = Admin::new();
+    let r = a
+        .json("PUT", "/apisix/admin/ssls/1", ssl(json!({"enabled": true})))
+        .await;
+    assert!([200, 201].contains(&r.status), "{}", r.text());
+    let r = a
+        .json(
+            "PUT",
+            "/apisix/admin/ssls/1",
+            ssl(json!({"enabled": true, "cache_ttl": 59})),
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.json()["error_msg"],
+        "invalid configuration: property \"ocsp_stapling\" validation failed: property \"cache_ttl\" validation failed: expected 59 to be at least 60"
+    );
+    let r = a
+        .json(
+            "PUT",
+            "/apisix/admin/ssls/1",
+            ssl(json!({"skip_verify": "yes"})),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+
+    let store = Arc::new(ferrisix_config::store::memory::MemoryStore::new("/apisix"));
+    let (without, _) = ferrisix_plugins::PluginRegistry::enabled(Some(&["prometheus".to_string()]));
+    let a = Admin {
+        api: Arc::new(ferrisix_admin::AdminApi::new(
+            options(),
+            store.clone(),
+            without,
+        )),
+        store,
+    };
+    let r = a
+        .json("PUT", "/apisix/admin/ssls/1", ssl(json!({"enabled": true})))
+        .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.json()["error_msg"],
+        "invalid configuration: additional properties forbidden, found ocsp_stapling"
+    );
+    let r = a
+        .json(
+            "PUT",
+            "/apisix/admin/ssls/1",
+            json!({"cert": cert, "key": key, "snis": ["a.com"]}),
+        )
+        .await;
+    assert!([200, 201].contains(&r.status), "{}", r.text());
+}
+
 /// Issue 47, item 1: APISIX's `check_ssl_conf` and `check_upstream_conf` decrypt a key that
 /// is not PEM with the keyring before parsing it (`aes_decrypt_pkey`), so a key that is neither
 /// PEM nor the keyring's ciphertext is refused, and so is a client CA that is no certificate;

@@ -454,6 +454,19 @@ pub fn credential() -> Value {
     })
 }
 
+/// The ocsp-stapling plugin's field of ssls (`apisix/plugins/ocsp-stapling.lua` adds it to
+/// the ssl schema when the plugin is enabled; the Admin API refuses it otherwise).
+pub fn ocsp_stapling() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "enabled": {"type": "boolean", "default": false},
+            "skip_verify": {"type": "boolean", "default": false},
+            "cache_ttl": {"type": "integer", "minimum": 60, "default": 3600}
+        }
+    })
+}
+
 pub fn ssl() -> Value {
     let sni = json!({"type": "string", "pattern": HOST_PATTERN});
     json!({
@@ -502,7 +515,8 @@ pub fn ssl() -> Value {
                 "maxItems": 3,
                 "uniqueItems": true,
                 "items": {"enum": ["TLSv1.1", "TLSv1.2", "TLSv1.3"]}
-            }
+            },
+            "ocsp_stapling": ocsp_stapling()
         },
         "if": {"properties": {"type": {"enum": ["server"]}}},
         "then": {"oneOf": [

@@ -15,8 +15,8 @@ use super::checks::{
     check_synced_in_place, id_text, AcceptAnyPlugin, PluginCheck, ValidationError,
 };
 use crate::model::{
-    GlobalRule, KeepalivePool, LbType, Node, PassHost, PluginConfig, ResourceKind, Route, Scheme,
-    Service, Ssl, SslClient, SslType, Timeout, Upstream,
+    GlobalRule, KeepalivePool, LbType, Node, OcspStapling, PassHost, PluginConfig, ResourceKind,
+    Route, Scheme, Service, Ssl, SslClient, SslType, Timeout, Upstream,
 };
 
 /// Validates a route (as [`super::check_resource`]) and converts it. `id` is the key's id; it is
@@ -179,6 +179,17 @@ pub fn ssl_from_value(
         client,
         enabled: conf.get("status").and_then(Value::as_i64) != Some(0),
         ssl_protocols: conf.get("ssl_protocols").map(|_| list("ssl_protocols")),
+        ocsp_stapling: conf
+            .get("ocsp_stapling")
+            .filter(|o| o.is_object())
+            .map(|o| OcspStapling {
+                enabled: o.get("enabled").and_then(Value::as_bool).unwrap_or(false),
+                skip_verify: o
+                    .get("skip_verify")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+                cache_ttl: o.get("cache_ttl").and_then(Value::as_u64).unwrap_or(3600),
+            }),
     })
 }
 

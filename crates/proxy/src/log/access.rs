@@ -623,6 +623,10 @@ impl WorkerBuffer {
             LogSink::Stderr => std::io::stderr().lock().write_all(&self.data),
             LogSink::Stdout => std::io::stdout().lock().write_all(&self.data),
             LogSink::File(path) => {
+                // Counted from before the generation is read until the bytes are written, so
+                // that a rotation can wait for this write before it compresses the file it
+                // moved away (see `LogReopen::settle`).
+                let _writing = log.reopen.as_ref().map(LogReopen::writing);
                 let generation = log.reopen_generation();
                 if self
                     .file

@@ -1,0 +1,289 @@
+//! End-to-end, through the binary: log-rotate moves the gateway's access and error logs aside
+//! while requests come, and every request's line ends up in exactly one file (the current log
+//! or a moved one, compressed or not); `max_size` rotates by size and `max_kept` keeps only the
+//! newest moved files.
+use crate::support;
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::*;
+
+/// A gateway on `plugins: [log-rotate]` with `attr` as `plugin_attr.log-rotate` (YAML flow
+/// map), its access log and error log files in its directory, two workers, one route to an
+/// echo upstream.
+fn start(attr: &str, upstream: &Upstream) -> Gateway {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = format!(
+        "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: false\n  enable_control: false\n  ssl:\n    enable: false\n\
+         deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n\
+         nginx_config:\n  worker_processes: 2\n  error_log: {}\n  http:\n    access_log: {}\n    access_log_format: \"$request_uri $status\"\n\
+         plugins:\n  - log-rotate\n\
+         plugin_attr:\n  log-rotate: {attr}\n",
+        dir.path().join("logs/error.log").display(),
+        dir.path().join("logs/access.log").display(),
+    );
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    std::fs::write(
+        dir.path().join("apisix.yaml"),
+        format!(
+            "routes:\n  - id: r\n    uri: /r/*\n    upstream:\n      type: roundrobin\n      nodes:\n        \"{}\": 1\n#END\n",
+            upstream.node()
+        ),
+    )
+    .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_ferrisix"))
+        .arg("-c")
+        .arg(dir.path().join("config.yaml"))
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start ferrisix");
+    let gw = Gateway {
+        child,
+        port,
+        dir,
+        metrics_port: 0,
+    };
+    assert!(
+        poll_until(Duration::from_secs(20), || TcpStream::connect(gw.addr())
+            .is_ok())
+        .is_some(),
+        "ferrisix did not listen on {port}"
+    );
+    gw
+}
+
+fn logs_dir(gw: &Gateway) -> std::path::PathBuf {
+    gw.config_dir().join("logs")
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut n: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    n.sort();
+    n
+}
+
+/// The text of a log file, a `.tar.gz` read with Debian's tar.
+fn read_log(path: &Path) -> String {
+    if path.to_string_lossy().ends_with(".tar.gz") {
+        let out = Command::new("tar")
+            .arg("-xzOf")
+            .arg(path)
+            .output()
+            .expect("tar (Debian package tar) must be installed");
+        assert!(
+            out.status.success(),
+            "tar -xzOf {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    } else {
+        let mut s = String::new();
+        std::fs::File::open(path)
+            .unwrap()
+            .read_to_string(&mut s)
+            .unwrap();
+        s
+    }
+}
+
+/// How many times each `/r/<n>` line appears across the access log and its moved files, and
+/// how many moved files hold at least one.
+fn count_lines(dir: &Path) -> (HashMap<String, usize>, usize) {
+    let mut seen = HashMap::new();
+    let mut files_with_lines = 0;
+    for name in names(dir) {
+        let is_access = name == "access.log"
+            || name.ends_with("__access.log")
+            || name.ends_with("__access.log.tar.gz");
+        if !is_access {
+            continue;
+        }
+        let text = read_log(&dir.join(&name));
+        let mut any = false;
+        for line in text.lines().filter(|l| l.starts_with("/r/")) {
+            *seen.entry(line.to_owned()).or_insert(0) += 1;
+            any = true;
+        }
+        if any && name != "access.log" {
+            files_with_lines += 1;
+        }
+    }
+    (seen, files_with_lines)
+}
+
+/// Sends `/r/<from>` .. `/r/<to - 1>` from four clients on kept-alive connections.
+fn burst(addr: SocketAddr, from: usize, to: usize, pace: Duration) {
+    let clients: Vec<_> = (0..4)
+        .map(|c| {
+            std::thread::spawn(move || {
+                let mut conn = Conn::open(addr);
+                for n in (from + c..to).step_by(4) {
+                    assert_eq!(conn.get(&format!("/r/{n}")).status, 200);
+                    std::thread::sleep(pace);
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+}
+
+/// A burst of requests across several rotations (every second), the moved files compressed:
+/// every request's line is in exactly one file, current or archived, and the lines went to
+/// more than one file; the error log is moved and compressed too.
+#[test]
+fn every_line_lands_in_exactly_one_file_across_rotations() {
+    let upstream = Upstream::start("u", Behaviour::Echo);
+    let gw = start(
+        "{interval: 1, max_kept: 1000, enable_compression: true}",
+        &upstream,
+    );
+    const N: usize = 1200;
+    // About three seconds of requests: several rotations happen while they come.
+    let started = Instant::now();
+    burst(gw.addr(), 0, N, Duration::from_millis(10));
+    let took = started.elapsed();
+    let dir = logs_dir(&gw);
+    // The workers write their buffers out within a second or so; wait for every line.
+    let complete = poll_until(Duration::from_secs(30), || {
+        let (seen, _) = count_lines(&dir);
+        seen.len() == N
+    });
+    let (seen, files) = count_lines(&dir);
+    assert!(
+        complete.is_some(),
+        "{} of {N} request lines found in {:?}",
+        seen.len(),
+        names(&dir)
+    );
+    let twice: Vec<_> = seen.iter().filter(|(_, c)| **c != 1).collect();
+    assert!(twice.is_empty(), "lines written more than once: {twice:?}");
+    assert!(
+        files >= 2 || took < Duration::from_secs(2),
+        "the burst took {took:?} but its lines are in {files} moved files: {:?}",
+        names(&dir)
+    );
+    let all = names(&dir);
+    assert!(
+        all.iter().any(|n| n.ends_with("__error.log.tar.gz")),
+        "the error log was moved and compressed: {all:?}"
+    );
+    assert!(
+        !all.iter()
+            .any(|n| n.ends_with("__access.log") || n.ends_with("__error.log")),
+        "every moved file is compressed: {all:?}"
+    );
+    // APISIX's message for the first rotation time is in one of the error logs.
+    let error_text: String = all
+        .iter()
+        .filter(|n| n.contains("error.log"))
+        .map(|n| read_log(&dir.join(n)))
+        .collect();
+    assert!(
+        error_text.contains("first init rotate time is: "),
+        "{error_text}"
+    );
+}
+
+/// `max_size` moves the access log once it is that big, though the interval (an hour) is far
+/// off; `max_kept: 2` keeps the two newest moved files.
+#[test]
+fn max_size_rotates_and_max_kept_keeps_the_newest() {
+    let upstream = Upstream::start("u", Behaviour::Echo);
+    let gw = start("{interval: 3600, max_kept: 2, max_size: 2000}", &upstream);
+    let dir = logs_dir(&gw);
+    let moved = |d: &Path| {
+        names(d)
+            .into_iter()
+            .filter(|n| n.ends_with("__access.log"))
+            .collect::<Vec<_>>()
+    };
+    let mut seen_moved = std::collections::BTreeSet::new();
+    for round in 0..3 {
+        // Well past 2000 bytes of lines (each `/r/<n> 200`).
+        burst(gw.addr(), round * 1000, round * 1000 + 300, Duration::ZERO);
+        let before = seen_moved.len();
+        let rotated = poll_until(Duration::from_secs(30), || {
+            seen_moved.extend(moved(&dir));
+            seen_moved.len() > before
+        });
+        assert!(
+            rotated.is_some(),
+            "round {round}: the access log was not rotated by size: {:?}",
+            names(&dir)
+        );
+    }
+    assert!(seen_moved.len() >= 3, "{seen_moved:?}");
+    let mut left = Vec::new();
+    let two = poll_until(Duration::from_secs(10), || {
+        left = moved(&dir);
+        left.len() == 2
+    });
+    assert!(two.is_some(), "max_kept 2: {:?}", names(&dir));
+    // Those deleted are older than those kept (the names start with the date).
+    for gone in seen_moved.iter().filter(|n| !left.contains(n)) {
+        assert!(gone < &left[0], "{gone} was deleted but {left:?} kept");
+    }
+}
+
+/// A bad `plugin_attr.log-rotate` is refused with the key named, by `ferrisix -t` and at the
+/// start; without log-rotate in `plugins` the attribute is not read.
+#[test]
+fn a_bad_attribute_is_named_by_the_check_and_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |plugins: &str| {
+        std::fs::write(
+            dir.path().join("config.yaml"),
+            format!(
+                "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {}\n  enable_admin: false\n  ssl:\n    enable: false\n\
+                 deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n\
+                 {plugins}plugin_attr:\n  log-rotate: {{interval: 0, max_kept: 2}}\n",
+                free_port()
+            ),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("apisix.yaml"), "routes: []\n#END\n").unwrap();
+    };
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_ferrisix"))
+            .arg("-c")
+            .arg(dir.path().join("config.yaml"))
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    write("plugins:\n  - log-rotate\n");
+    let want = "plugin_attr.log-rotate.interval: invalid value: 0, expected a number of seconds, 1 or more";
+    let checked = run(&["-t"]);
+    let text = String::from_utf8_lossy(&checked.stderr);
+    assert!(!checked.status.success() && text.contains(want), "{text}");
+    let started = run(&[]);
+    let text = String::from_utf8_lossy(&started.stderr);
+    assert!(!started.status.success() && text.contains(want), "{text}");
+    write("plugins:\n  - prometheus\n");
+    let checked = run(&["-t"]);
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+}

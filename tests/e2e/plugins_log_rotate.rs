@@ -93,38 +93,63 @@ fn read_log(path: &Path) -> String {
         );
         String::from_utf8(out.stdout).unwrap()
     } else {
-        let mut s = String::new();
-        std::fs::File::open(path)
-            .unwrap()
-            .read_to_string(&mut s)
-            .unwrap();
-        s
+        read_plain(path).unwrap_or_else(|| panic!("{} vanished", path.display()))
+    }
+}
+
+/// A plain log file's text; `None` when it is gone (a rotation compressed it meanwhile).
+fn read_plain(path: &Path) -> Option<String> {
+    let mut s = String::new();
+    match std::fs::File::open(path) {
+        Ok(mut f) => {
+            f.read_to_string(&mut s).unwrap();
+            Some(s)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => panic!("{}: {e}", path.display()),
     }
 }
 
 /// How many times each `/r/<n>` line appears across the access log and its moved files, and
 /// how many moved files hold at least one.
 fn count_lines(dir: &Path) -> (HashMap<String, usize>, usize) {
-    let mut seen = HashMap::new();
-    let mut files_with_lines = 0;
-    for name in names(dir) {
-        let is_access = name == "access.log"
-            || name.ends_with("__access.log")
-            || name.ends_with("__access.log.tar.gz");
-        if !is_access {
-            continue;
+    // A moved file can be compressed (and removed) between the listing and its read: then
+    // the count starts over from a new listing.
+    'listing: loop {
+        let mut seen = HashMap::new();
+        let mut files_with_lines = 0;
+        let listed = names(dir);
+        for name in &listed {
+            // Between its archive's rename and its removal, a moved file is listed twice.
+            if listed.contains(&format!("{name}.tar.gz")) {
+                continue;
+            }
+            let is_access = name == "access.log"
+                || name.ends_with("__access.log")
+                || name.ends_with("__access.log.tar.gz");
+            if !is_access {
+                continue;
+            }
+            let path = dir.join(name);
+            let text = if name.ends_with(".tar.gz") {
+                read_log(&path)
+            } else {
+                match read_plain(&path) {
+                    Some(text) => text,
+                    None => continue 'listing,
+                }
+            };
+            let mut any = false;
+            for line in text.lines().filter(|l| l.starts_with("/r/")) {
+                *seen.entry(line.to_owned()).or_insert(0) += 1;
+                any = true;
+            }
+            if any && name != "access.log" {
+                files_with_lines += 1;
+            }
         }
-        let text = read_log(&dir.join(&name));
-        let mut any = false;
-        for line in text.lines().filter(|l| l.starts_with("/r/")) {
-            *seen.entry(line.to_owned()).or_insert(0) += 1;
-            any = true;
-        }
-        if any && name != "access.log" {
-            files_with_lines += 1;
-        }
+        return (seen, files_with_lines);
     }
-    (seen, files_with_lines)
 }
 
 /// Sends `/r/<from>` .. `/r/<to - 1>` from four clients on kept-alive connections.
@@ -180,21 +205,35 @@ fn every_line_lands_in_exactly_one_file_across_rotations() {
         "the burst took {took:?} but its lines are in {files} moved files: {:?}",
         names(&dir)
     );
+    // Rotations go on every second, each file compressed just after its move: wait for a
+    // listing taken between two of them.
+    let uncompressed = |all: &[String]| {
+        all.iter()
+            .any(|n| n.ends_with("__access.log") || n.ends_with("__error.log"))
+    };
+    poll_until(Duration::from_secs(10), || !uncompressed(&names(&dir)));
     let all = names(&dir);
     assert!(
         all.iter().any(|n| n.ends_with("__error.log.tar.gz")),
         "the error log was moved and compressed: {all:?}"
     );
     assert!(
-        !all.iter()
-            .any(|n| n.ends_with("__access.log") || n.ends_with("__error.log")),
+        !uncompressed(&all),
         "every moved file is compressed: {all:?}"
     );
-    // APISIX's message for the first rotation time is in one of the error logs.
+    // APISIX's message for the first rotation time is in one of the error logs (the archives
+    // stay; the current file may be moved meanwhile).
     let error_text: String = all
         .iter()
         .filter(|n| n.contains("error.log"))
-        .map(|n| read_log(&dir.join(n)))
+        .filter_map(|n| {
+            let path = dir.join(n);
+            if n.ends_with(".tar.gz") {
+                Some(read_log(&path))
+            } else {
+                read_plain(&path)
+            }
+        })
         .collect();
     assert!(
         error_text.contains("first init rotate time is: "),

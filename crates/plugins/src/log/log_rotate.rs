@@ -381,11 +381,16 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 }
 
 /// `file` becomes `file.tar.gz`, a tar archive holding it under its own name, gzipped; the
-/// original is removed once the archive is whole. On failure (or past `deadline`) the
+/// original is removed once the archive is whole and in place. On failure (or past `deadline`) the
 /// original stays and the partial archive goes.
 fn compress(file: &Path, deadline: Instant) {
     let archive = with_suffix(file, COMPRESSED_SUFFIX);
-    match write_tar_gz(file, &archive, deadline) {
+    // Written under a name of its own, then renamed: whoever reads the logs directory (a
+    // shipper, `max_kept`'s count) never sees a partial archive under the final name.
+    let partial = with_suffix(&archive, ".part");
+    let written = write_tar_gz(file, &partial, deadline)
+        .and_then(|()| std::fs::rename(&partial, &archive).map_err(|e| format!("rename: {e}")));
+    match written {
         Ok(()) => {
             if let Err(e) = std::fs::remove_file(file) {
                 tracing::error!(
@@ -395,7 +400,7 @@ fn compress(file: &Path, deadline: Instant) {
             }
         }
         Err(e) => {
-            let _ = std::fs::remove_file(&archive);
+            let _ = std::fs::remove_file(&partial);
             tracing::error!(
                 "compress log file from {} to {} fail: {e}",
                 file.display(),

@@ -22,11 +22,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferrisix_config::schema::{cjson, lua};
-use ferrisix_plugin_api::{
-    ApiHandler, BodyError, CheckCtx, CompileCtx, Credential, Exit, Flow, Phases, Plugin,
-    PluginApi, PluginCtx, PluginDef, PluginServices, Step,
-};
 use ferrisix_net::clip;
+use ferrisix_plugin_api::{
+    ApiHandler, BodyError, CheckCtx, CompileCtx, Credential, Exit, Flow, Phases, Plugin, PluginApi,
+    PluginCtx, PluginDef, PluginServices, Step,
+};
 use ferrisix_router::VarSource;
 use http::{header, HeaderName, HeaderValue, Method, Request, StatusCode};
 use serde_json::{json, Map, Value};
@@ -87,7 +87,11 @@ fn fetch_token(ctx: &PluginCtx<'_>) -> Option<String> {
     if let Some(t) = ctx.arg("rbac_token") {
         return Some(t.into_owned());
     }
-    for var in ["http_authorization", "http_x_rbac_token", "cookie_x-rbac-token"] {
+    for var in [
+        "http_authorization",
+        "http_x_rbac_token",
+        "cookie_x-rbac-token",
+    ] {
         if let Some(t) = ctx.var(var) {
             return Some(t.into_owned());
         }
@@ -164,13 +168,10 @@ fn wolf_request(
     wolf_token: Option<&str>,
     body: Bytes,
 ) -> Result<Request<Bytes>, String> {
-    let mut req = Request::builder()
-        .method(method)
-        .uri(url)
-        .header(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json; charset=utf-8"),
-        );
+    let mut req = Request::builder().method(method).uri(url).header(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json; charset=utf-8"),
+    );
     if let Some(t) = wolf_token {
         let v = HeaderValue::from_str(t).map_err(|_| "invalid wolf token".to_owned())?;
         req = req.header("x-rbac-token", v);
@@ -239,10 +240,7 @@ async fn check_permission(
         Ok(Value::Object(body)) => Verdict {
             status,
             err: body.get("reason").and_then(text),
-            user_info: body
-                .get("data")
-                .and_then(|d| d.get("userInfo"))
-                .cloned(),
+            user_info: body.get("data").and_then(|d| d.get("userInfo")).cloned(),
         },
         _ => {
             tracing::error!("{NAME}: the access check's answer is not a JSON object");
@@ -323,9 +321,8 @@ impl WolfRbac {
             check_permission(&self.services, &server, ssl_verify, &query, wolf_token).await;
 
         let prefix = cred.field("header_prefix").unwrap_or("");
-        let names = ["UserId", "Username", "Nickname"].map(|n| {
-            HeaderName::from_bytes(format!("{prefix}{n}").as_bytes()).ok()
-        });
+        let names = ["UserId", "Username", "Nickname"]
+            .map(|n| HeaderName::from_bytes(format!("{prefix}{n}").as_bytes()).ok());
         // A client's own identity headers never reach the upstream.
         for name in names.iter().flatten() {
             ctx.headers_mut().remove(name);
@@ -433,9 +430,7 @@ impl WolfApi {
             .is_some_and(|ct| ct.contains("application/json"));
         let body = match ctx.read_body(MAX_API_BODY).await {
             Ok(b) => b.clone(),
-            Err(BodyError::TooLarge(_)) => {
-                return Err(Exit::status(StatusCode::PAYLOAD_TOO_LARGE))
-            }
+            Err(BodyError::TooLarge(_)) => return Err(Exit::status(StatusCode::PAYLOAD_TOO_LARGE)),
             Err(BodyError::Timeout) => return Err(Exit::status(StatusCode::REQUEST_TIMEOUT)),
             Err(BodyError::Broken(_)) => return Err(Exit::status(StatusCode::BAD_REQUEST)),
         };

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use ferrisix_config::schema::lua;
 use ferrisix_plugin_api::{
-    ApiAnswer, ApiHandler, CompileCtx, ConnStats, Phases, Plugin, PluginApi, PluginDef, PluginServices, Scope,
-    SharedState,
+    ApiAnswer, ApiHandler, CompileCtx, ConnStats, Phases, Plugin, PluginApi, PluginDef,
+    PluginServices, Scope, SharedState,
 };
 use http::{HeaderValue, Method, StatusCode};
 use serde_json::{json, Value};

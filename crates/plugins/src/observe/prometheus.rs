@@ -24,9 +24,9 @@ use bytes::Bytes;
 use ferrisix_config::schema::lua;
 use ferrisix_config::settings::{MetricAttr, PrometheusAttr};
 use ferrisix_plugin_api::{
-    ApiAnswer, ApiHandler, Clock, CompileCtx, ConnStats, Lease, LogCtx, LogNeeds, Phases, Plugin, PluginApi,
-    PluginDef, PluginServices, ResponseSource, Retain, RouteInfo, RunPolicy, SharedState, StateMap,
-    VarNames,
+    ApiAnswer, ApiHandler, Clock, CompileCtx, ConnStats, Lease, LogCtx, LogNeeds, Phases, Plugin,
+    PluginApi, PluginDef, PluginServices, ResponseSource, Retain, RouteInfo, RunPolicy,
+    SharedState, StateMap, VarNames,
 };
 use ferrisix_router::VarSource;
 use http::{HeaderValue, Method, StatusCode};

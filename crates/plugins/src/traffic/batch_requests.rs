@@ -26,8 +26,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use ferrisix_config::schema::{cjson, lua};
 use ferrisix_plugin_api::{
-    ApiHandler, BodyError, CompileCtx, Exit, Flow, HttpError, Phases, Plugin, PluginApi,
-    PluginCtx, PluginDef, PluginServices, Scope, Step,
+    ApiHandler, BodyError, CompileCtx, Exit, Flow, HttpError, Phases, Plugin, PluginApi, PluginCtx,
+    PluginDef, PluginServices, Scope, Step,
 };
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Version};
 use serde_json::{json, Map, Value};
@@ -416,7 +416,9 @@ impl BatchApi {
             Ok(b) if b.len() as u64 > max => return Flow::Exit(too_large(b.len() as u64, max)),
             Ok(b) => b.clone(),
             Err(BodyError::TooLarge(n)) => return Flow::Exit(too_large(n as u64, max)),
-            Err(BodyError::Timeout) => return Flow::Exit(Exit::status(StatusCode::REQUEST_TIMEOUT)),
+            Err(BodyError::Timeout) => {
+                return Flow::Exit(Exit::status(StatusCode::REQUEST_TIMEOUT))
+            }
             Err(BodyError::Broken(_)) => return Flow::Exit(Exit::status(StatusCode::BAD_REQUEST)),
         };
         if body.is_empty() {
@@ -557,10 +559,14 @@ mod tests {
             .check_metadata(NAME, &json!({"max_body_size": 0}))
             .unwrap_err();
         assert!(
-            e.contains("property \"max_body_size\" validation failed: expected 0 to be greater than 0"),
+            e.contains(
+                "property \"max_body_size\" validation failed: expected 0 to be greater than 0"
+            ),
             "{e}"
         );
-        assert!(r.check_metadata(NAME, &json!({"max_pipeline_items": 2})).is_ok());
+        assert!(r
+            .check_metadata(NAME, &json!({"max_pipeline_items": 2}))
+            .is_ok());
         assert!(r.check(NAME, &json!({})).is_ok());
         assert_eq!(r.get(NAME).unwrap().priority, 4010);
     }
@@ -662,16 +668,23 @@ mod tests {
         let services = PluginServices::default();
         assert_eq!(apis(&services)[0].uri, DEFAULT_URI);
         let mut attr = ferrisix_config::settings::PluginAttr::default();
-        attr.others
-            .insert(NAME.into(), json!({"uri": "/foo/bar"}));
-        let services = PluginServices::new(attr, ferrisix_plugin_api::Executor::current(), Default::default());
+        attr.others.insert(NAME.into(), json!({"uri": "/foo/bar"}));
+        let services = PluginServices::new(
+            attr,
+            ferrisix_plugin_api::Executor::current(),
+            Default::default(),
+        );
         let list = apis(&services);
         assert_eq!(list[0].uri, "/foo/bar");
         assert!(list[0].matches(&Method::POST, "/foo/bar"));
         assert!(!list[0].matches(&Method::GET, "/foo/bar"));
         let mut attr = ferrisix_config::settings::PluginAttr::default();
         attr.others.insert(NAME.into(), json!({"xyz": "/foo/bar"}));
-        let services = PluginServices::new(attr, ferrisix_plugin_api::Executor::current(), Default::default());
+        let services = PluginServices::new(
+            attr,
+            ferrisix_plugin_api::Executor::current(),
+            Default::default(),
+        );
         assert_eq!(apis(&services)[0].uri, DEFAULT_URI);
     }
 

@@ -58,7 +58,9 @@ async fn wolf() -> (SocketAddr, Seen) {
                             .then(|| v.trim().to_owned())
                     })
                     .unwrap_or_default();
-                log.lock().unwrap().push((target.clone(), token.clone(), body));
+                log.lock()
+                    .unwrap()
+                    .push((target.clone(), token.clone(), body));
                 let res_name = target
                     .split_once("resName=")
                     .map(|(_, r)| r.split('&').next().unwrap_or("").to_owned())
@@ -145,7 +147,10 @@ fn tokens() {
     assert_eq!(parse_token("invalid-rbac-token"), None);
     assert_eq!(parse_token("V2#app#t"), None);
     assert_eq!(parse_token("V1#app"), None);
-    assert_eq!(escape_uri("administrator x/é"), "administrator%20x%2F%C3%A9");
+    assert_eq!(
+        escape_uri("administrator x/é"),
+        "administrator%20x%2F%C3%A9"
+    );
 }
 
 #[test]
@@ -173,12 +178,18 @@ async fn refusals_before_wolf_is_asked() {
     let mut req = TestRequest::get("/hello");
     assert_eq!(
         exit_of(rewrite(&mut req).await),
-        (401, "{\"message\":\"Missing rbac token in request\"}\n".into())
+        (
+            401,
+            "{\"message\":\"Missing rbac token in request\"}\n".into()
+        )
     );
     let mut req = TestRequest::get("/hello").header("x-rbac-token", "invalid-rbac-token");
     assert_eq!(
         exit_of(rewrite(&mut req).await),
-        (401, "{\"message\":\"invalid rbac token: parse failed\"}\n".into())
+        (
+            401,
+            "{\"message\":\"invalid rbac token: parse failed\"}\n".into()
+        )
     );
     let mut req = TestRequest::get("/hello").header("x-rbac-token", "V1#wolf-rbac-app#t");
     assert_eq!(
@@ -189,7 +200,10 @@ async fn refusals_before_wolf_is_asked() {
     req.state.set_consumers(consumers("http://127.0.0.1:1"));
     assert_eq!(
         exit_of(rewrite(&mut req).await),
-        (401, "{\"message\":\"Invalid appid in rbac token\"}\n".into())
+        (
+            401,
+            "{\"message\":\"Invalid appid in rbac token\"}\n".into()
+        )
     );
 }
 
@@ -262,7 +276,10 @@ async fn wolf_decides() {
 #[test]
 fn failure_bodies_list_what_is_known() {
     assert_eq!(
-        message_body(Some("ERR"), &[("username", Some(json!("admin"))), ("nickname", None)]),
+        message_body(
+            Some("ERR"),
+            &[("username", Some(json!("admin"))), ("nickname", None)]
+        ),
         "{\"message\":\"ERR\",\"username\":\"admin\"}\n"
     );
     assert_eq!(message_body(None, &[]), "{}\n");

@@ -289,6 +289,16 @@ fn run(
     // The data plane's accepting ends with this one when the sockets wait for a successor.
     let (linger_tx, linger_rx) = tokio::sync::watch::channel(false);
 
+    // The stream table, published by the stream proxy's compile, read by the control API.
+    let stream_on = stream_on && settings.deployment.role != Role::ControlPlane;
+    let stream_table: ferrisix_stream::StreamHandle = Arc::new(ArcSwap::from_pointee(
+        ferrisix_stream::StreamTable::default(),
+    ));
+    let stream_checkers: Option<ferrisix_proxy::control::StreamCheckers> = stream_on.then(|| {
+        let table = stream_table.clone();
+        Arc::new(move || table.load().checkers()) as ferrisix_proxy::control::StreamCheckers
+    });
+
     if settings.apisix.enable_control {
         let addr =
             std::net::SocketAddr::new(settings.apisix.control.ip, settings.apisix.control.port);
@@ -296,6 +306,7 @@ fn run(
         let api = Arc::new(ferrisix_proxy::control::ControlApi {
             snapshot: handle.clone(),
             health: health.clone(),
+            stream: stream_checkers.clone(),
         });
         let limits = cli::conn_limits(&settings);
         let shutdown = shutdown_rx.clone();
@@ -313,6 +324,7 @@ fn run(
         let api = Arc::new(ferrisix_proxy::control::ControlApi {
             snapshot: handle.clone(),
             health: health.clone(),
+            stream: stream_checkers.clone(),
         });
         let limits = cli::conn_limits(&settings);
         let shutdown = shutdown_rx.clone();
@@ -411,9 +423,10 @@ fn run(
         Some(server)
     };
     // The stream proxy: its own runtime, beside the HTTP workers (a data-plane role only).
-    let _stream_runtime = if stream_on && settings.deployment.role != Role::ControlPlane {
+    let _stream_runtime = if stream_on {
         Some(start_stream(
             &settings,
+            stream_table,
             handle.clone(),
             published_rx,
             stream_plugins,
@@ -579,8 +592,10 @@ fn run(
 
 /// Binds the stream listeners and serves them on a runtime of their own, compiling the stream
 /// routes of every published snapshot on the control runtime.
+#[allow(clippy::too_many_arguments)]
 fn start_stream(
     settings: &Settings,
+    table: ferrisix_stream::StreamHandle,
     snapshots: ferrisix_proxy::SnapshotHandle,
     published: tokio::sync::watch::Receiver<i64>,
     plugins: ferrisix_plugins::stream::StreamPlugins,
@@ -597,9 +612,6 @@ fn start_stream(
         &proxy.udp,
         &settings.nginx_config.stream.real_ip_from.nets,
     )?;
-    let table: ferrisix_stream::StreamHandle = Arc::new(ArcSwap::from_pointee(
-        ferrisix_stream::StreamTable::default(),
-    ));
     let env = Arc::new(ferrisix_stream::StreamEnv { plugins, services });
     control.spawn(ferrisix_stream::follow(
         snapshots,

@@ -311,3 +311,112 @@ fn stream_limit_conn_redis_down_closes_or_degrades() {
         );
     }
 }
+
+/// The control API lists stream routes' health checkers as APISIX's does: in
+/// `/v1/healthcheck` between the routes' and the upstreams', and one by one under
+/// `/v1/healthcheck/stream_routes/{id}`, with APISIX's 404s.
+#[test]
+fn control_api_lists_stream_route_health_checkers() {
+    use crate::support::{dead_node, StoreGatewayBuilder};
+    use serde_json::json;
+    let live = tcp_echo().to_string();
+    let dead = dead_node();
+    let tcp = free_port();
+    let gw = StoreGatewayBuilder::embedded()
+        .apisix_key(&format!(
+            "proxy_mode: http&stream\nstream_proxy:\n  tcp:\n    - \"127.0.0.1:{tcp}\"\n"
+        ))
+        .start();
+    let checks = json!({"active": {"type": "tcp",
+        "healthy": {"interval": 1, "successes": 1},
+        "unhealthy": {"interval": 1, "tcp_failures": 1}}});
+    let upstream = json!({"type": "roundrobin", "nodes": {live.clone(): 1, dead.clone(): 1},
+        "checks": checks});
+    let put = |path: &str, body: serde_json::Value| {
+        let r = gw.admin("PUT", path, &body.to_string());
+        assert!(matches!(r.status, 200 | 201), "{path}: {}", r.text());
+    };
+    put("/apisix/admin/upstreams/u1", upstream.clone());
+    put(
+        "/apisix/admin/routes/r1",
+        json!({"uri": "/r1", "upstream": upstream.clone()}),
+    );
+    put(
+        "/apisix/admin/stream_routes/s1",
+        json!({"server_port": tcp, "upstream": upstream.clone()}),
+    );
+    // A stream route on a shared upstream has no checker of its own.
+    put(
+        "/apisix/admin/stream_routes/s2",
+        json!({"server_port": 1, "upstream_id": "u1"}),
+    );
+    let mut list = serde_json::Value::Null;
+    let listed = poll_until(Duration::from_secs(15), || {
+        list = gw.control("/v1/healthcheck").json();
+        list.as_array().is_some_and(|l| l.len() == 3)
+    });
+    assert!(listed.is_some(), "{list}");
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "/apisix/routes/r1",
+            "/apisix/stream_routes/s1",
+            "/apisix/upstreams/u1"
+        ]
+    );
+
+    // The dead node is found out by the stream route's own checker.
+    let mut one = serde_json::Value::Null;
+    let down = poll_until(Duration::from_secs(15), || {
+        let r = gw.control("/v1/healthcheck/stream_routes/s1");
+        assert_eq!(r.status, 200, "{}", r.text());
+        one = r.json();
+        one["nodes"].as_array().is_some_and(|nodes| {
+            nodes.iter().any(|n| {
+                format!("{}:{}", n["ip"].as_str().unwrap_or_default(), n["port"]) == dead
+                    && n["status"] == "unhealthy"
+            })
+        })
+    });
+    assert!(down.is_some(), "{one}");
+    assert_eq!(one["type"], "tcp");
+    assert_eq!(one["name"], "/apisix/stream_routes/s1");
+    // The live node is what the stream route serves.
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", tcp)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    for _ in 0..3 {
+        s.write_all(b"hi").unwrap();
+        let mut buf = [0u8; 2];
+        s.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"hi");
+    }
+
+    for (path, status, message) in [
+        (
+            "/v1/healthcheck/stream_routes/s2",
+            404,
+            "no checker for stream_routes[s2]",
+        ),
+        (
+            "/v1/healthcheck/stream_routes/nope",
+            404,
+            "stream_routes[nope] not found",
+        ),
+        (
+            "/v1/healthcheck/stream_routes",
+            404,
+            "missing src id for src type stream_routes",
+        ),
+    ] {
+        let r = gw.control(path);
+        assert_eq!(r.status, status, "{path}: {}", r.text());
+        assert_eq!(r.json()["error_msg"], message, "{path}");
+    }
+}

@@ -605,7 +605,9 @@ fn consul_discovers_a_stream_routes_nodes() {
             "  consul:\n    servers:\n      - \"{}\"\n    timeout:\n      wait: 3\n",
             consul.url()
         ),
-        &format!("  proxy_mode: http&stream\n  stream_proxy:\n    tcp:\n      - \"127.0.0.1:{tcp}\"\n"),
+        &format!(
+            "  proxy_mode: http&stream\n  stream_proxy:\n    tcp:\n      - \"127.0.0.1:{tcp}\"\n"
+        ),
     );
     let stream: SocketAddr = ([127, 0, 0, 1], tcp).into();
     gw.wait_for_at(stream, "/", &["a"]);

@@ -182,7 +182,10 @@ fn stream_tls_port_requires_a_verified_client_certificate() {
     let through = poll_until(Duration::from_secs(10), || {
         curl_tls(lenient, Some("client")).0 == 0
     });
-    assert!(through.is_some(), "a verified client certificate was refused");
+    assert!(
+        through.is_some(),
+        "a verified client certificate was refused"
+    );
     let (code, out) = curl_tls(lenient, None);
     assert_ne!(code, 0, "no certificate must be refused, got {out}");
     assert!(out.is_empty(), "{out}");
@@ -223,7 +226,12 @@ fn stream_limit_members(servers: &[Redis]) -> usize {
         .map(|r| {
             crate::support::redis::redis_keys(r.port, "limit_conn:/apisix/stream_routes/*")
                 .iter()
-                .map(|k| redis_cli(r.port, &["ZCARD", k]).trim().parse::<usize>().unwrap_or(0))
+                .map(|k| {
+                    redis_cli(r.port, &["ZCARD", k])
+                        .trim()
+                        .parse::<usize>()
+                        .unwrap_or(0)
+                })
                 .sum::<usize>()
         })
         .sum()

@@ -27,7 +27,8 @@ pub type HealthProbe = Arc<dyn Fn() -> StoreHealth + Send + Sync>;
 /// The stream proxy's routes as it serves them, each with the checker of its own inline
 /// upstream (`None` without `checks`), in id order. The stream crate sits above this one,
 /// so it hands its table over as this reader.
-pub type StreamCheckers = Arc<dyn Fn() -> Vec<(String, Option<Arc<UpstreamChecker>>)> + Send + Sync>;
+pub type StreamCheckers =
+    Arc<dyn Fn() -> Vec<(String, Option<Arc<UpstreamChecker>>)> + Send + Sync>;
 
 pub struct ControlApi {
     pub snapshot: SnapshotHandle,

@@ -24,8 +24,8 @@ use ferrisix_config::model::ResourceKind;
 use ferrisix_plugin_api::state::Lease;
 use ferrisix_plugin_api::{KeyRef, LogCtx, LogVars, Owner, Plugin, RouteInfo};
 use ferrisix_plugins::limit::limit_conn::{remote_incoming, ConnSpace, ConnSpaces, RemoteSlot};
-use ferrisix_plugins::support::redis::{policy_remote, Remote};
 use ferrisix_plugins::observe::prometheus::Metrics;
+use ferrisix_plugins::support::redis::{policy_remote, Remote};
 use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::snapshot::CompiledUpstream;
 use ferrisix_proxy::Snapshot;
@@ -248,8 +248,7 @@ fn limit_conn(
             ),
             key_ttl: conf.get("key_ttl").and_then(Value::as_i64).unwrap_or(3600),
             clock: env.services.clock().clone(),
-            allow_degradation: conf.get("allow_degradation").and_then(Value::as_bool)
-                == Some(true),
+            allow_degradation: conf.get("allow_degradation").and_then(Value::as_bool) == Some(true),
         }
     });
     Ok(LimitConn {
@@ -303,7 +302,9 @@ impl LimitConn {
             let key = format!("limit_conn:{}:{key}", r.prefix);
             let now_s = r.clock.epoch_ms() / 1000;
             return match remote_incoming(&r.remote, key, max, r.key_ttl, now_s).await {
-                Ok(Some((count, slot))) => Admission::In(ConnTicket::Remote { _release: slot }, delay_for(count)),
+                Ok(Some((count, slot))) => {
+                    Admission::In(ConnTicket::Remote { _release: slot }, delay_for(count))
+                }
                 Ok(None) => Admission::Refused,
                 Err(e) => {
                     tracing::error!("failed to limit conn: {e}");

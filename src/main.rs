@@ -228,7 +228,25 @@ fn run(
     }
     // Standalone files have no modify indexes to report.
     let store_states = source.store.as_ref().map(|_| states.clone());
-    cli::configure_plugins(&services, health.clone(), store_states, handle.clone());
+    // The stream table, published by the stream proxy's compile (a data-plane role only),
+    // read by the control API and `apisix_upstream_status` for its routes' checkers.
+    let stream_serving =
+        settings.apisix.proxy_mode.stream() && settings.deployment.role != Role::ControlPlane;
+    let stream_table: ferrisix_stream::StreamHandle = Arc::new(ArcSwap::from_pointee(
+        ferrisix_stream::StreamTable::default(),
+    ));
+    let stream_checkers: Option<ferrisix_proxy::control::StreamCheckers> =
+        stream_serving.then(|| {
+            let table = stream_table.clone();
+            Arc::new(move || table.load().checkers()) as ferrisix_proxy::control::StreamCheckers
+        });
+    cli::configure_plugins(
+        &services,
+        health.clone(),
+        store_states,
+        handle.clone(),
+        stream_checkers.clone(),
+    );
     let (stream_plugins, unknown_stream) =
         ferrisix_plugins::stream::StreamPlugins::new(settings.stream_plugins.as_deref());
     let stream_on = settings.apisix.proxy_mode.stream();
@@ -288,16 +306,6 @@ fn run(
     let shutdown_rx_stream = shutdown_rx.clone();
     // The data plane's accepting ends with this one when the sockets wait for a successor.
     let (linger_tx, linger_rx) = tokio::sync::watch::channel(false);
-
-    // The stream table, published by the stream proxy's compile, read by the control API.
-    let stream_on = stream_on && settings.deployment.role != Role::ControlPlane;
-    let stream_table: ferrisix_stream::StreamHandle = Arc::new(ArcSwap::from_pointee(
-        ferrisix_stream::StreamTable::default(),
-    ));
-    let stream_checkers: Option<ferrisix_proxy::control::StreamCheckers> = stream_on.then(|| {
-        let table = stream_table.clone();
-        Arc::new(move || table.load().checkers()) as ferrisix_proxy::control::StreamCheckers
-    });
 
     if settings.apisix.enable_control {
         let addr =
@@ -423,7 +431,7 @@ fn run(
         Some(server)
     };
     // The stream proxy: its own runtime, beside the HTTP workers (a data-plane role only).
-    let _stream_runtime = if stream_on {
+    let _stream_runtime = if stream_serving {
         Some(start_stream(
             &settings,
             stream_table,

@@ -395,6 +395,23 @@ fn control_api_lists_stream_route_health_checkers() {
     assert!(down.is_some(), "{one}");
     assert_eq!(one["type"], "tcp");
     assert_eq!(one["name"], "/apisix/stream_routes/s1");
+    // `apisix_upstream_status` reports the stream route's checker too, as APISIX's exporter
+    // reads the same list.
+    let metrics = crate::support::get(
+        std::net::SocketAddr::from(([127, 0, 0, 1], gw.metrics_port)),
+        "/apisix/prometheus/metrics",
+    )
+    .text();
+    for (node, up) in [(&dead, 0), (&live, 1)] {
+        let (ip, port) = node.rsplit_once(':').unwrap();
+        let series = format!(
+            "apisix_upstream_status{{name=\"/apisix/stream_routes/s1\",ip=\"{ip}\",port=\"{port}\"}} {up}"
+        );
+        assert!(
+            metrics.lines().any(|l| l == series),
+            "no {series} in\n{metrics}"
+        );
+    }
     // The live node is what the stream route serves.
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", tcp)).unwrap();

@@ -407,18 +407,20 @@ fn html_response(infos: &[Value]) -> Response<Full<Bytes>> {
 /// The health of every checked node as `apisix_upstream_status` reports it:
 /// `(checker name, ip, port, up)`.
 pub fn upstream_statuses(snapshot: &Snapshot) -> Vec<(String, String, u16, bool)> {
-    let mut out = Vec::new();
-    for entry in &snapshot.checkers {
-        for t in entry.checker.targets().iter() {
-            out.push((
-                entry.checker.name.clone(),
-                t.ip.to_string(),
-                t.port,
-                t.is_up(),
-            ));
-        }
-    }
-    out
+    snapshot
+        .checkers
+        .iter()
+        .flat_map(|entry| checker_statuses(&entry.checker))
+        .collect()
+}
+
+/// One checker's nodes as [`upstream_statuses`] reports them.
+pub fn checker_statuses(checker: &UpstreamChecker) -> Vec<(String, String, u16, bool)> {
+    checker
+        .targets()
+        .iter()
+        .map(|t| (checker.name.clone(), t.ip.to_string(), t.port, t.is_up()))
+        .collect()
 }
 
 /// Serves the status API ([`ControlApi::handle_status`]) on `listener` until `shutdown`.

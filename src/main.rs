@@ -388,6 +388,24 @@ fn run(
         )?;
     }
 
+    // The stream proxy: its own runtime, beside the HTTP workers (a data-plane role only).
+    // Its listeners are bound before the HTTP port opens, so a node that answers HTTP has
+    // its stream ports too (and one that cannot bind them fails before serving anything).
+    let _stream_runtime = if stream_serving {
+        Some(start_stream(
+            &settings,
+            stream_table,
+            handle.clone(),
+            published_rx,
+            stream_plugins,
+            services.clone(),
+            &control,
+            shutdown_rx_stream.clone(),
+        )?)
+    } else {
+        None
+    };
+
     // A control_plane node serves only the Admin API, as in APISIX.
     let mut gateway_handle = None;
     let server = if settings.deployment.role == Role::ControlPlane {
@@ -429,21 +447,6 @@ fn run(
             env!("CARGO_PKG_VERSION")
         );
         Some(server)
-    };
-    // The stream proxy: its own runtime, beside the HTTP workers (a data-plane role only).
-    let _stream_runtime = if stream_serving {
-        Some(start_stream(
-            &settings,
-            stream_table,
-            handle.clone(),
-            published_rx,
-            stream_plugins,
-            services.clone(),
-            &control,
-            shutdown_rx_stream.clone(),
-        )?)
-    } else {
-        None
     };
     sockets.close_unused();
 

@@ -398,6 +398,7 @@ pub fn configure_plugins(
     health: ferrisix_proxy::control::HealthProbe,
     states: Option<watch::Receiver<Arc<ConfigState>>>,
     snapshot: SnapshotHandle,
+    stream: Option<ferrisix_proxy::control::StreamCheckers>,
 ) {
     services
         .shared::<Metrics>()
@@ -405,6 +406,7 @@ pub fn configure_plugins(
             health,
             states,
             snapshot,
+            stream,
         }));
 }
 
@@ -413,6 +415,8 @@ struct StoreSource {
     states: Option<watch::Receiver<Arc<ConfigState>>>,
     /// The health checkers' nodes, for `apisix_upstream_status`.
     snapshot: SnapshotHandle,
+    /// The stream routes' checkers, which APISIX's `get_health_checkers` lists too.
+    stream: Option<ferrisix_proxy::control::StreamCheckers>,
 }
 
 impl ferrisix_plugins::observe::prometheus::NodeSource for StoreSource {
@@ -421,7 +425,15 @@ impl ferrisix_plugins::observe::prometheus::NodeSource for StoreSource {
     }
 
     fn upstream_status(&self) -> Vec<(String, String, u16, bool)> {
-        ferrisix_proxy::control::upstream_statuses(&self.snapshot.load())
+        let mut out = ferrisix_proxy::control::upstream_statuses(&self.snapshot.load());
+        if let Some(read) = &self.stream {
+            for (_, checker) in read() {
+                if let Some(c) = checker {
+                    out.extend(ferrisix_proxy::control::checker_statuses(&c));
+                }
+            }
+        }
+        out
     }
 
     fn modify_indexes(&self) -> Vec<(String, i64)> {

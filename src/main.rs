@@ -228,7 +228,25 @@ fn run(
     }
     // Standalone files have no modify indexes to report.
     let store_states = source.store.as_ref().map(|_| states.clone());
-    cli::configure_plugins(&services, health.clone(), store_states, handle.clone());
+    // The stream table, published by the stream proxy's compile (a data-plane role only),
+    // read by the control API and `apisix_upstream_status` for its routes' checkers.
+    let stream_serving =
+        settings.apisix.proxy_mode.stream() && settings.deployment.role != Role::ControlPlane;
+    let stream_table: ferrisix_stream::StreamHandle = Arc::new(ArcSwap::from_pointee(
+        ferrisix_stream::StreamTable::default(),
+    ));
+    let stream_checkers: Option<ferrisix_proxy::control::StreamCheckers> =
+        stream_serving.then(|| {
+            let table = stream_table.clone();
+            Arc::new(move || table.load().checkers()) as ferrisix_proxy::control::StreamCheckers
+        });
+    cli::configure_plugins(
+        &services,
+        health.clone(),
+        store_states,
+        handle.clone(),
+        stream_checkers.clone(),
+    );
     let (stream_plugins, unknown_stream) =
         ferrisix_plugins::stream::StreamPlugins::new(settings.stream_plugins.as_deref());
     let stream_on = settings.apisix.proxy_mode.stream();
@@ -300,6 +318,7 @@ fn run(
         let api = Arc::new(ferrisix_proxy::control::ControlApi {
             snapshot: handle.clone(),
             health: health.clone(),
+            stream: stream_checkers.clone(),
         });
         let limits = cli::conn_limits(&settings);
         let shutdown = shutdown_rx.clone();
@@ -317,6 +336,7 @@ fn run(
         let api = Arc::new(ferrisix_proxy::control::ControlApi {
             snapshot: handle.clone(),
             health: health.clone(),
+            stream: stream_checkers.clone(),
         });
         let limits = cli::conn_limits(&settings);
         let shutdown = shutdown_rx.clone();
@@ -372,6 +392,24 @@ fn run(
         )?;
     }
 
+    // The stream proxy: its own runtime, beside the HTTP workers (a data-plane role only).
+    // Its listeners are bound before the HTTP port opens, so a node that answers HTTP has
+    // its stream ports too (and one that cannot bind them fails before serving anything).
+    let _stream_runtime = if stream_serving {
+        Some(start_stream(
+            &settings,
+            stream_table,
+            handle.clone(),
+            published_rx,
+            stream_plugins,
+            services.clone(),
+            &control,
+            shutdown_rx_stream.clone(),
+        )?)
+    } else {
+        None
+    };
+
     // A control_plane node serves only the Admin API, as in APISIX.
     let mut gateway_handle = None;
     let server = if settings.deployment.role == Role::ControlPlane {
@@ -413,20 +451,6 @@ fn run(
             env!("CARGO_PKG_VERSION")
         );
         Some(server)
-    };
-    // The stream proxy: its own runtime, beside the HTTP workers (a data-plane role only).
-    let _stream_runtime = if stream_on && settings.deployment.role != Role::ControlPlane {
-        Some(start_stream(
-            &settings,
-            handle.clone(),
-            published_rx,
-            stream_plugins,
-            services.clone(),
-            &control,
-            shutdown_rx_stream.clone(),
-        )?)
-    } else {
-        None
     };
     sockets.close_unused();
 
@@ -583,8 +607,10 @@ fn run(
 
 /// Binds the stream listeners and serves them on a runtime of their own, compiling the stream
 /// routes of every published snapshot on the control runtime.
+#[allow(clippy::too_many_arguments)]
 fn start_stream(
     settings: &Settings,
+    table: ferrisix_stream::StreamHandle,
     snapshots: ferrisix_proxy::SnapshotHandle,
     published: tokio::sync::watch::Receiver<i64>,
     plugins: ferrisix_plugins::stream::StreamPlugins,
@@ -601,9 +627,6 @@ fn start_stream(
         &proxy.udp,
         &settings.nginx_config.stream.real_ip_from.nets,
     )?;
-    let table: ferrisix_stream::StreamHandle = Arc::new(ArcSwap::from_pointee(
-        ferrisix_stream::StreamTable::default(),
-    ));
     let env = Arc::new(ferrisix_stream::StreamEnv { plugins, services });
     control.spawn(ferrisix_stream::follow(
         snapshots,

@@ -32,10 +32,15 @@ struct Gw {
 
 impl Gw {
     fn start(routes: &Value, discovery: &str) -> Gw {
+        Gw::start_keys(routes, discovery, "")
+    }
+
+    /// [`Gw::start`] with `apisix_keys` (lines indented for inside `apisix:`) added.
+    fn start_keys(routes: &Value, discovery: &str, apisix_keys: &str) -> Gw {
         let dir = tempfile::tempdir().unwrap();
         let (port, control, status, metrics) = (free_port(), free_port(), free_port(), free_port());
         let config = format!(
-            "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: false\n  enable_control: true\n  control:\n    ip: 127.0.0.1\n    port: {control}\n  status:\n    ip: 127.0.0.1\n    port: {status}\n  ssl:\n    enable: false\n\
+            "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: false\n  enable_control: true\n  control:\n    ip: 127.0.0.1\n    port: {control}\n  status:\n    ip: 127.0.0.1\n    port: {status}\n  ssl:\n    enable: false\n{apisix_keys}\
              deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n\
              plugin_attr:\n  prometheus:\n    export_addr:\n      ip: 127.0.0.1\n      port: {metrics}\n\
              nginx_config:\n  worker_processes: 1\n  worker_shutdown_timeout: 1s\n  http:\n    access_log: \"off\"\n\
@@ -89,9 +94,14 @@ impl Gw {
 
     /// Who answered `n` requests for `path` (`status N` for a non-200).
     fn seen(&self, path: &str, n: usize) -> BTreeMap<String, usize> {
+        self.seen_at(self.addr(), path, n)
+    }
+
+    /// [`Gw::seen`] through `addr` (a stream port).
+    fn seen_at(&self, addr: SocketAddr, path: &str, n: usize) -> BTreeMap<String, usize> {
         let mut out = BTreeMap::new();
         for _ in 0..n {
-            let r = get(self.addr(), path);
+            let r = get(addr, path);
             let who = if r.status == 200 {
                 r.header("X-Upstream").unwrap_or("-").to_string()
             } else {
@@ -104,9 +114,14 @@ impl Gw {
 
     /// Waits until the answers for `path` come from exactly `names`.
     fn wait_for(&self, path: &str, names: &[&str]) {
+        self.wait_for_at(self.addr(), path, names)
+    }
+
+    /// [`Gw::wait_for`] through `addr` (a stream port).
+    fn wait_for_at(&self, addr: SocketAddr, path: &str, names: &[&str]) {
         let mut last = BTreeMap::new();
         let ok = poll_until(Duration::from_secs(30), || {
-            last = self.seen(path, 2 * names.len().max(1) + 2);
+            last = self.seen_at(addr, path, 2 * names.len().max(1) + 2);
             let mut keys: Vec<&str> = last.keys().map(String::as_str).collect();
             keys.sort();
             let mut want = names.to_vec();
@@ -567,6 +582,45 @@ fn consul_keepalive_off_polls_every_fetch_interval() {
             .all(|r| !r.query.contains_key("index") && !r.query.contains_key("token")),
         "{calls:?}"
     );
+}
+
+/// A stream route's upstream found by `discovery_type` + `service_name`: the same registry
+/// client as the HTTP side's, its node changes followed by new sessions.
+#[test]
+fn consul_discovers_a_stream_routes_nodes() {
+    let (a, b) = (named("a"), named("b"));
+    let shared = Shared::new(Consul {
+        index: 5,
+        services: BTreeMap::from([("svc".to_string(), vec![a])]),
+        fail: 0,
+        garbage: 0,
+    });
+    let consul = consul_server(shared.clone());
+    let tcp = free_port();
+    let routes = json!({"stream_routes": [{"id": "s1", "server_port": tcp, "upstream": {
+        "service_name": "svc", "type": "roundrobin", "discovery_type": "consul"}}]});
+    let gw = Gw::start_keys(
+        &routes,
+        &format!(
+            "  consul:\n    servers:\n      - \"{}\"\n    timeout:\n      wait: 3\n",
+            consul.url()
+        ),
+        &format!(
+            "  proxy_mode: http&stream\n  stream_proxy:\n    tcp:\n      - \"127.0.0.1:{tcp}\"\n"
+        ),
+    );
+    let stream: SocketAddr = ([127, 0, 0, 1], tcp).into();
+    gw.wait_for_at(stream, "/", &["a"]);
+    shared.change(|c| {
+        c.services.insert("svc".into(), vec![a, b]);
+        c.index = 6;
+    });
+    gw.wait_for_at(stream, "/", &["a", "b"]);
+    shared.change(|c| {
+        c.services.insert("svc".into(), vec![b]);
+        c.index = 7;
+    });
+    gw.wait_for_at(stream, "/", &["b"]);
 }
 
 // ---------------------------------------------------------------------------------------------

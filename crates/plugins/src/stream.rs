@@ -89,7 +89,18 @@ impl StreamPlugins {
     /// does); the error is the schema's or the plugin's message.
     pub fn check_one(&self, name: &str, conf: &mut Value) -> Result<(), String> {
         match name {
-            "limit-conn" | "mqtt-proxy" | "prometheus" => {
+            "limit-conn" => {
+                schema::validate_and_fill(&limit_conn_schema(), conf)?;
+                // APISIX's stream schema does not close its properties, and
+                // limit-conn/init.lua, which both subsystems share, acts on `policy`: a
+                // `redis` / `redis-cluster` conf counts in Redis on stream routes too. Its
+                // keys are checked (and defaulted) as the HTTP plugin's.
+                if conf.get("policy").is_some() {
+                    schema::validate_and_fill(&limit_conn_policy_schema(), conf)?;
+                }
+                Ok(())
+            }
+            "mqtt-proxy" | "prometheus" => {
                 let schema = self.schema(name).unwrap_or_else(|| json!({}));
                 schema::validate_and_fill(&schema, conf)
             }
@@ -143,7 +154,8 @@ impl StreamPlugins {
     }
 }
 
-/// apisix/stream/plugins/limit-conn.lua (local policy only, no `rejected_code`).
+/// apisix/stream/plugins/limit-conn.lua (no `policy`, no `rejected_code`: see
+/// [`limit_conn_policy_schema`]).
 fn limit_conn_schema() -> Value {
     json!({
         "type": "object",
@@ -157,6 +169,22 @@ fn limit_conn_schema() -> Value {
         },
         "required": ["conn", "burst", "default_conn_delay", "key"]
     })
+}
+
+/// The HTTP limit-conn's `policy` and its Redis keys (redis-schema.lua's
+/// `limit_conn_redis_schema`), checked on a stream conf that sets `policy`.
+fn limit_conn_policy_schema() -> Value {
+    let mut schema = crate::support::redis::with_policy_clauses(json!({
+        "type": "object",
+        "properties": {
+            "policy": {"type": "string", "enum": ["redis", "redis-cluster", "local"]},
+            "allow_degradation": {"type": "boolean", "default": false}
+        }
+    }));
+    let key_ttl = json!({"type": "integer", "default": 3600});
+    schema["then"]["properties"]["key_ttl"] = key_ttl.clone();
+    schema["else"]["then"]["properties"]["key_ttl"] = key_ttl;
+    schema
 }
 
 /// apisix/stream/plugins/mqtt-proxy.lua.
@@ -224,5 +252,31 @@ mod tests {
         assert!(p
             .check(&json!({"mqtt-proxy": {"_meta": {"disable": true}}}))
             .is_ok());
+    }
+
+    #[test]
+    fn limit_conn_redis_policy_checked_and_defaulted() {
+        let p = all();
+        let base = json!({"conn": 1, "burst": 0, "default_conn_delay": 0.1, "key": "remote_addr"});
+        let with = |extra: Value| {
+            let mut c = base.clone();
+            c.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            c
+        };
+        let mut redis = with(json!({"policy": "redis", "redis_host": "127.0.0.1"}));
+        p.check_one("limit-conn", &mut redis).unwrap();
+        assert_eq!(redis["redis_port"], 6379);
+        assert_eq!(redis["key_ttl"], 3600);
+        assert_eq!(redis["allow_degradation"], false);
+        let mut cluster = with(json!({"policy": "redis-cluster"}));
+        assert!(p.check_one("limit-conn", &mut cluster).is_err());
+        let mut bad = with(json!({"policy": "memcached"}));
+        assert!(p.check_one("limit-conn", &mut bad).is_err());
+        // Without `policy` the conf is the stream schema's alone.
+        let mut local = base.clone();
+        p.check_one("limit-conn", &mut local).unwrap();
+        assert!(local.get("allow_degradation").is_none());
     }
 }

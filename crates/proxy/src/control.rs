@@ -24,9 +24,17 @@ use crate::upstream::health::UpstreamChecker;
 /// Reports the config source's health (the embedded store, etcd, or a watched file).
 pub type HealthProbe = Arc<dyn Fn() -> StoreHealth + Send + Sync>;
 
+/// The stream proxy's routes as it serves them, each with the checker of its own inline
+/// upstream (`None` without `checks`), in id order. The stream crate sits above this one,
+/// so it hands its table over as this reader.
+pub type StreamCheckers =
+    Arc<dyn Fn() -> Vec<(String, Option<Arc<UpstreamChecker>>)> + Send + Sync>;
+
 pub struct ControlApi {
     pub snapshot: SnapshotHandle,
     pub health: HealthProbe,
+    /// The stream routes' checkers; `None` when the stream proxy is off.
+    pub stream: Option<StreamCheckers>,
 }
 
 fn json_response(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
@@ -212,17 +220,56 @@ impl ControlApi {
         resp
     }
 
-    /// `/v1/healthcheck`: every route, service and upstream with `checks`, as APISIX lists
-    /// them (routes, then services, then upstreams).
+    /// `/v1/healthcheck`: every route, stream route, service and upstream with `checks`, as
+    /// APISIX's `_get_health_checkers` lists them (in that order).
     fn health_checkers(&self, snapshot: &Snapshot, html: bool) -> Response<Full<Bytes>> {
-        let infos: Vec<Value> = health_infos(snapshot);
+        let stream: Vec<Value> = self
+            .stream_routes()
+            .iter()
+            .filter_map(|(_, c)| c.as_deref().map(checker_info))
+            .collect();
+        let mut infos: Vec<Value> = Vec::new();
+        let mut stream = Some(stream);
+        for entry in &snapshot.checkers {
+            if entry.kind != ResourceKind::Routes {
+                infos.extend(stream.take().into_iter().flatten());
+            }
+            infos.push(checker_info(&entry.checker));
+        }
+        infos.extend(stream.take().into_iter().flatten());
         if html {
             return html_response(&infos);
         }
         json_response(StatusCode::OK, Value::Array(infos))
     }
 
-    /// `/v1/healthcheck/{routes|services|upstreams}/{id}`.
+    fn stream_routes(&self) -> Vec<(String, Option<Arc<UpstreamChecker>>)> {
+        self.stream.as_ref().map(|read| read()).unwrap_or_default()
+    }
+
+    /// `/v1/healthcheck/stream_routes/{id}`: the stream route's own upstream's checker.
+    fn stream_health_checker(&self, src_id: &str, html: bool) -> Response<Full<Bytes>> {
+        let routes = self.stream_routes();
+        let Some((_, checker)) = routes.iter().find(|(id, _)| id == src_id) else {
+            return json_response(
+                StatusCode::NOT_FOUND,
+                json!({"error_msg": format!("stream_routes[{src_id}] not found")}),
+            );
+        };
+        let Some(checker) = checker else {
+            return json_response(
+                StatusCode::NOT_FOUND,
+                json!({"error_msg": format!("no checker for stream_routes[{src_id}]")}),
+            );
+        };
+        let info = checker_info(checker);
+        if html {
+            return html_response(&[info]);
+        }
+        json_response(StatusCode::OK, info)
+    }
+
+    /// `/v1/healthcheck/{routes|stream_routes|services|upstreams}/{id}`.
     fn health_checker(&self, snapshot: &Snapshot, rest: &str, html: bool) -> Response<Full<Bytes>> {
         let mut segs = rest.splitn(2, '/');
         let src_type = segs.next().unwrap_or_default();
@@ -237,6 +284,7 @@ impl ControlApi {
             "routes" => ResourceKind::Routes,
             "services" => ResourceKind::Services,
             "upstreams" => ResourceKind::Upstreams,
+            "stream_routes" => return self.stream_health_checker(src_id, html),
             _ => {
                 return json_response(
                     StatusCode::BAD_REQUEST,
@@ -359,18 +407,20 @@ fn html_response(infos: &[Value]) -> Response<Full<Bytes>> {
 /// The health of every checked node as `apisix_upstream_status` reports it:
 /// `(checker name, ip, port, up)`.
 pub fn upstream_statuses(snapshot: &Snapshot) -> Vec<(String, String, u16, bool)> {
-    let mut out = Vec::new();
-    for entry in &snapshot.checkers {
-        for t in entry.checker.targets().iter() {
-            out.push((
-                entry.checker.name.clone(),
-                t.ip.to_string(),
-                t.port,
-                t.is_up(),
-            ));
-        }
-    }
-    out
+    snapshot
+        .checkers
+        .iter()
+        .flat_map(|entry| checker_statuses(&entry.checker))
+        .collect()
+}
+
+/// One checker's nodes as [`upstream_statuses`] reports them.
+pub fn checker_statuses(checker: &UpstreamChecker) -> Vec<(String, String, u16, bool)> {
+    checker
+        .targets()
+        .iter()
+        .map(|t| (checker.name.clone(), t.ip.to_string(), t.port, t.is_up()))
+        .collect()
 }
 
 /// Serves the status API ([`ControlApi::handle_status`]) on `listener` until `shutdown`.

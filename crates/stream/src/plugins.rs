@@ -5,7 +5,9 @@
 //! - ip-restriction: `remote_addr` outside `whitelist` / inside `blacklist` closes.
 //! - limit-conn: the key's sessions in flight past `conn` are delayed `default_conn_delay`,
 //!   past `conn + burst` closed; the count drops when the session ends. Counts live in the
-//!   same spaces as the HTTP plugin's, kept across recompiles of an unchanged conf.
+//!   same spaces as the HTTP plugin's, kept across recompiles of an unchanged conf; with
+//!   `policy: redis` / `redis-cluster` they are the HTTP plugin's Redis sorted sets, keyed
+//!   `limit_conn:/apisix/stream_routes/<id>:<conf version>:<key>`.
 //! - mqtt-proxy: the first packet must be an MQTT CONNECT of `protocol_name` and
 //!   `protocol_level` (3.1.1 or 5); its client id becomes `$mqtt_client_id`; anything else
 //!   closes. The bytes read go to the upstream unchanged.
@@ -21,8 +23,9 @@ use std::time::Duration;
 use ferrisix_config::model::ResourceKind;
 use ferrisix_plugin_api::state::Lease;
 use ferrisix_plugin_api::{KeyRef, LogCtx, LogVars, Owner, Plugin, RouteInfo};
-use ferrisix_plugins::limit::limit_conn::{ConnSpace, ConnSpaces};
+use ferrisix_plugins::limit::limit_conn::{remote_incoming, ConnSpace, ConnSpaces, RemoteSlot};
 use ferrisix_plugins::observe::prometheus::Metrics;
+use ferrisix_plugins::support::redis::{policy_remote, Remote};
 use ferrisix_plugins::PluginRegistry;
 use ferrisix_proxy::snapshot::CompiledUpstream;
 use ferrisix_proxy::Snapshot;
@@ -59,8 +62,21 @@ pub struct LimitConn {
     key: String,
     combination: bool,
     space: Lease<ConnSpace>,
+    /// `policy: redis` / `redis-cluster`: the count lives in Redis instead of `space`.
+    remote: Option<RemoteConn>,
     /// The conf this was compiled from (an unchanged conf keeps its space).
     conf: Value,
+}
+
+/// The Redis side of a stream limit-conn with a redis policy.
+struct RemoteConn {
+    remote: Remote,
+    /// `<resource key>:<conf version>`, as APISIX's `gen_limit_key`.
+    prefix: String,
+    key_ttl: i64,
+    clock: ferrisix_plugin_api::Clock,
+    /// After a Redis error: let the session through (else close it, APISIX's 500).
+    allow_degradation: bool,
 }
 
 pub struct TrafficSplit {
@@ -84,15 +100,22 @@ pub enum Preread {
     Close,
 }
 
-/// A session admitted by limit-conn, released when dropped.
-pub struct ConnTicket {
-    space: Lease<ConnSpace>,
-    key: String,
+/// A session admitted by limit-conn, released when dropped (a Redis member is removed from
+/// the Redis thread, without waiting).
+pub enum ConnTicket {
+    Local {
+        space: Lease<ConnSpace>,
+        key: String,
+    },
+    /// Released by the slot's own drop.
+    Remote { _release: RemoteSlot },
 }
 
 impl Drop for ConnTicket {
     fn drop(&mut self) {
-        self.space.leaving(KeyRef::Text(&self.key));
+        if let ConnTicket::Local { space, key } = self {
+            space.leaving(KeyRef::Text(key));
+        }
     }
 }
 
@@ -124,7 +147,7 @@ pub fn compile_all(
                 whitelist: ip_list(conf.get("whitelist")),
                 blacklist: ip_list(conf.get("blacklist")),
             },
-            "limit-conn" => StreamPlugin::LimitConn(limit_conn(route_id, &conf, env, previous)),
+            "limit-conn" => StreamPlugin::LimitConn(limit_conn(route_id, &conf, env, previous)?),
             "mqtt-proxy" => StreamPlugin::Mqtt {
                 protocol_name: conf
                     .get("protocol_name")
@@ -194,7 +217,7 @@ fn limit_conn(
     conf: &Value,
     env: &StreamEnv,
     previous: Option<&Vec<StreamPlugin>>,
-) -> LimitConn {
+) -> Result<LimitConn, String> {
     let reuse = previous.into_iter().flatten().find_map(|p| match p {
         StreamPlugin::LimitConn(l) if l.conf == *conf => Some(l.space.clone()),
         _ => None,
@@ -211,7 +234,24 @@ fn limit_conn(
             .shared::<ConnSpaces>()
             .lease(&key, || ConnSpace::new(delay, clock))
     });
-    LimitConn {
+    let remote = match conf.as_object() {
+        Some(c) => policy_remote("limit-conn", c, &env.services)?,
+        None => None,
+    }
+    .map(|remote| {
+        let schema = env.plugins.schema("limit-conn").unwrap_or(Value::Null);
+        RemoteConn {
+            remote,
+            prefix: format!(
+                "/apisix/stream_routes/{route_id}:{}",
+                ferrisix_plugin_api::compile::conf_version(&schema, conf)
+            ),
+            key_ttl: conf.get("key_ttl").and_then(Value::as_i64).unwrap_or(3600),
+            clock: env.services.clock().clone(),
+            allow_degradation: conf.get("allow_degradation").and_then(Value::as_bool) == Some(true),
+        }
+    });
+    Ok(LimitConn {
         conn: conf.get("conn").and_then(Value::as_u64).unwrap_or(1),
         burst: conf.get("burst").and_then(Value::as_u64).unwrap_or(0),
         delay,
@@ -222,13 +262,23 @@ fn limit_conn(
             .to_string(),
         combination: conf.get("key_type").and_then(Value::as_str) == Some("var_combination"),
         space,
+        remote,
         conf: conf.clone(),
-    }
+    })
+}
+
+/// What limit-conn decided for a session.
+enum Admission {
+    /// Counted: hold the ticket for the session, after waiting the delay if any.
+    In(ConnTicket, Option<Duration>),
+    /// Not counted (a Redis error with `allow_degradation`): go on.
+    Uncounted,
+    /// Past `conn + burst`, or a Redis error: close.
+    Refused,
 }
 
 impl LimitConn {
-    /// `None`: rejected; else the ticket and the delay to wait first.
-    fn admit(&self, vars: &ConnVars) -> Option<(ConnTicket, Option<Duration>)> {
+    async fn admit(&self, vars: &ConnVars) -> Admission {
         let value = if self.combination {
             let (text, n) = ferrisix_proxy::upstream::balancer::resolve_template(&self.key, &|n| {
                 vars.var(n).map(|v| std::borrow::Cow::Owned(v.into_owned()))
@@ -242,18 +292,40 @@ impl LimitConn {
         let key = value
             .filter(|v| !v.is_empty())
             .unwrap_or_else(|| vars.remote.ip().to_string());
-        let count = self
-            .space
-            .incoming(KeyRef::Text(&key), self.conn + self.burst)?;
-        let delay = (count > self.conn)
-            .then(|| Duration::try_from_secs_f64(self.delay).unwrap_or(Duration::from_millis(100)));
-        Some((
-            ConnTicket {
-                space: self.space.clone(),
-                key,
-            },
-            delay,
-        ))
+        let max = self.conn.saturating_add(self.burst);
+        let delay_for = |count: u64| {
+            (count > self.conn).then(|| {
+                Duration::try_from_secs_f64(self.delay).unwrap_or(Duration::from_millis(100))
+            })
+        };
+        if let Some(r) = &self.remote {
+            let key = format!("limit_conn:{}:{key}", r.prefix);
+            let now_s = r.clock.epoch_ms() / 1000;
+            return match remote_incoming(&r.remote, key, max, r.key_ttl, now_s).await {
+                Ok(Some((count, slot))) => {
+                    Admission::In(ConnTicket::Remote { _release: slot }, delay_for(count))
+                }
+                Ok(None) => Admission::Refused,
+                Err(e) => {
+                    tracing::error!("failed to limit conn: {e}");
+                    if r.allow_degradation {
+                        Admission::Uncounted
+                    } else {
+                        Admission::Refused
+                    }
+                }
+            };
+        }
+        match self.space.incoming(KeyRef::Text(&key), max) {
+            None => Admission::Refused,
+            Some(count) => Admission::In(
+                ConnTicket::Local {
+                    space: self.space.clone(),
+                    key,
+                },
+                delay_for(count),
+            ),
+        }
     }
 }
 
@@ -430,9 +502,10 @@ pub async fn preread(plugins: &[StreamPlugin], vars: &ConnVars, session: &mut Se
                     }
                 }
             }
-            StreamPlugin::LimitConn(l) => match l.admit(vars) {
-                None => return Preread::Close,
-                Some((ticket, delay)) => {
+            StreamPlugin::LimitConn(l) => match l.admit(vars).await {
+                Admission::Refused => return Preread::Close,
+                Admission::Uncounted => {}
+                Admission::In(ticket, delay) => {
                     session.tickets.push(ticket);
                     if let Some(d) = delay {
                         tokio::time::sleep(d).await;

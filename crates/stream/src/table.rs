@@ -13,6 +13,7 @@ use std::sync::Arc;
 use ferrisix_config::model::ResourceKind;
 use ferrisix_config::schema;
 use ferrisix_proxy::snapshot::CompiledUpstream;
+use ferrisix_proxy::upstream::health::UpstreamChecker;
 use ferrisix_proxy::Snapshot;
 use ferrisix_tls::CertStore;
 use ipnet::IpNet;
@@ -131,6 +132,21 @@ impl StreamTable {
     /// Every route, `sni` ones first.
     pub fn routes(&self) -> impl Iterator<Item = &Arc<StreamRoute>> {
         self.sni_routes.iter().chain(self.other_routes.iter())
+    }
+
+    /// Every route's id with the health checker of its own inline upstream (`None` without
+    /// `checks`, or on an `upstream_id` or service upstream, which the control API lists
+    /// under those), in id order: what APISIX's control API shows of stream routes.
+    pub fn checkers(&self) -> Vec<(String, Option<Arc<UpstreamChecker>>)> {
+        let mut out: Vec<(String, Option<Arc<UpstreamChecker>>)> = self
+            .routes()
+            .map(|r| {
+                let checker = r.inline.as_ref().and_then(|up| up.checker.clone());
+                (r.id.clone(), checker)
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
     }
 
     /// The stream routes of `snapshot`, reusing what `previous` compiled from the same

@@ -96,11 +96,35 @@ async fn session(
     }
     let certs = handle.load().tls.clone();
     match ferrisix_tls::accept(stream, move || certs, false, timeouts.preread).await {
-        Ok((stream, info)) => {
+        Ok((mut stream, info)) => {
+            if let Err(why) = client_verified(&info) {
+                tracing::error!(client = %remote, ssl = %info.ssl.id, "stream: {why}");
+                // The handshake finished (an ssl with `skip_mtls_uri_regex` asks without
+                // requiring): the client gets its close_notify, then the FIN.
+                let _ = tokio::time::timeout(Duration::from_secs(1), stream.shutdown()).await;
+                return;
+            }
             vars.sni = info.sni.clone();
             run(stream, vars, handle, timeouts, to_upstream).await;
         }
         Err(e) => tracing::info!(client = %remote, error = %e, "stream: TLS handshake failed"),
+    }
+}
+
+/// APISIX's `verify_tls_client` (stream preread): an ssl with `client` lets a session in
+/// only with a verified client certificate. `skip_mtls_uri_regex` has no URI to match on a
+/// stream port, so it exempts nothing here.
+fn client_verified(info: &ferrisix_tls::accept::TlsConnInfo) -> Result<(), String> {
+    use ferrisix_tls::accept::ClientVerify;
+    if info.ssl.client.is_none() {
+        return Ok(());
+    }
+    match &info.client_verify {
+        ClientVerify::Success => Ok(()),
+        ClientVerify::None => Err("client certificate was not present".into()),
+        ClientVerify::Failed(e) => Err(format!(
+            "client certificate verification is not passed: {e}"
+        )),
     }
 }
 

@@ -1081,3 +1081,98 @@ fn a_refused_route_is_held_or_left_out_until_its_next_change() {
     assert_eq!(v7.diff().applied.routes.added, ids(&["bad"]));
     assert_eq!(serving(&v7, "/bad").as_deref(), Some("bad"));
 }
+
+/// The control API puts the stream routes' checkers after the routes' (their own and their
+/// plugins') and before the services' and upstreams', as APISIX's `_get_health_checkers`
+/// lists them; `/v1/healthcheck/stream_routes/{id}` answers one, or APISIX's 404s.
+#[tokio::test]
+async fn control_lists_stream_route_checkers_after_the_routes() {
+    use http_body_util::BodyExt;
+    let split = health_checked_split;
+    let checks = split_checks();
+    let mut s = Store::new();
+    s.put(
+        "routes/r1",
+        route(
+            "/a",
+            json!({"plugins": split(4),
+                   "upstream": {"type": "roundrobin", "checks": checks, "nodes": {"127.0.0.1:2": 1}}}),
+        ),
+    );
+    s.put(
+        "upstreams/u1",
+        json!({"type": "roundrobin", "checks": checks, "nodes": {"127.0.0.1:3": 1}}),
+    );
+    let v1 = first(&s);
+    assert_eq!(v1.checkers.len(), 3);
+    // The upstream's checker stands in for a stream route's own.
+    let stream_checker = v1.checkers[2].checker.clone();
+    let Compiled(v1, _) = v1;
+    let handle = crate::snapshot::new_handle(options());
+    handle.store(Arc::new(v1));
+    let api = crate::control::ControlApi {
+        snapshot: handle,
+        health: Arc::new(|| ferrisix_config::store::StoreHealth {
+            reachable: true,
+            synced: true,
+            revision: 0,
+            detail: String::new(),
+        }),
+        stream: Some(Arc::new(move || {
+            vec![
+                ("s1".to_string(), Some(stream_checker.clone())),
+                ("s2".to_string(), None),
+            ]
+        })),
+    };
+    let get = |path: &str| {
+        let resp = api.handle(&http::Method::GET, path);
+        let status = resp.status().as_u16();
+        (status, resp.into_body())
+    };
+    let json_of = |body: http_body_util::Full<bytes::Bytes>| async move {
+        let bytes = body.collect().await.unwrap().to_bytes();
+        serde_json::from_slice::<Value>(&bytes).unwrap()
+    };
+    let (status, body) = get("/v1/healthcheck");
+    assert_eq!(status, 200);
+    let list = json_of(body).await;
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap())
+        .collect();
+    let split_name =
+        "/apisix/routes/r1#plugins['traffic-split'].rules[0].weighted_upstreams[0].upstream";
+    assert_eq!(
+        names,
+        [
+            "/apisix/routes/r1",
+            split_name,
+            "/apisix/upstreams/u1",
+            "/apisix/upstreams/u1"
+        ]
+    );
+    let (status, body) = get("/v1/healthcheck/stream_routes/s1");
+    assert_eq!(status, 200);
+    assert_eq!(json_of(body).await["name"], "/apisix/upstreams/u1");
+    for (path, message) in [
+        (
+            "/v1/healthcheck/stream_routes/s2",
+            "no checker for stream_routes[s2]",
+        ),
+        (
+            "/v1/healthcheck/stream_routes/s3",
+            "stream_routes[s3] not found",
+        ),
+        (
+            "/v1/healthcheck/stream_routes/",
+            "missing src id for src type stream_routes",
+        ),
+    ] {
+        let (status, body) = get(path);
+        assert_eq!(status, 404, "{path}");
+        assert_eq!(json_of(body).await["error_msg"], message, "{path}");
+    }
+}

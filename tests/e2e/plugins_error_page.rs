@@ -38,8 +38,12 @@ fn gateway_errors_get_the_metadata_pages() {
             "nodes": {up.node(): 1}}}),
     );
 
+    // /nf's route is served once its 404 is the upstream's (empty); before, no route matches
+    // and the gateway's own 404 is the custom page.
     let served = support::poll_until(Duration::from_secs(10), || {
-        support::get(gw.data_addr(), "/nf").status == 404
+        let nf = support::get(gw.data_addr(), "/nf");
+        nf.status == 404
+            && nf.text().is_empty()
             && support::get(gw.data_addr(), "/dead").status == 502
             && support::get(gw.data_addr(), "/nowhere").text() == "custom 404"
     });

@@ -9,100 +9,21 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use ferrisix_testkit::openssl_pki::{issue, self_signed};
 use serde_json::json;
 use support::*;
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("openssl (Debian package openssl) must be installed");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// A CA and two leaves (`good` serial 0x1001, `revoked` serial 0x1002) whose AIA names the
 /// responder at `url`; `index.txt` says the second is revoked.
 fn pki(dir: &Path, url: &str) {
-    let ec = |name: &str| {
-        openssl(
-            dir,
-            &[
-                "ecparam",
-                "-name",
-                "prime256v1",
-                "-genkey",
-                "-noout",
-                "-out",
-                name,
-            ],
-        )
-    };
-    ec("ca.key");
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-new",
-            "-key",
-            "ca.key",
-            "-subj",
-            "/CN=Test OCSP CA",
-            "-days",
-            "30",
-            "-out",
-            "ca.pem",
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ],
-    );
+    self_signed(dir, "ca.key", "ca.pem", "/CN=Test OCSP CA", true);
     for (name, serial) in [("good", "0x1001"), ("revoked", "0x1002")] {
-        ec(&format!("{name}.key"));
-        openssl(
+        issue(
             dir,
-            &[
-                "req",
-                "-new",
-                "-key",
-                &format!("{name}.key"),
-                "-subj",
-                &format!("/CN={name}.test"),
-                "-out",
-                &format!("{name}.csr"),
-            ],
-        );
-        std::fs::write(
-            dir.join(format!("{name}.ext")),
-            format!("subjectAltName=DNS:{name}.test\nauthorityInfoAccess=OCSP;URI:{url}\n"),
-        )
-        .unwrap();
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-set_serial",
-                serial,
-                "-days",
-                "30",
-                "-extfile",
-                &format!("{name}.ext"),
-                "-out",
-                &format!("{name}.pem"),
-            ],
+            name,
+            &format!("/CN={name}.test"),
+            &format!("subjectAltName=DNS:{name}.test\nauthorityInfoAccess=OCSP;URI:{url}\n"),
+            serial,
         );
     }
     std::fs::write(

@@ -5,6 +5,8 @@
 
 use proptest::test_runner::Config as ProptestConfig;
 
+pub mod openssl_pki;
+
 /// The configuration of a stable fuzz harness (each crate's `tests/fuzz.rs`): `default` cases,
 /// or as many as `PROPTEST_CASES` says, so CI and a long local run use one harness; no
 /// failure persistence, so a run never writes regression files into the source tree.

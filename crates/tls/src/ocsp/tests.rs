@@ -3,128 +3,38 @@
 //! the responder exchange against in-test HTTP servers.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+use ferrisix_testkit::openssl_pki::{issue, openssl, self_signed};
 
 use super::der::{self, Cert};
 use super::*;
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("openssl (Debian package openssl) must be installed");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A CA (`ca.pem`, `ca.key`), a leaf (`leaf.pem`, serial 0x1234) whose AIA names `url`, and a
-/// delegated responder (`resp.pem`, with and without the OCSP-signing purpose).
+/// A CA (`ca.pem`, `ca.key`), another (`other.pem`), a leaf (`leaf.pem`, serial 0x1234) whose
+/// AIA names `url`, and a delegated responder (`resp.pem`, with the OCSP-signing purpose;
+/// `plain.pem`, without).
 fn pki(dir: &Path, url: &str) {
-    let ec = |name: &str| {
-        openssl(
-            dir,
-            &[
-                "ecparam",
-                "-name",
-                "prime256v1",
-                "-genkey",
-                "-noout",
-                "-out",
-                name,
-            ],
-        )
-    };
-    ec("ca.key");
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-new",
-            "-key",
-            "ca.key",
-            "-subj",
-            "/CN=Test OCSP CA",
-            "-days",
-            "30",
-            "-out",
-            "ca.pem",
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ],
-    );
-    ec("other.key");
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-new",
-            "-key",
-            "other.key",
-            "-subj",
-            "/CN=Test OCSP CA",
-            "-days",
-            "30",
-            "-out",
-            "other.pem",
-        ],
-    );
-    let issue = |key: &str, csr: &str, cn: &str, ext: &str, serial: &str, out: &str| {
-        ec(key);
-        openssl(dir, &["req", "-new", "-key", key, "-subj", cn, "-out", csr]);
-        std::fs::write(dir.join("x.ext"), ext).unwrap();
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                csr,
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-set_serial",
-                serial,
-                "-days",
-                "30",
-                "-extfile",
-                "x.ext",
-                "-out",
-                out,
-            ],
-        );
-    };
+    self_signed(dir, "ca.key", "ca.pem", "/CN=Test OCSP CA", true);
+    self_signed(dir, "other.key", "other.pem", "/CN=Test OCSP CA", false);
     issue(
-        "leaf.key",
-        "leaf.csr",
+        dir,
+        "leaf",
         "/CN=ocsp.test",
         &format!("subjectAltName=DNS:ocsp.test\nauthorityInfoAccess=OCSP;URI:{url}\n"),
         "0x1234",
-        "leaf.pem",
     );
     issue(
-        "resp.key",
-        "resp.csr",
+        dir,
+        "resp",
         "/CN=responder",
         "extendedKeyUsage=OCSPSigning\n",
         "0x99",
-        "resp.pem",
     );
     issue(
-        "plain.key",
-        "plain.csr",
+        dir,
+        "plain",
         "/CN=responder",
         "extendedKeyUsage=serverAuth\n",
         "0x98",
-        "plain.pem",
     );
 }
 

@@ -1196,7 +1196,7 @@ plugin_attr:
         let m = metrics();
         let p = Prometheus::compile(&json!({}), None, m.clone());
         assert!(p.log_needs().is_empty());
-        assert!(m.extra_status.key(&LogCtx::default(), "").is_none());
+        assert!(m.extra_status.key(&LogCtx::default(), "", None).is_none());
         assert!(!m.expire.any());
     }
 
@@ -1288,6 +1288,157 @@ plugin_attr:
             .as_deref(),
             Some("3")
         );
+    }
+
+    /// A request ai-proxy served: `stream`, the models, times in milliseconds, tokens.
+    fn ai_request(
+        p: &Prometheus,
+        status: u16,
+        stream: bool,
+        times: (u64, u64),
+        tokens: (u64, u64),
+    ) -> LogCtx {
+        use crate::support::ai::protocol::Usage;
+        let record = Arc::new(LlmRecord::default());
+        record.update(|f| {
+            f.stream = stream;
+            f.request_model = Some("gpt-4".into());
+            f.model = Some("gpt-4o".into());
+            f.time_to_first_token = Some(Duration::from_millis(times.0));
+            f.upstream_response_time = Some(Duration::from_millis(times.1));
+            f.usage = Some(Usage {
+                prompt_tokens: tokens.0,
+                completion_tokens: tokens.1,
+                total_tokens: tokens.0 + tokens.1,
+                raw: json!({}),
+            });
+        });
+        let mut values = ferrisix_plugin_api::RequestValues::default();
+        values.insert(record);
+        LogCtx {
+            status,
+            values: Some(Arc::new(values)),
+            ..proxied(p, Vars(&[("http_x_team", "blue")]))
+        }
+    }
+
+    fn ai_route() -> RouteInfo {
+        RouteInfo {
+            id: "a".into(),
+            uris: vec!["/v1/chat/completions".into()].into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn ai_requests_carry_their_labels_and_feed_the_llm_metrics() {
+        let m = metrics_with(
+            r#"
+plugin_attr:
+  prometheus:
+    llm_prompt_tokens_buckets: [5, 100]
+    metrics:
+      llm_prompt_tokens:
+        extra_labels:
+          - team: $http_x_team
+"#,
+        );
+        let p = Prometheus::compile(&json!({}), Some(&ai_route()), m.clone());
+        p.record(&ai_request(&p, 200, false, (150, 150), (10, 20)), 0);
+        p.record(&ai_request(&p, 200, true, (30, 400), (5, 7)), 0);
+        // An error answer: its tokens count, its latency does not.
+        p.record(&ai_request(&p, 429, false, (20, 20), (0, 0)), 0);
+        p.record(&proxied(&p, Vars(&[])), 0);
+        let text = m.render();
+        let labels = |t: &str| format!("route_id=\"a\",service_id=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"{t}\",request_llm_model=\"gpt-4\",llm_model=\"gpt-4o\"");
+        // The HTTP metrics carry the AI labels; the plain request keeps traditional_http.
+        assert!(text.contains("apisix_http_status{code=\"200\",route=\"a\",matched_uri=\"/v1/chat/completions\",matched_host=\"\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"ai_chat\",request_llm_model=\"gpt-4\",llm_model=\"gpt-4o\",response_source=\"upstream\"} 1\n"), "{text}");
+        assert!(text.contains("apisix_http_status{code=\"429\",route=\"a\",matched_uri=\"/v1/chat/completions\",matched_host=\"\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"ai_chat\""), "{text}");
+        assert!(text.contains("apisix_http_status{code=\"200\",route=\"a\",matched_uri=\"/v1/chat/completions\",matched_host=\"\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\",response_source=\"upstream\"} 1\n"), "{text}");
+        assert!(text.contains("apisix_bandwidth{type=\"egress\",route=\"a\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"ai_stream\",request_llm_model=\"gpt-4\",llm_model=\"gpt-4o\"} 612\n"), "{text}");
+        assert!(text.contains("# TYPE apisix_llm_latency histogram\n"), "{text}");
+        assert!(text.contains("# TYPE apisix_llm_prompt_tokens counter\n"), "{text}");
+        assert!(text.contains("# TYPE apisix_llm_completion_tokens_dist histogram\n"), "{text}");
+        // total: the whole answer; ttft only for a stream.
+        let chat = labels("ai_chat");
+        let stream = labels("ai_stream");
+        assert!(text.contains(&format!("apisix_llm_latency_bucket{{type=\"total\",{chat},le=\"100\"}} 0\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_latency_bucket{{type=\"total\",{chat},le=\"200\"}} 1\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_latency_count{{type=\"total\",{chat}}} 1\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_latency_sum{{type=\"total\",{stream}}} 400\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_latency_sum{{type=\"ttft\",{stream}}} 30\n")), "{text}");
+        assert!(!text.contains(&format!("apisix_llm_latency_count{{type=\"ttft\",{chat}}}")), "{text}");
+        // Counters, with their extra label after the built-in ones.
+        assert!(text.contains(&format!("apisix_llm_prompt_tokens{{{chat},team=\"blue\"}} 10\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_completion_tokens{{{chat}}} 20\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_completion_tokens{{{stream}}} 7\n")), "{text}");
+        // Distributions: the configured prompt buckets, the default token ones.
+        assert!(text.contains(&format!("apisix_llm_prompt_tokens_dist_bucket{{{stream},le=\"5\"}} 1\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_prompt_tokens_dist_bucket{{{chat},le=\"5\"}} 1\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_prompt_tokens_dist_count{{{chat}}} 2\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_completion_tokens_dist_bucket{{{chat},le=\"10\"}} 1\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_completion_tokens_dist_bucket{{{chat},le=\"50\"}} 2\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_completion_tokens_dist_bucket{{{chat},le=\"1000000\"}} 2\n")), "{text}");
+        // No LLM series for the plain request.
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("apisix_llm") && l.contains("traditional_http")),
+            "{text}"
+        );
+        // disabled_labels reach the LLM metrics.
+        m.set_metadata(Some(&json!({"disabled_labels": {"llm_completion_tokens": ["request_type"]}})));
+        let text = m.render();
+        assert!(text.contains("apisix_llm_completion_tokens{route_id=\"a\",service_id=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"\",request_llm_model=\"gpt-4\",llm_model=\"gpt-4o\"} 27\n"), "{text}");
+    }
+
+    #[test]
+    fn llm_series_expire_per_metric() {
+        let m = metrics_with(
+            "plugin_attr:\n  prometheus:\n    metrics:\n      llm_prompt_tokens:\n        expire: 1\n",
+        );
+        assert!(m.llm.expires());
+        let p = Prometheus::compile(&json!({}), Some(&ai_route()), m.clone());
+        p.record(&ai_request(&p, 200, false, (5, 5), (3, 4)), 10_000);
+        let text = m.render_at(10_999);
+        assert!(text.contains("apisix_llm_prompt_tokens{"), "{text}");
+        let text = m.render_at(11_000);
+        assert!(!text.contains("apisix_llm_prompt_tokens{"), "{text}");
+        // The others have no expire.
+        assert!(text.contains("apisix_llm_completion_tokens{"), "{text}");
+        // Back, counted from 0.
+        p.record(&ai_request(&p, 200, false, (5, 5), (2, 4)), 12_000);
+        let text = m.render_at(12_000);
+        assert!(text.contains("llm_model=\"gpt-4o\"} 2\n"), "{text}");
+        assert!(text.contains("apisix_llm_completion_tokens{route_id=\"a\",service_id=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"ai_chat\",request_llm_model=\"gpt-4\",llm_model=\"gpt-4o\"} 8\n"), "{text}");
+    }
+
+    #[test]
+    fn model_labels_are_capped() {
+        assert_eq!(llm::model_label(None), "");
+        assert_eq!(llm::model_label(Some("gpt-4o")), "gpt-4o");
+        assert_eq!(llm::model_label(Some(&"m".repeat(200))).len(), 128);
+        // Cut at a character boundary.
+        let wide = "é".repeat(100);
+        assert_eq!(llm::model_label(Some(&wide)).len(), 128);
+        let odd = format!("a{wide}");
+        assert_eq!(llm::model_label(Some(&odd)).len(), 127);
+    }
+
+    #[test]
+    fn llm_disabled_labels_follow_the_schema() {
+        let schema = metadata_schema();
+        let llm = &schema["properties"]["disabled_labels"]["properties"]["llm_latency"];
+        let labels = llm["items"]["enum"].as_array().unwrap();
+        // `type` is the metric's identity.
+        assert!(!labels.contains(&json!("type")));
+        assert!(labels.contains(&json!("llm_model")));
+        let d = DisabledLabels::from_metadata(Some(
+            &json!({"disabled_labels": {"llm_latency": ["node"]}}),
+        ))
+        .unwrap();
+        assert_eq!(d.of("llm_latency"), Some(&["node".to_owned()][..]));
+        assert_eq!(d.of("llm_prompt_tokens"), None);
     }
 
     #[test]

@@ -348,7 +348,7 @@ print(json.dumps(out))
 }
 
 /// The `$llm_*` variables and `$request_type` ai-proxy sets, read by a logger's
-/// `log_format`, and the prometheus AI labels and LLM metrics, for a chat and a streamed chat.
+/// `log_format` and by the access log, and the prometheus AI labels and LLM metrics, for a chat and a streamed chat.
 #[test]
 fn llm_variables_reach_the_loggers_and_prometheus() {
     let p = start_provider();
@@ -366,7 +366,13 @@ fn llm_variables_reach_the_loggers_and_prometheus() {
             "prometheus": {},
             "file-logger": {"path": log.to_str().unwrap(), "log_format": format}}},
     ]});
-    let gw = Gateway::start(&routes.to_string());
+    let gw = Gateway::start_tuned(
+        &routes.to_string(),
+        "",
+        "",
+        1,
+        "access_log_format: \"$uri $request_type $request_llm_model $llm_model $llm_prompt_tokens $llm_completion_tokens\"",
+    );
     let r = chat(
         gw.addr(),
         "/ai",
@@ -412,6 +418,19 @@ fn llm_variables_reach_the_loggers_and_prometheus() {
     assert_eq!(stream_line["prompt"], "3");
     assert_eq!(stream_line["completion"], "2");
     assert_eq!(stream_line["stream"], "true");
+
+    // The access log reads them too; a request no AI plugin served has nginx.conf's presets.
+    assert_eq!(get(gw.addr(), "/elsewhere").status, 404);
+    let mut access = String::new();
+    poll_until(Duration::from_secs(10), || {
+        access = std::fs::read_to_string(access_log(&gw)).unwrap_or_default();
+        access.lines().count() >= 3
+    })
+    .unwrap_or_else(|| panic!("three access log lines: {access}"));
+    let access: Vec<&str> = access.lines().collect();
+    assert_eq!(access[0], "/ai ai_chat asked gpt-e2e 4 2");
+    assert_eq!(access[1], "/ai ai_stream asked-s gpt-e2e 3 2");
+    assert_eq!(access[2], "/elsewhere traditional_http   0 0");
 
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], gw.metrics_port));
     let metrics = get(addr, "/apisix/prometheus/metrics").text();

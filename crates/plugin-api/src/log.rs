@@ -230,6 +230,10 @@ impl VarSource for LogCtx {
                 {
                     return Some(Cow::Owned(v));
                 }
+                if name == "apisix_upstream_response_time" {
+                    // nginx.conf: `set $apisix_upstream_response_time $upstream_response_time;`
+                    return self.var("upstream_response_time");
+                }
                 return preset_var(name).map(Cow::Borrowed);
             }
         }))
@@ -258,6 +262,15 @@ mod tests {
         assert_eq!(plain.var("llm_model").as_deref(), Some(""));
         assert_eq!(plain.var("llm_stream").as_deref(), Some("false"));
         assert_eq!(plain.var("not_a_var"), None);
+        assert_eq!(plain.var("apisix_upstream_response_time"), None);
+        let proxied = LogCtx {
+            upstream_time: Some(Duration::from_millis(1500)),
+            ..LogCtx::default()
+        };
+        assert_eq!(
+            proxied.var("apisix_upstream_response_time").as_deref(),
+            Some("1.500")
+        );
         let mut values = RequestValues::default();
         values.insert(LateVarSource(Arc::new(Ai)));
         let ai = LogCtx {

@@ -183,7 +183,11 @@ impl AccessLog {
                 "host" => Var::Header(capture(&mut headers, "host")),
                 other => match other.strip_prefix("http_") {
                     Some(h) => Var::Header(capture(&mut headers, &h.replace('_', "-"))),
-                    None if preset_var(other).is_some() => Var::Late(other.into()),
+                    None if preset_var(other).is_some()
+                        || other == "apisix_upstream_response_time" =>
+                    {
+                        Var::Late(other.into())
+                    }
                     None => Var::Unknown,
                 },
             };
@@ -432,6 +436,10 @@ impl LogRecord {
                     .and_then(|s| s.0.late_var(name));
                 match late {
                     Some(v) => out.extend_from_slice(v.as_bytes()),
+                    // nginx.conf: `set $apisix_upstream_response_time $upstream_response_time;`
+                    None if &**name == "apisix_upstream_response_time" => {
+                        return self.write_var(&Var::UpstreamResponseTime, up, at, out)
+                    }
                     None => out.extend_from_slice(preset_var(name).unwrap_or("").as_bytes()),
                 }
             }
@@ -953,7 +961,7 @@ mod tests {
         }
         let log = AccessLog::new(
             LogSink::Off,
-            "$request_type $llm_model $llm_prompt_tokens $llm_completion_tokens $llm_stream $no_such_var",
+            "$request_type $llm_model $llm_prompt_tokens $llm_completion_tokens $llm_stream $no_such_var $apisix_upstream_response_time",
         );
         let at = LineTime {
             now: Instant::now(),
@@ -966,7 +974,7 @@ mod tests {
         // as a set variable is found).
         assert_eq!(
             String::from_utf8(std::mem::take(&mut out)).unwrap(),
-            "traditional_http  0 0 false -\n"
+            "traditional_http  0 0 false - -\n"
         );
         let mut ai = record(&log, "", None);
         let mut values = RequestValues::default();
@@ -975,7 +983,7 @@ mod tests {
         log.format(&ai, &UpstreamRecord::default(), &at, &mut out);
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "ai_chat gpt \\x224\\x22 12 0 false -\n"
+            "ai_chat gpt \\x224\\x22 12 0 false - -\n"
         );
     }
 

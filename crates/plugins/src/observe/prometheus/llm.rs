@@ -10,6 +10,9 @@
 //! counts on atomics. Only AI requests come here; the others stop at the one check of
 //! [`Prometheus::record`](super::Prometheus) for the AI record.
 //!
+//! The series live as long as the gateway, as APISIX's shared-dict keys do (a deleted route's
+//! LLM series stay until they expire): only the HTTP metrics' groups follow the routes.
+//!
 //! `expire` stamps each series per metric; a render leaves out and zeroes a metric of a series
 //! not updated for that long, as its shared-dict keys would have lapsed in APISIX.
 

@@ -346,3 +346,146 @@ print(json.dumps(out))
                "stream_usage": 5, "busy": "RateLimitError 429"})
     );
 }
+
+/// The `$llm_*` variables and `$request_type` ai-proxy sets, read by a logger's
+/// `log_format` and by the access log, and the prometheus AI labels and LLM metrics, for a chat and a streamed chat.
+#[test]
+fn llm_variables_reach_the_loggers_and_prometheus() {
+    let p = start_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("ai.log");
+    let format = json!({"type": "$request_type", "asked": "$request_llm_model",
+        "model": "$llm_model", "prompt": "$llm_prompt_tokens",
+        "completion": "$llm_completion_tokens", "total": "$llm_total_tokens",
+        "stream": "$llm_stream", "ttft": "$llm_time_to_first_token"});
+    let routes = json!({"routes": [
+        {"id": "ai", "uri": "/ai", "plugins": {
+            "ai-proxy": {"provider": "openai", "auth": {"header": {"Authorization": "Bearer k"}},
+                         "options": {"model": "gpt-e2e"},
+                         "override": {"endpoint": format!("http://{}", p.addr)}},
+            "prometheus": {},
+            "file-logger": {"path": log.to_str().unwrap(), "log_format": format}}},
+    ]});
+    let gw = Gateway::start_tuned(
+        &routes.to_string(),
+        "",
+        "",
+        1,
+        "access_log_format: \"$uri $request_type $request_llm_model $llm_model $llm_prompt_tokens $llm_completion_tokens\"",
+    );
+    let r = chat(
+        gw.addr(),
+        "/ai",
+        &[],
+        &json!({"model": "asked", "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The stream's second half waits for a release: give it up front.
+    p.release.send(()).unwrap();
+    let r = chat(
+        gw.addr(),
+        "/ai",
+        &[],
+        &json!({"model": "asked-s", "stream": true,
+                "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("data: [DONE]"), "{}", r.text());
+
+    let mut text = String::new();
+    poll_until(Duration::from_secs(10), || {
+        text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.lines().count() >= 2
+    })
+    .unwrap_or_else(|| panic!("two log lines: {text}"));
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let (chat_line, stream_line) = (&lines[0], &lines[1]);
+    assert_eq!(chat_line["type"], "ai_chat", "{chat_line}");
+    assert_eq!(chat_line["asked"], "asked");
+    assert_eq!(chat_line["model"], "gpt-e2e");
+    assert_eq!(chat_line["prompt"], "4");
+    assert_eq!(chat_line["completion"], "2");
+    assert_eq!(chat_line["total"], "6");
+    assert_eq!(chat_line["stream"], "false");
+    assert!(chat_line["ttft"].as_str().unwrap().parse::<u64>().is_ok());
+    assert_eq!(stream_line["type"], "ai_stream", "{stream_line}");
+    assert_eq!(stream_line["asked"], "asked-s");
+    assert_eq!(stream_line["model"], "gpt-e2e");
+    // The stream's usage chunk came last.
+    assert_eq!(stream_line["prompt"], "3");
+    assert_eq!(stream_line["completion"], "2");
+    assert_eq!(stream_line["stream"], "true");
+
+    // The access log reads them too; a request no AI plugin served has nginx.conf's presets.
+    assert_eq!(get(gw.addr(), "/elsewhere").status, 404);
+    let mut access = String::new();
+    poll_until(Duration::from_secs(10), || {
+        access = std::fs::read_to_string(access_log(&gw)).unwrap_or_default();
+        access.lines().count() >= 3
+    })
+    .unwrap_or_else(|| panic!("three access log lines: {access}"));
+    let access: Vec<&str> = access.lines().collect();
+    assert_eq!(access[0], "/ai ai_chat asked gpt-e2e 4 2");
+    assert_eq!(access[1], "/ai ai_stream asked-s gpt-e2e 3 2");
+    assert_eq!(access[2], "/elsewhere traditional_http   0 0");
+
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], gw.metrics_port));
+    let metrics = get(addr, "/apisix/prometheus/metrics").text();
+    let line = |prefix: &str, has: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(prefix) && l.contains(has))
+            .unwrap_or_else(|| panic!("no {prefix}..{has} in {metrics}"))
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    let chat_labels = "request_type=\"ai_chat\",request_llm_model=\"asked\",llm_model=\"gpt-e2e\"";
+    let stream_labels =
+        "request_type=\"ai_stream\",request_llm_model=\"asked-s\",llm_model=\"gpt-e2e\"";
+    assert_eq!(
+        line("apisix_http_status{code=\"200\",route=\"ai\"", chat_labels),
+        "1"
+    );
+    assert_eq!(
+        line(
+            "apisix_http_status{code=\"200\",route=\"ai\"",
+            stream_labels
+        ),
+        "1"
+    );
+    assert!(
+        metrics.contains("# TYPE apisix_llm_prompt_tokens counter\n"),
+        "{metrics}"
+    );
+    assert_eq!(
+        line("apisix_llm_prompt_tokens{route_id=\"ai\"", chat_labels),
+        "4"
+    );
+    assert_eq!(
+        line("apisix_llm_completion_tokens{route_id=\"ai\"", chat_labels),
+        "2"
+    );
+    assert_eq!(
+        line("apisix_llm_prompt_tokens{route_id=\"ai\"", stream_labels),
+        "3"
+    );
+    assert_eq!(
+        line(
+            "apisix_llm_completion_tokens_dist_count{route_id=\"ai\"",
+            stream_labels
+        ),
+        "1"
+    );
+    assert_eq!(
+        line(
+            "apisix_llm_prompt_tokens_dist_bucket{route_id=\"ai\"",
+            &format!("{chat_labels},le=\"10\"")
+        ),
+        "1"
+    );
+}

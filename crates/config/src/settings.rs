@@ -900,24 +900,36 @@ pub struct PrometheusAttr {
     pub refresh_interval: f64,
     /// Histogram buckets in milliseconds; `None` = the plugin's built-in list.
     pub default_buckets: Option<Vec<f64>>,
-    /// `metrics.<name>`: extra labels and series expiry per HTTP metric.
+    /// `apisix_llm_latency`'s buckets in milliseconds; `None` = the built-in latency list.
+    pub llm_latency_buckets: Option<Vec<f64>>,
+    /// `apisix_llm_prompt_tokens_dist`'s buckets in tokens; `None` = the built-in token list.
+    pub llm_prompt_tokens_buckets: Option<Vec<f64>>,
+    /// `apisix_llm_completion_tokens_dist`'s buckets in tokens.
+    pub llm_completion_tokens_buckets: Option<Vec<f64>>,
+    /// `metrics.<name>`: extra labels and series expiry per HTTP and LLM metric.
     pub metrics: PrometheusMetrics,
 }
 
-/// `plugin_attr.prometheus.metrics`. Metrics ferrisix does not have (the LLM and AI-cache
-/// families) are unknown keys, reported as warnings.
+/// `plugin_attr.prometheus.metrics`. Metrics ferrisix does not have (the AI-cache family)
+/// are unknown keys, reported as warnings.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct PrometheusMetrics {
     pub http_status: MetricAttr,
     pub http_latency: MetricAttr,
     pub bandwidth: MetricAttr,
+    pub llm_latency: MetricAttr,
+    pub llm_prompt_tokens: MetricAttr,
+    pub llm_completion_tokens: MetricAttr,
+    pub llm_active_connections: MetricAttr,
+    pub llm_prompt_tokens_dist: MetricAttr,
+    pub llm_completion_tokens_dist: MetricAttr,
     /// APISIX's health-check gauge, which ferrisix does not have (health checks are not
     /// built): validated and ignored. APISIX reads only `expire` for it.
     pub upstream_status: UpstreamStatusAttr,
 }
 
-/// `plugin_attr.prometheus.metrics.<name>` for `http_status`, `http_latency`, `bandwidth`.
+/// `plugin_attr.prometheus.metrics.<name>` for the HTTP and LLM metrics.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct MetricAttr {
@@ -973,6 +985,9 @@ impl Default for PrometheusAttr {
             export_addr: ExportAddr::default(),
             refresh_interval: 15.0,
             default_buckets: None,
+            llm_latency_buckets: None,
+            llm_prompt_tokens_buckets: None,
+            llm_completion_tokens_buckets: None,
             metrics: PrometheusMetrics::default(),
         }
     }

@@ -313,7 +313,9 @@ impl RequestValues {
             .and_then(|(_, v)| v.downcast_mut())
     }
 
-    fn insert<T: Any + Send + Sync>(&mut self, value: T) {
+    /// Keeps `value`, replacing the one of its type (the proxy's side; tests build a
+    /// [`crate::LogCtx`]'s values with it).
+    pub fn insert<T: Any + Send + Sync>(&mut self, value: T) {
         let id = TypeId::of::<T>();
         match self.0.iter_mut().find(|(t, _)| *t == id) {
             Some(slot) => slot.1 = Box::new(value),

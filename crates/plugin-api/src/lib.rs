@@ -108,7 +108,10 @@ pub use head::{ConnFacts, ProxiedAddrs, RequestHead};
 pub use http_client::{HttpClient, HttpError};
 pub use key::{KeySpec, KeyValue};
 pub use keyed::{KeyRef, Keyed, OwnedKey, Slot};
-pub use log::{union_var_names, LogCtx, LogNeeds, LogVars, ResponseSource, VarNames};
+pub use log::{
+    preset_var, union_var_names, LateVarSource, LateVars, LogCtx, LogNeeds, LogVars,
+    ResponseSource, VarNames,
+};
 pub use plugin::{Flow, PhaseFuture, Phases, Plugin, Step};
 pub use response::{BodyChunk, BodyEdits, BodyFilter, BodyFilters, ResponseHead, WholeBody};
 pub use services::{LogReopen, PluginServices, SharedState};

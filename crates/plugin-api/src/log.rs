@@ -135,6 +135,38 @@ impl LogVars {
     }
 }
 
+/// Variables a plugin learns while the answer goes by, after the request's variables were
+/// captured (APISIX's `ctx.var.llm_*`, which ai-proxy sets as the provider answers). A plugin
+/// keeps its source among the request's values ([`crate::PluginCtx::insert`]) as a
+/// [`LateVarSource`]; [`LogCtx::var`] reads it.
+pub trait LateVars: Send + Sync + std::fmt::Debug {
+    /// The variable's value now; `None` when this source does not set it.
+    fn late_var(&self, name: &str) -> Option<String>;
+}
+
+/// The request's [`LateVars`].
+#[derive(Clone, Debug)]
+pub struct LateVarSource(pub Arc<dyn LateVars>);
+
+/// The variables APISIX's nginx.conf sets on every request before any plugin runs
+/// (`set $request_type 'traditional_http';` ...): an AI plugin's [`LateVars`] override them.
+pub fn preset_var(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "request_type" => "traditional_http",
+        "request_llm_model" | "llm_model" | "llm_end_user_id" | "llm_content_risk_level" => "",
+        "llm_time_to_first_token"
+        | "llm_prompt_tokens"
+        | "llm_completion_tokens"
+        | "llm_total_tokens"
+        | "llm_tool_count"
+        | "llm_cache_read_input_tokens"
+        | "llm_cache_creation_input_tokens"
+        | "llm_reasoning_tokens" => "0",
+        "llm_stream" | "llm_has_tool_calls" => "false",
+        _ => return None,
+    })
+}
+
 /// The finished request, as the log phase sees it.
 #[derive(Clone, Debug, Default)]
 pub struct LogCtx {
@@ -187,7 +219,23 @@ impl VarSource for LogCtx {
             "request_length" => self.request_length.to_string(),
             "bytes_sent" => self.bytes_sent.to_string(),
             "balancer_ip" => self.node?.to_string(),
-            _ => return self.vars.get(name).map(Cow::Borrowed),
+            _ => {
+                if let Some(v) = self.vars.get(name) {
+                    return Some(Cow::Borrowed(v));
+                }
+                // Only an AI request holds late variables; the others pay this lookup.
+                if let Some(v) = self
+                    .value::<LateVarSource>()
+                    .and_then(|s| s.0.late_var(name))
+                {
+                    return Some(Cow::Owned(v));
+                }
+                if name == "apisix_upstream_response_time" {
+                    // nginx.conf: `set $apisix_upstream_response_time $upstream_response_time;`
+                    return self.var("upstream_response_time");
+                }
+                return preset_var(name).map(Cow::Borrowed);
+            }
         }))
     }
 }
@@ -195,6 +243,44 @@ impl VarSource for LogCtx {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn late_vars_override_the_presets() {
+        #[derive(Debug)]
+        struct Ai;
+        impl LateVars for Ai {
+            fn late_var(&self, name: &str) -> Option<String> {
+                (name == "request_type").then(|| "ai_stream".to_owned())
+            }
+        }
+        let plain = LogCtx::default();
+        assert_eq!(
+            plain.var("request_type").as_deref(),
+            Some("traditional_http")
+        );
+        assert_eq!(plain.var("llm_prompt_tokens").as_deref(), Some("0"));
+        assert_eq!(plain.var("llm_model").as_deref(), Some(""));
+        assert_eq!(plain.var("llm_stream").as_deref(), Some("false"));
+        assert_eq!(plain.var("not_a_var"), None);
+        assert_eq!(plain.var("apisix_upstream_response_time"), None);
+        let proxied = LogCtx {
+            upstream_time: Some(Duration::from_millis(1500)),
+            ..LogCtx::default()
+        };
+        assert_eq!(
+            proxied.var("apisix_upstream_response_time").as_deref(),
+            Some("1.500")
+        );
+        let mut values = RequestValues::default();
+        values.insert(LateVarSource(Arc::new(Ai)));
+        let ai = LogCtx {
+            values: Some(Arc::new(values)),
+            ..LogCtx::default()
+        };
+        assert_eq!(ai.var("request_type").as_deref(), Some("ai_stream"));
+        // What the source does not set keeps nginx.conf's value.
+        assert_eq!(ai.var("llm_completion_tokens").as_deref(), Some("0"));
+    }
 
     #[test]
     fn log_vars_capture_only_what_is_asked() {

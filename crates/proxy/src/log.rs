@@ -142,6 +142,10 @@ impl Drop for LogPhase {
         let now = Instant::now();
         if let Some(mut plugins) = self.plugins.take() {
             plugins.run(self.bytes, &self.upstream, now);
+            if let Some(record) = &mut self.record {
+                // The access log's `$llm_*` come from the plugins' values.
+                record.values = plugins.ctx.values.take();
+            }
         }
         self.sinks.stats.request_finished();
         if let Some(mut record) = self.record.take() {

@@ -71,6 +71,7 @@ impl ConnInfo {
                 body_bytes_sent: 0,
                 route_id: None,
                 consumer_name: None,
+                values: None,
             })
         });
         let log = LogPhase::start(self.log.clone(), record);

@@ -13,6 +13,10 @@
 //! variables read at log time (the plugin asks the proxy for just those variables through
 //! [`Plugin::log_needs`]); `.expire` drops series not updated for that many seconds. Both cost
 //! nothing when they are not configured.
+//!
+//! A request ai-proxy or ai-proxy-multi served carries its `request_type`, `request_llm_model`
+//! and `llm_model` labels on the HTTP metrics (the others carry `traditional_http` and two
+//! empty models) and is counted in the LLM metrics of [`llm`].
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -32,9 +36,11 @@ use ferrisix_router::VarSource;
 use http::{HeaderValue, Method, StatusCode};
 use serde_json::{json, Value};
 
+pub mod llm;
 pub mod series;
 pub mod server;
 
+use crate::support::ai::LlmRecord;
 use series::{
     push_extra_value, Direction, Expire, ExtraKey, GroupValues, LatencyType, SeriesGroup,
     StatusLabels,
@@ -56,8 +62,23 @@ fn schema() -> Value {
     json!({"type": "object", "properties": {"prefer_name": {"type": "boolean", "default": false}}})
 }
 
-/// `disabled_labels` per metric (3.18); a metric's identity labels (`code`, `type`) cannot be
-/// disabled.
+/// `ai_cache_hits_total`'s labels: APISIX's metadata schema accepts the AI-cache metrics'
+/// `disabled_labels` (ferrisix does not record those metrics; ai-cache is not built).
+const AI_CACHE_HITS_LABELS: [&str; 10] = [
+    "layer",
+    "route",
+    "route_id",
+    "service",
+    "service_id",
+    "consumer",
+    "node",
+    "request_type",
+    "request_llm_model",
+    "llm_model",
+];
+
+/// `disabled_labels` per metric (3.18); a metric's identity labels (`code`, `type`, `layer`)
+/// cannot be disabled.
 fn metadata_schema() -> Value {
     use ferrisix_config::settings::{BANDWIDTH_LABELS, HTTP_LATENCY_LABELS, HTTP_STATUS_LABELS};
     // The built-in labels but the first (`code`, `type`).
@@ -65,6 +86,8 @@ fn metadata_schema() -> Value {
         let disabled = &labels[1..];
         json!({"type": "array", "items": {"type": "string", "enum": disabled}})
     };
+    // Metrics without an identity label: every label may be disabled.
+    let list_all = |labels: &[&str]| json!({"type": "array", "items": {"type": "string", "enum": labels}});
     json!({
         "type": "object",
         "properties": {
@@ -73,7 +96,17 @@ fn metadata_schema() -> Value {
                 "properties": {
                     "http_status": list(&HTTP_STATUS_LABELS),
                     "http_latency": list(&HTTP_LATENCY_LABELS),
-                    "bandwidth": list(&BANDWIDTH_LABELS)
+                    "bandwidth": list(&BANDWIDTH_LABELS),
+                    "llm_latency": list(&llm::LLM_LATENCY_LABELS),
+                    "llm_prompt_tokens": list_all(&llm::LLM_LATENCY_LABELS[1..]),
+                    "llm_completion_tokens": list_all(&llm::LLM_LATENCY_LABELS[1..]),
+                    "llm_prompt_tokens_dist": list_all(&llm::LLM_LATENCY_LABELS[1..]),
+                    "llm_completion_tokens_dist": list_all(&llm::LLM_LATENCY_LABELS[1..]),
+                    "llm_active_connections": list_all(&llm::LLM_ACTIVE_CONNECTIONS_LABELS),
+                    "ai_cache_hits_total": list(&AI_CACHE_HITS_LABELS),
+                    "ai_cache_misses_total": list_all(&AI_CACHE_HITS_LABELS[1..]),
+                    "ai_cache_bypasses_total": list_all(&AI_CACHE_HITS_LABELS[1..]),
+                    "ai_cache_embedding_latency": list_all(&AI_CACHE_HITS_LABELS[1..])
                 },
                 "additionalProperties": false
             }
@@ -166,6 +199,7 @@ pub struct Metrics {
     log_vars: Option<VarNames>,
     /// `plugin_attr.prometheus.metrics.<name>.expire`.
     expire: Expire,
+    llm: llm::LlmMetrics,
     /// One render at a time: expiring series is then the work of one thread (see
     /// [`series`]), and concurrent scrapes are rare.
     render_lock: Mutex<()>,
@@ -194,16 +228,25 @@ impl ExtraLabels {
         }
     }
 
-    /// The request's consumer and extra-label values packed into a series key; `None` for a
-    /// request without a consumer when the metric has no extra labels (the group's own
-    /// series). An unset variable gives `""` (APISIX: `ctx.var[name]` is nil).
-    fn key(&self, ctx: &LogCtx, consumer: &str) -> Option<ExtraKey> {
-        if self.vars.is_empty() && consumer.is_empty() {
+    /// The request's consumer, AI labels and extra-label values packed into a series key;
+    /// `None` for a request without a consumer and not served by an AI plugin when the metric
+    /// has no extra labels (the group's own series). An unset variable gives `""` (APISIX:
+    /// `ctx.var[name]` is nil).
+    fn key(&self, ctx: &LogCtx, consumer: &str, ai: Option<&llm::AiFacts>) -> Option<ExtraKey> {
+        if self.vars.is_empty() && consumer.is_empty() && ai.is_none() {
             return None;
         }
         let mut key = ExtraKey::new();
-        // The consumer goes first: [`Metrics::group_lines`] reads it back from there.
+        // The consumer and the AI labels go first: [`Metrics::group_lines`] reads them back
+        // from there.
         push_extra_value(&mut key, consumer);
+        let (request_type, request_model, model) = match ai {
+            Some(ai) => (ai.request_type, ai.request_model.as_str(), ai.model.as_str()),
+            None => (TRADITIONAL_HTTP, "", ""),
+        };
+        push_extra_value(&mut key, request_type);
+        push_extra_value(&mut key, request_model);
+        push_extra_value(&mut key, model);
         for var in &self.vars {
             push_extra_value(&mut key, ctx.var(var).as_deref().unwrap_or(""));
         }
@@ -220,6 +263,12 @@ impl ExtraLabels {
     }
 }
 
+/// `$request_type` of a request no AI plugin served.
+const TRADITIONAL_HTTP: &str = "traditional_http";
+
+/// The labels a series key starts with: consumer, request type, requested model, model.
+const KEY_LABELS: usize = 4;
+
 /// Seconds of `expire` in milliseconds; a positive value never rounds to "never".
 fn expire_ms(secs: f64) -> u64 {
     if secs > 0.0 {
@@ -235,9 +284,19 @@ pub struct DisabledLabels {
     pub http_status: Vec<String>,
     pub http_latency: Vec<String>,
     pub bandwidth: Vec<String>,
+    /// The LLM metrics' (by name).
+    pub llm: Vec<(&'static str, Vec<String>)>,
 }
 
 impl DisabledLabels {
+    /// The disabled labels of LLM metric `name`.
+    pub fn of(&self, name: &str) -> Option<&[String]> {
+        self.llm
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, l)| l.as_slice())
+    }
+
     /// From the metadata document (`None` when nothing is disabled).
     pub fn from_metadata(meta: Option<&Value>) -> Option<DisabledLabels> {
         let d = meta?.get("disabled_labels")?;
@@ -256,6 +315,11 @@ impl DisabledLabels {
             http_status: list("http_status"),
             http_latency: list("http_latency"),
             bandwidth: list("bandwidth"),
+            llm: llm::LlmMetric::ALL
+                .iter()
+                .map(|m| (m.name(), list(m.name())))
+                .filter(|(_, l)| !l.is_empty())
+                .collect(),
         };
         (labels != DisabledLabels::default()).then_some(labels)
     }
@@ -337,7 +401,32 @@ fn series_key(name: &str, parts: &[&[(&str, &str)]]) -> String {
 }
 
 /// Metric families: (name without prefix, help, type).
-const FAMILIES: [(&str, &str, &str); 11] = [
+const FAMILIES: [(&str, &str, &str); 16] = [
+    (
+        "llm_latency",
+        "LLM request latency in milliseconds",
+        "histogram",
+    ),
+    (
+        "llm_prompt_tokens",
+        "LLM service consumed prompt tokens",
+        "counter",
+    ),
+    (
+        "llm_completion_tokens",
+        "LLM service consumed completion tokens",
+        "counter",
+    ),
+    (
+        "llm_prompt_tokens_dist",
+        "LLM prompt tokens distribution per request",
+        "histogram",
+    ),
+    (
+        "llm_completion_tokens_dist",
+        "LLM completion tokens distribution per request",
+        "histogram",
+    ),
     (
         "stream_connection_total",
         "Total number of connections handled per stream route in APISIX",
@@ -434,10 +523,12 @@ impl Metrics {
             ExtraLabels::new(&m.http_latency),
             ExtraLabels::new(&m.bandwidth),
         );
+        let llm = llm::LlmMetrics::new(attr);
         let mut vars: Vec<Box<str>> = Vec::new();
         for var in [&extra_status, &extra_latency, &extra_bandwidth]
             .iter()
             .flat_map(|e| e.vars.iter())
+            .chain(llm.vars())
         {
             if !vars.iter().any(|v| **v == **var) {
                 vars.push(var.as_str().into());
@@ -467,6 +558,7 @@ impl Metrics {
                 latency: expire_ms(m.http_latency.expire),
                 bandwidth: expire_ms(m.bandwidth.expire),
             },
+            llm,
             render_lock: Mutex::new(()),
             stream_connections: Mutex::new(BTreeMap::new()),
         }
@@ -532,13 +624,14 @@ impl Metrics {
     }
 
     /// The lines of the series in `v`, part of the group `at.group` read as `at.root`;
-    /// `consumer`: the `consumer` label of `v`'s series; `extra`: their extra-label pairs per
-    /// metric (empty for the group's own series, see [`GroupValues::extra`]).
+    /// `key_labels`: the `consumer`, `request_type`, `request_llm_model` and `llm_model` labels
+    /// of `v`'s series; `extra`: their extra-label pairs per metric (empty for the group's own
+    /// series, see [`GroupValues::extra`]).
     fn group_lines(
         &self,
         at: &GroupRender<'_>,
         v: &GroupValues,
-        consumer: &str,
+        key_labels: [&str; KEY_LABELS],
         extra: [&[(&str, &str)]; 3],
         out: &mut Vec<(String, String)>,
     ) {
@@ -549,6 +642,7 @@ impl Metrics {
         } = *at;
         let (route, service) = (g.route.as_str(), g.service.as_str());
         let [extra_status, extra_latency, extra_bandwidth] = extra;
+        let [consumer, request_type, request_model, model] = key_labels;
         let label = |table: &[String], id: u16| table.get(id as usize).cloned().unwrap_or_default();
         for (l, n) in &v.status {
             let code = l.code.to_string();
@@ -570,9 +664,9 @@ impl Metrics {
                 ("service", service),
                 ("consumer", consumer),
                 ("node", &node),
-                ("request_type", "traditional_http"),
-                ("request_llm_model", ""),
-                ("llm_model", ""),
+                ("request_type", request_type),
+                ("request_llm_model", request_model),
+                ("llm_model", model),
                 ("response_source", source.as_str()),
             ];
             // APISIX blanks only built-in labels; extra labels are kept.
@@ -590,9 +684,9 @@ impl Metrics {
                 ("service", service),
                 ("consumer", consumer),
                 ("node", node.as_str()),
-                ("request_type", "traditional_http"),
-                ("request_llm_model", ""),
-                ("llm_model", ""),
+                ("request_type", request_type),
+                ("request_llm_model", request_model),
+                ("llm_model", model),
             ];
             blank(&mut labels, disabled.map(|d| d.http_latency.as_slice()));
             let mut cumulative = 0;
@@ -632,9 +726,9 @@ impl Metrics {
                 ("service", service),
                 ("consumer", consumer),
                 ("node", &node),
-                ("request_type", "traditional_http"),
-                ("request_llm_model", ""),
-                ("llm_model", ""),
+                ("request_type", request_type),
+                ("request_llm_model", request_model),
+                ("llm_model", model),
             ];
             blank(&mut labels, disabled.map(|d| d.bandwidth.as_slice()));
             out.push((
@@ -644,15 +738,15 @@ impl Metrics {
         }
         for (values, child) in &v.extra {
             // Each child holds one metric's series; the pairs of the others go unused.
-            let (consumer, values) = values
-                .split_first()
-                .map_or(("", &[][..]), |(c, rest)| (c.as_str(), rest));
+            let (head, values) = values.split_at(KEY_LABELS.min(values.len()));
+            let at_key = |i: usize| head.get(i).map_or("", String::as_str);
+            let key_labels = [at_key(0), at_key(1), at_key(2), at_key(3)];
             let (s, l, b) = (
                 self.extra_status.pairs(values),
                 self.extra_latency.pairs(values),
                 self.extra_bandwidth.pairs(values),
             );
-            self.group_lines(at, child, consumer, [&s, &l, &b], out);
+            self.group_lines(at, child, key_labels, [&s, &l, &b], out);
         }
     }
 
@@ -676,8 +770,15 @@ impl Metrics {
                 root: &v,
                 disabled: disabled.as_deref(),
             };
-            self.group_lines(&at, &v, "", [&[], &[], &[]], &mut lines);
+            self.group_lines(
+                &at,
+                &v,
+                ["", TRADITIONAL_HTTP, "", ""],
+                [&[], &[], &[]],
+                &mut lines,
+            );
         }
+        self.llm.lines(now, disabled.as_deref(), &mut lines);
 
         let c = self.conn_stats.read();
         for (state, n) in [
@@ -745,18 +846,16 @@ impl Metrics {
         lines.push(("nginx_metric_errors_total".into(), "0".into()));
 
         lines.sort_by(|a, b| a.0.cmp(&b.0));
-        if disabled.is_some() {
-            // Series that differed only in a blanked label are one series now.
-            lines.dedup_by(|later, kept| {
-                if later.0 != kept.0 {
-                    return false;
-                }
-                let sum =
-                    kept.1.parse::<f64>().unwrap_or(0.0) + later.1.parse::<f64>().unwrap_or(0.0);
-                kept.1 = lua::number(sum);
-                true
-            });
-        }
+        // Series that differed only in a blanked label, or in an extra label of another LLM
+        // metric (an LLM series key holds every LLM metric's extra values), are one series.
+        lines.dedup_by(|later, kept| {
+            if later.0 != kept.0 {
+                return false;
+            }
+            let sum = kept.1.parse::<f64>().unwrap_or(0.0) + later.1.parse::<f64>().unwrap_or(0.0);
+            kept.1 = lua::number(sum);
+            true
+        });
         let mut out = String::with_capacity(lines.len() * 160);
         let mut seen: Vec<&str> = Vec::new();
         for (key, value) in &lines {
@@ -792,7 +891,8 @@ impl Metrics {
         } else {
             match self.le_sort.iter().position(|s| s == le) {
                 Some(i) => self.le_print[i].clone(),
-                None => le.to_owned(),
+                // The LLM histograms' own buckets.
+                None => le.parse::<f64>().map_or_else(|_| le.to_owned(), lua::number),
             }
         };
         format!("{}{printed}{}", &key[..start], &key[start + len..])
@@ -858,7 +958,15 @@ impl Prometheus {
         let g = &self.group;
         // exporter.lua: `ctx.consumer_name or ""`.
         let consumer = ctx.consumer.as_deref().map_or("", |c| c.username.as_str());
-        let status_key = m.extra_status.key(ctx, consumer);
+        // The one cost of the AI labels to other requests: this lookup.
+        let ai = ctx
+            .value::<Arc<LlmRecord>>()
+            .map(|r| r.read(llm::AiFacts::of));
+        let ai = ai.as_ref();
+        if let Some(ai) = ai {
+            m.llm.record([g.route.as_str(), g.service.as_str(), consumer], ctx, ai, now);
+        }
+        let status_key = m.extra_status.key(ctx, consumer, ai);
         g.count_status(
             StatusLabels {
                 code: ctx.status,
@@ -870,7 +978,7 @@ impl Prometheus {
             status_key.as_deref(),
             now,
         );
-        let latency_key = m.extra_latency.key(ctx, consumer);
+        let latency_key = m.extra_latency.key(ctx, consumer, ai);
         let latency_key = latency_key.as_deref();
         let request = ctx.request_time.as_micros() as u64;
         g.observe_latency(
@@ -904,7 +1012,7 @@ impl Prometheus {
             latency_key,
             now,
         );
-        let bandwidth_key = m.extra_bandwidth.key(ctx, consumer);
+        let bandwidth_key = m.extra_bandwidth.key(ctx, consumer, ai);
         let bandwidth_key = bandwidth_key.as_deref();
         g.add_bandwidth(
             Direction::Ingress,
@@ -936,7 +1044,7 @@ impl Plugin for Prometheus {
     }
 
     fn log(&self, ctx: &LogCtx) {
-        let now = if self.metrics.expire.any() {
+        let now = if self.metrics.expire.any() || self.metrics.llm.expires() {
             self.metrics.clock.mono_ms()
         } else {
             0
@@ -1088,7 +1196,7 @@ plugin_attr:
         let m = metrics();
         let p = Prometheus::compile(&json!({}), None, m.clone());
         assert!(p.log_needs().is_empty());
-        assert!(m.extra_status.key(&LogCtx::default(), "").is_none());
+        assert!(m.extra_status.key(&LogCtx::default(), "", None).is_none());
         assert!(!m.expire.any());
     }
 
@@ -1180,6 +1288,157 @@ plugin_attr:
             .as_deref(),
             Some("3")
         );
+    }
+
+    /// A request ai-proxy served: `stream`, the models, times in milliseconds, tokens.
+    fn ai_request(
+        p: &Prometheus,
+        status: u16,
+        stream: bool,
+        times: (u64, u64),
+        tokens: (u64, u64),
+    ) -> LogCtx {
+        use crate::support::ai::protocol::Usage;
+        let record = Arc::new(LlmRecord::default());
+        record.update(|f| {
+            f.stream = stream;
+            f.request_model = Some("gpt-4".into());
+            f.model = Some("gpt-4o".into());
+            f.time_to_first_token = Some(Duration::from_millis(times.0));
+            f.upstream_response_time = Some(Duration::from_millis(times.1));
+            f.usage = Some(Usage {
+                prompt_tokens: tokens.0,
+                completion_tokens: tokens.1,
+                total_tokens: tokens.0 + tokens.1,
+                raw: json!({}),
+            });
+        });
+        let mut values = ferrisix_plugin_api::RequestValues::default();
+        values.insert(record);
+        LogCtx {
+            status,
+            values: Some(Arc::new(values)),
+            ..proxied(p, Vars(&[("http_x_team", "blue")]))
+        }
+    }
+
+    fn ai_route() -> RouteInfo {
+        RouteInfo {
+            id: "a".into(),
+            uris: vec!["/v1/chat/completions".into()].into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn ai_requests_carry_their_labels_and_feed_the_llm_metrics() {
+        let m = metrics_with(
+            r#"
+plugin_attr:
+  prometheus:
+    llm_prompt_tokens_buckets: [5, 100]
+    metrics:
+      llm_prompt_tokens:
+        extra_labels:
+          - team: $http_x_team
+"#,
+        );
+        let p = Prometheus::compile(&json!({}), Some(&ai_route()), m.clone());
+        p.record(&ai_request(&p, 200, false, (150, 150), (10, 20)), 0);
+        p.record(&ai_request(&p, 200, true, (30, 400), (5, 7)), 0);
+        // An error answer: its tokens count, its latency does not.
+        p.record(&ai_request(&p, 429, false, (20, 20), (0, 0)), 0);
+        p.record(&proxied(&p, Vars(&[])), 0);
+        let text = m.render();
+        let labels = |t: &str| format!("route_id=\"a\",service_id=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"{t}\",request_llm_model=\"gpt-4\",llm_model=\"gpt-4o\"");
+        // The HTTP metrics carry the AI labels; the plain request keeps traditional_http.
+        assert!(text.contains("apisix_http_status{code=\"200\",route=\"a\",matched_uri=\"/v1/chat/completions\",matched_host=\"\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"ai_chat\",request_llm_model=\"gpt-4\",llm_model=\"gpt-4o\",response_source=\"upstream\"} 1\n"), "{text}");
+        assert!(text.contains("apisix_http_status{code=\"429\",route=\"a\",matched_uri=\"/v1/chat/completions\",matched_host=\"\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"ai_chat\""), "{text}");
+        assert!(text.contains("apisix_http_status{code=\"200\",route=\"a\",matched_uri=\"/v1/chat/completions\",matched_host=\"\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\",response_source=\"upstream\"} 1\n"), "{text}");
+        assert!(text.contains("apisix_bandwidth{type=\"egress\",route=\"a\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"ai_stream\",request_llm_model=\"gpt-4\",llm_model=\"gpt-4o\"} 612\n"), "{text}");
+        assert!(text.contains("# TYPE apisix_llm_latency histogram\n"), "{text}");
+        assert!(text.contains("# TYPE apisix_llm_prompt_tokens counter\n"), "{text}");
+        assert!(text.contains("# TYPE apisix_llm_completion_tokens_dist histogram\n"), "{text}");
+        // total: the whole answer; ttft only for a stream.
+        let chat = labels("ai_chat");
+        let stream = labels("ai_stream");
+        assert!(text.contains(&format!("apisix_llm_latency_bucket{{type=\"total\",{chat},le=\"100\"}} 0\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_latency_bucket{{type=\"total\",{chat},le=\"200\"}} 1\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_latency_count{{type=\"total\",{chat}}} 1\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_latency_sum{{type=\"total\",{stream}}} 400\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_latency_sum{{type=\"ttft\",{stream}}} 30\n")), "{text}");
+        assert!(!text.contains(&format!("apisix_llm_latency_count{{type=\"ttft\",{chat}}}")), "{text}");
+        // Counters, with their extra label after the built-in ones.
+        assert!(text.contains(&format!("apisix_llm_prompt_tokens{{{chat},team=\"blue\"}} 10\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_completion_tokens{{{chat}}} 20\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_completion_tokens{{{stream}}} 7\n")), "{text}");
+        // Distributions: the configured prompt buckets, the default token ones.
+        assert!(text.contains(&format!("apisix_llm_prompt_tokens_dist_bucket{{{stream},le=\"5\"}} 1\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_prompt_tokens_dist_bucket{{{chat},le=\"5\"}} 1\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_prompt_tokens_dist_count{{{chat}}} 2\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_completion_tokens_dist_bucket{{{chat},le=\"10\"}} 1\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_completion_tokens_dist_bucket{{{chat},le=\"50\"}} 2\n")), "{text}");
+        assert!(text.contains(&format!("apisix_llm_completion_tokens_dist_bucket{{{chat},le=\"1000000\"}} 2\n")), "{text}");
+        // No LLM series for the plain request.
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("apisix_llm") && l.contains("traditional_http")),
+            "{text}"
+        );
+        // disabled_labels reach the LLM metrics.
+        m.set_metadata(Some(&json!({"disabled_labels": {"llm_completion_tokens": ["request_type"]}})));
+        let text = m.render();
+        assert!(text.contains("apisix_llm_completion_tokens{route_id=\"a\",service_id=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"\",request_llm_model=\"gpt-4\",llm_model=\"gpt-4o\"} 27\n"), "{text}");
+    }
+
+    #[test]
+    fn llm_series_expire_per_metric() {
+        let m = metrics_with(
+            "plugin_attr:\n  prometheus:\n    metrics:\n      llm_prompt_tokens:\n        expire: 1\n",
+        );
+        assert!(m.llm.expires());
+        let p = Prometheus::compile(&json!({}), Some(&ai_route()), m.clone());
+        p.record(&ai_request(&p, 200, false, (5, 5), (3, 4)), 10_000);
+        let text = m.render_at(10_999);
+        assert!(text.contains("apisix_llm_prompt_tokens{"), "{text}");
+        let text = m.render_at(11_000);
+        assert!(!text.contains("apisix_llm_prompt_tokens{"), "{text}");
+        // The others have no expire.
+        assert!(text.contains("apisix_llm_completion_tokens{"), "{text}");
+        // Back, counted from 0.
+        p.record(&ai_request(&p, 200, false, (5, 5), (2, 4)), 12_000);
+        let text = m.render_at(12_000);
+        assert!(text.contains("llm_model=\"gpt-4o\"} 2\n"), "{text}");
+        assert!(text.contains("apisix_llm_completion_tokens{route_id=\"a\",service_id=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"ai_chat\",request_llm_model=\"gpt-4\",llm_model=\"gpt-4o\"} 8\n"), "{text}");
+    }
+
+    #[test]
+    fn model_labels_are_capped() {
+        assert_eq!(llm::model_label(None), "");
+        assert_eq!(llm::model_label(Some("gpt-4o")), "gpt-4o");
+        assert_eq!(llm::model_label(Some(&"m".repeat(200))).len(), 128);
+        // Cut at a character boundary.
+        let wide = "é".repeat(100);
+        assert_eq!(llm::model_label(Some(&wide)).len(), 128);
+        let odd = format!("a{wide}");
+        assert_eq!(llm::model_label(Some(&odd)).len(), 127);
+    }
+
+    #[test]
+    fn llm_disabled_labels_follow_the_schema() {
+        let schema = metadata_schema();
+        let llm = &schema["properties"]["disabled_labels"]["properties"]["llm_latency"];
+        let labels = llm["items"]["enum"].as_array().unwrap();
+        // `type` is the metric's identity.
+        assert!(!labels.contains(&json!("type")));
+        assert!(labels.contains(&json!("llm_model")));
+        let d = DisabledLabels::from_metadata(Some(
+            &json!({"disabled_labels": {"llm_latency": ["node"]}}),
+        ))
+        .unwrap();
+        assert_eq!(d.of("llm_latency"), Some(&["node".to_owned()][..]));
+        assert_eq!(d.of("llm_prompt_tokens"), None);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ferrisix_plugin_api::{BodyError, Exit, PluginCtx};
+use ferrisix_plugin_api::{BodyError, Exit, LateVarSource, LateVars, PluginCtx};
 use http::{header, HeaderValue, StatusCode};
 use serde_json::{json, Map, Value};
 
@@ -97,6 +97,11 @@ impl LlmRecord {
         f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
+    /// Reads the fields in place (the log phase's metrics need a few, not a copy).
+    pub fn read<R>(&self, f: impl FnOnce(&LlmFields) -> R) -> R {
+        f(&self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
     pub fn get(&self) -> LlmFields {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -142,6 +147,73 @@ impl LlmRecord {
             out.push(("llm_response_text", Value::Object(text)));
         }
         out
+    }
+}
+
+impl LlmFields {
+    /// `$request_type`: `ai_stream` or `ai_chat`.
+    pub fn request_type(&self) -> &'static str {
+        if self.stream {
+            "ai_stream"
+        } else {
+            "ai_chat"
+        }
+    }
+
+    /// A count of the provider's usage object (`prompt_tokens_details.cached_tokens` of
+    /// OpenAI, `cache_read_input_tokens` of Anthropic ...), 0 when it sent none.
+    fn raw_usage(&self, paths: &[&[&str]]) -> u64 {
+        let Some(raw) = self.usage.as_ref().map(|u| &u.raw) else {
+            return 0;
+        };
+        paths
+            .iter()
+            .find_map(|path| {
+                path.iter()
+                    .try_fold(raw, |v, k| v.get(*k))
+                    .and_then(Value::as_u64)
+            })
+            .unwrap_or(0)
+    }
+}
+
+/// The `$llm_*` variables and `$request_type` ai-proxy sets (`ai-proxy/base.lua`,
+/// `ai-providers/base.lua`), as the answer has filled them so far.
+impl LateVars for LlmRecord {
+    fn late_var(&self, name: &str) -> Option<String> {
+        let f = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let ms = |d: Duration| (d.as_millis() as u64).to_string();
+        let usage = f.usage.clone().unwrap_or_default();
+        Some(match name {
+            "request_type" => f.request_type().to_owned(),
+            "request_llm_model" => f.request_model.clone().unwrap_or_default(),
+            "llm_model" => f.model.clone().unwrap_or_default(),
+            "llm_time_to_first_token" => ms(f.time_to_first_token?),
+            // ai-proxy keeps it in milliseconds (nginx's own is in seconds).
+            "apisix_upstream_response_time" => ms(f.upstream_response_time?),
+            "llm_prompt_tokens" => usage.prompt_tokens.to_string(),
+            "llm_completion_tokens" => usage.completion_tokens.to_string(),
+            "llm_total_tokens" => usage.total_tokens.to_string(),
+            "llm_stream" => f.stream.to_string(),
+            "llm_tool_count" => f.tool_count.to_string(),
+            "llm_end_user_id" => f.end_user_id.clone()?,
+            "llm_cache_read_input_tokens" => f
+                .raw_usage(&[
+                    &["prompt_tokens_details", "cached_tokens"],
+                    &["cache_read_input_tokens"],
+                ])
+                .to_string(),
+            "llm_cache_creation_input_tokens" => f
+                .raw_usage(&[
+                    &["prompt_tokens_details", "cache_creation_input_tokens"],
+                    &["cache_creation_input_tokens"],
+                ])
+                .to_string(),
+            "llm_reasoning_tokens" => f
+                .raw_usage(&[&["completion_tokens_details", "reasoning_tokens"]])
+                .to_string(),
+            _ => return None,
+        })
     }
 }
 
@@ -231,7 +303,9 @@ pub async fn start(ctx: &mut PluginCtx<'_>, max_body: usize, logging: Logging) -
             .and_then(Value::as_str)
             .map(str::to_owned);
         f.logging = logging;
+        f.stream = req.stream;
     });
+    ctx.insert(LateVarSource(record.clone()));
     ctx.insert(record);
     ctx.insert(req);
     Ok(())

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ferrisix_config::reopen::LogReopen;
 use ferrisix_config::settings::LogEscape;
 use ferrisix_plugin_api::clock::CivilTime;
+use ferrisix_plugin_api::{preset_var, LateVarSource, RequestValues};
 use http::{HeaderValue, Method, Uri, Version};
 use smallvec::SmallVec;
 
@@ -73,6 +74,8 @@ enum Var {
     RouteId,
     /// `$consumer_name`: the consumer an auth plugin found.
     ConsumerName,
+    /// `$request_type` and the `$llm_*` variables: an AI plugin's, else nginx.conf's presets.
+    Late(Box<str>),
     Unknown,
 }
 
@@ -111,6 +114,8 @@ pub struct LogRecord {
     pub body_bytes_sent: u64,
     pub route_id: Option<Arc<str>>,
     pub consumer_name: Option<String>,
+    /// The values the request's plugins kept (an AI plugin's late variables among them).
+    pub values: Option<Arc<RequestValues>>,
 }
 
 impl AccessLog {
@@ -178,6 +183,11 @@ impl AccessLog {
                 "host" => Var::Header(capture(&mut headers, "host")),
                 other => match other.strip_prefix("http_") {
                     Some(h) => Var::Header(capture(&mut headers, &h.replace('_', "-"))),
+                    None if preset_var(other).is_some()
+                        || other == "apisix_upstream_response_time" =>
+                    {
+                        Var::Late(other.into())
+                    }
                     None => Var::Unknown,
                 },
             };
@@ -357,6 +367,7 @@ impl Var {
                 | Var::UpstreamHost
                 | Var::RouteId
                 | Var::ConsumerName
+                | Var::Late(_)
         )
     }
 }
@@ -417,6 +428,21 @@ impl LogRecord {
                 Some(id) => out.extend_from_slice(id.as_bytes()),
                 None => return false,
             },
+            Var::Late(name) => {
+                let late = self
+                    .values
+                    .as_deref()
+                    .and_then(|v| v.get::<LateVarSource>())
+                    .and_then(|s| s.0.late_var(name));
+                match late {
+                    Some(v) => out.extend_from_slice(v.as_bytes()),
+                    // nginx.conf: `set $apisix_upstream_response_time $upstream_response_time;`
+                    None if &**name == "apisix_upstream_response_time" => {
+                        return self.write_var(&Var::UpstreamResponseTime, up, at, out)
+                    }
+                    None => out.extend_from_slice(preset_var(name).unwrap_or("").as_bytes()),
+                }
+            }
             Var::ConsumerName => match &self.consumer_name {
                 Some(name) => out.extend_from_slice(name.as_bytes()),
                 None => return false,
@@ -875,6 +901,7 @@ mod tests {
             body_bytes_sent: 0,
             route_id: None,
             consumer_name: None,
+            values: None,
         }
     }
 
@@ -915,6 +942,48 @@ mod tests {
         assert_eq!(
             line(LogEscape::Default, Some(b"")),
             b"\"\" \"-\" - r\\x221\n"
+        );
+    }
+
+    #[test]
+    fn llm_variables_come_from_the_ai_plugin_or_nginx_presets() {
+        #[derive(Debug)]
+        struct Ai;
+        impl ferrisix_plugin_api::LateVars for Ai {
+            fn late_var(&self, name: &str) -> Option<String> {
+                match name {
+                    "request_type" => Some("ai_chat".into()),
+                    "llm_model" => Some("gpt \"4\"".into()),
+                    "llm_prompt_tokens" => Some("12".into()),
+                    _ => None,
+                }
+            }
+        }
+        let log = AccessLog::new(
+            LogSink::Off,
+            "$request_type $llm_model $llm_prompt_tokens $llm_completion_tokens $llm_stream $no_such_var $apisix_upstream_response_time",
+        );
+        let at = LineTime {
+            now: Instant::now(),
+            wall: UNIX_EPOCH,
+        };
+        let mut out = Vec::new();
+        let plain = record(&log, "", None);
+        log.format(&plain, &UpstreamRecord::default(), &at, &mut out);
+        // A request no AI plugin served: nginx.conf's `set` values (an empty one stays empty,
+        // as a set variable is found).
+        assert_eq!(
+            String::from_utf8(std::mem::take(&mut out)).unwrap(),
+            "traditional_http  0 0 false - -\n"
+        );
+        let mut ai = record(&log, "", None);
+        let mut values = RequestValues::default();
+        values.insert(LateVarSource(Arc::new(Ai)));
+        ai.values = Some(Arc::new(values));
+        log.format(&ai, &UpstreamRecord::default(), &at, &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "ai_chat gpt \\x224\\x22 12 0 false - -\n"
         );
     }
 

@@ -87,7 +87,8 @@ fn metadata_schema() -> Value {
         json!({"type": "array", "items": {"type": "string", "enum": disabled}})
     };
     // Metrics without an identity label: every label may be disabled.
-    let list_all = |labels: &[&str]| json!({"type": "array", "items": {"type": "string", "enum": labels}});
+    let list_all =
+        |labels: &[&str]| json!({"type": "array", "items": {"type": "string", "enum": labels}});
     json!({
         "type": "object",
         "properties": {
@@ -241,7 +242,11 @@ impl ExtraLabels {
         // from there.
         push_extra_value(&mut key, consumer);
         let (request_type, request_model, model) = match ai {
-            Some(ai) => (ai.request_type, ai.request_model.as_str(), ai.model.as_str()),
+            Some(ai) => (
+                ai.request_type,
+                ai.request_model.as_str(),
+                ai.model.as_str(),
+            ),
             None => (TRADITIONAL_HTTP, "", ""),
         };
         push_extra_value(&mut key, request_type);
@@ -892,7 +897,9 @@ impl Metrics {
             match self.le_sort.iter().position(|s| s == le) {
                 Some(i) => self.le_print[i].clone(),
                 // The LLM histograms' own buckets.
-                None => le.parse::<f64>().map_or_else(|_| le.to_owned(), lua::number),
+                None => le
+                    .parse::<f64>()
+                    .map_or_else(|_| le.to_owned(), lua::number),
             }
         };
         format!("{}{printed}{}", &key[..start], &key[start + len..])
@@ -964,7 +971,12 @@ impl Prometheus {
             .map(|r| r.read(llm::AiFacts::of));
         let ai = ai.as_ref();
         if let Some(ai) = ai {
-            m.llm.record([g.route.as_str(), g.service.as_str(), consumer], ctx, ai, now);
+            m.llm.record(
+                [g.route.as_str(), g.service.as_str(), consumer],
+                ctx,
+                ai,
+                now,
+            );
         }
         let status_key = m.extra_status.key(ctx, consumer, ai);
         g.count_status(
@@ -1350,35 +1362,115 @@ plugin_attr:
         p.record(&ai_request(&p, 429, false, (20, 20), (0, 0)), 0);
         p.record(&proxied(&p, Vars(&[])), 0);
         let text = m.render();
-        let labels = |t: &str| format!("route_id=\"a\",service_id=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"{t}\",request_llm_model=\"gpt-4\",llm_model=\"gpt-4o\"");
+        let labels = |t: &str| {
+            format!("route_id=\"a\",service_id=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"{t}\",request_llm_model=\"gpt-4\",llm_model=\"gpt-4o\"")
+        };
         // The HTTP metrics carry the AI labels; the plain request keeps traditional_http.
         assert!(text.contains("apisix_http_status{code=\"200\",route=\"a\",matched_uri=\"/v1/chat/completions\",matched_host=\"\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"ai_chat\",request_llm_model=\"gpt-4\",llm_model=\"gpt-4o\",response_source=\"upstream\"} 1\n"), "{text}");
         assert!(text.contains("apisix_http_status{code=\"429\",route=\"a\",matched_uri=\"/v1/chat/completions\",matched_host=\"\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"ai_chat\""), "{text}");
         assert!(text.contains("apisix_http_status{code=\"200\",route=\"a\",matched_uri=\"/v1/chat/completions\",matched_host=\"\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"traditional_http\",request_llm_model=\"\",llm_model=\"\",response_source=\"upstream\"} 1\n"), "{text}");
         assert!(text.contains("apisix_bandwidth{type=\"egress\",route=\"a\",service=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"ai_stream\",request_llm_model=\"gpt-4\",llm_model=\"gpt-4o\"} 612\n"), "{text}");
-        assert!(text.contains("# TYPE apisix_llm_latency histogram\n"), "{text}");
-        assert!(text.contains("# TYPE apisix_llm_prompt_tokens counter\n"), "{text}");
-        assert!(text.contains("# TYPE apisix_llm_completion_tokens_dist histogram\n"), "{text}");
+        assert!(
+            text.contains("# TYPE apisix_llm_latency histogram\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE apisix_llm_prompt_tokens counter\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE apisix_llm_completion_tokens_dist histogram\n"),
+            "{text}"
+        );
         // total: the whole answer; ttft only for a stream.
         let chat = labels("ai_chat");
         let stream = labels("ai_stream");
-        assert!(text.contains(&format!("apisix_llm_latency_bucket{{type=\"total\",{chat},le=\"100\"}} 0\n")), "{text}");
-        assert!(text.contains(&format!("apisix_llm_latency_bucket{{type=\"total\",{chat},le=\"200\"}} 1\n")), "{text}");
-        assert!(text.contains(&format!("apisix_llm_latency_count{{type=\"total\",{chat}}} 1\n")), "{text}");
-        assert!(text.contains(&format!("apisix_llm_latency_sum{{type=\"total\",{stream}}} 400\n")), "{text}");
-        assert!(text.contains(&format!("apisix_llm_latency_sum{{type=\"ttft\",{stream}}} 30\n")), "{text}");
-        assert!(!text.contains(&format!("apisix_llm_latency_count{{type=\"ttft\",{chat}}}")), "{text}");
+        assert!(
+            text.contains(&format!(
+                "apisix_llm_latency_bucket{{type=\"total\",{chat},le=\"100\"}} 0\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "apisix_llm_latency_bucket{{type=\"total\",{chat},le=\"200\"}} 1\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "apisix_llm_latency_count{{type=\"total\",{chat}}} 1\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "apisix_llm_latency_sum{{type=\"total\",{stream}}} 400\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "apisix_llm_latency_sum{{type=\"ttft\",{stream}}} 30\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            !text.contains(&format!("apisix_llm_latency_count{{type=\"ttft\",{chat}}}")),
+            "{text}"
+        );
         // Counters, with their extra label after the built-in ones.
-        assert!(text.contains(&format!("apisix_llm_prompt_tokens{{{chat},team=\"blue\"}} 10\n")), "{text}");
-        assert!(text.contains(&format!("apisix_llm_completion_tokens{{{chat}}} 20\n")), "{text}");
-        assert!(text.contains(&format!("apisix_llm_completion_tokens{{{stream}}} 7\n")), "{text}");
+        assert!(
+            text.contains(&format!(
+                "apisix_llm_prompt_tokens{{{chat},team=\"blue\"}} 10\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("apisix_llm_completion_tokens{{{chat}}} 20\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("apisix_llm_completion_tokens{{{stream}}} 7\n")),
+            "{text}"
+        );
         // Distributions: the configured prompt buckets, the default token ones.
-        assert!(text.contains(&format!("apisix_llm_prompt_tokens_dist_bucket{{{stream},le=\"5\"}} 1\n")), "{text}");
-        assert!(text.contains(&format!("apisix_llm_prompt_tokens_dist_bucket{{{chat},le=\"5\"}} 1\n")), "{text}");
-        assert!(text.contains(&format!("apisix_llm_prompt_tokens_dist_count{{{chat}}} 2\n")), "{text}");
-        assert!(text.contains(&format!("apisix_llm_completion_tokens_dist_bucket{{{chat},le=\"10\"}} 1\n")), "{text}");
-        assert!(text.contains(&format!("apisix_llm_completion_tokens_dist_bucket{{{chat},le=\"50\"}} 2\n")), "{text}");
-        assert!(text.contains(&format!("apisix_llm_completion_tokens_dist_bucket{{{chat},le=\"1000000\"}} 2\n")), "{text}");
+        assert!(
+            text.contains(&format!(
+                "apisix_llm_prompt_tokens_dist_bucket{{{stream},le=\"5\"}} 1\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "apisix_llm_prompt_tokens_dist_bucket{{{chat},le=\"5\"}} 1\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "apisix_llm_prompt_tokens_dist_count{{{chat}}} 2\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "apisix_llm_completion_tokens_dist_bucket{{{chat},le=\"10\"}} 1\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "apisix_llm_completion_tokens_dist_bucket{{{chat},le=\"50\"}} 2\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "apisix_llm_completion_tokens_dist_bucket{{{chat},le=\"1000000\"}} 2\n"
+            )),
+            "{text}"
+        );
         // No LLM series for the plain request.
         assert!(
             !text
@@ -1387,7 +1479,9 @@ plugin_attr:
             "{text}"
         );
         // disabled_labels reach the LLM metrics.
-        m.set_metadata(Some(&json!({"disabled_labels": {"llm_completion_tokens": ["request_type"]}})));
+        m.set_metadata(Some(
+            &json!({"disabled_labels": {"llm_completion_tokens": ["request_type"]}}),
+        ));
         let text = m.render();
         assert!(text.contains("apisix_llm_completion_tokens{route_id=\"a\",service_id=\"\",consumer=\"\",node=\"127.0.0.1\",request_type=\"\",request_llm_model=\"gpt-4\",llm_model=\"gpt-4o\"} 27\n"), "{text}");
     }

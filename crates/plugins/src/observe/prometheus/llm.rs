@@ -232,7 +232,10 @@ impl Histogram {
             out.push((with_le(le), cumulative.to_string()));
         }
         out.push((with_le("Inf"), total.to_string()));
-        out.push((series_key(&format!("{name}_count"), labels), total.to_string()));
+        out.push((
+            series_key(&format!("{name}_count"), labels),
+            total.to_string(),
+        ));
         out.push((
             series_key(&format!("{name}_sum"), labels),
             self.sum.load(Ordering::Relaxed).to_string(),
@@ -275,7 +278,8 @@ impl LlmMetrics {
             .llm_latency_buckets
             .clone()
             .unwrap_or_else(|| super::DEFAULT_BUCKETS.to_vec());
-        let tokens = |b: &Option<Vec<f64>>| b.clone().unwrap_or_else(|| DEFAULT_TOKEN_BUCKETS.to_vec());
+        let tokens =
+            |b: &Option<Vec<f64>>| b.clone().unwrap_or_else(|| DEFAULT_TOKEN_BUCKETS.to_vec());
         LlmMetrics {
             latency_buckets: Buckets::new(latency),
             prompt_buckets: Buckets::new(tokens(&attr.llm_prompt_tokens_buckets)),
@@ -323,13 +327,7 @@ impl LlmMetrics {
 
     /// Records one AI request (exporter.lua's `http_log`, its `ai_chat`/`ai_stream` part);
     /// `now`: the clock when a metric expires.
-    pub fn record(
-        &self,
-        labels: [&str; 3],
-        ctx: &LogCtx,
-        ai: &AiFacts,
-        now: u64,
-    ) {
+    pub fn record(&self, labels: [&str; 3], ctx: &LogCtx, ai: &AiFacts, now: u64) {
         let [route, service, consumer] = labels;
         let mut key = vec![
             route.to_owned(),
@@ -369,7 +367,8 @@ impl LlmMetrics {
         s.prompt_tokens
             .fetch_add(ai.prompt_tokens, Ordering::Relaxed);
         touch(LlmMetric::PromptTokens);
-        s.prompt_dist.observe(&self.prompt_buckets, ai.prompt_tokens);
+        s.prompt_dist
+            .observe(&self.prompt_buckets, ai.prompt_tokens);
         touch(LlmMetric::PromptTokensDist);
         s.completion_tokens
             .fetch_add(ai.completion_tokens, Ordering::Relaxed);
@@ -420,7 +419,8 @@ impl LlmMetrics {
             let (base, mut extra_values) = key.split_at(BASE_LABELS.min(key.len()));
             let label = |i: usize| base.get(i).map_or("", String::as_str);
             for (m, extra) in LlmMetric::ALL.iter().zip(&self.extra) {
-                let (values, rest) = extra_values.split_at(extra.vars.len().min(extra_values.len()));
+                let (values, rest) =
+                    extra_values.split_at(extra.vars.len().min(extra_values.len()));
                 extra_values = rest;
                 if !self.live(&s, *m, now) {
                     continue;

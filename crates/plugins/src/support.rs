@@ -1,7 +1,7 @@
 //! Support shared by several plugin families: the AI plugins' providers, protocols and
 //! calls (`ai`), request arguments as Lua sees them, JSONPath,
 //! GraphQL documents, the Redis connections of the limit plugins'
-//! `redis`, `redis-cluster` and `redis-sentinel` policies, what the auth plugins share, the
+//! `redis`, `redis-cluster` and `redis-sentinel` policies, the instance of plugins that do nothing per request, what the auth plugins share, the
 //! checks of user-written JSON schemas, the regexes of plugin confs (PCRE's syntax on a linear-time engine), header edits with `$var`
 //! values, nginx's URI escapes, a small LDAP client (the ldap-auth plugins), lua-resty-session's cookie sessions (the login plugins), and the tracing plugins' ids, clock and collector export
 //! (`resty.roundrobin` is the plugin API's, shared with the upstream balancer).
@@ -13,6 +13,7 @@ pub mod cloud;
 pub mod encoding;
 pub mod graphql;
 pub mod headers;
+pub mod inert;
 pub mod ip;
 pub mod jsonpath;
 pub mod ldap;

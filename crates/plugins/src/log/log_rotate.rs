@@ -25,35 +25,24 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ferrisix_plugin_api::clock::CivilTime;
-use ferrisix_plugin_api::{CompileCtx, LogReopen, Phases, Plugin, PluginDef, Scope};
+use ferrisix_plugin_api::{LogReopen, PluginDef, Scope};
 use serde_json::{json, Value};
+
+use crate::support::inert;
 
 pub const NAME: &str = "log-rotate";
 
+/// The plugin does nothing per request: the rotation is the timer's.
 pub static DEF: PluginDef = PluginDef {
     scope: Scope::Global,
-    ..PluginDef::new(NAME, 100, schema, compile)
+    ..PluginDef::new(NAME, 100, schema, inert::compile)
 };
 
 fn schema() -> Value {
     json!({"type": "object", "properties": {}})
-}
-
-/// The plugin does nothing per request: the rotation is the timer's.
-struct Inert;
-
-impl Plugin for Inert {
-    fn phases(&self) -> Phases {
-        Phases::NONE
-    }
-}
-
-fn compile(_: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
-    Ok(Arc::new(Inert))
 }
 
 /// APISIX's suffix of a compressed log.

@@ -13,18 +13,20 @@ use std::sync::Arc;
 use bytes::Bytes;
 use ferrisix_config::schema::lua;
 use ferrisix_plugin_api::{
-    ApiAnswer, ApiHandler, CompileCtx, ConnStats, Phases, Plugin, PluginApi, PluginDef,
-    PluginServices, Scope, SharedState,
+    ApiAnswer, ApiHandler, ConnStats, PluginApi, PluginDef, PluginServices, Scope, SharedState,
 };
 use http::{HeaderValue, Method, StatusCode};
 use serde_json::{json, Value};
 
+use crate::support::inert;
+
 pub const NAME: &str = "node-status";
 
+/// Nothing per request: enabling it is what adds the API.
 pub static DEF: PluginDef = PluginDef {
     scope: Scope::Global,
     apis: Some(apis),
-    ..PluginDef::new(NAME, 1000, schema, compile)
+    ..PluginDef::new(NAME, 1000, schema, inert::compile)
 };
 
 fn schema() -> Value {
@@ -82,19 +84,6 @@ fn apis(services: &PluginServices) -> Vec<PluginApi> {
             }
         })),
     }]
-}
-
-/// Nothing per request.
-struct NodeStatus;
-
-impl Plugin for NodeStatus {
-    fn phases(&self) -> Phases {
-        Phases::NONE
-    }
-}
-
-fn compile(_: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
-    Ok(Arc::new(NodeStatus))
 }
 
 #[cfg(test)]

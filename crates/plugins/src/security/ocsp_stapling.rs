@@ -4,29 +4,18 @@
 //! (`ferrisix_tls::ocsp`, given a stapler by the binary when this plugin is enabled); the
 //! plugin itself has an empty conf and does nothing per request, as APISIX's.
 
-use std::sync::Arc;
-
-use ferrisix_plugin_api::{CompileCtx, Phases, Plugin, PluginDef};
+use ferrisix_plugin_api::PluginDef;
 use serde_json::{json, Value};
+
+use crate::support::inert;
 
 pub const NAME: &str = "ocsp-stapling";
 
-pub static DEF: PluginDef = PluginDef::new(NAME, -44, schema, compile);
+/// Nothing per request: the answer is stapled in the handshake.
+pub static DEF: PluginDef = PluginDef::new(NAME, -44, schema, inert::compile);
 
 fn schema() -> Value {
     json!({"type": "object", "properties": {}})
-}
-
-struct Inert;
-
-impl Plugin for Inert {
-    fn phases(&self) -> Phases {
-        Phases::NONE
-    }
-}
-
-fn compile(_: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
-    Ok(Arc::new(Inert))
 }
 
 #[cfg(test)]

@@ -26,21 +26,23 @@ use std::time::Duration;
 use bytes::Bytes;
 use ferrisix_config::schema::{cjson, lua};
 use ferrisix_plugin_api::{
-    ApiHandler, BodyError, CompileCtx, Exit, Flow, HttpError, Phases, Plugin, PluginApi, PluginCtx,
-    PluginDef, PluginServices, Scope, Step,
+    ApiHandler, BodyError, Exit, Flow, HttpError, Phases, Plugin, PluginApi, PluginCtx, PluginDef,
+    PluginServices, Scope, Step,
 };
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Version};
 use serde_json::{json, Map, Value};
 
 use crate::support::args::encode_args;
+use crate::support::inert;
 
 pub const NAME: &str = "batch-requests";
 
+/// The plugin itself does nothing per request: enabling it is what adds the API.
 pub static DEF: PluginDef = PluginDef {
     scope: Scope::Global,
     metadata_schema: Some(metadata_schema),
     apis: Some(apis),
-    ..PluginDef::new(NAME, 4010, schema, compile)
+    ..PluginDef::new(NAME, 4010, schema, inert::compile)
 };
 
 const DEFAULT_URI: &str = "/apisix/batch-requests";
@@ -124,19 +126,6 @@ fn request_schema() -> Value {
         },
         "anyOf": [{"required": ["pipeline"]}]
     })
-}
-
-/// The plugin itself does nothing per request: enabling it is what adds the API.
-struct Enabled;
-
-impl Plugin for Enabled {
-    fn phases(&self) -> Phases {
-        Phases::NONE
-    }
-}
-
-fn compile(_: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
-    Ok(Arc::new(Enabled))
 }
 
 /// `plugin_attr.batch-requests.uri`, else `/apisix/batch-requests`.

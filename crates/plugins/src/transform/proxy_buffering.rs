@@ -6,14 +6,15 @@
 //! as the upstream sends it, which is what the option asks for, so the plugin checks its conf
 //! and has nothing to do per request.
 
-use std::sync::Arc;
-
-use ferrisix_plugin_api::{CompileCtx, Phases, Plugin, PluginDef};
+use ferrisix_plugin_api::PluginDef;
 use serde_json::{json, Value};
+
+use crate::support::inert;
 
 pub const NAME: &str = "proxy-buffering";
 
-pub static DEF: PluginDef = PluginDef::new(NAME, 21991, schema, compile);
+/// Nothing per request: ferrisix never buffers answers.
+pub static DEF: PluginDef = PluginDef::new(NAME, 21991, schema, inert::compile);
 
 fn schema() -> Value {
     json!({
@@ -22,19 +23,6 @@ fn schema() -> Value {
             "disable_proxy_buffering": {"type": "boolean", "default": false}
         }
     })
-}
-
-#[derive(Debug)]
-struct ProxyBuffering;
-
-impl Plugin for ProxyBuffering {
-    fn phases(&self) -> Phases {
-        Phases::NONE
-    }
-}
-
-fn compile(_: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
-    Ok(Arc::new(ProxyBuffering))
 }
 
 #[cfg(test)]

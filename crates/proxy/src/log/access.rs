@@ -373,6 +373,28 @@ impl Var {
 }
 
 impl LogRecord {
+    /// `$request_type` and the `$llm_*` variables: an AI plugin's, else nginx.conf's presets.
+    /// Out of line and not calling back into [`LogRecord::write_var`], so that one stays a
+    /// plain match the line's loop can inline.
+    #[inline(never)]
+    fn write_late(&self, name: &str, up: &UpstreamRecord, now: Instant, out: &mut Vec<u8>) -> bool {
+        let late = self
+            .values
+            .as_deref()
+            .and_then(|v| v.get::<LateVarSource>())
+            .and_then(|s| s.0.late_var(name));
+        match late {
+            Some(v) => out.extend_from_slice(v.as_bytes()),
+            // nginx.conf: `set $apisix_upstream_response_time $upstream_response_time;`
+            None if name == "apisix_upstream_response_time" => match up.start {
+                Some(s) => push_secs_ms(out, now.saturating_duration_since(s)),
+                None => return false,
+            },
+            None => out.extend_from_slice(preset_var(name).unwrap_or("").as_bytes()),
+        }
+        true
+    }
+
     /// Writes `v`'s value; `false` (nothing written) when it has none.
     fn write_var(&self, v: &Var, up: &UpstreamRecord, at: &LineTime, out: &mut Vec<u8>) -> bool {
         let now = at.now;
@@ -428,21 +450,7 @@ impl LogRecord {
                 Some(id) => out.extend_from_slice(id.as_bytes()),
                 None => return false,
             },
-            Var::Late(name) => {
-                let late = self
-                    .values
-                    .as_deref()
-                    .and_then(|v| v.get::<LateVarSource>())
-                    .and_then(|s| s.0.late_var(name));
-                match late {
-                    Some(v) => out.extend_from_slice(v.as_bytes()),
-                    // nginx.conf: `set $apisix_upstream_response_time $upstream_response_time;`
-                    None if &**name == "apisix_upstream_response_time" => {
-                        return self.write_var(&Var::UpstreamResponseTime, up, at, out)
-                    }
-                    None => out.extend_from_slice(preset_var(name).unwrap_or("").as_bytes()),
-                }
-            }
+            Var::Late(name) => return self.write_late(name, up, now, out),
             Var::ConsumerName => match &self.consumer_name {
                 Some(name) => out.extend_from_slice(name.as_bytes()),
                 None => return false,

@@ -165,6 +165,7 @@ fn run(
         Vec::new()
     })
     .with_proxy_cache(settings.apisix.proxy_cache.clone())
+    .with_graphql_max_size(settings.graphql.max_size)
     .with_real_ip_header(&settings.nginx_config.http.real_ip_header);
     let ext_runner = Arc::new(ExtRunner::new(
         settings.ext_plugin_socket(),

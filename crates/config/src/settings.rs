@@ -44,6 +44,8 @@ pub struct Settings {
     /// The external plugin runner (`ext-plugin`).
     #[serde(rename = "ext-plugin")]
     pub ext_plugin: ExtPluginSettings,
+    /// `graphql`: how much of a request the GraphQL plugins read.
+    pub graphql: GraphqlSettings,
     /// ferrisix-only keys.
     pub ferrisix: FerrisixSettings,
     /// The file these settings came from; relative paths in them resolve against its directory.
@@ -908,6 +910,22 @@ pub struct PrometheusAttr {
     pub llm_completion_tokens_buckets: Option<Vec<f64>>,
     /// `metrics.<name>`: extra labels and series expiry per HTTP and LLM metric.
     pub metrics: PrometheusMetrics,
+}
+
+/// The `graphql:` section.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct GraphqlSettings {
+    /// The largest GraphQL request (POST body or GET query string) the GraphQL plugins read,
+    /// in bytes; a larger one is refused as APISIX refuses it.
+    pub max_size: usize,
+}
+
+impl Default for GraphqlSettings {
+    fn default() -> Self {
+        // APISIX's default (1 MiB).
+        GraphqlSettings { max_size: 1 << 20 }
+    }
 }
 
 /// `plugin_attr.prometheus.metrics`. Metrics ferrisix does not have (the AI-cache family)

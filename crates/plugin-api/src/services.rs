@@ -23,7 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 pub use ferrisix_config::reopen::LogReopen;
-use ferrisix_config::settings::{PluginAttr, ProxyCacheSettings};
+use ferrisix_config::settings::{GraphqlSettings, PluginAttr, ProxyCacheSettings};
 
 use crate::clock::Clock;
 use crate::error_log::ErrorLogTap;
@@ -53,6 +53,7 @@ pub struct PluginServices {
     real_ip_header: String,
     /// `apisix.proxy_cache`: the zones proxy-cache stores answers in.
     proxy_cache: Option<Arc<ProxyCacheSettings>>,
+    graphql_max_size: usize,
     shutdown: Shutdown,
     log_reopen: LogReopen,
     error_log: Arc<ErrorLogTap>,
@@ -89,6 +90,7 @@ impl PluginServices {
             tls_ports: Vec::new(),
             real_ip_header: "x-real-ip".to_owned(),
             proxy_cache: Some(Arc::new(ProxyCacheSettings::default())),
+            graphql_max_size: GraphqlSettings::default().max_size,
             shutdown: Shutdown::new(),
             log_reopen: LogReopen::new(),
             error_log: Arc::new(ErrorLogTap::new()),
@@ -177,6 +179,17 @@ impl PluginServices {
     }
 
     /// The cache zones; `None` when config.yaml set `apisix.proxy_cache` to nothing.
+    /// config.yaml's `graphql.max_size`.
+    pub fn with_graphql_max_size(mut self, max_size: usize) -> PluginServices {
+        self.graphql_max_size = max_size;
+        self
+    }
+
+    /// The largest GraphQL request the GraphQL plugins read (`graphql.max_size`).
+    pub fn graphql_max_size(&self) -> usize {
+        self.graphql_max_size
+    }
+
     pub fn proxy_cache(&self) -> Option<&Arc<ProxyCacheSettings>> {
         self.proxy_cache.as_ref()
     }

@@ -7,6 +7,7 @@ family! {
     degraphql,
     echo,
     error_page,
+    graphql_proxy_cache,
     grpc_transcode,
     grpc_web,
     mocking,

@@ -36,9 +36,6 @@ pub static DEF: PluginDef = PluginDef {
     ..PluginDef::new(NAME, 1004, schema, compile)
 };
 
-/// APISIX's default `graphql.max_size`.
-const MAX_BODY: usize = 1 << 20;
-
 const QUERY_COST: HeaderName = HeaderName::from_static("x-graphql-query-cost");
 
 fn limit_count() -> &'static PluginDef {
@@ -88,6 +85,8 @@ struct GraphqlLimitCount {
     max_cost: f64,
     score_factor: f64,
     show_cost: bool,
+    /// config.yaml's `graphql.max_size`.
+    max_size: usize,
 }
 
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
@@ -116,6 +115,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         max_cost: conf["max_cost"].as_f64().unwrap_or(0.0),
         score_factor: conf["score_factor"].as_f64().unwrap_or(1.0),
         show_cost: conf["show_limit_quota_header"].as_bool().unwrap_or(true),
+        max_size: cx.services.graphql_max_size(),
     }))
 }
 
@@ -159,7 +159,7 @@ fn node_count(list: &[Selection], doc: &Document, visiting: &mut Vec<String>) ->
 impl GraphqlLimitCount {
     /// The query of the request, or the answer refusing it.
     async fn query(&self, ctx: &mut PluginCtx<'_>) -> Result<(String, Option<String>), Flow> {
-        let body = match ctx.read_body(MAX_BODY).await {
+        let body = match ctx.read_body(self.max_size).await {
             Ok(b) if !b.is_empty() => b.clone(),
             _ => {
                 return Err(refuse(
@@ -239,6 +239,10 @@ impl GraphqlLimitCount {
         };
         let doc = match graphql::parse(&query) {
             Ok(d) => d,
+            Err(_) if graphql::is_blank(&query) => {
+                tracing::error!("failed to parse graphql: empty query");
+                return refuse("Invalid graphql request: empty graphql query");
+            }
             Err(e) => {
                 tracing::error!("failed to parse graphql: {e}");
                 return refuse("Invalid graphql request: failed to parse graphql query");

@@ -18,9 +18,18 @@ pub enum Selection {
     Inline(Vec<Selection>),
 }
 
+/// What an operation does (`{ ... }` alone is a query).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OperationKind {
+    Query,
+    Mutation,
+    Subscription,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Definition {
     Operation {
+        kind: OperationKind,
         name: Option<String>,
         selections: Vec<Selection>,
     },
@@ -209,12 +218,18 @@ impl Parser {
     fn definition(&mut self) -> Res<Definition> {
         if self.is("{") {
             return Ok(Definition::Operation {
+                kind: OperationKind::Query,
                 name: None,
                 selections: self.selection_set(0)?,
             });
         }
         match self.peek_name() {
-            Some("query" | "mutation" | "subscription") => {
+            Some(word @ ("query" | "mutation" | "subscription")) => {
+                let kind = match word {
+                    "mutation" => OperationKind::Mutation,
+                    "subscription" => OperationKind::Subscription,
+                    _ => OperationKind::Query,
+                };
                 self.pos += 1;
                 let name = self
                     .peek_name()
@@ -226,6 +241,7 @@ impl Parser {
                 }
                 self.directives()?;
                 Ok(Definition::Operation {
+                    kind,
                     name,
                     selections: self.selection_set(0)?,
                 })
@@ -429,12 +445,34 @@ fn selections_depth(
     Some(depth)
 }
 
+/// Whether `text` holds no token at all (only white space, commas and comments): the Lua
+/// parser reads it as a document without definitions, which the plugins answer as an empty
+/// query rather than a syntax error.
+pub fn is_blank(text: &str) -> bool {
+    matches!(lex(text), Ok((toks, _)) if toks.is_empty())
+}
+
 impl Document {
     /// The operations (not the fragments).
     pub fn operations(&self) -> impl Iterator<Item = (Option<&str>, &[Selection])> {
         self.definitions.iter().filter_map(|d| match d {
-            Definition::Operation { name, selections } => Some((name.as_deref(), &selections[..])),
+            Definition::Operation {
+                name, selections, ..
+            } => Some((name.as_deref(), &selections[..])),
             Definition::Fragment { .. } => None,
+        })
+    }
+
+    /// Whether any operation is a mutation.
+    pub fn has_mutation(&self) -> bool {
+        self.definitions.iter().any(|d| {
+            matches!(
+                d,
+                Definition::Operation {
+                    kind: OperationKind::Mutation,
+                    ..
+                }
+            )
         })
     }
 
@@ -468,6 +506,25 @@ mod tests {
     }
 
     #[test]
+    fn operations_keep_their_kind() {
+        assert!(!parse("{ a }").unwrap().has_mutation());
+        assert!(!parse("query q { a } subscription s { b }")
+            .unwrap()
+            .has_mutation());
+        let d = parse("query q { a } mutation m($x: Int) { set(x: $x) { id } }").unwrap();
+        assert!(d.has_mutation());
+        assert!(matches!(
+            d.definitions[1],
+            Definition::Operation {
+                kind: OperationKind::Mutation,
+                ..
+            }
+        ));
+        // A field named `mutation` is not an operation.
+        assert!(!parse("{ mutation { a } }").unwrap().has_mutation());
+    }
+
+    #[test]
     fn syntax_errors_name_the_line() {
         assert_eq!(parse("uery {}").unwrap_err(), "Syntax error near line 1");
         assert_eq!(
@@ -475,6 +532,10 @@ mod tests {
             "Syntax error near line 4"
         );
         assert!(parse("").is_err());
+        assert!(is_blank(""));
+        assert!(is_blank(" ,\n# only a comment\n"));
+        assert!(!is_blank("{ a }"));
+        assert!(!is_blank("# c\nx"));
         assert!(parse(&"{a".repeat(1000)).is_err());
     }
 }

@@ -147,7 +147,7 @@ fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
 /// A zone, made once per gateway and name: where answers are stored, and the fetches in
 /// flight for its keys.
 #[derive(Clone, Debug)]
-struct Zone {
+pub(super) struct Zone {
     store: Store,
     fills: Arc<Fills>,
 }
@@ -167,6 +167,14 @@ impl Zone {
         match &self.store {
             Store::Memory(z) => z.get(key, now_ms),
             Store::Disk { zone, .. } => zone.get(key, now_ms),
+        }
+    }
+
+    /// Deletes the answer stored under `key`; false when there was none.
+    pub(super) fn purge(&self, key: &str) -> bool {
+        match &self.store {
+            Store::Memory(z) => z.purge(key),
+            Store::Disk { zone, .. } => zone.purge(key),
         }
     }
 }
@@ -221,7 +229,7 @@ impl Drop for FillGuard {
 
 /// The gateway's zones, made when a conf first names them.
 #[derive(Default)]
-struct Zones(Mutex<HashMap<String, Zone>>);
+pub(super) struct Zones(Mutex<HashMap<String, Zone>>);
 
 impl SharedState for Zones {
     fn create(_: &PluginServices) -> Self {
@@ -230,7 +238,12 @@ impl SharedState for Zones {
 }
 
 impl Zones {
-    fn get(&self, services: &PluginServices, name: &str, memory: bool) -> Result<Zone, String> {
+    pub(super) fn get(
+        &self,
+        services: &PluginServices,
+        name: &str,
+        memory: bool,
+    ) -> Result<Zone, String> {
         let mut made = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(z) = made.get(name) {
             return Ok(z.clone());
@@ -334,10 +347,24 @@ const IDENTITY_VARS: [&str; 4] = [
     "$http_authorization",
 ];
 
+/// Where a request's key comes from.
 #[derive(Debug)]
-struct ProxyCache {
+enum KeySpec {
+    /// `cache_key`'s pieces.
+    Parts(Vec<Part>),
+    /// A [`PresetKey`] the calling plugin put in the request's context.
+    Preset,
+}
+
+/// The key of a request, made by a plugin that runs proxy-cache's strategies with a key of
+/// its own (graphql-proxy-cache, APISIX's `upstream_cache_key` set before the handlers run).
+#[derive(Debug)]
+pub(super) struct PresetKey(pub String);
+
+#[derive(Debug)]
+pub(super) struct ProxyCache {
     zone: Zone,
-    key: Vec<Part>,
+    key: KeySpec,
     isolate: bool,
     bypass: Option<Vec<Part>>,
     no_cache: Option<Vec<Part>>,
@@ -365,7 +392,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         zone,
         isolate: conf["consumer_isolation"].as_bool().unwrap_or(true)
             && !key.iter().any(|k| IDENTITY_VARS.contains(&k.as_str())),
-        key: parts(&key),
+        key: KeySpec::Parts(parts(&key)),
         bypass: optional("cache_bypass"),
         no_cache: optional("no_cache"),
         methods: strings(&conf, "cache_method")
@@ -422,8 +449,39 @@ struct Pending {
 struct Hit;
 
 impl ProxyCache {
+    /// The cache graphql-proxy-cache runs (APISIX's `graphql_cache_conf`): `GET` and `POST`,
+    /// only 200s stored, the key made by the caller, no bypass, no `Cache-Control` reading.
+    pub(super) fn with_preset_key(
+        zone: Zone,
+        ttl_s: u64,
+        cache_set_cookie: bool,
+        clock: Clock,
+    ) -> ProxyCache {
+        ProxyCache {
+            zone,
+            key: KeySpec::Preset,
+            isolate: false,
+            bypass: None,
+            no_cache: None,
+            methods: vec![Method::GET, Method::POST],
+            statuses: vec![200],
+            hide_cache_headers: false,
+            cache_control: false,
+            ttl_ms: ttl_s.saturating_mul(1000),
+            max_body: usize::MAX,
+            cache_set_cookie,
+            clock,
+        }
+    }
+
     fn key(&self, ctx: &PluginCtx<'_>) -> String {
-        let key = complex_value(&self.key, ctx);
+        let key = match &self.key {
+            KeySpec::Parts(parts) => complex_value(parts, ctx),
+            KeySpec::Preset => ctx
+                .get::<PresetKey>()
+                .map(|k| k.0.clone())
+                .unwrap_or_default(),
+        };
         if !self.isolate {
             return key;
         }
@@ -485,10 +543,7 @@ impl ProxyCache {
         }
         let key = self.key(ctx);
         if purge {
-            let found = match &self.zone.store {
-                Store::Memory(z) => z.purge(&key),
-                Store::Disk { zone, .. } => zone.purge(&key),
-            };
+            let found = self.zone.purge(&key);
             return Err(Step::exit(Exit::status(if found {
                 StatusCode::OK
             } else {

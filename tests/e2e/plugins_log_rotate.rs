@@ -6,7 +6,7 @@ use crate::support;
 
 use std::collections::HashMap;
 use std::io::Read;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -17,48 +17,19 @@ use support::*;
 /// map), its access log and error log files in its directory, two workers, one route to an
 /// echo upstream.
 fn start(attr: &str, upstream: &Upstream) -> Gateway {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let config = format!(
-        "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: false\n  enable_control: false\n  ssl:\n    enable: false\n\
-         deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n\
-         nginx_config:\n  worker_processes: 2\n  error_log: {}\n  http:\n    access_log: {}\n    access_log_format: \"$request_uri $status\"\n\
-         plugins:\n  - log-rotate\n\
-         plugin_attr:\n  log-rotate: {attr}\n",
-        dir.path().join("logs/error.log").display(),
-        dir.path().join("logs/access.log").display(),
+    let routes = format!(
+        "routes:\n  - id: r\n    uri: /r/*\n    upstream:\n      type: roundrobin\n      nodes:\n        \"{}\": 1",
+        upstream.node()
     );
-    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
-    std::fs::write(
-        dir.path().join("apisix.yaml"),
-        format!(
-            "routes:\n  - id: r\n    uri: /r/*\n    upstream:\n      type: roundrobin\n      nodes:\n        \"{}\": 1\n#END\n",
-            upstream.node()
-        ),
-    )
-    .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_ferrisix"))
-        .arg("-c")
-        .arg(dir.path().join("config.yaml"))
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start ferrisix");
-    let gw = Gateway {
-        child,
-        port,
-        dir,
-        metrics_port: 0,
-    };
-    assert!(
-        poll_until(Duration::from_secs(20), || TcpStream::connect(gw.addr())
-            .is_ok())
-        .is_some(),
-        "ferrisix did not listen on {port}"
-    );
-    gw
+    Launch::new(&routes)
+        .workers(2)
+        .nginx_keys("error_log: {dir}/logs/error.log")
+        .http_keys("access_log: {dir}/logs/access.log\naccess_log_format: \"$request_uri $status\"")
+        .extra_config(&format!(
+            "plugins:\n  - log-rotate\nplugin_attr:\n  log-rotate: {attr}\n"
+        ))
+        .rust_log("info")
+        .start()
 }
 
 fn logs_dir(gw: &Gateway) -> std::path::PathBuf {

@@ -1,6 +1,7 @@
-//! proxy-cache against the real binary: the memory and disk strategies serve hits without the
-//! upstream, PURGE, and the disk zone read back after a `kill -9`, with a damaged file never
-//! served.
+//! proxy-cache and graphql-proxy-cache against the real binary: the memory and disk strategies
+//! serve hits without the upstream, PURGE, and the disk zone read back after a `kill -9`, with a
+//! damaged file never served; GraphQL queries cached by their text, mutations bypassed, and the
+//! purge API.
 
 use std::path::{Path, PathBuf};
 
@@ -137,5 +138,211 @@ fn disk_entries_survive_a_kill_and_damaged_files_are_not_served() {
     assert!(
         poll_until(std::time::Duration::from_secs(10), || !tmp.exists()).is_some(),
         "temporary files are cleared when the zone is read back"
+    );
+}
+
+/// graphql-proxy-cache: queries by GET and POST hit the cache, mutations bypass it, two routes
+/// never share an entry, bad queries get APISIX's 400s, and the purge API deletes an entry of
+/// each strategy.
+#[test]
+fn graphql_queries_are_cached_and_purged() {
+    let up = Upstream::start("up", Behaviour::Echo);
+    let disk = tempfile::tempdir().unwrap();
+    let gql = |strategy: &str, zone: &str| json!({"graphql-proxy-cache": {"cache_strategy": strategy, "cache_zone": zone}});
+    let yaml = json!({"routes": [
+        {"id": "gm", "uri": "/gm", "plugins": gql("memory", "memory_cache"),
+         "upstream": {"nodes": {up.node(): 1}}},
+        {"id": "gm2", "uri": "/gm2", "plugins": gql("memory", "memory_cache"),
+         "upstream": {"nodes": {up.node(): 1}}},
+        {"id": "gd", "uri": "/gd", "plugins": gql("disk", "disk_cache_one"),
+         "upstream": {"nodes": {up.node(): 1}}},
+        {"id": "purge", "uri": "/apisix/plugin/graphql-proxy-cache/*",
+         "plugins": {"public-api": {}}},
+    ]})
+    .to_string();
+    let gw = Gateway::start_full(&yaml, &zones(disk.path()), "graphql:\n  max_size: 200\n");
+    let json_ct = [("content-type", "application/json")];
+    let query = br#"{"query": "query { persons { id name } }"}"#;
+
+    for path in ["/gm", "/gd"] {
+        let before = up.hits();
+        let r = request(gw.addr(), "POST", path, &json_ct, query);
+        assert_eq!(
+            (r.status, r.header("apisix-cache-status")),
+            (200, Some("MISS")),
+            "{path}"
+        );
+        let key = r.header("apisix-cache-key").unwrap().to_owned();
+        assert_eq!(key.len(), 32, "an MD5 in hex: {key}");
+        let r2 = request(gw.addr(), "POST", path, &json_ct, query);
+        assert_eq!(r2.header("apisix-cache-status"), Some("HIT"), "{path}");
+        assert_eq!(r2.header("apisix-cache-key"), Some(key.as_str()));
+        assert_eq!(r2.body, r.body);
+        assert_eq!(
+            up.hits(),
+            before + 1,
+            "{path}: the hit stayed off the upstream"
+        );
+
+        // The same query by GET is its own entry (the key is the raw query string).
+        let get_path = format!("{path}?query=%7B%20persons%20%7B%20id%20%7D%20%7D");
+        let g = request(gw.addr(), "GET", &get_path, &[], b"");
+        assert_eq!(g.header("apisix-cache-status"), Some("MISS"), "{path}");
+        let g = request(gw.addr(), "GET", &get_path, &[], b"");
+        assert_eq!(g.header("apisix-cache-status"), Some("HIT"), "{path}");
+
+        // A mutation is never looked up nor stored.
+        let m = br#"{"query": "mutation { add(name: \"x\") { id } }"}"#;
+        for _ in 0..2 {
+            let before = up.hits();
+            let r = request(gw.addr(), "POST", path, &json_ct, m);
+            assert_eq!(
+                (r.status, r.header("apisix-cache-status")),
+                (200, Some("BYPASS")),
+                "{path}"
+            );
+            assert!(r.header("apisix-cache-key").is_none());
+            assert_eq!(up.hits(), before + 1);
+        }
+    }
+
+    // Two routes with the same conf and query: two entries.
+    let a = request(gw.addr(), "POST", "/gm", &json_ct, query);
+    let b = request(gw.addr(), "POST", "/gm2", &json_ct, query);
+    assert_eq!(b.header("apisix-cache-status"), Some("MISS"));
+    assert_ne!(a.header("apisix-cache-key"), b.header("apisix-cache-key"));
+
+    // application/graphql: the body is the query.
+    let ct = [("content-type", "application/graphql")];
+    let r = request(gw.addr(), "POST", "/gm", &ct, b"{ persons { id } }");
+    assert_eq!(r.header("apisix-cache-status"), Some("MISS"));
+    let r = request(gw.addr(), "POST", "/gm", &ct, b"{ persons { id } }");
+    assert_eq!(r.header("apisix-cache-status"), Some("HIT"));
+
+    // Refused requests, with APISIX's answers.
+    // method, path, headers, body, status, message.
+    type Refused<'a> = (
+        &'a str,
+        &'a str,
+        &'a [(&'a str, &'a str)],
+        &'a [u8],
+        u16,
+        &'a str,
+    );
+    let refused: [Refused; 10] = [
+        ("PUT", "/gm", &json_ct, query, 405, ""),
+        ("HEAD", "/gm", &[], b"", 405, ""),
+        (
+            "POST",
+            "/gm",
+            &json_ct,
+            b"{\"query\": \" \"}",
+            400,
+            "Invalid graphql request: empty graphql query",
+        ),
+        (
+            "POST",
+            "/gm",
+            &[("content-type", "text/plain")],
+            query,
+            400,
+            "invalid graphql request, error content-type: text/plain",
+        ),
+        (
+            "POST",
+            "/gm",
+            &json_ct,
+            b"{\"q\": 1}",
+            400,
+            "invalid graphql request, json body[query] is nil",
+        ),
+        (
+            "POST",
+            "/gm",
+            &json_ct,
+            b"{\"query\": \"{ a \"}",
+            400,
+            "Invalid graphql request: failed to parse graphql query",
+        ),
+        (
+            "POST",
+            "/gm",
+            &json_ct,
+            b"",
+            400,
+            "Invalid graphql request: can't get graphql request body",
+        ),
+        // Over `graphql.max_size`.
+        (
+            "POST",
+            "/gm",
+            &ct,
+            &[b' '; 300],
+            400,
+            "Invalid graphql request: can't get graphql request body",
+        ),
+        (
+            "GET",
+            "/gm",
+            &[],
+            b"",
+            400,
+            "Invalid graphql request: can't get graphql request body",
+        ),
+        (
+            "GET",
+            "/gm?q=1",
+            &[],
+            b"",
+            400,
+            "invalid graphql request, args[query] is nil",
+        ),
+    ];
+    for (method, path, headers, body, status, msg) in refused {
+        let r = request(gw.addr(), method, path, headers, body);
+        assert_eq!(
+            r.status,
+            status,
+            "{method} {path} {}",
+            String::from_utf8_lossy(body)
+        );
+        if !msg.is_empty() {
+            assert_eq!(r.json()["message"], msg, "{method} {path}");
+        }
+    }
+
+    // Purge: one entry of each strategy, through the plugin's API.
+    let purge = |path: &str| request(gw.addr(), "PURGE", path, &[], b"").status;
+    let mem_key = request(gw.addr(), "POST", "/gm", &json_ct, query)
+        .header("apisix-cache-key")
+        .unwrap()
+        .to_owned();
+    let disk_key = request(gw.addr(), "POST", "/gd", &json_ct, query)
+        .header("apisix-cache-key")
+        .unwrap()
+        .to_owned();
+    let api = "/apisix/plugin/graphql-proxy-cache";
+    assert_eq!(purge(&format!("{api}/memory/gm/{mem_key}")), 200);
+    let r = request(gw.addr(), "POST", "/gm", &json_ct, query);
+    assert_eq!(r.header("apisix-cache-status"), Some("MISS"), "purged");
+    assert_eq!(purge(&format!("{api}/disk/gd/{disk_key}")), 200);
+    assert_eq!(purge(&format!("{api}/disk/gd/{disk_key}")), 404, "gone");
+    let r = request(gw.addr(), "POST", "/gd", &json_ct, query);
+    assert_eq!(r.header("apisix-cache-status"), Some("MISS"), "purged");
+    assert_eq!(
+        purge(&format!("{api}/disk/gm/{mem_key}")),
+        400,
+        "strategy mismatch"
+    );
+    assert_eq!(
+        purge(&format!("{api}/other/gm/{mem_key}")),
+        400,
+        "no such strategy"
+    );
+    assert_eq!(purge(&format!("{api}/memory/gm")), 400, "no key");
+    assert_eq!(
+        purge(&format!("{api}/memory/nope/{mem_key}")),
+        404,
+        "no such route"
     );
 }

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::{free_port, poll_until, read_reply, Behaviour, Gateway, Reply, Upstream};
+use support::{free_port, poll_until, read_reply, Behaviour, Gateway, Launch, Reply, Upstream};
 
 const V1: &str = "PROXY TCP4 198.51.100.7 10.0.0.1 56324 9181\r\n";
 
@@ -349,45 +349,14 @@ fn pp_upstream(name: &'static str) -> SocketAddr {
     addr
 }
 
-/// A gateway with config.yaml written whole (the harness's own writer has no place for
-/// `nginx_config.stream`).
+/// A gateway with stream listeners: `stream_keys` inside `apisix:` (with `proxy_mode` set) and
+/// `nginx_stream` inside `nginx_config.stream` (unindented lines).
 fn start_stream_gateway(stream_keys: &str, nginx_stream: &str, apisix_yaml: &str) -> Gateway {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let metrics_port = free_port();
-    let config = format!(
-        "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: false\n  enable_control: false\n  ssl:\n    enable: false\n  proxy_mode: http&stream\n{stream_keys}\
-         deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n\
-         nginx_config:\n  worker_processes: 1\n  http:\n    access_log: {}\n  stream:\n{nginx_stream}\
-         plugin_attr:\n  prometheus:\n    export_addr:\n      ip: 127.0.0.1\n      port: {metrics_port}\n",
-        dir.path().join("access.log").display()
-    );
-    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
-    std::fs::write(
-        dir.path().join("apisix.yaml"),
-        format!("{apisix_yaml}\n#END\n"),
-    )
-    .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_ferrisix"))
-        .arg("-c")
-        .arg(dir.path().join("config.yaml"))
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start ferrisix");
-    let gw = Gateway {
-        child,
-        port,
-        dir,
-        metrics_port,
-    };
-    let up = poll_until(Duration::from_secs(20), || {
-        TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
-    assert!(up.is_some(), "ferrisix did not start");
-    gw
+    let stream: String = nginx_stream.lines().map(|l| format!("  {l}\n")).collect();
+    Launch::new(apisix_yaml)
+        .apisix_keys(&format!("proxy_mode: http&stream\n{stream_keys}"))
+        .nginx_keys(&format!("stream:\n{stream}"))
+        .start()
 }
 
 /// A connection to `port` from the client address `ip` (a loopback address other than
@@ -437,15 +406,11 @@ fn stream_routes_match_the_proxy_client_and_the_upstream_reads_its_header() {
     // Port `both` accepts and sends the header; `plain` takes the global defaults (accept
     // only). Only 127.0.0.1 is trusted to name the client.
     let stream_keys = format!(
-        "  proxy_protocol:\n    enable_tcp_pp: true\n  stream_proxy:\n    tcp:\n\
-         \x20     - addr: \"127.0.0.1:{both}\"\n        proxy_protocol_to_upstream: true\n\
-         \x20     - \"127.0.0.1:{plain}\"\n"
+        "proxy_protocol:\n  enable_tcp_pp: true\nstream_proxy:\n  tcp:\n\
+         \x20   - addr: \"127.0.0.1:{both}\"\n      proxy_protocol_to_upstream: true\n\
+         \x20   - \"127.0.0.1:{plain}\"\n"
     );
-    let _gw = start_stream_gateway(
-        &stream_keys,
-        "    real_ip_from:\n      - 127.0.0.1\n",
-        &routes,
-    );
+    let _gw = start_stream_gateway(&stream_keys, "real_ip_from:\n  - 127.0.0.1\n", &routes);
 
     let from = |ip: &str, port: u16| format!("PROXY TCP4 {ip} 10.0.0.1 56324 {port}\r\nping\n");
     let ready = poll_until(Duration::from_secs(10), || {
@@ -527,8 +492,8 @@ fn a_stream_session_idles_out_at_the_upstreams_timeout() {
     let routes = format!(
         "stream_routes:\n  - id: s\n    upstream:\n      type: roundrobin\n      timeout:\n        connect: 2\n        send: 1\n        read: 2\n      nodes:\n        \"{node}\": 1\n"
     );
-    let stream_keys = format!("  stream_proxy:\n    tcp:\n      - \"127.0.0.1:{port}\"\n");
-    let _gw = start_stream_gateway(&stream_keys, "    real_ip_from: []\n", &routes);
+    let stream_keys = format!("stream_proxy:\n  tcp:\n    - \"127.0.0.1:{port}\"\n");
+    let _gw = start_stream_gateway(&stream_keys, "real_ip_from: []\n", &routes);
     let ready = poll_until(Duration::from_secs(10), || {
         first_line(port, b"hello\n") == "N saw hello"
     });
@@ -558,13 +523,9 @@ fn stream_plugins_see_the_proxy_client() {
          \x20 - id: limited\n    server_port: {limited}\n    plugins:\n      limit-conn:\n        conn: 1\n        burst: 0\n        default_conn_delay: 0.1\n        key: \"$proxy_protocol_addr\"\n        key_type: var_combination\n    upstream:\n      type: roundrobin\n      nodes:\n        \"{node}\": 1\n"
     );
     let stream_keys = format!(
-        "  proxy_protocol:\n    enable_tcp_pp: true\n  stream_proxy:\n    tcp:\n      - \"127.0.0.1:{guarded}\"\n      - \"127.0.0.1:{limited}\"\n"
+        "proxy_protocol:\n  enable_tcp_pp: true\nstream_proxy:\n  tcp:\n    - \"127.0.0.1:{guarded}\"\n    - \"127.0.0.1:{limited}\"\n"
     );
-    let _gw = start_stream_gateway(
-        &stream_keys,
-        "    real_ip_from:\n      - 127.0.0.1\n",
-        &routes,
-    );
+    let _gw = start_stream_gateway(&stream_keys, "real_ip_from:\n  - 127.0.0.1\n", &routes);
     let from = |ip: &str| format!("PROXY TCP4 {ip} 10.0.0.1 1000 2000\r\nping\n");
     let ready = poll_until(Duration::from_secs(10), || {
         first_line(guarded, from("203.0.113.5").as_bytes()) == "N saw ping"
@@ -603,13 +564,9 @@ fn a_tls_stream_port_reads_the_header_before_the_handshake() {
         pem_block("server.key"),
     );
     let stream_keys = format!(
-        "  stream_proxy:\n    tcp:\n      - addr: \"127.0.0.1:{port}\"\n        tls: true\n        proxy_protocol: true\n        proxy_protocol_to_upstream: true\n"
+        "stream_proxy:\n  tcp:\n    - addr: \"127.0.0.1:{port}\"\n      tls: true\n      proxy_protocol: true\n      proxy_protocol_to_upstream: true\n"
     );
-    let _gw = start_stream_gateway(
-        &stream_keys,
-        "    real_ip_from:\n      - 127.0.0.1\n",
-        &apisix_yaml,
-    );
+    let _gw = start_stream_gateway(&stream_keys, "real_ip_from:\n  - 127.0.0.1\n", &apisix_yaml);
     let front = proxy_in_front(
         port,
         v2_tcp4(

@@ -66,83 +66,16 @@ impl Gateway {
         workers: usize,
         http_keys: &str,
     ) -> Gateway {
-        // A port from `free_port` can be taken by a parallel test before the gateway binds it,
-        // and the gateway then exits: start again on fresh ports.
-        let mut failures = Vec::new();
-        for _ in 0..3 {
-            match Self::spawn(apisix_yaml, apisix_keys, extra_config, workers, http_keys) {
-                Ok(gw) => return gw,
-                Err(e) => failures.push(e),
-            }
-        }
-        panic!("ferrisix did not start: {failures:?}");
+        Launch::new(apisix_yaml)
+            .apisix_keys(apisix_keys)
+            .extra_config(extra_config)
+            .workers(workers)
+            .http_keys(http_keys)
+            .start()
     }
 
-    fn spawn(
-        apisix_yaml: &str,
-        apisix_keys: &str,
-        extra_config: &str,
-        workers: usize,
-        http_keys: &str,
-    ) -> Result<Gateway, String> {
-        let dir = tempfile::tempdir().unwrap();
-        let http_keys: String = http_keys
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| format!("    {l}\n"))
-            .collect();
-        let port = free_port();
-        let apisix_keys: String = apisix_keys
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| format!("  {l}\n"))
-            .collect();
-        // APISIX's default opens the TLS port 9443 on every address; parallel test gateways
-        // must not share it, so a test that wants TLS names its own listener.
-        let apisix_keys = if apisix_keys.contains("  ssl:") {
-            apisix_keys
-        } else {
-            format!("{apisix_keys}  ssl:\n    enable: false\n")
-        };
-        // Every gateway gets its own metrics port, so parallel tests do not fight over 9091.
-        let metrics_port = free_port();
-        let plugin_attr = if extra_config.contains("plugin_attr:") {
-            String::new()
-        } else {
-            format!(
-                "plugin_attr:\n  prometheus:\n    export_addr:\n      ip: 127.0.0.1\n      port: {metrics_port}\n"
-            )
-        };
-        let extra_config = format!("{plugin_attr}{extra_config}");
-        let config = format!(
-            "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: false\n  enable_control: false\n{apisix_keys}\
-             deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n\
-             nginx_config:\n  worker_processes: {workers}\n  worker_shutdown_timeout: 10s\n  http:\n    access_log: {}\n{http_keys}{extra_config}",
-            dir.path().join("access.log").display()
-        );
-        std::fs::write(dir.path().join("config.yaml"), config).unwrap();
-        write_routes(dir.path(), apisix_yaml);
-        let child = Command::new(env!("CARGO_BIN_EXE_ferrisix"))
-            .arg("-c")
-            .arg(dir.path().join("config.yaml"))
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start ferrisix");
-        let mut gw = Gateway {
-            child,
-            port,
-            dir,
-            metrics_port,
-        };
-        gw.wait_ready()?;
-        Ok(gw)
-    }
-
-    fn wait_ready(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(20);
+    fn wait_ready(&mut self, within: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + within;
         while Instant::now() < deadline {
             if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
                 return Ok(());
@@ -155,7 +88,7 @@ impl Gateway {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Err(format!("not listening on {} after 20 s", self.port))
+        Err(format!("not listening on {} after {within:?}", self.port))
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -176,6 +109,11 @@ impl Gateway {
 
     pub fn config_dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// What the gateway wrote to standard error, when [`Launch::stderr_to_file`] kept it.
+    pub fn error_output(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default()
     }
 
     pub fn pid(&self) -> u32 {
@@ -212,6 +150,179 @@ fn write_routes(dir: &Path, yaml: &str) {
     let tmp = dir.join("apisix.yaml.tmp");
     std::fs::write(&tmp, format!("{yaml}\n#END\n")).unwrap();
     std::fs::rename(tmp, dir.join("apisix.yaml")).unwrap();
+}
+
+/// How a [`Gateway`] is started: config.yaml is the harness's (a data-plane listener on a free
+/// port, standalone routes, no admin or control API, TLS off unless `apisix_keys` names `ssl`, a
+/// free prometheus port unless `extra_config` names `plugin_attr`) with the caller's keys added.
+/// Keys are written unindented (e.g. `"router:\n  http: radixtree_uri"`) and `{dir}` in any of
+/// them is the gateway's own directory.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    apisix_yaml: String,
+    apisix_keys: String,
+    nginx_keys: String,
+    http_keys: String,
+    extra_config: String,
+    workers: usize,
+    rust_log: &'static str,
+    stderr_to_file: bool,
+    ready_within: Duration,
+}
+
+impl Launch {
+    /// `apisix_yaml` is the standalone file without its `#END` line.
+    pub fn new(apisix_yaml: &str) -> Launch {
+        Launch {
+            apisix_yaml: apisix_yaml.to_owned(),
+            apisix_keys: String::new(),
+            nginx_keys: String::new(),
+            http_keys: String::new(),
+            extra_config: String::new(),
+            workers: 1,
+            rust_log: "warn",
+            stderr_to_file: false,
+            ready_within: Duration::from_secs(20),
+        }
+    }
+
+    /// Keys inside config.yaml's `apisix:` section.
+    pub fn apisix_keys(mut self, keys: &str) -> Launch {
+        self.apisix_keys.push_str(keys);
+        self
+    }
+
+    /// Keys inside `nginx_config:` beside `http` (`error_log`, `stream`).
+    pub fn nginx_keys(mut self, keys: &str) -> Launch {
+        self.nginx_keys.push_str(keys);
+        self
+    }
+
+    /// Keys inside `nginx_config.http`.
+    pub fn http_keys(mut self, keys: &str) -> Launch {
+        self.http_keys.push_str(keys);
+        self
+    }
+
+    /// Top-level sections after the harness's own.
+    pub fn extra_config(mut self, text: &str) -> Launch {
+        self.extra_config.push_str(text);
+        self
+    }
+
+    /// `nginx_config.worker_processes`.
+    pub fn workers(mut self, workers: usize) -> Launch {
+        self.workers = workers;
+        self
+    }
+
+    /// The gateway's `RUST_LOG` (`warn` unless set).
+    pub fn rust_log(mut self, filter: &'static str) -> Launch {
+        self.rust_log = filter;
+        self
+    }
+
+    /// The gateway's standard error goes to `error.log` in its directory
+    /// ([`Gateway::error_output`]) instead of the test's.
+    pub fn stderr_to_file(mut self) -> Launch {
+        self.stderr_to_file = true;
+        self
+    }
+
+    /// How long the gateway may take to listen (20 s unless set).
+    pub fn ready_within(mut self, limit: Duration) -> Launch {
+        self.ready_within = limit;
+        self
+    }
+
+    /// Starts the gateway; a port from `free_port` can be taken by a parallel test before the
+    /// gateway binds it, and the gateway then exits: it is started again on fresh ports.
+    pub fn start(self) -> Gateway {
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match self.try_start() {
+                Ok(gw) => return gw,
+                Err(e) => failures.push(e),
+            }
+        }
+        panic!("ferrisix did not start: {failures:?}");
+    }
+
+    /// One try: the error says why the gateway did not listen (its error output included
+    /// when it goes to a file).
+    pub fn try_start(&self) -> Result<Gateway, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let here = dir.path().display().to_string();
+        let lines = |text: &str, indent: &str| -> String {
+            text.lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(|l| format!("{indent}{}\n", l.replace("{dir}", &here)))
+                .collect()
+        };
+        let port = free_port();
+        let apisix_keys = lines(&self.apisix_keys, "  ");
+        // APISIX's default opens the TLS port 9443 on every address; parallel test gateways
+        // must not share it, so a test that wants TLS names its own listener.
+        let apisix_keys = if apisix_keys.contains("\n  ssl:") || apisix_keys.starts_with("  ssl:") {
+            apisix_keys
+        } else {
+            format!("{apisix_keys}  ssl:\n    enable: false\n")
+        };
+        // Every gateway gets its own metrics port, so parallel tests do not fight over 9091.
+        let metrics_port = free_port();
+        let plugin_attr = if self.extra_config.contains("plugin_attr:") {
+            String::new()
+        } else {
+            format!(
+                "plugin_attr:\n  prometheus:\n    export_addr:\n      ip: 127.0.0.1\n      port: {metrics_port}\n"
+            )
+        };
+        let http_keys = lines(&self.http_keys, "    ");
+        let access_log = if http_keys.contains("    access_log:") {
+            String::new()
+        } else {
+            format!("    access_log: {here}/access.log\n")
+        };
+        let config = format!(
+            "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: false\n  enable_control: false\n{apisix_keys}\
+             deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n\
+             nginx_config:\n  worker_processes: {}\n  worker_shutdown_timeout: 10s\n{}  http:\n{access_log}{http_keys}{plugin_attr}{}",
+            self.workers,
+            lines(&self.nginx_keys, "  "),
+            self.extra_config.replace("{dir}", &here),
+        );
+        std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+        write_routes(dir.path(), &self.apisix_yaml);
+        let stderr = if self.stderr_to_file {
+            Stdio::from(std::fs::File::create(dir.path().join("error.log")).unwrap())
+        } else {
+            Stdio::inherit()
+        };
+        let child = Command::new(env!("CARGO_BIN_EXE_ferrisix"))
+            .arg("-c")
+            .arg(dir.path().join("config.yaml"))
+            .env("RUST_LOG", self.rust_log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start ferrisix");
+        let mut gw = Gateway {
+            child,
+            port,
+            dir,
+            metrics_port,
+        };
+        gw.wait_ready(self.ready_within).map_err(|e| {
+            let output = gw.error_output();
+            if output.is_empty() {
+                e
+            } else {
+                format!("{e}: {output}")
+            }
+        })?;
+        Ok(gw)
+    }
 }
 
 /// A minimal HTTP/1.1 response as parsed by the tests.

@@ -5,13 +5,13 @@
 //! and ticks; and the limits, with hand-written modules that loop or grow without end.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::support::{free_port, poll_until, request, Behaviour, Upstream};
+use crate::support::{poll_until, request, Behaviour, Gateway, Launch, Upstream};
 
 /// The built modules' directory; builds them (once per test run).
 fn modules() -> &'static Path {
@@ -37,18 +37,7 @@ fn modules() -> &'static Path {
 }
 
 /// A gateway with every test module loaded, its log captured.
-struct WasmGateway {
-    child: Child,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for WasmGateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+struct WasmGateway(Gateway);
 
 const PLUGINS: &[(&str, i64, &str, &str)] = &[
     ("wasm-log", 7999, "log", "access"),
@@ -68,9 +57,6 @@ impl WasmGateway {
     /// `wasm_extra` goes under `wasm.plugins` (another plugin entry).
     fn try_start(apisix_yaml: &str, wasm_extra: &str) -> Result<WasmGateway, String> {
         let build = modules();
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let metrics = free_port();
         let mut plugins = String::new();
         for (name, priority, file, phase) in PLUGINS {
             plugins.push_str(&format!(
@@ -79,51 +65,25 @@ impl WasmGateway {
             ));
         }
         plugins.push_str(wasm_extra);
-        let config = format!(
-            "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: false\n  enable_control: false\n  ssl:\n    enable: false\n\
-             deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n\
-             nginx_config:\n  worker_processes: 2\n  http:\n    access_log: {}\n\
-             plugin_attr:\n  prometheus:\n    export_addr:\n      ip: 127.0.0.1\n      port: {metrics}\n\
-             wasm:\n  plugins:\n{plugins}\
-             ferrisix:\n  wasm:\n    timeout: 300ms\n    max_memory: 4194304\n",
-            dir.path().join("access.log").display()
-        );
-        std::fs::write(dir.path().join("config.yaml"), config).unwrap();
-        std::fs::write(
-            dir.path().join("apisix.yaml"),
-            format!("{apisix_yaml}\n#END\n"),
-        )
-        .unwrap();
-        let log = std::fs::File::create(dir.path().join("error.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_ferrisix"))
-            .arg("-c")
-            .arg(dir.path().join("config.yaml"))
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start ferrisix");
-        let mut gw = WasmGateway { child, port, dir };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Ok(gw);
-            }
-            if let Ok(Some(status)) = gw.child.try_wait() {
-                return Err(format!("ferrisix exited ({status}): {}", gw.log()));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Err(format!("ferrisix did not listen: {}", gw.log()))
+        // Compiling the modules at the start takes a while on a loaded machine.
+        Launch::new(apisix_yaml)
+            .workers(2)
+            .extra_config(&format!(
+                "wasm:\n  plugins:\n{plugins}ferrisix:\n  wasm:\n    timeout: 300ms\n    max_memory: 4194304\n"
+            ))
+            .rust_log("info")
+            .stderr_to_file()
+            .ready_within(Duration::from_secs(60))
+            .try_start()
+            .map(WasmGateway)
     }
 
     fn addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.port))
+        self.0.addr()
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default()
+        self.0.error_output()
     }
 
     /// Waits (bounded) for the log to contain `text`.

@@ -259,6 +259,14 @@ fn run(
     let prometheus_enabled = registry.get("prometheus").is_some()
         || (stream_on && stream_plugins.priority("prometheus").is_some());
     let plugins = Arc::new(registry.clone());
+    // The control API's `/v1/schema`: the plugin list is read once, so made once.
+    let control_schema = settings.apisix.enable_control.then(|| {
+        Arc::new(serde_json::json!({
+            "main": ferrisix_admin::core_schema_catalog(),
+            "plugins": ferrisix_admin::http_plugin_catalog(&registry),
+            "stream_plugins": ferrisix_admin::stream_plugin_catalog(&registry, &stream_plugins),
+        }))
+    });
     let compiling = std::time::Instant::now();
     // Compile the first state before accepting traffic, so the first request sees the routes.
     // The state is let go once compiled: held here, it kept the boot's whole store read (every
@@ -320,6 +328,7 @@ fn run(
             snapshot: handle.clone(),
             health: health.clone(),
             stream: stream_checkers.clone(),
+            schema: control_schema.clone(),
         });
         let limits = cli::conn_limits(&settings);
         let shutdown = shutdown_rx.clone();
@@ -338,6 +347,7 @@ fn run(
             snapshot: handle.clone(),
             health: health.clone(),
             stream: stream_checkers.clone(),
+            schema: None,
         });
         let limits = cli::conn_limits(&settings);
         let shutdown = shutdown_rx.clone();

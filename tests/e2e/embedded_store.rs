@@ -5,7 +5,8 @@
 //!   acknowledged PUT is there, through the Admin API and through the data port;
 //! * a restart with 2,000 routes stored serves all of them from the first request (no
 //!   partial table while the first compile runs);
-//! * (ignored) the PUT-to-served propagation figure.
+//! * (ignored) the PUT-to-served propagation figure;
+//! * the control API's `/v1/schema`.
 
 use crate::support;
 
@@ -229,4 +230,38 @@ fn a_restart_serves_every_stored_route_from_the_first_request() {
         .unwrap_or_else(|| panic!("no boot line in the log:\n{log}"));
     assert!(line.contains(&format!("routes={ROUTES}")), "{line}");
     assert!(line.contains("validate_us="), "{line}");
+}
+
+/// The control API's `/v1/schema`: the core schemas under `main`, and the enabled HTTP and
+/// stream plugins as the Admin API's `?all=true` lists them.
+#[test]
+fn control_schema_lists_the_core_and_plugin_schemas() {
+    let gw = StoreGatewayBuilder::embedded().start();
+    let reply = gw.control("/v1/schema");
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let doc = reply.json();
+    for name in [
+        "route",
+        "upstream",
+        "service",
+        "consumer",
+        "ssl",
+        "stream_route",
+        "plugins",
+    ] {
+        assert!(
+            doc["main"][name].is_object(),
+            "main.{name}: {}",
+            doc["main"]
+        );
+    }
+    assert!(doc["main"]["route"]["properties"]["uri"].is_object());
+    assert_eq!(doc["plugins"]["limit-count"]["priority"], 1002);
+    let all = gw.admin("GET", "/apisix/admin/plugins?all=true", "").json();
+    assert_eq!(doc["plugins"], all, "the Admin API's list");
+    let stream = gw
+        .admin("GET", "/apisix/admin/plugins?all=true&subsystem=stream", "")
+        .json();
+    assert_eq!(doc["stream_plugins"], stream);
+    assert!(doc["stream_plugins"]["limit-conn"].is_object());
 }

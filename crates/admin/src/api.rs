@@ -34,6 +34,8 @@ mod checks;
 mod configs;
 mod consumers;
 mod plugins;
+
+pub use plugins::{core_schema_catalog, http_plugin_catalog, stream_plugin_catalog};
 mod resource;
 
 /// APISIX's `MAX_REQ_BODY`: 1.5 MiB.

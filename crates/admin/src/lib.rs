@@ -24,5 +24,8 @@ mod response;
 mod server;
 mod ui;
 
-pub use api::{AdminApi, AdminOptions, ReloadHook, MAX_BODY};
+pub use api::{
+    core_schema_catalog, http_plugin_catalog, stream_plugin_catalog, AdminApi, AdminOptions,
+    ReloadHook, MAX_BODY,
+};
 pub use server::serve;

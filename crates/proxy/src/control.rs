@@ -1,5 +1,5 @@
 //! The control port (127.0.0.1:9090 by default, like APISIX's control API): readiness, the
-//! applied configuration revision, quarantined resources, dumps of what is being served, and
+//! schemas (`/v1/schema`), the applied configuration revision, quarantined resources, dumps of what is being served, and
 //! APISIX's health-check views (`/v1/healthcheck`, `/v1/healthcheck/{type}/{id}`), and the
 //! discovery modules' views (`/v1/discovery/{name}/dump`, `/v1/discovery/{name}/show_dump_file`;
 //! beyond APISIX, `/v1/discovery` gives each registry's fetch and failure counts).
@@ -35,6 +35,9 @@ pub struct ControlApi {
     pub health: HealthProbe,
     /// The stream routes' checkers; `None` when the stream proxy is off.
     pub stream: Option<StreamCheckers>,
+    /// `/v1/schema`'s document (the core schemas and the enabled plugins', made at start:
+    /// the plugin list is read once), `None` where it is not served (the status port).
+    pub schema: Option<Arc<Value>>,
 }
 
 fn json_response(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
@@ -131,6 +134,10 @@ impl ControlApi {
                     })).collect::<Vec<_>>(),
                 }),
             ),
+            "/v1/schema" => match &self.schema {
+                Some(doc) => json_response(StatusCode::OK, Value::clone(doc)),
+                None => json_response(StatusCode::NOT_FOUND, json!({"error_msg": "not found"})),
+            },
             "/v1/routes" => json_response(StatusCode::OK, dump(ResourceKind::Routes)),
             "/v1/upstreams" => json_response(StatusCode::OK, dump(ResourceKind::Upstreams)),
             "/v1/services" => json_response(StatusCode::OK, dump(ResourceKind::Services)),

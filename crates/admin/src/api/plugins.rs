@@ -7,6 +7,8 @@ use std::fmt::Display;
 
 use ferrisix_config::schema::schema_by_name;
 use ferrisix_config::store::StoreError;
+use ferrisix_plugins::stream::StreamPlugins;
+use ferrisix_plugins::PluginRegistry;
 use http::request::Parts;
 use http::StatusCode;
 use http_body::Body;
@@ -72,43 +74,12 @@ impl AdminApi {
             if args.str("subsystem") == Some("stream") {
                 // APISIX loads the stream plugins in the http subsystem too (for the Admin
                 // API's checks), whatever `proxy_mode` is: name, priority, schema, version.
-                let stream = &self.options().stream_plugins;
-                let mut all = Map::new();
-                for name in stream.names() {
-                    let mut info = Map::new();
-                    let version = registry.get(name).map_or(json!(0.1), |p| json!(p.version));
-                    info.insert("version".into(), version);
-                    if let Some(priority) = stream.priority(name) {
-                        info.insert("priority".into(), json!(priority));
-                    }
-                    if let Some(schema) = stream.schema(name) {
-                        info.insert("schema".into(), with_mark(&schema));
-                    }
-                    all.insert(name.to_string(), lua_view(Value::Object(info)));
-                }
-                return Reply::json(StatusCode::OK, Value::Object(all));
+                return Reply::json(
+                    StatusCode::OK,
+                    stream_plugin_catalog(&registry, &self.options().stream_plugins),
+                );
             }
-            let mut all = Map::new();
-            for p in registry.list() {
-                let mut info = Map::new();
-                info.insert("version".into(), json!(p.version));
-                info.insert("priority".into(), json!(p.priority));
-                info.insert("schema".into(), with_mark(&p.schema));
-                if let Some(s) = &p.metadata_schema {
-                    info.insert("metadata_schema".into(), s.clone());
-                }
-                if let Some(s) = &p.consumer_schema {
-                    info.insert("consumer_schema".into(), s.clone());
-                }
-                if let Some(scope) = p.scope {
-                    info.insert("scope".into(), json!(scope));
-                }
-                if let Some(kind) = p.plugin_type {
-                    info.insert("type".into(), json!(kind));
-                }
-                all.insert(p.name.to_string(), lua_view(Value::Object(info)));
-            }
-            return Reply::json(StatusCode::OK, Value::Object(all));
+            return Reply::json(StatusCode::OK, http_plugin_catalog(&registry));
         }
         if subsystem == "stream" {
             return match name.and_then(|n| self.options().stream_plugins.schema(n)) {
@@ -236,6 +207,79 @@ impl AdminApi {
 }
 
 /// A plugin schema as APISIX serves it: marked as carrying the injected `_meta`.
+/// The core schemas by APISIX's `core.schema` names, as the control API's `/v1/schema` lists
+/// them under `main` (APISIX's `graphql_cost_decoration` is left out: ferrisix has no such
+/// resource).
+pub fn core_schema_catalog() -> Value {
+    const NAMES: [&str; 13] = [
+        "consumer",
+        "consumer_group",
+        "global_rule",
+        "plugin_config",
+        "plugins",
+        "proto",
+        "route",
+        "service",
+        "ssl",
+        "stream_route",
+        "upstream",
+        "upstream_hash_header_schema",
+        "upstream_hash_vars_schema",
+    ];
+    let mut main = Map::new();
+    for name in NAMES {
+        if let Some(s) = schema_by_name(name) {
+            main.insert(name.to_owned(), lua_view(s.clone()));
+        }
+    }
+    Value::Object(main)
+}
+
+/// Every enabled HTTP plugin by name with its version, priority, schemas, scope and type, as
+/// APISIX's `plugin.get_all` reports them (`GET /apisix/admin/plugins?all=true`, the control
+/// API's `/v1/schema`).
+pub fn http_plugin_catalog(registry: &PluginRegistry) -> Value {
+    let mut all = Map::new();
+    for p in registry.list() {
+        let mut info = Map::new();
+        info.insert("version".into(), json!(p.version));
+        info.insert("priority".into(), json!(p.priority));
+        info.insert("schema".into(), with_mark(&p.schema));
+        if let Some(s) = &p.metadata_schema {
+            info.insert("metadata_schema".into(), s.clone());
+        }
+        if let Some(s) = &p.consumer_schema {
+            info.insert("consumer_schema".into(), s.clone());
+        }
+        if let Some(scope) = p.scope {
+            info.insert("scope".into(), json!(scope));
+        }
+        if let Some(kind) = p.plugin_type {
+            info.insert("type".into(), json!(kind));
+        }
+        all.insert(p.name.to_string(), lua_view(Value::Object(info)));
+    }
+    Value::Object(all)
+}
+
+/// [`http_plugin_catalog`] for the stream plugins.
+pub fn stream_plugin_catalog(registry: &PluginRegistry, stream: &StreamPlugins) -> Value {
+    let mut all = Map::new();
+    for name in stream.names() {
+        let mut info = Map::new();
+        let version = registry.get(name).map_or(json!(0.1), |p| json!(p.version));
+        info.insert("version".into(), version);
+        if let Some(priority) = stream.priority(name) {
+            info.insert("priority".into(), json!(priority));
+        }
+        if let Some(schema) = stream.schema(name) {
+            info.insert("schema".into(), with_mark(&schema));
+        }
+        all.insert(name.to_string(), lua_view(Value::Object(info)));
+    }
+    Value::Object(all)
+}
+
 fn with_mark(schema: &Value) -> Value {
     let mut s = schema.clone();
     if let Value::Object(m) = &mut s {

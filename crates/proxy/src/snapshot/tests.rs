@@ -1124,6 +1124,7 @@ async fn control_lists_stream_route_checkers_after_the_routes() {
                 ("s2".to_string(), None),
             ]
         })),
+        schema: None,
     };
     let get = |path: &str| {
         let resp = api.handle(&http::Method::GET, path);

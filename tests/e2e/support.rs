@@ -270,12 +270,27 @@ impl Launch {
         };
         // Every gateway gets its own metrics port, so parallel tests do not fight over 9091.
         let metrics_port = free_port();
-        let plugin_attr = if self.extra_config.contains("plugin_attr:") {
+        let prometheus = format!(
+            "  prometheus:\n    export_addr:\n      ip: 127.0.0.1\n      port: {metrics_port}\n"
+        );
+        let mut extra_config = self.extra_config.replace("{dir}", &here);
+        let plugin_attr = if extra_config.starts_with("plugin_attr:\n")
+            || extra_config.contains("\nplugin_attr:\n")
+        {
+            // The caller's plugin_attr gets the metrics port too, unless it sets prometheus'.
+            if !extra_config.contains("\n  prometheus:") {
+                extra_config = extra_config.replacen(
+                    "plugin_attr:\n",
+                    &format!("plugin_attr:\n{prometheus}"),
+                    1,
+                );
+            }
+            String::new()
+        } else if extra_config.contains("plugin_attr:") {
+            // A flow-style or otherwise written section: left as the caller wrote it.
             String::new()
         } else {
-            format!(
-                "plugin_attr:\n  prometheus:\n    export_addr:\n      ip: 127.0.0.1\n      port: {metrics_port}\n"
-            )
+            format!("plugin_attr:\n{prometheus}")
         };
         let http_keys = lines(&self.http_keys, "    ");
         let access_log = if http_keys.contains("    access_log:") {
@@ -289,7 +304,7 @@ impl Launch {
              nginx_config:\n  worker_processes: {}\n  worker_shutdown_timeout: 10s\n{}  http:\n{access_log}{http_keys}{plugin_attr}{}",
             self.workers,
             lines(&self.nginx_keys, "  "),
-            self.extra_config.replace("{dir}", &here),
+            extra_config,
         );
         std::fs::write(dir.path().join("config.yaml"), config).unwrap();
         write_routes(dir.path(), &self.apisix_yaml);

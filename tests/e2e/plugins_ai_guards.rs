@@ -292,7 +292,10 @@ fn sigv4_signature(
 fn comprehend(fail: bool) -> Server {
     Server::start(Arc::new(move |req: &Req| {
         if fail {
-            return Some(json_answer(500, &json!({"__type": "InternalServerException"})));
+            return Some(json_answer(
+                500,
+                &json!({"__type": "InternalServerException"}),
+            ));
         }
         let deny = |m: &str| {
             Some(json_answer(
@@ -440,7 +443,11 @@ fn aws_content_moderation_signs_and_judges_requests() {
         r.text(),
         "failed to send request to http://127.0.0.1: timeout"
     );
-    assert_eq!(model.seen().len(), 1, "refused requests never reach the LLM");
+    assert_eq!(
+        model.seen().len(),
+        1,
+        "refused requests never reach the LLM"
+    );
 }
 
 #[test]
@@ -587,7 +594,10 @@ fn aliyun(fail: bool) -> Server {
             assert_eq!(get(k), v, "{params:?}");
         }
         let ts = get("Timestamp");
-        assert!(ts.len() == 20 && ts.ends_with('Z') && ts.as_bytes()[10] == b'T', "{ts}");
+        assert!(
+            ts.len() == 20 && ts.ends_with('Z') && ts.as_bytes()[10] == b'T',
+            "{ts}"
+        );
         assert_eq!(get("SignatureNonce").len(), 36);
         let service = get("Service");
         assert!(
@@ -694,10 +704,7 @@ fn aliyun_content_moderation_signs_and_judges() {
     // realtime: the hit ends the stream with the refusal.
     let r = chat_stream(&gw, "/rt", "one two BADWORD three four");
     let text = r.text();
-    assert!(
-        text.contains("Let us talk about something else."),
-        "{text}"
-    );
+    assert!(text.contains("Let us talk about something else."), "{text}");
     assert!(!text.contains("four"), "{text}");
 }
 

@@ -23,8 +23,8 @@ use serde_json::{json, Value};
 
 use crate::support::ai::call::Endpoint;
 use crate::support::ai::guard::{
-    self, Answer, Chunk, ChunkOut, DenyShape, FailMode, GuardFuture, ResponseGuard,
-    ResponseGuards, Roles, StreamGuard,
+    self, Answer, Chunk, ChunkOut, DenyShape, FailMode, GuardFuture, ResponseGuard, ResponseGuards,
+    Roles, StreamGuard,
 };
 use crate::support::ai::{AiRequest, LlmRecord, PickedInstance};
 
@@ -204,10 +204,7 @@ pub fn string_to_sign(method: &str, params: &[(&str, String)]) -> String {
         .map(|(k, v)| format!("{}={}", percent_encode(k), percent_encode(v)))
         .collect();
     pairs.sort();
-    format!(
-        "{method}&%2F&{}",
-        percent_encode(&pairs.join("&"))
-    )
+    format!("{method}&%2F&{}", percent_encode(&pairs.join("&")))
 }
 
 /// The `Signature`: HMAC-SHA1 keyed by the secret and `&`, in base64.
@@ -310,7 +307,9 @@ impl Moderator {
             ));
         }
         let answer: Value = serde_json::from_str(&raw).map_err(|e| {
-            format!("failed to decode response, , x-acs-request-id: {request_id}, err{e}, body: {raw}")
+            format!(
+                "failed to decode response, , x-acs-request-id: {request_id}, err{e}, body: {raw}"
+            )
         })?;
         let data = answer.get("Data");
         let level = data
@@ -379,11 +378,12 @@ impl AliyunContentModeration {
     async fn access_async(&self, ctx: &mut PluginCtx<'_>) -> Flow {
         let m = &self.0;
         let conf = &m.conf;
-        let unsupported = |reason: &str, status: u16, body: &str| {
-            match conf.fail_mode.unsupported(NAME, reason, status, body) {
-                Some(exit) => Flow::Exit(exit),
-                None => Flow::Continue,
-            }
+        let unsupported = |reason: &str, status: u16, body: &str| match conf
+            .fail_mode
+            .unsupported(NAME, reason, status, body)
+        {
+            Some(exit) => Flow::Exit(exit),
+            None => Flow::Continue,
         };
         if ctx.get::<PickedInstance>().is_none() {
             return unsupported(
@@ -555,9 +555,8 @@ impl StreamGuard for AliyunStream {
                 if !self.moderated {
                     self.moderated = true;
                     // final_packet only reports the verdict: the answer went already.
-                    let _ = g
-                        .m
-                        .moderate(
+                    let _ =
+                        g.m.moderate(
                             &self.record,
                             &shape,
                             &g.session,
@@ -590,9 +589,8 @@ impl StreamGuard for AliyunStream {
             }
             self.last_check = Some(now);
             let cache = std::mem::take(&mut self.cache);
-            if let Some((_, deny)) = g
-                .m
-                .moderate(
+            if let Some((_, deny)) =
+                g.m.moderate(
                     &self.record,
                     &shape,
                     &g.session,
@@ -624,7 +622,10 @@ mod tests {
             ("Action", "DescribeRegions".into()),
             ("Format", "XML".into()),
             ("SignatureMethod", "HMAC-SHA1".into()),
-            ("SignatureNonce", "3ee8c1b8-83d3-44af-a94f-4e0ad82fd6cf".into()),
+            (
+                "SignatureNonce",
+                "3ee8c1b8-83d3-44af-a94f-4e0ad82fd6cf".into(),
+            ),
             ("SignatureVersion", "1.0".into()),
             ("Timestamp", "2016-02-23T12:46:24Z".into()),
             ("Version", "2014-05-26".into()),
@@ -654,8 +655,11 @@ mod tests {
             "access_key_id": "id", "access_key_secret": "secret"});
         assert!(r.check(NAME, &base).is_ok());
         assert_eq!(
-            r.check(NAME, &json!({"region_id": "r", "access_key_id": "i", "access_key_secret": "s"}))
-                .unwrap_err(),
+            r.check(
+                NAME,
+                &json!({"region_id": "r", "access_key_id": "i", "access_key_secret": "s"})
+            )
+            .unwrap_err(),
             format!("{pre}property \"endpoint\" is required")
         );
         let with = |k: &str, v: Value| {

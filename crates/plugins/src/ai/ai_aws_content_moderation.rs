@@ -11,14 +11,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use ferrisix_plugin_api::{CompileCtx, Flow, Phases, Plugin, PluginCtx, PluginDef, PluginServices, Step};
+use ferrisix_plugin_api::{
+    CompileCtx, Flow, Phases, Plugin, PluginCtx, PluginDef, PluginServices, Step,
+};
 use http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
 use serde_json::{json, Value};
 
 use crate::support::ai::call::Endpoint;
 use crate::support::ai::guard::{
-    self, Answer, Chunk, ChunkOut, DenyShape, FailMode, GuardFuture, ResponseGuard,
-    ResponseGuards, Roles, StreamGuard,
+    self, Answer, Chunk, ChunkOut, DenyShape, FailMode, GuardFuture, ResponseGuard, ResponseGuards,
+    Roles, StreamGuard,
 };
 use crate::support::ai::{AiRequest, LlmRecord, PickedInstance};
 use crate::support::cloud::sigv4;
@@ -138,10 +140,10 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let c = &conf["comprehend"];
     let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
     let region = text(c, "region");
-    let endpoint_text = c
-        .get("endpoint")
-        .and_then(Value::as_str)
-        .map_or_else(|| format!("https://comprehend.{region}.amazonaws.com"), str::to_owned);
+    let endpoint_text = c.get("endpoint").and_then(Value::as_str).map_or_else(
+        || format!("https://comprehend.{region}.amazonaws.com"),
+        str::to_owned,
+    );
     let ep = Endpoint::parse(&endpoint_text).ok_or("invalid comprehend.endpoint")?;
     let default_port = if ep.scheme == "https" { 443 } else { 80 };
     let authority = if ep.host.contains(':') {
@@ -299,7 +301,11 @@ impl Moderator {
     }
 
     /// Scores one batch: the deny reason of a score over its threshold, or the error.
-    async fn detect_batch(&self, segments: &[&[u8]], subject: &str) -> Result<Option<String>, String> {
+    async fn detect_batch(
+        &self,
+        segments: &[&[u8]],
+        subject: &str,
+    ) -> Result<Option<String>, String> {
         let secs = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -412,11 +418,12 @@ impl AwsContentModeration {
     async fn access_async(&self, ctx: &mut PluginCtx<'_>) -> Flow {
         let m = &self.0;
         let conf = &m.conf;
-        let unsupported = |reason: &str, status: u16, body: &str| {
-            match conf.fail_mode.unsupported(NAME, reason, status, body) {
-                Some(exit) => Flow::Exit(exit),
-                None => Flow::Continue,
-            }
+        let unsupported = |reason: &str, status: u16, body: &str| match conf
+            .fail_mode
+            .unsupported(NAME, reason, status, body)
+        {
+            Some(exit) => Flow::Exit(exit),
+            None => Flow::Continue,
         };
         if ctx.get::<PickedInstance>().is_none() {
             return unsupported(
@@ -510,7 +517,10 @@ impl ResponseGuard for Moderator {
     fn check_answer<'a>(&'a self, answer: Answer<'a>) -> GuardFuture<'a, Option<(u16, String)>> {
         Box::pin(async move {
             let text = answer.text.unwrap_or("");
-            match self.moderate_response(answer.record, answer.shape, text).await {
+            match self
+                .moderate_response(answer.record, answer.shape, text)
+                .await
+            {
                 // The answer has not gone yet: fail closed, as the request side does.
                 Err(e) => Some((500, e)),
                 Ok(Some(body)) => Some((self.conf.deny_code, body)),
@@ -551,7 +561,9 @@ impl StreamGuard for AwsStream {
         Box::pin(async move {
             let m = self.m.clone();
             let mut shape = self.shape.clone();
-            shape.usage = self.record.read(|f| f.usage.as_ref().map(|u| u.raw.clone()));
+            shape.usage = self
+                .record
+                .read(|f| f.usage.as_ref().map(|u| u.raw.clone()));
             if !m.conf.realtime {
                 // final_packet: the text is there once the stream is assembled; the events
                 // before went as they were.
@@ -574,7 +586,13 @@ impl StreamGuard for AwsStream {
                     .scored
                     .then(|| self.record.read(|f| f.risk_level.clone()))
                     .flatten();
-                return match guard::annotate(shape.protocol, &body, level.as_deref(), chunk.done, "") {
+                return match guard::annotate(
+                    shape.protocol,
+                    &body,
+                    level.as_deref(),
+                    chunk.done,
+                    "",
+                ) {
                     Some(b) => ChunkOut::Send(b),
                     None => ChunkOut::Send(body),
                 };
@@ -633,8 +651,13 @@ mod tests {
             check(json!({})).unwrap_err(),
             format!("{pre}property \"comprehend\" is required")
         );
-        assert!(check(json!({"comprehend": creds, "moderation_categories": {"PROFANITY": 0.5}})).is_ok());
-        assert!(check(json!({"comprehend": creds, "moderation_categories": {"OTHER": 0.5}})).is_err());
+        assert!(
+            check(json!({"comprehend": creds, "moderation_categories": {"PROFANITY": 0.5}}))
+                .is_ok()
+        );
+        assert!(
+            check(json!({"comprehend": creds, "moderation_categories": {"OTHER": 0.5}})).is_err()
+        );
         assert!(check(json!({"comprehend": creds, "moderation_threshold": 1.5})).is_err());
         assert!(check(json!({"comprehend": creds, "request_check_length_limit": 3})).is_err());
         assert!(check(json!({"comprehend": creds, "request_check_roles": []})).is_err());

@@ -19,8 +19,8 @@ use http::{header, HeaderValue, Request, StatusCode};
 use serde_json::{json, Map, Value};
 
 use crate::support::ai::guard::{
-    self, Answer, Chunk, ChunkOut, DenyShape, FailMode, GuardFuture, ResponseGuard,
-    ResponseGuards, StreamGuard,
+    self, Answer, Chunk, ChunkOut, DenyShape, FailMode, GuardFuture, ResponseGuard, ResponseGuards,
+    StreamGuard,
 };
 use crate::support::ai::{AiRequest, LlmRecord, PickedInstance};
 
@@ -93,12 +93,7 @@ struct LakeraGuard(Arc<Guard>);
 
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let conf = cx.filled();
-    let text = |k: &str, d: &str| {
-        conf.get(k)
-            .and_then(Value::as_str)
-            .unwrap_or(d)
-            .to_owned()
-    };
+    let text = |k: &str, d: &str| conf.get(k).and_then(Value::as_str).unwrap_or(d).to_owned();
     let direction = text("direction", "input");
     let endpoint = text("lakera_endpoint", "https://api.lakera.ai/v2/guard");
     endpoint
@@ -124,7 +119,10 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
             == Some(true),
         deny_code: conf.get("deny_code").and_then(Value::as_u64).unwrap_or(200) as u16,
         request_message: text("request_failure_message", "Request blocked by Lakera Guard"),
-        response_message: text("response_failure_message", "Response blocked by Lakera Guard"),
+        response_message: text(
+            "response_failure_message",
+            "Response blocked by Lakera Guard",
+        ),
     };
     Ok(Arc::new(LakeraGuard(Arc::new(Guard {
         conf,
@@ -252,10 +250,10 @@ impl Guard {
         if !scan.flagged {
             return None;
         }
-        let breakdown = scan
-            .breakdown
-            .as_ref()
-            .map_or_else(|| "null".to_owned(), |b| Value::Array(b.clone()).to_string());
+        let breakdown = scan.breakdown.as_ref().map_or_else(
+            || "null".to_owned(),
+            |b| Value::Array(b.clone()).to_string(),
+        );
         tracing::warn!(
             "ai-lakera-guard: {label} flagged by Lakera Guard, breakdown: {breakdown}, request_uuid: {}",
             scan.request_uuid.as_deref().unwrap_or("")
@@ -497,7 +495,9 @@ mod tests {
         assert!(r
             .check(NAME, &json!({"api_key": "k", "direction": "sideways"}))
             .is_err());
-        assert!(r.check(NAME, &json!({"api_key": "k", "timeout": 0})).is_err());
+        assert!(r
+            .check(NAME, &json!({"api_key": "k", "timeout": 0}))
+            .is_err());
         assert_eq!(r.get(NAME).unwrap().priority, 1028);
     }
 }

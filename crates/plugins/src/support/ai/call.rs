@@ -635,11 +635,10 @@ pub async fn call(
         let mut relay = relay;
         if let Some(g) = guards.filter(|_| status.as_u16() < 400) {
             relay.guarded = true;
-            relay.guards = g
-                .0
-                .iter()
-                .map(|g| g.clone().stream(shape(None), record.clone()))
-                .collect();
+            relay.guards =
+                g.0.iter()
+                    .map(|g| g.clone().stream(shape(None), record.clone()))
+                    .collect();
         }
         ctx.set_exit_stream(Box::pin(relay));
         let mut exit = with_ct(Exit::status(status));

@@ -204,7 +204,12 @@ pub fn system_content(p: Protocol, body: &Value) -> Option<Vec<String>> {
             if let Some(s) = body.get("instructions").and_then(Value::as_str) {
                 out.push(s.to_owned());
             }
-            for item in body.get("input").and_then(Value::as_array).into_iter().flatten() {
+            for item in body
+                .get("input")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 if is_system(item.get("role").and_then(Value::as_str)) {
                     item_text(&mut out, item);
                 }
@@ -238,7 +243,11 @@ fn turn_start<T>(items: &[T], all: bool, selected: impl Fn(&T) -> bool) -> Optio
 /// the latest run of them; `None` for a protocol without it.
 pub fn turn_content(p: Protocol, body: &Value, all: bool, roles: Roles) -> Option<Vec<String>> {
     let mut out = Vec::new();
-    let role_of = |m: &Value| m.get("role").and_then(Value::as_str).is_some_and(|r| roles.turn(r));
+    let role_of = |m: &Value| {
+        m.get("role")
+            .and_then(Value::as_str)
+            .is_some_and(|r| roles.turn(r))
+    };
     match p {
         Protocol::OpenAiChat | Protocol::AnthropicMessages | Protocol::BedrockConverse => {
             let Some(messages) = body.get("messages").and_then(Value::as_array) else {
@@ -264,18 +273,13 @@ pub fn turn_content(p: Protocol, body: &Value, all: bool, roles: Roles) -> Optio
                     Some(r) => r.as_str().is_some_and(|r| roles.turn(r)),
                     None => {
                         roles.tool
-                            && o.get("type").and_then(Value::as_str)
-                                == Some("function_call_output")
+                            && o.get("type").and_then(Value::as_str) == Some("function_call_output")
                     }
                 },
                 _ => false,
             };
             match body.get("input") {
-                Some(Value::String(s)) => {
-                    if roles.user {
-                        out.push(s.clone());
-                    }
-                }
+                Some(Value::String(s)) if roles.user => out.push(s.clone()),
                 Some(Value::Array(items)) => {
                     if let Some(start) = turn_start(items, all, |i| matches(i)) {
                         for item in &items[start..] {
@@ -303,7 +307,12 @@ pub fn request_content(p: Protocol, body: &Value) -> Vec<String> {
     let mut out = Vec::new();
     match p {
         Protocol::OpenAiChat | Protocol::AnthropicMessages => {
-            for m in body.get("messages").and_then(Value::as_array).into_iter().flatten() {
+            for m in body
+                .get("messages")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 message_text(&mut out, m);
             }
         }
@@ -319,7 +328,12 @@ pub fn request_content(p: Protocol, body: &Value) -> Vec<String> {
         }
         Protocol::BedrockConverse => {
             block_texts(&mut out, body.get("system"));
-            for m in body.get("messages").and_then(Value::as_array).into_iter().flatten() {
+            for m in body
+                .get("messages")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 block_texts(&mut out, m.get("content"));
             }
         }
@@ -346,7 +360,12 @@ pub fn messages(p: Protocol, body: &Value) -> Vec<(Option<String>, String)> {
                     out.push((Some("system".into()), s.to_owned()));
                 }
             }
-            for m in body.get("messages").and_then(Value::as_array).into_iter().flatten() {
+            for m in body
+                .get("messages")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 let mut texts = Vec::new();
                 message_text(&mut texts, m);
                 if !texts.is_empty() {
@@ -383,7 +402,12 @@ pub fn messages(p: Protocol, body: &Value) -> Vec<(Option<String>, String)> {
             if !system.is_empty() {
                 out.push((Some("system".into()), system.join(" ")));
             }
-            for m in body.get("messages").and_then(Value::as_array).into_iter().flatten() {
+            for m in body
+                .get("messages")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 let mut texts = Vec::new();
                 block_texts(&mut texts, m.get("content"));
                 if !texts.is_empty() {
@@ -840,7 +864,8 @@ mod tests {
             usage: None,
             stream,
         };
-        let chat: Value = serde_json::from_str(&shape(Protocol::OpenAiChat, false).body("no")).unwrap();
+        let chat: Value =
+            serde_json::from_str(&shape(Protocol::OpenAiChat, false).body("no")).unwrap();
         assert_eq!(chat["choices"][0]["message"]["content"], "no");
         assert_eq!(chat["object"], "chat.completion");
         assert_eq!(chat["usage"]["total_tokens"], 0);

@@ -866,3 +866,98 @@ fn guards_without_ai_proxy_follow_fail_mode() {
     assert_eq!(answer_text(&r), "echo: BADWORD");
     assert!(cm.seen().is_empty() && lk.seen().is_empty());
 }
+
+#[test]
+fn refusals_speak_the_clients_protocol() {
+    let (model, lk) = (llm(), lakera(false));
+    let routes = json!({"routes": [
+        {"id": "in", "uri": "/in/v1/messages", "plugins": {"ai-proxy": proxy(&model),
+            "ai-lakera-guard": lakera_conf(&lk, json!({}))}},
+        {"id": "out", "uri": "/out/v1/messages", "plugins": {"ai-proxy": proxy(&model),
+            "ai-lakera-guard": lakera_conf(&lk, json!({"direction": "output"}))}},
+    ]});
+    let gw = Gateway::start(&routes.to_string());
+    let send = |path: &str, text: &str, stream: bool| {
+        let body = json!({"model": "claude-x", "max_tokens": 16, "stream": stream,
+                          "system": "be brief",
+                          "messages": [{"role": "user", "content": text}]});
+        request(
+            gw.addr(),
+            "POST",
+            path,
+            &[("Content-Type", "application/json")],
+            body.to_string().as_bytes(),
+        )
+    };
+    // Anthropic Messages in: the system prompt screened with its role, the refusal a message.
+    let r = send("/in/v1/messages", "BADWORD", false);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let a = r.json();
+    assert_eq!(a["type"], "message");
+    assert_eq!(a["model"], "claude-x");
+    assert_eq!(
+        a["content"],
+        json!([{"type": "text", "text": "Request blocked by Lakera Guard"}])
+    );
+    assert_eq!(a["usage"], json!({"input_tokens": 0, "output_tokens": 0}));
+    assert_eq!(
+        lk.seen()[0].json()["messages"][0],
+        json!({"role": "system", "content": "be brief"})
+    );
+    let r = send("/in/v1/messages", "BADWORD", true);
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    let text = r.text();
+    assert!(text.starts_with("event: message_start\n"), "{text}");
+    assert!(
+        text.contains("\"text\":\"Request blocked by Lakera Guard\""),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("event: message_stop\ndata: {}\n\n"),
+        "{text}"
+    );
+    assert!(model.seen().is_empty());
+
+    // The answer, converted back from the OpenAI provider, refused in Anthropic's shape with
+    // its usage.
+    let r = send("/out/v1/messages", "fine", false);
+    assert_eq!(r.json()["content"][0]["text"], "echo: fine");
+    let r = send("/out/v1/messages", "say BADWORD", false);
+    let a = r.json();
+    assert_eq!(a["content"][0]["text"], "Response blocked by Lakera Guard");
+    assert_eq!(a["usage"], json!({"input_tokens": 4, "output_tokens": 2}));
+}
+
+#[test]
+fn the_risk_level_reaches_the_loggers() {
+    let (model, svc) = (llm(), aliyun(false));
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("risk.log");
+    let routes = json!({"routes": [
+        {"id": "a", "uri": "/a", "plugins": {"ai-proxy": proxy(&model),
+            "ai-aliyun-content-moderation": aliyun_conf(&svc, json!({})),
+            "file-logger": {"path": log.to_str().unwrap(),
+                            "log_format": {"uri": "$uri", "risk": "$llm_content_risk_level"}}}},
+    ]});
+    let gw = Gateway::start(&routes.to_string());
+    for text in ["hello", "so meh", "BADWORD"] {
+        assert_eq!(chat(&gw, "/a", text).status, 200);
+    }
+    let mut text = String::new();
+    poll_until(Duration::from_secs(10), || {
+        text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.lines().count() >= 3
+    })
+    .unwrap_or_else(|| panic!("three log lines: {text}"));
+    let risks: Vec<String> = text
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["risk"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(risks, ["none", "low", "high"]);
+}

@@ -26,6 +26,7 @@ mod health;
 mod lifecycle;
 mod plugins_access;
 mod plugins_ai;
+mod plugins_ai_guards;
 mod plugins_apis;
 mod plugins_echo;
 mod plugins_error_page;

@@ -4,10 +4,12 @@
 //! conversion: `ai-protocols/`) and [`call`] (the request to a provider and its answer
 //! relayed: `ai-proxy/base.lua`, `ai-transport/`); here, what the AI plugins of one request
 //! share: the request as read ([`AiRequest`]), the instance picked ([`PickedInstance`]),
-//! ai-rate-limiting's budget check ([`Budget`]) and what the call leaves for the log phase
-//! ([`LlmRecord`], which the loggers read for `logging.summaries` and `logging.payloads`).
+//! ai-rate-limiting's budget check ([`Budget`]), what the call leaves for the log phase
+//! ([`LlmRecord`], which the loggers read for `logging.summaries` and `logging.payloads`),
+//! and what the guard plugins share ([`guard`]).
 
 pub mod call;
+pub mod guard;
 pub mod protocol;
 pub mod provider;
 pub mod schema;
@@ -85,6 +87,8 @@ pub struct LlmFields {
     pub time_to_first_token: Option<Duration>,
     pub upstream_response_time: Option<Duration>,
     pub logging: Logging,
+    /// `$llm_content_risk_level`, as the content moderation plugins judged.
+    pub risk_level: Option<String>,
 }
 
 /// [`LlmFields`] of one request, filled as the answer goes by (a stream's usage comes last),
@@ -197,6 +201,7 @@ impl LateVars for LlmRecord {
             "llm_stream" => f.stream.to_string(),
             "llm_tool_count" => f.tool_count.to_string(),
             "llm_end_user_id" => f.end_user_id.clone()?,
+            "llm_content_risk_level" => f.risk_level.clone()?,
             "llm_cache_read_input_tokens" => f
                 .raw_usage(&[
                     &["prompt_tokens_details", "cached_tokens"],

@@ -20,6 +20,7 @@ use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use serde_json::{json, Map, Value};
 
+use super::guard::{self, Answer, Chunk, ChunkOut, DenyShape, ResponseGuards, StreamGuard};
 use super::protocol::{
     anthropic_to_openai_request, openai_to_anthropic_response, stream_facts, AnthropicStream,
     Protocol, SseParser, Usage,
@@ -552,6 +553,20 @@ pub async fn call(
         Ok(o) => o,
         Err(exit) => return exit,
     };
+    let guards = ctx
+        .get::<ResponseGuards>()
+        .filter(|g| !g.0.is_empty())
+        .cloned();
+    let shape = |usage: Option<Value>| DenyShape {
+        protocol: req.protocol,
+        model: req
+            .body
+            .get("model")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        usage,
+        stream: req.stream,
+    };
     let started = Instant::now();
     let resp = services
         .http()
@@ -609,7 +624,22 @@ pub async fn call(
             started,
             usage: Usage::default(),
             ended: false,
+            guards: Vec::new(),
+            guarded: false,
+            pending: None,
+            done: false,
+            eof: false,
+            closed: false,
+            response_text: None,
         };
+        let mut relay = relay;
+        if let Some(g) = guards.filter(|_| status.as_u16() < 400) {
+            relay.guarded = true;
+            relay.guards =
+                g.0.iter()
+                    .map(|g| g.clone().stream(shape(None), record.clone()))
+                    .collect();
+        }
         ctx.set_exit_stream(Box::pin(relay));
         let mut exit = with_ct(Exit::status(status));
         if out.converted {
@@ -635,21 +665,44 @@ pub async fn call(
     };
     let usage = out.target.usage(&answer);
     let text = out.target.response_text(&answer);
+    let raw_usage = usage.as_ref().map(|u| u.raw.clone());
     record.update(|f| {
         if let Some(u) = usage {
             f.usage = Some(u);
         }
-        f.response_text = text;
+        f.response_text = text.clone();
     });
-    if out.converted {
+    let (body, client_usage) = if out.converted {
         let model = req.body.get("model").and_then(Value::as_str);
-        return match openai_to_anthropic_response(&answer, model) {
-            Ok(a) => with_ct(Exit::body(status, a.to_string())),
-            Err(e) => json_exit(500, &json!({"error_msg": e})),
-        };
+        match openai_to_anthropic_response(&answer, model) {
+            Ok(a) => (
+                Bytes::from(a.to_string()),
+                a.get("usage").filter(|u| u.is_object()).cloned(),
+            ),
+            Err(e) => return json_exit(500, &json!({"error_msg": e})),
+        }
+    } else {
+        (bytes, raw_usage)
+    };
+    if let Some(guards) = guards.filter(|_| status.as_u16() < 400) {
+        let shape = shape(client_usage);
+        for g in &guards.0 {
+            let answer = Answer {
+                text: text.as_deref(),
+                shape: &shape,
+                record,
+            };
+            if let Some((code, deny)) = g.check_answer(answer).await {
+                let code = StatusCode::from_u16(code).unwrap_or(status);
+                return with_ct(Exit::body(code, deny));
+            }
+        }
     }
-    with_ct(Exit::body(status, bytes))
+    with_ct(Exit::body(status, body))
 }
+
+/// The guards' run over one chunk, giving them back.
+type GuardRun = Pin<Box<dyn Future<Output = (Vec<Box<dyn StreamGuard>>, ChunkOut)> + Send>>;
 
 /// A provider's stream on its way to the client: relayed as it arrives (converted to
 /// Anthropic events for a converted request), its usage and text read on the way, each
@@ -665,15 +718,33 @@ struct StreamRelay {
     started: Instant,
     usage: Usage,
     ended: bool,
+    /// The guards' checks of this stream (taken while `pending` runs them).
+    guards: Vec<Box<dyn StreamGuard>>,
+    /// Guards were set: the stream ends when they let it (`closed`), not with the upstream.
+    guarded: bool,
+    pending: Option<GuardRun>,
+    /// `llm_request_done`.
+    done: bool,
+    /// The upstream's stream is over.
+    eof: bool,
+    /// Nothing more goes to the client.
+    closed: bool,
+    /// `llm_response_text`: the text so far, as of the last usage event.
+    response_text: Option<String>,
 }
 
 impl StreamRelay {
-    fn read(&mut self, data: &Bytes) -> Option<Bytes> {
+    /// Reads one chunk: what goes to the client instead of it (a converted stream's events)
+    /// and the texts it carried.
+    fn read(&mut self, data: &Bytes) -> (Option<Bytes>, String) {
         let events = self.parser.feed(data);
         let mut converted = String::new();
         let mut text = String::new();
         for ev in &events {
             let facts = stream_facts(self.target, ev);
+            if facts.done {
+                self.done = true;
+            }
             if let Some(u) = facts.usage {
                 if u.prompt_tokens > 0 {
                     self.usage.prompt_tokens = u.prompt_tokens;
@@ -689,6 +760,11 @@ impl StreamRelay {
                 self.usage.raw = u.raw;
                 let usage = self.usage.clone();
                 self.record.update(|f| f.usage = Some(usage));
+                if self.guarded {
+                    let mut so_far = self.record.get().response_text.unwrap_or_default();
+                    so_far.push_str(&text);
+                    self.response_text = Some(so_far);
+                }
             }
             if let Some(t) = facts.text {
                 text.push_str(&t);
@@ -704,7 +780,18 @@ impl StreamRelay {
                     .push_str(&text);
             });
         }
-        self.convert.is_some().then(|| Bytes::from(converted))
+        (self.convert.is_some().then(|| Bytes::from(converted)), text)
+    }
+
+    /// Starts the guards' run over `body`.
+    fn guard(&mut self, body: Bytes, texts: String) {
+        let chunk = Chunk {
+            texts,
+            text: self.response_text.clone(),
+            done: self.done,
+        };
+        let guards = std::mem::take(&mut self.guards);
+        self.pending = Some(Box::pin(guard::run_stream_guards(guards, chunk, body)));
     }
 
     fn end(&mut self) {
@@ -727,13 +814,44 @@ impl Body for StreamRelay {
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
         loop {
+            if let Some(run) = this.pending.as_mut() {
+                let (guards, out) = match run.as_mut().poll(cx) {
+                    Poll::Ready(r) => r,
+                    Poll::Pending => return Poll::Pending,
+                };
+                this.pending = None;
+                this.guards = guards;
+                let data = match out {
+                    ChunkOut::Send(b) => {
+                        this.closed = this.eof;
+                        b
+                    }
+                    ChunkOut::End(b) => {
+                        this.closed = true;
+                        this.end();
+                        b
+                    }
+                };
+                if !data.is_empty() {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                continue;
+            }
+            if this.closed {
+                return Poll::Ready(None);
+            }
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     this.idle = None;
                     let Ok(data) = frame.into_data() else {
                         continue;
                     };
-                    match this.read(&data) {
+                    let (out, texts) = this.read(&data);
+                    if this.guarded {
+                        this.guard(out.unwrap_or(data), texts);
+                        continue;
+                    }
+                    match out {
                         Some(out) if out.is_empty() => continue,
                         Some(out) => return Poll::Ready(Some(Ok(Frame::data(out)))),
                         None => return Poll::Ready(Some(Ok(Frame::data(data)))),
@@ -746,6 +864,21 @@ impl Body for StreamRelay {
                 }
                 Poll::Ready(None) => {
                     this.end();
+                    if this.guarded {
+                        // The guards' last pass, once the stream is known to be over
+                        // (APISIX's filter run with `llm_request_done` set at the end).
+                        this.eof = true;
+                        if this.done {
+                            this.closed = true;
+                        } else {
+                            this.done = true;
+                            if this.response_text.is_none() {
+                                this.response_text = this.record.get().response_text;
+                            }
+                            this.guard(Bytes::new(), String::new());
+                        }
+                        continue;
+                    }
                     return Poll::Ready(None);
                 }
                 Poll::Pending => {
@@ -767,6 +900,9 @@ impl Body for StreamRelay {
     }
 
     fn is_end_stream(&self) -> bool {
+        if self.guarded {
+            return self.closed;
+        }
         self.inner.is_end_stream()
     }
 

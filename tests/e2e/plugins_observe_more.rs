@@ -76,6 +76,15 @@ fn json_server(status: fn(&str) -> u16) -> (String, mpsc::Receiver<Got>) {
     (addr, rx)
 }
 
+/// config.yaml's `plugin_attr` with `skywalking` (YAML lines under it) and the prometheus
+/// export on a free port (the harness picks one only when the test sets no `plugin_attr`).
+fn plugin_attr(skywalking: &str) -> String {
+    format!(
+        "plugin_attr:\n  prometheus:\n    export_addr:\n      ip: 127.0.0.1\n      port: {}\n  skywalking:\n{skywalking}",
+        free_port()
+    )
+}
+
 fn b64(s: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(s)
 }
@@ -123,9 +132,9 @@ fn skywalking_continues_the_callers_trace_and_reports_to_the_oap() {
          "upstream": {"type": "roundrobin", "nodes": {failing.node(): 1}}}]});
     let gw = Gateway::start_with(
         &routes.to_string(),
-        &format!(
-            "plugin_attr:\n  skywalking:\n    endpoint_addr: http://{oap_addr}\n    service_name: edge\n    service_instance_name: edge-1\n    report_interval: 1\n"
-        ),
+        &plugin_attr(&format!(
+            "    endpoint_addr: http://{oap_addr}\n    service_name: edge\n    service_instance_name: edge-1\n    report_interval: 1\n"
+        )),
     );
     let sw8 = format!(
         "1-{}-{}-3-{}-{}-{}-{}",
@@ -245,7 +254,9 @@ fn skywalking_leaves_unsampled_requests_alone() {
          "upstream": {"type": "roundrobin", "nodes": {up.node(): 1}}}]});
     let gw = Gateway::start_with(
         &routes.to_string(),
-        &format!("plugin_attr:\n  skywalking:\n    endpoint_addr: http://{oap_addr}\n    report_interval: 1\n"),
+        &plugin_attr(&format!(
+            "    endpoint_addr: http://{oap_addr}\n    report_interval: 1\n"
+        )),
     );
     let r = request(gw.addr(), "GET", "/rare", &[("sw8", "1-a-b-c")], b"");
     assert_eq!(r.status, 200);

@@ -23,8 +23,7 @@ use std::sync::Arc;
 use bytes::{BufMut, Bytes, BytesMut};
 use ferrisix_config::schema::lua;
 use ferrisix_plugin_api::{
-    CheckCtx, CompileCtx, HttpError, LogCtx, Plugin, PluginDef, PluginServices, Template,
-    VarNames,
+    CheckCtx, CompileCtx, HttpError, LogCtx, Plugin, PluginDef, PluginServices, Template, VarNames,
 };
 use http::{header, HeaderValue, Method};
 use serde_json::{json, Map, Value};
@@ -367,7 +366,11 @@ mod tests {
             "lago api returned status: 401, body: {\"status\":401,\"error\":\"Unauthorized\"}"
         );
         let req = next(&mut rx).await;
-        assert!(req.head.starts_with("POST /custom HTTP/1.1"), "{}", req.head);
+        assert!(
+            req.head.starts_with("POST /custom HTTP/1.1"),
+            "{}",
+            req.head
+        );
         assert_eq!(req.text(), "{\"events\":[]}");
     }
 
@@ -378,7 +381,8 @@ mod tests {
             "event_transaction_id": "x", "event_subscription_id": "y", "event_code": "z"});
         assert!(r.check(NAME, &ok).is_ok());
         assert_eq!(
-            r.check(NAME, &json!({"endpoint_addrs": ["http://127.0.0.1:3000"]})).unwrap_err(),
+            r.check(NAME, &json!({"endpoint_addrs": ["http://127.0.0.1:3000"]}))
+                .unwrap_err(),
             "failed to check the configuration of plugin lago err: property \"token\" is required"
         );
         let mut bad = ok.clone();

@@ -123,21 +123,20 @@ struct Producer {
 impl Producer {
     async fn connect(&self, addr: &str) -> Result<Box<dyn Stream>, String> {
         let (host, port) = split_addr(addr)?;
-        let tcp = match tokio::time::timeout(self.timeout, TcpStream::connect((host, port))).await
-        {
+        let tcp = match tokio::time::timeout(self.timeout, TcpStream::connect((host, port))).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return Err(format!("connect {host}:{port} fail:{e}")),
             Err(_) => return Err(format!("connect {host}:{port} fail:timeout")),
         };
         match &self.tls {
             None => Ok(Box::new(tcp)),
-            Some(tls) => match tokio::time::timeout(self.timeout, tls.connect(tcp, host, false))
-                .await
-            {
-                Ok(Ok(s)) => Ok(Box::new(s)),
-                Ok(Err(e)) => Err(format!("failed to do ssl handshake: {e}")),
-                Err(_) => Err("failed to do ssl handshake: timeout".into()),
-            },
+            Some(tls) => {
+                match tokio::time::timeout(self.timeout, tls.connect(tcp, host, false)).await {
+                    Ok(Ok(s)) => Ok(Box::new(s)),
+                    Ok(Err(e)) => Err(format!("failed to do ssl handshake: {e}")),
+                    Err(_) => Err("failed to do ssl handshake: timeout".into()),
+                }
+            }
         }
     }
 
@@ -480,12 +479,18 @@ mod tests {
             next_opaque: AtomicI64::new(1),
             route: Mutex::new(None),
         };
-        let err = producer("t", "wrong").send(b"x".to_vec()).await.unwrap_err();
+        let err = producer("t", "wrong")
+            .send(b"x".to_vec())
+            .await
+            .unwrap_err();
         assert_eq!(
             err,
             "getTopicRouteInfoFromNameserver return NO_PERMISSION, signature mismatch"
         );
-        let err = producer("other", "sk").send(b"x".to_vec()).await.unwrap_err();
+        let err = producer("other", "sk")
+            .send(b"x".to_vec())
+            .await
+            .unwrap_err();
         assert_eq!(err, "getTopicRouteInfoFromNameserver return TOPIC_NOT_EXIST, No topic route info in name server for the topic: other");
         let sink = RocketSink {
             producer: producer("t", "sk"),
@@ -506,7 +511,9 @@ mod tests {
             "{}",
             err.message
         );
-        assert!(err.message.ends_with(", nameserver_list: [\"127.0.0.1:1\"]"));
+        assert!(err
+            .message
+            .ends_with(", nameserver_list: [\"127.0.0.1:1\"]"));
     }
 
     #[test]
@@ -521,7 +528,10 @@ mod tests {
             "failed to check the configuration of plugin rocketmq-logger err: property \"nameserver_list\" validation failed: expect array to have at least 1 items"
         );
         assert!(r
-            .check(NAME, &json!({"topic": "t", "nameserver_list": ["127.0.0.1:9876"]}))
+            .check(
+                NAME,
+                &json!({"topic": "t", "nameserver_list": ["127.0.0.1:9876"]})
+            )
             .is_ok());
         let info = r.get(NAME).unwrap();
         assert_eq!(info.priority, 402);

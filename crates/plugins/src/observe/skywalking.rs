@@ -549,9 +549,9 @@ impl Plugin for Skywalking {
 
 #[cfg(test)]
 mod tests {
+    use ferrisix_config::settings::PluginAttr;
     use ferrisix_config::validate::PluginCheck;
     use ferrisix_plugin_api::testing::TestRequest;
-    use ferrisix_config::settings::PluginAttr;
     use ferrisix_plugin_api::LogVars;
     use tokio::sync::mpsc;
 
@@ -621,12 +621,15 @@ mod tests {
         v.as_array().unwrap().clone()
     }
 
-    const SW8: &str = "1-My4xMi4xMw==-My40NS42Nw-2-c2VydmljZQ==-aW5zdGFuY2U=-L2FwaQ==-MTAuMC4wLjE6ODA=";
+    const SW8: &str =
+        "1-My4xMi4xMw==-My40NS42Nw-2-c2VydmljZQ==-aW5zdGFuY2U=-L2FwaQ==-MTAuMC4wLjE6ODA=";
 
     #[tokio::test]
     async fn a_segment_continues_the_callers_trace() {
-        let (c, mut rx) = gateway(json!({"service_name": "gw", "service_instance_name": "gw-1",
-            "report_interval": 1}))
+        let (c, mut rx) = gateway(
+            json!({"service_name": "gw", "service_instance_name": "gw-1",
+            "report_interval": 1}),
+        )
         .await;
         let p = (DEF.compile)(&c.cx(NAME, &json!({}), "sw-1", None)).unwrap();
         let mut req = TestRequest::get("/api/users?x=1")
@@ -704,7 +707,6 @@ mod tests {
         assert_eq!(tags[0], json!({"key": "http.method", "value": "GET"}));
         assert_eq!(tags[2], json!({"key": "http.status_code", "value": "502"}));
         assert!(entry["endTime"].as_u64() >= entry["startTime"].as_u64());
-
     }
 
     #[tokio::test]
@@ -737,9 +739,14 @@ mod tests {
         assert_ne!(new_id(), id);
         assert!(SegmentRef::parse("1-a-b-c").is_none());
         let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
-            v.iter().map(|(a, b)| ((*a).to_owned(), (*b).to_owned())).collect()
+            v.iter()
+                .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+                .collect()
         };
-        assert_eq!(parse_correlation("YQ==:Yg==,Yw:ZA"), pairs(&[("a", "b"), ("c", "d")]));
+        assert_eq!(
+            parse_correlation("YQ==:Yg==,Yw:ZA"),
+            pairs(&[("a", "b"), ("c", "d")])
+        );
         assert!(parse_correlation("YQ:Yg,YQ:Yg,YQ:Yg,YQ:Yg").is_empty());
     }
 

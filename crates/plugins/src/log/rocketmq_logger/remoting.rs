@@ -270,7 +270,8 @@ impl Route {
             .map_err(|e| format!("bad topic route: {e}"))?;
         let mut masters = BTreeMap::new();
         for bd in v["brokerDatas"].as_array().into_iter().flatten() {
-            let (Some(name), Some(addr)) = (bd["brokerName"].as_str(), bd["brokerAddrs"]["0"].as_str())
+            let (Some(name), Some(addr)) =
+                (bd["brokerName"].as_str(), bd["brokerAddrs"]["0"].as_str())
             else {
                 continue;
             };
@@ -365,9 +366,17 @@ mod tests {
         assert_eq!(r.masters["a"], "127.0.0.1:10911");
         assert_eq!(r.queues.len(), 2);
         assert!(r.queues.iter().all(|q| q.broker_name == "a"));
-        assert_eq!(quote_int_keys(r#"{"n":"{0:1}", 5 :[1,2]}"#), r#"{"n":"{0:1}", "5" :[1,2]}"#);
-        let ordered = Route::parse(br#"{"brokerDatas":[],"queueDatas":[],"orderTopicConf":"a:2;b:1"}"#).unwrap();
+        assert_eq!(
+            quote_int_keys(r#"{"n":"{0:1}", 5 :[1,2]}"#),
+            r#"{"n":"{0:1}", "5" :[1,2]}"#
+        );
+        let ordered =
+            Route::parse(br#"{"brokerDatas":[],"queueDatas":[],"orderTopicConf":"a:2;b:1"}"#)
+                .unwrap();
         assert_eq!(ordered.queues.len(), 3);
-        assert_eq!(properties(&[("KEYS", "k"), ("WAIT", "true")]), "KEYS\u{1}k\u{2}WAIT\u{1}true\u{2}");
+        assert_eq!(
+            properties(&[("KEYS", "k"), ("WAIT", "true")]),
+            "KEYS\u{1}k\u{2}WAIT\u{1}true\u{2}"
+        );
     }
 }

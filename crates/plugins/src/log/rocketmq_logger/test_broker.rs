@@ -225,7 +225,8 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, conf: Conf) {
             105 => {
                 let topic = req.ext.get("topic").cloned().unwrap_or_default();
                 if topic != conf.topic {
-                    let remark = format!("No topic route info in name server for the topic: {topic}");
+                    let remark =
+                        format!("No topic route info in name server for the topic: {topic}");
                     answer(&mut s, &req, 17, &remark, json!({}), b"").await;
                     continue;
                 }

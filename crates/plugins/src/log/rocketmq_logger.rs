@@ -516,6 +516,35 @@ mod tests {
             .ends_with(", nameserver_list: [\"127.0.0.1:1\"]"));
     }
 
+    #[tokio::test]
+    async fn use_tls_reaches_a_tls_cluster_without_checking_its_certificate() {
+        const CERT: &str = include_str!("../../../../tests/data/tls/server.crt");
+        const KEY: &str = include_str!("../../../../tests/data/tls/server.key");
+        let mut b = test_broker::tls_cluster("secure", 1, CERT, KEY).await;
+        let c = Compiler::new();
+        let nameservers = json!([format!("127.0.0.1:{}", b.nameserver_port)]);
+        let plain = compile(
+            &c,
+            &json!({"nameserver_list": nameservers, "topic": "secure", "batch_max_size": 1,
+                "max_retry_count": 0}),
+            "rmq-4",
+        );
+        plain.log(&log_ctx(&*plain, 1));
+        let tls = compile(
+            &c,
+            &json!({"nameserver_list": nameservers, "topic": "secure", "batch_max_size": 1,
+                "use_tls": true}),
+            "rmq-5",
+        );
+        tls.log(&log_ctx(&*tls, 2));
+        // Only the TLS producer got through: the plain one's frames were no handshake.
+        let m = next(&mut b.sent).await;
+        let entry: Value = serde_json::from_slice(&m.body).unwrap();
+        assert_eq!(entry["request"]["uri"], "/x?n=2");
+        let more = tokio::time::timeout(Duration::from_millis(500), b.sent.recv()).await;
+        assert!(more.is_err(), "{more:?}");
+    }
+
     #[test]
     fn schema_messages() {
         let r = crate::PluginRegistry::builtin();

@@ -29,4 +29,6 @@ family! {
     tencent_cloud_cls,
     google_cloud_logging,
     error_log_logger,
+    lago,
+    rocketmq_logger,
 }

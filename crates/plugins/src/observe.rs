@@ -1,4 +1,4 @@
-//! Observability: opentelemetry and zipkin tracing, prometheus metrics and public-api, which serves plugins' own APIs (the
+//! Observability: opentelemetry, zipkin and skywalking tracing, prometheus metrics and public-api, which serves plugins' own APIs (the
 //! metrics text, node-status' `/apisix/status`) on a data-plane route.
 
 family! {
@@ -6,5 +6,6 @@ family! {
     opentelemetry,
     prometheus,
     public_api,
+    skywalking,
     zipkin,
 }

@@ -445,6 +445,8 @@ mod tests {
             ("sls-logger", &["access_key_secret"]),
             ("splunk-hec-logging", &["endpoint.token"]),
             ("tencent-cloud-cls", &["secret_key"]),
+            ("lago", &["token"]),
+            ("rocketmq-logger", &["secret_key"]),
             ("openwhisk", &["service_token"]),
             ("openfunction", &["authorization.service_token"]),
             ("azure-functions", &["authorization.apikey"]),

@@ -48,7 +48,6 @@ use rustls::ClientConfig;
 use serde_json::{json, Map, Value};
 use tokio::sync::Notify;
 
-use super::log_entry;
 use super::sink::{self, encode_batch, BatchSink, Concat, Logger, SendError, SendFuture};
 
 #[cfg(any(test, feature = "test-support"))]
@@ -669,16 +668,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let include_req_body = conf.get("include_req_body").and_then(Value::as_bool) == Some(true);
     let mut needs = logger.needs();
     if origin {
-        let max = conf
-            .get("max_req_body_bytes")
-            .and_then(Value::as_u64)
-            .map_or(log_entry::MAX_BODY, |n| n as usize);
-        needs = needs.union(&LogNeeds {
-            vars: Some(vec![Box::<str>::from("request")].into()),
-            request_headers: true,
-            request_body: include_req_body.then_some(max),
-            ..LogNeeds::default()
-        });
+        needs = needs.union(&super::logger::origin_needs(&conf));
     }
     Ok(Arc::new(KafkaLogger {
         logger,
@@ -687,28 +677,6 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         include_req_body,
         raw: conf.get("batch_max_size").and_then(Value::as_u64) == Some(1),
     }))
-}
-
-impl KafkaLogger {
-    /// `log_util.get_req_original`: the request line, the headers, a blank line, the body.
-    fn original(&self, ctx: &LogCtx) -> String {
-        let mut out = String::new();
-        out.push_str(ctx.vars.get("request").unwrap_or(""));
-        out.push_str("\r\n");
-        for (name, value) in ctx.request_headers.iter().flatten() {
-            out.push_str(name.as_str());
-            out.push_str(": ");
-            out.push_str(&String::from_utf8_lossy(value.as_bytes()));
-            out.push_str("\r\n");
-        }
-        out.push_str("\r\n");
-        if self.include_req_body {
-            if let Some(body) = &ctx.request_body {
-                out.push_str(&String::from_utf8_lossy(body));
-            }
-        }
-        out
-    }
 }
 
 impl Plugin for KafkaLogger {
@@ -725,7 +693,7 @@ impl Plugin for KafkaLogger {
             self.logger.log(ctx);
             return;
         }
-        let text = self.original(ctx);
+        let text = super::logger::req_original(ctx, self.include_req_body);
         let raw = self.raw;
         self.logger.log_with(ctx, move |_, _| {
             if raw {

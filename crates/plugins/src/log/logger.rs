@@ -264,6 +264,43 @@ impl Plugin for PartsPlugin {
     }
 }
 
+/// `meta_format: origin` (kafka-logger, rocketmq-logger): what the log phase needs for
+/// [`req_original`] on top of the logger's own needs.
+pub fn origin_needs(conf: &Value) -> LogNeeds {
+    let max = conf
+        .get("max_req_body_bytes")
+        .and_then(Value::as_u64)
+        .map_or(super::log_entry::MAX_BODY, |n| n as usize);
+    let include_req_body = conf.get("include_req_body").and_then(Value::as_bool) == Some(true);
+    LogNeeds {
+        vars: Some(vec![Box::<str>::from("request")].into()),
+        request_headers: true,
+        request_body: include_req_body.then_some(max),
+        ..LogNeeds::default()
+    }
+}
+
+/// `log_util.get_req_original`: the request line, the headers, a blank line, the body (with
+/// `include_req_body`).
+pub fn req_original(ctx: &LogCtx, include_req_body: bool) -> String {
+    let mut out = String::new();
+    out.push_str(ctx.vars.get("request").unwrap_or(""));
+    out.push_str("\r\n");
+    for (name, value) in ctx.request_headers.iter().flatten() {
+        out.push_str(name.as_str());
+        out.push_str(": ");
+        out.push_str(&String::from_utf8_lossy(value.as_bytes()));
+        out.push_str("\r\n");
+    }
+    out.push_str("\r\n");
+    if include_req_body {
+        if let Some(body) = &ctx.request_body {
+            out.push_str(&String::from_utf8_lossy(body));
+        }
+    }
+    out
+}
+
 /// How a batch of encoded entries is joined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Concat {

@@ -399,10 +399,7 @@ impl AliyunContentModeration {
                 m: m.clone(),
                 session: session.clone(),
             });
-            match ctx.get_mut::<ResponseGuards>() {
-                Some(list) => list.0.push(g),
-                None => ctx.insert(ResponseGuards(vec![g])),
-            }
+            ResponseGuards::add(ctx, g);
         }
         if !conf.check_request {
             tracing::info!("skip request check for this request");

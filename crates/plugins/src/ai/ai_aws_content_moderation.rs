@@ -434,10 +434,7 @@ impl AwsContentModeration {
         }
         if conf.check_response {
             let guard: Arc<dyn ResponseGuard> = m.clone();
-            match ctx.get_mut::<ResponseGuards>() {
-                Some(g) => g.0.push(guard),
-                None => ctx.insert(ResponseGuards(vec![guard])),
-            }
+            ResponseGuards::add(ctx, guard);
         }
         if !conf.check_request {
             tracing::info!("skip request check for this request");

@@ -298,10 +298,7 @@ impl LakeraGuard {
         }
         if c.output {
             let guard: Arc<dyn ResponseGuard> = g.clone();
-            match ctx.get_mut::<ResponseGuards>() {
-                Some(list) => list.0.push(guard),
-                None => ctx.insert(ResponseGuards(vec![guard])),
-            }
+            ResponseGuards::add(ctx, guard);
         }
         if !c.input {
             return Flow::Continue;

@@ -301,6 +301,19 @@ pub fn req_original(ctx: &LogCtx, include_req_body: bool) -> String {
     out
 }
 
+/// `meta_format: origin`: the request as it came is the entry, as it is with a batch of one
+/// (`batch_max_size: 1`), else as a JSON string.
+pub fn log_original(logger: &Logger, ctx: &LogCtx, include_req_body: bool, raw: bool) {
+    let text = req_original(ctx, include_req_body);
+    logger.log_with(ctx, move |_, _| {
+        if raw {
+            Bytes::from(text)
+        } else {
+            Bytes::from(Value::String(text).to_string())
+        }
+    });
+}
+
 /// How a batch of encoded entries is joined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Concat {

@@ -365,15 +365,7 @@ impl Plugin for RocketmqLogger {
             self.logger.log(ctx);
             return;
         }
-        let text = super::logger::req_original(ctx, self.include_req_body);
-        let raw = self.raw;
-        self.logger.log_with(ctx, move |_, _| {
-            if raw {
-                Bytes::from(text)
-            } else {
-                Bytes::from(Value::String(text).to_string())
-            }
-        });
+        super::logger::log_original(&self.logger, ctx, self.include_req_body, self.raw);
     }
 }
 
@@ -387,13 +379,7 @@ mod tests {
     use crate::testing::Compiler;
 
     fn log_ctx(p: &dyn Plugin, n: usize) -> LogCtx {
-        let mut headers = http::HeaderMap::new();
-        headers.insert("host", http::HeaderValue::from_static("gw.test"));
-        LogCtx {
-            request_headers: Some(headers),
-            request_body: Some(Bytes::from_static(b"{\"a\":1}")),
-            ..crate::log::sink::testing::log_ctx(p, n)
-        }
+        crate::log::sink::testing::log_ctx_with_request(p, n)
     }
 
     async fn next(rx: &mut mpsc::UnboundedReceiver<Sent>) -> Sent {

@@ -34,7 +34,7 @@ use http::{HeaderName, HeaderValue, Method, StatusCode};
 use md5::{Digest, Md5};
 use serde_json::{json, Value};
 
-use super::proxy_cache::{PresetKey, ProxyCache, Zone, Zones};
+use super::proxy_cache::{check_zone, PresetKey, ProxyCache, Zone, Zones};
 use crate::support::auth::message_exit;
 use crate::support::graphql;
 
@@ -69,21 +69,9 @@ fn schema() -> Value {
 }
 
 /// APISIX's `check_schema`: the zone must be one of config.yaml's; and, as proxy-cache
-/// checks, of the strategy's kind (a disk zone has `disk_path`).
+/// checks, of the strategy's kind.
 fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
-    let conf = cx.filled()?;
-    let Some(settings) = cx.services.proxy_cache() else {
-        return Ok(());
-    };
-    let zone = conf["cache_zone"].as_str().unwrap_or_default();
-    let strategy = conf["cache_strategy"].as_str().unwrap_or_default();
-    match settings.zones.iter().find(|z| z.name == zone) {
-        None => Err(format!("cache_zone {zone} not found")),
-        Some(z) if (strategy == "memory") == z.disk_path.is_some() => Err(format!(
-            "invalid or empty cache_zone for cache_strategy: {strategy}"
-        )),
-        Some(_) => Ok(()),
-    }
+    check_zone(cx, &cx.filled()?)
 }
 
 /// A conf compiled for a route, as the purge API finds it.

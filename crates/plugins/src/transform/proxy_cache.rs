@@ -130,6 +130,12 @@ fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
             return Err(format!("cache_key variable {key} unsupported"));
         }
     }
+    check_zone(cx, &conf)
+}
+
+/// The conf's `cache_zone` is one of config.yaml's zones, of its `cache_strategy`'s kind (a
+/// disk zone has `disk_path`); any name passes when config.yaml has no `apisix.proxy_cache`.
+pub(super) fn check_zone(cx: &CheckCtx<'_>, conf: &Value) -> Result<(), String> {
     let Some(settings) = cx.services.proxy_cache() else {
         return Ok(());
     };
@@ -141,6 +147,32 @@ fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
             "invalid or empty cache_zone for cache_strategy: {strategy}"
         )),
         Some(_) => Ok(()),
+    }
+}
+
+/// A disk zone `disk_cache_one` in `dir` and a memory zone `memory_cache`, for the tests of
+/// the plugins that store in zones.
+#[cfg(test)]
+pub(super) fn test_zones(dir: &std::path::Path) -> ferrisix_config::settings::ProxyCacheSettings {
+    use ferrisix_config::settings::{CacheZone, ProxyCacheSettings};
+    ProxyCacheSettings {
+        cache_ttl: std::time::Duration::from_secs(10),
+        zones: vec![
+            CacheZone {
+                name: "disk_cache_one".into(),
+                memory_size: 1 << 20,
+                disk_size: Some(1 << 30),
+                disk_path: Some(dir.to_string_lossy().into_owned()),
+                cache_levels: Some("1:2".into()),
+            },
+            CacheZone {
+                name: "memory_cache".into(),
+                memory_size: 1 << 20,
+                disk_size: None,
+                disk_path: None,
+                cache_levels: None,
+            },
+        ],
     }
 }
 

@@ -171,3 +171,15 @@ pub(crate) fn log_ctx(p: &dyn Plugin, n: usize) -> LogCtx {
         ..Default::default()
     }
 }
+
+/// [`log_ctx`] with a Host header and a JSON body (`{"a":1}`), for the loggers that send the
+/// request as it came (`meta_format: origin`).
+pub(crate) fn log_ctx_with_request(p: &dyn Plugin, n: usize) -> LogCtx {
+    let mut headers = http::HeaderMap::new();
+    headers.insert("host", http::HeaderValue::from_static("gw.test"));
+    LogCtx {
+        request_headers: Some(headers),
+        request_body: Some(bytes::Bytes::from_static(b"{\"a\":1}")),
+        ..log_ctx(p, n)
+    }
+}

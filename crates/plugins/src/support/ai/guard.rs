@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ferrisix_plugin_api::Exit;
+use ferrisix_plugin_api::{Exit, PluginCtx};
 use http::{header, HeaderValue, StatusCode};
 use rand::RngCore;
 use serde_json::{json, Map, Value};
@@ -645,6 +645,16 @@ pub trait ResponseGuard: Send + Sync {
 /// The request's guards, in their plugins' order.
 #[derive(Clone, Default)]
 pub struct ResponseGuards(pub Vec<Arc<dyn ResponseGuard>>);
+
+impl ResponseGuards {
+    /// Adds `guard` to the request's list (made on the first).
+    pub fn add(ctx: &mut PluginCtx<'_>, guard: Arc<dyn ResponseGuard>) {
+        match ctx.get_mut::<ResponseGuards>() {
+            Some(list) => list.0.push(guard),
+            None => ctx.insert(ResponseGuards(vec![guard])),
+        }
+    }
+}
 
 impl fmt::Debug for ResponseGuards {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

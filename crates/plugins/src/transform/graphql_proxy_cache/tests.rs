@@ -1,40 +1,22 @@
 use std::sync::Arc;
 
-use ferrisix_config::settings::{CacheZone, PluginAttr, ProxyCacheSettings};
+use ferrisix_config::settings::PluginAttr;
 use ferrisix_config::validate::PluginCheck;
 use ferrisix_plugin_api::{Clock, Executor, PluginServices, RouteInfo};
 use http::StatusCode;
 use serde_json::{json, Value};
 
 use super::{PurgeApi, DEF, NAME};
+use crate::transform::proxy_cache::test_zones;
 use crate::testing::Compiler;
 
 fn compiler(dir: &tempfile::TempDir) -> Compiler {
-    let zones = ProxyCacheSettings {
-        cache_ttl: std::time::Duration::from_secs(10),
-        zones: vec![
-            CacheZone {
-                name: "disk_cache_one".into(),
-                memory_size: 1 << 20,
-                disk_size: Some(1 << 30),
-                disk_path: Some(dir.path().to_string_lossy().into_owned()),
-                cache_levels: Some("1:2".into()),
-            },
-            CacheZone {
-                name: "memory_cache".into(),
-                memory_size: 1 << 20,
-                disk_size: None,
-                disk_path: None,
-                cache_levels: None,
-            },
-        ],
-    };
     let services = PluginServices::new(
         PluginAttr::default(),
         Executor::current(),
         Clock::manual(1_700_000_000_000),
     )
-    .with_proxy_cache(Some(zones));
+    .with_proxy_cache(Some(test_zones(dir.path())));
     Compiler::with(Arc::new(services))
 }
 

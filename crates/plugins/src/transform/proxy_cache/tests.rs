@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ferrisix_config::settings::{CacheZone, PluginAttr, ProxyCacheSettings};
+use ferrisix_config::settings::PluginAttr;
 use ferrisix_plugin_api::testing::TestRequest;
 use ferrisix_plugin_api::{
     BodyEdits, Clock, Consumer, Executor, Exit, Flow, Plugin, PluginServices, ResponseHead, Step,
@@ -22,25 +22,8 @@ struct Gw {
 fn gateway(memory_size: u64) -> Gw {
     let dir = tempfile::tempdir().unwrap();
     let clock = Clock::manual(1_700_000_000_000);
-    let zones = ProxyCacheSettings {
-        cache_ttl: std::time::Duration::from_secs(10),
-        zones: vec![
-            CacheZone {
-                name: "disk_cache_one".into(),
-                memory_size: 1 << 20,
-                disk_size: Some(1 << 30),
-                disk_path: Some(dir.path().to_string_lossy().into_owned()),
-                cache_levels: Some("1:2".into()),
-            },
-            CacheZone {
-                name: "memory_cache".into(),
-                memory_size,
-                disk_size: None,
-                disk_path: None,
-                cache_levels: None,
-            },
-        ],
-    };
+    let mut zones = super::test_zones(dir.path());
+    zones.zones[1].memory_size = memory_size;
     let services = PluginServices::new(PluginAttr::default(), Executor::current(), clock.clone())
         .with_proxy_cache(Some(zones));
     Gw {

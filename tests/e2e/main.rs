@@ -35,6 +35,7 @@ mod plugins_limit_count;
 mod plugins_limit_req_conn;
 mod plugins_log_rotate;
 mod plugins_loggers;
+mod plugins_mcp;
 mod plugins_long_tail;
 mod plugins_opentelemetry;
 mod plugins_prometheus;

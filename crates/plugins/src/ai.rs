@@ -2,7 +2,8 @@
 //! place of the upstream with an LLM provider's answer; ai-rate-limiting spends token
 //! budgets; the prompt plugins shape the request before it goes (ai-prompt-template,
 //! ai-prompt-decorator), refuse it (ai-prompt-guard) or have an LLM rewrite it
-//! (ai-request-rewrite). What they share lives in `support::ai`.
+//! (ai-request-rewrite); mcp-bridge bridges MCP clients over SSE to MCP servers on stdio.
+//! What they share lives in `support::ai`.
 
 family! {
     ai_proxy,
@@ -12,4 +13,5 @@ family! {
     ai_prompt_decorator,
     ai_prompt_guard,
     ai_request_rewrite,
+    mcp_bridge,
 }

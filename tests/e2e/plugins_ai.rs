@@ -509,7 +509,12 @@ print(json.dumps(out))
     let paths: Vec<&str> = seen.iter().map(|(path, _, _)| path.as_str()).collect();
     assert_eq!(
         paths,
-        ["/v1/embeddings", "/v1/embeddings", "/v1/responses", "/v1/responses"]
+        [
+            "/v1/embeddings",
+            "/v1/embeddings",
+            "/v1/responses",
+            "/v1/responses"
+        ]
     );
     for (_, headers, _) in seen.iter() {
         let auth: Vec<&str> = headers
@@ -517,7 +522,11 @@ print(json.dumps(out))
             .filter(|(k, _)| k == "authorization")
             .map(|(_, v)| v.as_str())
             .collect();
-        assert_eq!(auth, ["Bearer sk-py"], "the configured key, not the client's");
+        assert_eq!(
+            auth,
+            ["Bearer sk-py"],
+            "the configured key, not the client's"
+        );
     }
     assert_eq!(
         seen[0].2,

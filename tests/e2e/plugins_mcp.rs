@@ -125,7 +125,14 @@ impl SseConn {
         };
         let head = String::from_utf8_lossy(&raw[..head_end]).into_owned();
         let mut lines = head.split("\r\n");
-        let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+        let status = lines
+            .next()
+            .unwrap()
+            .split(' ')
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
         let headers = lines
             .filter_map(|l| l.split_once(": "))
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -150,11 +157,8 @@ impl SseConn {
             let Some(eol) = self.raw.windows(2).position(|w| w == b"\r\n") else {
                 return;
             };
-            let size = usize::from_str_radix(
-                String::from_utf8_lossy(&self.raw[..eol]).trim(),
-                16,
-            )
-            .unwrap();
+            let size = usize::from_str_radix(String::from_utf8_lossy(&self.raw[..eol]).trim(), 16)
+                .unwrap();
             if self.raw.len() < eol + 2 + size + 2 {
                 return;
             }
@@ -280,11 +284,11 @@ fn raw_session_answers_and_hang_up() {
         .find(|m| m["method"] == "notifications/stderr")
         .expect("the stderr line as a notification");
     assert_eq!(note["params"]["content"], "a \"quoted\" word");
-    let answer = got.iter().find(|m| m["id"] == 2).expect("the tool's answer");
-    assert_eq!(
-        answer["result"]["content"][0]["text"],
-        "A \"QUOTED\" WORD"
-    );
+    let answer = got
+        .iter()
+        .find(|m| m["id"] == 2)
+        .expect("the tool's answer");
+    assert_eq!(answer["result"]["content"][0]["text"], "A \"QUOTED\" WORD");
 
     // APISIX's answers: an empty body is 400; unknown sessions and a missing id take the
     // message (202) and it goes nowhere; other methods and paths are 404.
@@ -292,13 +296,19 @@ fn raw_session_answers_and_hang_up() {
     assert_eq!(r.status, 400);
     let unknown = "/mcp/message?sessionId=00000000-0000-4000-8000-000000000000";
     assert_eq!(post(addr, unknown, &json!({"jsonrpc": "2.0"})).status, 202);
-    assert_eq!(post(addr, "/mcp/message", &json!({"jsonrpc": "2.0"})).status, 202);
+    assert_eq!(
+        post(addr, "/mcp/message", &json!({"jsonrpc": "2.0"})).status,
+        202
+    );
     assert_eq!(get(addr, &endpoint).status, 404);
     assert_eq!(post(addr, "/mcp/sse", &json!({})).status, 404);
     assert_eq!(get(addr, "/mcp/other").status, 404);
     assert_eq!(get(addr, "/mcp/sse/more").status, 404);
     // Without base_uri the endpoints sit at the root.
-    assert_eq!(post(addr, "/message", &json!({"jsonrpc": "2.0"})).status, 202);
+    assert_eq!(
+        post(addr, "/message", &json!({"jsonrpc": "2.0"})).status,
+        202
+    );
     assert_eq!(get(addr, "/elsewhere/sse").status, 404);
     // A command that cannot start: 500.
     assert_eq!(get(addr, "/bad/sse").status, 500);
@@ -319,5 +329,8 @@ fn raw_session_answers_and_hang_up() {
     // message for it is taken and goes nowhere).
     drop(sse);
     assert_all_gone(&pidfile, 1);
-    assert_eq!(post(addr, &endpoint, &json!({"jsonrpc": "2.0"})).status, 202);
+    assert_eq!(
+        post(addr, &endpoint, &json!({"jsonrpc": "2.0"})).status,
+        202
+    );
 }

@@ -194,12 +194,16 @@ mod tests {
         assert!(e.contains("property \"command\" is required"), "{e}");
         let e = check(json!({"command": 123})).unwrap_err();
         assert!(
-            e.contains("property \"command\" validation failed: wrong type: expected string, got number"),
+            e.contains(
+                "property \"command\" validation failed: wrong type: expected string, got number"
+            ),
             "{e}"
         );
         let e = check(json!({"command": "npx", "args": "test"})).unwrap_err();
         assert!(
-            e.contains("property \"args\" validation failed: wrong type: expected array, got string"),
+            e.contains(
+                "property \"args\" validation failed: wrong type: expected array, got string"
+            ),
             "{e}"
         );
         assert!(check(json!({"command": ""})).is_err());

@@ -116,7 +116,10 @@ impl Bridge {
         let id = uuid_v4();
         let (inbox_tx, inbox) = mpsc::channel(INBOX);
         let (events, rx) = mpsc::channel(OUTBOX);
-        let endpoint = event("endpoint", format!("{base_uri}/message?sessionId={id}").as_bytes());
+        let endpoint = event(
+            "endpoint",
+            format!("{base_uri}/message?sessionId={id}").as_bytes(),
+        );
         // Room for it: the channel is new.
         let _ = events.try_send(endpoint);
         sessions.insert(id.clone(), inbox_tx);
@@ -386,11 +389,8 @@ mod tests {
         let mut r = BufReader::with_capacity(2, data);
         let mut buf = Vec::new();
         let mut lines = Vec::new();
-        loop {
-            match next_line(&mut r, &mut buf).await.unwrap() {
-                Line::Some(l) => lines.push(String::from_utf8(l).unwrap()),
-                Line::Eof => break,
-            }
+        while let Line::Some(l) = next_line(&mut r, &mut buf).await.unwrap() {
+            lines.push(String::from_utf8(l).unwrap());
         }
         assert_eq!(lines, ["one", "two", "", "last"]);
         let long = vec![b'x'; MAX_LINE + 2];
@@ -437,7 +437,10 @@ mod tests {
             .push(Some(&id), Bytes::from("{\"jsonrpc\":\"2.0\",\"id\":1}"))
             .unwrap();
         let echoed = stream.frame().await.unwrap().unwrap().into_data().unwrap();
-        assert_eq!(echoed, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1}\n\n");
+        assert_eq!(
+            echoed,
+            "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1}\n\n"
+        );
         drop(stream);
         // The relay notices, closes cat's stdin, waits for it and removes the session.
         for _ in 0..500 {

@@ -334,3 +334,34 @@ fn raw_session_answers_and_hang_up() {
         202
     );
 }
+
+/// A gateway stopping (SIGTERM) with a session open: it stops (the open stream holds the
+/// drain until `worker_shutdown_timeout`), and the session's process does not outlive it.
+#[test]
+fn stopping_gateway_ends_the_sessions_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("stop.pids");
+    let routes = json!({"routes": [mcp_route("a", "/mcp", &pidfile, "stop")]});
+    let mut gw = Gateway::start(&routes.to_string());
+    let (head, mut sse) = SseConn::open(gw.addr(), "/mcp/sse");
+    assert_eq!(head.status, 200);
+    let (kind, endpoint) = sse.next();
+    assert_eq!(kind, "endpoint");
+    // The process is up once it answers.
+    let r = post(
+        gw.addr(),
+        &endpoint,
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2024-11-05", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"}}}),
+    );
+    assert_eq!(r.status, 202);
+    assert_eq!(sse.next_message()["id"], 1);
+    let pid = pids(&pidfile)[0];
+    gw.signal("TERM");
+    let stopped = poll_until(Duration::from_secs(60), || {
+        matches!(gw.child.try_wait(), Ok(Some(_)))
+    });
+    assert!(stopped.is_some(), "the gateway did not stop");
+    assert!(gone(pid), "process {pid} outlived the gateway");
+}

@@ -133,10 +133,13 @@ impl Bridge {
             shutdown: self.shutdown.clone(),
         };
         let sessions_for_end = sessions.clone();
+        // A stopping gateway waits for its sessions' processes to be ended and reaped.
+        let hold = self.shutdown.hold();
         let run = async move {
             relay.run(stdin, stdout, stderr).await;
             sessions_for_end.remove(&id);
             end_process(child, &id).await;
+            drop(hold);
         };
         if let Err(e) = self.executor.spawn(run) {
             // The future (and the child, killed on drop) went with the error.

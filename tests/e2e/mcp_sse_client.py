@@ -17,10 +17,13 @@ async def one(url, a, b):
     async with sse_client(url) as (read, write):
         async with ClientSession(read, write) as session:
             init = await session.initialize()
+            # First: the stderr line it writes comes as a notification in no set order with
+            # the answer, and must not arrive after the session is closed (the SDK's reader
+            # fails on a message for a closed session).
+            shout = await session.call_tool("shout", {"text": 'say "hi"'})
             tools = await session.list_tools()
             added = await session.call_tool("add", {"a": a, "b": b})
             who = await session.call_tool("whoami", {})
-            shout = await session.call_tool("shout", {"text": 'say "hi"'})
             return {
                 "server": init.server_info.name,
                 "tools": sorted(t.name for t in tools.tools),

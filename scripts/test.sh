@@ -32,8 +32,10 @@ if ! python3 -c "import openai, sys; sys.exit(openai.__version__ != '$openai_ver
     || pip install -q --break-system-packages "openai==$openai_version"
 fi
 
-# Admin API clients from PyPI that tests/e2e/admin_tools.rs drives ferrisix with.
-for pkg in mcp-apisix==0.4.0 apisix-python-client==0.1.0; do
+# Admin API clients from PyPI that tests/e2e/admin_tools.rs drives ferrisix with, and the
+# official MCP SDK (which mcp-apisix depends on, unpinned): tests/e2e/plugins_mcp.rs writes its
+# stdio MCP server and SSE client with it.
+for pkg in mcp-apisix==0.4.0 apisix-python-client==0.1.0 mcp==2.3.0; do
   if ! python3 -c "import importlib.metadata as m, sys; n, v = '$pkg'.split('=='); sys.exit(m.version(n) != v)" 2>/dev/null; then
     echo "test.sh: installing $pkg (PyPI)" >&2
     pip install -q "$pkg" 2>/dev/null || pip install -q --break-system-packages "$pkg"

@@ -37,6 +37,7 @@ mod plugins_limit_req_conn;
 mod plugins_log_rotate;
 mod plugins_loggers;
 mod plugins_long_tail;
+mod plugins_mcp;
 mod plugins_observe_more;
 mod plugins_opentelemetry;
 mod plugins_prometheus;

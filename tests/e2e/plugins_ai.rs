@@ -86,6 +86,14 @@ fn serve(stream: TcpStream, seen: &Seen, gate: &Mutex<mpsc::Receiver<()>>) {
         );
         return;
     }
+    if target.ends_with("/v1/embeddings") {
+        embeddings(out, &body);
+        return;
+    }
+    if target.ends_with("/v1/responses") {
+        responses(out, &body);
+        return;
+    }
     if body["stream"] == json!(true) {
         let _ = out.write_all(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
@@ -125,6 +133,97 @@ fn serve(stream: TcpStream, seen: &Seen, gate: &Mutex<mpsc::Receiver<()>>) {
         "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
         answer.len()
     );
+}
+
+/// OpenAI's embeddings API: one vector per input, as floats, or (`encoding_format: base64`, what
+/// the official client asks for) as the base64 of their little-endian `f32` bytes.
+fn embeddings(mut out: TcpStream, body: &Value) {
+    let inputs = match &body["input"] {
+        Value::Array(a) => a.len(),
+        _ => 1,
+    };
+    let data: Vec<Value> = (0..inputs)
+        .map(|i| {
+            let v = [0.5f32, -1.0, i as f32];
+            let embedding = if body["encoding_format"] == "base64" {
+                let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
+                json!(base64_encode(&bytes))
+            } else {
+                json!(v)
+            };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    let answer = json!({"object": "list", "data": data, "model": body["model"],
+        "usage": {"prompt_tokens": 3, "total_tokens": 3}})
+    .to_string();
+    let _ = write!(
+        out,
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+        answer.len()
+    );
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut s = String::new();
+    for c in bytes.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for (i, shift) in [18, 12, 6, 0].into_iter().enumerate() {
+            if i <= c.len() {
+                s.push(A[(n >> shift & 63) as usize] as char);
+            } else {
+                s.push('=');
+            }
+        }
+    }
+    s
+}
+
+/// OpenAI's Responses API: a `response` object, or (`stream: true`) its documented events,
+/// each an SSE `event:` named by the data's `type`, ending with `response.completed`.
+fn responses(mut out: TcpStream, body: &Value) {
+    let response = |status: &str, text: &str| {
+        json!({"id": "resp_1", "object": "response", "created_at": 1, "model": body["model"],
+               "status": status, "output": if text.is_empty() { json!([]) } else { json!([{
+                   "id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+                   "content": [{"type": "output_text", "text": text, "annotations": []}]}]) },
+               "usage": {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7,
+                         "input_tokens_details": {"cached_tokens": 0},
+                         "output_tokens_details": {"reasoning_tokens": 0}}})
+    };
+    if body["stream"] != json!(true) {
+        let answer = response("completed", "a response").to_string();
+        let _ = write!(
+            out,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+            answer.len()
+        );
+        return;
+    }
+    let _ = out.write_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+    );
+    let delta = |n: u64, text: &str| {
+        json!({"type": "response.output_text.delta", "sequence_number": n, "item_id": "msg_1",
+               "output_index": 0, "content_index": 0, "delta": text})
+    };
+    let events = [
+        json!({"type": "response.created", "sequence_number": 0,
+               "response": response("in_progress", "")}),
+        delta(1, "streamed"),
+        delta(2, " response"),
+        json!({"type": "response.completed", "sequence_number": 3,
+               "response": response("completed", "streamed response")}),
+    ];
+    for e in events {
+        let e = format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap());
+        let _ = write!(out, "{:x}\r\n{e}\r\n", e.len());
+        let _ = out.flush();
+    }
+    let _ = out.write_all(b"0\r\n\r\n");
 }
 
 fn chat(addr: SocketAddr, path: &str, extra: &[(&str, &str)], body: &Value) -> Reply {
@@ -344,6 +443,103 @@ print(json.dumps(out))
         got,
         json!({"content": "an answer", "total": 6, "stream": "first second",
                "stream_usage": 5, "busy": "RateLimitError 429"})
+    );
+}
+
+/// The official `openai` Python client's embeddings and Responses APIs through ai-proxy: what
+/// the provider received (its path, the configured key in place of the client's, the body as
+/// the client wrote it) and what the client made of the answers, streamed and not.
+#[test]
+fn official_openai_client_embeddings_and_responses() {
+    let p = start_provider();
+    let routes = json!({"routes": [
+        {"id": "v1", "uri": "/v1/*", "plugins": {
+            "ai-proxy": {"provider": "openai", "auth": {"header": {"Authorization": "Bearer sk-py"}},
+                         "override": {"endpoint": format!("http://{}", p.addr)}}}},
+    ]});
+    let gw = Gateway::start(&routes.to_string());
+    let script = r#"
+import json, sys
+import openai
+c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="client-key", max_retries=0)
+out = {}
+e = c.embeddings.create(model="emb-py", input=["one", "two"])
+out["embeddings"] = [d.embedding for d in e.data]
+out["embedding_usage"] = e.usage.total_tokens
+f = c.embeddings.create(model="emb-py", input="one", encoding_format="float")
+out["float"] = f.data[0].embedding
+r = c.responses.create(model="resp-py", input="hi")
+out["response"] = r.output_text
+out["response_usage"] = r.usage.total_tokens
+events, text, final = [], [], None
+for ev in c.responses.create(model="resp-py", input="hi", stream=True):
+    events.append(ev.type)
+    if ev.type == "response.output_text.delta":
+        text.append(ev.delta)
+    if ev.type == "response.completed":
+        final = ev.response.output_text
+out["events"] = events
+out["stream"] = "".join(text)
+out["final"] = final
+print(json.dumps(out))
+"#;
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(format!("http://{}", gw.addr()))
+        .output()
+        .expect("python3 (Debian's python3) runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("No module named 'openai'"),
+        "the openai Python package is missing: scripts/test.sh installs it (pip install openai)"
+    );
+    assert!(out.status.success(), "{stderr}");
+    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        got,
+        json!({"embeddings": [[0.5, -1.0, 0.0], [0.5, -1.0, 1.0]], "embedding_usage": 3,
+               "float": [0.5, -1.0, 0.0],
+               "response": "a response", "response_usage": 7,
+               "events": ["response.created", "response.output_text.delta",
+                          "response.output_text.delta", "response.completed"],
+               "stream": "streamed response", "final": "streamed response"})
+    );
+    let seen = p.seen.lock().unwrap();
+    let paths: Vec<&str> = seen.iter().map(|(path, _, _)| path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/v1/embeddings",
+            "/v1/embeddings",
+            "/v1/responses",
+            "/v1/responses"
+        ]
+    );
+    for (_, headers, _) in seen.iter() {
+        let auth: Vec<&str> = headers
+            .iter()
+            .filter(|(k, _)| k == "authorization")
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(
+            auth,
+            ["Bearer sk-py"],
+            "the configured key, not the client's"
+        );
+    }
+    assert_eq!(
+        seen[0].2,
+        json!({"model": "emb-py", "input": ["one", "two"], "encoding_format": "base64"})
+    );
+    assert_eq!(
+        seen[1].2,
+        json!({"model": "emb-py", "input": "one", "encoding_format": "float"})
+    );
+    assert_eq!(seen[2].2, json!({"model": "resp-py", "input": "hi"}));
+    assert_eq!(
+        seen[3].2,
+        json!({"model": "resp-py", "input": "hi", "stream": true})
     );
 }
 

@@ -3,7 +3,9 @@
 //! budgets; the prompt plugins shape the request before it goes (ai-prompt-template,
 //! ai-prompt-decorator), refuse it (ai-prompt-guard) or have an LLM rewrite it
 //! (ai-request-rewrite); the guards have a content service judge the request and the answer
-//! (ai-aws-content-moderation, ai-aliyun-content-moderation, ai-lakera-guard). What they share lives in `support::ai`.
+//! (ai-aws-content-moderation, ai-aliyun-content-moderation, ai-lakera-guard); mcp-bridge
+//! bridges MCP clients over SSE to MCP servers on stdio. What they share lives in
+//! `support::ai`.
 
 family! {
     ai_proxy,
@@ -16,4 +18,5 @@ family! {
     ai_aws_content_moderation,
     ai_aliyun_content_moderation,
     ai_lakera_guard,
+    mcp_bridge,
 }

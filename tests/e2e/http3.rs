@@ -141,7 +141,10 @@ fn body_json(resp: &Value) -> Value {
 #[test]
 fn get_and_post_reach_the_upstream_through_a_route() {
     let up = Upstream::start("echo", Behaviour::Echo);
-    let (t, _) = start(&format!("routes:\n{}", route("1", "/echo/*", &up.node(), "")), "");
+    let (t, _) = start(
+        &format!("routes:\n{}", route("1", "/echo/*", &up.node(), "")),
+        "",
+    );
     let out = h3(
         &t,
         "server.local",
@@ -159,7 +162,10 @@ fn get_and_post_reach_the_upstream_through_a_route() {
     let echo = body_json(&r[0]);
     assert_eq!(echo["method"], "GET");
     assert_eq!(echo["path"], "/echo/get?a=1");
-    assert_eq!(echo["headers"]["host"], format!("server.local:{}", t.tls_port));
+    assert_eq!(
+        echo["headers"]["host"],
+        format!("server.local:{}", t.tls_port)
+    );
     assert_eq!(echo["body_len"], 0);
     // An empty GET goes up without a body, as it would over HTTP/1.1.
     assert!(echo["headers"].get("transfer-encoding").is_none(), "{echo}");
@@ -178,24 +184,36 @@ fn get_and_post_reach_the_upstream_through_a_route() {
     let echo = body_json(&r[3]);
     assert_eq!(r[3]["status"], 200);
     assert_eq!(echo["method"], "PUT");
-    assert_eq!(echo["body_len"], 300_000, "a body of many DATA frames arrives whole");
+    assert_eq!(
+        echo["body_len"], 300_000,
+        "a body of many DATA frames arrives whole"
+    );
     assert_eq!(up.hits(), 4);
 }
 
 #[test]
 fn the_sni_picks_the_certificate_as_on_tcp() {
     let up = Upstream::start("echo", Behaviour::Echo);
-    let (t, _) = start(&format!("routes:\n{}", route("1", "/*", &up.node(), "")), "");
+    let (t, _) = start(
+        &format!("routes:\n{}", route("1", "/*", &up.node(), "")),
+        "",
+    );
     let out = h3(&t, "other.local", &[json!({"path": "/x"})]);
     assert_eq!(only(&out)["status"], 200, "{out}");
     assert!(
-        out["peer_cn"].as_str().unwrap_or("").contains("other.local"),
+        out["peer_cn"]
+            .as_str()
+            .unwrap_or("")
+            .contains("other.local"),
         "{out}"
     );
     let out = h3(&t, "server.local", &[json!({"path": "/x"})]);
     assert_eq!(only(&out)["status"], 200, "{out}");
     assert!(
-        out["peer_cn"].as_str().unwrap_or("").contains("server.local"),
+        out["peer_cn"]
+            .as_str()
+            .unwrap_or("")
+            .contains("server.local"),
         "{out}"
     );
     // No ssl for this name: the handshake fails, as on TCP.
@@ -247,7 +265,10 @@ fn plugins_answer_as_over_http1() {
 #[test]
 fn tcp_answers_on_the_h3_listener_carry_alt_svc() {
     let up = Upstream::start("echo", Behaviour::Echo);
-    let (t, plain_tls_port) = start(&format!("routes:\n{}", route("1", "/*", &up.node(), "")), "");
+    let (t, plain_tls_port) = start(
+        &format!("routes:\n{}", route("1", "/*", &up.node(), "")),
+        "",
+    );
     let curl = |port: u16| {
         let out = Command::new("curl")
             .args(["-sS", "-D", "-", "-o", "/dev/null", "--cacert"])
@@ -312,7 +333,10 @@ fn big_upstream(total: usize) -> std::net::SocketAddr {
 fn a_large_response_streams_back_whole() {
     let total = 8 << 20;
     let up = big_upstream(total);
-    let (t, _) = start(&format!("routes:\n{}", route("1", "/big", &up.to_string(), "")), "");
+    let (t, _) = start(
+        &format!("routes:\n{}", route("1", "/big", &up.to_string(), "")),
+        "",
+    );
     let out = h3(&t, "server.local", &[json!({"path": "/big"})]);
     let r = only(&out);
     assert_eq!(r["status"], 200, "{out}");
@@ -326,7 +350,10 @@ fn a_large_response_streams_back_whole() {
 #[test]
 fn no_matching_route_is_apisix_404() {
     let up = Upstream::start("echo", Behaviour::Echo);
-    let (t, _) = start(&format!("routes:\n{}", route("1", "/only", &up.node(), "")), "");
+    let (t, _) = start(
+        &format!("routes:\n{}", route("1", "/only", &up.node(), "")),
+        "",
+    );
     let out = h3(&t, "server.local", &[json!({"path": "/missing"})]);
     let r = only(&out);
     let h1 = support::get(t.gw.addr(), "/missing");
@@ -362,7 +389,10 @@ fn a_stop_finishes_the_request_in_flight() {
         if let Some(s) = t.gw.child.try_wait().unwrap() {
             break s;
         }
-        assert!(Instant::now() < deadline, "gateway did not exit after SIGTERM");
+        assert!(
+            Instant::now() < deadline,
+            "gateway did not exit after SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "exit status {status:?}");

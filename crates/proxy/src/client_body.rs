@@ -134,7 +134,10 @@ impl H3Body {
         Ok(())
     }
 
-    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
+    fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
         if let Some(chunk) = self.first.take() {
             return Poll::Ready(Some(self.take(chunk.len()).map(|()| Frame::data(chunk))));
         }

@@ -5,14 +5,14 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ferrisix_plugin_api::{ConnFacts, PluginCtx, RequestHead, RequestState, RouteInfo};
-use http::request::Parts;
-use http::{Extensions, HeaderMap, HeaderValue, Method, Uri, Version};
 use crate::client_body::ClientBody;
 use crate::gateway::ConnInfo;
 use crate::log::LogPhase;
 use crate::plugins::PluginRun;
 use crate::snapshot::CompiledRoute;
+use ferrisix_plugin_api::{ConnFacts, PluginCtx, RequestHead, RequestState, RouteInfo};
+use http::request::Parts;
+use http::{Extensions, HeaderMap, HeaderValue, Method, Uri, Version};
 
 /// `$host`, without copying the Host header when it needs no change.
 #[derive(Clone, Debug, Default)]

@@ -488,7 +488,10 @@ fn serve_connection<IO>(
                     .into_owned();
                 spawn_served(conn_watch, connection, stats);
             } else {
-                let connection = builders.http1.serve_connection(io, $service).with_upgrades();
+                let connection = builders
+                    .http1
+                    .serve_connection(io, $service)
+                    .with_upgrades();
                 spawn_served(conn_watch, connection, stats);
             }
         };

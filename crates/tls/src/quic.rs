@@ -102,3 +102,111 @@ pub fn conn_info(store: &CertStore, sni: Option<String>) -> Result<TlsConnInfo, 
         h2: false,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::TlsContext;
+    use ferrisix_config::model::Ssl;
+    use rustls::pki_types::ServerName;
+
+    fn pem(name: &str) -> String {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/tls/");
+        std::fs::read_to_string(format!("{dir}{name}")).unwrap()
+    }
+
+    fn ssl(id: &str, sni: &str, file: &str, protocols: Option<&[&str]>) -> Ssl {
+        Ssl {
+            id: id.into(),
+            cert: pem(&format!("{file}.crt")),
+            key: pem(&format!("{file}.key")),
+            snis: vec![sni.into()],
+            enabled: true,
+            ssl_protocols: protocols.map(|p| p.iter().map(|s| (*s).to_owned()).collect()),
+            ..Ssl::default()
+        }
+    }
+
+    fn store() -> Arc<CertStore> {
+        let ssls = [
+            ssl("1", "server.local", "server", None),
+            ssl("2", "other.local", "other", None),
+            ssl("3", "old.local", "server", Some(&["TLSv1.2"])),
+        ];
+        let (store, refused) =
+            CertStore::build(&ssls, &CertStore::default(), &TlsContext::default());
+        assert!(refused.is_empty(), "{refused:?}");
+        Arc::new(store)
+    }
+
+    /// A TLS 1.3 handshake in memory against the QUIC config; the leaf certificate served.
+    fn handshake(config: Arc<ServerConfig>, sni: &str) -> Result<Vec<u8>, rustls::Error> {
+        let mut roots = rustls::RootCertStore::empty();
+        let ca = ferrisix_config::pem::parse_certs(&pem("ca.crt"))
+            .unwrap()
+            .remove(0);
+        roots.add(ca).unwrap();
+        let mut client_config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        client_config.alpn_protocols = vec![ALPN_H3.to_vec()];
+        let name = ServerName::try_from(sni.to_owned()).unwrap();
+        let mut client = rustls::ClientConnection::new(Arc::new(client_config), name).unwrap();
+        let mut server = rustls::ServerConnection::new(config).unwrap();
+        for _ in 0..10 {
+            let mut buf = Vec::new();
+            client.write_tls(&mut buf).unwrap();
+            server.read_tls(&mut buf.as_slice()).unwrap();
+            server.process_new_packets()?;
+            let mut buf = Vec::new();
+            server.write_tls(&mut buf).unwrap();
+            client.read_tls(&mut buf.as_slice()).unwrap();
+            client.process_new_packets()?;
+            if !client.is_handshaking() && !server.is_handshaking() {
+                assert_eq!(server.alpn_protocol(), Some(ALPN_H3));
+                let leaf = client.peer_certificates().unwrap()[0].to_vec();
+                return Ok(leaf);
+            }
+        }
+        panic!("handshake did not finish");
+    }
+
+    #[test]
+    fn the_sni_picks_the_ssl_and_its_certificate() {
+        let store = store();
+        let source = store.clone();
+        let config = Arc::new(server_config(Arc::new(move || source.clone())).unwrap());
+        assert_eq!(config.max_early_data_size, 0, "no 0-RTT");
+        assert_eq!(config.send_tls13_tickets, 0, "no resumption");
+        let leaf_of = |file: &str| {
+            ferrisix_config::pem::parse_certs(&pem(&format!("{file}.crt")))
+                .unwrap()
+                .remove(0)
+                .to_vec()
+        };
+        assert_eq!(
+            handshake(config.clone(), "server.local").unwrap(),
+            leaf_of("server")
+        );
+        assert_eq!(
+            handshake(config.clone(), "other.local").unwrap(),
+            leaf_of("other")
+        );
+        // No ssl for the name, and an ssl without TLS 1.3: the handshake fails.
+        assert!(handshake(config.clone(), "none.local").is_err());
+        assert!(handshake(config, "old.local").is_err());
+        assert!(conn_info(&store, Some("Other.Local.".into())).is_ok_and(|i| i.ssl.id == "2"));
+        assert!(matches!(
+            conn_info(&store, Some("old.local".into())),
+            Err(AcceptError::Unusable(_))
+        ));
+        assert!(matches!(
+            conn_info(&store, None),
+            Err(AcceptError::NoCertificate(None))
+        ));
+    }
+}

@@ -318,10 +318,7 @@ pub fn build(
             stapler.staple(ssl.id.clone(), conf.clone(), Arc::downgrade(&keys), index);
         }
     }
-    let mut config = builder.with_cert_resolver(Arc::new(PairResolver {
-        keys,
-        tls13,
-    }));
+    let mut config = builder.with_cert_resolver(Arc::new(PairResolver { keys, tls13 }));
     // Sessions resume only under the client policy they were made under.
     let scope = Scope::of(ssl);
     config.session_storage = ScopedSessions::new(settings.session_cache.clone(), scope);

@@ -63,7 +63,9 @@ impl SslEntry {
         if self.client.is_some() {
             // One QUIC endpoint config serves every SNI, so a per-ssl client certificate
             // policy cannot be applied; the client keeps to TCP for this ssl.
-            return Err("client certificate verification (client.ca) is served over TCP only".into());
+            return Err(
+                "client certificate verification (client.ca) is served over TCP only".into(),
+            );
         }
         Ok(config.cert_resolver.clone())
     }

@@ -49,6 +49,12 @@ const MAX_UNI_STREAMS: u32 = 3;
 /// How long a stopping worker waits for its QUIC connections' closes to go out.
 const CLOSE_FLUSH: Duration = Duration::from_secs(2);
 
+/// How long a draining connection whose requests are done waits for the client to close it
+/// before closing it itself: a close discards what QUIC has not delivered yet, so the client
+/// gets this long to acknowledge the last answers (nginx's `lingering_timeout` for TCP has the
+/// same purpose).
+const CLOSE_LINGER: Duration = Duration::from_secs(2);
+
 /// The `Alt-Svc` value that TCP answers carry on a listener with an HTTP/3 twin.
 pub fn alt_svc(port: u16) -> http::HeaderValue {
     http::HeaderValue::try_from(format!("h3=\":{port}\"; ma=86400"))
@@ -86,7 +92,8 @@ fn server_config(
     let store: ferrisix_tls::quic::StoreSource =
         Arc::new(move || source.load().snapshot.load().tls.clone());
     let tls = ferrisix_tls::quic::server_config(store).map_err(|e| e.to_string())?;
-    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let crypto =
+        quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     let mut transport = quinn::TransportConfig::default();
     let h2 = settings.http2;
@@ -197,6 +204,7 @@ async fn connection(
     };
     let stats = gateway.stats.clone();
     let info = Arc::new(ConnInfo::new(gateway, peer, local).with_tls(tls));
+    let quic = conn.clone();
     let mut builder = h3::server::builder();
     builder.max_field_section_size(settings.http2.max_header_list_size.into());
     let mut h3 = match builder.build(h3_quinn::Connection::new(conn)).await {
@@ -241,6 +249,9 @@ async fn connection(
         }
     }
     while requests.join_next().await.is_some() {}
+    if draining {
+        let _ = tokio::time::timeout(CLOSE_LINGER, quic.closed()).await;
+    }
     // Dropping the connection closes it with H3_NO_ERROR.
     drop(h3);
     stats.connection_closed();
@@ -362,7 +373,11 @@ async fn send_response(
         || parts.status.is_informational()
         || parts.status == StatusCode::NO_CONTENT
         || parts.status == StatusCode::NOT_MODIFIED;
-    timed(send_timeout, send.send_response(Response::from_parts(parts, ()))).await?;
+    timed(
+        send_timeout,
+        send.send_response(Response::from_parts(parts, ())),
+    )
+    .await?;
     if !bodyless {
         let mut body = std::pin::pin!(body);
         while let Some(frame) = body.frame().await {

@@ -166,19 +166,15 @@ fn take_all(
     Ok(out)
 }
 
-/// Each worker's HTTP/3 sockets, beside [`take_all`]'s: one per worker and `enable_http3`
-/// listener with `SO_REUSEPORT` (per-core), or one per listener. UDP sockets are bound anew
-/// by each process (a restart's successor binds its own beside them).
-fn bind_udp(
-    options: &ServerOptions,
-    groups: usize,
-    reuse_port: bool,
-) -> io::Result<Vec<Vec<std::net::UdpSocket>>> {
+/// Each worker's HTTP/3 sockets, beside [`take_all`]'s: one per worker (`groups`) and
+/// `enable_http3` listener. UDP sockets are bound anew by each process (a restart's successor
+/// binds its own beside them).
+fn bind_udp(options: &ServerOptions, groups: usize) -> io::Result<Vec<Vec<std::net::UdpSocket>>> {
     let mut out: Vec<Vec<std::net::UdpSocket>> = (0..groups).map(|_| Vec::new()).collect();
     for listen in options.tls_listen.iter().filter(|l| l.http3) {
         let addr = listen.addr;
         for group in out.iter_mut() {
-            let socket = http3::bind(addr, reuse_port)
+            let socket = http3::bind(addr)
                 .map_err(|e| io::Error::new(e.kind(), format!("{addr} (UDP, HTTP/3): {e}")))?;
             group.push(socket);
         }
@@ -194,7 +190,7 @@ fn take_sockets(
     reuse_port: bool,
 ) -> io::Result<Vec<WorkerSockets>> {
     let tcp = take_all(options, sockets, groups, reuse_port)?;
-    let udp = bind_udp(options, groups, reuse_port)?;
+    let udp = bind_udp(options, groups)?;
     Ok(tcp
         .into_iter()
         .zip(udp)

@@ -61,13 +61,13 @@ pub fn alt_svc(port: u16) -> http::HeaderValue {
         .unwrap_or_else(|_| http::HeaderValue::from_static("clear"))
 }
 
-/// Binds the UDP socket of one worker's endpoint on `addr`.
-pub fn bind(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net::UdpSocket> {
+/// Binds the UDP socket of one worker's endpoint on `addr`. Always with `SO_REUSEPORT`: the
+/// workers share the port, and a restart's successor binds its own sockets beside those of
+/// the process it replaces (UDP sockets are not handed over).
+pub fn bind(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    if reuse_port {
-        socket.set_reuse_port(true)?;
-    }
+    socket.set_reuse_port(true)?;
     if addr.is_ipv6() {
         let _ = socket.set_only_v6(true);
     }

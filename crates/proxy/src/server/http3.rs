@@ -165,7 +165,7 @@ pub async fn close(endpoint: quinn::Endpoint) {
 
 /// What the connection loop acts on next.
 enum Event {
-    Request(Result<Option<Resolver>, h3::error::ConnectionError>),
+    Request(Result<Option<Box<Resolver>>, h3::error::ConnectionError>),
     Drain,
     Finished,
 }
@@ -219,13 +219,13 @@ async fn connection(
     let mut draining = false;
     loop {
         let event = tokio::select! {
-            r = h3.accept() => Event::Request(r),
+            r = h3.accept() => Event::Request(r.map(|r| r.map(Box::new))),
             _ = drain.started(), if !draining => Event::Drain,
             Some(_) = requests.join_next(), if !requests.is_empty() => Event::Finished,
         };
         match event {
             Event::Request(Ok(Some(resolver))) => {
-                requests.spawn(request(resolver, info.clone(), settings.limits));
+                requests.spawn(request(*resolver, info.clone(), settings.limits));
             }
             Event::Request(Ok(None)) => break,
             Event::Request(Err(e)) => {
@@ -258,7 +258,7 @@ async fn connection(
 }
 
 /// The headers that belong to a hop of HTTP/1.1 and are malformed in HTTP/3 (RFC 9114 4.2).
-const HOP_HEADERS: [HeaderName; 4] = [
+static HOP_HEADERS: [HeaderName; 4] = [
     header::CONNECTION,
     header::TRANSFER_ENCODING,
     header::UPGRADE,

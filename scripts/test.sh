@@ -42,6 +42,15 @@ for pkg in mcp-apisix==0.4.0 apisix-python-client==0.1.0 mcp==2.3.0; do
   fi
 done
 
+# aioquic, the QUIC and HTTP/3 client tests/e2e/http3.rs drives ferrisix with (Debian's curl is
+# built without HTTP/3).
+aioquic_version="1.7.2"
+if ! python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('aioquic') != '$aioquic_version')" 2>/dev/null; then
+  echo "test.sh: installing aioquic==$aioquic_version (PyPI)" >&2
+  pip install -q "aioquic==$aioquic_version" 2>/dev/null \
+    || pip install -q --break-system-packages "aioquic==$aioquic_version"
+fi
+
 # kubernetes-validate (Kubernetes' OpenAPI schemas, offline), which checks deploy/kubernetes/.
 k8s_validate_version="1.37.0"
 if ! python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('kubernetes-validate') != '$k8s_validate_version')" 2>/dev/null; then

@@ -325,6 +325,7 @@ pub fn server_options(settings: &Settings) -> ServerOptions {
                 addr: SocketAddr::new(l.ip, l.port),
                 http2: l.enable_http2,
                 proxy_protocol: false,
+                http3: false,
             })
             .chain(
                 settings
@@ -347,6 +348,7 @@ pub fn server_options(settings: &Settings) -> ServerOptions {
                     addr: SocketAddr::new(l.ip, l.port),
                     http2: l.enable_http2,
                     proxy_protocol: false,
+                    http3: l.enable_http3,
                 })
                 .chain(
                     settings
@@ -377,6 +379,7 @@ fn proxy_protocol_listen(settings: &Settings, port: u16) -> Listen {
         addr: SocketAddr::new(std::net::IpAddr::from([0, 0, 0, 0]), port),
         http2: settings.apisix.enable_http2,
         proxy_protocol: true,
+        http3: false,
     }
 }
 

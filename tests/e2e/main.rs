@@ -23,6 +23,7 @@ mod grpc;
 mod grpc_transcode;
 mod headers;
 mod health;
+mod http3;
 mod lifecycle;
 mod plugins_access;
 mod plugins_ai;

@@ -229,7 +229,8 @@ pub struct DnsDiscoverySettings {
 #[serde(default)]
 pub struct SslSettings {
     pub enable: bool,
-    /// Ports, `"ip:port"` strings or `{ip, port, enable_http2}` maps (default 9443).
+    /// Ports, `"ip:port"` strings or `{ip, port, enable_http3}` maps (default 9443);
+    /// `enable_http3` adds HTTP/3 over QUIC on the same port.
     #[serde(deserialize_with = "de::node_listen")]
     pub listen: Vec<ListenAddr>,
     /// `TLSv1.2 TLSv1.3` (space separated, nginx's `ssl_protocols`).

@@ -5,15 +5,14 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ferrisix_plugin_api::{ConnFacts, PluginCtx, RequestHead, RequestState, RouteInfo};
-use http::request::Parts;
-use http::{Extensions, HeaderMap, HeaderValue, Method, Uri, Version};
-use hyper::body::Incoming;
-
+use crate::client_body::ClientBody;
 use crate::gateway::ConnInfo;
 use crate::log::LogPhase;
 use crate::plugins::PluginRun;
 use crate::snapshot::CompiledRoute;
+use ferrisix_plugin_api::{ConnFacts, PluginCtx, RequestHead, RequestState, RouteInfo};
+use http::request::Parts;
+use http::{Extensions, HeaderMap, HeaderValue, Method, Uri, Version};
 
 /// `$host`, without copying the Host header when it needs no change.
 #[derive(Clone, Debug, Default)]
@@ -80,7 +79,7 @@ pub struct RequestCtx<'c> {
     pub headers: HeaderMap,
     pub extensions: Extensions,
     /// The client's body, until it is sent upstream or handed to the plugins.
-    pub body: Option<Incoming>,
+    pub body: Option<ClientBody>,
     /// `$remote_addr`.
     pub remote_addr: IpAddr,
     /// The matched route, kept while its plugins run (they may wait on I/O after the
@@ -95,7 +94,7 @@ impl<'c> RequestCtx<'c> {
     pub fn new(
         conn: &'c ConnInfo,
         parts: Parts,
-        body: Incoming,
+        body: ClientBody,
         remote_addr: IpAddr,
         started: Instant,
         log: LogPhase,

@@ -31,6 +31,7 @@
 //! control API).
 #![forbid(unsafe_code)]
 
+pub mod client_body;
 pub mod control;
 mod ctx;
 pub mod error;

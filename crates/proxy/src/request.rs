@@ -14,9 +14,11 @@ pub(crate) mod real_ip;
 use std::time::Instant;
 
 use http::header::{self, HeaderValue};
+use http::request::Parts;
 use http::{Request, Response, Version};
 use hyper::body::Incoming;
 
+use crate::client_body::ClientBody;
 use crate::ctx::RequestCtx;
 use crate::error::{ErrorKind, ProxyError};
 use crate::gateway::ConnInfo;
@@ -28,19 +30,25 @@ use crate::snapshot::{CompiledUpstream, RouteTarget};
 use crate::{plugins, routing, upstream};
 
 impl ConnInfo {
-    /// Serves one request of this connection.
+    /// Serves one HTTP/1.1 or HTTP/2 request of this connection.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<ResponseBody> {
-        let gateway = &*self.gateway;
-        if let Some(admin) = &gateway.legacy_admin {
+        if let Some(admin) = &self.gateway.legacy_admin {
             // Loopback only: this is a compatibility switch for local scripts, not an exposure
             // of the Admin API on the public port.
             if self.peer().ip().is_loopback() && req.uri().path().starts_with("/apisix/admin") {
                 return admin(req, self.peer().ip()).await;
             }
         }
+        let (parts, body) = req.into_parts();
+        self.handle_parts(parts, ClientBody::Http(body)).await
+    }
+
+    /// Serves one request of this connection from its head and body, whatever the protocol
+    /// (HTTP/3 comes in here).
+    pub async fn handle_parts(&self, parts: Parts, body: ClientBody) -> Response<ResponseBody> {
+        let gateway = &*self.gateway;
         let started = Instant::now();
         ferrisix_net::share_core(started);
-        let (parts, body) = req.into_parts();
         let remote_addr = match self.client_from_proxy_protocol() {
             Some(client) => client,
             None => gateway

@@ -5,6 +5,11 @@
 //! buffer. A request never crosses threads, so there are no cross-core wake-ups and no shared
 //! mutable state on the hot path. The alternative (one multi-threaded runtime, one listener) is
 //! kept selectable for measurement.
+//!
+//! HTTPS listeners with `enable_http3` also serve HTTP/3 over QUIC on the same port
+//! ([`http3`]); their TCP answers advertise it with `Alt-Svc`.
+
+pub mod http3;
 
 use std::convert::Infallible;
 use std::io;
@@ -63,6 +68,9 @@ pub struct Listen {
     /// `client_header_timeout` before anything else (the TLS handshake on an HTTPS
     /// listener): nginx's `listen ... proxy_protocol`, APISIX's `apisix.proxy_protocol`.
     pub proxy_protocol: bool,
+    /// HTTP/3 over QUIC on the same address (UDP) beside this HTTPS listener
+    /// (`apisix.ssl.listen[].enable_http3`, nginx's `listen ... quic`).
+    pub http3: bool,
 }
 
 impl Listen {
@@ -72,6 +80,7 @@ impl Listen {
             addr,
             http2: true,
             proxy_protocol: false,
+            http3: false,
         }
     }
 }
@@ -107,6 +116,15 @@ struct Kind {
     tls: bool,
     http2: bool,
     proxy_protocol: bool,
+    /// An HTTP/3 endpoint serves the same port: answers say so (`Alt-Svc`).
+    http3: bool,
+}
+
+/// One worker's sockets: its TCP listeners and the UDP sockets of its HTTP/3 endpoints.
+#[derive(Default)]
+struct WorkerSockets {
+    tcp: Vec<Bound>,
+    udp: Vec<std::net::UdpSocket>,
 }
 
 /// The two connection builders: hyper-util's auto-detecting one where HTTP/2 is on, hyper's
@@ -136,6 +154,7 @@ fn take_all(
             tls,
             http2: listen.http2,
             proxy_protocol: listen.proxy_protocol,
+            http3: tls && listen.http3,
         };
         let taken = sockets
             .take(addr, groups, reuse_port)
@@ -145,6 +164,38 @@ fn take_all(
         }
     }
     Ok(out)
+}
+
+/// Each worker's HTTP/3 sockets, beside [`take_all`]'s: one per worker (`groups`) and
+/// `enable_http3` listener. UDP sockets are bound anew by each process (a restart's successor
+/// binds its own beside them).
+fn bind_udp(options: &ServerOptions, groups: usize) -> io::Result<Vec<Vec<std::net::UdpSocket>>> {
+    let mut out: Vec<Vec<std::net::UdpSocket>> = (0..groups).map(|_| Vec::new()).collect();
+    for listen in options.tls_listen.iter().filter(|l| l.http3) {
+        let addr = listen.addr;
+        for group in out.iter_mut() {
+            let socket = http3::bind(addr)
+                .map_err(|e| io::Error::new(e.kind(), format!("{addr} (UDP, HTTP/3): {e}")))?;
+            group.push(socket);
+        }
+    }
+    Ok(out)
+}
+
+/// [`take_all`] and [`bind_udp`] together, per worker.
+fn take_sockets(
+    options: &ServerOptions,
+    sockets: &mut ListenerSet,
+    groups: usize,
+    reuse_port: bool,
+) -> io::Result<Vec<WorkerSockets>> {
+    let tcp = take_all(options, sockets, groups, reuse_port)?;
+    let udp = bind_udp(options, groups)?;
+    Ok(tcp
+        .into_iter()
+        .zip(udp)
+        .map(|(tcp, udp)| WorkerSockets { tcp, udp })
+        .collect())
 }
 
 /// A running server; `wait` returns when every worker has stopped.
@@ -197,7 +248,7 @@ pub fn start_with(
     match options.model {
         WorkerModel::PerCore => {
             // Take all sockets first so a busy port fails the start, not a worker.
-            let per_worker = take_all(&options, sockets, workers, true)?;
+            let per_worker = take_sockets(&options, sockets, workers, true)?;
             for (i, listeners) in per_worker.into_iter().enumerate() {
                 let gateway = gateway.clone();
                 let options = options.clone();
@@ -223,7 +274,7 @@ pub fn start_with(
             }
         }
         WorkerModel::Shared => {
-            let listeners = take_all(&options, sockets, 1, false)?
+            let listeners = take_sockets(&options, sockets, 1, false)?
                 .pop()
                 .unwrap_or_default();
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -245,7 +296,7 @@ pub fn start_with(
 
 async fn serve(
     gateway: GatewayHandle,
-    listeners: Vec<Bound>,
+    sockets: WorkerSockets,
     options: ServerOptions,
     mut shutdown: watch::Receiver<bool>,
     linger: Option<watch::Receiver<bool>>,
@@ -280,8 +331,25 @@ async fn serve(
     }
 
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let h3_settings = http3::Settings {
+        limits,
+        http2: options.http2,
+    };
+    let h3_tasks: Vec<_> = sockets
+        .udp
+        .into_iter()
+        .map(|socket| {
+            tokio::spawn(http3::serve(
+                socket,
+                gateway.clone(),
+                h3_settings,
+                drain.clone(),
+                stop_tx.subscribe(),
+            ))
+        })
+        .collect();
     let mut accept_tasks = Vec::new();
-    for (std_listener, kind) in listeners {
+    for (std_listener, kind) in sockets.tcp {
         let listener = match TcpListener::from_std(std_listener) {
             Ok(l) => l,
             Err(e) => {
@@ -295,6 +363,7 @@ async fn serve(
         let mut stop = stop_tx.subscribe();
         accept_tasks.push(tokio::spawn(async move {
             let local = listener.local_addr().ok();
+            let alt_svc = local.filter(|_| kind.http3).map(|l| http3::alt_svc(l.port()));
             let mut acceptor = Acceptor::new(listener, "data");
             loop {
                 tokio::select! {
@@ -305,10 +374,11 @@ async fn serve(
                         let info = ConnInfo::new(gateways.load_full(), peer, local);
                         if !kind.tls && !kind.proxy_protocol {
                             let _ = stream.set_nodelay(true);
-                            serve_connection(&builders, kind.http2, &drain, &limits, stream, info);
+                            serve_connection(&builders, kind.http2, &drain, &limits, stream, info, None);
                             continue;
                         }
                         let http2 = kind.http2;
+                        let alt_svc = alt_svc.clone();
                         let builders = builders.clone();
                         let drain = drain.clone();
                         tokio::spawn(async move {
@@ -329,13 +399,13 @@ async fn serve(
                                 info
                             };
                             if !kind.tls {
-                                serve_connection(&builders, http2, &drain, &limits, stream, info);
+                                serve_connection(&builders, http2, &drain, &limits, stream, info, None);
                                 return;
                             }
                             let snapshot = info.gateway.snapshot.clone();
                             let store = move || snapshot.load().tls.clone();
                             match ferrisix_tls::accept(stream, store, http2, limits.header_timeout).await {
-                                Ok((tls_stream, conn)) => serve_connection(&builders, http2, &drain, &limits, tls_stream, info.with_tls(conn)),
+                                Ok((tls_stream, conn)) => serve_connection(&builders, http2, &drain, &limits, tls_stream, info.with_tls(conn), alt_svc),
                                 Err(e @ (ferrisix_tls::AcceptError::NoCertificate(_) | ferrisix_tls::AcceptError::Unusable(_))) => {
                                     tracing::error!(client = %peer, "{e}");
                                 }
@@ -358,6 +428,12 @@ async fn serve(
     for t in accept_tasks {
         let _ = t.await;
     }
+    let mut endpoints = Vec::new();
+    for t in h3_tasks {
+        if let Ok(Some(endpoint)) = t.await {
+            endpoints.push(endpoint);
+        }
+    }
     // The listeners are closed here (or live on in a successor that took them over).
     drain.start();
     if tokio::time::timeout(options.shutdown_timeout, drain.finished())
@@ -369,9 +445,14 @@ async fn serve(
             "worker_shutdown_timeout reached with connections still open"
         );
     }
+    for endpoint in endpoints {
+        http3::close(endpoint).await;
+    }
     access::flush_worker();
 }
 
+/// Serves one TCP connection; `alt_svc` is the `Alt-Svc` its answers carry (an HTTPS listener
+/// with an HTTP/3 twin), chosen once here so that other listeners' requests pay nothing for it.
 fn serve_connection<IO>(
     builders: &Builders,
     http2: bool,
@@ -379,6 +460,7 @@ fn serve_connection<IO>(
     limits: &ConnLimits,
     stream: IO,
     conn: ConnInfo,
+    alt_svc: Option<http::HeaderValue>,
 ) where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -390,25 +472,54 @@ fn serve_connection<IO>(
     let stats = conn.gateway.stats.clone();
     // One shared value per connection: each request clones a single Arc.
     let ctx = Arc::new((conn, conn_watch.clone()));
-    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-        let ctx = ctx.clone();
-        let in_flight = ctx.1.begin();
-        let version = req.version();
-        async move {
-            let resp = ctx.0.handle(req).await;
-            Ok::<_, Infallible>(ctx.1.respond(resp, in_flight, version))
-        }
-    });
     stats.connection_opened();
-    if http2 {
-        let connection = builders
-            .auto
-            .serve_connection_with_upgrades(io, service)
-            .into_owned();
-        spawn_served(conn_watch, connection, stats);
-    } else {
-        let connection = builders.http1.serve_connection(io, service).with_upgrades();
-        spawn_served(conn_watch, connection, stats);
+    // The connection served with `$service`, by hyper's HTTP/1 builder or the auto-detecting
+    // one (a macro: the two services below are different closure types).
+    macro_rules! serve_with {
+        ($service:expr) => {
+            if http2 {
+                let connection = builders
+                    .auto
+                    .serve_connection_with_upgrades(io, $service)
+                    .into_owned();
+                spawn_served(conn_watch, connection, stats);
+            } else {
+                let connection = builders
+                    .http1
+                    .serve_connection(io, $service)
+                    .with_upgrades();
+                spawn_served(conn_watch, connection, stats);
+            }
+        };
+    }
+    match alt_svc {
+        None => serve_with!(service_fn(
+            move |req: hyper::Request<hyper::body::Incoming>| {
+                let ctx = ctx.clone();
+                let in_flight = ctx.1.begin();
+                let version = req.version();
+                async move {
+                    let resp = ctx.0.handle(req).await;
+                    Ok::<_, Infallible>(ctx.1.respond(resp, in_flight, version))
+                }
+            }
+        )),
+        Some(alt_svc) => serve_with!(service_fn(
+            move |req: hyper::Request<hyper::body::Incoming>| {
+                let ctx = ctx.clone();
+                let alt_svc = alt_svc.clone();
+                let in_flight = ctx.1.begin();
+                let version = req.version();
+                async move {
+                    let mut resp = ctx.0.handle(req).await;
+                    // As nginx's `add_header Alt-Svc ... always`, unless a plugin set one.
+                    resp.headers_mut()
+                        .entry(http::header::ALT_SVC)
+                        .or_insert(alt_svc);
+                    Ok::<_, Infallible>(ctx.1.respond(resp, in_flight, version))
+                }
+            }
+        )),
     }
 }
 

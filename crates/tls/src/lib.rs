@@ -8,7 +8,8 @@
 //! [`mtls`] applies APISIX's per-request client-certificate rules; [`upstream`] builds the
 //! client configs used towards TLS upstreams; [`resumption`] keeps a resumed session within
 //! the client-certificate policy it was made under; [`ocsp`] staples the responders' answers
-//! (the ocsp-stapling plugin). [`TlsSettings`] carries `apisix.ssl`:
+//! (the ocsp-stapling plugin); [`quic`] gives HTTP/3's QUIC endpoints the same ssls by SNI.
+//! [`TlsSettings`] carries `apisix.ssl`:
 //! protocols, nginx cipher names mapped onto rustls suites, session cache and tickets.
 #![forbid(unsafe_code)]
 
@@ -16,6 +17,7 @@ pub mod accept;
 pub mod ciphers;
 pub mod mtls;
 pub mod ocsp;
+pub mod quic;
 pub mod resumption;
 pub mod server;
 pub mod settings;

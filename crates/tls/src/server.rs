@@ -238,6 +238,8 @@ fn client_policy(
 pub struct ServerSsl {
     pub configs: Result<(Arc<ServerConfig>, Arc<ServerConfig>), String>,
     pub client: Option<ClientPolicy>,
+    /// Its protocols include TLS 1.3 (QUIC's only one).
+    pub tls13: bool,
 }
 
 /// Builds the server side of `ssl`. `Err` quarantines it (a PEM that does not parse). With
@@ -278,6 +280,7 @@ pub fn build(
         }
         None => settings.protocols.clone(),
     };
+    let tls13 = versions.contains(&&rustls::version::TLS13);
     let (client, verifier) = match &ssl.client {
         Some(c) => {
             let (policy, verifier) = client_policy(c, settings)?;
@@ -289,6 +292,7 @@ pub fn build(
         return Ok(ServerSsl {
             configs: Err(e),
             client,
+            tls13,
         });
     }
     if versions.is_empty() {
@@ -298,6 +302,7 @@ pub fn build(
                 ssl.ssl_protocols.as_deref().unwrap_or_default()
             )),
             client,
+            tls13,
         });
     }
     let builder = ServerConfig::builder_with_provider(settings.provider.clone())
@@ -313,10 +318,7 @@ pub fn build(
             stapler.staple(ssl.id.clone(), conf.clone(), Arc::downgrade(&keys), index);
         }
     }
-    let mut config = builder.with_cert_resolver(Arc::new(PairResolver {
-        keys,
-        tls13: versions.contains(&&rustls::version::TLS13),
-    }));
+    let mut config = builder.with_cert_resolver(Arc::new(PairResolver { keys, tls13 }));
     // Sessions resume only under the client policy they were made under.
     let scope = Scope::of(ssl);
     config.session_storage = ScopedSessions::new(settings.session_cache.clone(), scope);
@@ -331,5 +333,6 @@ pub fn build(
     Ok(ServerSsl {
         configs: Ok((Arc::new(config), Arc::new(http1))),
         client,
+        tls13,
     })
 }

@@ -26,6 +26,8 @@ pub struct SslEntry {
     /// With and without `h2` in ALPN; `Err` when its key does not match its certificate.
     configs: Result<(Arc<ServerConfig>, Arc<ServerConfig>), String>,
     pub client: Option<ClientPolicy>,
+    /// Its protocols include TLS 1.3.
+    tls13: bool,
     source: Ssl,
 }
 
@@ -47,6 +49,25 @@ impl SslEntry {
             Ok((h2, h1)) => Ok(if http2 { h2.clone() } else { h1.clone() }),
             Err(e) => Err(e),
         }
+    }
+
+    /// The certificate resolver of its HTTP/2 listeners' config, for a QUIC handshake
+    /// ([`crate::quic`]); `Err` says why this ssl cannot serve one.
+    pub fn quic_resolver(
+        &self,
+    ) -> Result<Arc<dyn rustls::server::ResolvesServerCert>, std::borrow::Cow<'_, str>> {
+        let (config, _) = self.configs.as_ref().map_err(|e| e.as_str())?;
+        if !self.tls13 {
+            return Err("its ssl_protocols leave out TLSv1.3, the only version QUIC uses".into());
+        }
+        if self.client.is_some() {
+            // One QUIC endpoint config serves every SNI, so a per-ssl client certificate
+            // policy cannot be applied; the client keeps to TCP for this ssl.
+            return Err(
+                "client certificate verification (client.ca) is served over TCP only".into(),
+            );
+        }
+        Ok(config.cert_resolver.clone())
     }
 
     pub fn snis(&self) -> &[String] {
@@ -181,6 +202,7 @@ impl CertStore {
                                     sni_list: ssl.sni_list,
                                     configs: built.configs,
                                     client: built.client,
+                                    tls13: built.tls13,
                                     source: ssl.clone(),
                                 })
                             }
@@ -302,6 +324,7 @@ mod tests {
                 sni_list: ssl.sni_list,
                 configs: Err("test".into()),
                 client: None,
+                tls13: true,
                 source: ssl.clone(),
             }));
         }

@@ -80,12 +80,14 @@ struct ListenMap {
     port: Option<u16>,
     #[serde(default)]
     enable_http2: Option<bool>,
+    #[serde(default)]
+    enable_http3: Option<bool>,
 }
 
 struct ListenEntry(ListenAddr);
 
 const LISTEN_ENTRY: &str =
-    "a port number (1-65535), an \"ip:port\" string or a map {ip, port, enable_http2}";
+    "a port number (1-65535), an \"ip:port\" string or a map {ip, port, enable_http2, enable_http3}";
 
 impl<'de> Deserialize<'de> for ListenEntry {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -108,6 +110,7 @@ impl<'de> Deserialize<'de> for ListenEntry {
                     ip,
                     port,
                     enable_http2: true,
+                    enable_http3: false,
                 }))
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ListenEntry, A::Error> {
@@ -116,6 +119,7 @@ impl<'de> Deserialize<'de> for ListenEntry {
                     ip: m.ip.unwrap_or(IpAddr::from([0, 0, 0, 0])),
                     port: m.port.unwrap_or(DEFAULT_NODE_PORT),
                     enable_http2: m.enable_http2.unwrap_or(true),
+                    enable_http3: m.enable_http3.unwrap_or(false),
                 }))
             }
         }

@@ -54,7 +54,8 @@ fn defaults_match_apisix() {
         vec![ListenAddr {
             ip: ip("0.0.0.0"),
             port: 9080,
-            enable_http2: true
+            enable_http2: true,
+            enable_http3: false,
         }]
     );
     assert!(s.apisix.enable_server_tokens && s.apisix.enable_admin);
@@ -173,31 +174,37 @@ apisix:
             ip: ip("0.0.0.0"),
             port: 9080,
             enable_http2: true,
+            enable_http3: false,
         },
         ListenAddr {
             ip: ip("127.0.0.2"),
             port: 9082,
             enable_http2: false,
+            enable_http3: false,
         },
         ListenAddr {
             ip: ip("0.0.0.0"),
             port: 9083,
             enable_http2: true,
+            enable_http3: false,
         },
         ListenAddr {
             ip: ip("::1"),
             port: 9080,
             enable_http2: true,
+            enable_http3: false,
         },
         ListenAddr {
             ip: ip("127.0.0.3"),
             port: 9084,
             enable_http2: true,
+            enable_http3: false,
         },
         ListenAddr {
             ip: ip("::1"),
             port: 9085,
             enable_http2: true,
+            enable_http3: false,
         },
     ];
     assert_eq!(s.apisix.node_listen, want);
@@ -733,7 +740,7 @@ fn wrong_type_is_refused_with_the_key_path() {
     let e = errors("apisix:\n  node_listen: [9080, x]\n");
     assert_eq!(
         e,
-        vec![r#"apisix.node_listen[1]: invalid value: string "x", expected a port number (1-65535), an "ip:port" string or a map {ip, port, enable_http2}"#.to_string()]
+        vec![r#"apisix.node_listen[1]: invalid value: string "x", expected a port number (1-65535), an "ip:port" string or a map {ip, port, enable_http2, enable_http3}"#.to_string()]
     );
     let e = errors("apisix:\n  node_listen: [9080, true]\n");
     assert!(
@@ -1206,4 +1213,27 @@ ferrisix:
     assert!(d
         .ext_plugin_socket()
         .ends_with(format!("conf/apisix-{}.sock", std::process::id())));
+}
+
+#[test]
+fn ssl_listen_reads_enable_http3() {
+    let s = parse(
+        r#"
+apisix:
+  ssl:
+    listen:
+      - port: 9443
+        enable_http3: true
+      - ip: 127.0.0.3
+        port: 9445
+      - 9446
+"#,
+    );
+    let l = &s.apisix.ssl.listen;
+    assert_eq!(l.len(), 3);
+    assert!(l[0].enable_http3 && l[0].port == 9443);
+    assert!(!l[1].enable_http3 && l[1].port == 9445);
+    assert!(!l[2].enable_http3);
+    // Off unless asked for, as in APISIX's config.yaml.example.
+    assert!(!Settings::embedded_default().apisix.ssl.listen[0].enable_http3);
 }

@@ -11,15 +11,19 @@ pub struct ListenAddr {
     pub ip: IpAddr,
     pub port: u16,
     pub enable_http2: bool,
+    /// `apisix.ssl.listen[].enable_http3`: HTTP/3 over QUIC on the same port (UDP) beside the
+    /// TLS listener. Read on ssl listeners only, as APISIX reads it.
+    pub enable_http3: bool,
 }
 
 impl ListenAddr {
-    /// `port` on every IPv4 address, HTTP/2 on (APISIX's defaults).
+    /// `port` on every IPv4 address, HTTP/2 on, HTTP/3 off (APISIX's defaults).
     pub fn port(port: u16) -> ListenAddr {
         ListenAddr {
             ip: IpAddr::from([0, 0, 0, 0]),
             port,
             enable_http2: true,
+            enable_http3: false,
         }
     }
 }

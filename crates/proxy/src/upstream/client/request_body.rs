@@ -14,9 +14,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use ferrisix_plugin_api::{BodyError, PendingBody};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tokio::time::Instant;
 
+use crate::client_body::ClientBody;
 use crate::error::{ErrorKind, ProxyError};
 
 /// nginx's `client_body_timeout` default, until [`UpstreamBody::client_timeout`] sets the
@@ -120,7 +120,7 @@ impl SendProgress {
 /// Where a streamed body comes from.
 pub enum StreamSource {
     /// The client's body, untouched by plugins.
-    Client(Incoming),
+    Client(ClientBody),
     /// The rest of a body the request phases started to read.
     Pending(PendingBody),
 }
@@ -190,7 +190,7 @@ impl UpstreamBody {
         }
     }
 
-    pub fn stream(inner: Incoming) -> UpstreamBody {
+    pub fn stream(inner: ClientBody) -> UpstreamBody {
         Self::stream_after(None, StreamSource::Client(inner))
     }
 

@@ -27,6 +27,7 @@ mod lifecycle;
 mod plugins_access;
 mod plugins_ai;
 mod plugins_ai_guards;
+mod plugins_ai_cache;
 mod plugins_apis;
 mod plugins_echo;
 mod plugins_error_page;

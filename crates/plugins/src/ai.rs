@@ -16,4 +16,6 @@ family! {
     ai_aws_content_moderation,
     ai_aliyun_content_moderation,
     ai_lakera_guard,
+    ai_cache,
+    ai_rag,
 }

@@ -336,11 +336,12 @@ fn ai_cache_exact_layer_on_redis() {
     // cache_headers false: still cached, no headers.
     let r = chat(&gw, "/quiet", &[], &q);
     assert_eq!(r.header("x-ai-cache-status"), None);
+    let quiet = r.json()["choices"][0]["message"]["content"].clone();
     wait_for_keys(redis.port, "ai-cache:l1:route=quiet:*", 1);
     let r = chat(&gw, "/quiet", &[], &q);
     assert_eq!(r.header("x-ai-cache-status"), None);
     assert_eq!(r.header("x-ai-cache-age"), None);
-    assert_eq!(r.json()["choices"][0]["message"]["content"], first);
+    assert_eq!(r.json()["choices"][0]["message"]["content"], quiet);
 
     // max_cache_body_size: a bigger answer is not stored.
     assert_eq!(chat(&gw, "/small", &[], &q).header("x-ai-cache-status"), Some("MISS"));
@@ -499,7 +500,7 @@ impl FakeSearch {
                 Resp::Int(5)
             }
             "FT.CREATE" => {
-                let dim: usize = a.get(16).and_then(|d| d.parse().ok()).unwrap_or(0);
+                let dim: usize = a.get(17).and_then(|d| d.parse().ok()).unwrap_or(0);
                 let expect = [
                     "ON", "HASH", "PREFIX", "1", "*", "SCHEMA", "partition", "TAG", "embedding",
                     "VECTOR", "HNSW", "6", "TYPE", "FLOAT32", "DIM", "*", "DISTANCE_METRIC",
@@ -701,7 +702,7 @@ fn ai_cache_semantic_layer_on_a_redisearch_server() {
         let s = search.lock().unwrap();
         s.hashes.len() == 1 && s.strings.len() == 1
     })
-    .expect("written back");
+    .unwrap_or_else(|| panic!("written back: {:?}", search.lock().unwrap().log));
     {
         let s = search.lock().unwrap();
         assert!(s.errors.is_empty(), "{:?}", s.errors);

@@ -212,7 +212,13 @@ fn start_provider() -> HttpServer {
 fn chat(gw: &Gateway, path: &str, extra: &[(&str, &str)], body: &Value) -> Reply {
     let mut headers = vec![("Content-Type", "application/json")];
     headers.extend_from_slice(extra);
-    request(gw.addr(), "POST", path, &headers, body.to_string().as_bytes())
+    request(
+        gw.addr(),
+        "POST",
+        path,
+        &headers,
+        body.to_string().as_bytes(),
+    )
 }
 
 fn prompt(text: &str) -> Value {
@@ -281,9 +287,17 @@ fn ai_cache_exact_layer_on_redis() {
     assert_eq!(first, "answer 1 to What is the capital of France?");
     let keys = wait_for_keys(redis.port, "ai-cache:l1:*", 1);
     assert_eq!(keys.len(), 1, "{keys:?}");
-    let fp = keys[0].strip_prefix("ai-cache:l1:route=c1:").expect("route scope");
-    assert!(fp.len() == 64 && fp.bytes().all(|b| b.is_ascii_hexdigit()), "{fp}");
-    let ttl: u64 = redis_cli(redis.port, &["ttl", &keys[0]]).trim().parse().unwrap();
+    let fp = keys[0]
+        .strip_prefix("ai-cache:l1:route=c1:")
+        .expect("route scope");
+    assert!(
+        fp.len() == 64 && fp.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{fp}"
+    );
+    let ttl: u64 = redis_cli(redis.port, &["ttl", &keys[0]])
+        .trim()
+        .parse()
+        .unwrap();
     assert!(ttl > 0 && ttl <= 120, "exact.ttl: {ttl}");
     let entry: Value = serde_json::from_str(&redis_cli(redis.port, &["get", &keys[0]])).unwrap();
     assert_eq!(entry["format"], "json");
@@ -311,15 +325,30 @@ fn ai_cache_exact_layer_on_redis() {
     // Another parameter is another entry; another route has its own space.
     let mut warm = q.clone();
     warm["temperature"] = json!(0.7);
-    assert_eq!(chat(&gw, "/chat", &[], &warm).header("x-ai-cache-status"), Some("MISS"));
-    assert_eq!(chat(&gw, "/other", &[], &q).header("x-ai-cache-status"), Some("MISS"));
+    assert_eq!(
+        chat(&gw, "/chat", &[], &warm).header("x-ai-cache-status"),
+        Some("MISS")
+    );
+    assert_eq!(
+        chat(&gw, "/other", &[], &q).header("x-ai-cache-status"),
+        Some("MISS")
+    );
     wait_for_keys(redis.port, "ai-cache:l1:route=c2:*", 1);
-    assert_eq!(chat(&gw, "/other", &[], &q).header("x-ai-cache-status"), Some("HIT"));
+    assert_eq!(
+        chat(&gw, "/other", &[], &q).header("x-ai-cache-status"),
+        Some("HIT")
+    );
 
     // share_across_routes: one space for both routes.
-    assert_eq!(chat(&gw, "/shared1", &[], &q).header("x-ai-cache-status"), Some("MISS"));
+    assert_eq!(
+        chat(&gw, "/shared1", &[], &q).header("x-ai-cache-status"),
+        Some("MISS")
+    );
     wait_for_keys(redis.port, "ai-cache:l1:shared:*", 1);
-    assert_eq!(chat(&gw, "/shared2", &[], &q).header("x-ai-cache-status"), Some("HIT"));
+    assert_eq!(
+        chat(&gw, "/shared2", &[], &q).header("x-ai-cache-status"),
+        Some("HIT")
+    );
 
     // include_vars: per tenant.
     let t = |tenant: &str| {
@@ -329,7 +358,10 @@ fn ai_cache_exact_layer_on_redis() {
     };
     assert_eq!(t("a:1").as_deref(), Some("MISS"));
     let k = wait_for_keys(redis.port, "ai-cache:l1:route=tenant:*", 1);
-    assert!(k[0].starts_with("ai-cache:l1:route=tenant:http_x_tenant=a%3A1:"), "{k:?}");
+    assert!(
+        k[0].starts_with("ai-cache:l1:route=tenant:http_x_tenant=a%3A1:"),
+        "{k:?}"
+    );
     assert_eq!(t("a:1").as_deref(), Some("HIT"));
     assert_eq!(t("b").as_deref(), Some("MISS"));
 
@@ -344,14 +376,23 @@ fn ai_cache_exact_layer_on_redis() {
     assert_eq!(r.json()["choices"][0]["message"]["content"], quiet);
 
     // max_cache_body_size: a bigger answer is not stored.
-    assert_eq!(chat(&gw, "/small", &[], &q).header("x-ai-cache-status"), Some("MISS"));
-    assert_eq!(chat(&gw, "/small", &[], &q).header("x-ai-cache-status"), Some("MISS"));
+    assert_eq!(
+        chat(&gw, "/small", &[], &q).header("x-ai-cache-status"),
+        Some("MISS")
+    );
+    assert_eq!(
+        chat(&gw, "/small", &[], &q).header("x-ai-cache-status"),
+        Some("MISS")
+    );
     assert!(redis_keys(redis.port, "ai-cache:l1:route=small:*").is_empty());
 
     // Without ai-proxy: fail_mode error refuses, skip passes as BYPASS.
     let r = chat(&gw, "/alone", &[], &q);
     assert_eq!(r.status, 500);
-    assert_eq!(r.text(), "ai-cache must be used with the ai-proxy or ai-proxy-multi plugin");
+    assert_eq!(
+        r.text(),
+        "ai-cache must be used with the ai-proxy or ai-proxy-multi plugin"
+    );
     let r = chat(&gw, "/skip", &[], &q);
     assert_eq!(r.header("x-ai-cache-status"), Some("BYPASS"));
 
@@ -377,7 +418,10 @@ fn ai_cache_stores_and_replays_streams_apart_from_answers() {
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-ai-cache-status"), Some("MISS"));
     let streamed = r.text();
-    assert!(streamed.contains("stream 1") && streamed.ends_with("data: [DONE]\n\n"), "{streamed}");
+    assert!(
+        streamed.contains("stream 1") && streamed.ends_with("data: [DONE]\n\n"),
+        "{streamed}"
+    );
     let keys = wait_for_keys(redis.port, "ai-cache:l1:*", 1);
     let entry: Value = serde_json::from_str(&redis_cli(redis.port, &["get", &keys[0]])).unwrap();
     assert_eq!(entry["format"], "sse");
@@ -451,7 +495,11 @@ fn unpack(blob: &[u8]) -> Vec<f32> {
 }
 
 fn cosine_distance(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| f64::from(*x) * f64::from(*y))
+        .sum();
     let na: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
     let nb: f64 = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
     1.0 - dot / (na * nb)
@@ -502,8 +550,23 @@ impl FakeSearch {
             "FT.CREATE" => {
                 let dim: usize = a.get(17).and_then(|d| d.parse().ok()).unwrap_or(0);
                 let expect = [
-                    "ON", "HASH", "PREFIX", "1", "*", "SCHEMA", "partition", "TAG", "embedding",
-                    "VECTOR", "HNSW", "6", "TYPE", "FLOAT32", "DIM", "*", "DISTANCE_METRIC",
+                    "ON",
+                    "HASH",
+                    "PREFIX",
+                    "1",
+                    "*",
+                    "SCHEMA",
+                    "partition",
+                    "TAG",
+                    "embedding",
+                    "VECTOR",
+                    "HNSW",
+                    "6",
+                    "TYPE",
+                    "FLOAT32",
+                    "DIM",
+                    "*",
+                    "DISTANCE_METRIC",
                     "COSINE",
                 ];
                 let shape: Vec<&str> = a[2..].iter().map(String::as_str).collect();
@@ -530,8 +593,20 @@ impl FakeSearch {
         };
         let tail: Vec<&str> = a[3..].iter().map(String::as_str).collect();
         let expect = [
-            "PARAMS", "2", "vec", "*", "RETURN", "4", "__score", "response", "created_at",
-            "format", "SORTBY", "__score", "DIALECT", "2",
+            "PARAMS",
+            "2",
+            "vec",
+            "*",
+            "RETURN",
+            "4",
+            "__score",
+            "response",
+            "created_at",
+            "format",
+            "SORTBY",
+            "__score",
+            "DIALECT",
+            "2",
         ];
         if tail.len() != expect.len() || !tail.iter().zip(expect).all(|(g, e)| e == "*" || *g == e)
         {
@@ -553,7 +628,8 @@ impl FakeSearch {
         };
         let vec = unpack(&args[6]);
         if vec.len() != dim {
-            self.errors.push(format!("vector of {} for DIM {dim}", vec.len()));
+            self.errors
+                .push(format!("vector of {} for DIM {dim}", vec.len()));
         }
         let mut found: Vec<(f64, &String, &HashMap<String, Vec<u8>>)> = self
             .hashes
@@ -708,8 +784,14 @@ fn ai_cache_semantic_layer_on_a_redisearch_server() {
         assert!(s.errors.is_empty(), "{:?}", s.errors);
         let (doc, h) = s.hashes.iter().next().unwrap();
         let (index, (prefix, dim)) = s.indexes.iter().next().unwrap();
-        assert!(index.starts_with("sem:idx:") && index.ends_with(":3"), "{index}");
-        assert!(prefix.starts_with("sem:l2:") && doc.starts_with(prefix.as_str()), "{doc}");
+        assert!(
+            index.starts_with("sem:idx:") && index.ends_with(":3"),
+            "{index}"
+        );
+        assert!(
+            prefix.starts_with("sem:l2:") && doc.starts_with(prefix.as_str()),
+            "{doc}"
+        );
         assert_eq!(*dim, 3);
         assert_eq!(unpack(&h["embedding"]), [1.0, 0.0, 0.0]);
         assert_eq!(h["format"], b"json");
@@ -751,9 +833,16 @@ fn ai_cache_semantic_layer_on_a_redisearch_server() {
     })
     .expect("written back");
     let r = chat(&gw, "/az", &[], &prompt("Tell me France's capital"));
-    assert_eq!(r.header("x-ai-cache-status"), Some("MISS"), "below the threshold");
+    assert_eq!(
+        r.header("x-ai-cache-status"),
+        Some("MISS"),
+        "below the threshold"
+    );
     assert!(emb.count("/azure/embeddings") >= 2);
-    assert_eq!(emb.last("/azure/embeddings").json()["input"], "Tell me France's capital");
+    assert_eq!(
+        emb.last("/azure/embeddings").json()["input"],
+        "Tell me France's capital"
+    );
     let s = search.lock().unwrap();
     assert_eq!(s.indexes.len(), 2);
     assert!(s.errors.is_empty(), "{:?}", s.errors);

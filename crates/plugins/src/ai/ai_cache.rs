@@ -217,7 +217,7 @@ struct AiCache {
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let conf = cx.filled();
     let obj = conf.as_object().ok_or("ai-cache conf is not an object")?;
-    let redis = redis_support::policy_remote(NAME, obj, &cx.services)?
+    let redis = redis_support::policy_remote(NAME, obj, cx.services)?
         .ok_or("ai-cache needs a redis policy")?;
     let ck = conf.get("cache_key").cloned().unwrap_or(Value::Null);
     let semantic = match conf.get("semantic") {
@@ -413,8 +413,7 @@ impl AiCache {
 
     async fn access_async(&self, ctx: &mut PluginCtx<'_>) -> Flow {
         let picked = ctx.get::<PickedInstance>().cloned();
-        let (Some(PickedInstance(picked, identity)), Some(req)) =
-            (picked, ctx.get::<AiRequest>())
+        let (Some(PickedInstance(picked, identity)), Some(req)) = (picked, ctx.get::<AiRequest>())
         else {
             let reason =
                 "no ai instance picked (request did not pass through ai-proxy/ai-proxy-multi)";
@@ -504,7 +503,10 @@ impl AiCache {
             match embedded {
                 Err(e) => tracing::warn!("ai-cache: embedding failed, fail-open as MISS: {e}"),
                 Ok(vec) => {
-                    match self.semantic_lookup(sem, &cache_key, &partition, &vec).await {
+                    match self
+                        .semantic_lookup(sem, &cache_key, &partition, &vec)
+                        .await
+                    {
                         Some((entry, similarity)) => {
                             ctx.insert(state);
                             return self.serve_hit(ctx, entry, Some(similarity));
@@ -713,7 +715,9 @@ mod tests {
         let sem = json!({"embedding": {"openai": {"model": "m", "api_key": "k"}},
             "vector_search": {"redis": {}}});
         assert_eq!(
-            ok(json!({"redis_host": "127.0.0.1", "layers": ["exact", "semantic"], "semantic": sem})),
+            ok(
+                json!({"redis_host": "127.0.0.1", "layers": ["exact", "semantic"], "semantic": sem})
+            ),
             None
         );
         let both = json!({"embedding": {"openai": {"model": "m", "api_key": "k"},

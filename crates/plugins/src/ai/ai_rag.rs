@@ -119,7 +119,9 @@ struct Service {
 
 impl Service {
     fn from_conf(conf: &Value, path: &str) -> Result<Service, String> {
-        let c = conf.pointer(path).ok_or_else(|| format!("{path} is missing"))?;
+        let c = conf
+            .pointer(path)
+            .ok_or_else(|| format!("{path} is missing"))?;
         let field = |k: &str| c.get(k).and_then(Value::as_str).unwrap_or_default();
         Ok(Service {
             endpoint: field("endpoint").to_owned(),
@@ -355,7 +357,10 @@ mod tests {
             Some("property \"vector_search_provider\" is required")
         );
         let mut no_emb = conf();
-        no_emb.as_object_mut().unwrap().remove("embeddings_provider");
+        no_emb
+            .as_object_mut()
+            .unwrap()
+            .remove("embeddings_provider");
         assert_eq!(
             err(no_emb).as_deref(),
             Some("property \"embeddings_provider\" is required")

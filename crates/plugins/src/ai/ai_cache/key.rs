@@ -97,7 +97,8 @@ pub fn messages(protocol: Protocol, body: &Value) -> Vec<(String, String)> {
                         .iter()
                         .filter(|p| {
                             p.get("type").and_then(Value::as_str) == Some("text")
-                                || (protocol == Protocol::BedrockConverse && p.get("text").is_some())
+                                || (protocol == Protocol::BedrockConverse
+                                    && p.get("text").is_some())
                         })
                         .filter_map(|p| p.get("text").and_then(Value::as_str))
                         .collect(),

@@ -492,7 +492,11 @@ mod tests {
         assert_eq!(embed_text(&m, &d), "second");
         assert_eq!(
             context_messages(&m, &d),
-            msgs(&[("system", "be brief"), ("user", "first"), ("assistant", "ok")])
+            msgs(&[
+                ("system", "be brief"),
+                ("user", "first"),
+                ("assistant", "ok")
+            ])
         );
         let two = Match {
             message_countback: 2,
@@ -505,7 +509,10 @@ mod tests {
             ..d
         };
         assert_eq!(embed_text(&m, &with_system), "be brief\nfirst\nsecond");
-        assert_eq!(context_messages(&m, &with_system), msgs(&[("assistant", "ok")]));
+        assert_eq!(
+            context_messages(&m, &with_system),
+            msgs(&[("assistant", "ok")])
+        );
     }
 
     #[test]

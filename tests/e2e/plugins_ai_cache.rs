@@ -446,10 +446,13 @@ fn ai_cache_stores_and_replays_streams_apart_from_answers() {
 
 // ---- The semantic layer: an in-test RediSearch and embeddings services. ----
 
+/// A stored hash: field -> value.
+type Hash = HashMap<String, Vec<u8>>;
+
 #[derive(Default)]
 struct FakeSearch {
     strings: HashMap<String, Vec<u8>>,
-    hashes: HashMap<String, HashMap<String, Vec<u8>>>,
+    hashes: HashMap<String, Hash>,
     ttls: HashMap<String, u64>,
     /// index -> (prefix, dim)
     indexes: HashMap<String, (String, usize)>,
@@ -631,7 +634,7 @@ impl FakeSearch {
             self.errors
                 .push(format!("vector of {} for DIM {dim}", vec.len()));
         }
-        let mut found: Vec<(f64, &String, &HashMap<String, Vec<u8>>)> = self
+        let mut found: Vec<(f64, &String, &Hash)> = self
             .hashes
             .iter()
             .filter(|(key, h)| {

@@ -179,6 +179,9 @@ fn start_provider() -> HttpServer {
             .and_then(|m| m["content"].as_str())
             .unwrap_or("")
             .to_owned();
+        if req.path.starts_with("/limited") {
+            return json_answer(429, &json!({"error": {"message": "slow down"}}));
+        }
         if req.header("authorization") != Some("Bearer sk-llm") {
             return json_answer(401, &json!({"error": {"message": "bad key"}}));
         }
@@ -273,6 +276,14 @@ fn ai_cache_exact_layer_on_redis() {
             "plugins": {"ai-cache": cache(json!({"fail_mode": "error"}))}},
         {"id": "skip", "uri": "/skip", "upstream": {"nodes": {provider.addr.to_string(): 1}},
             "plugins": {"ai-cache": cache(json!({}))}},
+        {"id": "multi", "uri": "/multi", "plugins": {"ai-cache": cache(json!({})),
+            "ai-proxy-multi": {"fallback_strategy": ["http_429"], "instances": [
+                {"name": "busy", "provider": "openai", "weight": 1, "priority": 1,
+                 "auth": {"header": {"Authorization": "Bearer sk-llm"}},
+                 "override": {"endpoint": format!("http://{}/limited/v1/chat/completions", provider.addr)}},
+                {"name": "spare", "provider": "openai", "weight": 1, "priority": 0,
+                 "auth": {"header": {"Authorization": "Bearer sk-llm"}},
+                 "override": {"endpoint": format!("http://{}", provider.addr)}}]}}},
         {"id": "down", "uri": "/down", "plugins": {"ai-proxy": ai_proxy(&provider),
             "ai-cache": {"redis_host": "127.0.0.1", "redis_port": free_port(), "redis_timeout": 200}}},
     ]});
@@ -395,6 +406,20 @@ fn ai_cache_exact_layer_on_redis() {
     );
     let r = chat(&gw, "/skip", &[], &q);
     assert_eq!(r.header("x-ai-cache-status"), Some("BYPASS"));
+
+    // A fallback instance's answer is not stored under the key made for the instance
+    // picked first.
+    for _ in 0..2 {
+        let r = chat(&gw, "/multi", &[], &q);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-ai-cache-status"), Some("MISS"));
+    }
+    assert_eq!(provider.count("/limited/v1/chat/completions"), 2);
+    // An answer stored after them is there: theirs would have been too.
+    let before = redis_keys(redis.port, "ai-cache:l1:route=c1:*").len();
+    chat(&gw, "/chat", &[], &prompt("after the fallbacks"));
+    wait_for_keys(redis.port, "ai-cache:l1:route=c1:*", before + 1);
+    assert!(redis_keys(redis.port, "ai-cache:l1:route=multi:*").is_empty());
 
     // Redis down: fail-open as a miss.
     let r = chat(&gw, "/down", &[], &q);

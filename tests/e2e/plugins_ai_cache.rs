@@ -935,9 +935,11 @@ fn ai_rag_augments_the_request_and_answers_the_services_errors() {
               "vector_search_provider": {"azure_ai_search": {
                 "endpoint": format!("http://{}/search", services.addr), "api_key": search_key}}})
     };
+    let provider = start_provider();
     let up = json!({"nodes": {upstream.addr.to_string(): 1}, "type": "roundrobin"});
     let routes = json!({"routes": [
         {"id": "ok", "uris": ["/rag", "/v1/responses"], "upstream": up, "plugins": {"ai-rag": rag("key", "key")}},
+        {"id": "llm", "uri": "/llm", "plugins": {"ai-rag": rag("key", "key"), "ai-proxy": ai_proxy(&provider)}},
         {"id": "bad-emb", "uri": "/bad-emb", "upstream": up, "plugins": {"ai-rag": rag("wrong", "key")}},
         {"id": "bad-search", "uri": "/bad-search", "upstream": up, "plugins": {"ai-rag": rag("key", "wrong")}},
     ]});
@@ -972,6 +974,17 @@ fn ai_rag_augments_the_request_and_answers_the_services_errors() {
         sent["input"],
         "which service is good for devops\n{\"value\":[{\"content\":\"Azure DevOps\"}]}"
     );
+
+    // Before ai-proxy: the provider gets the augmented conversation.
+    let r = post("/llm", with_chat);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let sent = provider.last("/v1/chat/completions").json();
+    assert_eq!(
+        sent["messages"],
+        json!([{"role": "system", "content": "be brief"},
+               {"role": "user", "content": "{\"value\":[{\"content\":\"Azure DevOps\"}]}"}])
+    );
+    assert!(sent.get("ai_rag").is_none());
 
     // The services' errors are the client's answer.
     let r = post("/bad-emb", ask);

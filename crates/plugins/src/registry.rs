@@ -442,6 +442,12 @@ mod tests {
             ("feishu-auth", &["app_secret", "secret", "secret_fallbacks"]),
             ("loggly", &["customer_token"]),
             (
+                "ai-aws-content-moderation",
+                &["comprehend.secret_access_key"],
+            ),
+            ("ai-aliyun-content-moderation", &["access_key_secret"]),
+            ("ai-lakera-guard", &["api_key"]),
+            (
                 "ai-cache",
                 &[
                     "redis_password",

@@ -27,6 +27,7 @@ mod http3;
 mod lifecycle;
 mod plugins_access;
 mod plugins_ai;
+mod plugins_ai_cache;
 mod plugins_ai_guards;
 mod plugins_apis;
 mod plugins_echo;

@@ -4,7 +4,8 @@
 //! ai-prompt-decorator), refuse it (ai-prompt-guard) or have an LLM rewrite it
 //! (ai-request-rewrite); the guards have a content service judge the request and the answer
 //! (ai-aws-content-moderation, ai-aliyun-content-moderation, ai-lakera-guard); mcp-bridge
-//! bridges MCP clients over SSE to MCP servers on stdio. What they share lives in
+//! bridges MCP clients over SSE to MCP servers on stdio; ai-cache answers repeated prompts
+//! from Redis and ai-rag adds what a vector search found. What they share lives in
 //! `support::ai`.
 
 family! {
@@ -19,4 +20,6 @@ family! {
     ai_aliyun_content_moderation,
     ai_lakera_guard,
     mcp_bridge,
+    ai_cache,
+    ai_rag,
 }

@@ -441,6 +441,27 @@ mod tests {
             ),
             ("feishu-auth", &["app_secret", "secret", "secret_fallbacks"]),
             ("loggly", &["customer_token"]),
+            (
+                "ai-aws-content-moderation",
+                &["comprehend.secret_access_key"],
+            ),
+            ("ai-aliyun-content-moderation", &["access_key_secret"]),
+            ("ai-lakera-guard", &["api_key"]),
+            (
+                "ai-cache",
+                &[
+                    "redis_password",
+                    "semantic.embedding.openai.api_key",
+                    "semantic.embedding.azure_openai.api_key",
+                ],
+            ),
+            (
+                "ai-rag",
+                &[
+                    "embeddings_provider.azure_openai.api_key",
+                    "vector_search_provider.azure_ai_search.api_key",
+                ],
+            ),
             ("google-cloud-logging", &["auth_config.private_key"]),
             ("sls-logger", &["access_key_secret"]),
             ("splunk-hec-logging", &["endpoint.token"]),

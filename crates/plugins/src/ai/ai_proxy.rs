@@ -57,7 +57,10 @@ impl AiProxy {
         if let Err(exit) = ai::start(ctx, self.max_body, self.logging).await {
             return Flow::Exit(exit);
         }
-        ctx.insert(PickedInstance(self.instance.name.clone()));
+        ctx.insert(PickedInstance(
+            self.instance.name.clone(),
+            self.instance.identity.clone(),
+        ));
         Flow::Continue
     }
 

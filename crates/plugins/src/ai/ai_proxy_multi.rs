@@ -214,7 +214,10 @@ impl AiProxyMulti {
                 "all servers tried",
             ));
         };
-        ctx.insert(PickedInstance(self.instances[idx].name.clone()));
+        ctx.insert(PickedInstance(
+            self.instances[idx].name.clone(),
+            self.instances[idx].identity.clone(),
+        ));
         ctx.insert(Tries {
             tried,
             current: idx,
@@ -265,7 +268,10 @@ impl AiProxyMulti {
                 self.instances[next].name
             );
             tries.current = next;
-            ctx.insert(PickedInstance(self.instances[next].name.clone()));
+            ctx.insert(PickedInstance(
+                self.instances[next].name.clone(),
+                self.instances[next].identity.clone(),
+            ));
         }
     }
 }

@@ -275,7 +275,7 @@ impl Plugin for AiRateLimiting {
     }
 
     fn access<'a>(&'a self, ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
-        let Some(PickedInstance(name)) = ctx.get::<PickedInstance>().cloned() else {
+        let Some(PickedInstance(name, _)) = ctx.get::<PickedInstance>().cloned() else {
             return Step::CONTINUE;
         };
         if self.inner.check(ctx, &name) {
@@ -286,7 +286,7 @@ impl Plugin for AiRateLimiting {
     }
 
     fn log(&self, ctx: &LogCtx) {
-        let (Some(PickedInstance(name)), Some(record)) =
+        let (Some(PickedInstance(name, _)), Some(record)) =
             (ctx.value::<PickedInstance>(), ctx.value::<Arc<LlmRecord>>())
         else {
             return;

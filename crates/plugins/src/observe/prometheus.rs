@@ -63,7 +63,7 @@ fn schema() -> Value {
 }
 
 /// `ai_cache_hits_total`'s labels: APISIX's metadata schema accepts the AI-cache metrics'
-/// `disabled_labels` (ferrisix does not record those metrics; ai-cache is not built).
+/// `disabled_labels` (ferrisix does not record those metrics yet).
 const AI_CACHE_HITS_LABELS: [&str; 10] = [
     "layer",
     "route",

@@ -33,9 +33,10 @@ pub struct AiRequest {
 }
 
 /// The instance the request goes to (APISIX's `ctx.picked_ai_instance_name`):
-/// `ai-proxy-<provider>` for ai-proxy, the instance's name for ai-proxy-multi.
+/// `ai-proxy-<provider>` for ai-proxy, the instance's name for ai-proxy-multi; with what
+/// decides its answer besides the request ([`call::Instance::identity`]: ai-cache's key).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PickedInstance(pub String);
+pub struct PickedInstance(pub String, pub Arc<Value>);
 
 /// ai-rate-limiting's check of an instance's budget, which ai-proxy-multi asks before it
 /// picks an instance (`fallback_strategy` `instance_health_and_rate_limiting`).

@@ -146,6 +146,10 @@ pub struct Instance {
     pub force_override: bool,
     pub priority: i64,
     pub weight: u32,
+    /// What decides the instance's answers besides the request, as ai-cache's key
+    /// (`ai-cache/key.lua`) folds it in: `provider`, `options`, and `override`'s
+    /// `llm_options`, `request_body`, `request_body_force_override` and `endpoint`.
+    pub identity: Arc<Value>,
 }
 
 impl Instance {
@@ -178,7 +182,25 @@ impl Instance {
             Some(e) => Some(Endpoint::parse(e).ok_or("invalid endpoint")?),
             None => None,
         };
+        let field = |k: &str| over.and_then(|o| o.get(k)).cloned();
+        let mut identity = Map::new();
+        identity.insert("provider".into(), Value::String(provider_name.to_owned()));
+        for (k, v) in [
+            ("options", conf.get("options").cloned()),
+            ("llm_options", field("llm_options")),
+            ("request_body", field("request_body")),
+            (
+                "request_body_force_override",
+                field("request_body_force_override"),
+            ),
+            ("endpoint", field("endpoint")),
+        ] {
+            if let Some(v) = v {
+                identity.insert(k.into(), v);
+            }
+        }
         Ok(Instance {
+            identity: Arc::new(Value::Object(identity)),
             name,
             provider,
             provider_conf: ProviderConf::from_conf(conf.get("provider_conf")),

@@ -801,10 +801,16 @@ fn ai_cache_semantic_layer_on_a_redisearch_server() {
     let r = chat(&gw, "/sem", &[], &prompt("What is the capital of France?"));
     assert_eq!(r.header("x-ai-cache-status"), Some("MISS"), "{}", r.text());
     let answer = r.json()["choices"][0]["message"]["content"].clone();
-    // Written to both layers in the background.
+    // Written to both layers in the background, each entry then given its time (`EXPIRE` for
+    // the semantic hash comes after its `HSET`).
     poll_until(Duration::from_secs(10), || {
         let s = search.lock().unwrap();
-        s.hashes.len() == 1 && s.strings.len() == 1
+        s.hashes.len() == 1
+            && s.strings.len() == 1
+            && s.hashes
+                .keys()
+                .chain(s.strings.keys())
+                .all(|k| s.ttls.contains_key(k))
     })
     .unwrap_or_else(|| panic!("written back: {:?}", search.lock().unwrap().log));
     {

@@ -7,8 +7,8 @@ use http::StatusCode;
 use serde_json::{json, Value};
 
 use super::{PurgeApi, DEF, NAME};
-use crate::transform::proxy_cache::test_zones;
 use crate::testing::Compiler;
+use crate::transform::proxy_cache::test_zones;
 
 fn compiler(dir: &tempfile::TempDir) -> Compiler {
     let services = PluginServices::new(

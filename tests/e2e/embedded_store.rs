@@ -6,7 +6,7 @@
 //! * a restart with 2,000 routes stored serves all of them from the first request (no
 //!   partial table while the first compile runs);
 //! * (ignored) the PUT-to-served propagation figure;
-//! * the control API's `/v1/schema`.
+//! * the control API's `/v1/schema`, and the Admin API on the data port.
 
 use crate::support;
 
@@ -264,4 +264,32 @@ fn control_schema_lists_the_core_and_plugin_schemas() {
         .json();
     assert_eq!(doc["stream_plugins"], stream);
     assert!(doc["stream_plugins"]["limit-conn"].is_object());
+}
+
+/// `ferrisix.admin_on_data_port`: the Admin API answers loopback clients on the data port too
+/// (APISIX 2.x's layout); other paths there are the data plane's.
+#[test]
+fn admin_on_the_data_port_for_loopback_clients() {
+    let gw = StoreGatewayBuilder::embedded()
+        .ferrisix_key("admin_on_data_port: true")
+        .start();
+    let key = [("x-api-key", ADMIN_KEY)];
+    let put = support::request(
+        gw.data_addr(),
+        "PUT",
+        "/apisix/admin/routes/d1",
+        &key,
+        br#"{"uri": "/d1", "upstream": {"nodes": {"127.0.0.1:1": 1}}}"#,
+    );
+    assert_eq!(put.status, 201, "{}", put.text());
+    let list = support::request(gw.data_addr(), "GET", "/apisix/admin/routes", &key, b"");
+    assert_eq!(list.status, 200, "{}", list.text());
+    assert_eq!(list.json()["total"], 1);
+    let unauthorized = support::request(gw.data_addr(), "GET", "/apisix/admin/routes", &[], b"");
+    assert_eq!(unauthorized.status, 401);
+    assert_eq!(
+        gw.get("/nothing-here").status,
+        404,
+        "the data plane still serves the rest"
+    );
 }

@@ -11,6 +11,7 @@ mod head;
 pub(crate) mod host;
 pub(crate) mod real_ip;
 
+use std::future::Future;
 use std::time::Instant;
 
 use http::header::{self, HeaderValue};
@@ -30,23 +31,33 @@ use crate::snapshot::{CompiledUpstream, RouteTarget};
 use crate::{plugins, routing, upstream};
 
 impl ConnInfo {
-    /// Serves one HTTP/1.1 or HTTP/2 request of this connection.
-    pub async fn handle(&self, req: Request<Incoming>) -> Response<ResponseBody> {
-        if let Some(admin) = &self.gateway.legacy_admin {
-            // Loopback only: this is a compatibility switch for local scripts, not an exposure
-            // of the Admin API on the public port.
-            if self.peer().ip().is_loopback() && req.uri().path().starts_with("/apisix/admin") {
-                return admin(req, self.peer().ip()).await;
-            }
-        }
+    /// Serves one HTTP/1.1 or HTTP/2 request of this connection. A plain function handing
+    /// back [`ConnInfo::handle_parts`]'s future: an `async fn` here would wrap that whole
+    /// state machine in another one, which every request paid for in moves and polls.
+    pub fn handle(
+        &self,
+        req: Request<Incoming>,
+    ) -> impl Future<Output = Response<ResponseBody>> + '_ {
         let (parts, body) = req.into_parts();
-        self.handle_parts(parts, ClientBody::Http(body)).await
+        self.handle_parts(parts, ClientBody::Http(body))
     }
 
     /// Serves one request of this connection from its head and body, whatever the protocol
     /// (HTTP/3 comes in here).
-    pub async fn handle_parts(&self, parts: Parts, body: ClientBody) -> Response<ResponseBody> {
+    pub async fn handle_parts(&self, parts: Parts, mut body: ClientBody) -> Response<ResponseBody> {
         let gateway = &*self.gateway;
+        if let Some(admin) = &gateway.legacy_admin {
+            // Loopback only: this is a compatibility switch for local scripts, not an exposure
+            // of the Admin API on the public port (HTTP/1.1 and h2 only).
+            if self.peer().ip().is_loopback() && parts.uri.path().starts_with("/apisix/admin") {
+                match body {
+                    ClientBody::Http(b) => {
+                        return admin(Request::from_parts(parts, b), self.peer().ip()).await
+                    }
+                    other => body = other,
+                }
+            }
+        }
         let started = Instant::now();
         ferrisix_net::share_core(started);
         let remote_addr = match self.client_from_proxy_protocol() {

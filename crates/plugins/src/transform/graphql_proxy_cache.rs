@@ -21,7 +21,6 @@
 //! conf is written, as proxy-cache refuses it, rather than failing at request time.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use ferrisix_config::schema::cjson;
@@ -247,11 +246,7 @@ impl GraphqlProxyCache {
         }
         md5.update(b"\x01");
         md5.update(raw);
-        let mut hex = String::with_capacity(32);
-        for b in md5.finalize() {
-            let _ = write!(hex, "{b:02x}");
-        }
-        hex
+        crate::support::cloud::sigv4::hex(&md5.finalize())
     }
 
     async fn run(&self, ctx: &mut PluginCtx<'_>) -> Flow {

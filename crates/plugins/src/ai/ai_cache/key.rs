@@ -8,9 +8,6 @@
 //! and empty containers are written as serde_json writes them, so an entry APISIX wrote
 //! is not promised to be found under the same key here.
 
-use std::fmt::Write as _;
-
-use ring::digest::{digest, SHA256};
 use serde_json::{Map, Value};
 
 use crate::support::ai::protocol::Protocol;
@@ -35,12 +32,7 @@ pub struct ScopeFacts<'a> {
 
 /// SHA-256 of `s`, lower-case hex.
 pub fn hex_digest(s: &[u8]) -> String {
-    let d = digest(&SHA256, s);
-    let mut out = String::with_capacity(64);
-    for b in d.as_ref() {
-        let _ = write!(out, "{b:02x}");
-    }
-    out
+    crate::support::cloud::sigv4::sha256_hex(s)
 }
 
 /// JSON with object keys sorted at every level.

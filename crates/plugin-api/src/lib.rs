@@ -61,6 +61,7 @@
 //! `ferrisix-plugins`' `boundary` test holds its code and its `Cargo.toml` to these lists.
 #![forbid(unsafe_code)]
 
+pub mod answer;
 pub mod clock;
 pub mod compile;
 pub mod consumers;
@@ -88,6 +89,7 @@ pub mod tls_client;
 pub mod upstream;
 pub mod vars;
 
+pub use answer::{AnswerBody, UpstreamAnswer};
 pub use clock::Clock;
 pub use compile::{ApiAnswer, ApiHandler, ApiMaker, CompileCtx, PluginApi, PluginApis};
 pub use consumers::{AuthDef, ConsumerIndex, Credential, Prepared};

@@ -12,6 +12,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 
+use crate::answer::UpstreamAnswer;
 use crate::ctx::PluginCtx;
 use crate::exit::Exit;
 use crate::log::{LogCtx, LogNeeds};
@@ -35,6 +36,9 @@ impl Phases {
     pub const LOG: Phases = Phases(1 << 5);
     /// `mask_log`: edits what the log phase's plugins see, before any of them runs.
     pub const LOG_MASK: Phases = Phases(1 << 6);
+    /// `upstream_answer`: the upstream's answer is held back until the plugin is done with it
+    /// (ext-plugin-post-resp).
+    pub const UPSTREAM_ANSWER: Phases = Phases(1 << 7);
 
     pub const fn union(self, other: Phases) -> Phases {
         Phases(self.0 | other.0)
@@ -118,6 +122,18 @@ pub trait Plugin: Send + Sync + 'static {
 
     /// After the upstream node is picked, before the request goes to it (`before_proxy`).
     fn before_proxy<'a>(&'a self, _ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
+        Step::CONTINUE
+    }
+
+    /// The upstream answered: its status, headers and body may be read and changed before any
+    /// of it goes to the client (APISIX's ext-plugin-post-resp makes the upstream call itself
+    /// in `before_proxy` to get there). Runs only on an upstream's answer, before
+    /// `header_filter`; an exit replaces the answer.
+    fn upstream_answer<'a>(
+        &'a self,
+        _ctx: &'a mut PluginCtx<'_>,
+        _answer: &'a mut UpstreamAnswer,
+    ) -> Step<'a> {
         Step::CONTINUE
     }
 

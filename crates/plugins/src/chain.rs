@@ -14,7 +14,7 @@ use ferrisix_config::model::ResourceKind;
 use ferrisix_config::vars::compile_vars;
 use ferrisix_plugin_api::{
     CompileCtx, Flow, LogCtx, LogNeeds, Owner, Phases, Plugin, PluginCtx, PluginKind, Protos,
-    ResponseHead, RouteInfo, RunPolicy, Step, UpstreamResolver,
+    ResponseHead, RouteInfo, RunPolicy, Step, UpstreamAnswer, UpstreamResolver,
 };
 use ferrisix_router::Expr;
 use serde_json::{Map, Value};
@@ -263,6 +263,42 @@ impl PluginChain {
 
     pub async fn before_proxy(&self, ctx: &mut PluginCtx<'_>) -> Flow {
         self.run(Phases::BEFORE_PROXY, ctx).await
+    }
+
+    /// `upstream_answer`, in priority order; the first exit replaces the answer.
+    pub async fn upstream_answer(
+        &self,
+        ctx: &mut PluginCtx<'_>,
+        answer: &mut UpstreamAnswer,
+    ) -> Flow {
+        if !self.phases.contains(Phases::UPSTREAM_ANSWER) {
+            return Flow::Continue;
+        }
+        for e in self.entries.iter() {
+            if !e.plugin.phases().contains(Phases::UPSTREAM_ANSWER) {
+                continue;
+            }
+            if let Some(filter) = &e.filter {
+                if !filter.eval(&*ctx) {
+                    continue;
+                }
+            }
+            let flow = match e.plugin.upstream_answer(ctx, answer) {
+                Step::Done(flow) => flow,
+                Step::Wait(fut) => fut.await,
+            };
+            if let Flow::Exit(mut exit) = flow {
+                if let Some(body) = e
+                    .error_response
+                    .as_ref()
+                    .filter(|_| exit.status.as_u16() >= 400)
+                {
+                    exit.body = Some(body.clone());
+                }
+                return Flow::Exit(exit);
+            }
+        }
+        Flow::Continue
     }
 
     async fn run(&self, phase: Phases, ctx: &mut PluginCtx<'_>) -> Flow {

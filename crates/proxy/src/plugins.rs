@@ -1,6 +1,7 @@
 //! The plugin side of one request: the chains that run for it ([`PluginRun`]), the plugins'
 //! request state, and the phases they run in, in the order they run: the request phases
-//! ([`request_phases`]: `rewrite`, `access`, `before_proxy`) and the response phases
+//! ([`request_phases`]: `rewrite`, `access`, `before_proxy`), the upstream's answer held back
+//! for the plugins that want it whole ([`upstream_answer`]), and the response phases
 //! ([`response_phases`]: `header_filter`, then the plugins' `log`, handed to [`crate::log`]).
 //!
 //! Nothing here runs for a request whose route and global rules have no plugins; the request
@@ -8,9 +9,11 @@
 
 mod request_phases;
 mod response_phases;
+mod upstream_answer;
 
 pub use request_phases::request_phases;
 pub use response_phases::response_phases;
+pub use upstream_answer::upstream_answer;
 
 use std::borrow::Cow;
 use std::sync::Arc;

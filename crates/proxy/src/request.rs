@@ -151,16 +151,19 @@ async fn serve(ctx: &mut RequestCtx<'_>) -> Response<ResponseBody> {
         .and_then(|r| r.state.chosen_upstream())
         .cloned();
     // A plugin sent the request to another upstream (traffic-split).
-    if let Some(u) = chosen.as_ref().and_then(|h| h.get::<CompiledUpstream>()) {
-        return upstream::proxy(ctx, u, matched.timeouts, matched.websocket).await;
+    let upstream = match chosen.as_ref().and_then(|h| h.get::<CompiledUpstream>()) {
+        Some(u) => u,
+        None => match &matched.target {
+            RouteTarget::Upstream(u) => &**u,
+            RouteTarget::Fail(status) => {
+                let error = ProxyError::new(ErrorKind::Unservable(*status));
+                return canned::error_response(error, server);
+            }
+        },
+    };
+    let resp = upstream::proxy(ctx, upstream, matched.timeouts, matched.websocket).await;
+    if ctx.plugins.is_none() {
+        return resp;
     }
-    match &matched.target {
-        RouteTarget::Upstream(u) => {
-            upstream::proxy(ctx, u, matched.timeouts, matched.websocket).await
-        }
-        RouteTarget::Fail(status) => {
-            let error = ProxyError::new(ErrorKind::Unservable(*status));
-            canned::error_response(error, server)
-        }
-    }
+    plugins::upstream_answer(ctx, resp).await
 }

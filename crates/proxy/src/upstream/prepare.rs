@@ -96,7 +96,12 @@ pub async fn prepare_body(ctx: &mut RequestCtx<'_>) -> Result<UpstreamBody, Prox
                     None => StreamBody::Ready(UpstreamBody::Empty),
                 },
                 RequestBody::Unread(b) => StreamBody::Unread(StreamSource::Pending(b)),
-                RequestBody::Buffered(b) => StreamBody::Ready(UpstreamBody::full(b)),
+                RequestBody::Buffered(b) => {
+                    // Still the plugins' after the answer (ext-plugin-post-resp's runner may
+                    // ask for it), as nginx keeps a read body for the later phases.
+                    run.state.set_body(RequestBody::Buffered(b.clone()));
+                    StreamBody::Ready(UpstreamBody::full(b))
+                }
                 RequestBody::Partial { read, rest } => StreamBody::Ready(
                     UpstreamBody::stream_after(Some(read), StreamSource::Pending(rest)),
                 ),

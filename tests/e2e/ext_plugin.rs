@@ -1,4 +1,5 @@
-//! The external plugin runners (`ext-plugin-pre-req`, `ext-plugin-post-req`) against a real runner: `tests/e2e/ext_plugin_runner.py`, built on
+//! The external plugin runners (`ext-plugin-pre-req`, `ext-plugin-post-req`,
+//! `ext-plugin-post-resp`) against a real runner: `tests/e2e/ext_plugin_runner.py`, built on
 //! the protocol's published Python definitions (`a6pluginprotos` from PyPI, installed by
 //! `scripts/test.sh`), started and supervised by the gateway through `ext-plugin.cmd`.
 
@@ -377,4 +378,125 @@ fn garbage_slow_and_down_runners_get_503_or_degrade() {
     );
     assert_eq!(get(gw.addr(), "/down").status, 503);
     assert_eq!(get(gw.addr(), "/down-ok").status, 200);
+}
+
+fn post_resp(pairs: &[(&str, &str)], degrade: bool) -> Value {
+    json!({"ext-plugin-post-resp": {"conf": conf(pairs), "allow_degradation": degrade}})
+}
+
+#[test]
+fn post_resp_changes_the_upstreams_answer() {
+    let up = Upstream::start("up", Behaviour::Echo);
+    let node = up.node();
+    let gw = start(vec![
+        stats_route(&node),
+        route(
+            "resp",
+            "/resp",
+            post_resp(&[("mode", "resp")], false),
+            &node,
+        ),
+        route(
+            "resp-201",
+            "/resp-201",
+            post_resp(&[("mode", "resp"), ("status", "201")], false),
+            &node,
+        ),
+        route(
+            "keep",
+            "/keep",
+            post_resp(&[("mode", "resp_keep")], false),
+            &node,
+        ),
+        route(
+            "status",
+            "/status",
+            post_resp(&[("mode", "resp_status"), ("status", "202")], false),
+            &node,
+        ),
+        route(
+            "req",
+            "/req",
+            post_resp(&[("mode", "resp_req")], false),
+            &node,
+        ),
+    ]);
+
+    // The runner read the body and answered it upper-cased, with headers of its own: the
+    // upstream's headers are gone, the status stays the upstream's.
+    let r = get(gw.addr(), "/resp");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().starts_with("{\"UPSTREAM\":\"UP\""), "{}", r.text());
+    assert_eq!(header_values(&r, "x-post-resp"), vec!["yes"]);
+    assert_eq!(header_values(&r, "x-upstream-status"), vec!["200"]);
+    assert_eq!(header_values(&r, "content-type"), vec!["text/plain"]);
+    assert!(header_values(&r, "x-upstream").is_empty());
+    assert_eq!(
+        header_values(&r, "content-length"),
+        vec![r.body.len().to_string()]
+    );
+    let r = get(gw.addr(), "/resp-201");
+    assert_eq!(r.status, 201);
+    assert!(r.text().contains("\"PATH\":\"/RESP-201\""), "{}", r.text());
+
+    // Nothing from the runner: the upstream's answer, without the headers APISIX excludes.
+    let r = get(gw.addr(), "/keep");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["path"], "/keep");
+    assert_eq!(header_values(&r, "x-upstream"), vec!["up"]);
+    assert_eq!(header_values(&r, "content-type"), vec!["text/plain"]);
+
+    // A status alone: the upstream's body goes on, unread by anyone.
+    let r = get(gw.addr(), "/status");
+    assert_eq!(r.status, 202);
+    assert_eq!(r.json()["path"], "/status");
+
+    // The request body and variables are there for the runner once the answer is back.
+    let r = request(gw.addr(), "POST", "/req", &[], b"hello runner");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "req:hello runner|uri:/req|upstream:200");
+    assert_eq!(up.hits(), 5);
+    gw.stop();
+}
+
+#[test]
+fn post_resp_failures() {
+    let up = Upstream::start("up", Behaviour::Echo);
+    let node = up.node();
+    let hangup = Upstream::start("hangup", Behaviour::Hangup);
+    let gw = start(vec![
+        stats_route(&node),
+        route(
+            "garbage",
+            "/garbage",
+            post_resp(&[("mode", "resp_garbage")], false),
+            &node,
+        ),
+        route(
+            "garbage-ok",
+            "/garbage-ok",
+            post_resp(&[("mode", "resp_garbage")], true),
+            &node,
+        ),
+        route(
+            "hangup",
+            "/hangup",
+            post_resp(&[("mode", "resp")], false),
+            &hangup.node(),
+        ),
+    ]);
+    // The runner's answer is not the protocol: 503, or the upstream's answer as it came.
+    let r = get(gw.addr(), "/garbage");
+    assert_eq!(r.status, 503, "{}", r.text());
+    let r = get(gw.addr(), "/garbage-ok");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["path"], "/garbage-ok");
+    assert_eq!(header_values(&r, "content-type"), vec!["application/json"]);
+    let before = get(gw.addr(), "/stats").json()["calls"].as_u64().unwrap();
+    // The upstream never answered: the gateway's 502, the runner not asked.
+    let r = get(gw.addr(), "/hangup");
+    assert_eq!(r.status, 502);
+    let after = get(gw.addr(), "/stats").json()["calls"].as_u64().unwrap();
+    assert_eq!(after, before + 1, "only the /stats call itself");
+    gw.stop();
 }

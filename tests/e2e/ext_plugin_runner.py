@@ -19,6 +19,9 @@ What it does for a request depends on the conf the route gives it (`conf` entrie
   mode=resp       (post-resp) ask for the response body, answer it upper-cased with status
                   `status` (0: keep) and an X-Post-Resp header
   mode=resp_keep  (post-resp) answer nothing: the upstream's answer goes on
+  mode=resp_status (post-resp) answer `status` only: the upstream's body goes on unread
+  mode=resp_req   (post-resp) ask for the request body and `uri`, answer them as the body
+  mode=resp_garbage (post-resp) answer a frame whose payload is not a flatbuffer
   forget=1        answer "conf token not found" to the first call of the conf
 """
 
@@ -260,7 +263,20 @@ async def on_resp_call(reader, writer, data):
         return err(ErrCode.Code.CONF_TOKEN_NOT_FOUND)
     mode = conf.get("mode")
     b = flatbuffers.Builder(0)
-    if mode == "resp":
+    if mode == "resp_garbage":
+        return frame(RPC_HTTP_RESP_CALL, b"\xff\xff\xff\x7f\x01\x02")
+    if mode == "resp_status":
+        b.StartObject(4)
+        b.PrependUint32Slot(0, rid, 0)
+        b.PrependUint16Slot(1, int(conf.get("status", "0")), 0)
+    elif mode == "resp_req":
+        req_body = await ask(reader, writer, ExtraInfoKind.Info.ReqBody) or b""
+        uri = await ask(reader, writer, ExtraInfoKind.Info.Var, "uri") or b""
+        bv = b.CreateByteVector(b"req:" + req_body + b"|uri:" + uri + b"|upstream:" + str(status).encode())
+        b.StartObject(4)
+        b.PrependUint32Slot(0, rid, 0)
+        b.PrependUOffsetTRelativeSlot(3, bv, 0)
+    elif mode == "resp":
         body = await ask(reader, writer, INFO_RESP_BODY) or b""
         hv = text_entries(b, [("X-Post-Resp", "yes"), ("X-Upstream-Status", str(status)),
                               ("Content-Type", "text/plain")])

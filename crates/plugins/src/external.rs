@@ -2,14 +2,13 @@
 //! a separate process, the runner, which the gateway asks over a unix socket with APISIX's
 //! protocol (`runner`). The binary starts and supervises the runner when config.yaml sets
 //! `ext-plugin.cmd`.
-//!
-//! ext-plugin-post-resp is not built: it sends the request to the upstream node itself in
-//! `before_proxy`, and the proxy picks the node only after that phase. The runner's side of
-//! it (`HTTPRespCall`, the response-body callback) is in `runner`.
+//! The three plugins ask at the three points APISIX does: before the other plugins
+//! (pre-req), after them (post-req), and on the upstream's answer (post-resp).
 
 pub mod runner;
 
 family! {
     ext_plugin_pre_req,
     ext_plugin_post_req,
+    ext_plugin_post_resp,
 }

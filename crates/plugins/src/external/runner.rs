@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ferrisix_plugin_api::{Clock, Exit, ExtRunner, Flow, PluginCtx, PluginServices, SharedState};
+use ferrisix_plugin_api::{
+    Clock, Exit, ExtRunner, Flow, PluginCtx, PluginServices, SharedState, UpstreamAnswer,
+};
 use ferrisix_router::VarSource;
 use http::{HeaderName, HeaderValue, StatusCode};
 use serde_json::{json, Value};
@@ -204,13 +206,6 @@ impl TokenCache {
     }
 }
 
-/// The upstream's answer post-resp hands the runner.
-pub struct Upstream {
-    pub status: u16,
-    pub headers: http::HeaderMap,
-    pub body: Bytes,
-}
-
 /// What the runner made of the upstream's answer (post-resp).
 #[derive(Debug, Default)]
 pub struct RespOutcome {
@@ -365,11 +360,11 @@ impl RunnerClient {
     pub async fn communicate_resp(
         &self,
         ctx: &mut PluginCtx<'_>,
-        up: &Upstream,
+        answer: &mut UpstreamAnswer,
     ) -> Result<Option<RespOutcome>, u16> {
         let mut err = String::new();
         for _ in 0..3 {
-            match self.resp_call(ctx, up).await {
+            match self.resp_call(ctx, answer).await {
                 Ok(out) => return Ok(Some(out)),
                 Err(e) if e.contains("conf token not found") => {
                     tracing::warn!(plugin = self.name, "refresh cache and try again");
@@ -396,7 +391,7 @@ impl RunnerClient {
         &self,
         conn: &mut Conn<'_>,
         ctx: &mut PluginCtx<'_>,
-        resp_body: Option<&Bytes>,
+        mut answer: Option<&mut UpstreamAnswer>,
         what: &str,
         want: u8,
     ) -> Result<Vec<u8>, String> {
@@ -419,8 +414,15 @@ impl RunnerClient {
                         None
                     }
                 },
-                Info::RespBody => match resp_body {
-                    Some(b) => Some(b.to_vec()),
+                Info::RespBody => match answer.as_deref_mut() {
+                    // Read whole once: later questions and the client get the same bytes.
+                    Some(a) => match a.read_body(proto::MAX_DATA_SIZE).await {
+                        Ok(b) => Some(b.to_vec()),
+                        Err(e) => {
+                            tracing::error!("read response failed: {e}");
+                            None
+                        }
+                    },
                     None => {
                         tracing::error!("failed to read response body: not exits");
                         None
@@ -530,10 +532,11 @@ impl RunnerClient {
     async fn resp_call(
         &self,
         ctx: &mut PluginCtx<'_>,
-        up: &Upstream,
+        answer: &mut UpstreamAnswer,
     ) -> Result<RespOutcome, String> {
         let token = self.token().await?;
-        let headers: Vec<(String, String)> = up
+        let status = answer.status.as_u16();
+        let headers: Vec<(String, String)> = answer
             .headers
             .iter()
             .map(|(n, v)| {
@@ -547,7 +550,7 @@ impl RunnerClient {
             .iter()
             .map(|(n, v)| (n.as_str(), Some(v.as_str())))
             .collect();
-        let msg = proto::http_resp_call(self.pool.id(), up.status, &entries, token);
+        let msg = proto::http_resp_call(self.pool.id(), status, &entries, token);
         let mut conn = self.connect().await?;
         conn.send(proto::RPC_HTTP_RESP_CALL, &msg, "RPC_HTTP_RESP_CALL")
             .await?;
@@ -555,7 +558,7 @@ impl RunnerClient {
             .exchange(
                 &mut conn,
                 ctx,
-                Some(&up.body),
+                Some(answer),
                 "RPC_HTTP_RESP_CALL",
                 proto::RPC_HTTP_RESP_CALL,
             )
@@ -565,7 +568,7 @@ impl RunnerClient {
         let body = (!resp.body.is_empty()).then(|| Bytes::copy_from_slice(resp.body));
         let status = match resp.status {
             // The runner changed the body only: the upstream's status goes with it.
-            0 => body.as_ref().map(|_| up.status),
+            0 => body.as_ref().map(|_| status),
             s => Some(s),
         };
         let out = RespOutcome {

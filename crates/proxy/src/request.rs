@@ -162,7 +162,7 @@ async fn serve(ctx: &mut RequestCtx<'_>) -> Response<ResponseBody> {
         },
     };
     let resp = upstream::proxy(ctx, upstream, matched.timeouts, matched.websocket).await;
-    if ctx.plugins.is_none() {
+    if !plugins::holds_upstream_answer(ctx) {
         return resp;
     }
     plugins::upstream_answer(ctx, resp).await

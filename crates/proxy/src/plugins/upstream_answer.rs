@@ -11,19 +11,22 @@ use crate::ctx::{plugin_view, RequestCtx};
 use crate::response::body::ResponseBody;
 use crate::response::canned;
 
-/// Runs the phase on `resp` when it is an upstream's answer and some plugin of the request
-/// asked for it; answers what the client gets.
+/// Whether the request's answer, an upstream's, is held back for some plugin: checked before
+/// the phase's future is made, so other requests do not move their answer into one.
+pub fn holds_upstream_answer(ctx: &RequestCtx<'_>) -> bool {
+    ctx.log.upstream.responded
+        && ctx
+            .plugins
+            .as_ref()
+            .is_some_and(|r| r.runs && r.has(Phases::UPSTREAM_ANSWER))
+}
+
+/// Runs the phase on `resp`, an upstream's answer that [`holds_upstream_answer`]; answers
+/// what the client gets.
 pub async fn upstream_answer(
     ctx: &mut RequestCtx<'_>,
     resp: Response<ResponseBody>,
 ) -> Response<ResponseBody> {
-    let wanted = ctx
-        .plugins
-        .as_ref()
-        .is_some_and(|r| r.runs && r.has(Phases::UPSTREAM_ANSWER));
-    if !wanted || !ctx.log.upstream.responded {
-        return resp;
-    }
     let server = &ctx.conn.gateway.server_header;
     let (mut parts, body) = resp.into_parts();
     let body: ferrisix_plugin_api::PendingBody =

@@ -86,6 +86,10 @@ fn serve(stream: TcpStream, seen: &Seen, gate: &Mutex<mpsc::Receiver<()>>) {
         );
         return;
     }
+    if target.starts_with("/tools") {
+        tool_call(out, &body, gate);
+        return;
+    }
     if target.ends_with("/v1/embeddings") {
         embeddings(out, &body);
         return;
@@ -127,6 +131,45 @@ fn serve(stream: TcpStream, seen: &Seen, gate: &Mutex<mpsc::Receiver<()>>) {
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "an answer"},
                      "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}})
+    .to_string();
+    let _ = write!(
+        out,
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+        answer.len()
+    );
+}
+
+/// An answer asking for a tool (`message.tool_calls`, or streamed as `delta.tool_calls`
+/// chunks). A stream's head goes at once, its first event only once the test releases it.
+fn tool_call(mut out: TcpStream, body: &Value, gate: &Mutex<mpsc::Receiver<()>>) {
+    let call = json!({"index": 0, "id": "call_1", "type": "function",
+                      "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}});
+    if body["stream"] == json!(true) {
+        let _ = out.write_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+        );
+        let _ = out.flush();
+        let _ = gate.lock().unwrap().recv_timeout(Duration::from_secs(20));
+        for data in [
+            json!({"id": "t1", "object": "chat.completion.chunk", "model": "m",
+                   "choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [call]},
+                                "finish_reason": null}]})
+            .to_string(),
+            json!({"id": "t1", "object": "chat.completion.chunk", "choices": [],
+                   "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}})
+            .to_string(),
+            "[DONE]".to_owned(),
+        ] {
+            let e = format!("data: {data}\n\n");
+            let _ = write!(out, "{:x}\r\n{e}\r\n", e.len());
+        }
+        let _ = out.write_all(b"0\r\n\r\n");
+        return;
+    }
+    let answer = json!({"id": "t1", "object": "chat.completion", "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": null,
+                     "tool_calls": [call]}, "finish_reason": "tool_calls"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}})
     .to_string();
     let _ = write!(
         out,
@@ -684,4 +727,105 @@ fn llm_variables_reach_the_loggers_and_prometheus() {
         ),
         "1"
     );
+}
+
+/// `$llm_has_tool_calls` from a complete and a streamed answer, a stream's time to first
+/// token taken at its first chunk, and `apisix_llm_active_connections` counting the stream
+/// while it lasts.
+#[test]
+fn tool_calls_first_token_and_active_connections() {
+    let p = start_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("ai.log");
+    let format = json!({"tools": "$llm_has_tool_calls", "ttft": "$llm_time_to_first_token",
+        "type": "$request_type"});
+    let proxy = |path: &str| {
+        json!({"provider": "openai", "auth": {"header": {"Authorization": "Bearer k"}},
+               "override": {"endpoint": format!("http://{}{path}", p.addr)}})
+    };
+    let logger = json!({"path": log.to_str().unwrap(), "log_format": format});
+    let routes = json!({"routes": [
+        {"id": "tools", "uri": "/tools", "name": "tooling", "plugins": {
+            "ai-proxy": proxy("/tools/v1/chat/completions"), "prometheus": {},
+            "file-logger": logger}},
+        {"id": "plain", "uri": "/plain", "plugins": {
+            "ai-proxy": proxy(""), "file-logger": logger}},
+    ]});
+    let gw = Gateway::start(&routes.to_string());
+    let ask = json!({"model": "m", "messages": [{"role": "user", "content": "weather?"}]});
+    let r = chat(gw.addr(), "/tools", &[], &ask);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["choices"][0]["message"]["tool_calls"][0]["id"],
+        "call_1"
+    );
+    let r = chat(gw.addr(), "/plain", &[], &ask);
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // A stream whose head came but whose first event is held back.
+    let mut streamed = ask.clone();
+    streamed["stream"] = json!(true);
+    let body = streamed.to_string();
+    let mut s = TcpStream::connect(gw.addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        s,
+        "POST /tools HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("\r\n\r\n") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let scrape = || {
+        get(
+            SocketAddr::from(([127, 0, 0, 1], gw.metrics_port)),
+            "/apisix/prometheus/metrics",
+        )
+        .text()
+    };
+    let gauge = "apisix_llm_active_connections{route=\"tooling\",route_id=\"tools\",matched_uri=\"/tools\",matched_host=\"\",service=\"\",service_id=\"\",consumer=\"\",node=\"ai-proxy-openai\",request_type=\"ai_stream\",request_llm_model=\"m\",llm_model=\"m\"}";
+    let metrics = scrape();
+    assert!(metrics.contains(&format!("{gauge} 1\n")), "{metrics}");
+    assert!(metrics.contains("# TYPE apisix_llm_active_connections gauge\n"));
+    // The first event leaves the provider only after this pause, so a time to first token
+    // taken at it is at least the pause (one taken at the head would not be).
+    let hold = Duration::from_millis(300);
+    std::thread::sleep(hold);
+    p.release.send(()).unwrap();
+    s.read_to_end(&mut got).unwrap();
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.contains("\"tool_calls\""), "{text}");
+    assert!(text.contains("data: [DONE]"), "{text}");
+
+    let mut logged = String::new();
+    poll_until(Duration::from_secs(10), || {
+        logged = std::fs::read_to_string(&log).unwrap_or_default();
+        logged.lines().count() >= 3
+    })
+    .unwrap_or_else(|| panic!("three log lines: {logged}"));
+    let lines: Vec<Value> = logged
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["tools"], "true", "{}", lines[0]);
+    assert_eq!(lines[0]["type"], "ai_chat");
+    assert_eq!(lines[1]["tools"], "false", "{}", lines[1]);
+    assert_eq!(lines[2]["tools"], "true", "{}", lines[2]);
+    assert_eq!(lines[2]["type"], "ai_stream");
+    let ttft: u128 = lines[2]["ttft"].as_str().unwrap().parse().unwrap();
+    assert!(ttft >= hold.as_millis(), "{}", lines[2]);
+    // The stream is over: the gauge is back to 0.
+    let mut metrics = String::new();
+    poll_until(Duration::from_secs(10), || {
+        metrics = scrape();
+        metrics.contains(&format!("{gauge} 0\n"))
+    })
+    .unwrap_or_else(|| panic!("{gauge} 0 in {metrics}"));
 }

@@ -27,6 +27,7 @@ use super::protocol::{
 };
 use super::provider::{Provider, ProviderConf};
 use super::{AiRequest, LlmRecord};
+use crate::observe::prometheus::llm::{model_label, ActiveConnection, ActiveConnections};
 
 /// `override.endpoint` taken apart as APISIX's `url.parse` does.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -241,6 +242,9 @@ pub struct CallConf {
     pub ssl_verify: bool,
     /// `fallback_http_statuses`: answers read as errors besides 429 and 5xx.
     pub fallback_statuses: Vec<u16>,
+    /// The gateway's `llm_active_connections`, counted per call (ai-proxy and
+    /// ai-proxy-multi).
+    pub active: Option<Arc<ActiveConnections>>,
 }
 
 impl CallConf {
@@ -259,8 +263,70 @@ impl CallConf {
                 .flatten()
                 .filter_map(|s| s.as_u64().and_then(|s| u16::try_from(s).ok()))
                 .collect(),
+            active: None,
         }
     }
+
+    /// Counts this plugin's calls in the gateway's `llm_active_connections`.
+    pub fn with_active_connections(mut self, services: &PluginServices) -> CallConf {
+        let metrics = services.shared::<crate::observe::prometheus::Metrics>();
+        self.active = Some(metrics.llm_active());
+        self
+    }
+}
+
+/// Counts a call to `inst` in: exporter.lua's `inc_llm_active_connections` labels as they
+/// are when the call goes (the route's name and id, the matched uri and host, the service's
+/// name and id, the consumer, the instance as `node`, the AI labels) and the extra labels'
+/// variables.
+fn track_active(
+    active: &ActiveConnections,
+    ctx: &PluginCtx<'_>,
+    inst: &Instance,
+    record: &LlmRecord,
+) -> ActiveConnection {
+    let (request_type, request_model, model) = record.read(|f| {
+        (
+            f.request_type(),
+            model_label(f.request_model.as_deref()),
+            model_label(f.model.as_deref()),
+        )
+    });
+    let route = ctx.route();
+    let service_id = route.and_then(|r| r.service_id.as_deref()).unwrap_or("");
+    let service_name = route
+        .and_then(|r| r.service_name.as_deref())
+        .filter(|_| !service_id.is_empty())
+        .unwrap_or("");
+    let consumer = ctx
+        .consumer()
+        .map(|c| c.username.clone())
+        .unwrap_or_default();
+    let extra = active
+        .vars()
+        .iter()
+        .map(|v| {
+            ferrisix_router::VarSource::var(ctx, v)
+                .map(|v| v.into_owned())
+                .unwrap_or_default()
+        })
+        .collect();
+    active.track(
+        [
+            route.and_then(|r| r.name.as_deref()).unwrap_or(""),
+            route.map_or("", |r| &*r.id),
+            ctx.matched_uri(),
+            ctx.matched_host(),
+            service_name,
+            service_id,
+            &consumer,
+            &inst.name,
+            request_type,
+            &request_model,
+            &model,
+        ],
+        extra,
+    )
 }
 
 /// `override.request_body` merged into the body: objects recursively, anything else
@@ -589,6 +655,11 @@ pub async fn call(
         usage,
         stream: req.stream,
     };
+    // Counted until the answer is over: dropped on return, or with the relayed stream.
+    let active = conf
+        .active
+        .as_ref()
+        .map(|a| track_active(a, ctx, inst, record));
     let started = Instant::now();
     let resp = services
         .http()
@@ -613,7 +684,6 @@ pub async fn call(
         Some(v) => exit.with_header(header::CONTENT_TYPE, v.clone()),
         None => exit,
     };
-    record.update(|f| f.time_to_first_token = Some(started.elapsed()));
     let body = resp.into_body();
     if is_error_status(conf, status.as_u16()) {
         let read = tokio::time::timeout(conf.timeout, body.collect()).await;
@@ -621,7 +691,13 @@ pub async fn call(
             Ok(Ok(b)) => b.to_bytes(),
             _ => Bytes::new(),
         };
-        record.update(|f| f.upstream_response_time = Some(started.elapsed()));
+        // The error body is all the provider produced: its time is the first token's
+        // (APISIX's `set_error_latency_vars`).
+        let took = started.elapsed();
+        record.update(|f| {
+            f.upstream_response_time = Some(took);
+            f.time_to_first_token = Some(took);
+        });
         return with_ct(Exit::body(status, bytes));
     }
     let streaming = ct.as_ref().and_then(|v| v.to_str().ok()).is_some_and(|v| {
@@ -645,6 +721,7 @@ pub async fn call(
             idle: None,
             started,
             usage: Usage::default(),
+            first_chunk: false,
             ended: false,
             guards: Vec::new(),
             guarded: false,
@@ -653,6 +730,7 @@ pub async fn call(
             eof: false,
             closed: false,
             response_text: None,
+            _active: active,
         };
         let mut relay = relay;
         if let Some(g) = guards.filter(|_| status.as_u16() < 400) {
@@ -681,7 +759,12 @@ pub async fn call(
         }
         Err(_) => return Exit::status(StatusCode::GATEWAY_TIMEOUT),
     };
-    record.update(|f| f.upstream_response_time = Some(started.elapsed()));
+    // A whole answer's first token is its end, as APISIX times it once the body is read.
+    let took = started.elapsed();
+    record.update(|f| {
+        f.upstream_response_time = Some(took);
+        f.time_to_first_token = Some(took);
+    });
     let Ok(answer) = serde_json::from_slice::<Value>(&bytes) else {
         return with_ct(Exit::body(status, bytes));
     };
@@ -697,13 +780,22 @@ pub async fn call(
     let (body, client_usage) = if out.converted {
         let model = req.body.get("model").and_then(Value::as_str);
         match openai_to_anthropic_response(&answer, model) {
-            Ok(a) => (
-                Bytes::from(a.to_string()),
-                a.get("usage").filter(|u| u.is_object()).cloned(),
-            ),
+            Ok(a) => {
+                if req.protocol.has_tool_call(&a) {
+                    record.update(|f| f.has_tool_calls = true);
+                }
+                (
+                    Bytes::from(a.to_string()),
+                    a.get("usage").filter(|u| u.is_object()).cloned(),
+                )
+            }
             Err(e) => return json_exit(500, &json!({"error_msg": e})),
         }
     } else {
+        // Judged in the client's protocol, as APISIX does after converting.
+        if req.protocol.has_tool_call(&answer) {
+            record.update(|f| f.has_tool_calls = true);
+        }
         (bytes, raw_usage)
     };
     if let Some(guards) = guards.filter(|_| status.as_u16() < 400) {
@@ -739,6 +831,8 @@ struct StreamRelay {
     idle: Option<Pin<Box<tokio::time::Sleep>>>,
     started: Instant,
     usage: Usage,
+    /// The first chunk came (the time to first token is taken).
+    first_chunk: bool,
     ended: bool,
     /// The guards' checks of this stream (taken while `pending` runs them).
     guards: Vec<Box<dyn StreamGuard>>,
@@ -753,6 +847,8 @@ struct StreamRelay {
     closed: bool,
     /// `llm_response_text`: the text so far, as of the last usage event.
     response_text: Option<String>,
+    /// The call counted in `llm_active_connections` while the stream lasts.
+    _active: Option<ActiveConnection>,
 }
 
 impl StreamRelay {
@@ -766,6 +862,9 @@ impl StreamRelay {
             let facts = stream_facts(self.target, ev);
             if facts.done {
                 self.done = true;
+            }
+            if facts.tool_call {
+                self.record.update(|f| f.has_tool_calls = true);
             }
             if let Some(u) = facts.usage {
                 if u.prompt_tokens > 0 {
@@ -868,6 +967,13 @@ impl Body for StreamRelay {
                     let Ok(data) = frame.into_data() else {
                         continue;
                     };
+                    // A stream's first token is its first chunk (APISIX times it there,
+                    // not at the answer's head).
+                    if !this.first_chunk && !data.is_empty() {
+                        this.first_chunk = true;
+                        let took = this.started.elapsed();
+                        this.record.update(|f| f.time_to_first_token = Some(took));
+                    }
                     let (out, texts) = this.read(&data);
                     if this.guarded {
                         this.guard(out.unwrap_or(data), texts);

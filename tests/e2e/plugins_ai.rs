@@ -829,3 +829,279 @@ fn tool_calls_first_token_and_active_connections() {
     })
     .unwrap_or_else(|| panic!("{gauge} 0 in {metrics}"));
 }
+
+/// A request an in-test cloud server received: method, raw path with query, lower-cased
+/// headers, body.
+type CloudReq = (String, String, Vec<(String, String)>, Vec<u8>);
+type CloudHandler = dyn Fn(&CloudReq) -> (u16, String) + Send + Sync;
+
+/// An HTTP/1.1 server answering each request with `handler`'s JSON.
+fn start_cloud(handler: Arc<CloudHandler>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let handler = handler.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    return;
+                }
+                let mut parts = line.split_whitespace();
+                let method = parts.next().unwrap_or("").to_owned();
+                let target = parts.next().unwrap_or("/").to_owned();
+                let mut headers = Vec::new();
+                loop {
+                    let mut h = String::new();
+                    reader.read_line(&mut h).unwrap();
+                    let h = h.trim_end();
+                    if h.is_empty() {
+                        break;
+                    }
+                    if let Some((k, v)) = h.split_once(':') {
+                        headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+                    }
+                }
+                let len: usize = headers
+                    .iter()
+                    .find(|(k, _)| k == "content-length")
+                    .map_or(0, |(_, v)| v.parse().unwrap());
+                let mut body = vec![0; len];
+                reader.read_exact(&mut body).unwrap();
+                let (status, answer) = handler(&(method, target, headers, body));
+                let mut out = stream;
+                let _ = write!(
+                    out,
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                    answer.len()
+                );
+            });
+        }
+    });
+    addr
+}
+
+fn header_of<'a>(req: &'a CloudReq, name: &str) -> Option<&'a str> {
+    req.2
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
+            i += 3;
+        } else {
+            out.push(if b[i] == b'+' { b' ' } else { b[i] });
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// AWS's SigV4 recomputed from the documented algorithm for a request without a query: the
+/// canonical URI is each path segment URI-encoded twice (as AWS asks of services other than
+/// S3), over the headers `SignedHeaders` names; why not, when the signature does not match.
+fn sigv4_valid(req: &CloudReq, secret: &str) -> Result<(), String> {
+    use ring::{digest, hmac};
+    let hex = |b: &[u8]| b.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let mac = |key: &[u8], msg: &[u8]| {
+        hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, key), msg)
+            .as_ref()
+            .to_vec()
+    };
+    let auth = header_of(req, "authorization").ok_or("no authorization")?;
+    let rest = auth
+        .strip_prefix("AWS4-HMAC-SHA256 Credential=")
+        .ok_or("not sigv4")?;
+    let (credential, rest) = rest
+        .split_once(", SignedHeaders=")
+        .ok_or("no signed headers")?;
+    let (signed, signature) = rest.split_once(", Signature=").ok_or("no signature")?;
+    let (_key, scope) = credential.split_once('/').ok_or("bad credential")?;
+    let amz_date = header_of(req, "x-amz-date").ok_or("no x-amz-date")?;
+    let encode = |s: &str| {
+        s.bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect::<String>()
+    };
+    let canonical_uri = req
+        .1
+        .split('/')
+        .map(|seg| encode(&encode(&percent_decode(seg))))
+        .collect::<Vec<_>>()
+        .join("/");
+    let mut canonical_headers = String::new();
+    for name in signed.split(';') {
+        let value = header_of(req, name).ok_or(format!("{name} signed but not sent"))?;
+        canonical_headers.push_str(&format!("{name}:{}\n", value.trim()));
+    }
+    let canonical = format!(
+        "{}\n{canonical_uri}\n\n{canonical_headers}\n{signed}\n{}",
+        req.0,
+        hex(digest::digest(&digest::SHA256, &req.3).as_ref())
+    );
+    let sts = format!(
+        "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
+        hex(digest::digest(&digest::SHA256, canonical.as_bytes()).as_ref())
+    );
+    let mut parts = scope.split('/');
+    let (date, region, service) = (
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or(""),
+    );
+    if !amz_date.starts_with(date) {
+        return Err("date outside the scope".into());
+    }
+    let k = mac(format!("AWS4{secret}").as_bytes(), date.as_bytes());
+    let k = mac(&k, region.as_bytes());
+    let k = mac(&k, service.as_bytes());
+    let k = mac(&k, b"aws4_request");
+    if hex(&mac(&k, sts.as_bytes())) == signature {
+        Ok(())
+    } else {
+        Err(format!("signature mismatch over {canonical:?}"))
+    }
+}
+
+/// vertex-ai with a GCP service account (the JWT checked with the account's public key at
+/// the token URI, the token then sent and kept) and bedrock signed with SigV4 (recomputed
+/// here, session token included).
+#[test]
+fn vertex_ai_service_account_and_bedrock_sigv4() {
+    const PRIVATE: &str = include_str!("../data/tls/dual-rsa.key");
+    const PUBLIC: &str = include_str!("../data/tls/dual-rsa.pub");
+    let token_uri = Arc::new(Mutex::new(String::new()));
+    let exchanges = Arc::new(Mutex::new(0usize));
+    let seen: Arc<Mutex<Vec<CloudReq>>> = Arc::default();
+    let (uri, count, log) = (token_uri.clone(), exchanges.clone(), seen.clone());
+    let addr = start_cloud(Arc::new(move |req: &CloudReq| {
+        log.lock().unwrap().push(req.clone());
+        let (method, path, _, body) = req;
+        if method == "POST" && path == "/token" {
+            let form: Vec<(String, String)> = String::from_utf8_lossy(body)
+                .split('&')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_owned(), percent_decode(v)))
+                .collect();
+            let field = |k: &str| {
+                form.iter()
+                    .find(|(n, _)| n == k)
+                    .map_or("", |(_, v)| v.as_str())
+            };
+            if field("grant_type") != "urn:ietf:params:oauth:grant-type:jwt-bearer" {
+                return (400, r#"{"error":"unsupported_grant_type"}"#.into());
+            }
+            let key = jsonwebtoken::DecodingKey::from_rsa_pem(PUBLIC.as_bytes()).unwrap();
+            let mut v = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::RS256);
+            v.set_audience(&[uri.lock().unwrap().clone()]);
+            return match jsonwebtoken::decode::<Value>(field("assertion"), &key, &v) {
+                Ok(t) if t.claims["iss"] == "ai@p1.iam.gserviceaccount.com" => {
+                    *count.lock().unwrap() += 1;
+                    (
+                        200,
+                        r#"{"access_token":"ya29.ai","expires_in":3600,"token_type":"Bearer"}"#
+                            .into(),
+                    )
+                }
+                _ => (400, r#"{"error":"invalid_grant"}"#.into()),
+            };
+        }
+        if path.starts_with("/v1beta1/projects/p1/locations/us-central1/") {
+            if header_of(req, "authorization") != Some("Bearer ya29.ai") {
+                return (401, r#"{"error":{"code":401}}"#.into());
+            }
+            return (
+                200,
+                json!({"id": "v1", "object": "chat.completion", "model": "gemini",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "from vertex"},
+                                 "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}})
+                .to_string(),
+            );
+        }
+        if path.starts_with("/model/") {
+            if let Err(e) = sigv4_valid(req, "bedrock-secret") {
+                return (403, json!({"message": e}).to_string());
+            }
+            return (
+                200,
+                json!({"output": {"message": {"role": "assistant", "content": [{"text": "from bedrock"}]}},
+                       "stopReason": "end_turn",
+                       "usage": {"inputTokens": 4, "outputTokens": 5, "totalTokens": 9}})
+                .to_string(),
+            );
+        }
+        (404, "{}".into())
+    }));
+    *token_uri.lock().unwrap() = format!("http://{addr}/token");
+    let account = json!({"type": "service_account", "project_id": "p1",
+        "client_email": "ai@p1.iam.gserviceaccount.com", "private_key": PRIVATE,
+        "token_uri": format!("http://{addr}/token")})
+    .to_string();
+    let routes = json!({"routes": [
+        {"id": "vertex", "uri": "/vertex", "plugins": {"ai-proxy": {
+            "provider": "vertex-ai", "auth": {"gcp": {"service_account_json": account}},
+            "provider_conf": {"project_id": "p1", "region": "us-central1"},
+            "options": {"model": "gemini"},
+            "override": {"endpoint": format!("http://{addr}")}}}},
+        {"id": "nokey", "uri": "/nokey", "plugins": {"ai-proxy": {
+            "provider": "vertex-ai", "auth": {"gcp": {"service_account_json": "{}"}},
+            "provider_conf": {"project_id": "p1", "region": "us-central1"},
+            "override": {"endpoint": format!("http://{addr}")}}}},
+        {"id": "bedrock", "uri": "/b/converse", "plugins": {"ai-proxy": {
+            "provider": "bedrock",
+            "auth": {"aws": {"access_key_id": "AKIDAI", "secret_access_key": "bedrock-secret",
+                             "session_token": "session-1"}},
+            "provider_conf": {"region": "us-east-1"},
+            "options": {"model": "anthropic.claude-3:0"},
+            "override": {"endpoint": format!("http://{addr}")}}}},
+    ]});
+    let gw = Gateway::start(&routes.to_string());
+    let ask = json!({"messages": [{"role": "user", "content": "hi"}]});
+    for _ in 0..2 {
+        let r = chat(gw.addr(), "/vertex", &[], &ask);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["choices"][0]["message"]["content"], "from vertex");
+    }
+    // One exchange: the token is kept until it expires.
+    assert_eq!(*exchanges.lock().unwrap(), 1);
+    let r = chat(gw.addr(), "/nokey", &[], &ask);
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert_eq!(
+        r.json()["error_msg"],
+        "failed to get gcp access token: failed to get google oauth token"
+    );
+
+    let converse = json!({"messages": [{"role": "user", "content": [{"text": "hi"}]}]});
+    let r = chat(gw.addr(), "/b/converse", &[], &converse);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["output"]["message"]["content"][0]["text"],
+        "from bedrock"
+    );
+    let seen = seen.lock().unwrap();
+    let signed = seen.iter().find(|r| r.1.starts_with("/model/")).unwrap();
+    // The model's `:` goes once-encoded on the wire.
+    assert_eq!(signed.1, "/model/anthropic.claude-3%3A0/converse");
+    assert_eq!(header_of(signed, "x-amz-security-token"), Some("session-1"));
+    let auth = header_of(signed, "authorization").unwrap();
+    assert!(
+        auth.starts_with("AWS4-HMAC-SHA256 Credential=AKIDAI/")
+            && auth.contains("/us-east-1/bedrock/aws4_request, SignedHeaders=host;x-amz-date;x-amz-security-token, "),
+        "{auth}"
+    );
+}

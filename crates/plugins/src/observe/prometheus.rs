@@ -426,11 +426,7 @@ const FAMILIES: [(&str, &str, &str); 21] = [
         "Total AI cache hits served, per cache layer",
         "counter",
     ),
-    (
-        "ai_cache_misses_total",
-        "Total AI cache misses",
-        "counter",
-    ),
+    ("ai_cache_misses_total", "Total AI cache misses", "counter"),
     (
         "ai_cache_bypasses_total",
         "Total AI cache bypassed requests",
@@ -1507,15 +1503,36 @@ plugin_attr:
         let text = m.render();
         let labels = "route=\"chat\",route_id=\"r1\",service=\"svc\",service_id=\"s1\",consumer=\"\",node=\"openai-1\",request_type=\"ai_chat\",request_llm_model=\"gpt-4\",llm_model=\"gpt-4o\"";
         for (line, n) in [
-            (format!("apisix_ai_cache_hits_total{{layer=\"exact\",{labels}}}"), 2),
-            (format!("apisix_ai_cache_hits_total{{layer=\"semantic\",{labels}}}"), 1),
-            (format!("apisix_ai_cache_misses_total{{{labels},team=\"blue\"}}"), 1),
+            (
+                format!("apisix_ai_cache_hits_total{{layer=\"exact\",{labels}}}"),
+                2,
+            ),
+            (
+                format!("apisix_ai_cache_hits_total{{layer=\"semantic\",{labels}}}"),
+                1,
+            ),
+            (
+                format!("apisix_ai_cache_misses_total{{{labels},team=\"blue\"}}"),
+                1,
+            ),
             (format!("apisix_ai_cache_bypasses_total{{{labels}}}"), 1),
-            (format!("apisix_ai_cache_embedding_latency_bucket{{{labels},le=\"100\"}}"), 1),
-            (format!("apisix_ai_cache_embedding_latency_bucket{{{labels},le=\"+Inf\"}}"), 2),
-            (format!("apisix_ai_cache_embedding_latency_sum{{{labels}}}"), 440),
+            (
+                format!("apisix_ai_cache_embedding_latency_bucket{{{labels},le=\"100\"}}"),
+                1,
+            ),
+            (
+                format!("apisix_ai_cache_embedding_latency_bucket{{{labels},le=\"+Inf\"}}"),
+                2,
+            ),
+            (
+                format!("apisix_ai_cache_embedding_latency_sum{{{labels}}}"),
+                440,
+            ),
         ] {
-            assert!(text.contains(&format!("{line} {n}\n")), "{line} {n} in {text}");
+            assert!(
+                text.contains(&format!("{line} {n}\n")),
+                "{line} {n} in {text}"
+            );
         }
         // The configured buckets, not the default ones.
         assert!(!text.contains(&format!(
@@ -1531,12 +1548,17 @@ plugin_attr:
         // The LLM metrics' node is the picked instance too, their route_id prefer_name's.
         assert!(text.contains("apisix_llm_prompt_tokens{route_id=\"chat\",service_id=\"svc\",consumer=\"\",node=\"openai-1\""), "{text}");
         // layer cannot be disabled; the others can.
-        m.set_metadata(Some(&json!({"disabled_labels": {"ai_cache_hits_total": ["route", "node"]}})));
+        m.set_metadata(Some(
+            &json!({"disabled_labels": {"ai_cache_hits_total": ["route", "node"]}}),
+        ));
         let text = m.render();
         assert!(text.contains("apisix_ai_cache_hits_total{layer=\"exact\",route=\"\",route_id=\"r1\",service=\"svc\",service_id=\"s1\",consumer=\"\",node=\"\","), "{text}");
-        assert!(metadata_schema()["properties"]["disabled_labels"]["properties"]["ai_cache_hits_total"]["items"]["enum"]
-            .as_array()
-            .is_some_and(|e| !e.contains(&json!("layer"))));
+        assert!(
+            metadata_schema()["properties"]["disabled_labels"]["properties"]["ai_cache_hits_total"]
+                ["items"]["enum"]
+                .as_array()
+                .is_some_and(|e| !e.contains(&json!("layer")))
+        );
     }
 
     #[test]
@@ -1555,7 +1577,16 @@ plugin_attr:
         let active = m.llm_active();
         assert_eq!(active.vars(), ["http_x_team".to_owned()]);
         let labels = [
-            "chat", "r1", "/v1/*", "", "svc", "s1", "jack", "openai-1", "ai_stream", "gpt-4",
+            "chat",
+            "r1",
+            "/v1/*",
+            "",
+            "svc",
+            "s1",
+            "jack",
+            "openai-1",
+            "ai_stream",
+            "gpt-4",
             "gpt-4o",
         ];
         let one = active.track(labels, vec!["blue".into()]);

@@ -601,7 +601,8 @@ impl ActiveConnections {
                     continue;
                 }
             }
-            let (base, extra_values) = key.split_at(LLM_ACTIVE_CONNECTIONS_LABELS.len().min(key.len()));
+            let (base, extra_values) =
+                key.split_at(LLM_ACTIVE_CONNECTIONS_LABELS.len().min(key.len()));
             let mut labels: Vec<(&str, &str)> = LLM_ACTIVE_CONNECTIONS_LABELS
                 .iter()
                 .zip(base)

@@ -86,6 +86,10 @@ fn serve(stream: TcpStream, seen: &Seen, gate: &Mutex<mpsc::Receiver<()>>) {
         );
         return;
     }
+    if target.starts_with("/tools") {
+        tool_call(out, &body, gate);
+        return;
+    }
     if target.ends_with("/v1/embeddings") {
         embeddings(out, &body);
         return;
@@ -127,6 +131,45 @@ fn serve(stream: TcpStream, seen: &Seen, gate: &Mutex<mpsc::Receiver<()>>) {
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "an answer"},
                      "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}})
+    .to_string();
+    let _ = write!(
+        out,
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+        answer.len()
+    );
+}
+
+/// An answer asking for a tool (`message.tool_calls`, or streamed as `delta.tool_calls`
+/// chunks). A stream's head goes at once, its first event only once the test releases it.
+fn tool_call(mut out: TcpStream, body: &Value, gate: &Mutex<mpsc::Receiver<()>>) {
+    let call = json!({"index": 0, "id": "call_1", "type": "function",
+                      "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}});
+    if body["stream"] == json!(true) {
+        let _ = out.write_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+        );
+        let _ = out.flush();
+        let _ = gate.lock().unwrap().recv_timeout(Duration::from_secs(20));
+        for data in [
+            json!({"id": "t1", "object": "chat.completion.chunk", "model": "m",
+                   "choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [call]},
+                                "finish_reason": null}]})
+            .to_string(),
+            json!({"id": "t1", "object": "chat.completion.chunk", "choices": [],
+                   "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}})
+            .to_string(),
+            "[DONE]".to_owned(),
+        ] {
+            let e = format!("data: {data}\n\n");
+            let _ = write!(out, "{:x}\r\n{e}\r\n", e.len());
+        }
+        let _ = out.write_all(b"0\r\n\r\n");
+        return;
+    }
+    let answer = json!({"id": "t1", "object": "chat.completion", "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": null,
+                     "tool_calls": [call]}, "finish_reason": "tool_calls"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}})
     .to_string();
     let _ = write!(
         out,
@@ -683,5 +726,382 @@ fn llm_variables_reach_the_loggers_and_prometheus() {
             &format!("{chat_labels},le=\"10\"")
         ),
         "1"
+    );
+}
+
+/// `$llm_has_tool_calls` from a complete and a streamed answer, a stream's time to first
+/// token taken at its first chunk, and `apisix_llm_active_connections` counting the stream
+/// while it lasts.
+#[test]
+fn tool_calls_first_token_and_active_connections() {
+    let p = start_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("ai.log");
+    let format = json!({"tools": "$llm_has_tool_calls", "ttft": "$llm_time_to_first_token",
+        "type": "$request_type"});
+    let proxy = |path: &str| {
+        json!({"provider": "openai", "auth": {"header": {"Authorization": "Bearer k"}},
+               "override": {"endpoint": format!("http://{}{path}", p.addr)}})
+    };
+    let logger = json!({"path": log.to_str().unwrap(), "log_format": format});
+    let routes = json!({"routes": [
+        {"id": "tools", "uri": "/tools", "name": "tooling", "plugins": {
+            "ai-proxy": proxy("/tools/v1/chat/completions"), "prometheus": {},
+            "file-logger": logger}},
+        {"id": "plain", "uri": "/plain", "plugins": {
+            "ai-proxy": proxy(""), "file-logger": logger}},
+    ]});
+    let gw = Gateway::start(&routes.to_string());
+    let ask = json!({"model": "m", "messages": [{"role": "user", "content": "weather?"}]});
+    let r = chat(gw.addr(), "/tools", &[], &ask);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["choices"][0]["message"]["tool_calls"][0]["id"],
+        "call_1"
+    );
+    let r = chat(gw.addr(), "/plain", &[], &ask);
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // A stream whose head came but whose first event is held back.
+    let mut streamed = ask.clone();
+    streamed["stream"] = json!(true);
+    let body = streamed.to_string();
+    let mut s = TcpStream::connect(gw.addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        s,
+        "POST /tools HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("\r\n\r\n") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let scrape = || {
+        get(
+            SocketAddr::from(([127, 0, 0, 1], gw.metrics_port)),
+            "/apisix/prometheus/metrics",
+        )
+        .text()
+    };
+    let gauge = "apisix_llm_active_connections{route=\"tooling\",route_id=\"tools\",matched_uri=\"/tools\",matched_host=\"\",service=\"\",service_id=\"\",consumer=\"\",node=\"ai-proxy-openai\",request_type=\"ai_stream\",request_llm_model=\"m\",llm_model=\"m\"}";
+    let metrics = scrape();
+    assert!(metrics.contains(&format!("{gauge} 1\n")), "{metrics}");
+    assert!(metrics.contains("# TYPE apisix_llm_active_connections gauge\n"));
+    // The first event leaves the provider only after this pause, so a time to first token
+    // taken at it is at least the pause (one taken at the head would not be).
+    let hold = Duration::from_millis(300);
+    std::thread::sleep(hold);
+    p.release.send(()).unwrap();
+    s.read_to_end(&mut got).unwrap();
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.contains("\"tool_calls\""), "{text}");
+    assert!(text.contains("data: [DONE]"), "{text}");
+
+    let mut logged = String::new();
+    poll_until(Duration::from_secs(10), || {
+        logged = std::fs::read_to_string(&log).unwrap_or_default();
+        logged.lines().count() >= 3
+    })
+    .unwrap_or_else(|| panic!("three log lines: {logged}"));
+    let lines: Vec<Value> = logged
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["tools"], "true", "{}", lines[0]);
+    assert_eq!(lines[0]["type"], "ai_chat");
+    assert_eq!(lines[1]["tools"], "false", "{}", lines[1]);
+    assert_eq!(lines[2]["tools"], "true", "{}", lines[2]);
+    assert_eq!(lines[2]["type"], "ai_stream");
+    let ttft: u128 = lines[2]["ttft"].as_str().unwrap().parse().unwrap();
+    assert!(ttft >= hold.as_millis(), "{}", lines[2]);
+    // The stream is over: the gauge is back to 0.
+    let mut metrics = String::new();
+    poll_until(Duration::from_secs(10), || {
+        metrics = scrape();
+        metrics.contains(&format!("{gauge} 0\n"))
+    })
+    .unwrap_or_else(|| panic!("{gauge} 0 in {metrics}"));
+}
+
+/// A request an in-test cloud server received: method, raw path with query, lower-cased
+/// headers, body.
+type CloudReq = (String, String, Vec<(String, String)>, Vec<u8>);
+type CloudHandler = dyn Fn(&CloudReq) -> (u16, String) + Send + Sync;
+
+/// An HTTP/1.1 server answering each request with `handler`'s JSON.
+fn start_cloud(handler: Arc<CloudHandler>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let handler = handler.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    return;
+                }
+                let mut parts = line.split_whitespace();
+                let method = parts.next().unwrap_or("").to_owned();
+                let target = parts.next().unwrap_or("/").to_owned();
+                let mut headers = Vec::new();
+                loop {
+                    let mut h = String::new();
+                    reader.read_line(&mut h).unwrap();
+                    let h = h.trim_end();
+                    if h.is_empty() {
+                        break;
+                    }
+                    if let Some((k, v)) = h.split_once(':') {
+                        headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+                    }
+                }
+                let len: usize = headers
+                    .iter()
+                    .find(|(k, _)| k == "content-length")
+                    .map_or(0, |(_, v)| v.parse().unwrap());
+                let mut body = vec![0; len];
+                reader.read_exact(&mut body).unwrap();
+                let (status, answer) = handler(&(method, target, headers, body));
+                let mut out = stream;
+                let _ = write!(
+                    out,
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                    answer.len()
+                );
+            });
+        }
+    });
+    addr
+}
+
+fn header_of<'a>(req: &'a CloudReq, name: &str) -> Option<&'a str> {
+    req.2
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
+            i += 3;
+        } else {
+            out.push(if b[i] == b'+' { b' ' } else { b[i] });
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// AWS's SigV4 recomputed from the documented algorithm for a request without a query: the
+/// canonical URI is each path segment URI-encoded twice (as AWS asks of services other than
+/// S3), over the headers `SignedHeaders` names; why not, when the signature does not match.
+fn sigv4_valid(req: &CloudReq, secret: &str) -> Result<(), String> {
+    use ring::{digest, hmac};
+    let hex = |b: &[u8]| b.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let mac = |key: &[u8], msg: &[u8]| {
+        hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, key), msg)
+            .as_ref()
+            .to_vec()
+    };
+    let auth = header_of(req, "authorization").ok_or("no authorization")?;
+    let rest = auth
+        .strip_prefix("AWS4-HMAC-SHA256 Credential=")
+        .ok_or("not sigv4")?;
+    let (credential, rest) = rest
+        .split_once(", SignedHeaders=")
+        .ok_or("no signed headers")?;
+    let (signed, signature) = rest.split_once(", Signature=").ok_or("no signature")?;
+    let (_key, scope) = credential.split_once('/').ok_or("bad credential")?;
+    let amz_date = header_of(req, "x-amz-date").ok_or("no x-amz-date")?;
+    let encode = |s: &str| {
+        s.bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect::<String>()
+    };
+    let canonical_uri = req
+        .1
+        .split('/')
+        .map(|seg| encode(&encode(&percent_decode(seg))))
+        .collect::<Vec<_>>()
+        .join("/");
+    let mut canonical_headers = String::new();
+    for name in signed.split(';') {
+        let value = header_of(req, name).ok_or(format!("{name} signed but not sent"))?;
+        canonical_headers.push_str(&format!("{name}:{}\n", value.trim()));
+    }
+    let canonical = format!(
+        "{}\n{canonical_uri}\n\n{canonical_headers}\n{signed}\n{}",
+        req.0,
+        hex(digest::digest(&digest::SHA256, &req.3).as_ref())
+    );
+    let sts = format!(
+        "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
+        hex(digest::digest(&digest::SHA256, canonical.as_bytes()).as_ref())
+    );
+    let mut parts = scope.split('/');
+    let (date, region, service) = (
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or(""),
+    );
+    if !amz_date.starts_with(date) {
+        return Err("date outside the scope".into());
+    }
+    let k = mac(format!("AWS4{secret}").as_bytes(), date.as_bytes());
+    let k = mac(&k, region.as_bytes());
+    let k = mac(&k, service.as_bytes());
+    let k = mac(&k, b"aws4_request");
+    if hex(&mac(&k, sts.as_bytes())) == signature {
+        Ok(())
+    } else {
+        Err(format!("signature mismatch over {canonical:?}"))
+    }
+}
+
+/// vertex-ai with a GCP service account (the JWT checked with the account's public key at
+/// the token URI, the token then sent and kept) and bedrock signed with SigV4 (recomputed
+/// here, session token included).
+#[test]
+fn vertex_ai_service_account_and_bedrock_sigv4() {
+    const PRIVATE: &str = include_str!("../data/tls/dual-rsa.key");
+    const PUBLIC: &str = include_str!("../data/tls/dual-rsa.pub");
+    let token_uri = Arc::new(Mutex::new(String::new()));
+    let exchanges = Arc::new(Mutex::new(0usize));
+    let seen: Arc<Mutex<Vec<CloudReq>>> = Arc::default();
+    let (uri, count, log) = (token_uri.clone(), exchanges.clone(), seen.clone());
+    let addr = start_cloud(Arc::new(move |req: &CloudReq| {
+        log.lock().unwrap().push(req.clone());
+        let (method, path, _, body) = req;
+        if method == "POST" && path == "/token" {
+            let form: Vec<(String, String)> = String::from_utf8_lossy(body)
+                .split('&')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_owned(), percent_decode(v)))
+                .collect();
+            let field = |k: &str| {
+                form.iter()
+                    .find(|(n, _)| n == k)
+                    .map_or("", |(_, v)| v.as_str())
+            };
+            if field("grant_type") != "urn:ietf:params:oauth:grant-type:jwt-bearer" {
+                return (400, r#"{"error":"unsupported_grant_type"}"#.into());
+            }
+            let key = jsonwebtoken::DecodingKey::from_rsa_pem(PUBLIC.as_bytes()).unwrap();
+            let mut v = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::RS256);
+            v.set_audience(&[uri.lock().unwrap().clone()]);
+            return match jsonwebtoken::decode::<Value>(field("assertion"), &key, &v) {
+                Ok(t) if t.claims["iss"] == "ai@p1.iam.gserviceaccount.com" => {
+                    *count.lock().unwrap() += 1;
+                    (
+                        200,
+                        r#"{"access_token":"ya29.ai","expires_in":3600,"token_type":"Bearer"}"#
+                            .into(),
+                    )
+                }
+                _ => (400, r#"{"error":"invalid_grant"}"#.into()),
+            };
+        }
+        if path.starts_with("/v1beta1/projects/p1/locations/us-central1/") {
+            if header_of(req, "authorization") != Some("Bearer ya29.ai") {
+                return (401, r#"{"error":{"code":401}}"#.into());
+            }
+            return (
+                200,
+                json!({"id": "v1", "object": "chat.completion", "model": "gemini",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "from vertex"},
+                                 "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}})
+                .to_string(),
+            );
+        }
+        if path.starts_with("/model/") {
+            if let Err(e) = sigv4_valid(req, "bedrock-secret") {
+                return (403, json!({"message": e}).to_string());
+            }
+            return (
+                200,
+                json!({"output": {"message": {"role": "assistant", "content": [{"text": "from bedrock"}]}},
+                       "stopReason": "end_turn",
+                       "usage": {"inputTokens": 4, "outputTokens": 5, "totalTokens": 9}})
+                .to_string(),
+            );
+        }
+        (404, "{}".into())
+    }));
+    *token_uri.lock().unwrap() = format!("http://{addr}/token");
+    let account = json!({"type": "service_account", "project_id": "p1",
+        "client_email": "ai@p1.iam.gserviceaccount.com", "private_key": PRIVATE,
+        "token_uri": format!("http://{addr}/token")})
+    .to_string();
+    let routes = json!({"routes": [
+        {"id": "vertex", "uri": "/vertex", "plugins": {"ai-proxy": {
+            "provider": "vertex-ai", "auth": {"gcp": {"service_account_json": account}},
+            "provider_conf": {"project_id": "p1", "region": "us-central1"},
+            "options": {"model": "gemini"},
+            "override": {"endpoint": format!("http://{addr}")}}}},
+        {"id": "nokey", "uri": "/nokey", "plugins": {"ai-proxy": {
+            "provider": "vertex-ai", "auth": {"gcp": {"service_account_json": "{}"}},
+            "provider_conf": {"project_id": "p1", "region": "us-central1"},
+            "override": {"endpoint": format!("http://{addr}")}}}},
+        {"id": "bedrock", "uri": "/b/converse", "plugins": {"ai-proxy": {
+            "provider": "bedrock",
+            "auth": {"aws": {"access_key_id": "AKIDAI", "secret_access_key": "bedrock-secret",
+                             "session_token": "session-1"}},
+            "provider_conf": {"region": "us-east-1"},
+            "options": {"model": "anthropic.claude-3:0"},
+            "override": {"endpoint": format!("http://{addr}")}}}},
+    ]});
+    let gw = Gateway::start(&routes.to_string());
+    let ask = json!({"messages": [{"role": "user", "content": "hi"}]});
+    for _ in 0..2 {
+        let r = chat(gw.addr(), "/vertex", &[], &ask);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["choices"][0]["message"]["content"], "from vertex");
+    }
+    // One exchange: the token is kept until it expires.
+    assert_eq!(*exchanges.lock().unwrap(), 1);
+    let r = chat(gw.addr(), "/nokey", &[], &ask);
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert_eq!(
+        r.json()["error_msg"],
+        "failed to get gcp access token: failed to get google oauth token"
+    );
+
+    let converse = json!({"messages": [{"role": "user", "content": [{"text": "hi"}]}]});
+    let r = chat(gw.addr(), "/b/converse", &[], &converse);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["output"]["message"]["content"][0]["text"],
+        "from bedrock"
+    );
+    let seen = seen.lock().unwrap();
+    let signed = seen.iter().find(|r| r.1.starts_with("/model/")).unwrap();
+    // The model's `:` goes once-encoded on the wire.
+    assert_eq!(signed.1, "/model/anthropic.claude-3%3A0/converse");
+    assert_eq!(header_of(signed, "x-amz-security-token"), Some("session-1"));
+    let auth = header_of(signed, "authorization").unwrap();
+    assert!(
+        auth.starts_with("AWS4-HMAC-SHA256 Credential=AKIDAI/")
+            && auth.contains("/us-east-1/bedrock/aws4_request, SignedHeaders=host;x-amz-date;x-amz-security-token, "),
+        "{auth}"
     );
 }

@@ -791,8 +791,8 @@ fn ai_cache_semantic_layer_on_a_redisearch_server() {
     let azure = json!({"azure_openai": {"endpoint": format!("http://{}/azure/embeddings", emb.addr),
         "api_key": "az-key", "dimensions": 3}});
     let routes = json!({"routes": [
-        {"id": "sem", "uri": "/sem", "plugins": {"ai-proxy": ai_proxy(&provider),
-            "ai-cache": semantic(openai, 0.9)}},
+        {"id": "sem", "uri": "/sem", "name": "semantic", "plugins": {"ai-proxy": ai_proxy(&provider),
+            "ai-cache": semantic(openai, 0.9), "prometheus": {}}},
         {"id": "az", "uri": "/az", "plugins": {"ai-proxy": ai_proxy(&provider),
             "ai-cache": semantic(azure, 0.999)}},
     ]});
@@ -857,6 +857,60 @@ fn ai_cache_semantic_layer_on_a_redisearch_server() {
     let r = chat(&gw, "/sem", &[], &prompt("And Germany?"));
     assert_eq!(r.header("x-ai-cache-status"), Some("MISS"));
     assert_eq!(provider.count("/v1/chat/completions"), 2);
+
+    // The exporter counted each decision: two misses, a semantic then an exact hit, and
+    // an embedding call for each of the three prompts the exact layer missed.
+    let scrape = || {
+        get(
+            SocketAddr::from(([127, 0, 0, 1], gw.metrics_port)),
+            "/apisix/prometheus/metrics",
+        )
+        .text()
+    };
+    let labels = |model: &str| {
+        format!("route=\"semantic\",route_id=\"sem\",service=\"\",service_id=\"\",consumer=\"\",node=\"ai-proxy-openai\",request_type=\"ai_chat\",request_llm_model=\"gpt-4o\",llm_model=\"{model}\"")
+    };
+    let expected = [
+        (
+            format!("apisix_ai_cache_misses_total{{{}}}", labels("gpt-4o")),
+            2,
+        ),
+        (
+            format!(
+                "apisix_ai_cache_hits_total{{layer=\"semantic\",{}}}",
+                labels("")
+            ),
+            1,
+        ),
+        (
+            format!(
+                "apisix_ai_cache_hits_total{{layer=\"exact\",{}}}",
+                labels("")
+            ),
+            1,
+        ),
+        (
+            format!(
+                "apisix_ai_cache_embedding_latency_count{{{}}}",
+                labels("gpt-4o")
+            ),
+            2,
+        ),
+        (
+            format!("apisix_ai_cache_embedding_latency_count{{{}}}", labels("")),
+            1,
+        ),
+    ];
+    // The log phase follows the answer: the last request may still be on its way.
+    let mut metrics = String::new();
+    poll_until(Duration::from_secs(10), || {
+        metrics = scrape();
+        expected
+            .iter()
+            .all(|(line, n)| metrics.contains(&format!("{line} {n}\n")))
+    })
+    .unwrap_or_else(|| panic!("{expected:?} in {metrics}"));
+    assert!(metrics.contains("# TYPE apisix_ai_cache_embedding_latency histogram\n"));
 
     // Azure OpenAI embeddings (api-key, dimensions); its threshold is above the pair's
     // similarity, and its index is another (another embedding model).

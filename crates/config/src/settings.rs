@@ -909,6 +909,9 @@ pub struct PrometheusAttr {
     pub llm_prompt_tokens_buckets: Option<Vec<f64>>,
     /// `apisix_llm_completion_tokens_dist`'s buckets in tokens.
     pub llm_completion_tokens_buckets: Option<Vec<f64>>,
+    /// `apisix_ai_cache_embedding_latency`'s buckets in milliseconds; `None` = the built-in
+    /// latency list.
+    pub ai_cache_embedding_latency_buckets: Option<Vec<f64>>,
     /// `metrics.<name>`: extra labels and series expiry per HTTP and LLM metric.
     pub metrics: PrometheusMetrics,
 }
@@ -929,8 +932,7 @@ impl Default for GraphqlSettings {
     }
 }
 
-/// `plugin_attr.prometheus.metrics`. Metrics ferrisix does not have (the AI-cache family)
-/// are unknown keys, reported as warnings.
+/// `plugin_attr.prometheus.metrics`.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct PrometheusMetrics {
@@ -943,6 +945,10 @@ pub struct PrometheusMetrics {
     pub llm_active_connections: MetricAttr,
     pub llm_prompt_tokens_dist: MetricAttr,
     pub llm_completion_tokens_dist: MetricAttr,
+    pub ai_cache_hits_total: MetricAttr,
+    pub ai_cache_misses_total: MetricAttr,
+    pub ai_cache_bypasses_total: MetricAttr,
+    pub ai_cache_embedding_latency: MetricAttr,
     /// APISIX's health-check gauge, which ferrisix does not have (health checks are not
     /// built): validated and ignored. APISIX reads only `expire` for it.
     pub upstream_status: UpstreamStatusAttr,
@@ -1007,6 +1013,7 @@ impl Default for PrometheusAttr {
             llm_latency_buckets: None,
             llm_prompt_tokens_buckets: None,
             llm_completion_tokens_buckets: None,
+            ai_cache_embedding_latency_buckets: None,
             metrics: PrometheusMetrics::default(),
         }
     }

@@ -716,6 +716,7 @@ plugin_attr:
     metrics:
       llm_latency: {expire: 10}
       ai_cache_hits_total: {expire: 10}
+      not_a_metric: {expire: 10}
 "#,
         &no_env,
     )
@@ -730,7 +731,7 @@ plugin_attr:
         vec![
             "unknown or unsupported key `apisix.node_listen[0].reuseport` ignored",
             "unknown or unsupported key `nginx_config.http.upstream.keepalive_pool` ignored",
-            "unknown or unsupported key `plugin_attr.prometheus.metrics.ai_cache_hits_total` ignored",
+            "unknown or unsupported key `plugin_attr.prometheus.metrics.not_a_metric` ignored",
         ]
     );
 }

@@ -304,6 +304,22 @@ pub struct AiCacheState {
     miss: Option<Arc<MissWrite>>,
 }
 
+impl AiCacheState {
+    /// A decision with nothing to write back.
+    pub fn decided(
+        status: CacheStatus,
+        hit_layer: Option<&'static str>,
+        embedding_latency: Option<Duration>,
+    ) -> AiCacheState {
+        AiCacheState {
+            status,
+            hit_layer,
+            embedding_latency,
+            miss: None,
+        }
+    }
+}
+
 /// A miss's write-back: where, and what the semantic layer needs.
 #[derive(Debug)]
 struct MissWrite {

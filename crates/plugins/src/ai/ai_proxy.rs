@@ -42,7 +42,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let instance = Instance::from_conf(&conf, format!("ai-proxy-{provider}"))?;
     Ok(Arc::new(AiProxy {
         instance,
-        call: CallConf::from_conf(&conf),
+        call: CallConf::from_conf(&conf).with_active_connections(cx.services),
         max_body: conf
             .get("max_req_body_size")
             .and_then(Value::as_u64)

@@ -151,7 +151,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
             .get("retry_on_failure_within_ms")
             .and_then(Value::as_u64)
             .map(std::time::Duration::from_millis),
-        call: CallConf::from_conf(&conf),
+        call: CallConf::from_conf(&conf).with_active_connections(cx.services),
         max_body: conf
             .get("max_req_body_size")
             .and_then(Value::as_u64)

@@ -16,7 +16,10 @@
 //!
 //! A request ai-proxy or ai-proxy-multi served carries its `request_type`, `request_llm_model`
 //! and `llm_model` labels on the HTTP metrics (the others carry `traditional_http` and two
-//! empty models) and is counted in the LLM metrics of [`llm`].
+//! empty models) and is counted in the LLM metrics of [`llm`]; ai-proxy's calls in flight
+//! are the [`llm::ActiveConnections`] gauge, which those plugins count on themselves (they
+//! take it from the gateway's [`Metrics`] when they compile), and what ai-cache decided is
+//! counted in [`ai_cache`].
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -36,11 +39,13 @@ use ferrisix_router::VarSource;
 use http::{HeaderValue, Method, StatusCode};
 use serde_json::{json, Value};
 
+pub mod ai_cache;
 pub mod llm;
 pub mod series;
 pub mod server;
 
-use crate::support::ai::LlmRecord;
+use crate::ai::ai_cache::AiCacheState;
+use crate::support::ai::{LlmRecord, PickedInstance};
 use series::{
     push_extra_value, Direction, Expire, ExtraKey, GroupValues, LatencyType, SeriesGroup,
     StatusLabels,
@@ -62,8 +67,7 @@ fn schema() -> Value {
     json!({"type": "object", "properties": {"prefer_name": {"type": "boolean", "default": false}}})
 }
 
-/// `ai_cache_hits_total`'s labels: APISIX's metadata schema accepts the AI-cache metrics'
-/// `disabled_labels` (ferrisix does not record those metrics yet).
+/// `ai_cache_hits_total`'s labels (the other ai-cache metrics' without `layer`).
 const AI_CACHE_HITS_LABELS: [&str; 10] = [
     "layer",
     "route",
@@ -201,6 +205,8 @@ pub struct Metrics {
     /// `plugin_attr.prometheus.metrics.<name>.expire`.
     expire: Expire,
     llm: llm::LlmMetrics,
+    active: Arc<llm::ActiveConnections>,
+    ai_cache: ai_cache::AiCacheMetrics,
     /// One render at a time: expiring series is then the work of one thread (see
     /// [`series`]), and concurrent scrapes are rare.
     render_lock: Mutex<()>,
@@ -289,7 +295,7 @@ pub struct DisabledLabels {
     pub http_status: Vec<String>,
     pub http_latency: Vec<String>,
     pub bandwidth: Vec<String>,
-    /// The LLM metrics' (by name).
+    /// The LLM and ai-cache metrics' (by name).
     pub llm: Vec<(&'static str, Vec<String>)>,
 }
 
@@ -322,7 +328,10 @@ impl DisabledLabels {
             bandwidth: list("bandwidth"),
             llm: llm::LlmMetric::ALL
                 .iter()
-                .map(|m| (m.name(), list(m.name())))
+                .map(|m| m.name())
+                .chain(["llm_active_connections"])
+                .chain(ai_cache::CacheMetric::ALL.iter().map(|m| m.name()))
+                .map(|name| (name, list(name)))
                 .filter(|(_, l)| !l.is_empty())
                 .collect(),
         };
@@ -406,7 +415,28 @@ fn series_key(name: &str, parts: &[&[(&str, &str)]]) -> String {
 }
 
 /// Metric families: (name without prefix, help, type).
-const FAMILIES: [(&str, &str, &str); 16] = [
+const FAMILIES: [(&str, &str, &str); 21] = [
+    (
+        "llm_active_connections",
+        "Number of active connections to LLM service",
+        "gauge",
+    ),
+    (
+        "ai_cache_hits_total",
+        "Total AI cache hits served, per cache layer",
+        "counter",
+    ),
+    ("ai_cache_misses_total", "Total AI cache misses", "counter"),
+    (
+        "ai_cache_bypasses_total",
+        "Total AI cache bypassed requests",
+        "counter",
+    ),
+    (
+        "ai_cache_embedding_latency",
+        "Latency of AI cache embedding calls in milliseconds",
+        "histogram",
+    ),
     (
         "llm_latency",
         "LLM request latency in milliseconds",
@@ -529,11 +559,13 @@ impl Metrics {
             ExtraLabels::new(&m.bandwidth),
         );
         let llm = llm::LlmMetrics::new(attr);
+        let ai_cache = ai_cache::AiCacheMetrics::new(attr);
         let mut vars: Vec<Box<str>> = Vec::new();
         for var in [&extra_status, &extra_latency, &extra_bandwidth]
             .iter()
             .flat_map(|e| e.vars.iter())
             .chain(llm.vars())
+            .chain(ai_cache.vars())
         {
             if !vars.iter().any(|v| **v == **var) {
                 vars.push(var.as_str().into());
@@ -550,7 +582,7 @@ impl Metrics {
             buckets,
             groups: StateMap::default(),
             conn_stats,
-            clock,
+            clock: clock.clone(),
             node_source: ArcSwapOption::empty(),
             hostname: hostname(),
             disabled: ArcSwapOption::empty(),
@@ -564,6 +596,8 @@ impl Metrics {
                 bandwidth: expire_ms(m.bandwidth.expire),
             },
             llm,
+            active: Arc::new(llm::ActiveConnections::new(attr, clock.clone())),
+            ai_cache,
             render_lock: Mutex::new(()),
             stream_connections: Mutex::new(BTreeMap::new()),
         }
@@ -589,6 +623,11 @@ impl Metrics {
         if self.disabled.load().as_deref() != new.as_ref() {
             self.disabled.store(new.map(Arc::new));
         }
+    }
+
+    /// `llm_active_connections`, which ai-proxy and ai-proxy-multi count their calls on.
+    pub fn llm_active(&self) -> Arc<llm::ActiveConnections> {
+        self.active.clone()
     }
 
     pub fn export_uri(&self) -> &str {
@@ -784,6 +823,14 @@ impl Metrics {
             );
         }
         self.llm.lines(now, disabled.as_deref(), &mut lines);
+        self.active.lines(
+            now,
+            disabled
+                .as_deref()
+                .and_then(|d| d.of("llm_active_connections")),
+            &mut lines,
+        );
+        self.ai_cache.lines(now, disabled.as_deref(), &mut lines);
 
         let c = self.conn_stats.read();
         for (state, n) in [
@@ -910,6 +957,8 @@ impl Metrics {
 pub struct Prometheus {
     metrics: Arc<Metrics>,
     group: Lease<SeriesGroup>,
+    /// The ai-cache metrics' route name, route id, service name and service id.
+    cache_labels: [String; 4],
     uri_ids: Box<[u16]>,
     host_ids: Box<[u16]>,
 }
@@ -935,6 +984,22 @@ impl Prometheus {
             }
         };
         let group = metrics.group(&route_label, &service_label);
+        let cache_labels = match route {
+            None => Default::default(),
+            Some(r) => {
+                let service = r.service_id.as_deref().unwrap_or_default().to_string();
+                [
+                    r.name.as_deref().unwrap_or_default().to_string(),
+                    r.id.to_string(),
+                    r.service_name
+                        .as_deref()
+                        .filter(|_| !service.is_empty())
+                        .unwrap_or_default()
+                        .to_string(),
+                    service,
+                ]
+            }
+        };
         let (uri_ids, host_ids) = match route {
             Some(r) => (
                 r.uris.iter().map(|u| group.uri_id(u)).collect(),
@@ -945,6 +1010,7 @@ impl Prometheus {
         Prometheus {
             metrics,
             group,
+            cache_labels,
             uri_ids,
             host_ids,
         }
@@ -970,11 +1036,42 @@ impl Prometheus {
             .value::<Arc<LlmRecord>>()
             .map(|r| r.read(llm::AiFacts::of));
         let ai = ai.as_ref();
+        // exporter.lua's `node` is `ctx.balancer_ip`, which ai-proxy sets to the picked
+        // instance's name.
+        let instance = ctx.value::<PickedInstance>().map(|p| p.0.as_str());
         if let Some(ai) = ai {
             m.llm.record(
                 [g.route.as_str(), g.service.as_str(), consumer],
+                instance,
                 ctx,
                 ai,
+                now,
+            );
+        }
+        if let Some(state) = ctx.value::<AiCacheState>() {
+            let c = &self.cache_labels;
+            let (request_type, request_model, model) = match ai {
+                Some(ai) => (
+                    ai.request_type,
+                    ai.request_model.as_str(),
+                    ai.model.as_str(),
+                ),
+                None => (TRADITIONAL_HTTP, "", ""),
+            };
+            m.ai_cache.record(
+                state,
+                &[
+                    &c[0],
+                    &c[1],
+                    &c[2],
+                    &c[3],
+                    consumer,
+                    instance.unwrap_or_default(),
+                    request_type,
+                    request_model,
+                    model,
+                ],
+                ctx,
                 now,
             );
         }
@@ -1056,7 +1153,10 @@ impl Plugin for Prometheus {
     }
 
     fn log(&self, ctx: &LogCtx) {
-        let now = if self.metrics.expire.any() || self.metrics.llm.expires() {
+        let now = if self.metrics.expire.any()
+            || self.metrics.llm.expires()
+            || self.metrics.ai_cache.expires()
+        {
             self.metrics.clock.mono_ms()
         } else {
             0
@@ -1340,6 +1440,177 @@ plugin_attr:
             uris: vec!["/v1/chat/completions".into()].into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn ai_cache_decisions_are_counted_with_their_labels() {
+        use crate::ai::ai_cache::CacheStatus;
+        let m = metrics_with(
+            r#"
+plugin_attr:
+  prometheus:
+    ai_cache_embedding_latency_buckets: [10, 100]
+    metrics:
+      ai_cache_misses_total:
+        extra_labels:
+          - team: $http_x_team
+"#,
+        );
+        let route = RouteInfo {
+            id: "r1".into(),
+            name: Some("chat".into()),
+            service_id: Some("s1".into()),
+            service_name: Some("svc".into()),
+            uris: vec!["/v1/chat/completions".into()].into(),
+            ..Default::default()
+        };
+        // prefer_name changes route_id on the LLM metrics, not on ai-cache's.
+        let p = Prometheus::compile(&json!({"prefer_name": true}), Some(&route), m.clone());
+        let with_state = |state: AiCacheState| {
+            let mut ctx = ai_request(&p, 200, false, (10, 10), (1, 1));
+            let mut values = ferrisix_plugin_api::RequestValues::default();
+            values.insert(ctx.value::<Arc<LlmRecord>>().unwrap().clone());
+            values.insert(PickedInstance("openai-1".into(), Arc::new(json!({}))));
+            values.insert(state);
+            ctx.values = Some(Arc::new(values));
+            ctx
+        };
+        let hit = |layer| AiCacheState::decided(CacheStatus::Hit, Some(layer), None);
+        p.record(&with_state(hit("exact")), 0);
+        p.record(&with_state(hit("exact")), 0);
+        p.record(
+            &with_state(AiCacheState::decided(
+                CacheStatus::Hit,
+                Some("semantic"),
+                Some(Duration::from_millis(40)),
+            )),
+            0,
+        );
+        p.record(
+            &with_state(AiCacheState::decided(
+                CacheStatus::Miss,
+                None,
+                Some(Duration::from_millis(400)),
+            )),
+            0,
+        );
+        p.record(
+            &with_state(AiCacheState::decided(CacheStatus::Bypass, None, None)),
+            0,
+        );
+        // A request ai-cache did not run on counts in none of them.
+        p.record(&ai_request(&p, 200, false, (10, 10), (1, 1)), 0);
+        let text = m.render();
+        let labels = "route=\"chat\",route_id=\"r1\",service=\"svc\",service_id=\"s1\",consumer=\"\",node=\"openai-1\",request_type=\"ai_chat\",request_llm_model=\"gpt-4\",llm_model=\"gpt-4o\"";
+        for (line, n) in [
+            (
+                format!("apisix_ai_cache_hits_total{{layer=\"exact\",{labels}}}"),
+                2,
+            ),
+            (
+                format!("apisix_ai_cache_hits_total{{layer=\"semantic\",{labels}}}"),
+                1,
+            ),
+            (
+                format!("apisix_ai_cache_misses_total{{{labels},team=\"blue\"}}"),
+                1,
+            ),
+            (format!("apisix_ai_cache_bypasses_total{{{labels}}}"), 1),
+            (
+                format!("apisix_ai_cache_embedding_latency_bucket{{{labels},le=\"100\"}}"),
+                1,
+            ),
+            (
+                format!("apisix_ai_cache_embedding_latency_bucket{{{labels},le=\"+Inf\"}}"),
+                2,
+            ),
+            (
+                format!("apisix_ai_cache_embedding_latency_sum{{{labels}}}"),
+                440,
+            ),
+        ] {
+            assert!(
+                text.contains(&format!("{line} {n}\n")),
+                "{line} {n} in {text}"
+            );
+        }
+        // The configured buckets, not the default ones.
+        assert!(!text.contains(&format!(
+            "apisix_ai_cache_embedding_latency_bucket{{{labels},le=\"50\"}}"
+        )));
+        for family in [
+            "# TYPE apisix_ai_cache_hits_total counter\n",
+            "# TYPE apisix_ai_cache_embedding_latency histogram\n",
+            "# HELP apisix_ai_cache_bypasses_total Total AI cache bypassed requests\n",
+        ] {
+            assert!(text.contains(family), "{family} in {text}");
+        }
+        // The LLM metrics' node is the picked instance too, their route_id prefer_name's.
+        assert!(text.contains("apisix_llm_prompt_tokens{route_id=\"chat\",service_id=\"svc\",consumer=\"\",node=\"openai-1\""), "{text}");
+        // layer cannot be disabled; the others can.
+        m.set_metadata(Some(
+            &json!({"disabled_labels": {"ai_cache_hits_total": ["route", "node"]}}),
+        ));
+        let text = m.render();
+        assert!(text.contains("apisix_ai_cache_hits_total{layer=\"exact\",route=\"\",route_id=\"r1\",service=\"svc\",service_id=\"s1\",consumer=\"\",node=\"\","), "{text}");
+        assert!(
+            metadata_schema()["properties"]["disabled_labels"]["properties"]["ai_cache_hits_total"]
+                ["items"]["enum"]
+                .as_array()
+                .is_some_and(|e| !e.contains(&json!("layer")))
+        );
+    }
+
+    #[test]
+    fn active_llm_connections_count_calls_in_flight() {
+        let m = metrics_with(
+            r#"
+plugin_attr:
+  prometheus:
+    metrics:
+      llm_active_connections:
+        expire: 60
+        extra_labels:
+          - team: $http_x_team
+"#,
+        );
+        let active = m.llm_active();
+        assert_eq!(active.vars(), ["http_x_team".to_owned()]);
+        let labels = [
+            "chat",
+            "r1",
+            "/v1/*",
+            "",
+            "svc",
+            "s1",
+            "jack",
+            "openai-1",
+            "ai_stream",
+            "gpt-4",
+            "gpt-4o",
+        ];
+        let one = active.track(labels, vec!["blue".into()]);
+        let two = active.track(labels, vec!["blue".into()]);
+        let line = "apisix_llm_active_connections{route=\"chat\",route_id=\"r1\",matched_uri=\"/v1/*\",matched_host=\"\",service=\"svc\",service_id=\"s1\",consumer=\"jack\",node=\"openai-1\",request_type=\"ai_stream\",request_llm_model=\"gpt-4\",llm_model=\"gpt-4o\",team=\"blue\"}";
+        let text = m.render();
+        assert!(text.contains(&format!("{line} 2\n")), "{text}");
+        assert!(
+            text.contains("# TYPE apisix_llm_active_connections gauge\n"),
+            "{text}"
+        );
+        drop(one);
+        assert!(m.render().contains(&format!("{line} 1\n")));
+        drop(two);
+        // A gauge back at 0 stays, as APISIX's does.
+        assert!(m.render().contains(&format!("{line} 0\n")));
+        // Past `expire` without a change the series leaves the exposition, its count kept.
+        let late = m.clock.mono_ms() + 61_000;
+        assert!(!m.render_at(late).contains("apisix_llm_active_connections{"));
+        m.set_metadata(Some(
+            &json!({"disabled_labels": {"llm_active_connections": ["consumer", "route"]}}),
+        ));
+        let _three = active.track(labels, vec!["blue".into()]);
+        assert!(m.render().contains("apisix_llm_active_connections{route=\"\",route_id=\"r1\",matched_uri=\"/v1/*\",matched_host=\"\",service=\"svc\",service_id=\"s1\",consumer=\"\",node=\"openai-1\""));
     }
 
     #[test]

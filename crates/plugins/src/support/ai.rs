@@ -81,6 +81,8 @@ pub struct LlmFields {
     pub usage: Option<Usage>,
     pub stream: bool,
     pub tool_count: usize,
+    /// `$llm_has_tool_calls`: the answer asked for a tool.
+    pub has_tool_calls: bool,
     pub end_user_id: Option<String>,
     pub response_text: Option<String>,
     /// The client's conversation (`messages`, `input`).
@@ -137,6 +139,10 @@ impl LlmRecord {
                 Some(json!(if f.stream { "true" } else { "false" })),
             );
             put("tool_count", Some(json!(f.tool_count)));
+            put(
+                "has_tool_calls",
+                Some(json!(if f.has_tool_calls { "true" } else { "false" })),
+            );
             put("end_user_id", f.end_user_id.clone().map(Value::String));
             out.push(("llm_summary", Value::Object(s)));
         }
@@ -201,6 +207,7 @@ impl LateVars for LlmRecord {
             "llm_total_tokens" => usage.total_tokens.to_string(),
             "llm_stream" => f.stream.to_string(),
             "llm_tool_count" => f.tool_count.to_string(),
+            "llm_has_tool_calls" => f.has_tool_calls.to_string(),
             "llm_end_user_id" => f.end_user_id.clone()?,
             "llm_content_risk_level" => f.risk_level.clone()?,
             "llm_cache_read_input_tokens" => f

@@ -17,11 +17,11 @@
 //! not updated for that long, as its shared-dict keys would have lapsed in APISIX.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use ferrisix_config::settings::{MetricAttr, PrometheusAttr};
-use ferrisix_plugin_api::LogCtx;
+use ferrisix_plugin_api::{Clock, LogCtx};
 
 use super::{blank, bucket_format, expire_ms, node_text, series_key, DisabledLabels, ExtraLabels};
 use crate::support::ai::LlmFields;
@@ -48,7 +48,7 @@ pub const LLM_LATENCY_LABELS: [&str; 8] = [
     "llm_model",
 ];
 
-/// `llm_active_connections`' labels (for `disabled_labels`; the gauge is not recorded).
+/// `llm_active_connections`' labels.
 pub const LLM_ACTIVE_CONNECTIONS_LABELS: [&str; 11] = [
     "route",
     "route_id",
@@ -149,13 +149,13 @@ impl AiFacts {
 }
 
 /// One histogram's bounds and their `le` texts in sortable form (see [`super::Metrics`]).
-struct Buckets {
+pub(super) struct Buckets {
     bounds: Vec<f64>,
     le_sort: Vec<String>,
 }
 
 impl Buckets {
-    fn new(bounds: Vec<f64>) -> Buckets {
+    pub(super) fn new(bounds: Vec<f64>) -> Buckets {
         let (width, precision) = bucket_format(&bounds);
         Buckets {
             le_sort: bounds
@@ -175,14 +175,14 @@ impl Buckets {
     }
 }
 
-struct Histogram {
+pub(super) struct Histogram {
     /// Per bucket, not cumulative; the last is `+Inf`'s own.
     counts: Box<[AtomicU64]>,
     sum: AtomicU64,
 }
 
 impl Histogram {
-    fn new(buckets: &Buckets) -> Histogram {
+    pub(super) fn new(buckets: &Buckets) -> Histogram {
         Histogram {
             counts: (0..=buckets.bounds.len())
                 .map(|_| AtomicU64::new(0))
@@ -191,19 +191,19 @@ impl Histogram {
         }
     }
 
-    fn observe(&self, buckets: &Buckets, v: u64) {
+    pub(super) fn observe(&self, buckets: &Buckets, v: u64) {
         self.counts[buckets.index(v as f64)].fetch_add(1, Ordering::Relaxed);
         self.sum.fetch_add(v, Ordering::Relaxed);
     }
 
-    fn reset(&self) {
+    pub(super) fn reset(&self) {
         for c in self.counts.iter() {
             c.store(0, Ordering::Relaxed);
         }
         self.sum.store(0, Ordering::Relaxed);
     }
 
-    fn lines(
+    pub(super) fn lines(
         &self,
         name: &str,
         labels: &[&[(&str, &str)]],
@@ -327,13 +327,22 @@ impl LlmMetrics {
 
     /// Records one AI request (exporter.lua's `http_log`, its `ai_chat`/`ai_stream` part);
     /// `now`: the clock when a metric expires.
-    pub fn record(&self, labels: [&str; 3], ctx: &LogCtx, ai: &AiFacts, now: u64) {
+    /// `instance`: the picked instance's name, the `node` label (else the upstream node's
+    /// address).
+    pub fn record(
+        &self,
+        labels: [&str; 3],
+        instance: Option<&str>,
+        ctx: &LogCtx,
+        ai: &AiFacts,
+        now: u64,
+    ) {
         let [route, service, consumer] = labels;
         let mut key = vec![
             route.to_owned(),
             service.to_owned(),
             consumer.to_owned(),
-            node_text(ctx.node),
+            instance.map_or_else(|| node_text(ctx.node), str::to_owned),
             ai.request_type.to_owned(),
             ai.request_model.clone(),
             ai.model.clone(),
@@ -473,6 +482,138 @@ impl LlmMetrics {
                     ),
                 }
             }
+        }
+    }
+}
+
+/// `llm_active_connections`: the calls to a provider in flight (exporter.lua's
+/// `inc_llm_active_connections` / `dec_llm_active_connections`), by the labels the call
+/// started with. A call is counted from the moment it is sent until the provider's answer
+/// is over (read whole, or its stream ended or dropped), each try of ai-proxy-multi on its
+/// own instance; APISIX counts up at each try and down once in the log phase with the
+/// labels as they are then, which can leave a series off by the retries or the model the
+/// answer named.
+pub struct ActiveConnections {
+    extra: ExtraLabels,
+    expire: u64,
+    clock: Clock,
+    series: RwLock<HashMap<Box<[String]>, Arc<Gauge>>>,
+}
+
+impl std::fmt::Debug for ActiveConnections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ActiveConnections").finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct Gauge {
+    value: AtomicI64,
+    /// The last change (monotonic milliseconds) when the metric expires.
+    touched: AtomicU64,
+}
+
+/// One call counted in [`ActiveConnections`]; dropping it counts the call out.
+pub struct ActiveConnection {
+    gauge: Arc<Gauge>,
+    clock: Option<Clock>,
+}
+
+impl std::fmt::Debug for ActiveConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ActiveConnection").finish_non_exhaustive()
+    }
+}
+
+impl Drop for ActiveConnection {
+    fn drop(&mut self) {
+        self.gauge.value.fetch_sub(1, Ordering::Relaxed);
+        if let Some(clock) = &self.clock {
+            self.gauge
+                .touched
+                .store(clock.mono_ms().max(1), Ordering::Relaxed);
+        }
+    }
+}
+
+impl ActiveConnections {
+    pub fn new(attr: &PrometheusAttr, clock: Clock) -> ActiveConnections {
+        let m = &attr.metrics.llm_active_connections;
+        ActiveConnections {
+            extra: ExtraLabels::new(m),
+            expire: expire_ms(m.expire),
+            clock,
+            series: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// The variables the extra labels read.
+    pub fn vars(&self) -> &[String] {
+        &self.extra.vars
+    }
+
+    /// Counts a call in: `labels` in [`LLM_ACTIVE_CONNECTIONS_LABELS`]' order (the models
+    /// cut as [`model_label`] cuts them), `extra` the values of [`Self::vars`].
+    pub fn track(&self, labels: [&str; 11], extra: Vec<String>) -> ActiveConnection {
+        let mut key: Vec<String> = labels.iter().map(|l| (*l).to_owned()).collect();
+        key.extend(extra);
+        let found = self
+            .series
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key.as_slice())
+            .cloned();
+        let gauge = match found {
+            Some(g) => g,
+            None => self
+                .series
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(key.into_boxed_slice())
+                .or_default()
+                .clone(),
+        };
+        gauge.value.fetch_add(1, Ordering::Relaxed);
+        let clock = (self.expire > 0).then(|| self.clock.clone());
+        if let Some(clock) = &clock {
+            gauge
+                .touched
+                .store(clock.mono_ms().max(1), Ordering::Relaxed);
+        }
+        ActiveConnection { gauge, clock }
+    }
+
+    /// The gauge's lines at `now`. A series not changed for `expire` leaves the exposition
+    /// (as its shared-dict key lapses in APISIX) but keeps its count, so the calls still in
+    /// flight are counted out from it and it comes back right.
+    pub fn lines(&self, now: u64, disabled: Option<&[String]>, out: &mut Vec<(String, String)>) {
+        let all: Vec<(Box<[String]>, Arc<Gauge>)> = self
+            .series
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, g)| (k.clone(), g.clone()))
+            .collect();
+        for (key, g) in all {
+            if self.expire > 0 {
+                let touched = g.touched.load(Ordering::Relaxed);
+                if touched == 0 || now.saturating_sub(touched) >= self.expire {
+                    continue;
+                }
+            }
+            let (base, extra_values) =
+                key.split_at(LLM_ACTIVE_CONNECTIONS_LABELS.len().min(key.len()));
+            let mut labels: Vec<(&str, &str)> = LLM_ACTIVE_CONNECTIONS_LABELS
+                .iter()
+                .zip(base)
+                .map(|(n, v)| (*n, v.as_str()))
+                .collect();
+            blank(&mut labels, disabled);
+            let extra = self.extra.pairs(extra_values);
+            out.push((
+                series_key("llm_active_connections", &[&labels, &extra]),
+                g.value.load(Ordering::Relaxed).to_string(),
+            ));
         }
     }
 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use ferrisix_plugin_api::{BodyError, Exit, HttpError, PluginCtx, PluginServices};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
@@ -27,6 +28,9 @@ use super::protocol::{
 };
 use super::provider::{Provider, ProviderConf};
 use super::{AiRequest, LlmRecord};
+use crate::observe::prometheus::llm::{model_label, ActiveConnection, ActiveConnections};
+use crate::support::cloud::gcp_token::{Account, Token};
+use crate::support::cloud::sigv4::{self, Credentials};
 
 /// `override.endpoint` taken apart as APISIX's `url.parse` does.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -144,6 +148,11 @@ pub struct Instance {
     /// `override.request_body`: target protocol name -> patch.
     pub request_body: Map<String, Value>,
     pub force_override: bool,
+    /// `auth.gcp`: an access token of the service account goes as `Authorization`.
+    pub gcp: Option<Arc<GcpAuth>>,
+    /// `auth.aws`: the request is signed with SigV4 (bedrock only, as APISIX's
+    /// `aws_sigv4` providers); the region is `provider_conf.region`.
+    pub aws: Option<Credentials>,
     pub priority: i64,
     pub weight: u32,
     /// What decides the instance's answers besides the request, as ai-cache's key
@@ -199,11 +208,30 @@ impl Instance {
                 identity.insert(k.into(), v);
             }
         }
+        let provider_conf = ProviderConf::from_conf(conf.get("provider_conf"));
+        let gcp = auth
+            .and_then(|a| a.get("gcp"))
+            .map(|g| Arc::new(GcpAuth::from_conf(g)));
+        let aws = auth
+            .and_then(|a| a.get("aws"))
+            .filter(|_| provider == Provider::Bedrock)
+            .map(|a| {
+                let text = |k: &str| a.get(k).and_then(Value::as_str).map(str::to_owned);
+                Credentials {
+                    access_key: text("access_key_id").unwrap_or_default(),
+                    secret_key: text("secret_access_key").unwrap_or_default(),
+                    session_token: text("session_token"),
+                    region: provider_conf.region.clone().unwrap_or_default(),
+                    service: "bedrock".into(),
+                }
+            });
         Ok(Instance {
             identity: Arc::new(Value::Object(identity)),
             name,
             provider,
-            provider_conf: ProviderConf::from_conf(conf.get("provider_conf")),
+            provider_conf,
+            gcp,
+            aws,
             auth_header,
             auth_query: pairs("query"),
             options: conf
@@ -234,6 +262,225 @@ impl Instance {
     }
 }
 
+/// The environment variable holding a service account's JSON when the conf has none
+/// (APISIX reads the same).
+const GCP_SERVICE_ACCOUNT_ENV: &str = "GCP_SERVICE_ACCOUNT";
+
+/// `auth.gcp` (`ai-transport/auth.lua`): the service account (`service_account_json`, else
+/// `$GCP_SERVICE_ACCOUNT`), exchanged for an access token (an RS256 JWT at its `token_uri`,
+/// `support::cloud::gcp_token`) kept for the token's `expires_in` (3600 without one) less
+/// `expire_early_secs` (default 60), at most `max_ttl`.
+pub struct GcpAuth {
+    /// The account, or why there is none usable.
+    account: Result<Account, String>,
+    expire_early: u64,
+    max_ttl: Option<u64>,
+    /// The token and the second it is kept until; swapped whole, read without a lock.
+    token: ArcSwapOption<(String, u64)>,
+}
+
+impl std::fmt::Debug for GcpAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key nor the token.
+        f.debug_struct("GcpAuth")
+            .field("expire_early", &self.expire_early)
+            .field("max_ttl", &self.max_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl GcpAuth {
+    pub fn from_conf(conf: &Value) -> GcpAuth {
+        let sa = conf
+            .get("service_account_json")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .or_else(|| std::env::var(GCP_SERVICE_ACCOUNT_ENV).ok());
+        let account = match sa.filter(|s| !s.is_empty()) {
+            // APISIX then asks google-cloud-oauth with no account, which cannot sign.
+            None => Err("failed to get google oauth token".to_owned()),
+            Some(sa) => serde_json::from_str::<Value>(&sa)
+                .map(|v| Account::from_auth(&v))
+                .map_err(|e| format!("invalid gcp service account json: {e}")),
+        };
+        GcpAuth {
+            account,
+            expire_early: conf
+                .get("expire_early_secs")
+                .and_then(Value::as_u64)
+                .unwrap_or(60),
+            max_ttl: conf.get("max_ttl").and_then(Value::as_u64),
+            token: ArcSwapOption::empty(),
+        }
+    }
+
+    /// The access token: the kept one, else a new one from the token URI.
+    async fn token(&self, services: &PluginServices, conf: &CallConf) -> Result<String, String> {
+        let now = now_secs();
+        if let Some(t) = self.token.load_full() {
+            if now < t.1 {
+                return Ok(t.0.clone());
+            }
+        }
+        let account = self.account.as_ref().map_err(Clone::clone)?;
+        let failed = |why: String| {
+            tracing::error!("failed to get google oauth token: {why}");
+            "failed to get google oauth token".to_owned()
+        };
+        let body = account.exchange_body(now).map_err(failed)?;
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(&account.token_uri)
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Bytes::from(body))
+            .map_err(|e| failed(e.to_string()))?;
+        let resp = services
+            .http()
+            .send_verified(req, conf.timeout, conf.ssl_verify)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        if resp.status() != StatusCode::OK {
+            return Err(failed(format!(
+                "{}: {}",
+                resp.status(),
+                String::from_utf8_lossy(resp.body())
+            )));
+        }
+        let token = Token::from_answer(resp.body(), now).map_err(failed)?;
+        let mut ttl = match token.expires_at.saturating_sub(now) {
+            0 => 3600,
+            t => t,
+        };
+        if ttl > self.expire_early {
+            ttl -= self.expire_early;
+        }
+        if let Some(max) = self.max_ttl {
+            ttl = ttl.min(max);
+        }
+        self.token
+            .store(Some(Arc::new((token.value.clone(), now + ttl))));
+        Ok(token.value)
+    }
+}
+
+/// `normalize_and_encode_path` of APISIX's SigV4 helper: each segment between slashes
+/// decoded, then encoded `times` times (once for the wire, twice for the canonical URI).
+fn encode_path(path: &str, times: usize) -> String {
+    path.split('/')
+        .map(|seg| {
+            if seg.is_empty() {
+                return String::new();
+            }
+            let mut s = unescape(seg);
+            for _ in 0..times {
+                s = escape_uri(&s);
+            }
+            s
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// Signs `req` for Bedrock (`ai-transport/auth-aws.lua`): its path sent once-encoded, the
+/// canonical URI twice-encoded, and only `Host`, `X-Amz-Date` and `X-Amz-Security-Token`
+/// signed (APISIX signs with no other header), with the body's hash.
+fn sign_aws(req: &mut Request<Bytes>, creds: &Credentials) -> Result<(), String> {
+    if creds.region.is_empty() {
+        return Err(
+            "missing region for AWS SigV4 signing (provider_conf.region required for bedrock)"
+                .into(),
+        );
+    }
+    let uri = req.uri().clone();
+    let authority = uri
+        .authority()
+        .map(|a| a.as_str().to_owned())
+        .ok_or("failed to sign AWS request: no host")?;
+    let wire = encode_path(uri.path(), 1);
+    let canonical = encode_path(uri.path(), 2);
+    let query = uri.query().map(str::to_owned);
+    let mut signed = HeaderMap::new();
+    let host = HeaderValue::from_str(&authority).map_err(|e| e.to_string())?;
+    signed.insert(header::HOST, host.clone());
+    let method = req.method().clone();
+    sigv4::sign(
+        &mut sigv4::Request {
+            method: &method,
+            path: &canonical,
+            query: query.as_deref(),
+            headers: &mut signed,
+            body: req.body(),
+        },
+        creds,
+        now_secs(),
+    );
+    if wire != uri.path() {
+        let mut text = format!(
+            "{}://{authority}{wire}",
+            uri.scheme_str().unwrap_or("https")
+        );
+        if let Some(q) = &query {
+            text.push('?');
+            text.push_str(q);
+        }
+        *req.uri_mut() = text
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| e.to_string())?;
+    }
+    let headers = req.headers_mut();
+    headers.insert(header::HOST, host);
+    for (name, value) in signed {
+        if let Some(name) = name {
+            headers.insert(name, value);
+        }
+    }
+    Ok(())
+}
+
+/// `auth.gcp`'s token and `auth.aws`'s signature put on the built request (in APISIX's
+/// order: the token among the headers, the signature last, over the final body); a failure
+/// is APISIX's 500 with `error_msg`.
+async fn authorize(
+    req: &mut Request<Bytes>,
+    inst: &Instance,
+    services: &PluginServices,
+    conf: &CallConf,
+) -> Result<(), Exit> {
+    if let Some(gcp) = &inst.gcp {
+        let token = gcp.token(services, conf).await.map_err(|e| {
+            json_exit(
+                500,
+                &json!({"error_msg": format!("failed to get gcp access token: {e}")}),
+            )
+        })?;
+        let value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+            json_exit(
+                500,
+                &json!({"error_msg": "failed to get gcp access token: invalid token"}),
+            )
+        })?;
+        req.headers_mut().insert(header::AUTHORIZATION, value);
+    }
+    if let Some(creds) = &inst.aws {
+        sign_aws(req, creds).map_err(|e| {
+            let msg = if e.starts_with("missing region") {
+                e
+            } else {
+                format!("failed to sign AWS request: {e}")
+            };
+            tracing::error!("failed to build request: {msg}");
+            json_exit(500, &json!({ "error_msg": msg }))
+        })?;
+    }
+    Ok(())
+}
+
 /// What a call is bounded by.
 #[derive(Clone, Debug)]
 pub struct CallConf {
@@ -241,6 +488,9 @@ pub struct CallConf {
     pub ssl_verify: bool,
     /// `fallback_http_statuses`: answers read as errors besides 429 and 5xx.
     pub fallback_statuses: Vec<u16>,
+    /// The gateway's `llm_active_connections`, counted per call (ai-proxy and
+    /// ai-proxy-multi).
+    pub active: Option<Arc<ActiveConnections>>,
 }
 
 impl CallConf {
@@ -259,8 +509,70 @@ impl CallConf {
                 .flatten()
                 .filter_map(|s| s.as_u64().and_then(|s| u16::try_from(s).ok()))
                 .collect(),
+            active: None,
         }
     }
+
+    /// Counts this plugin's calls in the gateway's `llm_active_connections`.
+    pub fn with_active_connections(mut self, services: &PluginServices) -> CallConf {
+        let metrics = services.shared::<crate::observe::prometheus::Metrics>();
+        self.active = Some(metrics.llm_active());
+        self
+    }
+}
+
+/// Counts a call to `inst` in: exporter.lua's `inc_llm_active_connections` labels as they
+/// are when the call goes (the route's name and id, the matched uri and host, the service's
+/// name and id, the consumer, the instance as `node`, the AI labels) and the extra labels'
+/// variables.
+fn track_active(
+    active: &ActiveConnections,
+    ctx: &PluginCtx<'_>,
+    inst: &Instance,
+    record: &LlmRecord,
+) -> ActiveConnection {
+    let (request_type, request_model, model) = record.read(|f| {
+        (
+            f.request_type(),
+            model_label(f.request_model.as_deref()),
+            model_label(f.model.as_deref()),
+        )
+    });
+    let route = ctx.route();
+    let service_id = route.and_then(|r| r.service_id.as_deref()).unwrap_or("");
+    let service_name = route
+        .and_then(|r| r.service_name.as_deref())
+        .filter(|_| !service_id.is_empty())
+        .unwrap_or("");
+    let consumer = ctx
+        .consumer()
+        .map(|c| c.username.clone())
+        .unwrap_or_default();
+    let extra = active
+        .vars()
+        .iter()
+        .map(|v| {
+            ferrisix_router::VarSource::var(ctx, v)
+                .map(|v| v.into_owned())
+                .unwrap_or_default()
+        })
+        .collect();
+    active.track(
+        [
+            route.and_then(|r| r.name.as_deref()).unwrap_or(""),
+            route.map_or("", |r| &*r.id),
+            ctx.matched_uri(),
+            ctx.matched_host(),
+            service_name,
+            service_id,
+            &consumer,
+            &inst.name,
+            request_type,
+            &request_model,
+            &model,
+        ],
+        extra,
+    )
 }
 
 /// `override.request_body` merged into the body: objects recursively, anything else
@@ -536,6 +848,9 @@ pub async fn simple_chat(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    if authorize(&mut request, inst, services, conf).await.is_err() {
+        return Err("failed to authorize the request to the LLM service".to_owned());
+    }
     let resp = services
         .http()
         .send_verified(request, conf.timeout, conf.ssl_verify)
@@ -571,10 +886,13 @@ pub async fn call(
     req: &AiRequest,
     record: &Arc<LlmRecord>,
 ) -> Exit {
-    let out = match build(ctx, inst, req, record) {
+    let mut out = match build(ctx, inst, req, record) {
         Ok(o) => o,
         Err(exit) => return exit,
     };
+    if let Err(exit) = authorize(&mut out.request, inst, services, conf).await {
+        return exit;
+    }
     let guards = ctx
         .get::<ResponseGuards>()
         .filter(|g| !g.0.is_empty())
@@ -589,6 +907,11 @@ pub async fn call(
         usage,
         stream: req.stream,
     };
+    // Counted until the answer is over: dropped on return, or with the relayed stream.
+    let active = conf
+        .active
+        .as_ref()
+        .map(|a| track_active(a, ctx, inst, record));
     let started = Instant::now();
     let resp = services
         .http()
@@ -613,7 +936,6 @@ pub async fn call(
         Some(v) => exit.with_header(header::CONTENT_TYPE, v.clone()),
         None => exit,
     };
-    record.update(|f| f.time_to_first_token = Some(started.elapsed()));
     let body = resp.into_body();
     if is_error_status(conf, status.as_u16()) {
         let read = tokio::time::timeout(conf.timeout, body.collect()).await;
@@ -621,7 +943,13 @@ pub async fn call(
             Ok(Ok(b)) => b.to_bytes(),
             _ => Bytes::new(),
         };
-        record.update(|f| f.upstream_response_time = Some(started.elapsed()));
+        // The error body is all the provider produced: its time is the first token's
+        // (APISIX's `set_error_latency_vars`).
+        let took = started.elapsed();
+        record.update(|f| {
+            f.upstream_response_time = Some(took);
+            f.time_to_first_token = Some(took);
+        });
         return with_ct(Exit::body(status, bytes));
     }
     let streaming = ct.as_ref().and_then(|v| v.to_str().ok()).is_some_and(|v| {
@@ -645,6 +973,7 @@ pub async fn call(
             idle: None,
             started,
             usage: Usage::default(),
+            first_chunk: false,
             ended: false,
             guards: Vec::new(),
             guarded: false,
@@ -653,6 +982,7 @@ pub async fn call(
             eof: false,
             closed: false,
             response_text: None,
+            _active: active,
         };
         let mut relay = relay;
         if let Some(g) = guards.filter(|_| status.as_u16() < 400) {
@@ -681,7 +1011,12 @@ pub async fn call(
         }
         Err(_) => return Exit::status(StatusCode::GATEWAY_TIMEOUT),
     };
-    record.update(|f| f.upstream_response_time = Some(started.elapsed()));
+    // A whole answer's first token is its end, as APISIX times it once the body is read.
+    let took = started.elapsed();
+    record.update(|f| {
+        f.upstream_response_time = Some(took);
+        f.time_to_first_token = Some(took);
+    });
     let Ok(answer) = serde_json::from_slice::<Value>(&bytes) else {
         return with_ct(Exit::body(status, bytes));
     };
@@ -697,13 +1032,22 @@ pub async fn call(
     let (body, client_usage) = if out.converted {
         let model = req.body.get("model").and_then(Value::as_str);
         match openai_to_anthropic_response(&answer, model) {
-            Ok(a) => (
-                Bytes::from(a.to_string()),
-                a.get("usage").filter(|u| u.is_object()).cloned(),
-            ),
+            Ok(a) => {
+                if req.protocol.has_tool_call(&a) {
+                    record.update(|f| f.has_tool_calls = true);
+                }
+                (
+                    Bytes::from(a.to_string()),
+                    a.get("usage").filter(|u| u.is_object()).cloned(),
+                )
+            }
             Err(e) => return json_exit(500, &json!({"error_msg": e})),
         }
     } else {
+        // Judged in the client's protocol, as APISIX does after converting.
+        if req.protocol.has_tool_call(&answer) {
+            record.update(|f| f.has_tool_calls = true);
+        }
         (bytes, raw_usage)
     };
     if let Some(guards) = guards.filter(|_| status.as_u16() < 400) {
@@ -739,6 +1083,8 @@ struct StreamRelay {
     idle: Option<Pin<Box<tokio::time::Sleep>>>,
     started: Instant,
     usage: Usage,
+    /// The first chunk came (the time to first token is taken).
+    first_chunk: bool,
     ended: bool,
     /// The guards' checks of this stream (taken while `pending` runs them).
     guards: Vec<Box<dyn StreamGuard>>,
@@ -753,6 +1099,8 @@ struct StreamRelay {
     closed: bool,
     /// `llm_response_text`: the text so far, as of the last usage event.
     response_text: Option<String>,
+    /// The call counted in `llm_active_connections` while the stream lasts.
+    _active: Option<ActiveConnection>,
 }
 
 impl StreamRelay {
@@ -766,6 +1114,9 @@ impl StreamRelay {
             let facts = stream_facts(self.target, ev);
             if facts.done {
                 self.done = true;
+            }
+            if facts.tool_call {
+                self.record.update(|f| f.has_tool_calls = true);
             }
             if let Some(u) = facts.usage {
                 if u.prompt_tokens > 0 {
@@ -868,6 +1219,13 @@ impl Body for StreamRelay {
                     let Ok(data) = frame.into_data() else {
                         continue;
                     };
+                    // A stream's first token is its first chunk (APISIX times it there,
+                    // not at the answer's head).
+                    if !this.first_chunk && !data.is_empty() {
+                        this.first_chunk = true;
+                        let took = this.started.elapsed();
+                        this.record.update(|f| f.time_to_first_token = Some(took));
+                    }
                     let (out, texts) = this.read(&data);
                     if this.guarded {
                         this.guard(out.unwrap_or(data), texts);
@@ -936,6 +1294,59 @@ impl Body for StreamRelay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sigv4_paths_and_signature() {
+        let once = "/model/anthropic.claude-3%3A0/converse";
+        assert_eq!(encode_path("/model/anthropic.claude-3:0/converse", 1), once);
+        // Idempotent over a once-encoded path.
+        assert_eq!(encode_path(once, 1), once);
+        assert_eq!(
+            encode_path(once, 2),
+            "/model/anthropic.claude-3%253A0/converse"
+        );
+        let creds = Credentials {
+            access_key: "AKID".into(),
+            secret_key: "secret".into(),
+            session_token: Some("tok".into()),
+            region: "us-east-1".into(),
+            service: "bedrock".into(),
+        };
+        let mut req =
+            Request::post("https://bedrock-runtime.us-east-1.amazonaws.com:443/model/a:b/converse")
+                .header("x-client", "kept, not signed")
+                .body(Bytes::from_static(b"{}"))
+                .unwrap();
+        sign_aws(&mut req, &creds).unwrap();
+        assert_eq!(req.uri().path(), "/model/a%3Ab/converse");
+        let h = req.headers();
+        assert_eq!(h["host"], "bedrock-runtime.us-east-1.amazonaws.com:443");
+        assert_eq!(h["x-amz-security-token"], "tok");
+        let auth = h["authorization"].to_str().unwrap();
+        assert!(auth.contains("/us-east-1/bedrock/aws4_request, SignedHeaders=host;x-amz-date;x-amz-security-token, Signature="), "{auth}");
+        let no_region = Credentials {
+            region: String::new(),
+            ..creds
+        };
+        assert!(sign_aws(&mut req, &no_region)
+            .unwrap_err()
+            .starts_with("missing region"));
+    }
+
+    #[test]
+    fn gcp_accounts_from_the_conf() {
+        let bad = GcpAuth::from_conf(&json!({"service_account_json": "{not json"}));
+        assert!(bad
+            .account
+            .unwrap_err()
+            .starts_with("invalid gcp service account json"));
+        let ok = GcpAuth::from_conf(
+            &json!({"service_account_json": "{\"client_email\": \"a@b\"}",
+            "max_ttl": 30}),
+        );
+        assert_eq!(ok.account.unwrap().client_email, "a@b");
+        assert_eq!((ok.expire_early, ok.max_ttl), (60, Some(30)));
+    }
 
     #[test]
     fn endpoints_as_apisix_parses_them() {

@@ -169,6 +169,27 @@ impl Protocol {
         (!texts.is_empty()).then(|| texts.join(" "))
     }
 
+    /// Whether a complete answer (in this, the client's, protocol) asks for a tool
+    /// (`has_tool_call` of APISIX's protocol modules; Bedrock, embeddings and passthrough
+    /// answers have none).
+    pub fn has_tool_call(self, resp: &Value) -> bool {
+        let items = |k: &str| resp.get(k).and_then(Value::as_array).into_iter().flatten();
+        match self {
+            Protocol::OpenAiChat => items("choices").any(|c| {
+                c.get("message")
+                    .and_then(|m| m.get("tool_calls"))
+                    .and_then(Value::as_array)
+                    .is_some_and(|t| !t.is_empty())
+            }),
+            Protocol::OpenAiResponses => items("output")
+                .any(|i| i.get("type").and_then(Value::as_str) == Some("function_call")),
+            Protocol::AnthropicMessages => {
+                items("content").any(|b| b.get("type").and_then(Value::as_str) == Some("tool_use"))
+            }
+            _ => false,
+        }
+    }
+
     /// The request's conversation as `logging.payloads` records it.
     pub fn request_content(self, body: &Value) -> Value {
         match self {
@@ -656,12 +677,14 @@ fn find_blank_line(b: &[u8]) -> Option<(usize, usize)> {
     None
 }
 
-/// What one streamed event of `protocol` tells: text, usage, the end.
+/// What one streamed event of `protocol` tells: text, usage, the end, a tool call.
 #[derive(Debug, Default, PartialEq)]
 pub struct StreamFacts {
     pub text: Option<String>,
     pub usage: Option<Usage>,
     pub done: bool,
+    /// The event asks for a tool (`parse_sse_event`'s `has_tool_call`).
+    pub tool_call: bool,
 }
 
 /// Reads one event of a stream of `protocol`.
@@ -686,6 +709,17 @@ pub fn stream_facts(protocol: Protocol, ev: &SseEvent) -> StreamFacts {
             if !text.is_empty() {
                 facts.text = Some(text);
             }
+            facts.tool_call = data
+                .get("choices")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .any(|c| {
+                    c.get("delta")
+                        .and_then(|d| d.get("tool_calls"))
+                        .and_then(Value::as_array)
+                        .is_some_and(|t| !t.is_empty())
+                });
             facts.usage = Protocol::OpenAiChat.usage(&data);
         }
         Protocol::OpenAiResponses => match ev.kind.as_str() {
@@ -694,9 +728,9 @@ pub fn stream_facts(protocol: Protocol, ev: &SseEvent) -> StreamFacts {
             }
             "response.completed" => {
                 facts.done = true;
-                facts.usage = data
-                    .get("response")
-                    .and_then(|r| Protocol::OpenAiResponses.usage(r));
+                let resp = data.get("response").filter(|r| r.is_object());
+                facts.usage = resp.and_then(|r| Protocol::OpenAiResponses.usage(r));
+                facts.tool_call = resp.is_some_and(|r| Protocol::OpenAiResponses.has_tool_call(r));
             }
             "response.failed" | "response.incomplete" | "error" => facts.done = true,
             _ => {}
@@ -710,6 +744,13 @@ pub fn stream_facts(protocol: Protocol, ev: &SseEvent) -> StreamFacts {
                     total_tokens: num(u.get("input_tokens")) + num(u.get("output_tokens")),
                     raw: u.clone(),
                 });
+            }
+            "content_block_start" => {
+                facts.tool_call = data
+                    .get("content_block")
+                    .and_then(|b| b.get("type"))
+                    .and_then(Value::as_str)
+                    == Some("tool_use");
             }
             "content_block_delta" => {
                 facts.text = data
@@ -930,5 +971,47 @@ mod tests {
         assert!(first.contains("\"text_delta\""));
         let last = conv.convert(&evs[1]);
         assert!(last.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"));
+    }
+
+    #[test]
+    fn tool_calls_found_in_answers_and_stream_events() {
+        let call = json!({"choices": [{"message": {"tool_calls": [{"id": "t"}]}}]});
+        assert!(Protocol::OpenAiChat.has_tool_call(&call));
+        let none = json!({"choices": [{"message": {"content": "x", "tool_calls": []}}]});
+        assert!(!Protocol::OpenAiChat.has_tool_call(&none));
+        assert!(Protocol::OpenAiResponses
+            .has_tool_call(&json!({"output": [{"type": "message"}, {"type": "function_call"}]})));
+        assert!(!Protocol::OpenAiResponses.has_tool_call(&json!({"output": [{"type": "message"}]})));
+        assert!(Protocol::AnthropicMessages
+            .has_tool_call(&json!({"content": [{"type": "text"}, {"type": "tool_use"}]})));
+        assert!(!Protocol::BedrockConverse.has_tool_call(&call));
+        // The Anthropic answer converted from an OpenAI tool call carries its tool_use.
+        let a = openai_to_anthropic_response(
+            &json!({"choices": [{"message": {"tool_calls": [{"id": "t", "type": "function",
+                "function": {"name": "f", "arguments": "{}"}}]}, "finish_reason": "tool_calls"}]}),
+            None,
+        )
+        .unwrap();
+        assert!(Protocol::AnthropicMessages.has_tool_call(&a), "{a}");
+
+        let ev = |kind: &str, data: Value| SseEvent {
+            kind: kind.into(),
+            data: data.to_string(),
+        };
+        let chunk = json!({"choices": [{"delta": {"tool_calls": [{"index": 0}]}}]});
+        assert!(stream_facts(Protocol::OpenAiChat, &ev("", chunk)).tool_call);
+        let text = json!({"choices": [{"delta": {"content": "hi"}}]});
+        assert!(!stream_facts(Protocol::OpenAiChat, &ev("", text)).tool_call);
+        let start = json!({"content_block": {"type": "tool_use"}});
+        assert!(
+            stream_facts(
+                Protocol::AnthropicMessages,
+                &ev("content_block_start", start)
+            )
+            .tool_call
+        );
+        let done = json!({"response": {"output": [{"type": "function_call"}]}});
+        let facts = stream_facts(Protocol::OpenAiResponses, &ev("response.completed", done));
+        assert!(facts.tool_call && facts.done);
     }
 }

@@ -106,8 +106,16 @@ impl XrpcRoute {
         }
     }
 
-    /// The end of one request: its loggers, then its metrics.
-    fn finish(&self, cmd: &resp::Command, rpc_time: Duration, conn: &ConnVars) {
+    /// The end of one request: its loggers, then its metrics. `series` keeps the session's
+    /// metric series by command, so the exporter's map is looked up once per command name
+    /// in a session.
+    fn finish(
+        &self,
+        cmd: &resp::Command,
+        rpc_time: Duration,
+        conn: &ConnVars,
+        series: &mut SessionSeries,
+    ) {
         if !self.loggers.is_empty() {
             let vars = RequestVars {
                 conn,
@@ -131,10 +139,17 @@ impl XrpcRoute {
             }
         }
         if let Some(m) = &self.metrics {
-            m.redis_command(&self.route_id, &cmd.cmd).observe(rpc_time);
+            series
+                .entry(cmd.cmd.clone())
+                .or_insert_with(|| m.redis_command(&self.route_id, &cmd.cmd))
+                .observe(rpc_time);
         }
     }
 }
+
+/// A session's metric series by command.
+type SessionSeries =
+    std::collections::HashMap<String, Arc<ferrisix_plugins::observe::prometheus::RedisCommandSeries>>;
 
 /// The variables of one request: the connection's, with `rpc_time` (seconds from the
 /// request read to its reply) and `redis_cmd_line`.

@@ -112,6 +112,7 @@ pub async fn serve<C>(
     let (tx_cmd, mut rx_cmd) = mpsc::unbounded_channel::<InFlight>();
     let (tx_up, rx_up) = oneshot::channel::<(ReadHalf<Upstream>, ConnVars)>();
     let mut waiting: VecDeque<InFlight> = VecDeque::new();
+    let mut series = super::SessionSeries::new();
     let mut conn_vars = vars.clone();
     let (mut cr, mut cw) = tokio::io::split(client);
     let mut upstream_writer: Option<WriteHalf<Upstream>> = None;
@@ -132,6 +133,7 @@ pub async fn serve<C>(
             rx_up,
             &mut rx_cmd,
             &mut waiting,
+            &mut series,
             &mut cw,
             route,
             idle,
@@ -165,7 +167,7 @@ pub async fn serve<C>(
     }
     for c in waiting {
         tracing::info!(stream_route = %route.route_id, cmd = %c.cmd.cmd, "RPC is not finished");
-        route.finish(&c.cmd, c.started.elapsed(), vars);
+        route.finish(&c.cmd, c.started.elapsed(), vars, &mut series);
     }
 }
 
@@ -309,6 +311,7 @@ async fn upstream_half<W: AsyncWrite + Unpin>(
     rx_up: oneshot::Receiver<(ReadHalf<Upstream>, ConnVars)>,
     rx_cmd: &mut mpsc::UnboundedReceiver<InFlight>,
     waiting: &mut VecDeque<InFlight>,
+    series: &mut super::SessionSeries,
     cw: &mut W,
     route: &XrpcRoute,
     idle: Duration,
@@ -345,7 +348,7 @@ async fn upstream_half<W: AsyncWrite + Unpin>(
         }
         for (c, at) in done {
             shared.in_flight.fetch_sub(1, Ordering::Relaxed);
-            route.finish(&c.cmd, at.duration_since(c.started), &conn);
+            route.finish(&c.cmd, at.duration_since(c.started), &conn, series);
         }
         if shared.client_closed.load(Ordering::Relaxed)
             && shared.in_flight.load(Ordering::Relaxed) == 0

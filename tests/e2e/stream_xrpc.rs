@@ -13,7 +13,8 @@ use serde_json::Value;
 use crate::support::redis::{redis_cli, require_redis, Redis};
 use crate::support::{free_port, get, poll_until, Gateway};
 
-const XRPC: &str = "stream_plugins:\n  - prometheus\n  - syslog\nxrpc:\n  protocols:\n    - name: redis\n";
+const XRPC: &str =
+    "stream_plugins:\n  - prometheus\n  - syslog\nxrpc:\n  protocols:\n    - name: redis\n";
 
 fn stream_keys(ports: &[u16]) -> String {
     let mut s = "proxy_mode: http&stream\nstream_proxy:\n  tcp:\n".to_string();
@@ -34,7 +35,10 @@ fn syslog_receiver() -> (u16, Arc<Mutex<Vec<Value>>>) {
         while let Ok(n) = socket.recv(&mut buf) {
             let text = String::from_utf8_lossy(&buf[..n]).into_owned();
             // `<46>1 <time> <host> apisix <pid> - - <json>`
-            let json = text.split_once(" - - ").map(|(_, j)| j.trim()).unwrap_or("");
+            let json = text
+                .split_once(" - - ")
+                .map(|(_, j)| j.trim())
+                .unwrap_or("");
             let v: Value = serde_json::from_str(json)
                 .unwrap_or_else(|e| panic!("not a syslog JSON message ({e}): {text}"));
             sink.lock().unwrap().push(v);
@@ -189,7 +193,10 @@ fn redis_xrpc_commands_pipelining_faults_pubsub_logs_and_metrics() {
     sub.write_all(&resp(&["SUBSCRIBE", "dog"])).unwrap();
     expect(&mut sub, "*3\r\n$9\r\nsubscribe\r\n$3\r\ndog\r\n:1\r\n");
     assert_eq!(redis_cli(tcp, &["PUBLISH", "dog", "Hello"]).trim(), "1");
-    expect(&mut sub, "*3\r\n$7\r\nmessage\r\n$3\r\ndog\r\n$5\r\nHello\r\n");
+    expect(
+        &mut sub,
+        "*3\r\n$7\r\nmessage\r\n$3\r\ndog\r\n$5\r\nHello\r\n",
+    );
     sub.write_all(&resp(&["UNSUBSCRIBE"])).unwrap();
     expect(&mut sub, "*3\r\n$11\r\nunsubscribe\r\n$3\r\ndog\r\n:0\r\n");
     sub.write_all(&resp(&["SET", "dog", "1"])).unwrap();
@@ -260,10 +267,16 @@ fn redis_xrpc_commands_pipelining_faults_pubsub_logs_and_metrics() {
     let mut text = String::new();
     let counted = poll_until(Duration::from_secs(10), || {
         text = get(metrics_addr, "/apisix/prometheus/metrics").text();
-        metric(&text, "apisix_redis_commands_total{route=\"1\",command=\"set\"}") == Some(4.0)
+        metric(
+            &text,
+            "apisix_redis_commands_total{route=\"1\",command=\"set\"}",
+        ) == Some(4.0)
     });
     assert!(counted.is_some(), "{text}");
-    assert!(text.contains("# TYPE apisix_redis_commands_total counter\n"), "{text}");
+    assert!(
+        text.contains("# TYPE apisix_redis_commands_total counter\n"),
+        "{text}"
+    );
     assert!(
         text.contains("# TYPE apisix_redis_commands_latency_seconds histogram\n"),
         "{text}"
@@ -277,7 +290,10 @@ fn redis_xrpc_commands_pipelining_faults_pubsub_logs_and_metrics() {
         )
     };
     assert_eq!(
-        metric(&text, "apisix_redis_commands_total{route=\"1\",command=\"get\"}"),
+        metric(
+            &text,
+            "apisix_redis_commands_total{route=\"1\",command=\"get\"}"
+        ),
         Some(4.0),
         "{text}"
     );
@@ -293,7 +309,10 @@ fn redis_xrpc_commands_pipelining_faults_pubsub_logs_and_metrics() {
         "{text}"
     );
     assert_eq!(
-        metric(&text, "apisix_redis_commands_total{route=\"1\",command=\"publish\"}"),
+        metric(
+            &text,
+            "apisix_redis_commands_total{route=\"1\",command=\"publish\"}"
+        ),
         Some(1.0),
         "{text}"
     );
@@ -361,7 +380,12 @@ fn redis_xrpc_bad_input_ends_the_session() {
     for bad in [&b"*-1\r\n"[..], b"PING\r\n", b"*1e9\r\n", b"*1\r\n$-3\r\n"] {
         let mut s = connect(tcp);
         s.write_all(bad).unwrap();
-        assert_eq!(read_to_close(&mut s), b"", "{}", String::from_utf8_lossy(bad));
+        assert_eq!(
+            read_to_close(&mut s),
+            b"",
+            "{}",
+            String::from_utf8_lossy(bad)
+        );
     }
     // A malformed command ends the session, the good one before it in the same read
     // included (APISIX passes a read's commands on once all of them parsed).
@@ -375,7 +399,8 @@ fn redis_xrpc_bad_input_ends_the_session() {
     // A bulk length past redis' limit: the gateway holds none of it back, redis refuses it
     // and closes, and so does the session.
     let mut s = connect(tcp);
-    s.write_all(b"*2\r\n$3\r\nGET\r\n$99999999999\r\nxxxx").unwrap();
+    s.write_all(b"*2\r\n$3\r\nGET\r\n$99999999999\r\nxxxx")
+        .unwrap();
     let got = String::from_utf8_lossy(&read_to_close(&mut s)).into_owned();
     assert!(got.starts_with("-ERR Protocol error"), "{got}");
 

@@ -125,7 +125,9 @@ mod tests {
             "unknown protocol [dubbo]"
         );
         assert!(p
-            .check(&json!({"name": "redis", "conf": {"faults": [{"commands": ["get"], "delay": 1}]}}))
+            .check(
+                &json!({"name": "redis", "conf": {"faults": [{"commands": ["get"], "delay": 1}]}})
+            )
             .is_ok());
         let err = p
             .check(&json!({"name": "redis", "conf": {"faults": []}}))

@@ -148,8 +148,10 @@ impl XrpcRoute {
 }
 
 /// A session's metric series by command.
-type SessionSeries =
-    std::collections::HashMap<String, Arc<ferrisix_plugins::observe::prometheus::RedisCommandSeries>>;
+type SessionSeries = std::collections::HashMap<
+    String,
+    Arc<ferrisix_plugins::observe::prometheus::RedisCommandSeries>,
+>;
 
 /// The variables of one request: the connection's, with `rpc_time` (seconds from the
 /// request read to its reply) and `redis_cmd_line`.

@@ -649,7 +649,11 @@ async fn stream_route_protocols_follow_xrpc_protocols() {
         )
         .await;
     assert_eq!(r.status, 400, "{}", r.text());
-    assert!(r.json()["error_msg"].as_str().unwrap().contains("delay"), "{}", r.text());
+    assert!(
+        r.json()["error_msg"].as_str().unwrap().contains("delay"),
+        "{}",
+        r.text()
+    );
     redis
         .json(
             "PUT",

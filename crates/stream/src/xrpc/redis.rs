@@ -288,9 +288,10 @@ impl ReplySink for Replies<'_> {
         let ends_front = if *self.in_pub_sub && reply.pubsub {
             // A pub/sub message ends the oldest command only when it answers it
             // (`subscribe` to SUBSCRIBE ...); a published message ends none.
-            let answers = self.waiting.front().is_some_and(|c| {
-                reply.pubsub_type.as_deref() == Some(c.cmd.cmd.as_str())
-            });
+            let answers = self
+                .waiting
+                .front()
+                .is_some_and(|c| reply.pubsub_type.as_deref() == Some(c.cmd.cmd.as_str()));
             if reply.left_pub_sub {
                 *self.in_pub_sub = false;
             }

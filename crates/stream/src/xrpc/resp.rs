@@ -365,9 +365,7 @@ impl ReplyScanner {
                 std::str::from_utf8(body)
                     .ok()
                     .and_then(|s| s.parse::<i64>().ok())
-                    .ok_or_else(|| {
-                        format!("invalid length: \"{}\"", String::from_utf8_lossy(body))
-                    })
+                    .ok_or_else(|| format!("invalid length: \"{}\"", String::from_utf8_lossy(body)))
             };
             // A pub/sub message's type (element 0) and an unsubscribe's count (element 2)
             // must be a bulk string or an integer.
@@ -552,7 +550,9 @@ mod tests {
         assert_eq!(err(&[b'*'; 200]), "line too long");
         // Incomplete is not an error.
         assert_eq!(
-            RequestParser::default().parse(b"*2\r\n$3\r\nge", None).unwrap(),
+            RequestParser::default()
+                .parse(b"*2\r\n$3\r\nge", None)
+                .unwrap(),
             (8, None)
         );
     }

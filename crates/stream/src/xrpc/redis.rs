@@ -308,6 +308,7 @@ impl ReplySink for Replies<'_> {
 }
 
 /// Passes the upstream's bytes to the client and reads its replies.
+#[allow(clippy::too_many_arguments)]
 async fn upstream_half<W: AsyncWrite + Unpin>(
     rx_up: oneshot::Receiver<(ReadHalf<Upstream>, ConnVars)>,
     rx_cmd: &mut mpsc::UnboundedReceiver<InFlight>,

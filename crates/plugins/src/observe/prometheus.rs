@@ -1189,6 +1189,34 @@ mod tests {
         metrics_of(&PrometheusAttr::default())
     }
 
+    #[test]
+    fn redis_command_series_render_as_apisix_names_them() {
+        let m = metrics();
+        let get = m.redis_command("1", "get");
+        get.observe(Duration::from_micros(1500));
+        get.observe(Duration::from_millis(300));
+        m.redis_command("1", "get").observe(Duration::from_secs(2));
+        let text = m.render();
+        for line in [
+            "# HELP apisix_redis_commands_total Total number of requests for a specific Redis command\n",
+            "# TYPE apisix_redis_commands_total counter\n",
+            "apisix_redis_commands_total{route=\"1\",command=\"get\"} 3\n",
+            "# TYPE apisix_redis_commands_latency_seconds histogram\n",
+            "apisix_redis_commands_latency_seconds_bucket{route=\"1\",command=\"get\",le=\"0.001\"} 0\n",
+            "apisix_redis_commands_latency_seconds_bucket{route=\"1\",command=\"get\",le=\"0.002\"} 1\n",
+            "apisix_redis_commands_latency_seconds_bucket{route=\"1\",command=\"get\",le=\"0.5\"} 2\n",
+            "apisix_redis_commands_latency_seconds_bucket{route=\"1\",command=\"get\",le=\"1\"} 2\n",
+            "apisix_redis_commands_latency_seconds_bucket{route=\"1\",command=\"get\",le=\"+Inf\"} 3\n",
+            "apisix_redis_commands_latency_seconds_count{route=\"1\",command=\"get\"} 3\n",
+            "apisix_redis_commands_latency_seconds_sum{route=\"1\",command=\"get\"} 2.3015\n",
+        ] {
+            assert!(text.contains(line), "no {line:?} in\n{text}");
+        }
+        // The buckets come in increasing order.
+        let at = |le: &str| text.find(&format!("le=\"{le}\"")).unwrap();
+        assert!(at("0.001") < at("0.01") && at("0.5") < at("1") && at("1") < at("+Inf"));
+    }
+
     fn metrics_with(yaml: &str) -> Arc<Metrics> {
         let (settings, _) = ferrisix_config::settings::Settings::from_yaml_str(yaml).unwrap();
         metrics_of(&settings.plugin_attr.prometheus)

@@ -638,7 +638,15 @@ fn start_stream(
         &proxy.udp,
         &settings.nginx_config.stream.real_ip_from.nets,
     )?;
-    let env = Arc::new(ferrisix_stream::StreamEnv { plugins, services });
+    let (xrpc, not_built) = ferrisix_config::xrpc::XrpcProtocols::new(&settings.xrpc.names());
+    for name in not_built {
+        tracing::warn!(protocol = %name, "config.yaml enables an xRPC protocol ferrisix does not have; stream routes naming it are refused");
+    }
+    let env = Arc::new(ferrisix_stream::StreamEnv {
+        plugins,
+        services,
+        xrpc,
+    });
     control.spawn(ferrisix_stream::follow(
         snapshots,
         published,

@@ -115,6 +115,7 @@ pub async fn admin_api(
     options.stream_mode = settings.apisix.proxy_mode.stream();
     options.stream_plugins =
         ferrisix_plugins::stream::StreamPlugins::new(settings.stream_plugins.as_deref()).0;
+    options.xrpc = ferrisix_config::xrpc::XrpcProtocols::new(&settings.xrpc.names()).0;
     let config_path = settings.source.clone();
     let services = plugins.services().clone();
     // The wasm plugins stay as booted (their modules are compiled once).

@@ -57,6 +57,7 @@ mod secrets;
 mod security;
 mod standalone_api;
 mod stream;
+mod stream_xrpc;
 mod streaming;
 mod tls;
 mod tls_etcd;

@@ -63,6 +63,8 @@ pub struct AdminOptions {
     pub stream_mode: bool,
     /// `stream_plugins`: what `/plugins/list?subsystem=stream` lists and stream routes may use.
     pub stream_plugins: ferrisix_plugins::stream::StreamPlugins,
+    /// `xrpc.protocols`: the xRPC protocols a stream route's `protocol` may name.
+    pub xrpc: ferrisix_config::xrpc::XrpcProtocols,
     /// `apisix.data_encryption.keyring`: ssl keys and upstream client keys are stored
     /// encrypted with it, as APISIX stores them.
     pub keyring: ferrisix_config::encrypt::Keyring,
@@ -92,6 +94,7 @@ impl AdminOptions {
             server: concat!("ferrisix/", env!("CARGO_PKG_VERSION")).to_string(),
             stream_mode: false,
             stream_plugins: ferrisix_plugins::stream::StreamPlugins::new(None).0,
+            xrpc: ferrisix_config::xrpc::XrpcProtocols::default(),
             keyring: ferrisix_config::encrypt::Keyring::apisix_default(),
             encrypt_fields: true,
             key_guard: AdminKeyGuard::default(),

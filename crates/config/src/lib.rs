@@ -26,3 +26,4 @@ pub mod store;
 pub mod test_support;
 pub mod validate;
 pub mod vars;
+pub mod xrpc;

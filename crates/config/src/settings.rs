@@ -46,6 +46,8 @@ pub struct Settings {
     pub ext_plugin: ExtPluginSettings,
     /// `graphql`: how much of a request the GraphQL plugins read.
     pub graphql: GraphqlSettings,
+    /// `xrpc.protocols`: the xRPC protocols stream routes may name.
+    pub xrpc: XrpcSettings,
     /// ferrisix-only keys.
     pub ferrisix: FerrisixSettings,
     /// The file these settings came from; relative paths in them resolve against its directory.
@@ -929,6 +931,27 @@ impl Default for GraphqlSettings {
     fn default() -> Self {
         // APISIX's default (1 MiB).
         GraphqlSettings { max_size: 1 << 20 }
+    }
+}
+
+/// The `xrpc:` section.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct XrpcSettings {
+    /// The enabled protocols, in their configured order.
+    pub protocols: Vec<XrpcProtocolEntry>,
+}
+
+/// One `xrpc.protocols` entry.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct XrpcProtocolEntry {
+    pub name: String,
+}
+
+impl XrpcSettings {
+    /// The enabled protocols' names.
+    pub fn names(&self) -> Vec<String> {
+        self.protocols.iter().map(|p| p.name.clone()).collect()
     }
 }
 

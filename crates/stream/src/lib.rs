@@ -12,6 +12,8 @@
 //!   TLS terminated on `tls: true` ports with the `ssls` certificate for the SNI), match a
 //!   route (`table`), run the plugins' preread phase (`plugins`), pick
 //!   and connect a node through the route's upstream (`connect`), relay, then the log phase.
+//! - `xrpc`: a route with `protocol` (redis) reads the session as that protocol's requests
+//!   instead of relaying it (after the preread phase, in place of `connect` and the relay).
 //! - `vars`: the nginx stream variables a connection answers (`remote_addr`, `server_port`,
 //!   `route_id`, `mqtt_client_id` ...), for plugins, chash keys and log formats.
 #![forbid(unsafe_code)]
@@ -22,6 +24,7 @@ mod table;
 mod tcp;
 mod udp;
 mod vars;
+mod xrpc;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -44,6 +47,8 @@ pub type StreamHandle = Arc<ArcSwap<StreamTable>>;
 pub struct StreamEnv {
     pub plugins: StreamPlugins,
     pub services: Arc<PluginServices>,
+    /// `xrpc.protocols`: the protocols a route's `protocol` may name.
+    pub xrpc: ferrisix_config::xrpc::XrpcProtocols,
 }
 
 /// Timeouts of the relay, nginx stream's defaults where an upstream sets none.

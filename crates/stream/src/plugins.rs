@@ -169,24 +169,7 @@ pub fn compile_all(
                     .stream_connection_counter(route_id),
             ),
             "syslog" => {
-                let registry =
-                    PluginRegistry::new(env.services.clone(), Some(&["syslog".to_string()])).0;
-                let route = RouteInfo {
-                    id: Arc::from(route_id),
-                    name: None,
-                    service_id: None,
-                    service_name: None,
-                    uris: Box::new([]),
-                    hosts: Box::new([]),
-                };
-                let plugin = registry.compile_one(
-                    "syslog",
-                    &conf,
-                    &Owner::new(ResourceKind::StreamRoutes, route_id),
-                    Some(&route),
-                    None,
-                )?;
-                let vars = plugin.log_needs().vars;
+                let (plugin, vars) = syslog(route_id, &conf, env)?;
                 StreamPlugin::Syslog { plugin, vars }
             }
             other => return Err(format!("unknown plugin [{other}]")),
@@ -195,6 +178,43 @@ pub fn compile_all(
     }
     named.sort_by_key(|(p, _)| std::cmp::Reverse(*p));
     Ok(named.into_iter().map(|(_, p)| p).collect())
+}
+
+/// syslog's sender for stream route `route_id`, `conf` already checked.
+fn syslog(
+    route_id: &str,
+    conf: &Value,
+    env: &StreamEnv,
+) -> Result<(Arc<dyn Plugin>, Option<ferrisix_plugin_api::VarNames>), String> {
+    let registry = PluginRegistry::new(env.services.clone(), Some(&["syslog".to_string()])).0;
+    let route = RouteInfo {
+        id: Arc::from(route_id),
+        name: None,
+        service_id: None,
+        service_name: None,
+        uris: Box::new([]),
+        hosts: Box::new([]),
+    };
+    let plugin = registry.compile_one(
+        "syslog",
+        conf,
+        &Owner::new(ResourceKind::StreamRoutes, route_id),
+        Some(&route),
+        None,
+    )?;
+    let vars = plugin.log_needs().vars;
+    Ok((plugin, vars))
+}
+
+/// syslog as an xRPC logger of stream route `route_id`: `conf` checked (its defaults filled)
+/// as the plugin's, then compiled.
+pub fn compile_syslog(
+    route_id: &str,
+    mut conf: Value,
+    env: &StreamEnv,
+) -> Result<(Arc<dyn Plugin>, Option<ferrisix_plugin_api::VarNames>), String> {
+    env.plugins.check_one("syslog", &mut conf)?;
+    syslog(route_id, &conf, env)
 }
 
 fn ip_list(v: Option<&Value>) -> Option<Vec<IpNet>> {

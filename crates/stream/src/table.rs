@@ -53,6 +53,10 @@ pub struct StreamRoute {
     pub plugins: Vec<StreamPlugin>,
     /// The stored value this was compiled from, with its service's.
     source: (Value, Option<Value>),
+    /// `protocol`: the session is read as that xRPC protocol's requests.
+    pub xrpc: Option<Arc<crate::xrpc::XrpcRoute>>,
+    /// `protocol.superior_id`: a subordinate route, never matched at the entry.
+    subordinate: bool,
 }
 
 /// `sni`: a host name, or `*.suffix`.
@@ -167,6 +171,11 @@ impl StreamTable {
             match compile_route(&item.id, value, prev, snapshot, &services, env) {
                 Ok(route) => {
                     let route = Arc::new(route);
+                    if route.subordinate {
+                        // APISIX's ip_port router leaves subordinate routes out; their
+                        // protocol routes to them (the redis protocol does not).
+                        continue;
+                    }
                     if route.sni.is_some() {
                         table.sni_routes.push(route);
                     } else {
@@ -194,9 +203,6 @@ fn compile_route(
         obj.insert("id".into(), Value::String(id.to_string()));
     }
     schema::validate(schema::resource_schema(ResourceKind::StreamRoutes), &value)?;
-    if value.get("protocol").is_some() {
-        return Err("xRPC protocols are not supported".to_string());
-    }
     let text = |k: &str| value.get(k).and_then(Value::as_str);
     let id_of = |k: &str| {
         value.get(k).and_then(|v| match v {
@@ -284,6 +290,17 @@ fn compile_route(
     env.plugins.check(&merged)?;
     let plugins = plugins::compile_all(id, &merged, snapshot, env, previous.map(|p| &p.plugins))?;
 
+    // apisix/stream/router/ip_port.lua's checker: the protocol among `xrpc.protocols`, its
+    // `conf` against the protocol's schema.
+    let protocol = value.get("protocol");
+    if let Some(p) = protocol {
+        env.xrpc.check(p)?;
+    }
+    let subordinate = protocol
+        .and_then(|p| p.get("superior_id"))
+        .is_some_and(|s| !s.is_null());
+    let xrpc = protocol.map(|p| Arc::new(crate::xrpc::XrpcRoute::compile(id, p, env)));
+
     Ok(StreamRoute {
         id: id.to_string(),
         service_id,
@@ -295,6 +312,8 @@ fn compile_route(
         inline,
         plugins,
         source,
+        xrpc,
+        subordinate,
     })
 }
 

@@ -215,13 +215,18 @@ where
         tracing::error!(stream_route = %route.id, "stream: missing upstream configuration");
         return false;
     };
+    let idle = StreamTimeouts::idle_for(timeouts.idle, &up);
+    if let Some(x) = &route.xrpc {
+        // The protocol reads the session (APISIX's `xrpc.run_protocol` after preread).
+        crate::xrpc::redis::serve(client, vars, x, &up, idle, session.preread.clone()).await;
+        return true;
+    }
     let Some(mut server) = connect::tcp(&up, vars, proxy_protocol_to_upstream).await else {
         return false;
     };
     if !session.preread.is_empty() && server.write_all(&session.preread).await.is_err() {
         return false;
     }
-    let idle = StreamTimeouts::idle_for(timeouts.idle, &up);
     let (up_bytes, down_bytes) = relay(client, server, idle).await;
     vars.bytes_received += up_bytes;
     vars.bytes_sent += down_bytes;

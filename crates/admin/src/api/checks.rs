@@ -380,10 +380,10 @@ impl AdminApi {
                 }
             }
         }
-        // No xRPC protocol is built, so every protocol name is unknown (APISIX with no
-        // `xrpc.protocols` configured).
-        if let Some(name) = protocol.and_then(|p| p.get("name")) {
-            return Err(format!("unknown protocol [{}]", id_text(name)));
+        // apisix/stream/xrpc.lua check_schema(): the name among `xrpc.protocols`, then the
+        // protocol's own `conf` schema.
+        if let Some(protocol) = protocol {
+            self.options.xrpc.check(protocol)?;
         }
         Ok(())
     }

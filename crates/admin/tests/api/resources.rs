@@ -615,6 +615,67 @@ async fn stream_routes_need_stream_mode() {
         .expect(400, json!({"error_msg": "can not delete this service directly, stream_route [2] is still using it now"}));
 }
 
+/// A stream route's `protocol`: a protocol `xrpc.protocols` does not enable is unknown, an
+/// enabled one's `conf` is checked by its schema, and a subordinate route may name an
+/// existing superior of the same protocol.
+#[tokio::test]
+async fn stream_route_protocols_follow_xrpc_protocols() {
+    let up = json!({"nodes": {"127.0.0.1:6379": 1}});
+    let none = Admin::with(|o: &mut AdminOptions| o.stream_mode = true);
+    none.json(
+        "PUT",
+        "/apisix/admin/stream_routes/1",
+        json!({"protocol": {"name": "redis"}, "upstream": up}),
+    )
+    .await
+    .expect(400, json!({"error_msg": "unknown protocol [redis]"}));
+    let redis = Admin::with(|o: &mut AdminOptions| {
+        o.stream_mode = true;
+        o.xrpc = ferrisix_config::xrpc::XrpcProtocols::new(&["redis".into(), "dubbo".into()]).0;
+    });
+    redis
+        .json(
+            "PUT",
+            "/apisix/admin/stream_routes/1",
+            json!({"protocol": {"name": "dubbo"}, "upstream": up}),
+        )
+        .await
+        .expect(400, json!({"error_msg": "unknown protocol [dubbo]"}));
+    let r = redis
+        .json(
+            "PUT",
+            "/apisix/admin/stream_routes/1",
+            json!({"protocol": {"name": "redis", "conf": {"faults": [{"commands": ["get"]}]}}, "upstream": up}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.json()["error_msg"].as_str().unwrap().contains("delay"),
+        "{}",
+        r.text()
+    );
+    redis
+        .json(
+            "PUT",
+            "/apisix/admin/stream_routes/1",
+            json!({"protocol": {"name": "redis", "conf": {"faults": [{"commands": ["get"], "key": "k", "delay": 0.1}]}, "metric": {"enable": true}}, "upstream": up}),
+        )
+        .await
+        .expect(201, json!({}));
+    redis
+        .json(
+            "PUT",
+            "/apisix/admin/stream_routes/2",
+            json!({"protocol": {"name": "redis", "superior_id": "1"}, "upstream": up}),
+        )
+        .await
+        .expect(201, json!({}));
+    redis
+        .call("DELETE", "/apisix/admin/stream_routes/1", None)
+        .await
+        .expect(400, json!({"error_msg": "can not delete this stream route directly, stream route [2] is still using it as superior_id"}));
+}
+
 /// Issue 8, finding 10: `PUT /routes/a/b`. APISIX's router passes `b` as the sub path, which
 /// only PATCH (and secrets) read: the PUT writes route `a`, as here. Kept on purpose.
 #[tokio::test]

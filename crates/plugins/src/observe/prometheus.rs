@@ -213,6 +213,79 @@ pub struct Metrics {
     /// `stream_connection_total` per stream route: the stream proxy takes a route's counter
     /// when it compiles the route and counts on it without a lock.
     stream_connections: Mutex<BTreeMap<String, Arc<AtomicU64>>>,
+    /// The redis xRPC protocol's series per (stream route, command): a session takes a
+    /// command's series once and counts on it without a lock.
+    redis_commands: Mutex<BTreeMap<(String, String), Arc<RedisCommandSeries>>>,
+}
+
+/// APISIX's `apisix/stream/xrpc/protocols/redis/metrics.lua` latency buckets, in seconds.
+pub const REDIS_LATENCY_BUCKETS: [f64; 10] =
+    [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0];
+
+/// `redis_commands_total` and `redis_commands_latency_seconds` of one route and command.
+#[derive(Default)]
+pub struct RedisCommandSeries {
+    total: AtomicU64,
+    /// Per bucket, not cumulative; the last is `+Inf`'s own.
+    buckets: [AtomicU64; REDIS_LATENCY_BUCKETS.len() + 1],
+    sum_ns: AtomicU64,
+}
+
+impl RedisCommandSeries {
+    /// One finished command that took `latency`.
+    pub fn observe(&self, latency: std::time::Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.total.fetch_add(1, Relaxed);
+        let secs = latency.as_secs_f64();
+        let i = REDIS_LATENCY_BUCKETS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(REDIS_LATENCY_BUCKETS.len());
+        self.buckets[i].fetch_add(1, Relaxed);
+        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_ns.fetch_add(ns, Relaxed);
+    }
+
+    fn lines(&self, route: &str, command: &str, out: &mut Vec<(String, String)>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let labels: &[(&str, &str)] = &[("route", route), ("command", command)];
+        let total = self.total.load(Relaxed);
+        out.push((
+            series_key("redis_commands_total", &[labels]),
+            total.to_string(),
+        ));
+        let (width, precision) = bucket_format(&REDIS_LATENCY_BUCKETS);
+        let mut cumulative = 0;
+        let mut count = 0;
+        for (i, b) in REDIS_LATENCY_BUCKETS.iter().enumerate() {
+            cumulative += self.buckets[i].load(Relaxed);
+            let le = format!("{b:0width$.precision$}");
+            out.push((
+                series_key(
+                    "redis_commands_latency_seconds_bucket",
+                    &[labels, &[("le", &le)]],
+                ),
+                cumulative.to_string(),
+            ));
+            count = cumulative;
+        }
+        count += self.buckets[REDIS_LATENCY_BUCKETS.len()].load(Relaxed);
+        out.push((
+            series_key(
+                "redis_commands_latency_seconds_bucket",
+                &[labels, &[("le", "Inf")]],
+            ),
+            count.to_string(),
+        ));
+        out.push((
+            series_key("redis_commands_latency_seconds_count", &[labels]),
+            count.to_string(),
+        ));
+        out.push((
+            series_key("redis_commands_latency_seconds_sum", &[labels]),
+            lua::number(self.sum_ns.load(Relaxed) as f64 / 1e9),
+        ));
+    }
 }
 
 /// The extra labels of one metric, in their configured order.
@@ -415,7 +488,7 @@ fn series_key(name: &str, parts: &[&[(&str, &str)]]) -> String {
 }
 
 /// Metric families: (name without prefix, help, type).
-const FAMILIES: [(&str, &str, &str); 21] = [
+const FAMILIES: [(&str, &str, &str); 23] = [
     (
         "llm_active_connections",
         "Number of active connections to LLM service",
@@ -435,6 +508,16 @@ const FAMILIES: [(&str, &str, &str); 21] = [
     (
         "ai_cache_embedding_latency",
         "Latency of AI cache embedding calls in milliseconds",
+        "histogram",
+    ),
+    (
+        "redis_commands_total",
+        "Total number of requests for a specific Redis command",
+        "counter",
+    ),
+    (
+        "redis_commands_latency_seconds",
+        "Latency of requests for a specific Redis command",
         "histogram",
     ),
     (
@@ -600,6 +683,7 @@ impl Metrics {
             ai_cache,
             render_lock: Mutex::new(()),
             stream_connections: Mutex::new(BTreeMap::new()),
+            redis_commands: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -611,6 +695,18 @@ impl Metrics {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         map.entry(route.to_owned()).or_default().clone()
+    }
+
+    /// The redis xRPC series of `command` on stream route `route` (kept for the life of the
+    /// process, as APISIX's shared-dict metrics are).
+    pub fn redis_command(&self, route: &str, command: &str) -> Arc<RedisCommandSeries> {
+        let mut map = self
+            .redis_commands
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        map.entry((route.to_owned(), command.to_owned()))
+            .or_default()
+            .clone()
     }
 
     /// Applies `plugin_metadata/prometheus` (its `disabled_labels`); `None`: no metadata.
@@ -857,6 +953,14 @@ impl Metrics {
                 series_key("stream_connection_total", &[&[("route", route)]]),
                 n.load(std::sync::atomic::Ordering::Relaxed).to_string(),
             ));
+        }
+        for ((route, command), s) in self
+            .redis_commands
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            s.lines(route, command, &mut lines);
         }
         let source = self.node_source.load_full();
         let reachable = source
@@ -1183,6 +1287,34 @@ mod tests {
 
     fn metrics() -> Arc<Metrics> {
         metrics_of(&PrometheusAttr::default())
+    }
+
+    #[test]
+    fn redis_command_series_render_as_apisix_names_them() {
+        let m = metrics();
+        let get = m.redis_command("1", "get");
+        get.observe(Duration::from_micros(1500));
+        get.observe(Duration::from_millis(300));
+        m.redis_command("1", "get").observe(Duration::from_secs(2));
+        let text = m.render();
+        for line in [
+            "# HELP apisix_redis_commands_total Total number of requests for a specific Redis command\n",
+            "# TYPE apisix_redis_commands_total counter\n",
+            "apisix_redis_commands_total{route=\"1\",command=\"get\"} 3\n",
+            "# TYPE apisix_redis_commands_latency_seconds histogram\n",
+            "apisix_redis_commands_latency_seconds_bucket{route=\"1\",command=\"get\",le=\"0.001\"} 0\n",
+            "apisix_redis_commands_latency_seconds_bucket{route=\"1\",command=\"get\",le=\"0.002\"} 1\n",
+            "apisix_redis_commands_latency_seconds_bucket{route=\"1\",command=\"get\",le=\"0.5\"} 2\n",
+            "apisix_redis_commands_latency_seconds_bucket{route=\"1\",command=\"get\",le=\"1\"} 2\n",
+            "apisix_redis_commands_latency_seconds_bucket{route=\"1\",command=\"get\",le=\"+Inf\"} 3\n",
+            "apisix_redis_commands_latency_seconds_count{route=\"1\",command=\"get\"} 3\n",
+            "apisix_redis_commands_latency_seconds_sum{route=\"1\",command=\"get\"} 2.3015\n",
+        ] {
+            assert!(text.contains(line), "no {line:?} in\n{text}");
+        }
+        // The buckets come in increasing order.
+        let at = |le: &str| text.find(&format!("le=\"{le}\"")).unwrap();
+        assert!(at("0.001") < at("0.01") && at("0.5") < at("1") && at("1") < at("+Inf"));
     }
 
     fn metrics_with(yaml: &str) -> Arc<Metrics> {

@@ -181,10 +181,7 @@ fn settings(conf: &Value, meta: &Value) -> Settings {
     let meta_config = meta.get("config").filter(|c| c.is_object());
     // The route's `config` replaces the metadata's whole (a setting it leaves out is
     // lua-resty-t1k's default), except `real_client_ip`, which it overrides only when set.
-    let source = conf
-        .get("config")
-        .filter(|c| c.is_object())
-        .or(meta_config);
+    let source = conf.get("config").filter(|c| c.is_object()).or(meta_config);
     let int = |k: &str, d: i64| {
         source
             .and_then(|c| c.get(k))
@@ -289,8 +286,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
                     Pool::new(settings.keepalive_size)
                 });
             nodes.push(Node {
-                host: HeaderValue::from_str(host)
-                    .unwrap_or_else(|_| HeaderValue::from_static("")),
+                host: HeaderValue::from_str(host).unwrap_or_else(|_| HeaderValue::from_static("")),
                 target,
                 server,
                 pool,
@@ -311,9 +307,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     Ok(Arc::new(ChaitinWaf {
         matches: matches(&conf)?,
         resp_header: conf["append_waf_resp_header"].as_bool().unwrap_or(true),
-        debug_header: conf["append_waf_debug_header"]
-            .as_bool()
-            .unwrap_or(false),
+        debug_header: conf["append_waf_debug_header"].as_bool().unwrap_or(false),
         settings,
         engines,
         hostname: crate::log::log_entry::hostname(),
@@ -356,7 +350,10 @@ impl ChaitinWaf {
                 set(H_WAF, HeaderValue::from_static(w));
             }
             if let Some(t) = r.time {
-                set(H_TIME, HeaderValue::from(u64::try_from(t).unwrap_or(u64::MAX)));
+                set(
+                    H_TIME,
+                    HeaderValue::from(u64::try_from(t).unwrap_or(u64::MAX)),
+                );
             }
             if let Some(s) = &r.status {
                 set(H_STATUS, value(s));
@@ -495,7 +492,10 @@ impl ChaitinWaf {
         // go on whatever answer ends the request, whatever `append_waf_resp_header` says.
         if mode == Mode::Block {
             for (k, v) in answer.extra_headers() {
-                if let (Ok(k), Ok(v)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(&v)) {
+                if let (Ok(k), Ok(v)) = (
+                    HeaderName::from_bytes(k.as_bytes()),
+                    HeaderValue::from_str(&v),
+                ) {
                     ctx.response_headers_mut().insert(k, v);
                 }
             }
@@ -520,9 +520,7 @@ impl ChaitinWaf {
             .and_then(|c| StatusCode::from_u16(c).ok());
         let exit = match code {
             Some(code) => {
-                let mut body = String::with_capacity(160);
-                let _ = write!(
-                    body,
+                let body = format!(
                     "{{\"code\": {status}, \"success\":false, \"message\": \"blocked by Chaitin \
                      SafeLine Web Application Firewall\", \"event_id\": \"{event_id}\"}}\n"
                 );
@@ -665,7 +663,12 @@ mod tests {
             r.check_metadata(NAME, &json!({"nodes": [{}]})).unwrap_err(),
             "invalid configuration: property \"nodes\" validation failed: failed to validate item 1: property \"host\" is required"
         );
-        for host in ["127.0.0.1", "unix:/tmp/safeline-snserver.sock", "[::1]", "waf.local"] {
+        for host in [
+            "127.0.0.1",
+            "unix:/tmp/safeline-snserver.sock",
+            "[::1]",
+            "waf.local",
+        ] {
             let meta = json!({"nodes": [{"host": host, "port": 8000}]});
             assert!(r.check_metadata(NAME, &meta).is_ok(), "{host}");
         }
@@ -677,14 +680,19 @@ mod tests {
             .is_err());
         assert!(r.check(NAME, &json!({})).is_ok());
         assert!(r
-            .check(NAME, &json!({"match": [{"vars": [["http_waf", "==", "true"]]}]}))
+            .check(
+                NAME,
+                &json!({"match": [{"vars": [["http_waf", "==", "true"]]}]})
+            )
             .is_ok());
         assert_eq!(
             r.check(NAME, &json!({"match": [{"vars": [["http_waf", "=", "true"]]}]}))
                 .unwrap_err(),
             "failed to check the configuration of plugin chaitin-waf err: failed to validate the 'vars' expression: invalid operator '='"
         );
-        assert!(r.check(NAME, &json!({"config": {"read_timeout": "1"}})).is_err());
+        assert!(r
+            .check(NAME, &json!({"config": {"read_timeout": "1"}}))
+            .is_err());
         assert_eq!(r.get(NAME).unwrap().priority, 2700);
     }
 
@@ -716,9 +724,14 @@ mod tests {
         let s = settings(&json!({"config": {"real_client_ip": true}}), &meta);
         assert!(s.real_client_ip);
         // Without a mode anywhere: monitor.
-        assert_eq!(settings(&json!({}), &json!({"nodes": []})).mode, Mode::Monitor);
         assert_eq!(
-            settings(&json!({"config": {"connect_timeout": 0}}), &meta).timeouts.connect,
+            settings(&json!({}), &json!({"nodes": []})).mode,
+            Mode::Monitor
+        );
+        assert_eq!(
+            settings(&json!({"config": {"connect_timeout": 0}}), &meta)
+                .timeouts
+                .connect,
             NGINX_SOCKET_TIMEOUT
         );
     }

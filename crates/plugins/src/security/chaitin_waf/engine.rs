@@ -200,7 +200,10 @@ async fn talk(
             Err(_) => ("timeout".to_owned(), false),
         };
         return Err(Failed {
-            msg: format!("failed to receive {what} from t1k server {server}: {}", err.0),
+            msg: format!(
+                "failed to receive {what} from t1k server {server}: {}",
+                err.0
+            ),
             stale: err.1,
         });
     }
@@ -231,9 +234,9 @@ pub async fn exchange(
             Err(f) => return Err(f.msg),
         }
     }
-    let mut stream = connect(target, t.connect)
-        .await
-        .map_err(|e| format!("failed to get socket: failed to connect to t1k server {server}: {e}"))?;
+    let mut stream = connect(target, t.connect).await.map_err(|e| {
+        format!("failed to get socket: failed to connect to t1k server {server}: {e}")
+    })?;
     match talk(&mut stream, server, msg, t).await {
         Ok((answer, clean)) => {
             if clean {
@@ -456,7 +459,10 @@ mod tests {
         let e = exchange(&pool, &target(addr), "e", &msg, &T, None)
             .await
             .unwrap_err();
-        assert_eq!(e, "failed to receive info packet from t1k server e: timeout");
+        assert_eq!(
+            e,
+            "failed to receive info packet from t1k server e: timeout"
+        );
         // Answers without the first bit.
         let (addr, _) = engine(vec![0x81, 1, 0, 0, 0, b'.'], 1).await;
         let e = exchange(&pool, &target(addr), "e", &msg, &T, None)
@@ -486,7 +492,10 @@ mod tests {
         )
         .await
         .unwrap_err();
-        assert!(e.ends_with("unix:/nonexistent/t1k.sock: no such file or directory"), "{e}");
+        assert!(
+            e.ends_with("unix:/nonexistent/t1k.sock: no such file or directory"),
+            "{e}"
+        );
     }
 
     #[test]

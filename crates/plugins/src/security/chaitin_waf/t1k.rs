@@ -179,10 +179,7 @@ pub fn event_id(text: &str) -> Option<String> {
         let start = from + at + OPEN.len();
         from = from + at + 1;
         let rest = &text[start..];
-        let id_len = rest
-            .bytes()
-            .take_while(u8::is_ascii_alphanumeric)
-            .count();
+        let id_len = rest.bytes().take_while(u8::is_ascii_alphanumeric).count();
         if id_len == 0 {
             continue;
         }
@@ -315,7 +312,10 @@ mod tests {
         [
             section(0x41, b"?"),
             section(0x02, b"403"),
-            section(0x25, b"{\"event_id\":\"b3c6\",\"request_hit_whitelist\":false}"),
+            section(
+                0x25,
+                b"{\"event_id\":\"b3c6\",\"request_hit_whitelist\":false}",
+            ),
             section(0x23, b"Set-Cookie:sl-session=abc; Path=/\n"),
             section(0xa4, b"<!-- event_id: b3c6ce574dc24f09a01f634a39dca83b -->"),
         ]
@@ -402,11 +402,19 @@ mod tests {
         assert_eq!(&b[ver_at + 5..], PROTO);
         assert_eq!(
             m.sections,
-            [(body_at, TAG_HEAD), (extra_at, TAG_BODY), (ver_at, TAG_EXTRA), (b.len(), TAG_VERSION)]
+            [
+                (body_at, TAG_HEAD),
+                (extra_at, TAG_BODY),
+                (ver_at, TAG_EXTRA),
+                (b.len(), TAG_VERSION)
+            ]
         );
         // Without a body there is no body section.
         let m = encode_request(b"h", None, b"x");
-        assert_eq!(m.sections.iter().map(|s| s.1).collect::<Vec<_>>(), [1, 3, 0x20]);
+        assert_eq!(
+            m.sections.iter().map(|s| s.1).collect::<Vec<_>>(),
+            [1, 3, 0x20]
+        );
     }
 
     #[test]

@@ -795,6 +795,17 @@ impl<'r> PluginCtx<'r> {
         self.state.body.buffered()
     }
 
+    /// What has been read of the body: all of it, or, when [`PluginCtx::read_body`] stopped at
+    /// its limit, the part read so far (the rest still follows from the client and goes
+    /// upstream after it). chaitin-waf sends the engine the first `req_body_size` bytes of a
+    /// body of any size.
+    pub fn body_read(&self) -> Option<&Bytes> {
+        match &self.state.body {
+            RequestBody::Buffered(b) | RequestBody::Partial { read: b, .. } => Some(b),
+            _ => None,
+        }
+    }
+
     /// Replaces the body sent upstream (`ngx.req.set_body_data`); the proxy sets its
     /// Content-Length from it.
     pub fn set_body(&mut self, body: Bytes) {

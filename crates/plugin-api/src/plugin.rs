@@ -35,6 +35,11 @@ impl Phases {
     pub const LOG: Phases = Phases(1 << 5);
     /// `mask_log`: edits what the log phase's plugins see, before any of them runs.
     pub const LOG_MASK: Phases = Phases(1 << 6);
+    /// The plugin's `before_proxy` sends the request to the upstream node itself (http-dubbo,
+    /// dubbo-proxy): the proxy picks the node before that phase, as APISIX's balancer does
+    /// before it, and hands it over ([`crate::PluginCtx::upstream_node`],
+    /// [`crate::PluginCtx::upstream_timeouts`]). Other routes pick after it, at no cost here.
+    pub const NODE: Phases = Phases(1 << 7);
 
     pub const fn union(self, other: Phases) -> Phases {
         Phases(self.0 | other.0)

@@ -284,3 +284,94 @@ impl Plugin for DubboProxy {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::support::dubbo::hessian::Value as H;
+
+    fn body(kind: i32, value: Option<H>) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.int(kind);
+        if let Some(v) = value {
+            w.value(&v);
+        }
+        w.into_bytes()
+    }
+
+    fn map(entries: &[(&str, H)]) -> H {
+        H::Map(
+            None,
+            entries
+                .iter()
+                .map(|(k, v)| (H::String((*k).into()), v.clone()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn the_answer_map_becomes_the_http_answer() {
+        let e = answer(&body(
+            1,
+            Some(map(&[
+                ("status", H::String("201".into())),
+                ("body", H::String("hi".into())),
+                ("x-a", H::Int(7)),
+                ("bad name", H::String("dropped".into())),
+            ])),
+        ))
+        .unwrap();
+        assert_eq!(e.status, StatusCode::CREATED);
+        assert_eq!(e.body.as_deref(), Some(&b"hi"[..]));
+        assert_eq!(e.headers.len(), 1);
+        assert_eq!(e.headers[0].0, "x-a");
+        assert_eq!(e.headers[0].1, "7");
+        // A numeric status, bytes as the body; with attachments after the value.
+        let mut b = body(4, Some(map(&[("status", H::Int(404)), ("body", H::Binary(vec![0, 1]))])));
+        b.extend_from_slice(b"HZ");
+        let e = answer(&b).unwrap();
+        assert_eq!((e.status, e.body.as_deref()), (StatusCode::NOT_FOUND, Some(&[0u8, 1][..])));
+        // No status: 200 with an empty body.
+        let e = answer(&body(1, Some(map(&[])))).unwrap();
+        assert_eq!((e.status, e.body.as_deref()), (StatusCode::OK, Some(&b""[..])));
+    }
+
+    #[test]
+    fn answers_without_a_map_are_errors() {
+        assert!(answer(&body(2, None)).is_err());
+        assert!(answer(&body(1, Some(H::String("x".into())))).is_err());
+        assert!(answer(&body(1, Some(map(&[("status", H::String("abc".into()))])))).is_err());
+        let exception = H::Object(
+            "java.lang.RuntimeException".into(),
+            vec![("detailMessage".into(), H::String("boom".into()))],
+        );
+        let e = answer(&body(0, Some(exception))).unwrap_err();
+        assert!(e.contains("java.lang.RuntimeException: boom"), "{e}");
+        assert!(answer(b"").is_err());
+        assert!(answer(&body(9, None)).is_err());
+    }
+
+    #[test]
+    fn the_request_carries_the_headers_and_body_as_one_map() {
+        let mut headers = http::HeaderMap::new();
+        headers.append("x-a", HeaderValue::from_static("1"));
+        headers.append("x-a", HeaderValue::from_static("2"));
+        let b = request_body("svc", "1.0.0", "m", &headers, b"\x00");
+        let mut r = Reader::new(&b);
+        let strings: Vec<String> = (0..5).map(|_| r.read_string().unwrap()).collect();
+        assert_eq!(strings, ["2.0.2", "svc", "1.0.0", "m", "Ljava/util/Map;"]);
+        assert_eq!(
+            r.read().unwrap(),
+            map(&[("x-a", H::String("1, 2".into())), ("body", H::Binary(vec![0]))])
+        );
+        assert_eq!(
+            r.read().unwrap(),
+            map(&[
+                ("path", H::String("svc".into())),
+                ("interface", H::String("svc".into())),
+                ("version", H::String("1.0.0".into())),
+            ])
+        );
+        assert!(r.at_end());
+    }
+}

@@ -78,15 +78,13 @@ pub async fn request_phases(ctx: &mut RequestCtx<'_>, proxying: bool) -> Option<
         route_info,
         state,
     );
-    if *runs {
-        if flow == Flow::Continue && proxying {
-            if global.has(Phases::BEFORE_PROXY) {
-                flow = global.before_proxy(&mut view).await;
-            }
-            if flow == Flow::Continue {
-                if let Some(r) = route.as_deref().filter(|r| r.has(Phases::BEFORE_PROXY)) {
-                    flow = r.before_proxy(&mut view).await;
-                }
+    if *runs && flow == Flow::Continue && proxying {
+        if global.has(Phases::BEFORE_PROXY) {
+            flow = global.before_proxy(&mut view).await;
+        }
+        if flow == Flow::Continue {
+            if let Some(r) = route.as_deref().filter(|r| r.has(Phases::BEFORE_PROXY)) {
+                flow = r.before_proxy(&mut view).await;
             }
         }
     }

@@ -242,7 +242,9 @@ impl DubboProxy {
         let (header, body) = match self.pools.call(node, timeouts, payload).await {
             Ok(a) => a,
             Err(CallError::ReadTimeout) => {
-                tracing::error!("upstream timed out while reading response from dubbo upstream {node}");
+                tracing::error!(
+                    "upstream timed out while reading response from dubbo upstream {node}"
+                );
                 return Flow::Exit(Exit::status(StatusCode::GATEWAY_TIMEOUT));
             }
             Err(e) => {
@@ -283,7 +285,6 @@ impl Plugin for DubboProxy {
         Step::Wait(Box::pin(self.call(ctx)))
     }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -327,13 +328,25 @@ mod tests {
         assert_eq!(e.headers[0].0, "x-a");
         assert_eq!(e.headers[0].1, "7");
         // A numeric status, bytes as the body; with attachments after the value.
-        let mut b = body(4, Some(map(&[("status", H::Int(404)), ("body", H::Binary(vec![0, 1]))])));
+        let mut b = body(
+            4,
+            Some(map(&[
+                ("status", H::Int(404)),
+                ("body", H::Binary(vec![0, 1])),
+            ])),
+        );
         b.extend_from_slice(b"HZ");
         let e = answer(&b).unwrap();
-        assert_eq!((e.status, e.body.as_deref()), (StatusCode::NOT_FOUND, Some(&[0u8, 1][..])));
+        assert_eq!(
+            (e.status, e.body.as_deref()),
+            (StatusCode::NOT_FOUND, Some(&[0u8, 1][..]))
+        );
         // No status: 200 with an empty body.
         let e = answer(&body(1, Some(map(&[])))).unwrap();
-        assert_eq!((e.status, e.body.as_deref()), (StatusCode::OK, Some(&b""[..])));
+        assert_eq!(
+            (e.status, e.body.as_deref()),
+            (StatusCode::OK, Some(&b""[..]))
+        );
     }
 
     #[test]
@@ -362,7 +375,10 @@ mod tests {
         assert_eq!(strings, ["2.0.2", "svc", "1.0.0", "m", "Ljava/util/Map;"]);
         assert_eq!(
             r.read().unwrap(),
-            map(&[("x-a", H::String("1, 2".into())), ("body", H::Binary(vec![0]))])
+            map(&[
+                ("x-a", H::String("1, 2".into())),
+                ("body", H::Binary(vec![0]))
+            ])
         );
         assert_eq!(
             r.read().unwrap(),

@@ -76,9 +76,7 @@ fn millis(v: Option<&Value>) -> Duration {
     Duration::from_secs_f64((ms / 1000.0).min(1e9))
 }
 
-fn compile(
-    cx: &ferrisix_plugin_api::CompileCtx<'_>,
-) -> Result<Arc<dyn Plugin>, String> {
+fn compile(cx: &ferrisix_plugin_api::CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let conf = cx.filled();
     let text = |k: &str| conf.get(k).and_then(Value::as_str).unwrap_or_default();
     let mut head = String::new();
@@ -261,8 +259,7 @@ mod tests {
 
     #[test]
     fn parameters_are_written_as_apisix_writes_them() {
-        let lines = param_lines(br#"["a\"b\n/c", 1, 1.5, 1e20, true, null, {"k":[1,2]}]"#)
-            .unwrap();
+        let lines = param_lines(br#"["a\"b\n/c", 1, 1.5, 1e20, true, null, {"k":[1,2]}]"#).unwrap();
         assert_eq!(
             lines,
             "\"a\\\"b\\n/c\"\n1\n1.5\n1e+20\ntrue\nnull\n{\"k\":[1,2]}\n"

@@ -75,6 +75,15 @@ if ! python3 -c "import A6.HTTPReqCall.Req, flatbuffers, importlib.metadata as m
     || pip install -q --break-system-packages "a6pluginprotos==$a6_version" "flatbuffers==$flatbuffers_version"
 fi
 
+# python-hessian, the Hessian 2 decoder of the Dubbo provider that the http-dubbo and
+# dubbo-proxy end-to-end tests run (tests/e2e/dubbo_provider.py).
+hessian_version="1.2.0"
+if ! python3 -c "import pyhessian.parser, importlib.metadata as m, sys; sys.exit(m.version('python-hessian') != '$hessian_version')" 2>/dev/null; then
+  echo "test.sh: installing python-hessian==$hessian_version (PyPI)" >&2
+  pip install -q "python-hessian==$hessian_version" 2>/dev/null \
+    || pip install -q --break-system-packages "python-hessian==$hessian_version"
+fi
+
 # npm's oidc-provider (a certified OpenID provider), which openid-connect's login-flow test runs:
 # pinned in tests/oidc/package-lock.json, installed into tests/oidc/node_modules (ignored by git).
 oidc_provider_version="9.13.3"

@@ -31,6 +31,7 @@ mod plugins_ai_cache;
 mod plugins_ai_guards;
 mod plugins_apis;
 mod plugins_chaitin_waf;
+mod plugins_dubbo;
 mod plugins_echo;
 mod plugins_error_page;
 mod plugins_http;

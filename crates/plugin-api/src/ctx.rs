@@ -324,6 +324,14 @@ impl RequestValues {
     }
 }
 
+/// The timeouts of one try on an upstream node (nginx's `proxy_*_timeout`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeTimeouts {
+    pub connect: Duration,
+    pub send: Duration,
+    pub read: Duration,
+}
+
 /// The plugin-owned part of one request's context, kept by the proxy between phases. The
 /// accessors that take it apart are the proxy's side of the API.
 pub struct RequestState {
@@ -343,6 +351,7 @@ pub struct RequestState {
     private: RequestValues,
     guards: RequestGuards,
     upstream_node: Option<SocketAddr>,
+    upstream_timeouts: Option<NodeTimeouts>,
     body_timeout: Duration,
     /// `$uri` after a plugin changed it (proxy-rewrite's `ngx.req.set_uri`).
     uri: Option<String>,
@@ -383,6 +392,7 @@ impl RequestState {
             private: RequestValues::default(),
             guards: RequestGuards::default(),
             upstream_node: None,
+            upstream_timeouts: None,
             body_timeout: BODY_READ_GAP,
             uri: None,
             request_buffering: None,
@@ -477,6 +487,12 @@ impl RequestState {
     /// The node picked for the first try; set before `before_proxy`.
     pub fn set_upstream_node(&mut self, node: SocketAddr) {
         self.upstream_node = Some(node);
+    }
+
+    /// The timeouts a try on the picked node runs under (the route's, else the upstream's);
+    /// set with the node, for plugins that send the request themselves ([`crate::Phases::NODE`]).
+    pub fn set_upstream_timeouts(&mut self, timeouts: NodeTimeouts) {
+        self.upstream_timeouts = Some(timeouts);
     }
 
     pub fn take_response_headers(&mut self) -> ResponseHeaders {
@@ -782,6 +798,12 @@ impl<'r> PluginCtx<'r> {
     /// The node picked for the first try (`before_proxy` only).
     pub fn upstream_node(&self) -> Option<SocketAddr> {
         self.state.upstream_node
+    }
+
+    /// The timeouts of a try on [`PluginCtx::upstream_node`] (`before_proxy` of a plugin with
+    /// [`crate::Phases::NODE`] only).
+    pub fn upstream_timeouts(&self) -> Option<NodeTimeouts> {
+        self.state.upstream_timeouts
     }
 
     /// Reads the request body up to `limit` bytes (once; it is still forwarded upstream).

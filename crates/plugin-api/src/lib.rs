@@ -94,8 +94,8 @@ pub use clock::Clock;
 pub use compile::{ApiAnswer, ApiHandler, ApiMaker, CompileCtx, PluginApi, PluginApis};
 pub use consumers::{AuthDef, ConsumerIndex, Credential, Prepared};
 pub use ctx::{
-    BodyError, Consumer, Owner, PendingBody, PluginCtx, RequestBody, RequestGuards, RequestState,
-    RequestValues, ResponseHeaders, RouteInfo, UpstreamEdits, UpstreamTries,
+    BodyError, Consumer, NodeTimeouts, Owner, PendingBody, PluginCtx, RequestBody, RequestGuards,
+    RequestState, RequestValues, ResponseHeaders, RouteInfo, UpstreamEdits, UpstreamTries,
 };
 pub use def::{
     CheckCtx, CheckFn, CompileFn, PluginDef, PluginKind, RunPolicy, SchemaErrorFn, Scope,

@@ -20,7 +20,7 @@ use crate::response::ResponseHead;
 
 /// A set of phases, as a bit set.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Phases(u8);
+pub struct Phases(u16);
 
 impl Phases {
     pub const NONE: Phases = Phases(0);
@@ -39,6 +39,11 @@ impl Phases {
     /// `upstream_answer`: the upstream's answer is held back until the plugin is done with it
     /// (ext-plugin-post-resp).
     pub const UPSTREAM_ANSWER: Phases = Phases(1 << 7);
+    /// The plugin's `before_proxy` sends the request to the upstream node itself (http-dubbo,
+    /// dubbo-proxy): the proxy picks the node before that phase, as APISIX's balancer does
+    /// before it, and hands it over ([`crate::PluginCtx::upstream_node`],
+    /// [`crate::PluginCtx::upstream_timeouts`]). Other routes pick after it, at no cost here.
+    pub const NODE: Phases = Phases(1 << 8);
 
     pub const fn union(self, other: Phases) -> Phases {
         Phases(self.0 | other.0)

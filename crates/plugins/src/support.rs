@@ -1,5 +1,6 @@
 //! Support shared by several plugin families: the AI plugins' providers, protocols and
-//! calls (`ai`), request arguments as Lua sees them, JSONPath,
+//! calls (`ai`), request arguments as Lua sees them, Apache Dubbo 2's wire protocol and
+//! Hessian 2 (`dubbo`), JSONPath,
 //! GraphQL documents, the Redis connections of the limit plugins'
 //! `redis`, `redis-cluster` and `redis-sentinel` policies, the instance of plugins that do nothing per request, what the auth plugins share, the
 //! checks of user-written JSON schemas, the regexes of plugin confs (PCRE's syntax on a linear-time engine), header edits with `$var`
@@ -10,6 +11,7 @@ pub mod ai;
 pub mod args;
 pub mod auth;
 pub mod cloud;
+pub mod dubbo;
 pub mod encoding;
 pub mod graphql;
 pub mod headers;

@@ -5,11 +5,13 @@ family! {
     // One line per plugin: its module's name.
     body_transformer,
     degraphql,
+    dubbo_proxy,
     echo,
     error_page,
     graphql_proxy_cache,
     grpc_transcode,
     grpc_web,
+    http_dubbo,
     mocking,
     oas_validator,
     proxy_buffering,

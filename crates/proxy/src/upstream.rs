@@ -153,3 +153,29 @@ pub(crate) async fn proxy(
     let grpc = upstream.h2 && request::is_grpc(&ctx.headers);
     relay::failed(gateway, error, &record.statuses, grpc)
 }
+
+/// The node the balancer picks for a plugin that sends the request itself in `before_proxy`
+/// ([`ferrisix_plugin_api::Phases::NODE`]: http-dubbo, dubbo-proxy), with the timeouts of a
+/// try on it. APISIX's balancer picks it before that phase (`ctx.picked_server`) and the
+/// plugin's answer ends the request, so this is the request's only pick. The error is the
+/// answer when no node can be picked.
+pub(crate) async fn pick_ahead(
+    ctx: &mut RequestCtx<'_>,
+    upstream: &CompiledUpstream,
+    route_timeouts: Option<TryTimeouts>,
+) -> Result<(std::net::SocketAddr, TryTimeouts), ProxyError> {
+    let timeouts = route_timeouts.unwrap_or(upstream.timeouts);
+    let set = upstream.nodes.ready(timeouts.connect).await;
+    if set.nodes.is_empty() {
+        return Err(ProxyError::new(ErrorKind::Unservable(
+            StatusCode::SERVICE_UNAVAILABLE,
+        )));
+    }
+    let mut tries = Tries::new(ctx, upstream, &set, Instant::now());
+    match tries.next_node() {
+        Some(idx) => Ok((set.nodes[idx].addr, timeouts)),
+        None => Err(ProxyError::new(ErrorKind::Unservable(
+            StatusCode::BAD_GATEWAY,
+        ))),
+    }
+}

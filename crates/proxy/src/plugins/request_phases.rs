@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use ferrisix_plugin_api::{BodyError, Exit, Flow, LogCtx, LogVars, Phases, RequestBody};
+use ferrisix_plugin_api::{
+    BodyError, Exit, Flow, LogCtx, LogVars, NodeTimeouts, Phases, RequestBody,
+};
 use ferrisix_plugins::{ConsumerChains, PluginChain, Verdicts};
 use http_body::Body as _;
 
@@ -12,6 +14,7 @@ use super::{log_needs, PluginRun};
 use crate::ctx::{plugin_view, RequestCtx};
 use crate::log::lengths::request_length;
 use crate::log::PendingLog;
+use crate::snapshot::{CompiledUpstream, RouteTarget};
 
 /// The request phases: 3.17+ order, global rewrite, route rewrite, global access, route
 /// access, then (when proxying) `before_proxy`. Answers the exit that ends the request, if
@@ -49,14 +52,39 @@ pub async fn request_phases(ctx: &mut RequestCtx<'_>, proxying: bool) -> Option<
     let mut flow = Flow::Continue;
     if *runs {
         flow = run_phases(global, route, consumers.as_deref(), &mut view).await;
-        if flow == Flow::Continue && proxying {
-            if global.has(Phases::BEFORE_PROXY) {
-                flow = global.before_proxy(&mut view).await;
-            }
-            if flow == Flow::Continue {
-                if let Some(r) = route.as_deref().filter(|r| r.has(Phases::BEFORE_PROXY)) {
-                    flow = r.before_proxy(&mut view).await;
-                }
+    }
+    let needs_node = *runs
+        && flow == Flow::Continue
+        && proxying
+        && (global.has(Phases::NODE) || route.as_deref().is_some_and(|r| r.has(Phases::NODE)));
+    if needs_node {
+        if let Some(exit) = pick_node(ctx).await {
+            flow = Flow::Exit(exit);
+        }
+    }
+    let route_info = ctx.route.as_deref().map(|r| &r.info);
+    let run = ctx.plugins.as_mut()?;
+    let PluginRun {
+        global,
+        route,
+        runs,
+        state,
+        ..
+    } = run;
+    let mut view = plugin_view(
+        &ctx.head,
+        &ctx.conn.facts,
+        &mut ctx.headers,
+        route_info,
+        state,
+    );
+    if *runs && flow == Flow::Continue && proxying {
+        if global.has(Phases::BEFORE_PROXY) {
+            flow = global.before_proxy(&mut view).await;
+        }
+        if flow == Flow::Continue {
+            if let Some(r) = route.as_deref().filter(|r| r.has(Phases::BEFORE_PROXY)) {
+                flow = r.before_proxy(&mut view).await;
             }
         }
     }
@@ -130,6 +158,42 @@ pub async fn request_phases(ctx: &mut RequestCtx<'_>, proxying: bool) -> Option<
 /// Each chain's phase is awaited only when one of its plugins implements it: a chain without
 /// it would still build and poll a future to find out, and a route with plugins makes six
 /// such calls (`benches/e2e/instructions.py --scenario s2` counts them).
+/// Picks the upstream node ahead of `before_proxy` for a plugin that sends the request to it
+/// itself, and hands it to the plugins; the exit when none can be picked.
+async fn pick_node(ctx: &mut RequestCtx<'_>) -> Option<Exit> {
+    // Owned handles: the pick borrows the request mutably (a shared borrow is not `Send`).
+    let chosen = ctx
+        .plugins
+        .as_ref()
+        .and_then(|r| r.state.chosen_upstream())
+        .cloned();
+    let route = ctx.route.clone()?;
+    let upstream = match chosen.as_ref().and_then(|h| h.get::<CompiledUpstream>()) {
+        Some(u) => u,
+        None => match &route.target {
+            RouteTarget::Upstream(u) => &**u,
+            RouteTarget::Fail(_) => return None,
+        },
+    };
+    let route_timeouts = route.timeout.as_deref().copied();
+    match crate::upstream::pick_ahead(ctx, upstream, route_timeouts).await {
+        Ok((node, t)) => {
+            let state = &mut ctx.plugins.as_mut()?.state;
+            state.set_upstream_node(node);
+            state.set_upstream_timeouts(NodeTimeouts {
+                connect: t.connect,
+                send: t.send,
+                read: t.read,
+            });
+            None
+        }
+        Err(e) => {
+            tracing::error!("failed to pick server: {e}");
+            Some(Exit::status(e.status()))
+        }
+    }
+}
+
 async fn run_phases(
     global: &PluginChain,
     route: &mut Option<Arc<PluginChain>>,

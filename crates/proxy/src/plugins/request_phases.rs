@@ -53,45 +53,34 @@ pub async fn request_phases(ctx: &mut RequestCtx<'_>, proxying: bool) -> Option<
     if *runs {
         flow = run_phases(global, route, consumers.as_deref(), &mut view).await;
     }
-    let needs_node = *runs
-        && flow == Flow::Continue
-        && proxying
+    let proceed = *runs && flow == Flow::Continue && proxying;
+    let needs_node = proceed
         && (global.has(Phases::NODE) || route.as_deref().is_some_and(|r| r.has(Phases::NODE)));
-    if needs_node {
+    let verdicts = if needs_node {
         if let Some(exit) = pick_node(ctx).await {
             flow = Flow::Exit(exit);
         }
-    }
+        // The pick needed the whole request: the view is made again after it.
+        let route_info = ctx.route.as_deref().map(|r| &r.info);
+        let PluginRun {
+            global,
+            route,
+            state,
+            ..
+        } = ctx.plugins.as_mut()?;
+        let mut view = plugin_view(
+            &ctx.head,
+            &ctx.conn.facts,
+            &mut ctx.headers,
+            route_info,
+            state,
+        );
+        before_proxy(global, route.as_deref(), &mut view, &mut flow, proceed).await
+    } else {
+        before_proxy(global, route.as_deref(), &mut view, &mut flow, proceed).await
+    };
     let route_info = ctx.route.as_deref().map(|r| &r.info);
     let run = ctx.plugins.as_mut()?;
-    let PluginRun {
-        global,
-        route,
-        runs,
-        state,
-        ..
-    } = run;
-    let mut view = plugin_view(
-        &ctx.head,
-        &ctx.conn.facts,
-        &mut ctx.headers,
-        route_info,
-        state,
-    );
-    if *runs && flow == Flow::Continue && proxying {
-        if global.has(Phases::BEFORE_PROXY) {
-            flow = global.before_proxy(&mut view).await;
-        }
-        if flow == Flow::Continue {
-            if let Some(r) = route.as_deref().filter(|r| r.has(Phases::BEFORE_PROXY)) {
-                flow = r.before_proxy(&mut view).await;
-            }
-        }
-    }
-    let verdicts = (
-        global.verdicts(&view),
-        route.as_ref().map_or(Verdicts::ALL, |r| r.verdicts(&view)),
-    );
     run.verdicts = verdicts;
     // Plugins may have changed who the client is (real-ip): the upstream hears it too.
     ctx.remote_addr = run.state.remote_addr();
@@ -155,9 +144,31 @@ pub async fn request_phases(ctx: &mut RequestCtx<'_>, proxying: bool) -> Option<
     }
 }
 
-/// Each chain's phase is awaited only when one of its plugins implements it: a chain without
-/// it would still build and poll a future to find out, and a route with plugins makes six
-/// such calls (`benches/e2e/instructions.py --scenario s2` counts them).
+/// `before_proxy` (global rules', then the route's) when `proceed` and nothing ended the
+/// request yet, then the `_meta.filter` verdicts for the phases after the response head.
+async fn before_proxy(
+    global: &PluginChain,
+    route: Option<&PluginChain>,
+    view: &mut ferrisix_plugin_api::PluginCtx<'_>,
+    flow: &mut Flow,
+    proceed: bool,
+) -> (Verdicts, Verdicts) {
+    if proceed && *flow == Flow::Continue {
+        if global.has(Phases::BEFORE_PROXY) {
+            *flow = global.before_proxy(view).await;
+        }
+        if *flow == Flow::Continue {
+            if let Some(r) = route.filter(|r| r.has(Phases::BEFORE_PROXY)) {
+                *flow = r.before_proxy(view).await;
+            }
+        }
+    }
+    (
+        global.verdicts(view),
+        route.map_or(Verdicts::ALL, |r| r.verdicts(view)),
+    )
+}
+
 /// Picks the upstream node ahead of `before_proxy` for a plugin that sends the request to it
 /// itself, and hands it to the plugins; the exit when none can be picked.
 async fn pick_node(ctx: &mut RequestCtx<'_>) -> Option<Exit> {
@@ -194,6 +205,9 @@ async fn pick_node(ctx: &mut RequestCtx<'_>) -> Option<Exit> {
     }
 }
 
+/// Each chain's phase is awaited only when one of its plugins implements it: a chain without
+/// it would still build and poll a future to find out, and a route with plugins makes six
+/// such calls (`benches/e2e/instructions.py --scenario s2` counts them).
 async fn run_phases(
     global: &PluginChain,
     route: &mut Option<Arc<PluginChain>>,

@@ -27,7 +27,10 @@ use crate::response::canned;
 const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 
 /// Serves the request as a pub-sub connection to `kafka`'s brokers.
-pub(crate) fn kafka(ctx: &mut RequestCtx<'_>, kafka: &Arc<KafkaUpstream>) -> Response<ResponseBody> {
+pub(crate) fn kafka(
+    ctx: &mut RequestCtx<'_>,
+    kafka: &Arc<KafkaUpstream>,
+) -> Response<ResponseBody> {
     let server = &ctx.conn.gateway.server_header;
     let accepted = handshake(ctx.head.version, &ctx.headers).and_then(|accepted| {
         // hyper offers the connection only on HTTP/1.1 (checked above).

@@ -10,8 +10,9 @@
 //! as APISIX words them: `failed to list offset, topic: <t>, partition: <p>, err: <e>` (and
 //! `failed to fetch message, ...`), where `<e>` is `not found topic` when no broker answered
 //! the metadata request or the topic is unknown, `not found partition`, the broker's error
-//! name (`OFFSET_OUT_OF_RANGE`), or `timeout` when the brokers took more than 3 seconds
-//! (lua-resty-kafka's socket timeout).
+//! name (`OFFSET_OUT_OF_RANGE`), or `timeout` when a broker that accepted the connection
+//! does not answer. rskafka retries a failing broker for 3 seconds (lua-resty-kafka's socket
+//! timeout) before a command fails.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,8 +28,13 @@ use rustls::ClientConfig;
 use super::proto::{pub_sub_req, pub_sub_resp, KafkaFetchResp, KafkaListOffsetResp, KafkaMessage};
 use super::Commands;
 
-/// lua-resty-kafka's socket timeout, which bounds each command here.
+/// lua-resty-kafka's socket timeout: how long rskafka goes on retrying a broker call.
 const TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The bound of each step of a command (connecting, reading the metadata, the call itself),
+/// for brokers that accept and never answer; past rskafka's own retries, so that a broker
+/// that refuses is reported as such rather than as a timeout.
+const STEP_LIMIT: Duration = Duration::from_secs(6);
 
 /// lua-resty-kafka's fetch: at most 10 MiB, waiting at most a second for them (it asks no
 /// minimum, so the broker answers at once).
@@ -94,10 +100,14 @@ impl KafkaConsumer {
             if let Some(t) = &self.upstream.tls {
                 b = b.tls_config(t.clone());
             }
-            match b.build().await {
-                Ok(c) => self.client = Some(c),
-                Err(e) => {
+            match tokio::time::timeout(STEP_LIMIT, b.build()).await {
+                Ok(Ok(c)) => self.client = Some(c),
+                Ok(Err(e)) => {
                     tracing::error!("all brokers failed in fetch topic metadata: {e}");
+                    return Err("not found topic".into());
+                }
+                Err(_) => {
+                    tracing::error!("all brokers failed in fetch topic metadata: timeout");
                     return Err("not found topic".into());
                 }
             }
@@ -114,9 +124,14 @@ impl KafkaConsumer {
         let key = (topic.to_owned(), partition);
         if !self.partitions.contains_key(&key) {
             let client = self.client().await.map_err(Failure::Answer)?;
-            let topics = match client.list_topics().await {
-                Ok(t) => t,
-                Err(e) => {
+            let topics = match tokio::time::timeout(STEP_LIMIT, client.list_topics()).await {
+                Ok(Ok(t)) => t,
+                Ok(Err(e)) => {
+                    tracing::error!("all brokers failed in fetch topic metadata: {e}");
+                    return Err(Failure::Broken("not found topic".into()));
+                }
+                Err(_) => {
+                    let e = "timeout";
                     tracing::error!("all brokers failed in fetch topic metadata: {e}");
                     return Err(Failure::Broken("not found topic".into()));
                 }
@@ -127,9 +142,10 @@ impl KafkaConsumer {
             if !t.partitions.contains(&partition) {
                 return Err(Failure::Answer("not found partition".into()));
             }
-            let pc = client
-                .partition_client(topic, partition, UnknownTopicHandling::Error)
+            let pc = client.partition_client(topic, partition, UnknownTopicHandling::Error);
+            let pc = tokio::time::timeout(STEP_LIMIT, pc)
                 .await
+                .map_err(|_| Failure::Broken("timeout".into()))?
                 .map_err(Failure::of)?;
             self.partitions.insert(key.clone(), pc);
         }
@@ -194,13 +210,15 @@ impl KafkaConsumer {
     ) -> Result<T, String> {
         let attempt = async {
             let pc = self.partition(topic, partition).await?;
-            op(pc).await.map_err(Failure::of)
+            match tokio::time::timeout(STEP_LIMIT, op(pc)).await {
+                Ok(r) => r.map_err(Failure::of),
+                Err(_) => Err(Failure::Broken("timeout".into())),
+            }
         };
-        let broken = match tokio::time::timeout(TIMEOUT, attempt).await {
-            Ok(Ok(v)) => return Ok(v),
-            Ok(Err(Failure::Answer(e))) => return Err(e),
-            Ok(Err(Failure::Broken(e))) => e,
-            Err(_) => "timeout".to_string(),
+        let broken = match attempt.await {
+            Ok(v) => return Ok(v),
+            Err(Failure::Answer(e)) => return Err(e),
+            Err(Failure::Broken(e)) => e,
         };
         self.client = None;
         self.partitions.clear();
@@ -382,6 +400,23 @@ mod tests {
         assert_eq!(
             c.fetch("t", 0, 0).await,
             Err("failed to fetch message, topic: t, partition: 0, err: not found topic".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_broker_that_never_answers() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                held.push(s);
+            }
+        });
+        let mut c = consumer(port, None);
+        assert_eq!(
+            c.list_offset("t", 0, -1).await,
+            Err("failed to list offset, topic: t, partition: 0, err: not found topic".into())
         );
     }
 

@@ -104,7 +104,10 @@ mod tests {
         let mut req = TestRequest::get("/");
         let _ = p.access(&mut req.ctx());
         let sasl = req.state.value::<KafkaSasl>().unwrap();
-        assert_eq!((&*sasl.username, &*sasl.password), ("admin", "admin-secret"));
+        assert_eq!(
+            (&*sasl.username, &*sasl.password),
+            ("admin", "admin-secret")
+        );
 
         let p = (DEF.compile)(&c.cx(NAME, &json!({}), "kp", None)).unwrap();
         assert!(p.phases().is_empty());

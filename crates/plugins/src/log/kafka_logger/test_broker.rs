@@ -79,8 +79,7 @@ impl Broker {
     pub fn trim(&self, topic: &str, partition: i32, start: i64) {
         let mut log = self.log.lock().unwrap();
         let p = log.entry((topic.to_owned(), partition)).or_default();
-        p.batches
-            .retain(|(base, r)| base + r.len() as i64 > start);
+        p.batches.retain(|(base, r)| base + r.len() as i64 > start);
         if p.batches.is_empty() {
             p.start = p.start.max(start);
         } else {
@@ -561,7 +560,11 @@ fn list_offset(node: &Node, topic: &str, partition: i32, ts: i64) -> (i16, i64, 
         ts => p
             .batches
             .iter()
-            .flat_map(|(base, r)| r.iter().enumerate().map(move |(i, r)| (base + i as i64, r.2)))
+            .flat_map(|(base, r)| {
+                r.iter()
+                    .enumerate()
+                    .map(move |(i, r)| (base + i as i64, r.2))
+            })
             .find(|(offset, t)| *offset >= p.start && *t >= ts)
             .map_or((0, -1, -1), |(offset, t)| (0, t, offset)),
     }

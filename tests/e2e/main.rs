@@ -51,6 +51,7 @@ mod plugins_transform;
 mod plugins_zipkin;
 mod prometheus_scrape;
 mod proxy_protocol;
+mod pubsub_kafka;
 mod reload;
 mod restart;
 mod retries;

@@ -503,6 +503,12 @@ impl RequestState {
         &self.response_headers
     }
 
+    /// The value of type `T` a plugin kept for this request ([`PluginCtx::insert`]), for the
+    /// proxy's side (kafka-proxy's credentials for a kafka upstream).
+    pub fn value<T: Any>(&self) -> Option<&T> {
+        self.private.get()
+    }
+
     /// The values plugins kept for this request, for the log phase (`None` when there are
     /// none, which allocates nothing).
     pub fn take_values(&mut self) -> Option<Arc<RequestValues>> {

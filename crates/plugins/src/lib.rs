@@ -26,6 +26,7 @@ pub mod chain;
 pub mod consumers;
 #[cfg(test)]
 mod guide;
+pub mod pubsub;
 pub mod registry;
 pub mod secrets;
 pub mod stream;

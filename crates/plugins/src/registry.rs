@@ -468,6 +468,7 @@ mod tests {
             ("tencent-cloud-cls", &["secret_key"]),
             ("lago", &["token"]),
             ("rocketmq-logger", &["secret_key"]),
+            ("kafka-proxy", &["sasl.password"]),
             ("openwhisk", &["service_token"]),
             ("openfunction", &["authorization.service_token"]),
             ("azure-functions", &["authorization.apikey"]),

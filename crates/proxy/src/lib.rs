@@ -20,7 +20,8 @@
 //!   the upstream client with its pools ([`upstream::client`]), every APISIX balancer
 //!   ([`upstream::balancer`]), health checks shared by all workers ([`upstream::health`]),
 //!   domain nodes and DNS discovery resolved off the workers ([`upstream::dns`]), and
-//!   websocket tunnels.
+//!   websocket tunnels; for a `kafka` upstream, `pubsub` instead (APISIX's pub-sub over the
+//!   client's WebSocket, consuming from the upstream's Kafka brokers).
 //! - [`response`]: the response body relayed to the client, and the answers the gateway
 //!   makes itself.
 //! - [`log`]: the log phase, run once however the request ends, with the access log and
@@ -38,6 +39,7 @@ pub mod error;
 pub mod gateway;
 pub mod log;
 mod plugins;
+mod pubsub;
 mod request;
 pub mod response;
 mod routing;

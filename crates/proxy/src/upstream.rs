@@ -56,6 +56,10 @@ pub(crate) async fn proxy(
     route_timeouts: Option<TryTimeouts>,
     websocket: bool,
 ) -> Response<ResponseBody> {
+    if let Some(kafka) = &upstream.kafka {
+        // APISIX hands a kafka upstream to pub-sub before the balancer.
+        return crate::pubsub::kafka(ctx, kafka);
+    }
     let gateway = &*ctx.conn.gateway;
     if let Some(error) = upstream.client_cert_error() {
         // APISIX checks the client ssl before the balancer and ends the request itself.

@@ -185,7 +185,8 @@ fn a_bad_resource_is_quarantined_on_its_own() {
     )
     .put(
         "upstreams/bad-scheme",
-        json!({"scheme": "kafka", "nodes": {"127.0.0.1:1": 1}}),
+        // More chash ring points than an upstream may have.
+        json!({"type": "chash", "key": "remote_addr", "nodes": {"127.0.0.1:1": 1_000_000, "127.0.0.1:2": 1}}),
     );
     let snap = first(&s);
     for id in ALL {

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use ferrisix_config::model::{LbType, PassHost, ResourceKind, Scheme, Timeout, Upstream};
 use ferrisix_plugin_api::{UpstreamRef, UpstreamResolver};
+use ferrisix_plugins::pubsub::kafka::KafkaUpstream;
 use ferrisix_tls::{CertStore, TlsContext, UpstreamTls};
 use http::HeaderValue;
 use serde_json::Value;
@@ -45,6 +46,9 @@ pub struct CompiledUpstream {
     pub tls: Option<UpstreamTls>,
     /// HTTP/2 to the upstream (`grpc`, `grpcs`).
     pub h2: bool,
+    /// `scheme: kafka`: its brokers, whom the pub-sub connection consumes from instead of a
+    /// proxied request (see [`crate::pubsub`]).
+    pub kafka: Option<Arc<KafkaUpstream>>,
     /// Why `tls.client_cert_id` names no client certificate (APISIX's message): the upstream
     /// stays, and a request for it is answered 502 before any try, as APISIX's
     /// `resolve_upstream_client_cert` does, until the ssl is a client one again.
@@ -138,6 +142,31 @@ fn upstream_tls(
     UpstreamTls::new(&env.ctx.settings, verify, identity, alpn)
 }
 
+/// A kafka upstream's brokers: its nodes as written (the Kafka client resolves names and
+/// verifies certificates against them), over TLS when it has `tls` (`verify` against the
+/// trusted bundle; no client certificate, as lua-resty-kafka sends none).
+fn kafka_upstream(up: &Upstream, env: UpstreamEnv<'_>) -> Result<KafkaUpstream, String> {
+    let brokers = up
+        .nodes
+        .iter()
+        .map(|n| {
+            if n.host.contains(':') && !n.host.starts_with('[') {
+                format!("[{}]:{}", n.host, n.port)
+            } else {
+                format!("{}:{}", n.host, n.port)
+            }
+        })
+        .collect();
+    let tls = match &up.tls {
+        Some(t) => {
+            let verify = t.get("verify").and_then(Value::as_bool).unwrap_or(false);
+            Some(UpstreamTls::new(&env.ctx.settings, verify, None, &[])?.config)
+        }
+        None => None,
+    };
+    Ok(KafkaUpstream { brokers, tls })
+}
+
 /// The client config of `type: https` probes: no client certificate (resty.healthcheck sends
 /// none), verified against `ssl_trusted_certificate` when `https_verify_certificate` is on.
 fn probe_tls(config: &ChecksConfig, env: UpstreamEnv<'_>) -> Result<Option<UpstreamTls>, String> {
@@ -208,6 +237,7 @@ impl CompiledUpstream {
         previous: Option<&Arc<CompiledUpstream>>,
         env: UpstreamEnv<'_>,
     ) -> Result<CompiledUpstream, String> {
+        let mut kafka = None;
         let (tls, h2) = match up.scheme {
             Scheme::Http => (None, false),
             Scheme::Https => (Some(upstream_tls(up, env, &[b"http/1.1"])?), false),
@@ -218,7 +248,8 @@ impl CompiledUpstream {
             Scheme::Tcp | Scheme::Udp => (None, false),
             Scheme::Tls => (Some(upstream_tls(up, env, &[])?), false),
             Scheme::Kafka => {
-                return Err("upstream scheme Kafka (kafka-proxy) is not supported".to_string())
+                kafka = Some(Arc::new(kafka_upstream(up, env)?));
+                (None, false)
             }
         };
         if up.lb_type == LbType::Chash {
@@ -294,6 +325,7 @@ impl CompiledUpstream {
             scheme: up.scheme,
             tls,
             h2,
+            kafka,
             client_cert_error: client_cert_error(up, env.store),
             client_cert_fp: env.client_cert_fp(up),
             source: up.clone(),

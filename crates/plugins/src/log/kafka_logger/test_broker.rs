@@ -1,9 +1,11 @@
 //! A one-node Kafka broker for tests (the workspace's and the crate's): Debian packages no
-//! Kafka, so tests speak the real protocol from the broker's side and decode what producers
-//! send.
+//! Kafka, so tests speak the real protocol from the broker's side, decode what producers
+//! send and keep it in a log that consumers list offsets in and fetch from (record batches
+//! v2, CRC-32C checked and written).
 
+use std::collections::HashMap;
 use std::io::{Cursor, Read};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -22,12 +24,68 @@ pub struct Stored {
 
 /// A one-node Kafka broker speaking the protocol's non-flexible versions: ApiVersions
 /// (v0-2; v3 is refused, so the client steps down), Metadata v1, Produce v3 with record
-/// batches (v2) decoded, SaslHandshake v1 and SaslAuthenticate v0 (PLAIN, checking
-/// `user`/`pass` when `sasl`).
+/// batches (v2) decoded, ListOffsets v1, Fetch v4, SaslHandshake v1 and SaslAuthenticate v0
+/// (PLAIN, checking `user`/`pass` when `sasl`).
 pub struct Broker {
     pub port: u16,
     pub records: mpsc::UnboundedReceiver<Stored>,
     pub auths: mpsc::UnboundedReceiver<Vec<u8>>,
+    /// What was produced or appended, per topic and partition.
+    pub log: Arc<Mutex<Log>>,
+    /// Each Fetch request's partition and offset, as the client sent them.
+    pub fetches: mpsc::UnboundedReceiver<(String, i32, i64)>,
+}
+
+/// A record as the log keeps it: key, value, timestamp (ms).
+pub type LogRecord = (Option<Vec<u8>>, Option<Vec<u8>>, i64);
+
+/// One partition's log: its batches as they were written, and the first offset still kept.
+#[derive(Debug, Default)]
+pub struct PartitionLog {
+    pub start: i64,
+    /// Base offset and records of each batch.
+    pub batches: Vec<(i64, Vec<LogRecord>)>,
+}
+
+impl PartitionLog {
+    /// The next offset (the high watermark: every record is committed at once).
+    pub fn end(&self) -> i64 {
+        self.batches
+            .last()
+            .map_or(self.start, |(base, r)| base + r.len() as i64)
+    }
+
+    fn append(&mut self, records: Vec<LogRecord>) {
+        if !records.is_empty() {
+            let base = self.end();
+            self.batches.push((base, records));
+        }
+    }
+}
+
+pub type Log = HashMap<(String, i32), PartitionLog>;
+
+impl Broker {
+    /// Appends `records` to the partition as one record batch.
+    pub fn append(&self, topic: &str, partition: i32, records: Vec<LogRecord>) {
+        let mut log = self.log.lock().unwrap();
+        log.entry((topic.to_owned(), partition))
+            .or_default()
+            .append(records);
+    }
+
+    /// Drops the records before `start` (as retention does): the earliest offset becomes
+    /// `start`.
+    pub fn trim(&self, topic: &str, partition: i32, start: i64) {
+        let mut log = self.log.lock().unwrap();
+        let p = log.entry((topic.to_owned(), partition)).or_default();
+        p.batches.retain(|(base, r)| base + r.len() as i64 > start);
+        if p.batches.is_empty() {
+            p.start = p.start.max(start);
+        } else {
+            p.start = start;
+        }
+    }
 }
 
 struct Wire<'a>(Cursor<&'a [u8]>);
@@ -93,10 +151,89 @@ impl Out {
         self.0.extend_from_slice(s.as_bytes());
         self
     }
+    fn i8(&mut self, v: i8) -> &mut Self {
+        self.0.push(v as u8);
+        self
+    }
+    fn varint(&mut self, v: i64) -> &mut Self {
+        let mut z = ((v << 1) ^ (v >> 63)) as u64;
+        loop {
+            let b = (z & 0x7f) as u8;
+            z >>= 7;
+            if z == 0 {
+                self.0.push(b);
+                return self;
+            }
+            self.0.push(b | 0x80);
+        }
+    }
+    fn var_bytes(&mut self, b: Option<&[u8]>) -> &mut Self {
+        match b {
+            Some(b) => {
+                self.varint(b.len() as i64);
+                self.0.extend_from_slice(b);
+            }
+            None => {
+                self.varint(-1);
+            }
+        }
+        self
+    }
 }
 
-/// The records of one record batch (v2, uncompressed).
-fn record_batches(data: &[u8]) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
+/// CRC-32C (Castagnoli), which record batches carry.
+fn crc32c(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+/// One record batch (v2, uncompressed, no producer id) of `records` from offset `base`.
+fn encode_batch(base: i64, records: &[LogRecord]) -> Vec<u8> {
+    let first_ts = records.first().map_or(0, |r| r.2);
+    let max_ts = records.iter().map(|r| r.2).max().unwrap_or(first_ts);
+    // From the attributes on: what the CRC covers.
+    let mut body = Out::default();
+    body.i16(0)
+        .i32(records.len() as i32 - 1)
+        .i64(first_ts)
+        .i64(max_ts)
+        .i64(-1)
+        .i16(-1)
+        .i32(-1)
+        .i32(records.len() as i32);
+    for (delta, (key, value, ts)) in records.iter().enumerate() {
+        let mut r = Out::default();
+        r.i8(0)
+            .varint(ts - first_ts)
+            .varint(delta as i64)
+            .var_bytes(key.as_deref())
+            .var_bytes(value.as_deref())
+            .varint(0);
+        body.varint(r.0.len() as i64);
+        body.0.extend_from_slice(&r.0);
+    }
+    let mut out = Out::default();
+    out.i64(base)
+        .i32(4 + 1 + 4 + body.0.len() as i32)
+        .i32(0)
+        .i8(2)
+        .i32(crc32c(&body.0) as i32);
+    out.0.extend_from_slice(&body.0);
+    out.0
+}
+
+/// The records of record batches (v2, uncompressed), with their timestamps.
+fn record_batches(data: &[u8]) -> Vec<(Option<Vec<u8>>, Vec<u8>, i64)> {
     let mut w = Wire(Cursor::new(data));
     let mut out = Vec::new();
     while (w.0.position() as usize) < data.len() {
@@ -105,24 +242,26 @@ fn record_batches(data: &[u8]) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
         let end = w.0.position() + len;
         let _leader_epoch = w.i32();
         assert_eq!(w.i8(), 2, "record batch magic");
-        let _crc = w.i32();
+        let crc = w.i32() as u32;
+        let covered = &data[w.0.position() as usize..end as usize];
+        assert_eq!(crc, crc32c(covered), "record batch CRC-32C");
         let attributes = w.i16();
         assert_eq!(attributes & 0x7, 0, "uncompressed");
         let _last_offset_delta = w.i32();
-        let (_first_ts, _max_ts, _pid) = (w.i64(), w.i64(), w.i64());
+        let (first_ts, _max_ts, _pid) = (w.i64(), w.i64(), w.i64());
         let (_epoch, _seq) = (w.i16(), w.i32());
         let n = w.i32();
         for _ in 0..n {
             let _len = w.varint();
             let _attrs = w.i8();
-            let _ts_delta = w.varint();
+            let ts_delta = w.varint();
             let _offset_delta = w.varint();
             let key = w.var_bytes();
             let value = w.var_bytes().unwrap_or_default();
             for _ in 0..w.varint() {
                 let _ = (w.var_bytes(), w.var_bytes());
             }
-            out.push((key, value));
+            out.push((key, value, first_ts + ts_delta));
         }
         assert_eq!(w.0.position(), end);
     }
@@ -167,19 +306,31 @@ async fn start(
     let port = listener.local_addr().unwrap().port();
     let (tx, records) = mpsc::unbounded_channel();
     let (atx, auths) = mpsc::unbounded_channel();
+    let (ftx, fetches) = mpsc::unbounded_channel();
+    let log = Arc::new(Mutex::new(Log::new()));
+    let shared = log.clone();
     tokio::spawn(async move {
         loop {
             let (s, _) = listener.accept().await.unwrap();
-            let (tx, atx) = (tx.clone(), atx.clone());
+            let node = Node {
+                port,
+                topic,
+                partitions,
+                sasl,
+                records: tx.clone(),
+                auths: atx.clone(),
+                fetches: ftx.clone(),
+                log: shared.clone(),
+            };
             match tls.clone() {
                 None => {
-                    tokio::spawn(serve(s, port, topic, partitions, sasl, tx, atx));
+                    tokio::spawn(serve(s, node));
                 }
                 Some(acceptor) => {
                     tokio::spawn(async move {
                         // A client that refuses the certificate ends the handshake.
                         if let Ok(s) = acceptor.accept(s).await {
-                            serve(s, port, topic, partitions, sasl, tx, atx).await;
+                            serve(s, node).await;
                         }
                     });
                 }
@@ -190,18 +341,39 @@ async fn start(
         port,
         records,
         auths,
+        log,
+        fetches,
     }
 }
 
-async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
-    mut s: S,
+/// What one connection of the broker serves from.
+struct Node {
     port: u16,
     topic: &'static str,
     partitions: i32,
     sasl: bool,
-    tx: mpsc::UnboundedSender<Stored>,
+    records: mpsc::UnboundedSender<Stored>,
     auths: mpsc::UnboundedSender<Vec<u8>>,
-) {
+    fetches: mpsc::UnboundedSender<(String, i32, i64)>,
+    log: Arc<Mutex<Log>>,
+}
+
+impl Node {
+    fn has(&self, topic: &str, partition: i32) -> bool {
+        topic == self.topic && (0..self.partitions).contains(&partition)
+    }
+}
+
+async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, node: Node) {
+    let Node {
+        port,
+        topic,
+        partitions,
+        sasl,
+        ..
+    } = node;
+    let tx = node.records.clone();
+    let auths = node.auths.clone();
     let mut authenticated = !sasl;
     loop {
         let mut len = [0u8; 4];
@@ -221,8 +393,16 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 out.i16(35).i32(0);
             }
             (18, v) => {
-                out.i16(0).i32(5);
-                for (k, min, max) in [(18, 0, 2), (3, 1, 1), (0, 3, 3), (17, 1, 1), (36, 0, 0)] {
+                out.i16(0).i32(7);
+                for (k, min, max) in [
+                    (18, 0, 2),
+                    (3, 1, 1),
+                    (0, 3, 3),
+                    (2, 1, 1),
+                    (1, 4, 4),
+                    (17, 1, 1),
+                    (36, 0, 0),
+                ] {
                     out.i16(k).i16(min).i16(max);
                 }
                 if v >= 1 {
@@ -272,7 +452,9 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                         let index = w.i32();
                         let n = w.i32() as usize;
                         let data = w.bytes(n);
-                        for (key, value) in record_batches(&data) {
+                        let mut kept = Vec::new();
+                        for (key, value, ts) in record_batches(&data) {
+                            kept.push((key.clone(), Some(value.clone()), ts));
                             tx.send(Stored {
                                 topic: name.clone(),
                                 partition: index,
@@ -282,6 +464,8 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                             })
                             .unwrap();
                         }
+                        let mut log = node.log.lock().unwrap();
+                        log.entry((name.clone(), index)).or_default().append(kept);
                         parts.push(index);
                     }
                     answer.push((name, parts));
@@ -295,6 +479,60 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 }
                 out.i32(0);
             }
+            (2, 1) => {
+                assert!(authenticated, "list offsets before authentication");
+                assert_eq!(w.i32(), -1, "a consumer's replica id");
+                let mut answer = Vec::new();
+                for _ in 0..w.i32() {
+                    let name = w.string().unwrap();
+                    let mut parts = Vec::new();
+                    for _ in 0..w.i32() {
+                        let (index, ts) = (w.i32(), w.i64());
+                        parts.push((index, list_offset(&node, &name, index, ts)));
+                    }
+                    answer.push((name, parts));
+                }
+                out.i32(answer.len() as i32);
+                for (name, parts) in answer {
+                    out.string(&name).i32(parts.len() as i32);
+                    for (index, (error, ts, offset)) in parts {
+                        out.i32(index).i16(error).i64(ts).i64(offset);
+                    }
+                }
+            }
+            (1, 4) => {
+                assert!(authenticated, "fetch before authentication");
+                assert_eq!(w.i32(), -1, "a consumer's replica id");
+                let (_max_wait, _min_bytes, _max_bytes, _isolation) =
+                    (w.i32(), w.i32(), w.i32(), w.i8());
+                let mut answer = Vec::new();
+                for _ in 0..w.i32() {
+                    let name = w.string().unwrap();
+                    let mut parts = Vec::new();
+                    for _ in 0..w.i32() {
+                        let (index, offset, _max) = (w.i32(), w.i64(), w.i32());
+                        node.fetches.send((name.clone(), index, offset)).unwrap();
+                        parts.push((index, fetch(&node, &name, index, offset)));
+                    }
+                    answer.push((name, parts));
+                }
+                out.i32(0).i32(answer.len() as i32);
+                for (name, parts) in answer {
+                    out.string(&name).i32(parts.len() as i32);
+                    for (index, (error, high, records)) in parts {
+                        out.i32(index).i16(error).i64(high).i64(high).i32(0);
+                        match records {
+                            Some(r) => {
+                                out.i32(r.len() as i32);
+                                out.0.extend_from_slice(&r);
+                            }
+                            None => {
+                                out.i32(-1);
+                            }
+                        }
+                    }
+                }
+            }
             other => panic!("unexpected request {other:?}"),
         }
         let mut msg = (out.0.len() as u32).to_be_bytes().to_vec();
@@ -302,5 +540,81 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         if s.write_all(&msg).await.is_err() {
             return;
         }
+    }
+}
+
+/// ListOffsets for one partition: error code, timestamp and offset (-1 latest: the next
+/// offset; -2 earliest: the first kept; else the first record at or after the time, -1 when
+/// none is).
+fn list_offset(node: &Node, topic: &str, partition: i32, ts: i64) -> (i16, i64, i64) {
+    if !node.has(topic, partition) {
+        // UNKNOWN_TOPIC_OR_PARTITION
+        return (3, -1, -1);
+    }
+    let log = node.log.lock().unwrap();
+    let empty = PartitionLog::default();
+    let p = log.get(&(topic.to_owned(), partition)).unwrap_or(&empty);
+    match ts {
+        -1 => (0, -1, p.end()),
+        -2 => (0, -1, p.start),
+        ts => p
+            .batches
+            .iter()
+            .flat_map(|(base, r)| {
+                r.iter()
+                    .enumerate()
+                    .map(move |(i, r)| (base + i as i64, r.2))
+            })
+            .find(|(offset, t)| *offset >= p.start && *t >= ts)
+            .map_or((0, -1, -1), |(offset, t)| (0, t, offset)),
+    }
+}
+
+/// Fetch for one partition: error code, high watermark and the record batches from the one
+/// holding `offset` on (a batch is sent whole, as brokers do).
+fn fetch(node: &Node, topic: &str, partition: i32, offset: i64) -> (i16, i64, Option<Vec<u8>>) {
+    if !node.has(topic, partition) {
+        return (3, -1, None);
+    }
+    let log = node.log.lock().unwrap();
+    let empty = PartitionLog::default();
+    let p = log.get(&(topic.to_owned(), partition)).unwrap_or(&empty);
+    if offset < p.start || offset > p.end() {
+        // OFFSET_OUT_OF_RANGE
+        return (1, -1, None);
+    }
+    let mut data = Vec::new();
+    for (base, records) in &p.batches {
+        if base + records.len() as i64 > offset {
+            data.extend_from_slice(&encode_batch(*base, records));
+        }
+    }
+    (0, p.end(), Some(data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32c_check_value() {
+        // The catalogue's check value for CRC-32/ISCSI.
+        assert_eq!(crc32c(b"123456789"), 0xE306_9283);
+    }
+
+    #[test]
+    fn batches_round_trip() {
+        let records = vec![
+            (Some(b"k".to_vec()), Some(b"v1".to_vec()), 1_000),
+            (None, Some(b"v2".to_vec()), 1_005),
+        ];
+        let got = record_batches(&encode_batch(7, &records));
+        assert_eq!(
+            got,
+            vec![
+                (Some(b"k".to_vec()), b"v1".to_vec(), 1_000),
+                (None, b"v2".to_vec(), 1_005)
+            ]
+        );
     }
 }

@@ -13,7 +13,7 @@ mod upstream_answer;
 
 pub use request_phases::request_phases;
 pub use response_phases::response_phases;
-pub use upstream_answer::{holds_upstream_answer, upstream_answer};
+pub use upstream_answer::{may_hold_upstream_answer, upstream_answer};
 
 use std::borrow::Cow;
 use std::sync::Arc;

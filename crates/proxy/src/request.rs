@@ -161,8 +161,12 @@ async fn serve(ctx: &mut RequestCtx<'_>) -> Response<ResponseBody> {
             }
         },
     };
+    if !plugins::may_hold_upstream_answer(ctx) {
+        // The common case ends here, the answer not held across another await.
+        return upstream::proxy(ctx, upstream, matched.timeouts, matched.websocket).await;
+    }
     let resp = upstream::proxy(ctx, upstream, matched.timeouts, matched.websocket).await;
-    if !plugins::holds_upstream_answer(ctx) {
+    if !ctx.log.upstream.responded {
         return resp;
     }
     plugins::upstream_answer(ctx, resp).await

@@ -11,18 +11,16 @@ use crate::ctx::{plugin_view, RequestCtx};
 use crate::response::body::ResponseBody;
 use crate::response::canned;
 
-/// Whether the request's answer, an upstream's, is held back for some plugin: checked before
-/// the phase's future is made, so other requests do not move their answer into one.
-pub fn holds_upstream_answer(ctx: &RequestCtx<'_>) -> bool {
-    ctx.log.upstream.responded
-        && ctx
-            .plugins
-            .as_ref()
-            .is_some_and(|r| r.runs && r.has(Phases::UPSTREAM_ANSWER))
+/// Whether some plugin of the request may hold the upstream's answer back: checked before
+/// proxying, so the other requests' answers are not kept across another await.
+pub fn may_hold_upstream_answer(ctx: &RequestCtx<'_>) -> bool {
+    ctx.plugins
+        .as_ref()
+        .is_some_and(|r| r.runs && r.has(Phases::UPSTREAM_ANSWER))
 }
 
-/// Runs the phase on `resp`, an upstream's answer that [`holds_upstream_answer`]; answers
-/// what the client gets.
+/// Runs the phase on `resp`, an upstream's answer some plugin holds back
+/// ([`may_hold_upstream_answer`]); answers what the client gets.
 pub async fn upstream_answer(
     ctx: &mut RequestCtx<'_>,
     resp: Response<ResponseBody>,

@@ -225,7 +225,6 @@ fn auth_service() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
 }
 
 #[test]
-#[ignore = "the AssemblyScript module's dispatched call reaches the host with a garbled header name: not yet explained (issue 43)"]
 fn forward_auth_through_http_call() {
     let up = Upstream::start("up", Behaviour::Echo);
     let (auth, seen) = auth_service();
@@ -310,7 +309,6 @@ fn header_and_body_rewriting() {
 }
 
 #[test]
-#[ignore = "a module in a global rule answers 503 (its configure fails): not yet explained (issue 43)"]
 fn global_rules_and_consumers() {
     let up = Upstream::start("up", Behaviour::Echo);
     let yaml = format!(

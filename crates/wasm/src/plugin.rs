@@ -62,7 +62,9 @@ enum Fail {
 struct WasmRequest(Vec<Option<Entry>>);
 
 struct Entry {
-    root_key: u64,
+    /// Whose context this is: the module (`Loaded::uid`) and its conf (`RootKey::id`, counted
+    /// per module, so two modules' confs on one request share ids).
+    key: EntryKey,
     vm_id: u64,
     ctx: u32,
     root_ctx: u32,
@@ -149,11 +151,14 @@ fn restore_request(call: &mut Call, ctx: &mut PluginCtx<'_>) {
     }
 }
 
-fn take_entry(ctx: &mut PluginCtx<'_>, key: u64) -> Option<Entry> {
+/// An HTTP context's owner: (`Loaded::uid`, `RootKey::id`).
+type EntryKey = (u64, u64);
+
+fn take_entry(ctx: &mut PluginCtx<'_>, key: EntryKey) -> Option<Entry> {
     let list = ctx.get_mut::<WasmRequest>()?;
     list.0
         .iter_mut()
-        .find(|e| e.as_ref().is_some_and(|e| e.root_key == key))?
+        .find(|e| e.as_ref().is_some_and(|e| e.key == key))?
         .take()
 }
 
@@ -175,10 +180,14 @@ impl WasmConf {
         &self.loaded.name
     }
 
+    fn key(&self) -> EntryKey {
+        (self.loaded.uid, self.root.id)
+    }
+
     /// This request's HTTP context for this conf, made (with the worker's root context for
     /// the conf, configured on first use) when it has none.
     fn entry(&self, ctx: &mut PluginCtx<'_>) -> Result<Entry, Fail> {
-        if let Some(e) = take_entry(ctx, self.root.id) {
+        if let Some(e) = take_entry(ctx, self.key()) {
             return Ok(e);
         }
         let made = vm::with_vm(&self.loaded, |vm| match vm.root(&self.root)? {
@@ -198,7 +207,7 @@ impl WasmConf {
             ctx: http_ctx,
         }));
         Ok(Entry {
-            root_key: self.root.id,
+            key: self.key(),
             vm_id,
             ctx: http_ctx,
             root_ctx,
@@ -286,7 +295,7 @@ impl WasmConf {
     /// The HTTP calls the module dispatched (each answer to its callback), then the body.
     async fn request_more(&self, ctx: &mut PluginCtx<'_>) -> Result<Next, Fail> {
         loop {
-            let Some(mut entry) = take_entry(ctx, self.root.id) else {
+            let Some(mut entry) = take_entry(ctx, self.key()) else {
                 return Ok(Next::Continue);
             };
             let calls = std::mem::take(&mut entry.call.calls);
@@ -295,7 +304,7 @@ impl WasmConf {
                 for pending in calls {
                     let token = pending.token;
                     let answer = self.send(pending).await;
-                    let Some(mut entry) = take_entry(ctx, self.root.id) else {
+                    let Some(mut entry) = take_entry(ctx, self.key()) else {
                         return Ok(Next::Continue);
                     };
                     entry.call.callout = Some(answer);
@@ -322,7 +331,7 @@ impl WasmConf {
                 Ok(b) => b.clone(),
                 Err(e) => return Err(Fail::Run(format!("failed to get request body: {e}"))),
             };
-            let Some(mut entry) = take_entry(ctx, self.root.id) else {
+            let Some(mut entry) = take_entry(ctx, self.key()) else {
                 return Ok(Next::Continue);
             };
             entry.call.req_body = Some(read);

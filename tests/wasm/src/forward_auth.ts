@@ -12,8 +12,15 @@ import { parse, JValue } from "./json";
 function names(v: JValue, lower: bool): Array<string> {
   let out = new Array<string>();
   for (let i = 0; i < v.items.length; i++) {
+    // Not `lower ? s.toLowerCase() : s`: AssemblyScript 0.14's reference counting releases
+    // the borrowed branch of such a conditional as if it were the fresh one, which freed the
+    // conf's strings while they were still held here.
     let s = v.items[i].str;
-    out.push(lower ? s.toLowerCase() : s);
+    if (lower) {
+      out.push(s.toLowerCase());
+    } else {
+      out.push(s);
+    }
   }
   return out;
 }

@@ -137,6 +137,12 @@ fn pre_req_stops_and_rewrites() {
             json!({"ext-plugin-pre-req": {"conf": conf(&[("mode", "rewrite"), ("body", "newbody")])}}),
             &node,
         ),
+        route(
+            "go-on",
+            "/go-on",
+            json!({"ext-plugin-pre-req": {"conf": conf(&[("mode", "continue")])}}),
+            &node,
+        ),
     ]);
     let r = get(gw.addr(), "/stop");
     assert_eq!(r.status, 403);
@@ -171,6 +177,16 @@ fn pre_req_stops_and_rewrites() {
     let echo = r.json();
     assert_eq!(echo["body"], "newbody");
     assert_eq!(echo["path"], "/rw-body?added=1&multi=x&multi=y");
+
+    // An answer with no action: the request goes upstream as it came.
+    let hits = up.hits();
+    let r = request(gw.addr(), "POST", "/go-on?a=1", &[("X-Kept", "1")], b"same");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let echo = r.json();
+    assert_eq!(echo["path"], "/go-on?a=1");
+    assert_eq!(echo["headers"]["x-kept"], "1");
+    assert_eq!(echo["body"], "same");
+    assert_eq!(up.hits(), hits + 1);
 
     // What the runner was told about a request.
     let r = request(gw.addr(), "PUT", "/stats?a=1&flag&b=x%20y", &[], b"");

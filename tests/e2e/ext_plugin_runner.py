@@ -8,6 +8,8 @@ and read here with the flatbuffers package directly, by their field numbers in t
 
 What it does for a request depends on the conf the route gives it (`conf` entries):
   mode=stop       stop with `status`, two X-Runner headers and `body`
+  mode=continue   answer with no action: the request goes on unchanged (the benchmark's
+                  pre-req round trip, benches/e2e/bench.py)
   mode=rewrite    rewrite path, headers, args, response headers and body
   mode=var        ask for the variables named in `vars` (comma separated), stop with them
   mode=body       ask for the request body, stop with it
@@ -117,6 +119,14 @@ def stop(req_id, status, headers=(), body=b""):
     return frame(RPC_HTTP_REQ_CALL, b.Output())
 
 
+def go_on(req_id):
+    b = flatbuffers.Builder(0)
+    HttpResp.Start(b)
+    HttpResp.AddId(b, req_id)
+    b.Finish(HttpResp.End(b))
+    return frame(RPC_HTTP_REQ_CALL, b.Output())
+
+
 def rewrite(req_id, path, headers, args, resp_headers, body):
     """HTTPReqCall.Rewrite with all five fields of ext-plugin.fbs."""
     b = flatbuffers.Builder(0)
@@ -195,6 +205,8 @@ async def on_req_call(reader, writer, data):
     args = [(req.Args(i).Name().decode(),
              req.Args(i).Value().decode() if req.Args(i).Value() is not None else None)
             for i in range(req.ArgsLength())]
+    if mode == "continue":
+        return go_on(rid)
     if mode == "stop":
         return stop(rid, int(conf.get("status", "0")),
                     [("X-Runner", "a"), ("X-Runner", "b")],

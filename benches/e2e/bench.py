@@ -18,6 +18,13 @@ nginx proxy_pass (1 worker, upstream keepalive, buffered access log) each proxy 
   big     s1 with a 256 KiB answer (a static file of the upstream): what a step costs the
           bodies a request-path change may copy
   upload  s1 with a 256 KiB POST body (the upstream discards it)
+  wasm-noop    s1's route with a proxy-wasm plugin that does nothing (tests/wasm/src/noop.ts,
+               AssemblyScript built by tests/wasm/build.sh): what a wasm plugin costs a request
+  wasm-header  s1's route with a proxy-wasm plugin that adds a request header
+               (tests/wasm/src/rewrite.ts with one `req_headers` entry)
+  ext-pre-req  s1's route with ext-plugin-pre-req: a round trip per request to the test runner
+               (tests/e2e/ext_plugin_runner.py, a6pluginprotos from PyPI) that answers
+               "no action", started by config.yaml's `ext-plugin.cmd`
   http-logger  s1's route with http-logger (the default entry, batch_max_size 1000) posting to
          an in-bench HTTP sink that counts the entries: CPU per request against s1, and the
          sink's count checked against wrk's in every round (wrk does not count the answers
@@ -42,7 +49,8 @@ It measures the profile-guided release build (scripts/build-release.sh, built fi
 --no-build); --plain measures the plain `cargo build --release` instead.
 
 Usage: benches/e2e/bench.py [--rounds 3] [--duration 5] [--connections 16] [--threads 2]
-                            [--scenarios s1,s2,s1c,route,tls,tls-hs,h2,key-auth,jwt,http-logger,big,upload] [--json out.json] [--markdown out.md]
+                            [--scenarios s1,s2,s1c,route,tls,tls-hs,h2,key-auth,jwt,http-logger,big,upload,
+                            wasm-noop,wasm-header,ext-pre-req] [--json out.json] [--markdown out.md]
                             [--baseline BINARY] [--pin auto|split|none]
                             [--apisix URL --apisix-admin URL --apisix-key KEY]
 """
@@ -71,7 +79,37 @@ from harness import (  # noqa: E402  (benches/e2e/harness.py: what the benchmark
 )
 
 
-SCENARIO_PLUGINS = {"s2": S2_PLUGINS, "route": ROUTE_PLUGINS}
+# The custom-plugin scenarios (issue 43): each against s1, the plugin's own cost per request.
+CUSTOM_PLUGINS = {
+    "wasm-noop": {"wasm-noop": {"conf": "-"}},
+    "wasm-header": {"wasm-header": {"conf": {"req_headers": [{"name": "x-wasm", "value": "1"}]}}},
+    "ext-pre-req": {"ext-plugin-pre-req": {"conf": [{"name": "mode", "value": "continue"}]}},
+}
+SCENARIO_PLUGINS = {"s2": S2_PLUGINS, "route": ROUTE_PLUGINS, **CUSTOM_PLUGINS}
+
+
+def custom_plugins_config(scenarios):
+    """config.yaml's `wasm.plugins` and `ext-plugin.cmd` for the custom-plugin scenarios asked
+    for (nothing otherwise): the modules built from source, the runner started by the gateway."""
+    asked = [s for s in scenarios if s in CUSTOM_PLUGINS]
+    if not asked:
+        return ""
+    out = ""
+    if any(s.startswith("wasm-") for s in asked):
+        wasm = os.path.join(ROOT, "tests", "wasm")
+        if not os.path.exists(os.path.join(wasm, "node_modules", ".bin", "asc")):
+            subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=wasm, check=True,
+                           stdout=subprocess.DEVNULL)
+        subprocess.run(["bash", os.path.join(wasm, "build.sh")], check=True,
+                       stderr=subprocess.DEVNULL)
+        out += "wasm:\n  plugins:\n"
+        for name, file in (("wasm-noop", "noop"), ("wasm-header", "rewrite")):
+            out += (f"    - name: {name}\n      priority: 7999\n"
+                    f"      file: {os.path.join(wasm, 'build', file + '.wasm')}\n")
+    if "ext-pre-req" in asked:
+        runner = os.path.join(ROOT, "tests", "e2e", "ext_plugin_runner.py")
+        out += f"ext-plugin:\n  cmd: [\"python3\", \"{runner}\"]\n"
+    return out
 
 # The http-logger scenario (issue 14): every request's default entry, in batches of 1000, to a
 # sink in this process. `inactive_timeout` stays APISIX's 5 s: a round waits for the last batch.
@@ -289,7 +327,9 @@ def main():
         # A cold start: what of the binary is resident otherwise depends on how its pages came
         # into the page cache (a freshly linked file read 1.5 MiB less than a copied one).
         drop_page_cache(args.binary)
-        fx = start_ferrisix(work, cores["proxy"], args.binary, http2=args.http2 == "on")
+        custom = custom_plugins_config(args.scenarios.split(","))
+        fx = start_ferrisix(work, cores["proxy"], args.binary, http2=args.http2 == "on",
+                            extra_config=custom)
         procs.append(fx)
         time.sleep(0.5)
         ngx_pids = [ngx.pid] + children(ngx.pid)
@@ -304,7 +344,7 @@ def main():
         admins = [admin]
         if args.baseline:
             fb = start_ferrisix(work, cores["proxy"], args.baseline, baseline=True,
-                                http2=args.http2 == "on")
+                                http2=args.http2 == "on", extra_config=custom)
             procs.append(fb)
             plain_targets.append(("ferrisix-baseline", BASELINE_PORT, [fb.pid]))
             admins.append(f"http://127.0.0.1:{BASELINE_ADMIN}")
@@ -455,6 +495,11 @@ def render_markdown(report):
     if s1 and route:
         lines.append(f"route / s1 CPU per request (ferrisix): {route['cpu_us_per_req'] / s1['cpu_us_per_req']:.2f}× "
                      f"(+{route['cpu_us_per_req'] - s1['cpu_us_per_req']:.1f} µs)")
+    for name in CUSTOM_PLUGINS:
+        c = res.get(name, {}).get("ferrisix")
+        if s1 and c:
+            lines.append(f"{name} / s1 CPU per request (ferrisix): {c['cpu_us_per_req'] / s1['cpu_us_per_req']:.2f}× "
+                         f"(+{c['cpu_us_per_req'] - s1['cpu_us_per_req']:.1f} µs)")
     hl = res.get("http-logger", {}).get("ferrisix")
     if hl:
         if s1:

@@ -278,10 +278,12 @@ def floor_command(binary):
     return [binary, f"127.0.0.1:{FLOOR_PORT}", f"127.0.0.1:{UPSTREAM_PORT}"]
 
 
-def start_ferrisix(work, cores, binary, baseline=False, http2=True, wrapper=(), wait=20.0):
+def start_ferrisix(work, cores, binary, baseline=False, http2=True, wrapper=(), wait=20.0,
+                   extra_config=""):
     """With `baseline`: the A/B's second gateway, on its own ports, without TLS, control API or
     metrics export (they would clash with the first's). `http2` is `apisix.enable_http2`;
-    `wrapper` runs the binary under a tool (startup_order.py's callgrind)."""
+    `wrapper` runs the binary under a tool (startup_order.py's callgrind); `extra_config` is
+    appended to config.yaml (top-level keys, e.g. bench.py's `wasm` and `ext-plugin`)."""
     port, admin = (BASELINE_PORT, BASELINE_ADMIN) if baseline else (FERRISIX_PORT, FERRISIX_ADMIN)
     if baseline:
         work = os.path.join(work, "baseline")
@@ -320,7 +322,7 @@ nginx_config:
     access_log: {work}/ferrisix-access.log
 ferrisix:
   data_dir: {work}/data
-""")
+{extra_config}""")
     # It runs in `work`: a path relative to the caller's directory would not resolve there.
     binary = os.path.abspath(binary)
     p = subprocess.Popen(taskset_prefix(cores) + list(wrapper) + [binary, "-c", conf], cwd=work,

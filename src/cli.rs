@@ -542,13 +542,19 @@ mod tests {
     /// when `enable_ipv6` (the default) is on; one with an address does not.
     #[test]
     fn enable_ipv6_adds_the_any_address_listeners() {
-        if !ipv6_available() {
-            return;
-        }
-        let yaml = "apisix:\n  node_listen:\n    - 9080\n    - ip: 127.0.0.1\n      port: 9081\n    - port: 9082\n    - \"127.0.0.1:9083\"\n  ssl:\n    listen:\n      - port: 9443\n      - ip: 127.0.0.1\n        port: 9444\n  proxy_protocol:\n    listen_http_port: 9181\n    listen_https_port: 9182\n";
-        let on = server_options(&settings(yaml));
+        let yaml = "apisix:\n  node_listen:\n    - 9080\n    - ip: 127.0.0.1\n      port: 9081\n    - port: 9082\n    - \"127.0.0.1:9083\"\n  ssl:\n    listen:\n      - port: 9443\n        enable_http3: true\n      - ip: 127.0.0.1\n        port: 9444\n  proxy_protocol:\n    listen_http_port: 9181\n";
+        let s = settings(yaml);
+        let plain = |ipv6| {
+            let mut l = listens(&s.apisix.node_listen, ipv6, |_| false);
+            l.extend(proxy_protocol_listens(
+                &s,
+                s.apisix.proxy_protocol.listen_http_port,
+                ipv6,
+            ));
+            addrs(&l)
+        };
         assert_eq!(
-            addrs(&on.listen),
+            plain(true),
             [
                 "0.0.0.0:9080",
                 "[::]:9080",
@@ -561,20 +567,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            addrs(&on.tls_listen),
-            [
-                "0.0.0.0:9443",
-                "[::]:9443",
-                "127.0.0.1:9444",
-                "0.0.0.0:9182 pp",
-                "[::]:9182 pp",
-            ]
-        );
-        let off = server_options(&settings(
-            &yaml.replace("apisix:\n", "apisix:\n  enable_ipv6: false\n"),
-        ));
-        assert_eq!(
-            addrs(&off.listen),
+            plain(false),
             [
                 "0.0.0.0:9080",
                 "127.0.0.1:9081",
@@ -583,9 +576,13 @@ mod tests {
                 "0.0.0.0:9181 pp",
             ]
         );
-        assert_eq!(
-            addrs(&off.tls_listen),
-            ["0.0.0.0:9443", "127.0.0.1:9444", "0.0.0.0:9182 pp"]
-        );
+        let tls = listens(&s.apisix.ssl.listen, true, |l| l.enable_http3);
+        assert_eq!(addrs(&tls), ["0.0.0.0:9443", "[::]:9443", "127.0.0.1:9444"]);
+        assert!(tls[0].http3 && tls[1].http3 && !tls[2].http3);
+        assert!(proxy_protocol_listens(&s, None, true).is_empty());
+
+        // server_options reads apisix.enable_ipv6.
+        let off = settings(&yaml.replace("apisix:\n", "apisix:\n  enable_ipv6: false\n"));
+        assert_eq!(addrs(&server_options(&off).listen), plain(false));
     }
 }

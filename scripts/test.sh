@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 # prometheus without its recommends, which would pull in (and start) node-exporter;
 # libprotobuf-dev: the well-known .proto files etcd's import, for the generated-code check.
-packages="etcd-server redis-server redis-tools nginx prometheus wrk protobuf-compiler libprotobuf-dev openssl curl slapd nodejs tar"
+packages="etcd-server redis-server redis-tools nginx prometheus wrk protobuf-compiler libprotobuf-dev openssl curl slapd nodejs tar mosquitto mosquitto-clients"
 missing=()
 for p in $packages; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)

@@ -316,49 +316,23 @@ pub fn server_options(settings: &Settings) -> ServerOptions {
         Ok("shared") => WorkerModel::Shared,
         _ => WorkerModel::PerCore,
     };
+    let ipv6 = settings.apisix.enable_ipv6 && ipv6_available();
+    let pp = &settings.apisix.proxy_protocol;
+    let ssl = &settings.apisix.ssl;
+    let tls_listen = if ssl.enable { &ssl.listen[..] } else { &[] };
     ServerOptions {
-        listen: settings
-            .apisix
-            .node_listen
-            .iter()
-            .map(|l| Listen {
-                addr: SocketAddr::new(l.ip, l.port),
-                http2: l.enable_http2,
-                proxy_protocol: false,
-                http3: false,
-            })
-            .chain(
-                settings
-                    .apisix
-                    .proxy_protocol
-                    .listen_http_port
-                    .map(|port| proxy_protocol_listen(settings, port)),
-            )
+        listen: listens(&settings.apisix.node_listen, ipv6, |_| false)
+            .into_iter()
+            .chain(proxy_protocol_listens(settings, pp.listen_http_port, ipv6))
             .collect(),
         workers: settings.nginx_config.worker_processes.resolve(),
         model,
         shutdown_timeout: settings.nginx_config.worker_shutdown_timeout,
         limits: conn_limits(settings),
-        tls_listen: {
-            let ssl = &settings.apisix.ssl;
-            let listen = if ssl.enable { &ssl.listen[..] } else { &[] };
-            listen
-                .iter()
-                .map(|l| Listen {
-                    addr: SocketAddr::new(l.ip, l.port),
-                    http2: l.enable_http2,
-                    proxy_protocol: false,
-                    http3: l.enable_http3,
-                })
-                .chain(
-                    settings
-                        .apisix
-                        .proxy_protocol
-                        .listen_https_port
-                        .map(|port| proxy_protocol_listen(settings, port)),
-                )
-                .collect()
-        },
+        tls_listen: listens(tls_listen, ipv6, |l| l.enable_http3)
+            .into_iter()
+            .chain(proxy_protocol_listens(settings, pp.listen_https_port, ipv6))
+            .collect(),
         http2: {
             let h = settings.ferrisix.http2;
             Http2Limits {
@@ -372,14 +346,68 @@ pub fn server_options(settings: &Settings) -> ServerOptions {
     }
 }
 
-/// A listener of `apisix.proxy_protocol.listen_http_port` / `listen_https_port`: every IPv4
-/// address (APISIX's `listen <port> default_server proxy_protocol`), HTTP/2 as the server's.
-fn proxy_protocol_listen(settings: &Settings, port: u16) -> Listen {
-    Listen {
-        addr: SocketAddr::new(std::net::IpAddr::from([0, 0, 0, 0]), port),
-        http2: settings.apisix.enable_http2,
-        proxy_protocol: true,
-        http3: false,
+/// The listeners of `node_listen` / `ssl.listen`, as APISIX's `listen_table_insert` makes
+/// them: each address once, and with `ipv6` (`apisix.enable_ipv6`) an entry that named no
+/// address (a bare port, or a map without `ip`) also on `[::]` of its port.
+fn listens(
+    entries: &[ferrisix_config::settings::ListenAddr],
+    ipv6: bool,
+    http3: impl Fn(&ferrisix_config::settings::ListenAddr) -> bool,
+) -> Vec<Listen> {
+    let mut out: Vec<Listen> = Vec::new();
+    let mut push = |addr: SocketAddr, l: &ferrisix_config::settings::ListenAddr| {
+        if !out.iter().any(|o| o.addr == addr) {
+            out.push(Listen {
+                addr,
+                http2: l.enable_http2,
+                proxy_protocol: false,
+                http3: http3(l),
+            });
+        }
+    };
+    for l in entries {
+        push(SocketAddr::new(l.ip, l.port), l);
+        if ipv6 && l.any_address {
+            push(
+                SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), l.port),
+                l,
+            );
+        }
+    }
+    out
+}
+
+/// The listeners of `apisix.proxy_protocol.listen_http_port` / `listen_https_port`: every
+/// IPv4 address (APISIX's `listen <port> default_server proxy_protocol`), and `[::]` with
+/// `ipv6` (`enable_ipv6`), HTTP/2 as the server's.
+fn proxy_protocol_listens(settings: &Settings, port: Option<u16>, ipv6: bool) -> Vec<Listen> {
+    let Some(port) = port else {
+        return Vec::new();
+    };
+    let mut ips = vec![std::net::IpAddr::from([0, 0, 0, 0])];
+    if ipv6 {
+        ips.push(std::net::Ipv6Addr::UNSPECIFIED.into());
+    }
+    ips.into_iter()
+        .map(|ip| Listen {
+            addr: SocketAddr::new(ip, port),
+            http2: settings.apisix.enable_http2,
+            proxy_protocol: true,
+            http3: false,
+        })
+        .collect()
+}
+
+/// Whether this host can open IPv6 sockets at all: a kernel without IPv6 (or a container
+/// with it disabled) gets IPv4 listeners only and a warning, where nginx would fail to
+/// start on `[::]`.
+fn ipv6_available() -> bool {
+    match std::net::TcpListener::bind((std::net::Ipv6Addr::LOCALHOST, 0)) {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "apisix.enable_ipv6: this host has no IPv6, listening on IPv4 only");
+            false
+        }
     }
 }
 
@@ -491,4 +519,70 @@ pub fn listen_one(
         .map_err(|e| format!("cannot listen on {addr} for {what}: {e}"))?
         .pop()
         .ok_or_else(|| format!("cannot listen on {addr} for {what}: no socket"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(yaml: &str) -> Settings {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, yaml).unwrap();
+        Settings::load(&path).unwrap().0
+    }
+
+    fn addrs(l: &[Listen]) -> Vec<String> {
+        l.iter()
+            .map(|l| format!("{}{}", l.addr, if l.proxy_protocol { " pp" } else { "" }))
+            .collect()
+    }
+
+    /// APISIX's `listen_table_insert`: an entry without an address also listens on `[::]`
+    /// when `enable_ipv6` (the default) is on; one with an address does not.
+    #[test]
+    fn enable_ipv6_adds_the_any_address_listeners() {
+        let yaml = "apisix:\n  node_listen:\n    - 9080\n    - ip: 127.0.0.1\n      port: 9081\n    - port: 9082\n    - \"127.0.0.1:9083\"\n  ssl:\n    listen:\n      - port: 9443\n        enable_http3: true\n      - ip: 127.0.0.1\n        port: 9444\n  proxy_protocol:\n    listen_http_port: 9181\n";
+        let s = settings(yaml);
+        let plain = |ipv6| {
+            let mut l = listens(&s.apisix.node_listen, ipv6, |_| false);
+            l.extend(proxy_protocol_listens(
+                &s,
+                s.apisix.proxy_protocol.listen_http_port,
+                ipv6,
+            ));
+            addrs(&l)
+        };
+        assert_eq!(
+            plain(true),
+            [
+                "0.0.0.0:9080",
+                "[::]:9080",
+                "127.0.0.1:9081",
+                "0.0.0.0:9082",
+                "[::]:9082",
+                "127.0.0.1:9083",
+                "0.0.0.0:9181 pp",
+                "[::]:9181 pp",
+            ]
+        );
+        assert_eq!(
+            plain(false),
+            [
+                "0.0.0.0:9080",
+                "127.0.0.1:9081",
+                "0.0.0.0:9082",
+                "127.0.0.1:9083",
+                "0.0.0.0:9181 pp",
+            ]
+        );
+        let tls = listens(&s.apisix.ssl.listen, true, |l| l.enable_http3);
+        assert_eq!(addrs(&tls), ["0.0.0.0:9443", "[::]:9443", "127.0.0.1:9444"]);
+        assert!(tls[0].http3 && tls[1].http3 && !tls[2].http3);
+        assert!(proxy_protocol_listens(&s, None, true).is_empty());
+
+        // server_options reads apisix.enable_ipv6.
+        let off = settings(&yaml.replace("apisix:\n", "apisix:\n  enable_ipv6: false\n"));
+        assert_eq!(addrs(&server_options(&off).listen), plain(false));
+    }
 }

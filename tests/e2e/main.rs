@@ -60,6 +60,7 @@ mod secrets;
 mod security;
 mod standalone_api;
 mod stream;
+mod stream_mqtt;
 mod stream_xrpc;
 mod streaming;
 mod tls;

@@ -8,7 +8,7 @@
 use crate::support;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -594,4 +594,68 @@ fn a_tls_stream_port_reads_the_header_before_the_handshake() {
         "{body}"
     );
     assert!(body.contains("GET / HTTP/1.1"), "{body}");
+}
+
+/// One TLV: type, 16-bit length, value.
+fn tlv(kind: u8, value: &[u8]) -> Vec<u8> {
+    let mut out = vec![kind];
+    out.extend_from_slice(&u16::try_from(value.len()).unwrap().to_be_bytes());
+    out.extend_from_slice(value);
+    out
+}
+
+/// nginx's `$proxy_protocol_tlv_<name>` on a stream port: a v2 header's TLVs, by name, by
+/// `0x<type>` and within the SSL TLV, in a stream syslog entry's `log_format`.
+#[test]
+fn stream_log_format_reads_the_v2_tlvs() {
+    let up = pp_upstream("A");
+    let port = free_port();
+    let syslog = UdpSocket::bind("127.0.0.1:0").unwrap();
+    syslog
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let routes = format!(
+        "stream_routes:\n  - id: tlv\n    plugins:\n      syslog:\n        host: 127.0.0.1\n        port: {syslog}\n        sock_type: udp\n        batch_max_size: 1\n        log_format:\n          alpn: $proxy_protocol_tlv_alpn\n          authority: $proxy_protocol_tlv_0x02\n          cn: $proxy_protocol_tlv_ssl_cn\n          verify: $proxy_protocol_tlv_ssl_verify\n          custom: $proxy_protocol_tlv_0xe0\n          missing: $proxy_protocol_tlv_netns\n          client: $proxy_protocol_addr\n    upstream:\n      type: roundrobin\n      nodes:\n        \"{up}\": 1\n",
+        syslog = syslog.local_addr().unwrap().port(),
+    );
+    let stream_keys = format!(
+        "stream_proxy:\n  tcp:\n    - addr: \"127.0.0.1:{port}\"\n      proxy_protocol: true\n"
+    );
+    let _gw = start_stream_gateway(&stream_keys, "", &routes);
+
+    // PP2_TYPE_SSL: client flags, verify 0, then the CN sub-TLV.
+    let mut ssl = vec![0x07, 0, 0, 0, 0];
+    ssl.extend(tlv(0x22, b"client.example"));
+    let mut tlvs = tlv(0x01, b"h2");
+    tlvs.extend(tlv(0x02, b"svc.example"));
+    tlvs.extend(tlv(0x20, &ssl));
+    tlvs.extend(tlv(0xe0, b"custom-value"));
+    let mut header = v2_tcp4(
+        "198.51.100.9:1000".parse().unwrap(),
+        "10.0.0.1:9100".parse().unwrap(),
+    );
+    let len = u16::from_be_bytes([header[14], header[15]]) + u16::try_from(tlvs.len()).unwrap();
+    header[14..16].copy_from_slice(&len.to_be_bytes());
+    header.extend_from_slice(&tlvs);
+    header.extend_from_slice(b"ping\n");
+    let answered = poll_until(Duration::from_secs(10), || {
+        first_line(port, &header) == "A saw ping"
+    });
+    assert!(answered.is_some(), "the stream route never answered");
+
+    let mut buf = vec![0u8; 65536];
+    let n = syslog.recv(&mut buf).expect("a syslog entry");
+    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+    let json = text
+        .split_once(" - - ")
+        .map(|(_, j)| j.trim())
+        .unwrap_or("");
+    let entry: Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(entry["alpn"], "h2", "{entry}");
+    assert_eq!(entry["authority"], "svc.example", "{entry}");
+    assert_eq!(entry["cn"], "client.example", "{entry}");
+    assert_eq!(entry["verify"], "0", "{entry}");
+    assert_eq!(entry["custom"], "custom-value", "{entry}");
+    assert!(entry.get("missing").is_none_or(Value::is_null), "{entry}");
+    assert_eq!(entry["client"], "198.51.100.9", "{entry}");
 }

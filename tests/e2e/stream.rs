@@ -448,3 +448,119 @@ fn control_api_lists_stream_route_health_checkers() {
         assert_eq!(r.json()["error_msg"], message, "{path}");
     }
 }
+
+/// A TCP node that writes `<name>\n` to each connection and closes it.
+fn named_node(name: &'static str) -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let _ = std::io::Write::write_all(&mut conn, format!("{name}\n").as_bytes());
+        }
+    });
+    addr
+}
+
+/// `openssl s_client` to the stream TLS port as `sni`, with `args`; stdout and stderr.
+fn s_client(port: u16, sni: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(crate::support::debian::require("openssl"))
+        .args(["s_client", "-connect", &format!("127.0.0.1:{port}")])
+        .args(["-servername", sni, "-ign_eof"])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A TLS session resumed under another SNI is not resumed (APISIX's
+/// `verify_tls_session_resumption`: the session's host must be the ClientHello's SNI): the
+/// handshake is a full one, the route is the new SNI's, and where the ssl requires a client
+/// certificate a session made with one does not let a client without one in under the other
+/// name. Under the same SNI the session resumes. TLS 1.2 (session id) and 1.3 (ticket).
+#[test]
+fn stream_sessions_resume_only_under_their_own_sni() {
+    let (a, b) = (named_node("node-a"), named_node("node-b"));
+    let (open, strict) = (free_port(), free_port());
+    let ssl = |id: &str, client: bool| {
+        format!(
+            "  - id: \"{id}\"\n    snis: [\"a.local\", \"b.local\"]\n    cert: {cert}    key: {key}{client}",
+            cert = pem_block("server.crt", 6),
+            key = pem_block("server.key", 6),
+            client = if client {
+                format!("    client:\n      ca: {}", pem_block("client-ca.crt", 8))
+            } else {
+                String::new()
+            },
+        )
+    };
+    let routes = |port: u16| {
+        format!(
+            "  - id: a{port}\n    server_port: {port}\n    sni: a.local\n    upstream:\n      type: roundrobin\n      nodes:\n        \"{a}\": 1\n\
+             \x20 - id: b{port}\n    server_port: {port}\n    sni: b.local\n    upstream:\n      type: roundrobin\n      nodes:\n        \"{b}\": 1\n"
+        )
+    };
+    let keys = |port: u16| {
+        format!(
+            "proxy_mode: http&stream\nstream_proxy:\n  tcp:\n    - addr: \"127.0.0.1:{port}\"\n      tls: true\n"
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = |n: &str| dir.path().join(n).to_str().unwrap().to_owned();
+
+    let yaml = format!("ssls:\n{}stream_routes:\n{}", ssl("o", false), routes(open));
+    let _gw = Gateway::start_full(&yaml, &keys(open), "");
+    let up = poll_until(Duration::from_secs(10), || {
+        s_client(open, "a.local", &[]).contains("node-a")
+    });
+    assert!(up.is_some(), "{}", s_client(open, "a.local", &[]));
+    for (version, flag) in [("TLSv1.2", "-tls1_2"), ("TLSv1.3", "-tls1_3")] {
+        let (same, other) = (
+            file(&format!("same{version}")),
+            file(&format!("other{version}")),
+        );
+        let made = s_client(open, "a.local", &[flag, "-sess_out", same.as_str()]);
+        assert!(made.contains(&format!("New, {version}")), "{made}");
+        assert!(made.contains("node-a"), "{made}");
+        let again = s_client(open, "a.local", &[flag, "-sess_in", same.as_str()]);
+        assert!(again.contains(&format!("Reused, {version}")), "{again}");
+        assert!(again.contains("node-a"), "{again}");
+
+        let made = s_client(open, "a.local", &[flag, "-sess_out", other.as_str()]);
+        assert!(made.contains("node-a"), "{made}");
+        let moved = s_client(open, "b.local", &[flag, "-sess_in", other.as_str()]);
+        assert!(moved.contains(&format!("New, {version}")), "{moved}");
+        assert!(!moved.contains("Reused"), "{moved}");
+        assert!(moved.contains("node-b"), "{moved}");
+    }
+
+    // The ssl requires a client certificate: a session made with one under a.local does not
+    // carry a client without one in under b.local.
+    let yaml = format!(
+        "ssls:\n{}stream_routes:\n{}",
+        ssl("s", true),
+        routes(strict)
+    );
+    let _gw2 = Gateway::start_full(&yaml, &keys(strict), "");
+    let (cert, key) = (tls_data("client.crt"), tls_data("client.key"));
+    let with_cert = ["-cert", cert.as_str(), "-key", key.as_str()];
+    let up = poll_until(Duration::from_secs(10), || {
+        s_client(strict, "a.local", &with_cert).contains("node-a")
+    });
+    assert!(up.is_some(), "{}", s_client(strict, "a.local", &with_cert));
+    for (version, flag) in [("TLSv1.2", "-tls1_2"), ("TLSv1.3", "-tls1_3")] {
+        let saved = file(&format!("strict{version}"));
+        let mut args = with_cert.to_vec();
+        args.extend([flag, "-sess_out", saved.as_str()]);
+        let made = s_client(strict, "a.local", &args);
+        assert!(made.contains("node-a"), "{made}");
+        let moved = s_client(strict, "b.local", &[flag, "-sess_in", saved.as_str()]);
+        assert!(!moved.contains("Reused"), "{moved}");
+        assert!(!moved.contains("node-"), "{moved}");
+    }
+}

@@ -8,10 +8,12 @@
 //!   byte of what follows is consumed: the TLS handshake or the HTTP request is read by its
 //!   own code afterwards), within a deadline and a size bound.
 //! * [`v1_header`]: the text header nginx's stream module sends an upstream.
+//! * [`read_header_with_tlvs`] and [`tlv`]: a v2 header's TLVs, as nginx's
+//!   `$proxy_protocol_tlv_<name>` variables read them.
 //!
 //! A v2 `LOCAL` command (a health check from the balancer itself), a v1 `UNKNOWN`, and v2
 //! address families other than IPv4 and IPv6 (`AF_UNIX`, `AF_UNSPEC`) carry no client
-//! address: the connection keeps its peer's, as in nginx. TLVs are skipped.
+//! address: the connection keeps its peer's, as in nginx (which then keeps no TLVs either).
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -240,13 +242,112 @@ pub async fn read_header(
     stream: &mut TcpStream,
     timeout: Duration,
 ) -> Result<ProxyHeader, ReadError> {
+    read_header_with_tlvs(stream, timeout)
+        .await
+        .map(|(header, _)| header)
+}
+
+/// [`read_header`], also answering the TLVs of a v2 `PROXY` header with IPv4 or IPv6
+/// addresses (the bytes after its address block; `None` when there are none), for [`tlv`].
+pub async fn read_header_with_tlvs(
+    stream: &mut TcpStream,
+    timeout: Duration,
+) -> Result<(ProxyHeader, Option<Box<[u8]>>), ReadError> {
     match tokio::time::timeout(timeout, read_header_untimed(stream)).await {
         Ok(r) => r,
         Err(_) => Err(ReadError::Timeout),
     }
 }
 
-async fn read_header_untimed(stream: &mut TcpStream) -> Result<ProxyHeader, ReadError> {
+/// The TLV bytes of a whole header (as [`parse`] measured it): after the address block of a
+/// v2 `PROXY` command over IPv4 or IPv6, where nginx keeps them; none for anything else.
+pub fn tlvs_of(header: &[u8]) -> Option<&[u8]> {
+    if header.len() <= V2_FIXED || header[..V2_SIGNATURE.len()] != V2_SIGNATURE {
+        return None;
+    }
+    if header[12] & 0x0f != 1 {
+        return None;
+    }
+    let addresses = match header[13] >> 4 {
+        1 => 12,
+        2 => 36,
+        _ => return None,
+    };
+    let tlvs = header.get(V2_FIXED + addresses..)?;
+    (!tlvs.is_empty()).then_some(tlvs)
+}
+
+/// The TLV types nginx names (`$proxy_protocol_tlv_alpn` ...), the rest by `0x<hex>`.
+const TLV_NAMES: [(&str, u32); 5] = [
+    ("alpn", 0x01),
+    ("authority", 0x02),
+    ("unique_id", 0x05),
+    ("ssl", 0x20),
+    ("netns", 0x30),
+];
+/// The sub-TLVs of `PP2_TYPE_SSL` nginx names (`$proxy_protocol_tlv_ssl_version` ...).
+const TLV_SSL_NAMES: [(&str, u32); 5] = [
+    ("version", 0x21),
+    ("cn", 0x22),
+    ("cipher", 0x23),
+    ("sig_alg", 0x24),
+    ("key_alg", 0x25),
+];
+/// `PP2_TYPE_SSL`'s fixed part before its sub-TLVs: `client` (1 byte), `verify` (4 bytes).
+const TLV_SSL_FIXED: usize = 5;
+
+/// The value of the TLV `name` in `tlvs` (the part after `$proxy_protocol_tlv_`), as nginx's
+/// `ngx_proxy_protocol_get_tlv` answers it: a type name (`alpn`, `authority`, `unique_id`,
+/// `ssl`, `netns`) or `0x<hex type>`; with the `ssl_` prefix the same within the SSL TLV
+/// (`ssl_version`, `ssl_cn`, `ssl_cipher`, `ssl_sig_alg`, `ssl_key_alg`, `ssl_0x<hex>`), and
+/// `ssl_verify` its `verify` field in decimal. The first TLV of the type wins. An unknown
+/// name, a bad hex type, a TLV list that runs past its end, or a type not present: `None`.
+pub fn tlv<'a>(tlvs: &'a [u8], name: &str) -> Option<std::borrow::Cow<'a, [u8]>> {
+    use std::borrow::Cow;
+    let (list, names, name) = match name.strip_prefix("ssl_") {
+        Some(rest) => {
+            let ssl = find_tlv(tlvs, 0x20)?;
+            if ssl.len() < TLV_SSL_FIXED {
+                return None;
+            }
+            if rest == "verify" {
+                let verify = u32::from_be_bytes([ssl[1], ssl[2], ssl[3], ssl[4]]);
+                return Some(Cow::Owned(verify.to_string().into_bytes()));
+            }
+            (&ssl[TLV_SSL_FIXED..], &TLV_SSL_NAMES, rest)
+        }
+        None => (tlvs, &TLV_NAMES, name),
+    };
+    let kind = match name.strip_prefix("0x") {
+        Some(hex) if !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            u32::from_str_radix(hex, 16).ok()?
+        }
+        Some(_) => return None,
+        None => names.iter().find(|(n, _)| *n == name)?.1,
+    };
+    find_tlv(list, kind).map(Cow::Borrowed)
+}
+
+/// The value of the first TLV of `kind` in `list`; `None` when absent or the list is broken
+/// before it.
+fn find_tlv(mut list: &[u8], kind: u32) -> Option<&[u8]> {
+    while !list.is_empty() {
+        if list.len() < 3 {
+            return None;
+        }
+        let len = usize::from(u16::from_be_bytes([list[1], list[2]]));
+        let value = list.get(3..3 + len)?;
+        if u32::from(list[0]) == kind {
+            return Some(value);
+        }
+        list = &list[3 + len..];
+    }
+    None
+}
+
+async fn read_header_untimed(
+    stream: &mut TcpStream,
+) -> Result<(ProxyHeader, Option<Box<[u8]>>), ReadError> {
     // What was consumed so far: always a prefix of the header, never more.
     let mut taken: Vec<u8> = Vec::with_capacity(V1_MAX_HEADER);
     let mut peeked = vec![0u8; MAX_HEADER];
@@ -263,12 +364,13 @@ async fn read_header_untimed(stream: &mut TcpStream) -> Result<ProxyHeader, Read
         seen.extend_from_slice(&peeked[..n]);
         match parse(&seen) {
             Parsed::Header(header, used) => {
+                let tlvs = tlvs_of(&seen[..used]).map(Box::from);
                 let rest = used - taken.len();
                 stream
                     .read_exact(&mut peeked[..rest])
                     .await
                     .map_err(ReadError::Closed)?;
-                return Ok(header);
+                return Ok((header, tlvs));
             }
             Parsed::Invalid(why) => return Err(ReadError::Invalid(why)),
             Parsed::Incomplete if seen.len() >= MAX_HEADER => {

@@ -82,8 +82,11 @@ async fn session(
     let _ = stream.set_nodelay(true);
     let mut vars = ConnVars::new(remote, local, "TCP");
     if port.proxy_protocol {
-        match proxy_protocol::read_header(&mut stream, timeouts.preread).await {
-            Ok(header) => vars.take_proxy_protocol(header, &port.real_ip_from),
+        match proxy_protocol::read_header_with_tlvs(&mut stream, timeouts.preread).await {
+            Ok((header, tlvs)) => {
+                vars.take_proxy_protocol(header, &port.real_ip_from);
+                vars.proxy_protocol_tlvs = tlvs.map(Arc::from);
+            }
             Err(e) => {
                 tracing::info!(client = %remote, "stream: {e}");
                 return;

@@ -1,9 +1,10 @@
 //! The nginx stream variables of one connection, as plugins, chash keys and log formats read
 //! them (`$remote_addr`, `$server_port`, `$route_id`, `$mqtt_client_id`,
-//! `$proxy_protocol_addr` ...).
+//! `$proxy_protocol_addr`, `$proxy_protocol_tlv_<name>` ...).
 
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Instant;
 
 use ferrisix_net::proxy_protocol::ProxyHeader;
@@ -22,6 +23,8 @@ pub struct ConnVars {
     /// The PROXY protocol header's source and destination, on the ports that read one
     /// (`$proxy_protocol_addr` ... ); `None` for a header without addresses.
     pub proxy_protocol: Option<(SocketAddr, SocketAddr)>,
+    /// The TLVs of a v2 PROXY header with addresses (`$proxy_protocol_tlv_<name>`).
+    pub proxy_protocol_tlvs: Option<Arc<[u8]>>,
     /// The SNI of a TLS connection the gateway terminated.
     pub sni: Option<String>,
     pub route_id: Option<String>,
@@ -44,6 +47,7 @@ impl ConnVars {
             peer: remote,
             local,
             proxy_protocol: None,
+            proxy_protocol_tlvs: None,
             sni: None,
             route_id: None,
             service_id: None,
@@ -105,7 +109,16 @@ impl VarSource for ConnVars {
             "bytes_sent" => owned(self.bytes_sent.to_string()),
             "session_time" => owned(format!("{:.3}", self.started.elapsed().as_secs_f64())),
             "status" => Some(Cow::Borrowed("200")),
-            _ => None,
+            _ => {
+                // nginx's prefix variable: the bytes of a TLV, by name or `0x<type>`.
+                let tlv = name.strip_prefix("proxy_protocol_tlv_")?;
+                let value =
+                    ferrisix_net::proxy_protocol::tlv(self.proxy_protocol_tlvs.as_deref()?, tlv)?;
+                Some(match value {
+                    Cow::Borrowed(b) => String::from_utf8_lossy(b),
+                    Cow::Owned(b) => Cow::Owned(String::from_utf8_lossy(&b).into_owned()),
+                })
+            }
         }
     }
 }
@@ -164,5 +177,36 @@ mod tests {
         local.take_proxy_protocol(ProxyHeader::Local, &["127.0.0.0/8".parse().unwrap()]);
         assert_eq!(v(&local, "remote_addr").as_deref(), Some("127.0.0.1"));
         assert_eq!(v(&local, "proxy_protocol_addr"), None);
+    }
+
+    #[test]
+    fn tlv_variables_read_the_header_tlvs() {
+        let mut c = ConnVars::new(addr("127.0.0.1:40000"), addr("127.0.0.1:9100"), "TCP");
+        let v = |c: &ConnVars, n: &str| c.var(n).map(Cow::into_owned);
+        assert_eq!(v(&c, "proxy_protocol_tlv_authority"), None);
+        let mut ssl = vec![0x01, 0, 0, 0, 0];
+        ssl.extend_from_slice(&[0x22, 0x00, 0x02, b'c', b'n']);
+        let mut list = vec![
+            0x02,
+            0x00,
+            0x03,
+            b'a',
+            b'.',
+            b'b',
+            0x20,
+            0x00,
+            ssl.len() as u8,
+        ];
+        list.extend_from_slice(&ssl);
+        c.proxy_protocol_tlvs = Some(list.into());
+        assert_eq!(
+            v(&c, "proxy_protocol_tlv_authority").as_deref(),
+            Some("a.b")
+        );
+        assert_eq!(v(&c, "proxy_protocol_tlv_0x02").as_deref(), Some("a.b"));
+        assert_eq!(v(&c, "proxy_protocol_tlv_ssl_cn").as_deref(), Some("cn"));
+        assert_eq!(v(&c, "proxy_protocol_tlv_ssl_verify").as_deref(), Some("0"));
+        assert_eq!(v(&c, "proxy_protocol_tlv_alpn"), None);
+        assert_eq!(v(&c, "proxy_protocol_tlv_"), None);
     }
 }

@@ -111,6 +111,7 @@ impl<'de> Deserialize<'de> for ListenEntry {
                     port,
                     enable_http2: true,
                     enable_http3: false,
+                    any_address: false,
                 }))
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ListenEntry, A::Error> {
@@ -120,6 +121,7 @@ impl<'de> Deserialize<'de> for ListenEntry {
                     port: m.port.unwrap_or(DEFAULT_NODE_PORT),
                     enable_http2: m.enable_http2.unwrap_or(true),
                     enable_http3: m.enable_http3.unwrap_or(false),
+                    any_address: m.ip.is_none(),
                 }))
             }
         }

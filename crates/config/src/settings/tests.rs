@@ -56,6 +56,7 @@ fn defaults_match_apisix() {
             port: 9080,
             enable_http2: true,
             enable_http3: false,
+            any_address: true,
         }]
     );
     assert!(s.apisix.enable_server_tokens && s.apisix.enable_admin);
@@ -175,36 +176,42 @@ apisix:
             port: 9080,
             enable_http2: true,
             enable_http3: false,
+            any_address: true,
         },
         ListenAddr {
             ip: ip("127.0.0.2"),
             port: 9082,
             enable_http2: false,
             enable_http3: false,
+            any_address: false,
         },
         ListenAddr {
             ip: ip("0.0.0.0"),
             port: 9083,
             enable_http2: true,
             enable_http3: false,
+            any_address: true,
         },
         ListenAddr {
             ip: ip("::1"),
             port: 9080,
             enable_http2: true,
             enable_http3: false,
+            any_address: false,
         },
         ListenAddr {
             ip: ip("127.0.0.3"),
             port: 9084,
             enable_http2: true,
             enable_http3: false,
+            any_address: false,
         },
         ListenAddr {
             ip: ip("::1"),
             port: 9085,
             enable_http2: true,
             enable_http3: false,
+            any_address: false,
         },
     ];
     assert_eq!(s.apisix.node_listen, want);

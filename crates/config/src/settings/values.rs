@@ -14,6 +14,9 @@ pub struct ListenAddr {
     /// `apisix.ssl.listen[].enable_http3`: HTTP/3 over QUIC on the same port (UDP) beside the
     /// TLS listener. Read on ssl listeners only, as APISIX reads it.
     pub enable_http3: bool,
+    /// The entry named no address (a bare port, or a map without `ip`): with
+    /// `apisix.enable_ipv6` APISIX also listens on `[::]` for it.
+    pub any_address: bool,
 }
 
 impl ListenAddr {
@@ -24,6 +27,7 @@ impl ListenAddr {
             port,
             enable_http2: true,
             enable_http3: false,
+            any_address: true,
         }
     }
 }

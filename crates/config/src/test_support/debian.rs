@@ -1,8 +1,8 @@
-//! The programs the tests run (etcd, Redis, nginx, Prometheus, wrk, protoc, openssl, curl, slapd), as
-//! the Debian packages that hold them. `scripts/test.sh` installs every one of them once, before
-//! the tests; the tests themselves install nothing. A test that finds one missing fails at once
-//! ([`require`]), naming the program and the command that installs it: a skipped test would
-//! pass without having checked anything.
+//! The programs the tests run (etcd, Redis, nginx, Prometheus, wrk, protoc, openssl, curl, slapd,
+//! mosquitto ...), as the Debian packages that hold them. `scripts/test.sh` installs every one
+//! of them once, before the tests; the tests themselves install nothing. A test that finds one
+//! missing fails at once ([`require`]), naming the program and the command that installs it: a
+//! skipped test would pass without having checked anything.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -25,6 +25,10 @@ pub const PROGRAMS: &[(&str, &str)] = &[
     ("slapadd", "slapd"),
     // openid-connect's login-flow test runs npm's oidc-provider on Debian's Node.js.
     ("node", "nodejs"),
+    // mqtt-proxy's stream test: two brokers, and MQTT 3.1.1 and 5 clients.
+    ("mosquitto", "mosquitto"),
+    ("mosquitto_pub", "mosquitto-clients"),
+    ("mosquitto_sub", "mosquitto-clients"),
 ];
 
 /// The path of `program`, which a test is about to run; panics, saying what installs it, when

@@ -318,3 +318,115 @@ fn mutated_headers_never_panic() {
         }
     }
 }
+
+/// A v2 TCP4 header whose address block is followed by `tlvs`.
+fn v2_tcp4_with(tlvs: &[u8]) -> Vec<u8> {
+    let mut block = vec![192, 0, 2, 7, 10, 0, 0, 1];
+    block.extend_from_slice(&56324u16.to_be_bytes());
+    block.extend_from_slice(&9100u16.to_be_bytes());
+    block.extend_from_slice(tlvs);
+    v2(1, 0x11, &block)
+}
+
+fn tlv_bytes(kind: u8, value: &[u8]) -> Vec<u8> {
+    let mut out = vec![kind];
+    out.extend_from_slice(&(value.len() as u16).to_be_bytes());
+    out.extend_from_slice(value);
+    out
+}
+
+#[test]
+fn tlvs_are_found_by_name_and_by_hex_type() {
+    // PP2_TYPE_SSL: client 0x07, verify 0 (verified), then its sub-TLVs.
+    let mut ssl = vec![0x07, 0, 0, 0, 0];
+    ssl.extend(tlv_bytes(0x21, b"TLSv1.3"));
+    ssl.extend(tlv_bytes(0x22, b"client.local"));
+    ssl.extend(tlv_bytes(0x23, b"TLS_AES_128_GCM_SHA256"));
+    let mut list = tlv_bytes(0x01, b"h2");
+    list.extend(tlv_bytes(0x02, b"example.com"));
+    list.extend(tlv_bytes(0x05, b"id-1"));
+    list.extend(tlv_bytes(0x20, &ssl));
+    list.extend(tlv_bytes(0xe0, b"custom"));
+    list.extend(tlv_bytes(0x02, b"second.example.com"));
+    let header = v2_tcp4_with(&list);
+    let tlvs = tlvs_of(&header).expect("TLVs after the address block");
+    assert_eq!(tlvs, &list[..]);
+    let get = |name: &str| tlv(tlvs, name).map(|v| String::from_utf8_lossy(&v).into_owned());
+    assert_eq!(get("alpn").as_deref(), Some("h2"));
+    assert_eq!(get("0x01").as_deref(), Some("h2"));
+    // The first of a type wins.
+    assert_eq!(get("authority").as_deref(), Some("example.com"));
+    assert_eq!(get("unique_id").as_deref(), Some("id-1"));
+    assert_eq!(get("0xe0").as_deref(), Some("custom"));
+    assert_eq!(get("0xE0").as_deref(), Some("custom"));
+    assert_eq!(get("ssl_version").as_deref(), Some("TLSv1.3"));
+    assert_eq!(get("ssl_0x21").as_deref(), Some("TLSv1.3"));
+    assert_eq!(get("ssl_cn").as_deref(), Some("client.local"));
+    assert_eq!(get("ssl_cipher").as_deref(), Some("TLS_AES_128_GCM_SHA256"));
+    assert_eq!(get("ssl_verify").as_deref(), Some("0"));
+    assert_eq!(tlv(tlvs, "ssl").map(|v| v.into_owned()), Some(ssl.clone()));
+    // Absent types, unknown names, bad hex.
+    for name in [
+        "netns",
+        "ssl_sig_alg",
+        "0x03",
+        "0x",
+        "0xzz",
+        "nosuch",
+        "ssl_nosuch",
+        "",
+    ] {
+        assert_eq!(get(name), None, "{name}");
+    }
+}
+
+#[test]
+fn tlvs_only_follow_a_proxied_inet_header() {
+    let list = tlv_bytes(0x01, b"h2");
+    assert_eq!(tlvs_of(&v2_tcp4_with(&[])), None);
+    assert!(tlvs_of(&v2_tcp4_with(&list)).is_some());
+    // LOCAL, AF_UNSPEC and v1 keep none.
+    let mut local = v2_tcp4_with(&list);
+    local[12] = 0x20;
+    assert_eq!(tlvs_of(&local), None);
+    assert_eq!(tlvs_of(&v2(1, 0x00, &list)), None);
+    assert_eq!(tlvs_of(b"PROXY TCP4 1.2.3.4 5.6.7.8 1 2\r\n"), None);
+    // A verify field needs the whole fixed part of the SSL TLV.
+    let short = tlv_bytes(0x20, &[0x01, 0, 0]);
+    assert_eq!(tlv(&short, "ssl_verify"), None);
+    let mut verify = vec![0x01, 0, 0, 0, 0x12];
+    verify.extend(tlv_bytes(0x22, b"cn"));
+    let ssl = tlv_bytes(0x20, &verify);
+    assert_eq!(tlv(&ssl, "ssl_verify").as_deref(), Some(&b"18"[..]));
+    // A list broken before the type looked for answers nothing; one broken after it still
+    // answers what came first.
+    let mut broken = tlv_bytes(0x01, b"h2");
+    broken.extend_from_slice(&[0x02, 0x00, 0x09, b'x']);
+    assert_eq!(tlv(&broken, "alpn").as_deref(), Some(&b"h2"[..]));
+    assert_eq!(tlv(&broken, "authority"), None);
+}
+
+#[tokio::test]
+async fn read_header_with_tlvs_answers_them() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let list = tlv_bytes(0x02, b"example.com");
+    let header = v2_tcp4_with(&list);
+    let sent = header.clone();
+    let client = tokio::spawn(async move {
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(&sent).await.unwrap();
+        c.write_all(b"after").await.unwrap();
+        c
+    });
+    let (mut s, _) = listener.accept().await.unwrap();
+    let (got, tlvs) = read_header_with_tlvs(&mut s, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(got, proxied("192.0.2.7:56324", "10.0.0.1:9100"));
+    assert_eq!(tlvs.as_deref(), Some(&list[..]));
+    let mut rest = [0u8; 5];
+    s.read_exact(&mut rest).await.unwrap();
+    assert_eq!(&rest, b"after");
+    drop(client.await.unwrap());
+}

@@ -54,10 +54,11 @@ async fn serve(
         }
         ctx.insert(record);
         assert!(matches!(p.rewrite(&mut ctx), Step::Done(Flow::Continue)));
-        match p.access(&mut ctx) {
+        let flow = match p.access(&mut ctx) {
             Step::Done(f) => f,
             Step::Wait(fut) => fut.await,
-        }
+        };
+        flow
     };
     let headers = req.state.take_response_headers();
     if flow == Flow::Continue {
@@ -108,9 +109,10 @@ async fn instance_and_plugin_wide_budgets() {
     let Flow::Exit(e) = &o.flow else {
         panic!("spent")
     };
+    assert_eq!(e.status.as_u16(), 429);
     assert_eq!(
-        (e.status.as_u16(), e.body.as_deref()),
-        (429, Some("{\"error_msg\":\"no more tokens\"}\n"))
+        e.body.clone().unwrap(),
+        "{\"error_msg\":\"no more tokens\"}\n"
     );
     assert_eq!(header(&o, "x-ai-ratelimit-remaining-openai"), Some("0"));
     // A listed instance has a budget of its own.
@@ -289,9 +291,10 @@ async fn unreachable_redis_fails_or_degrades() {
     let p = plugin(base.clone(), "airl-t6");
     let o = serve(&*p, "gpt", &[], None).await;
     let Flow::Exit(e) = &o.flow else { panic!() };
+    assert_eq!(e.status.as_u16(), 500);
     assert_eq!(
-        (e.status.as_u16(), e.body.as_deref()),
-        (500, Some("{\"error_msg\":\"failed to limit count\"}\n"))
+        e.body.clone().unwrap(),
+        "{\"error_msg\":\"failed to limit count\"}\n"
     );
     let mut lenient = base;
     lenient["allow_degradation"] = json!(true);

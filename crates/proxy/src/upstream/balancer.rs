@@ -295,7 +295,7 @@ impl UpstreamPicker {
                 }
             }
             Algo::Chash(ring) => {
-                if ring.len() == 0 {
+                if ring.is_empty() {
                     return None;
                 }
                 let mut point = match state.chash_point {

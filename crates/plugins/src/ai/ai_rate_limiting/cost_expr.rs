@@ -125,7 +125,7 @@ fn lex(src: &str) -> Result<Vec<Tok>, String> {
         }
         match SYMS.iter().find(|s| src[i..].starts_with(**s)) {
             Some(s) => {
-                out.push(Tok::Sym(*s));
+                out.push(Tok::Sym(s));
                 i += s.len();
             }
             None => {

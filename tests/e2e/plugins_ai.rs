@@ -1105,3 +1105,176 @@ fn vertex_ai_service_account_and_bedrock_sigv4() {
         "{auth}"
     );
 }
+
+/// ai-rate-limiting's `rules` (a budget per value of a request variable, here a team header,
+/// with its own header prefix) spending `cost_expr` of the provider's usage (4 prompt and 2
+/// completion tokens per answer: 4 * 2 + 2 = 10).
+#[test]
+fn ai_rate_limiting_rules_spend_the_cost_expression() {
+    let p = start_provider();
+    let routes = json!({"routes": [
+        {"id": "r", "uri": "/r", "plugins": {
+            "ai-proxy": {"provider": "openai", "auth": {"header": {"Authorization": "Bearer k"}},
+                         "override": {"endpoint": format!("http://{}", p.addr)}},
+            "ai-rate-limiting": {
+                "rules": [{"count": 20, "time_window": 60, "key": "team-${http_x_team}",
+                           "header_prefix": "team"}],
+                "limit_strategy": "expression",
+                "cost_expr": "prompt_tokens * 2 + completion_tokens",
+                "rejected_code": 429, "rejected_msg": "team budget spent"}}},
+    ]});
+    let gw = Gateway::start(&routes.to_string());
+    let body = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let a = [("X-Team", "a")];
+    let r = chat(gw.addr(), "/r", &a, &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-ai-team-ratelimit-limit"), Some("20"));
+    assert_eq!(r.header("x-ai-team-ratelimit-remaining"), Some("20"));
+    assert_eq!(r.header("x-ai-team-ratelimit-reset"), Some("60"));
+    let r = chat(gw.addr(), "/r", &a, &body);
+    assert_eq!(r.header("x-ai-team-ratelimit-remaining"), Some("10"));
+    let r = chat(gw.addr(), "/r", &a, &body);
+    assert_eq!(r.status, 429);
+    assert_eq!(r.json()["error_msg"], "team budget spent");
+    assert_eq!(r.header("x-ai-team-ratelimit-remaining"), Some("0"));
+    // Another team has its own budget.
+    let r = chat(gw.addr(), "/r", &[("X-Team", "b")], &body);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-ai-team-ratelimit-remaining"), Some("20"));
+    // No rule applies to a request without the variable: APISIX fails it with 500.
+    let r = chat(gw.addr(), "/r", &[], &body);
+    assert_eq!(r.status, 500);
+    assert_eq!(
+        p.seen.lock().unwrap().len(),
+        3,
+        "refused requests never reach the provider"
+    );
+}
+
+fn redis_budget_routes(provider: SocketAddr, policy: Value) -> String {
+    let mut conf = json!({"limit": 10, "time_window": 60});
+    for (k, v) in policy.as_object().unwrap() {
+        conf[k] = v.clone();
+    }
+    json!({"routes": [
+        {"id": "shared", "uri": "/shared", "plugins": {
+            "ai-proxy": {"provider": "openai", "auth": {"header": {"Authorization": "Bearer k"}},
+                         "override": {"endpoint": format!("http://{provider}")}},
+            "ai-rate-limiting": conf}},
+    ]})
+    .to_string()
+}
+
+/// Two gateways with the same route spend one budget kept in Redis (`redis`, then
+/// `redis-cluster`): what one spent, the other sees.
+#[test]
+fn ai_rate_limiting_budget_in_redis_is_shared_by_gateways() {
+    use support::redis::{redis_cli, redis_cluster, redis_keys, require_redis, Redis};
+    require_redis();
+    let p = start_provider();
+    let body = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let remaining = |gw: &Gateway| {
+        let r = chat(gw.addr(), "/shared", &[], &body);
+        (
+            r.status,
+            r.header("x-ai-ratelimit-remaining-ai-proxy-openai")
+                .map(str::to_owned),
+        )
+    };
+    let redis = Redis::start(false);
+    let nodes = redis_cluster();
+    let seeds: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    // The tokens spent so far, read from whichever server holds the counter.
+    let spent = |ports: &[u16]| -> Option<u64> {
+        ports.iter().find_map(|&port| {
+            let key = redis_keys(port, "plugin-ai-rate-limiting:*").pop()?;
+            redis_cli(port, &["get", &key]).trim().parse().ok()
+        })
+    };
+    let cluster_ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    for (policy, ports) in [
+        (
+            json!({"policy": "redis", "redis_host": "127.0.0.1", "redis_port": redis.port}),
+            vec![redis.port],
+        ),
+        (
+            json!({"policy": "redis-cluster", "redis_cluster_nodes": seeds,
+                   "redis_cluster_name": "ai"}),
+            cluster_ports,
+        ),
+    ] {
+        let routes = redis_budget_routes(p.addr, policy.clone());
+        let (one, two) = (Gateway::start(&routes), Gateway::start(&routes));
+        assert_eq!(remaining(&one), (200, Some("10".into())), "{policy}");
+        // The log phase spends the answer's 6 tokens once the answer went.
+        poll_until(Duration::from_secs(10), || spent(&ports) == Some(6))
+            .expect("the first answer's tokens reach Redis");
+        assert_eq!(remaining(&two), (200, Some("4".into())), "{policy}");
+        poll_until(Duration::from_secs(10), || spent(&ports) == Some(12))
+            .expect("the second answer's tokens reach Redis");
+        assert_eq!(remaining(&one), (503, Some("0".into())), "{policy}");
+        assert_eq!(remaining(&two), (503, Some("0".into())), "{policy}");
+    }
+    let keys = redis_keys(redis.port, "plugin-ai-rate-limiting:*");
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert!(keys[0].ends_with(":ai-rate-limiting#global"), "{keys:?}");
+}
+
+/// ai-proxy-multi's `chash` balancer: the instances of a priority on the consistent-hash
+/// ring, a request going by its `hash_on: header` key — the same user always to the same
+/// instance, the users spread over them; an instance answering 429 falls back along the ring.
+#[test]
+fn ai_proxy_multi_chash_keeps_a_user_on_one_instance() {
+    let p = start_provider();
+    let instance = |name: &str, path: &str| {
+        json!({"name": name, "provider": "openai", "weight": 1,
+               "auth": {"header": {"Authorization": format!("Bearer {name}")}},
+               "override": {"endpoint": format!("http://{}/{path}/v1/chat/completions", p.addr)}})
+    };
+    let routes = json!({"routes": [
+        {"id": "h", "uri": "/h", "plugins": {"ai-proxy-multi": {
+            "balancer": {"algorithm": "chash", "hash_on": "header", "key": "X-User"},
+            "instances": [instance("one", "one"), instance("two", "two"), instance("three", "three")]}}},
+        {"id": "f", "uri": "/f", "plugins": {"ai-proxy-multi": {
+            "balancer": {"algorithm": "chash", "hash_on": "header", "key": "X-User"},
+            "fallback_strategy": ["http_429"],
+            "instances": [instance("busy", "limited"), instance("spare", "spare")]}}},
+    ]});
+    let gw = Gateway::start(&routes.to_string());
+    let body = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let auth_of = |i: usize| -> String {
+        let seen = p.seen.lock().unwrap();
+        seen[i]
+            .1
+            .iter()
+            .find(|(k, _)| k == "authorization")
+            .map(|(_, v)| v.clone())
+            .unwrap()
+    };
+    let mut used = std::collections::BTreeSet::new();
+    for user in 0..12 {
+        let who = format!("user-{user}");
+        let mut first = None;
+        for _ in 0..3 {
+            let n = p.seen.lock().unwrap().len();
+            let r = chat(gw.addr(), "/h", &[("X-User", &who)], &body);
+            assert_eq!(r.status, 200, "{}", r.text());
+            let auth = auth_of(n);
+            assert_eq!(*first.get_or_insert(auth.clone()), auth, "{who} moved");
+        }
+        used.insert(first.unwrap());
+    }
+    assert!(used.len() > 1, "every user on one instance: {used:?}");
+
+    // Whoever hashes onto the busy instance is moved on to the spare one.
+    for user in 0..6 {
+        let who = format!("user-{user}");
+        let r = chat(gw.addr(), "/f", &[("X-User", &who)], &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let n = p.seen.lock().unwrap().len();
+        assert_eq!(auth_of(n - 1), "Bearer spare");
+    }
+}

@@ -62,6 +62,7 @@
 #![forbid(unsafe_code)]
 
 pub mod answer;
+pub mod chash;
 pub mod clock;
 pub mod compile;
 pub mod consumers;

@@ -1,29 +1,42 @@
 //! ai-rate-limiting (`apisix/plugins/ai-rate-limiting.lua`): token budgets for the AI
-//! instances of ai-proxy and ai-proxy-multi. A budget is `limit` tokens per `time_window`
-//! seconds, for every instance (`limit`) or one named instance (`instances`); `access`
-//! refuses a request whose instance spent its budget (`rejected_code`, `rejected_msg`) and
-//! tells what is left in `X-AI-RateLimit-{Limit,Remaining,Reset}-<instance>`; the log phase
-//! spends the answer's total, prompt or completion tokens (`limit_strategy`), read from the
-//! answer or from its stream's usage. ai-proxy-multi asks the same budgets before it picks an
-//! instance (`Budget`). Budgets are kept per gateway, keyed by the route and the conf, in
-//! windows that start with their first request.
+//! instances of ai-proxy and ai-proxy-multi, counted by limit-count's fixed windows
+//! (its `local` counter spaces, or its Redis scripts for the `redis`, `redis-cluster` and
+//! `redis-sentinel` policies), as APISIX runs them through `limit-count.rate_limit`.
+//!
+//! A budget is `limit` tokens per `time_window` seconds, for every instance (`limit`), one
+//! named instance (`instances`), or, with `rules`, one per rule whose `key` (a template of
+//! request variables) names the counter. `access` checks without spending (a dry run of cost 1)
+//! and refuses a request whose budget is spent (`rejected_code`, `rejected_msg`), telling what
+//! is left in `X-AI-RateLimit-{Limit,Remaining,Reset}-<instance>` (or, per rule,
+//! `X-AI-<header_prefix>-RateLimit-*`); the log phase spends the answer's total, prompt or
+//! completion tokens (`limit_strategy`), or the `cost_expr` computed from the provider's raw
+//! usage (`expression`). ai-proxy-multi asks the same budgets before it picks an instance
+//! (`Budget`).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+mod cost_expr;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 
 use ferrisix_plugin_api::{
-    CheckCtx, Clock, CompileCtx, Exit, LogCtx, Phases, Plugin, PluginCtx, PluginDef,
-    PluginServices, SharedState, Step,
+    CheckCtx, CompileCtx, Exit, Flow, KeyRef, Lease, LogCtx, Phases, Plugin, PluginCtx, PluginDef,
+    PluginServices, Step, Template,
 };
-use http::{HeaderName, HeaderValue};
-use serde_json::{json, Value};
+use http::{HeaderName, HeaderValue, StatusCode};
+use serde_json::{json, Map, Value};
 
+use crate::limit::limit_count::local::{Outcome, Space, Spaces};
+use crate::limit::limit_count::{reset_value, HeaderNames, Quota};
 use crate::support::ai::{Budget, InstanceBudget, LlmRecord, PickedInstance};
+use crate::support::redis::{self as redis_support, RedisPools, Remote, Target};
+use cost_expr::CostExpr;
 
 pub const NAME: &str = "ai-rate-limiting";
 
 pub static DEF: PluginDef = PluginDef {
     check: Some(check),
+    encrypt_fields: &["redis_password", "sentinel_password"],
     ..PluginDef::new(NAME, 1030, schema, compile)
 };
 
@@ -32,6 +45,7 @@ fn int_or_string() -> Value {
 }
 
 fn schema() -> Value {
+    let (redis, cluster, sentinel) = redis_support::policy_schemas();
     json!({
         "type": "object",
         "properties": {
@@ -64,157 +78,335 @@ fn schema() -> Value {
                 "enum": ["local", "redis", "redis-cluster", "redis-sentinel"],
                 "default": "local"
             },
-            "allow_degradation": {"type": "boolean", "default": false}
+            "allow_degradation": {"type": "boolean", "default": false},
+            "rules": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "count": int_or_string(),
+                        "time_window": int_or_string(),
+                        "key": {"type": "string"},
+                        "header_prefix": {"type": "string"}
+                    },
+                    "required": ["count", "time_window", "key"]
+                }
+            }
         },
         "dependencies": {"limit": ["time_window"], "time_window": ["limit"]},
-        "anyOf": [{"required": ["limit", "time_window"]}, {"required": ["instances"]}]
+        "oneOf": [
+            {"anyOf": [{"required": ["limit", "time_window"]}, {"required": ["instances"]}]},
+            {"required": ["rules"]}
+        ],
+        "if": {"properties": {"policy": {"enum": ["redis"]}}},
+        "then": redis,
+        "else": {
+            "if": {"properties": {"policy": {"enum": ["redis-cluster"]}}},
+            "then": cluster,
+            "else": {
+                "if": {"properties": {"policy": {"enum": ["redis-sentinel"]}}},
+                "then": sentinel
+            }
+        }
     })
 }
 
+/// APISIX's `check_schema` after the schema: the expression must be there and load.
 fn check(cx: &CheckCtx<'_>) -> Result<(), String> {
     if cx.conf.get("limit_strategy").and_then(Value::as_str) == Some("expression") {
-        return Err("limit_strategy 'expression' (cost_expr) is not supported by ferrisix".into());
-    }
-    if let Some(p) = cx
-        .conf
-        .get("policy")
-        .and_then(Value::as_str)
-        .filter(|p| *p != "local")
-    {
-        return Err(format!(
-            "policy {p} is not supported by ferrisix (only local)"
-        ));
-    }
-    if cx.conf.get("rules").is_some() {
-        return Err("rules are not supported by ferrisix".into());
+        let Some(expr) = cx
+            .conf
+            .get("cost_expr")
+            .and_then(Value::as_str)
+            .filter(|e| !e.is_empty())
+        else {
+            return Err("cost_expr is required when limit_strategy is 'expression'".into());
+        };
+        CostExpr::parse(expr).map_err(|e| format!("invalid cost_expr: {e}"))?;
     }
     Ok(())
 }
 
-/// A number of the conf: an integer, or a string holding one.
-fn number(v: Option<&Value>) -> Option<u64> {
-    match v? {
-        Value::Number(n) => n.as_u64(),
-        Value::String(s) => s.trim().parse().ok(),
-        _ => None,
-    }
-}
-
-/// One budget: `limit` tokens per `window_ms`.
+/// What one answer spends.
 #[derive(Clone, Debug)]
-struct Limit {
-    limit: u64,
-    window_ms: u64,
-    /// Which counter: the instance's own, or `#global` for the plugin's `limit`.
-    key: String,
-}
-
-/// The budgets' windows of one gateway.
-#[derive(Debug, Default)]
-struct Budgets {
-    windows: Mutex<HashMap<String, Window>>,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Window {
-    ends_ms: u64,
-    used: u64,
-}
-
-impl SharedState for Budgets {
-    fn create(_: &PluginServices) -> Self {
-        Budgets::default()
-    }
-}
-
-impl Budgets {
-    /// The tokens used in the window of `key` and when it ends (a new window when the last
-    /// one ended).
-    fn state(&self, key: &str, window_ms: u64, now: u64, spend: u64) -> Window {
-        let mut map = self.windows.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() > 100_000 {
-            map.retain(|_, w| w.ends_ms > now);
-        }
-        let w = map.entry(key.to_owned()).or_insert(Window {
-            ends_ms: now + window_ms,
-            used: 0,
-        });
-        if w.ends_ms <= now {
-            *w = Window {
-                ends_ms: now + window_ms,
-                used: 0,
-            };
-        }
-        w.used = w.used.saturating_add(spend);
-        *w
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Strategy {
     Total,
     Prompt,
     Completion,
+    Expression(CostExpr),
 }
+
+/// A rule: its counter's key is a template of request variables.
+#[derive(Debug)]
+struct Rule {
+    key: Template,
+    count: Quota,
+    window: Quota,
+    /// `X-AI-<header_prefix>-RateLimit-*`.
+    names: HeaderNames,
+}
+
+/// A listed instance's budget.
+#[derive(Debug)]
+struct InstanceLimit {
+    name: String,
+    count: Quota,
+    window: Quota,
+    /// `X-AI-RateLimit-*-<name>`.
+    names: HeaderNames,
+}
+
+/// A quota of this request: `(count, time_window)`, or why it has none.
+type Quotas = Result<(u64, u64), String>;
+
+fn quotas(ctx: &PluginCtx<'_>, count: &Quota, window: &Quota) -> Quotas {
+    Ok((count.resolve(ctx)?, window.resolve(ctx)?))
+}
+
+/// The conf's quotas and rule keys as this request resolved them (once, when access or
+/// ai-proxy-multi's pick first asks), kept for the log phase, which resolves no variables.
+#[derive(Clone, Debug)]
+struct Resolved {
+    /// Each rule's key (`None`: the request lacks its variables) and quota.
+    rules: Vec<(Option<String>, Quotas)>,
+    /// Beside [`Inner::instances`].
+    instances: Vec<Quotas>,
+    global: Option<Quotas>,
+}
+
+/// A counter of this request, its quota and key resolved.
+#[derive(Clone, Debug)]
+struct Counter {
+    key: String,
+    limit: u64,
+    window: u64,
+    names: HeaderNames,
+}
+
+/// Where the counters live.
+enum Backend {
+    Local(Lease<Space>),
+    Remote(Remote),
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Local(_) => "Local",
+            Backend::Remote(_) => "Remote",
+        })
+    }
+}
+
+const GLOBAL_KEY: &str = "ai-rate-limiting#global";
 
 #[derive(Debug)]
 struct Inner {
-    global: Option<(u64, u64)>,
-    instances: Vec<(String, Limit)>,
+    /// `rules`: every rule applies to every AI request.
+    rules: Vec<Rule>,
+    instances: Vec<InstanceLimit>,
+    /// The plugin-wide `limit` / `time_window`.
+    global: Option<(Quota, Quota)>,
     strategy: Strategy,
     show_headers: bool,
+    allow_degradation: bool,
     rejection: Exit,
-    budgets: Arc<Budgets>,
-    clock: Clock,
-    state_key: String,
+    backend: Backend,
+    /// `ai-rate-limiting:<owner>:<crc32 of the conf>`: an unchanged conf keeps counting
+    /// across snapshots and re-PUTs, any change starts afresh.
+    prefix: String,
+    services: Arc<PluginServices>,
+}
+
+/// The header names of an instance's budget (`X-AI-RateLimit-Limit-<instance>`...).
+fn instance_names(services: &PluginServices, instance: &str) -> Result<HeaderNames, String> {
+    let name = |base: &str| -> Result<HeaderName, String> {
+        let text = format!("{base}-{instance}").to_ascii_lowercase();
+        HeaderName::from_bytes(text.as_bytes())
+            .map_err(|_| format!("invalid header name {text}"))?;
+        Ok(HeaderName::from_static(services.static_text(&text)))
+    };
+    Ok(HeaderNames {
+        limit: name("X-AI-RateLimit-Limit")?,
+        remaining: name("X-AI-RateLimit-Remaining")?,
+        reset: name("X-AI-RateLimit-Reset")?,
+    })
 }
 
 impl Inner {
-    fn limit_of(&self, instance: &str) -> Option<Limit> {
-        if let Some((_, l)) = self.instances.iter().find(|(n, _)| n == instance) {
-            return Some(l.clone());
+    /// This request's [`Resolved`], resolved on first use.
+    fn resolved(&self, ctx: &mut PluginCtx<'_>) -> Resolved {
+        if let Some(r) = ctx.get::<Resolved>() {
+            return r.clone();
         }
-        let (limit, window) = self.global?;
-        Some(Limit {
-            limit,
-            window_ms: window * 1000,
-            key: "#global".into(),
-        })
-    }
-
-    fn counter(&self, l: &Limit) -> String {
-        format!("{}#{}", self.state_key, l.key)
-    }
-
-    /// Whether `instance` has budget left, its headers set on the answer.
-    fn check(&self, ctx: &mut PluginCtx<'_>, instance: &str) -> bool {
-        let Some(l) = self.limit_of(instance) else {
-            return true;
-        };
-        let now = self.clock.mono_ms();
-        let w = self.budgets.state(&self.counter(&l), l.window_ms, now, 0);
-        let remaining = l.limit.saturating_sub(w.used);
-        if self.show_headers {
-            let reset = (w.ends_ms.saturating_sub(now)).div_ceil(1000);
-            let headers = ctx.response_headers_mut();
-            for (prefix, value) in [
-                ("x-ai-ratelimit-limit-", l.limit),
-                ("x-ai-ratelimit-remaining-", remaining),
-                ("x-ai-ratelimit-reset-", reset),
-            ] {
-                let name = format!("{prefix}{}", instance.to_ascii_lowercase());
-                if let Ok(name) = HeaderName::from_bytes(name.as_bytes()) {
-                    headers.insert(name, HeaderValue::from(value));
+        let view: &PluginCtx<'_> = ctx;
+        let rules = self
+            .rules
+            .iter()
+            .map(|r| {
+                let key = r.key.resolve(view);
+                if key.resolved == 0 {
+                    (None, Err("no variable".to_string()))
+                } else {
+                    (Some(key.text), quotas(view, &r.count, &r.window))
                 }
+            })
+            .collect();
+        let r = Resolved {
+            rules,
+            instances: self
+                .instances
+                .iter()
+                .map(|i| quotas(view, &i.count, &i.window))
+                .collect(),
+            global: self.global.as_ref().map(|(c, w)| quotas(view, c, w)),
+        };
+        ctx.insert(r.clone());
+        r
+    }
+
+    /// The counters of `instance`: every applying rule, or the instance's own budget, or the
+    /// plugin-wide one; none when nothing limits the instance.
+    fn counters(&self, r: &Resolved, instance: &str) -> Result<Vec<Counter>, String> {
+        if !self.rules.is_empty() {
+            let mut out = Vec::with_capacity(self.rules.len());
+            for (rule, (key, q)) in self.rules.iter().zip(&r.rules) {
+                let Some(key) = key else { continue };
+                let (limit, window) = q.clone()?;
+                out.push(Counter {
+                    key: key.clone(),
+                    limit,
+                    window,
+                    names: rule.names.clone(),
+                });
+            }
+            if out.is_empty() {
+                return Err("no rule applies".into());
+            }
+            return Ok(out);
+        }
+        if let Some(i) = self.instances.iter().position(|i| i.name == instance) {
+            let (limit, window) = r.instances[i].clone()?;
+            return Ok(vec![Counter {
+                key: instance.to_owned(),
+                limit,
+                window,
+                names: self.instances[i].names.clone(),
+            }]);
+        }
+        match &r.global {
+            Some(q) => {
+                let (limit, window) = q.clone()?;
+                Ok(vec![Counter {
+                    key: GLOBAL_KEY.to_owned(),
+                    limit,
+                    window,
+                    names: instance_names(&self.services, instance)?,
+                }])
+            }
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn remote_key(&self, key: &str) -> String {
+        format!("plugin-{NAME}:v1:{}:{key}", self.prefix)
+    }
+
+    /// Counts `cost` on one counter (0: reads it).
+    async fn count(&self, c: &Counter, cost: u64) -> Result<Outcome, String> {
+        match &self.backend {
+            Backend::Local(space) => Ok(space.fixed(KeyRef::Text(&c.key), c.limit, c.window, cost)),
+            Backend::Remote(remote) => {
+                remote
+                    .fixed(&self.remote_key(&c.key), c.limit, c.window, cost)
+                    .await
             }
         }
-        remaining > 0
+    }
+
+    /// limit-count's dry run of cost 1 over the counters of `instance`: the first spent
+    /// budget refuses; the headers tell each counter's state.
+    async fn dry_run(&self, ctx: &mut PluginCtx<'_>, instance: &str) -> Flow {
+        let resolved = self.resolved(ctx);
+        let counters = match self.counters(&resolved, instance) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!("failed to get rate limit rules: {e}");
+                if self.allow_degradation {
+                    return Flow::Continue;
+                }
+                return Flow::Exit(Exit::status(StatusCode::INTERNAL_SERVER_ERROR));
+            }
+        };
+        for c in &counters {
+            let o = match self.count(c, 0).await {
+                Ok(o) => o,
+                Err(e) => {
+                    tracing::error!("failed to limit count: {e}");
+                    if self.allow_degradation {
+                        return Flow::Continue;
+                    }
+                    return Flow::Exit(Exit::error_msg(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "failed to limit count",
+                    ));
+                }
+            };
+            let rejected = o.rejected || o.remaining < 1;
+            if self.show_headers {
+                let h = ctx.response_headers_mut();
+                h.insert(c.names.limit.clone(), HeaderValue::from(c.limit));
+                h.insert(
+                    c.names.remaining.clone(),
+                    HeaderValue::from(if rejected { 0 } else { o.remaining }),
+                );
+                h.insert(c.names.reset.clone(), reset_value(o.reset_centis));
+            }
+            if rejected {
+                return Flow::Exit(self.rejection.clone());
+            }
+        }
+        Flow::Continue
+    }
+
+    /// The tokens an answer spent, as `limit_strategy` counts them.
+    fn spent(&self, record: &LlmRecord) -> Option<u64> {
+        let usage = record.read(|f| f.usage.clone())?;
+        match &self.strategy {
+            Strategy::Total => Some(usage.total_tokens),
+            Strategy::Prompt => Some(usage.prompt_tokens),
+            Strategy::Completion => Some(usage.completion_tokens),
+            Strategy::Expression(expr) => match expr.eval(&usage.raw) {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    tracing::error!("{e}");
+                    None
+                }
+            },
+        }
     }
 }
 
 impl InstanceBudget for Inner {
-    fn allows(&self, ctx: &mut PluginCtx<'_>, instance: &str) -> bool {
-        self.check(ctx, instance)
+    fn allows<'a>(
+        &'a self,
+        ctx: &'a mut PluginCtx<'_>,
+        instance: &'a str,
+    ) -> Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
+        Box::pin(async move {
+            // APISIX's check_instance_status knows only the instances' budgets: with `rules`
+            // every instance is available.
+            if !self.rules.is_empty() {
+                return true;
+            }
+            match self.dry_run(ctx, instance).await {
+                Flow::Continue => true,
+                Flow::Exit(_) => {
+                    tracing::info!("rate limit for instance: {instance}");
+                    false
+                }
+            }
+        })
     }
 }
 
@@ -223,45 +415,113 @@ struct AiRateLimiting {
     inner: Arc<Inner>,
 }
 
+/// This plugin refused the request in access: its log phase spends nothing.
+#[derive(Clone, Copy, Debug)]
+struct Refused;
+
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
-    let conf = cx.filled();
-    let global = match (number(conf.get("limit")), number(conf.get("time_window"))) {
-        (Some(l), Some(w)) => Some((l, w)),
-        _ => None,
-    };
-    let instances = conf
-        .get("instances")
+    let filled = cx.filled();
+    let conf: &Map<String, Value> = filled.as_object().ok_or("conf is not an object")?;
+    let services = cx.services;
+    let rule_names = json!({
+        "limit_header": "X-AI-RateLimit-Limit",
+        "remaining_header": "X-AI-RateLimit-Remaining",
+        "reset_header": "X-AI-RateLimit-Reset"
+    });
+    let mut rules = Vec::new();
+    for (i, r) in conf
+        .get("rules")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .filter_map(|i| {
-            let name = i.get("name")?.as_str()?.to_owned();
-            let limit = Limit {
-                limit: number(i.get("limit"))?,
-                window_ms: number(i.get("time_window"))? * 1000,
-                key: name.clone(),
-            };
-            Some((name, limit))
-        })
-        .collect();
+        .enumerate()
+    {
+        let prefix = match r.get("header_prefix").and_then(Value::as_str) {
+            Some(p) => p.to_owned(),
+            None => (i + 1).to_string(),
+        };
+        rules.push(Rule {
+            key: Template::parse(r.get("key").and_then(Value::as_str).unwrap_or("")),
+            count: Quota::parse(r.get("count"), "count")?,
+            window: Quota::parse(r.get("time_window"), "time_window")?,
+            names: HeaderNames::new(services, Some(&rule_names), Some(&prefix))?,
+        });
+    }
+    let mut instances = Vec::new();
+    let mut global = None;
+    if rules.is_empty() {
+        for i in conf
+            .get("instances")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let name = i.get("name").and_then(Value::as_str).unwrap_or("");
+            instances.push(InstanceLimit {
+                name: name.to_owned(),
+                count: Quota::parse(i.get("limit"), "limit")?,
+                window: Quota::parse(i.get("time_window"), "time_window")?,
+                names: instance_names(services, name)?,
+            });
+        }
+        if conf.contains_key("limit") {
+            global = Some((
+                Quota::parse(conf.get("limit"), "limit")?,
+                Quota::parse(conf.get("time_window"), "time_window")?,
+            ));
+        }
+    }
     let strategy = match conf.get("limit_strategy").and_then(Value::as_str) {
         Some("prompt_tokens") => Strategy::Prompt,
         Some("completion_tokens") => Strategy::Completion,
+        Some("expression") => Strategy::Expression(
+            CostExpr::parse(conf.get("cost_expr").and_then(Value::as_str).unwrap_or(""))
+                .map_err(|e| format!("invalid cost_expr: {e}"))?,
+        ),
         _ => Strategy::Total,
+    };
+    let prefix = format!("{NAME}:{}", cx.state_key());
+    let policy = conf
+        .get("policy")
+        .and_then(Value::as_str)
+        .unwrap_or("local");
+    let backend = match (policy, Target::from_conf(policy, conf)?) {
+        ("local", _) => {
+            let clock = services.clock().clone();
+            Backend::Local(
+                services
+                    .shared::<Spaces>()
+                    .lease(&prefix, || Space::new(clock)),
+            )
+        }
+        (_, Some(target)) => Backend::Remote(services.shared::<RedisPools>().get(target)?),
+        (other, None) => return Err(format!("unknown policy {other}")),
     };
     Ok(Arc::new(AiRateLimiting {
         inner: Arc::new(Inner {
-            global,
+            rules,
             instances,
+            global,
             strategy,
             show_headers: conf.get("show_limit_quota_header").and_then(Value::as_bool)
                 != Some(false),
-            rejection: Exit::rejection(conf.as_object().ok_or("conf is not an object")?, 503)?,
-            budgets: cx.services.shared::<Budgets>(),
-            clock: cx.services.clock().clone(),
-            state_key: cx.state_key(),
+            allow_degradation: conf.get("allow_degradation").and_then(Value::as_bool) == Some(true),
+            rejection: Exit::rejection(conf, 503)?,
+            backend,
+            prefix,
+            services: services.clone(),
         }),
     }))
+}
+
+impl AiRateLimiting {
+    async fn access_async(&self, ctx: &mut PluginCtx<'_>, instance: String) -> Flow {
+        let flow = self.inner.dry_run(ctx, &instance).await;
+        if let Flow::Exit(_) = flow {
+            ctx.insert(Refused);
+        }
+        flow
+    }
 }
 
 impl Plugin for AiRateLimiting {
@@ -278,33 +538,65 @@ impl Plugin for AiRateLimiting {
         let Some(PickedInstance(name, _)) = ctx.get::<PickedInstance>().cloned() else {
             return Step::CONTINUE;
         };
-        if self.inner.check(ctx, &name) {
-            Step::CONTINUE
-        } else {
-            Step::exit(self.inner.rejection.clone())
-        }
+        Step::Wait(Box::pin(self.access_async(ctx, name)))
     }
 
     fn log(&self, ctx: &LogCtx) {
-        let (Some(PickedInstance(name, _)), Some(record)) =
-            (ctx.value::<PickedInstance>(), ctx.value::<Arc<LlmRecord>>())
-        else {
+        let inner = &self.inner;
+        // The instance that answered: ai-proxy-multi may have fallen back since access.
+        let (Some(PickedInstance(name, _)), Some(record), Some(resolved)) = (
+            ctx.value::<PickedInstance>(),
+            ctx.value::<Arc<LlmRecord>>(),
+            ctx.value::<Resolved>(),
+        ) else {
             return;
         };
-        let Some(l) = self.inner.limit_of(name) else {
+        if ctx.value::<Refused>().is_some() {
+            return;
+        }
+        let Some(spent) = inner.spent(record) else {
+            tracing::error!("failed to get token usage for llm service");
             return;
         };
-        let Some(usage) = record.get().usage else {
+        if spent == 0 {
             return;
+        }
+        let counters = match inner.counters(resolved, name) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!("failed to get rate limit rules: {e}");
+                return;
+            }
         };
-        let spent = match self.inner.strategy {
-            Strategy::Total => usage.total_tokens,
-            Strategy::Prompt => usage.prompt_tokens,
-            Strategy::Completion => usage.completion_tokens,
-        };
-        let now = self.inner.clock.mono_ms();
-        self.inner
-            .budgets
-            .state(&self.inner.counter(&l), l.window_ms, now, spent);
+        tracing::info!("instance name: {name} used tokens: {spent}");
+        match &inner.backend {
+            Backend::Local(space) => {
+                // APISIX's loop over the rules returns at the first counter that goes over.
+                for c in &counters {
+                    if space
+                        .fixed(KeyRef::Text(&c.key), c.limit, c.window, spent)
+                        .rejected
+                    {
+                        break;
+                    }
+                }
+            }
+            Backend::Remote(remote) => {
+                let inner = self.inner.clone();
+                let spawned = remote.spawn(async move {
+                    for c in &counters {
+                        if let Err(e) = inner.count(c, spent).await {
+                            tracing::error!("failed to spend the tokens in redis: {e}");
+                        }
+                    }
+                });
+                if let Err(e) = spawned {
+                    tracing::error!("failed to spend the tokens in redis: {e}");
+                }
+            }
+        }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -37,13 +37,13 @@ pub static DEF: PluginDef = PluginDef {
 
 /// `count` / `time_window`: a number, or (3.16+) a string resolved from request variables.
 #[derive(Clone, Debug)]
-enum Quota {
+pub(crate) enum Quota {
     Fixed(u64),
     Var(Template),
 }
 
 impl Quota {
-    fn parse(v: Option<&Value>, what: &str) -> Result<Quota, String> {
+    pub(crate) fn parse(v: Option<&Value>, what: &str) -> Result<Quota, String> {
         match v {
             Some(Value::Number(n)) => n
                 .as_u64()
@@ -55,7 +55,7 @@ impl Quota {
         }
     }
 
-    fn resolve(&self, ctx: &PluginCtx<'_>) -> Result<u64, String> {
+    pub(crate) fn resolve(&self, ctx: &PluginCtx<'_>) -> Result<u64, String> {
         match self {
             Quota::Fixed(n) => Ok(*n),
             Quota::Var(t) => {
@@ -85,16 +85,16 @@ impl Quota {
 
 /// The three response headers of one rule.
 #[derive(Clone, Debug)]
-struct HeaderNames {
-    limit: HeaderName,
-    remaining: HeaderName,
-    reset: HeaderName,
+pub(crate) struct HeaderNames {
+    pub(crate) limit: HeaderName,
+    pub(crate) remaining: HeaderName,
+    pub(crate) reset: HeaderName,
 }
 
 impl HeaderNames {
     /// The names from plugin metadata (or the defaults), with `<prefix>-` inserted before the
     /// first `RateLimit-` for a rule's prefix.
-    fn new(
+    pub(crate) fn new(
         services: &PluginServices,
         metadata: Option<&Value>,
         prefix: Option<&str>,
@@ -434,7 +434,7 @@ impl LimitCount {
 /// `X-RateLimit-Reset`: seconds, with up to two decimals (3.18), e.g. `60`, `59.98`, `4.5`.
 /// Written with itoa on the stack: `fmt`'s machinery is far more work for a number, on every
 /// request of a limited route (`benches/limit_count.rs` times the access phase).
-fn reset_value(centis: u64) -> HeaderValue {
+pub(crate) fn reset_value(centis: u64) -> HeaderValue {
     let (whole, frac) = (centis / 100, (centis % 100) as u8);
     let mut buf = [0u8; 24];
     let mut digits = itoa::Buffer::new();

@@ -41,8 +41,13 @@ pub struct PickedInstance(pub String, pub Arc<Value>);
 /// ai-rate-limiting's check of an instance's budget, which ai-proxy-multi asks before it
 /// picks an instance (`fallback_strategy` `instance_health_and_rate_limiting`).
 pub trait InstanceBudget: Send + Sync {
-    /// Whether `instance` has budget left; sets the `X-AI-RateLimit-*` headers of it.
-    fn allows(&self, ctx: &mut PluginCtx<'_>, instance: &str) -> bool;
+    /// Whether `instance` has budget left; sets the `X-AI-RateLimit-*` headers of it. A
+    /// future: the budgets of the Redis policies are asked over the network.
+    fn allows<'a>(
+        &'a self,
+        ctx: &'a mut PluginCtx<'_>,
+        instance: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>>;
 }
 
 /// The request's [`InstanceBudget`], set by ai-rate-limiting in `rewrite`.

@@ -7,7 +7,6 @@
 //! connection for least_conn until the response is over and feeds the response time to ewma.
 //! Every state here is shared by all worker threads (atomics), so workers agree on it.
 
-mod chash;
 mod ewma;
 mod least_conn;
 
@@ -17,11 +16,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-pub use chash::{crc32, resolve_template, ring_id, HashOn, POINTS_PER_WEIGHT};
 pub use ewma::{EwmaSlot, EwmaTable};
+pub use ferrisix_plugin_api::chash::{crc32, resolve_template, ring_id, HashOn, POINTS_PER_WEIGHT};
 pub use least_conn::InFlight;
 
-use chash::Ring;
+use ferrisix_plugin_api::chash::Ring;
 use ferrisix_plugin_api::roundrobin::InterleavedWrr;
 use least_conn::LeastConn;
 
@@ -296,7 +295,7 @@ impl UpstreamPicker {
                 }
             }
             Algo::Chash(ring) => {
-                if ring.len() == 0 {
+                if ring.is_empty() {
                     return None;
                 }
                 let mut point = match state.chash_point {

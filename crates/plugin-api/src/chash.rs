@@ -6,6 +6,9 @@
 //! weights, and it gets 160 points per remaining weight unit. Point `i` of a node is
 //! `crc32(name ++ le_bytes(point i-1))`, the first one hashing four zero bytes after the name.
 //! A key lands on the first point whose hash is at least `crc32(key)`, wrapping to the start.
+//!
+//! Here, in the plugin API, so the proxy's upstreams and ai-proxy-multi's instances (whose
+//! ring ids are the instances' names) hash alike.
 
 use std::borrow::Cow;
 
@@ -14,7 +17,7 @@ pub const POINTS_PER_WEIGHT: u32 = 160;
 
 /// The hash ring of one priority group.
 #[derive(Debug)]
-pub(super) struct Ring {
+pub struct Ring {
     /// `(hash, member index)` sorted by hash; equal hashes keep insertion order as `chash.c`'s
     /// insertion sort does.
     points: Vec<(u32, u32)>,
@@ -51,7 +54,7 @@ pub fn ring_id(host: &str, port: u16) -> Vec<u8> {
 
 impl Ring {
     /// `members`: each member's ring id and weight, in the group's node order.
-    pub(super) fn new(members: &[(Vec<u8>, u32)]) -> Ring {
+    pub fn new(members: &[(Vec<u8>, u32)]) -> Ring {
         let g = members.iter().map(|m| m.1).fold(0, gcd);
         // All weights 0: APISIX divides by 1 and the ring is empty; every node then gets one
         // unit instead, so the upstream still answers (resty.chash would read outside its
@@ -78,13 +81,17 @@ impl Ring {
         Ring { points }
     }
 
-    pub(super) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.points.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty()
     }
 
     /// resty.chash `find`: the first point at or after `crc32(key)`; returns the member and the
     /// point index (where a retry continues with [`Ring::next`]).
-    pub(super) fn find(&self, key: &[u8]) -> Option<(usize, usize)> {
+    pub fn find(&self, key: &[u8]) -> Option<(usize, usize)> {
         if self.points.is_empty() {
             return None;
         }
@@ -95,7 +102,7 @@ impl Ring {
     }
 
     /// resty.chash `next`: the point after `index`, wrapping.
-    pub(super) fn next(&self, index: usize) -> (usize, usize) {
+    pub fn next(&self, index: usize) -> (usize, usize) {
         let idx = (index + 1) % self.points.len();
         (self.points[idx].1 as usize, idx)
     }

@@ -37,8 +37,8 @@ use http::{header, HeaderName, HeaderValue, Method};
 use serde_json::{json, Map, Value};
 use tokio::sync::Notify;
 
-use super::kafka_logger::KafkaSink;
 use super::batch_processor::{Backlogs, BatchConfig, BatchProcessor, DEFAULT_MAX_PENDING_ENTRIES};
+use super::kafka_logger::KafkaSink;
 use super::log_entry;
 use super::sink::http::{status_and_body, HttpTarget};
 use super::sink::net::{self, NetError, Tls};

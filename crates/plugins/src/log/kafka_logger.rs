@@ -604,7 +604,10 @@ impl KafkaSink {
     /// A producer for `conf` (kafka-logger's keys: `brokers`, `tls`, `kafka_topic`, `key`,
     /// `producer_type`, `timeout`, `meta_refresh_interval`, ...), its async task started.
     /// error-log-logger's `kafka` sends through it too.
-    pub(super) fn new(conf: &Map<String, Value>, services: &PluginServices) -> Result<KafkaSink, String> {
+    pub(super) fn new(
+        conf: &Map<String, Value>,
+        services: &PluginServices,
+    ) -> Result<KafkaSink, String> {
         let producer = Arc::new(Producer::new(ProducerConf::new(conf, services.tls())?));
         if !producer.conf.sync {
             let task = producer.clone().run(services.shutdown().clone());

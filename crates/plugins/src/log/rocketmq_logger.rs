@@ -478,7 +478,11 @@ mod tests {
             let m = next(&mut b.sent).await;
             assert_eq!(m.topic, "logs");
         }
-        assert_eq!(b.connections(), opened, "no new connection for later batches");
+        assert_eq!(
+            b.connections(),
+            opened,
+            "no new connection for later batches"
+        );
     }
 
     #[tokio::test]

@@ -562,7 +562,8 @@ struct MarkEnd {
 impl BodyFilter for MarkEnd {
     fn filter(&mut self, chunk: &mut BodyChunk) {
         if chunk.end && self.at.load(Ordering::Relaxed) == 0 {
-            self.at.store(self.clock.epoch_ms().max(1), Ordering::Relaxed);
+            self.at
+                .store(self.clock.epoch_ms().max(1), Ordering::Relaxed);
         }
     }
 }
@@ -636,11 +637,8 @@ mod tests {
         attr["endpoint_addr"] = json!(format!("http://127.0.0.1:{port}"));
         let mut plugin_attr = PluginAttr::default();
         plugin_attr.others.insert(NAME.into(), attr);
-        let services = PluginServices::new(
-            plugin_attr,
-            ferrisix_plugin_api::Executor::current(),
-            clock,
-        );
+        let services =
+            PluginServices::new(plugin_attr, ferrisix_plugin_api::Executor::current(), clock);
         (Compiler::with(Arc::new(services)), rx)
     }
 
@@ -825,12 +823,15 @@ mod tests {
         });
         let segs = segments(&mut rx).await;
         for span in segs[0]["spans"].as_array().unwrap() {
-            assert_eq!(span["endTime"].as_u64().unwrap() - span["startTime"].as_u64().unwrap(), 30);
+            assert_eq!(
+                span["endTime"].as_u64().unwrap() - span["startTime"].as_u64().unwrap(),
+                30
+            );
             assert_eq!(span["componentId"], 6000);
         }
         // A request that is not sampled gets no body filter.
-        let p = (DEF.compile)(&c.cx(NAME, &json!({"sample_ratio": 0.00001}), "sw-none", None))
-            .unwrap();
+        let p =
+            (DEF.compile)(&c.cx(NAME, &json!({"sample_ratio": 0.00001}), "sw-none", None)).unwrap();
         let mut none = 0;
         for _ in 0..20 {
             let mut req = TestRequest::get("/c");

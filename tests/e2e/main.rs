@@ -67,3 +67,4 @@ mod tls;
 mod tls_etcd;
 mod tls_ocsp;
 mod wasm;
+mod wasm_ports;

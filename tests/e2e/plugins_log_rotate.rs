@@ -297,3 +297,73 @@ fn a_bad_attribute_is_named_by_the_check_and_the_start() {
         String::from_utf8_lossy(&checked.stderr)
     );
 }
+
+/// Across a reload (SIGHUP, config.yaml read again, and a rewritten apisix.yaml) the rotation
+/// goes on: requests after the reload land in files moved after it, every line in exactly one
+/// file, and the access log is written again after each move.
+#[test]
+fn rotation_keeps_going_across_a_reload() {
+    let upstream = Upstream::start("u", Behaviour::Echo);
+    let gw = start("{interval: 1, max_kept: 1000}", &upstream);
+    let dir = logs_dir(&gw);
+    const HALF: usize = 300;
+    burst(gw.addr(), 0, HALF, Duration::from_millis(5));
+    gw.signal("HUP");
+    gw.rewrite_routes(&format!(
+        "routes:\n  - id: r\n    uri: /r/*\n    upstream:\n      type: roundrobin\n      nodes:\n        \"{}\": 1\n  - id: other\n    uri: /other\n    upstream:\n      type: roundrobin\n      nodes:\n        \"{}\": 1",
+        upstream.node(),
+        upstream.node()
+    ));
+    // The new apisix.yaml is in force: its second route answers.
+    let reloaded = poll_until(Duration::from_secs(10), || {
+        get(gw.addr(), "/other").status == 200
+    });
+    assert!(reloaded.is_some(), "the rewritten routes never applied");
+    let moved_before: Vec<String> = names(&dir)
+        .into_iter()
+        .filter(|n| n.ends_with("__access.log"))
+        .collect();
+    burst(gw.addr(), HALF, 2 * HALF, Duration::from_millis(10));
+    let complete = poll_until(Duration::from_secs(30), || {
+        count_lines(&dir).0.len() == 2 * HALF
+    });
+    let (seen, _) = count_lines(&dir);
+    assert!(
+        complete.is_some(),
+        "{} of {} request lines found in {:?}",
+        seen.len(),
+        2 * HALF,
+        names(&dir)
+    );
+    let twice: Vec<_> = seen.iter().filter(|(_, c)| **c != 1).collect();
+    assert!(twice.is_empty(), "lines written more than once: {twice:?}");
+    // Files moved after the reload hold lines of requests made after it.
+    let after_reload = |name: &str| {
+        read_plain(&dir.join(name)).is_some_and(|text| {
+            text.lines().any(|l| {
+                l.strip_prefix("/r/")
+                    .and_then(|r| r.split(' ').next())
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .is_some_and(|n| n >= HALF)
+            })
+        })
+    };
+    let moved_after = poll_until(Duration::from_secs(10), || {
+        names(&dir)
+            .iter()
+            .filter(|n| n.ends_with("__access.log") && !moved_before.contains(n))
+            .any(|n| after_reload(n))
+    });
+    assert!(
+        moved_after.is_some(),
+        "no file moved after the reload holds its requests: {:?}",
+        names(&dir)
+    );
+    // The access log is written again after the moves.
+    let before = count_lines(&dir).0.len();
+    burst(gw.addr(), 2 * HALF, 2 * HALF + 8, Duration::ZERO);
+    let more = poll_until(Duration::from_secs(30), || {
+        count_lines(&dir).0.len() == before + 8
+    });
+    assert!(more.is_some(), "{:?}", names(&dir));
+}

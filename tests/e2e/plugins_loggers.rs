@@ -1,5 +1,6 @@
 //! End-to-end loggers through the binary: http-logger under wrk logs every request exactly
-//! once (the last partial batch flushed by the graceful shutdown), and with its sink down the
+//! once (the last partial batch flushed by the graceful shutdown), and so does every logger
+//! ferrisix builds, all on one route under wrk; with its sink down the
 //! gateway keeps serving with bounded memory (the backlog drops what it cannot hold);
 //! file-logger appends its lines and reopens its file on SIGUSR1.
 use crate::support;
@@ -270,4 +271,300 @@ fn file_logger_appends_lines_and_reopens_its_file_on_sigusr1() {
         vec![json!({"status": "200", "args": "n=3", "route_id": "1"})]
     );
     assert_eq!(file_lines(&rotated, 2).len(), 2);
+}
+
+/// What every logger of the all-loggers test writes once per entry: the value of the
+/// `X-Mark` header wrk sends, taken by each logger's `log_format` (or lago's template).
+const MARK: &str = "zq9mark7x";
+
+fn marks(bytes: &[u8]) -> usize {
+    bytes
+        .windows(MARK.len())
+        .filter(|w| *w == MARK.as_bytes())
+        .count()
+}
+
+/// A TCP log server: counts the marks in everything each connection wrote.
+fn tcp_mark_sink(count: Arc<AtomicUsize>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            let count = count.clone();
+            std::thread::spawn(move || {
+                let mut all = Vec::new();
+                let _ = s.read_to_end(&mut all);
+                count.fetch_add(marks(&all), Ordering::Relaxed);
+            });
+        }
+    });
+    addr
+}
+
+/// A UDP log server: counts the marks of every datagram.
+fn udp_mark_sink(count: Arc<AtomicUsize>) -> SocketAddr {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = socket.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 65536];
+        while let Ok(n) = socket.recv(&mut buf) {
+            count.fetch_add(marks(&buf[..n]), Ordering::Relaxed);
+        }
+    });
+    addr
+}
+
+/// A TLS log server (SLS's syslog endpoint), the test certificate: counts the marks in
+/// everything each connection wrote.
+fn tls_mark_sink(count: Arc<AtomicUsize>) -> SocketAddr {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tls/");
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_file_iter(format!("{data}server.crt"))
+            .unwrap()
+            .map(|c| c.unwrap())
+            .collect();
+    let key = PrivateKeyDer::from_pem_file(format!("{data}server.key")).unwrap();
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    // rustls's default: TLS 1.3 session tickets after the handshake, which the gateway must
+    // read before it closes (a close with unread data is a reset, and the tail is lost).
+    config.send_tls13_tickets = 2;
+    let config = Arc::new(config);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in listener.incoming().flatten() {
+            let (count, config) = (count.clone(), config.clone());
+            std::thread::spawn(move || {
+                let conn = rustls::ServerConnection::new(config).unwrap();
+                let mut tls = rustls::StreamOwned::new(conn, s);
+                let mut all = Vec::new();
+                // A close without close_notify still ends what was sent.
+                let _ = tls.read_to_end(&mut all);
+                count.fetch_add(marks(&all), Ordering::Relaxed);
+            });
+        }
+    });
+    addr
+}
+
+/// An HTTP log service: counts the marks of each request's body sent to `path` and answers
+/// `answer`; any other request is answered 404 (and its marks are not counted).
+fn http_mark_sink(
+    count: Arc<AtomicUsize>,
+    method_path: &'static str,
+    answer: (u16, &'static str),
+) -> SocketAddr {
+    crate::plugins_long_tail::http_server(move |head, body| {
+        if head.starts_with(method_path) {
+            count.fetch_add(marks(body), Ordering::Relaxed);
+            (answer.0, answer.1.to_owned())
+        } else if head.starts_with("GET / ") {
+            // Elasticsearch's version, asked once.
+            (200, r#"{"version":{"number":"8.11.0"}}"#.to_owned())
+        } else if head.starts_with("POST /token ") {
+            // Google's OAuth token endpoint.
+            (
+                200,
+                r#"{"access_token":"at-1","expires_in":3600,"token_type":"Bearer"}"#.to_owned(),
+            )
+        } else {
+            (404, format!("unexpected {head}"))
+        }
+    })
+}
+
+/// Issue 45: every logger ferrisix builds on one route, under wrk: each sink gets exactly one
+/// entry per request the upstream served, none lost, none twice. The sinks are the in-test
+/// servers of the loggers' own tests (HTTP services, TCP/UDP/TLS log servers, the in-test
+/// Kafka broker and RocketMQ cluster) and a file.
+#[test]
+fn every_logger_delivers_exactly_once_under_wrk() {
+    use ferrisix_plugins::log::kafka_logger::test_broker::broker;
+    use ferrisix_plugins::log::rocketmq_logger::test_broker::cluster;
+    ensure_wrk();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut kafka = rt.block_on(broker("access", 2, false));
+    let mut mq = rt.block_on(cluster("access", 2, None));
+    let up = Upstream::start("u", Behaviour::Echo);
+    let names = [
+        "http-logger",
+        "tcp-logger",
+        "udp-logger",
+        "syslog",
+        "file-logger",
+        "clickhouse-logger",
+        "elasticsearch-logger",
+        "loki-logger",
+        "skywalking-logger",
+        "splunk-hec-logging",
+        "loggly",
+        "sls-logger",
+        "google-cloud-logging",
+        "tencent-cloud-cls",
+        "lago",
+        "kafka-logger",
+        "rocketmq-logger",
+    ];
+    let counts: Vec<Arc<AtomicUsize>> = names.iter().map(|_| Arc::default()).collect();
+    let c = |name: &str| counts[names.iter().position(|n| *n == name).unwrap()].clone();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("access.log");
+    let fmt = json!({"mark": "$http_x_mark", "status": "$status"});
+    let http = http_mark_sink(c("http-logger"), "POST /log ", (200, "ok"));
+    let tcp = tcp_mark_sink(c("tcp-logger"));
+    let udp = udp_mark_sink(c("udp-logger"));
+    let syslog = tcp_mark_sink(c("syslog"));
+    let ch = http_mark_sink(c("clickhouse-logger"), "POST / ", (200, ""));
+    let es = http_mark_sink(
+        c("elasticsearch-logger"),
+        "POST /_bulk ",
+        (200, r#"{"errors":false}"#),
+    );
+    let loki = http_mark_sink(c("loki-logger"), "POST /loki/api/v1/push ", (204, ""));
+    let sw = http_mark_sink(c("skywalking-logger"), "POST /v3/logs ", (200, ""));
+    let hec = http_mark_sink(
+        c("splunk-hec-logging"),
+        "POST /services/collector ",
+        (200, r#"{"text":"Success","code":0}"#),
+    );
+    let loggly = http_mark_sink(
+        c("loggly"),
+        "POST /bulk/tok/tag/bulk ",
+        (200, r#"{"response":"ok"}"#),
+    );
+    let sls = tls_mark_sink(c("sls-logger"));
+    let google = http_mark_sink(
+        c("google-cloud-logging"),
+        "POST /v2/entries:write ",
+        (200, "{}"),
+    );
+    let cls = http_mark_sink(
+        c("tencent-cloud-cls"),
+        "POST /structuredlog?topic_id=t1 ",
+        (200, ""),
+    );
+    let lago = http_mark_sink(c("lago"), "POST /api/v1/events/batch ", (200, "{}"));
+    let key = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/tls/dual-rsa.key"
+    ))
+    .unwrap();
+    let plugins = json!({
+        "http-logger": {"uri": format!("http://{http}/log"), "log_format": fmt},
+        "tcp-logger": {"host": "127.0.0.1", "port": tcp.port(), "log_format": fmt},
+        // A datagram a batch: small batches keep each well under the loopback's limits.
+        "udp-logger": {"host": "127.0.0.1", "port": udp.port(), "batch_max_size": 20, "log_format": fmt},
+        "syslog": {"host": "127.0.0.1", "port": syslog.port(), "log_format": fmt},
+        "file-logger": {"path": file.to_str().unwrap(), "log_format": fmt},
+        "clickhouse-logger": {"endpoint_addr": format!("http://{ch}/"), "user": "u", "password": "p",
+            "database": "d", "logtable": "t", "log_format": fmt},
+        "elasticsearch-logger": {"endpoint_addr": format!("http://{es}"), "field": {"index": "gw"},
+            "log_format": fmt},
+        "loki-logger": {"endpoint_addrs": [format!("http://{loki}")], "log_format": fmt},
+        "skywalking-logger": {"endpoint_addr": format!("http://{sw}"), "log_format": fmt},
+        "splunk-hec-logging": {"endpoint": {"uri": format!("http://{hec}/services/collector"),
+            "token": "t"}, "log_format": fmt},
+        "loggly": {"customer_token": "tok", "log_format": fmt},
+        "sls-logger": {"host": "127.0.0.1", "port": sls.port(), "project": "p", "logstore": "l",
+            "access_key_id": "ak", "access_key_secret": "sk", "ssl_verify": false, "log_format": fmt},
+        "google-cloud-logging": {"auth_config": {"client_email": "gw@p.iam.gserviceaccount.com",
+            "private_key": key, "project_id": "p", "token_uri": format!("http://{google}/token"),
+            "entries_uri": format!("http://{google}/v2/entries:write")}, "ssl_verify": false,
+            "log_format": fmt},
+        "tencent-cloud-cls": {"cls_host": cls.to_string(), "cls_topic": "t1", "scheme": "http",
+            "secret_id": "AKID", "secret_key": "SKEY", "log_format": fmt},
+        "lago": {"endpoint_addrs": [format!("http://{lago}")], "token": "t",
+            "event_transaction_id": "${request_id}", "event_subscription_id": "$http_x_mark",
+            "event_code": "call", "ssl_verify": false},
+        "kafka-logger": {"brokers": [{"host": "127.0.0.1", "port": kafka.port}],
+            "kafka_topic": "access", "log_format": fmt},
+        "rocketmq-logger": {"nameserver_list": [format!("127.0.0.1:{}", mq.nameserver_port)],
+            "topic": "access", "log_format": fmt}
+    });
+    assert_eq!(plugins.as_object().unwrap().len(), names.len());
+    let conf = json!({
+        "routes": [{"id": "1", "uri": "/hello", "plugins": plugins,
+            "upstream": {"type": "roundrobin", "nodes": {up.node(): 1}}}],
+        "plugin_metadata": [{"id": "loggly", "host": format!("http://{loggly}"), "protocol": "http"}]
+    });
+    let mut gw = Gateway::start(&conf.to_string());
+    let out = std::process::Command::new("wrk")
+        .args([
+            "-t",
+            "2",
+            "-c",
+            "16",
+            "-d",
+            "5s",
+            "-H",
+            &format!("X-Mark: {MARK}"),
+        ])
+        .arg(format!("http://{}/hello", gw.addr()))
+        .output()
+        .expect("run wrk");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    // The graceful shutdown sends the last, partial batches.
+    gw.signal("TERM");
+    let status = gw.child.wait().expect("the gateway exits");
+    assert!(status.success(), "{status:?}");
+    let served = up.hits();
+    assert!(served > 100, "{text}");
+    // What the gateway sent before it exited may still be in the sinks' threads.
+    let (kafka_count, mq_count, file_count) =
+        (c("kafka-logger"), c("rocketmq-logger"), c("file-logger"));
+    let mut collect = || {
+        while let Ok(r) = kafka.records.try_recv() {
+            kafka_count.fetch_add(marks(&r.value), Ordering::Relaxed);
+        }
+        while let Ok(m) = mq.sent.try_recv() {
+            mq_count.fetch_add(marks(&m.body), Ordering::Relaxed);
+        }
+        let lines = std::fs::read(&file).unwrap_or_default();
+        file_count.store(marks(&lines), Ordering::Relaxed);
+    };
+    let settled = poll_until(std::time::Duration::from_secs(10), || {
+        collect();
+        counts.iter().all(|n| n.load(Ordering::Relaxed) >= served)
+    });
+    let got = |counts: &[Arc<AtomicUsize>]| -> Vec<(&str, usize)> {
+        names
+            .iter()
+            .zip(counts)
+            .map(|(n, c)| (*n, c.load(Ordering::Relaxed)))
+            .collect()
+    };
+    eprintln!(
+        "wrk: {served} requests served\n{text}\nentries per logger: {:?}",
+        got(&counts)
+    );
+    assert!(
+        settled.is_some(),
+        "entries lost: {served} served, {:?}",
+        got(&counts)
+    );
+    // Nothing arrives twice (a batch sent again after its success would show here).
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    collect();
+    for (name, n) in names.iter().zip(&counts) {
+        assert_eq!(
+            n.load(Ordering::Relaxed),
+            served,
+            "{name}: {:?}",
+            got(&counts)
+        );
+    }
+    drop(rt);
 }

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use support::*;
 
 /// Reads one HTTP/1.1 request (head, body) from `s`; `None` at the end of the connection.
-fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, Vec<u8>)> {
+pub(crate) fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, Vec<u8>)> {
     let mut chunk = [0u8; 65536];
     loop {
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -38,7 +38,7 @@ fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, Vec<u8>
 
 /// An HTTP server on 127.0.0.1 calling `handle` for each request (head, body) and
 /// answering what it returns (status, body).
-fn http_server(
+pub(crate) fn http_server(
     handle: impl Fn(&str, &[u8]) -> (u16, String) + Send + Sync + 'static,
 ) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -66,7 +66,7 @@ fn http_server(
     addr
 }
 
-fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+pub(crate) fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     head.lines().find_map(|l| {
         let (k, v) = l.split_once(':')?;
         k.eq_ignore_ascii_case(name).then(|| v.trim())

@@ -5,7 +5,7 @@
 //! `http://127.0.0.1:12900/v3/logs`: a JSON array of `{"service", "serviceInstance",
 //! "endpoint": "", "body": {"text": {"text": <line>}}}`) or ClickHouse
 //! (`clickhouse.endpoint_addr`: `INSERT INTO <logtable> FORMAT JSONEachRow {"data": <line>}
-//! ...` with `X-ClickHouse-User`/`-Key`/`-Database`). Lines of `level` (default `WARN`) and
+//! ...` with `X-ClickHouse-User`/`-Key`/`-Database`) or Kafka (`kafka`). Lines of `level` (default `WARN`) and
 //! more severe ones are taken from the log once a second and batched by the batch processor
 //! (the metadata's `batch_max_size`, `inactive_timeout`, ..., `timeout` seconds per send).
 //! The old top-level `host`/`port` mean `tcp`.
@@ -14,8 +14,12 @@
 //! APISIX starts it for the metadata alone, ferrisix compiles plugins for the resources that
 //! hold them); the lines are ferrisix's log lines written as nginx's error log writes them
 //! (`2024/01/02 03:04:05 [warn] <pid>#0: <message>, <field>: <value>`), only those the
-//! process's log level lets through. Not built: `kafka` (its sends need the kafka-logger's
-//! producer, which plugin modules cannot share yet: such a metadata logs an error).
+//! process's log level lets through. `kafka` goes through kafka-logger's producer (`brokers`
+//! with SASL PLAIN, `tls`, `kafka_topic`, `key`, `producer_type`, `meta_refresh_interval`;
+//! the metadata's `timeout`), one message per line, the line JSON-encoded as a string as
+//! APISIX's `core.json.encode` does; as in kafka-logger, the broker is always asked for all
+//! acks (which satisfies `required_acks` 1; with 0 the answer is awaited all the same), and
+//! `cluster_name` has nothing to keep apart since producers are per metadata.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +38,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::Notify;
 
 use super::batch_processor::{Backlogs, BatchConfig, BatchProcessor, DEFAULT_MAX_PENDING_ENTRIES};
+use super::kafka_logger::KafkaSink;
 use super::log_entry;
 use super::sink::http::{status_and_body, HttpTarget};
 use super::sink::net::{self, NetError, Tls};
@@ -179,6 +184,8 @@ enum Destination {
         table: String,
         target: HttpTarget,
     },
+    /// kafka-logger's producer: each line one message, JSON-encoded as a string.
+    Kafka(KafkaSink),
 }
 
 struct LineSink {
@@ -229,8 +236,11 @@ impl LineSink {
                 table: text(ch, "logtable", ""),
                 target: HttpTarget::new(services, timeout, false, headers),
             }
-        } else if meta.contains_key("kafka") {
-            return Err("error-log-logger's kafka is not built in ferrisix".into());
+        } else if let Some(kafka) = meta.get("kafka").and_then(Value::as_object) {
+            // The producer's keys are the `kafka` block's, its timeout the metadata's.
+            let mut conf = kafka.clone();
+            conf.insert("timeout".into(), json!(timeout.as_secs()));
+            Destination::Kafka(KafkaSink::new(&conf, services)?)
         } else {
             // `tcp`, or the old top-level `host` and `port`.
             let tcp = meta
@@ -302,6 +312,16 @@ impl LineSink {
                     .collect();
                 let body = format!("INSERT INTO {table} FORMAT JSONEachRow {}", rows.join(" "));
                 post(target, url, Bytes::from(body), "clickhouse").await
+            }
+            Destination::Kafka(sink) => {
+                // One message per line, as APISIX's `prod:send` per entry; a failure fails
+                // the batch (retried whole, as the batch processor says).
+                for l in lines {
+                    let line = Value::String(String::from_utf8_lossy(l).into_owned());
+                    sink.send_batch(Bytes::from(lua::cjson_encode(&line)))
+                        .await?;
+                }
+                Ok(())
             }
         }
     }
@@ -549,6 +569,48 @@ mod tests {
             req.text(),
             r#"INSERT INTO t FORMAT JSONEachRow {"data":"one"} {"data":"two \"quoted\""}"#
         );
+    }
+
+    #[tokio::test]
+    async fn kafka_gets_one_json_string_message_per_line() {
+        use crate::log::kafka_logger::test_broker::{broker, Stored};
+        async fn next(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Stored>) -> Stored {
+            tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .expect("a record in time")
+                .unwrap()
+        }
+        let mut b = broker("errs", 3, false).await;
+        let c = Compiler::new();
+        let tap = c.registry.services().error_log().clone();
+        // sync: each line sent and answered before the batch is done.
+        let meta = json!({"kafka": {"brokers": [{"host": "127.0.0.1", "port": b.port}],
+            "kafka_topic": "errs", "key": "gw", "producer_type": "sync", "required_acks": -1},
+            "level": "ERROR", "batch_max_size": 2});
+        let p = (DEF.compile)(&c.cx(NAME, &json!({}), "ell-k1", Some(&meta))).unwrap();
+        tap.push(level::ERROR, "one/1".into());
+        tap.push(level::WARN, "not shipped".into());
+        tap.push(level::ERROR, "two \"2\"".into());
+        let (first, second) = (next(&mut b.records).await, next(&mut b.records).await);
+        for r in [&first, &second] {
+            assert_eq!(r.topic, "errs");
+            assert_eq!(r.key.as_deref(), Some(&b"gw"[..]));
+            // lua-resty-kafka's partitioner: crc32(key) % partitions.
+            assert_eq!(r.partition, (crc32fast::hash(b"gw") % 3) as i32);
+        }
+        // `core.json.encode` of the line: a JSON string (APISIX's cjson leaves `/` as it is).
+        assert_eq!(String::from_utf8_lossy(&first.value), r#""one/1""#);
+        assert_eq!(String::from_utf8_lossy(&second.value), r#""two \"2\"""#);
+        drop(p);
+        // async (the default): buffered, then sent by the producer's task; no key.
+        let meta = json!({"kafka": {"brokers": [{"host": "127.0.0.1", "port": b.port}],
+            "kafka_topic": "errs", "meta_refresh_interval": 5, "cluster_name": 2},
+            "level": "WARN", "batch_max_size": 1});
+        let _p = (DEF.compile)(&c.cx(NAME, &json!({}), "ell-k2", Some(&meta))).unwrap();
+        tap.push(level::WARN, "async line".into());
+        let r = next(&mut b.records).await;
+        assert_eq!(r.value, br#""async line""#);
+        assert!(r.key.is_none());
     }
 
     #[test]

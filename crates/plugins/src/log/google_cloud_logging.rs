@@ -476,6 +476,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn log_id_names_the_log() {
+        let (port, mut rx) = http_server(google).await;
+        let c = Compiler::new();
+        let conf = json!({"auth_config": auth(port), "batch_max_size": 1, "ssl_verify": false,
+            "log_id": "gateway-access"});
+        let p = (DEF.compile)(&c.cx(NAME, &conf, "gcl-id", None)).unwrap();
+        p.log(&log_ctx(&*p, 0));
+        let mut write = None;
+        for _ in 0..2 {
+            let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            if got.head.starts_with("POST /v2/entries:write ") {
+                write = Some(got);
+                break;
+            }
+        }
+        let body: Value = serde_json::from_slice(&write.expect("an entries write").body).unwrap();
+        assert_eq!(
+            body["entries"][0]["logName"],
+            "projects/apisix-test/logs/gateway-access"
+        );
+    }
+
+    #[tokio::test]
     async fn token_exchange_then_entries() {
         let (port, mut rx) = http_server(google).await;
         let c = Compiler::new();

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ferrisix_config::schema::lua;
 use ferrisix_plugin_api::{
-    CompileCtx, LogCtx, LogNeeds, Phases, Plugin, PluginDef, Shutdown, TlsClient,
+    CompileCtx, LogCtx, LogNeeds, Phases, Plugin, PluginDef, PluginServices, Shutdown, TlsClient,
 };
 use rskafka::chrono::{DateTime, Utc};
 use rskafka::client::partition::{Compression, PartitionClient, UnknownTopicHandling};
@@ -586,7 +586,7 @@ fn record(key: Option<&[u8]>, value: &[u8]) -> Record {
 }
 
 /// Sends each batch as one message.
-struct KafkaSink {
+pub(super) struct KafkaSink {
     topic: Arc<str>,
     key: Option<Vec<u8>>,
     producer: Arc<Producer>,
@@ -601,7 +601,42 @@ impl Drop for KafkaSink {
 }
 
 impl KafkaSink {
-    async fn send_batch(&self, message: Bytes) -> Result<(), SendError> {
+    /// A producer for `conf` (kafka-logger's keys: `brokers`, `tls`, `kafka_topic`, `key`,
+    /// `producer_type`, `timeout`, `meta_refresh_interval`, ...), its async task started.
+    /// error-log-logger's `kafka` sends through it too.
+    pub(super) fn new(
+        conf: &Map<String, Value>,
+        services: &PluginServices,
+    ) -> Result<KafkaSink, String> {
+        let producer = Arc::new(Producer::new(ProducerConf::new(conf, services.tls())?));
+        if !producer.conf.sync {
+            let task = producer.clone().run(services.shutdown().clone());
+            let hold = services.shutdown().hold();
+            services
+                .executor()
+                .spawn(async move {
+                    task.await;
+                    drop(hold);
+                })
+                .map_err(|e| format!("no kafka producer task: {e}"))?;
+        }
+        Ok(KafkaSink {
+            topic: conf
+                .get("kafka_topic")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .into(),
+            key: conf
+                .get("key")
+                .and_then(Value::as_str)
+                .map(|k| k.as_bytes().to_vec()),
+            producer,
+            shutdown: services.shutdown().clone(),
+        })
+    }
+
+    /// Sends one message (sync) or buffers it (async).
+    pub(super) async fn send_batch(&self, message: Bytes) -> Result<(), SendError> {
         let p = &self.producer;
         // At shutdown the async task may be gone: the last batches are sent at once.
         let r = if p.conf.sync || self.shutdown.is_started() {
@@ -637,31 +672,7 @@ struct KafkaLogger {
 fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
     let services = cx.services;
     let logger = Logger::compile(cx, NAME, false, |conf| {
-        let producer = Arc::new(Producer::new(ProducerConf::new(conf, services.tls())?));
-        if !producer.conf.sync {
-            let task = producer.clone().run(services.shutdown().clone());
-            let hold = services.shutdown().hold();
-            services
-                .executor()
-                .spawn(async move {
-                    task.await;
-                    drop(hold);
-                })
-                .map_err(|e| format!("kafka-logger: no producer task: {e}"))?;
-        }
-        Ok(Arc::new(KafkaSink {
-            topic: conf
-                .get("kafka_topic")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .into(),
-            key: conf
-                .get("key")
-                .and_then(Value::as_str)
-                .map(|k| k.as_bytes().to_vec()),
-            producer,
-            shutdown: services.shutdown().clone(),
-        }) as Arc<dyn BatchSink>)
+        Ok(Arc::new(KafkaSink::new(conf, services)?) as Arc<dyn BatchSink>)
     })?;
     let conf = cx.filled();
     let origin = conf.get("meta_format").and_then(Value::as_str) == Some("origin");

@@ -226,6 +226,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn endpoint_uri_headers_and_the_keepalive_options() {
+        let (port, mut rx) = http_server(no_content).await;
+        let c = Compiler::new();
+        // The keepalive options are accepted (the plugin HTTP client keeps its own pool).
+        let conf = json!({"endpoint_addrs": [format!("http://127.0.0.1:{port}")],
+            "endpoint_uri": "/custom/push", "headers": {"X-Extra": "yes"}, "timeout": 2000,
+            "keepalive": false, "keepalive_timeout": 1000, "keepalive_pool": 2,
+            "batch_max_size": 1, "log_format": {"s": "$status"}});
+        let r = crate::PluginRegistry::builtin();
+        assert!(r.check(NAME, &conf).is_ok());
+        let p = (DEF.compile)(&c.cx(NAME, &conf, "lk-uri", None)).unwrap();
+        p.log(&LogCtx {
+            status: 201,
+            ..Default::default()
+        });
+        let req = next(&mut rx).await;
+        let head = req.lower();
+        assert!(head.starts_with("post /custom/push http/1.1"), "{head}");
+        assert!(head.contains("x-extra: yes"), "{head}");
+        // Without `tenant_id`, Loki's default tenant.
+        assert!(head.contains("x-scope-orgid: fake"), "{head}");
+        let body: Value = serde_json::from_slice(&req.body).unwrap();
+        let line: Value =
+            serde_json::from_str(body["streams"][0]["values"][0][1].as_str().unwrap()).unwrap();
+        assert_eq!(line["s"], "201");
+    }
+
+    #[tokio::test]
     async fn https_endpoints_as_ssl_verify_says() {
         let (port, mut rx) = https_server(no_content).await;
         let services = Arc::new(PluginServices::default());

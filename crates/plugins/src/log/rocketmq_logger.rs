@@ -15,14 +15,16 @@
 //! `timeout` (seconds) bounds each step of a call. Entries are APISIX's default entry or
 //! `log_format` (`meta_format: default`), or the raw request (`origin`).
 //!
-//! Not as APISIX: the route is asked again after a failed send (lua-resty-rocketmq keeps the
-//! first one for the producer's life), and each call opens its own connection.
+//! Connections are kept between calls, per address (lua-resty-rocketmq's cosocket keepalive
+//! pool): one that the server closed while idle is left out before it is used, and one
+//! whose call failed is closed. Not as APISIX: the route is asked again after a failed send
+//! (lua-resty-rocketmq keeps the first one for the producer's life).
 
 pub mod remoting;
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_broker;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -118,7 +120,14 @@ struct Producer {
     next_opaque: AtomicI64,
     /// The topic's route, once asked (taken only by the batch processor's sends).
     route: Mutex<Option<Arc<Route>>>,
+    /// Idle connections per address, kept for the next calls (taken only by the batch
+    /// processor's sends, off the request path).
+    idle: Mutex<HashMap<String, Vec<Box<dyn Stream>>>>,
 }
+
+/// Idle connections kept per address: as many as the batch processor's sends to one address
+/// may overlap, and no more.
+const IDLE_PER_ADDR: usize = 4;
 
 impl Producer {
     async fn connect(&self, addr: &str) -> Result<Box<dyn Stream>, String> {
@@ -153,8 +162,38 @@ impl Producer {
         }
         let opaque = self.next_opaque.fetch_add(1, Ordering::Relaxed);
         let req = Command::request(code, opaque, ext, body);
-        let mut s = self.connect(addr).await?;
-        remoting::call(&mut s, &req, self.timeout).await
+        let mut s = match self.take_idle(addr) {
+            Some(s) => s,
+            None => self.connect(addr).await?,
+        };
+        let answer = remoting::call(&mut s, &req, self.timeout).await?;
+        // Answered in full: the connection can carry the next call. One that failed is
+        // dropped (closed), with whatever it had half read.
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let kept = idle.entry(addr.to_owned()).or_default();
+        if kept.len() < IDLE_PER_ADDR {
+            kept.push(s);
+        }
+        Ok(answer)
+    }
+
+    /// A kept connection to `addr` still open: the server has sent nothing on it since its
+    /// last answer, so a read that would not wait means it closed it (or broke the protocol).
+    fn take_idle(&self, addr: &str) -> Option<Box<dyn Stream>> {
+        use futures_util::FutureExt;
+        use tokio::io::AsyncReadExt;
+        loop {
+            let mut s = self
+                .idle
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_mut(addr)?
+                .pop()?;
+            let mut probe = [0u8; 1];
+            if s.read(&mut probe).now_or_never().is_none() {
+                return Some(s);
+            }
+        }
     }
 
     /// The topic's route, asked of the next nameserver when not known yet.
@@ -329,6 +368,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
             next_queue: AtomicUsize::new(0),
             next_opaque: AtomicI64::new(1),
             route: Mutex::new(None),
+            idle: Mutex::new(HashMap::new()),
             nameservers,
         };
         Ok(Arc::new(RocketSink {
@@ -428,6 +468,21 @@ mod tests {
         let third = next(&mut b.sent).await;
         assert_eq!(third.topic, "logs");
         assert_eq!(b.route_queries(), asked);
+        // The connections are kept: one a call at most while two batches overlapped, and
+        // none more for the batches after.
+        let opened = b.connections();
+        assert!(opened <= 4, "{opened}");
+        for n in (6..12).step_by(2) {
+            p.log(&log_ctx(&*p, n));
+            p.log(&log_ctx(&*p, n + 1));
+            let m = next(&mut b.sent).await;
+            assert_eq!(m.topic, "logs");
+        }
+        assert_eq!(
+            b.connections(),
+            opened,
+            "no new connection for later batches"
+        );
     }
 
     #[tokio::test]
@@ -464,6 +519,7 @@ mod tests {
             next_queue: AtomicUsize::new(0),
             next_opaque: AtomicI64::new(1),
             route: Mutex::new(None),
+            idle: Mutex::new(HashMap::new()),
         };
         let err = producer("t", "wrong")
             .send(b"x".to_vec())

@@ -203,6 +203,22 @@ mod tests {
                 &json!({"host": "127.0.0.1", "port": 514, "sock_type": "unix"})
             )
             .is_err());
+        // lua-resty-logger-socket's buffering options: checked, accepted without effect.
+        let buffering = json!({"host": "127.0.0.1", "port": 514, "flush_limit": 1,
+            "drop_limit": 10, "pool_size": 5, "tls": true, "timeout": 1});
+        assert!(r.check(NAME, &buffering).is_ok());
+        let small_pool = json!({"host": "127.0.0.1", "port": 514, "pool_size": 4});
+        assert!(r
+            .check(NAME, &small_pool)
+            .unwrap_err()
+            .contains("pool_size"));
+        let no_flush = json!({"host": "127.0.0.1", "port": 514, "flush_limit": 0});
+        assert!(r
+            .check(NAME, &no_flush)
+            .unwrap_err()
+            .contains("flush_limit"));
+        let info = r.get(NAME).unwrap();
+        assert_eq!(info.schema["properties"]["drop_limit"]["default"], 1048576);
         assert_eq!(r.get(NAME).unwrap().priority, 401);
     }
 }

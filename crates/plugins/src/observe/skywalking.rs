@@ -17,7 +17,10 @@
 //! - the exit span (id 1, parent 0) named `$uri`, peer `upstream service`, layer `Http`, with
 //!   `http.status_code` the upstream's status (a number) when one upstream answered.
 //!
-//! Both carry component id 6002 (APISIX's); the upstream gets `sw8` for the exit span
+//! Both end with the body's last chunk (a body filter on sampled requests, as APISIX's
+//! `delayed_body_filter` finishes the tracer), and then carry component id 6002 (APISIX's); a
+//! body that never reached its end leaves them to the log phase, with the tracer's 6000. The
+//! upstream gets `sw8` for the exit span
 //! (`1-<trace>-<segment>-1-<service>-<instance>-<$uri>-<upstream service>`, base64) and
 //! `sw8-correlation` with the caller's correlation data (at most 3 entries), replacing what
 //! the client sent; a request that is not sampled passes the client's headers unchanged.
@@ -28,7 +31,7 @@
 //! task reports the instance every `report_interval` (`/v3/management/reportProperties` with
 //! `language: lua` until the OAP answers 200, then `/v3/management/keepAlive`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -37,8 +40,8 @@ use base64::engine::DecodePaddingMode;
 use base64::Engine;
 use bytes::Bytes;
 use ferrisix_plugin_api::{
-    CompileCtx, Lease, LogCtx, LogNeeds, Phases, Plugin, PluginCtx, PluginDef, PluginServices,
-    Retain, RunPolicy, StateMap, Step,
+    BodyChunk, BodyFilter, Clock, CompileCtx, Lease, LogCtx, LogNeeds, Phases, Plugin, PluginCtx,
+    PluginDef, PluginServices, ResponseHead, Retain, RunPolicy, StateMap, Step,
 };
 use ferrisix_router::VarSource;
 use http::{HeaderName, HeaderValue, Request};
@@ -57,8 +60,10 @@ pub static DEF: PluginDef = PluginDef {
     ..PluginDef::new(NAME, 12010, schema, compile)
 };
 
-/// APISIX's component id for its spans.
+/// APISIX's component id for its spans, set when the body reaches its end.
 const COMPONENT_ID: u32 = 6002;
+/// The tracer's own component id, which the spans keep when the body never reached its end.
+const TRACER_COMPONENT_ID: u32 = 6000;
 /// The peer APISIX names for the upstream.
 const PEER: &str = "upstream service";
 /// The client's `SEGMENT_BATCH_COUNT`.
@@ -463,16 +468,35 @@ impl Skywalking {
             return;
         };
         reporter.start(&self.services);
-        let now = self.services.clock().epoch_ms().max(trace.start_ms);
+        // The tracer finishes with the body's last chunk; a body that never got there
+        // (the client went away) leaves the spans to the log phase's time.
+        let ended = ctx
+            .value::<BodyEnd>()
+            .map(|e| e.0.load(Ordering::Relaxed))
+            .filter(|t| *t != 0);
+        let now = ended
+            .unwrap_or_else(|| self.services.clock().epoch_ms())
+            .max(trace.start_ms);
         let settings = &reporter.management.settings;
-        let segment = segment(trace, settings, ctx, now);
+        let component = if ended.is_some() {
+            COMPONENT_ID
+        } else {
+            TRACER_COMPONENT_ID
+        };
+        let segment = segment(trace, settings, ctx, now, component);
         reporter.processor.push(Bytes::from(segment.to_string()));
     }
 }
 
 /// The segment of a finished request (`Segment.transform`): the exit span, then the entry
 /// span, in the order the tracer finishes them.
-fn segment(trace: &RequestTrace, settings: &Settings, ctx: &LogCtx, now: u64) -> Value {
+fn segment(
+    trace: &RequestTrace,
+    settings: &Settings,
+    ctx: &LogCtx,
+    now: u64,
+    component: u32,
+) -> Value {
     let mut exit = Map::new();
     exit.insert("spanId".into(), json!(1));
     exit.insert("parentSpanId".into(), json!(0));
@@ -482,7 +506,7 @@ fn segment(trace: &RequestTrace, settings: &Settings, ctx: &LogCtx, now: u64) ->
     exit.insert("peer".into(), json!(PEER));
     exit.insert("spanType".into(), json!("Exit"));
     exit.insert("spanLayer".into(), json!("Http"));
-    exit.insert("componentId".into(), json!(COMPONENT_ID));
+    exit.insert("componentId".into(), json!(component));
     exit.insert("isError".into(), json!(false));
     // `tonumber($upstream_status)`: only when one upstream answered.
     if let Some(status) = ctx
@@ -506,7 +530,7 @@ fn segment(trace: &RequestTrace, settings: &Settings, ctx: &LogCtx, now: u64) ->
     entry.insert("operationName".into(), json!(trace.operation));
     entry.insert("spanType".into(), json!("Entry"));
     entry.insert("spanLayer".into(), json!("Http"));
-    entry.insert("componentId".into(), json!(COMPONENT_ID));
+    entry.insert("componentId".into(), json!(component));
     entry.insert("isError".into(), json!(ctx.status >= 500));
     entry.insert(
         "tags".into(),
@@ -525,9 +549,41 @@ fn segment(trace: &RequestTrace, settings: &Settings, ctx: &LogCtx, now: u64) ->
     })
 }
 
+/// When a sampled request's body reached its end (epoch ms; 0 until then).
+struct BodyEnd(Arc<AtomicU64>);
+
+/// APISIX's `delayed_body_filter`: notes the time of the last chunk, when the tracer
+/// finishes the spans. The chunks pass unchanged.
+struct MarkEnd {
+    at: Arc<AtomicU64>,
+    clock: Clock,
+}
+
+impl BodyFilter for MarkEnd {
+    fn filter(&mut self, chunk: &mut BodyChunk) {
+        if chunk.end && self.at.load(Ordering::Relaxed) == 0 {
+            self.at
+                .store(self.clock.epoch_ms().max(1), Ordering::Relaxed);
+        }
+    }
+}
+
 impl Plugin for Skywalking {
     fn phases(&self) -> Phases {
-        Phases::REWRITE | Phases::LOG
+        Phases::REWRITE | Phases::HEADER_FILTER | Phases::LOG
+    }
+
+    fn header_filter(&self, ctx: &mut PluginCtx<'_>, resp: &mut ResponseHead<'_>) {
+        // Sampled requests only: the others' bodies pass without a filter.
+        if ctx.get::<RequestTrace>().is_none() {
+            return;
+        }
+        let at = Arc::new(AtomicU64::new(0));
+        ctx.insert(BodyEnd(at.clone()));
+        resp.add_body_filter(Box::new(MarkEnd {
+            at,
+            clock: self.services.clock().clone(),
+        }));
     }
 
     fn log_needs(&self) -> LogNeeds {
@@ -569,24 +625,52 @@ mod tests {
 
     /// A gateway whose `plugin_attr.skywalking` points at an in-test OAP.
     async fn gateway(attr: Value) -> (Compiler, mpsc::UnboundedReceiver<Captured>) {
+        gateway_on(attr, ferrisix_plugin_api::Clock::system()).await
+    }
+
+    async fn gateway_on(
+        attr: Value,
+        clock: ferrisix_plugin_api::Clock,
+    ) -> (Compiler, mpsc::UnboundedReceiver<Captured>) {
         let (port, rx) = http_server(oap).await;
         let mut attr = attr;
         attr["endpoint_addr"] = json!(format!("http://127.0.0.1:{port}"));
         let mut plugin_attr = PluginAttr::default();
         plugin_attr.others.insert(NAME.into(), attr);
-        let services = PluginServices::new(
-            plugin_attr,
-            ferrisix_plugin_api::Executor::current(),
-            ferrisix_plugin_api::Clock::system(),
-        );
+        let services =
+            PluginServices::new(plugin_attr, ferrisix_plugin_api::Executor::current(), clock);
         (Compiler::with(Arc::new(services)), rx)
     }
 
-    /// Runs a request through rewrite and log; answers the upstream's request headers.
+    /// Runs a request through rewrite and log, its body to its end; answers the upstream's
+    /// request headers.
     fn run(p: &dyn Plugin, req: &mut TestRequest, status: u16, upstream: &str) -> http::HeaderMap {
+        run_with(p, req, status, upstream, &mut |filters| {
+            filters.run(Bytes::from("body"), true);
+        })
+    }
+
+    /// [`run`], `body` given the response's body filters after `header_filter`.
+    fn run_with(
+        p: &dyn Plugin,
+        req: &mut TestRequest,
+        status: u16,
+        upstream: &str,
+        body: &mut dyn FnMut(&mut ferrisix_plugin_api::BodyFilters),
+    ) -> http::HeaderMap {
         let mut ctx = req.ctx();
         assert!(matches!(p.rewrite(&mut ctx), Step::Done(_)));
         let sent = ctx.headers().clone();
+        let (mut code, mut headers, mut edits) = (
+            http::StatusCode::OK,
+            http::HeaderMap::new(),
+            ferrisix_plugin_api::BodyEdits::default(),
+        );
+        p.header_filter(
+            &mut ctx,
+            &mut ResponseHead::new(&mut code, &mut headers, true, &mut edits),
+        );
+        body(&mut edits.filters);
         struct V(String);
         impl ferrisix_router::VarSource for V {
             fn var(&self, name: &str) -> Option<std::borrow::Cow<'_, str>> {
@@ -707,6 +791,55 @@ mod tests {
         assert_eq!(tags[0], json!({"key": "http.method", "value": "GET"}));
         assert_eq!(tags[2], json!({"key": "http.status_code", "value": "502"}));
         assert!(entry["endTime"].as_u64() >= entry["startTime"].as_u64());
+    }
+
+    #[tokio::test]
+    async fn the_spans_end_with_the_bodys_last_chunk() {
+        let clock = ferrisix_plugin_api::Clock::manual(1_700_000_000_000);
+        let (c, mut rx) = gateway_on(json!({"report_interval": 1}), clock.clone()).await;
+        let p = (DEF.compile)(&c.cx(NAME, &json!({}), "sw-end", None)).unwrap();
+        let mut req = TestRequest::get("/a");
+        run_with(&*p, &mut req, 200, "200", &mut |filters| {
+            clock.advance(5);
+            let first = filters.run(Bytes::from("part"), false);
+            assert_eq!(first.data, "part", "the chunks pass unchanged");
+            clock.advance(7);
+            filters.run(Bytes::from("end"), true);
+            // The log phase comes later.
+            clock.advance(100);
+        });
+        let segs = segments(&mut rx).await;
+        for span in segs[0]["spans"].as_array().unwrap() {
+            assert_eq!(span["startTime"], 1_700_000_000_000u64);
+            assert_eq!(span["endTime"], 1_700_000_000_012u64, "{span}");
+            assert_eq!(span["componentId"], 6002);
+        }
+        // A body that never reached its end: the spans end in the log phase, with the
+        // tracer's own component id.
+        let mut req = TestRequest::get("/b");
+        run_with(&*p, &mut req, 200, "200", &mut |filters| {
+            filters.run(Bytes::from("part"), false);
+            clock.advance(30);
+        });
+        let segs = segments(&mut rx).await;
+        for span in segs[0]["spans"].as_array().unwrap() {
+            assert_eq!(
+                span["endTime"].as_u64().unwrap() - span["startTime"].as_u64().unwrap(),
+                30
+            );
+            assert_eq!(span["componentId"], 6000);
+        }
+        // A request that is not sampled gets no body filter.
+        let p =
+            (DEF.compile)(&c.cx(NAME, &json!({"sample_ratio": 0.00001}), "sw-none", None)).unwrap();
+        let mut none = 0;
+        for _ in 0..20 {
+            let mut req = TestRequest::get("/c");
+            run_with(&*p, &mut req, 200, "", &mut |filters| {
+                none += usize::from(filters.is_empty());
+            });
+        }
+        assert!(none >= 19, "{none}");
     }
 
     #[tokio::test]

@@ -40,12 +40,18 @@ pub struct Cluster {
     pub broker_port: u16,
     pub sent: mpsc::UnboundedReceiver<Sent>,
     route_queries: Arc<AtomicUsize>,
+    connections: Arc<AtomicUsize>,
 }
 
 impl Cluster {
     /// How many route queries the nameserver answered.
     pub fn route_queries(&self) -> usize {
         self.route_queries.load(Ordering::Relaxed)
+    }
+
+    /// How many connections the nameserver and the broker accepted, together.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
     }
 }
 
@@ -104,6 +110,7 @@ async fn start(
     );
     let (tx, sent) = mpsc::unbounded_channel();
     let route_queries = Arc::new(AtomicUsize::new(0));
+    let connections = Arc::new(AtomicUsize::new(0));
     let conf = Conf {
         topic: topic.to_owned(),
         queues,
@@ -113,12 +120,13 @@ async fn start(
         sent: tx,
     };
     for listener in [names, broker] {
-        let (conf, tls) = (conf.clone(), tls.clone());
+        let (conf, tls, accepted) = (conf.clone(), tls.clone(), connections.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((s, _)) = listener.accept().await else {
                     return;
                 };
+                accepted.fetch_add(1, Ordering::Relaxed);
                 let (conf, tls) = (conf.clone(), tls.clone());
                 tokio::spawn(async move {
                     match tls {
@@ -138,6 +146,7 @@ async fn start(
         broker_port,
         sent,
         route_queries,
+        connections,
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferrisix_plugin_api::TlsClient;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 
 /// Where a send failed, with the cause.
@@ -72,7 +72,28 @@ pub async fn tcp(
                     Ok(r) => r.map_err(NetError::Handshake)?,
                     Err(_) => return Err(NetError::Handshake("timeout".into())),
                 };
-            write_all(stream, data, timeout).await
+            let mut stream = stream;
+            bounded(timeout, async {
+                stream.write_all(data).await?;
+                stream.shutdown().await
+            })
+            .await
+            .map_err(NetError::Send)?;
+            // A TLS 1.3 server sends session tickets the client never asked to read; closing
+            // with them unread turns the close into a reset, which can make the server drop
+            // the tail of what it had not read yet. Reading to the server's close first (the
+            // data is sent: how long the server takes to close is not an error) keeps it
+            // whole.
+            let mut sink = [0u8; 4096];
+            let _ = tokio::time::timeout(timeout, async {
+                while let Ok(n) = stream.read(&mut sink).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            })
+            .await;
+            Ok(())
         }
     }
 }

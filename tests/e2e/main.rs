@@ -21,6 +21,7 @@ mod etcd_pages;
 mod ext_plugin;
 mod grpc;
 mod grpc_transcode;
+mod h2_upstream;
 mod headers;
 mod health;
 mod http3;

@@ -221,7 +221,16 @@ pub struct Upstream {
     pub discovery_type: Option<String>,
     pub service_name: Option<String>,
     pub discovery_args: Option<Box<Value>>,
+    /// HTTP/2 to an `http` (h2c, prior knowledge) or `https` (offered by ALPN) upstream: the
+    /// ferrisix extension label [`HTTP_VERSION_LABEL`] set to `"2"`. gRPC upstreams speak
+    /// HTTP/2 whatever it says.
+    pub http2: bool,
 }
+
+/// The upstream label that asks for HTTP/2 to the nodes (`"2"`; `"1.1"`, the default, is
+/// APISIX's behaviour). A label, not a key of its own: APISIX's upstream schema allows no
+/// other key, and an APISIX node sharing the store ignores labels.
+pub const HTTP_VERSION_LABEL: &str = "ferrisix.http_version";
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Route {

@@ -486,6 +486,8 @@ impl Checker<'_> {
             return Err("`upstream_host` can't be empty when `pass_host` is `rewrite`".to_string());
         }
 
+        check_http_version(conf)?;
+
         if let Some(tls) = conf.get("tls") {
             if let Some(Value::String(cert)) = tls.get("client_cert") {
                 let key = tls.get("client_key").and_then(Value::as_str);
@@ -649,4 +651,34 @@ impl Checker<'_> {
 
 fn meta(conf: &Value) -> Option<&Map<String, Value>> {
     conf.get("_meta").and_then(Value::as_object)
+}
+
+/// The ferrisix extension label [`crate::model::HTTP_VERSION_LABEL`]: `"1.1"` or `"2"`, and
+/// only where the scheme can speak it (gRPC is HTTP/2 only; the stream and Kafka schemes are
+/// not HTTP).
+fn check_http_version(conf: &Value) -> Result<(), String> {
+    let label = crate::model::HTTP_VERSION_LABEL;
+    let Some(v) = conf.get("labels").and_then(|l| l.get(label)) else {
+        return Ok(());
+    };
+    let scheme = conf.get("scheme").and_then(Value::as_str).unwrap_or("http");
+    let allowed: &[&str] = match scheme {
+        "http" | "https" => &["1.1", "2"],
+        "grpc" | "grpcs" => &["2"],
+        _ => &[],
+    };
+    match v.as_str() {
+        Some(s) if allowed.contains(&s) => Ok(()),
+        _ if allowed.is_empty() => Err(format!(
+            "invalid configuration: label \"{label}\" is not supported with scheme \"{scheme}\""
+        )),
+        _ => Err(format!(
+            "invalid configuration: label \"{label}\" must be one of {} with scheme \"{scheme}\"",
+            allowed
+                .iter()
+                .map(|a| format!("\"{a}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
 }

@@ -292,6 +292,11 @@ fn build_upstream(id: Option<String>, u: &Value) -> Upstream {
         discovery_type: string(u.get("discovery_type")),
         service_name: string(u.get("service_name")),
         discovery_args: u.get("discovery_args").map(|v| Box::new(v.clone())),
+        http2: u
+            .get("labels")
+            .and_then(|l| l.get(crate::model::HTTP_VERSION_LABEL))
+            .and_then(Value::as_str)
+            == Some("2"),
     }
 }
 

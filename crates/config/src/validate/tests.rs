@@ -883,6 +883,40 @@ fn upstream_conversion() {
 }
 
 #[test]
+fn http_version_label() {
+    let up = |v: Value| upstream_from_value(None, v);
+    let nodes = json!({"127.0.0.1:80": 1});
+    assert!(!up(json!({"nodes": nodes})).unwrap().http2);
+    for scheme in ["http", "https", "grpc", "grpcs"] {
+        let u = up(json!({"nodes": nodes, "scheme": scheme,
+            "labels": {"ferrisix.http_version": "2"}}))
+        .unwrap();
+        assert!(u.http2, "{scheme}");
+    }
+    let u =
+        up(json!({"nodes": nodes, "labels": {"ferrisix.http_version": "1.1", "x": "y"}})).unwrap();
+    assert!(!u.http2);
+    assert_eq!(
+        up(json!({"nodes": nodes, "labels": {"ferrisix.http_version": "3"}}))
+            .unwrap_err()
+            .message,
+        r#"invalid configuration: label "ferrisix.http_version" must be one of "1.1", "2" with scheme "http""#
+    );
+    assert_eq!(
+        up(json!({"nodes": nodes, "scheme": "grpc", "labels": {"ferrisix.http_version": "1.1"}}))
+            .unwrap_err()
+            .message,
+        r#"invalid configuration: label "ferrisix.http_version" must be one of "2" with scheme "grpc""#
+    );
+    assert_eq!(
+        up(json!({"nodes": nodes, "scheme": "tcp", "labels": {"ferrisix.http_version": "2"}}))
+            .unwrap_err()
+            .message,
+        r#"invalid configuration: label "ferrisix.http_version" is not supported with scheme "tcp""#
+    );
+}
+
+#[test]
 fn service_plugin_config_and_global_rule_conversion() {
     let s = service_from_value(
         "s1",

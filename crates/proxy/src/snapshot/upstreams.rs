@@ -44,7 +44,8 @@ pub struct CompiledUpstream {
     pub scheme: Scheme,
     /// The client config for `https`/`grpcs`.
     pub tls: Option<UpstreamTls>,
-    /// HTTP/2 to the upstream (`grpc`, `grpcs`).
+    /// HTTP/2 to the upstream (`grpc`, `grpcs`, and `http`/`https` with the
+    /// `ferrisix.http_version` label).
     pub h2: bool,
     /// `scheme: kafka`: its brokers, whom the pub-sub connection consumes from instead of a
     /// proxied request (see [`crate::pubsub`]).
@@ -239,7 +240,12 @@ impl CompiledUpstream {
     ) -> Result<CompiledUpstream, String> {
         let mut kafka = None;
         let (tls, h2) = match up.scheme {
-            Scheme::Http => (None, false),
+            // h2c with prior knowledge.
+            Scheme::Http => (None, up.http2),
+            // HTTP/2 offered by ALPN; each connection speaks what the server picks.
+            Scheme::Https if up.http2 => {
+                (Some(upstream_tls(up, env, &[b"h2", b"http/1.1"])?), true)
+            }
             Scheme::Https => (Some(upstream_tls(up, env, &[b"http/1.1"])?), false),
             Scheme::Grpc => (None, true),
             Scheme::Grpcs => (Some(upstream_tls(up, env, &[b"h2"])?), true),

@@ -4,22 +4,26 @@
 //! Pools are per worker thread, as nginx's `keepalive` cache is per worker: a worker never
 //! touches another's connections, so checking a connection out or in takes no lock.
 
+mod mux;
 mod pool;
 mod request_body;
 
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferrisix_tls::UpstreamTls;
-use http::{Request, Response};
+use http::header::{self, HeaderValue};
+use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 
+pub use mux::StreamSlot;
 use pool::Sender;
-pub use pool::{evict_expired as evict_expired_idle, PoolKey, PoolLimits, PooledConn};
+pub use pool::{PoolKey, PoolLimits, PooledConn};
 pub use request_body::{SendProgress, StreamSource, UpstreamBody};
 
 use crate::error::{ErrorKind, ProxyError};
@@ -52,6 +56,18 @@ pub async fn connect(
     timeout: Duration,
     tls: Option<&UpstreamTls>,
 ) -> Result<PooledConn, ProxyError> {
+    let (sender, _) = open(&key, timeout, tls).await?;
+    Ok(PooledConn::new(key, limits, sender, false))
+}
+
+/// A new connection's request half, and for HTTP/2 what the server said in its first SETTINGS
+/// (awaited within `timeout`). Over TLS an `h2` key speaks what the server picked by ALPN:
+/// HTTP/1.1 when it picked that, or picked nothing while HTTP/1.1 was offered.
+async fn open(
+    key: &PoolKey,
+    timeout: Duration,
+    tls: Option<&UpstreamTls>,
+) -> Result<(Sender, Option<Arc<mux::Peer>>), ProxyError> {
     let deadline = tokio::time::Instant::now() + timeout;
     let stream = match tokio::time::timeout_at(deadline, TcpStream::connect(key.addr)).await {
         Err(_) => return Err(ErrorKind::ConnectTimeout.into()),
@@ -62,8 +78,8 @@ pub async fn connect(
         Ok(Ok(s)) => s,
     };
     let _ = stream.set_nodelay(true);
-    let sender = match tls {
-        None => handshake(TokioIo::new(stream), key.h2).await?,
+    match tls {
+        None => handshake(stream, key.h2, deadline).await,
         Some(tls) => {
             let name = key
                 .sni
@@ -82,31 +98,56 @@ pub async fn connect(
                 }
                 Ok(Ok(s)) => s,
             };
-            handshake(TokioIo::new(stream), key.h2).await?
+            let h2 = key.h2
+                && match stream.get_ref().1.alpn_protocol() {
+                    Some(p) => p == b"h2",
+                    None => !tls
+                        .config
+                        .alpn_protocols
+                        .iter()
+                        .any(|p| p.as_slice() == b"http/1.1"),
+                };
+            handshake(stream, h2, deadline).await
         }
-    };
-    Ok(PooledConn::new(key, limits, sender))
+    }
 }
 
-async fn handshake<IO>(io: TokioIo<IO>, h2: bool) -> Result<Sender, ProxyError>
+async fn handshake<IO>(
+    io: IO,
+    h2: bool,
+    deadline: tokio::time::Instant,
+) -> Result<(Sender, Option<Arc<mux::Peer>>), ProxyError>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     if h2 {
+        let peer = mux::Peer::new();
+        let io = TokioIo::new(mux::FrameWatch::new(io, peer.clone()));
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .handshake(io)
             .await
             .map_err(|_| ProxyError::new(ErrorKind::ConnectRefused))?;
+        let watched = peer.clone();
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::trace!(error = %e, "upstream h2 connection ended");
             }
+            watched.ended();
         });
-        return Ok(Sender::H2(sender));
+        // The server's limit on streams is known before the connection is shared.
+        match tokio::time::timeout_at(deadline, peer.settings()).await {
+            Err(_) => return Err(ErrorKind::ConnectTimeout.into()),
+            Ok(false) => {
+                tracing::debug!("upstream closed the connection before its HTTP/2 settings");
+                return Err(ErrorKind::ConnectRefused.into());
+            }
+            Ok(true) => {}
+        }
+        return Ok((Sender::H2(sender), Some(peer)));
     }
     let (sender, conn) = http1::Builder::new()
-        .handshake(io)
+        .handshake(TokioIo::new(io))
         .await
         .map_err(|_| ProxyError::new(ErrorKind::ConnectRefused))?;
     tokio::spawn(async move {
@@ -115,7 +156,7 @@ where
             tracing::trace!(error = %e, "upstream connection ended");
         }
     });
-    Ok(Sender::H1(sender))
+    Ok((Sender::H1(sender), None))
 }
 
 fn classify_connect_error(e: &io::Error) -> ProxyError {
@@ -148,6 +189,13 @@ pub async fn send(
         return SendOutcome::NotSent(req, ErrorKind::ConnectionBroken.into());
     }
     let h1 = matches!(conn.sender(), Sender::H1(_));
+    // An upstream that offers HTTP/2 by ALPN, on a connection where the server chose
+    // HTTP/1.1: the request goes in that form.
+    let req = if h1 && req.version() == Version::HTTP_2 {
+        to_h1(req)
+    } else {
+        req
+    };
     let fut = conn.sender().send(req);
     let result = match &progress {
         // HTTP/1: one request at a time, so the connection's own timer serves.
@@ -206,7 +254,25 @@ pub async fn send(
     }
 }
 
-/// Takes an idle pooled connection for `key`, or opens one.
+/// An HTTP/2 request in HTTP/1.1's form: the authority as `Host`, an origin-form target.
+fn to_h1(mut req: Request<UpstreamBody>) -> Request<UpstreamBody> {
+    if let Some(host) = req
+        .uri()
+        .authority()
+        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    {
+        req.headers_mut().insert(header::HOST, host);
+    }
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    if let Ok(uri) = path.parse::<Uri>() {
+        *req.uri_mut() = uri;
+    }
+    *req.version_mut() = Version::HTTP_11;
+    req
+}
+
+/// Takes an idle pooled connection for `key`, or opens one; for HTTP/2, a stream on a
+/// multiplexed connection (an HTTP/1.1 one kept when the server chose that by ALPN first).
 pub async fn checkout(
     key: &PoolKey,
     limits: PoolLimits,
@@ -215,6 +281,13 @@ pub async fn checkout(
 ) -> Result<PooledConn, ProxyError> {
     match pool::take_idle(key) {
         Some(conn) => Ok(conn),
+        None if key.h2 => mux::checkout(key, limits, connect_timeout, tls).await,
         None => connect(key.clone(), limits, connect_timeout, tls).await,
     }
+}
+
+/// Drops the idle connections past their timeouts; run periodically by each worker.
+pub fn evict_expired_idle() {
+    pool::evict_expired();
+    mux::evict_expired();
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrisix_config::model::PassHost;
+use ferrisix_config::model::{PassHost, Scheme};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Uri, Version};
 use hyper::upgrade::OnUpgrade;
@@ -45,7 +45,7 @@ impl<'u> Outgoing<'u> {
         websocket: bool,
     ) -> (Outgoing<'u>, HeaderMap) {
         let mut timeouts = route_timeouts.unwrap_or(upstream.timeouts);
-        if upstream.h2 {
+        if matches!(upstream.scheme, Scheme::Grpc | Scheme::Grpcs) {
             // A gRPC deadline bounds the wait for the upstream's answer.
             if let Some(deadline) = ctx.headers.get("grpc-timeout").and_then(grpc_timeout) {
                 timeouts.read = timeouts.read.min(deadline);
@@ -100,8 +100,11 @@ impl<'u> Outgoing<'u> {
         *sent_host = host.clone();
         set_host(&mut headers, host, client_host.is_some());
         let host = sent_host.as_ref();
-        let key = pool_key(upstream, node, epoch, host);
-        let req = if upstream.h2 {
+        // A websocket upgrade is HTTP/1.1's: an h2c upstream takes it on an HTTP/1.1
+        // connection (over TLS, ALPN decides, and the server picks HTTP/2).
+        let h2 = upstream.h2 && (self.upgrade.is_none() || upstream.scheme != Scheme::Http);
+        let key = pool_key(upstream, node, epoch, host, h2);
+        let req = if h2 {
             let target = H2Target {
                 upstream,
                 host,
@@ -274,6 +277,7 @@ fn pool_key(
     node: &NodeTarget,
     epoch: u32,
     host: Option<&HeaderValue>,
+    h2: bool,
 ) -> PoolKey {
     PoolKey {
         addr: node.addr,
@@ -288,7 +292,7 @@ fn pool_key(
                 .unwrap_or_else(|| node.host.clone());
             Arc::from(h.trim_start_matches('[').trim_end_matches(']'))
         }),
-        h2: upstream.h2,
+        h2,
         epoch,
     }
 }

@@ -116,6 +116,8 @@ pub struct PooledConn {
     served: u32,
     reused: bool,
     timer: Option<HeadTimer>,
+    /// Its stream's place on a multiplexed HTTP/2 connection, given back when this is dropped.
+    slot: Option<super::StreamSlot>,
 }
 
 /// The response-head timer of an HTTP/1 connection, made on its first request and moved
@@ -154,15 +156,21 @@ impl Idle {
 }
 
 impl PooledConn {
-    pub(super) fn new(key: PoolKey, limits: PoolLimits, sender: Sender) -> Self {
+    pub(super) fn new(key: PoolKey, limits: PoolLimits, sender: Sender, reused: bool) -> Self {
         PooledConn {
             key,
             limits,
             sender,
             served: 0,
-            reused: false,
+            reused,
             timer: None,
+            slot: None,
         }
+    }
+
+    pub(super) fn with_slot(mut self, slot: super::StreamSlot) -> Self {
+        self.slot = Some(slot);
+        self
     }
 
     /// The connection's response-head timer, set to `deadline`.
@@ -194,6 +202,10 @@ impl PooledConn {
 
     /// Returns the connection to this worker's pool after a complete response.
     pub fn release(mut self) {
+        if self.slot.is_some() {
+            // A stream of a multiplexed connection, which stays in its pool.
+            return;
+        }
         self.served += 1;
         if self.served >= self.limits.max_requests || self.sender.is_closed() {
             return;
@@ -234,6 +246,7 @@ pub(super) fn take_idle(key: &PoolKey) -> Option<PooledConn> {
                 served: idle.served,
                 reused: true,
                 timer: idle.timer,
+                slot: None,
             });
         }
         None

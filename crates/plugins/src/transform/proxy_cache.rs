@@ -937,7 +937,10 @@ fn upstream_failed(resp: &ResponseHead<'_>) -> bool {
 /// Where an answer goes in its zone.
 enum Place {
     /// Under its variant when it varies (APISIX's index of variants).
-    Memory { vary: Vec<String>, signature: String },
+    Memory {
+        vary: Vec<String>,
+        signature: String,
+    },
     /// In the file chosen at lookup, with its `Vary` and variant (nginx's).
     Disk {
         file: [u8; 16],

@@ -255,9 +255,11 @@ mod tests {
             "true"
         );
         // cjson's decode fails the render on bad JSON, as does a module that is not there.
-        assert!(render("{% local c = require 'cjson' %}{{c.decode('nope')}}")
-            .unwrap_err()
-            .contains("Expected value"));
+        assert!(
+            render("{% local c = require 'cjson' %}{{c.decode('nope')}}")
+                .unwrap_err()
+                .contains("Expected value")
+        );
         assert!(render("{% local m = require 'resty.http' %}")
             .unwrap_err()
             .contains("module 'resty.http' not found"));

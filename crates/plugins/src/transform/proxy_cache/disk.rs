@@ -181,11 +181,7 @@ impl DiskZone {
                 Some(size) => {
                     let mut index = lock(&self.index);
                     if index.peek(&md5).is_none() {
-                        index.insert(
-                            md5,
-                            Meta,
-                            usize::try_from(size).unwrap_or(usize::MAX),
-                        );
+                        index.insert(md5, Meta, usize::try_from(size).unwrap_or(usize::MAX));
                     }
                 }
                 None => {
@@ -200,7 +196,12 @@ impl DiskZone {
     /// The answer for a request under `key`, and the name of the second file looked in when
     /// the key's file varies on headers whose values the request does not share (where the
     /// answer fetched for it may be stored: [`DiskZone::target`]).
-    pub fn lookup(&self, key: &str, request: &HeaderMap, now_ms: u64) -> (Lookup, Option<[u8; 16]>) {
+    pub fn lookup(
+        &self,
+        key: &str,
+        request: &HeaderMap,
+        now_ms: u64,
+    ) -> (Lookup, Option<[u8; 16]>) {
         let main = md5_of(key);
         let Some(file) = self.read(&main, key) else {
             return (Lookup::Missing, None);
@@ -214,7 +215,11 @@ impl DiskZone {
         }
         match self.read(&mine, key) {
             // A second file answers only a request of its own variant.
-            Some(f) if f.vary.as_deref().is_none_or(|v| variant(&main, v, request) == f.variant) => {
+            Some(f)
+                if f.vary
+                    .as_deref()
+                    .is_none_or(|v| variant(&main, v, request) == f.variant) =>
+            {
                 (found(f.stored, now_ms), Some(mine))
             }
             _ => (Lookup::Missing, Some(mine)),
@@ -252,11 +257,7 @@ impl DiskZone {
         match decode(&bytes) {
             Some((k, file)) if k == key.as_bytes() => {
                 if known.is_none() {
-                    lock(&self.index).insert(
-                        *md5,
-                        Meta,
-                        bytes.len(),
-                    );
+                    lock(&self.index).insert(*md5, Meta, bytes.len());
                 }
                 Some(file)
             }
@@ -307,11 +308,7 @@ impl DiskZone {
         let path = self.path_of(&md5);
         match self.write(&path, &data) {
             Ok(()) => {
-                lock(&self.index).insert(
-                    md5,
-                    Meta,
-                    data.len(),
-                );
+                lock(&self.index).insert(md5, Meta, data.len());
                 self.evict();
             }
             Err(e) => {
@@ -650,8 +647,16 @@ mod tests {
         let main = md5_of("k");
         // Spaces in Accept-Encoding are normalized, other headers are taken as sent.
         assert_eq!(
-            variant(&main, "Accept-Encoding", &req(&[("accept-encoding", "gzip,  br")])),
-            variant(&main, "accept-encoding", &req(&[("accept-encoding", "gzip,br")]))
+            variant(
+                &main,
+                "Accept-Encoding",
+                &req(&[("accept-encoding", "gzip,  br")])
+            ),
+            variant(
+                &main,
+                "accept-encoding",
+                &req(&[("accept-encoding", "gzip,br")])
+            )
         );
         assert_ne!(
             variant(&main, "X-A", &req(&[("x-a", "1, 2")])),

@@ -210,7 +210,9 @@ pub fn nginx_caching(headers: &HeaderMap, now_ms: u64) -> (Freshness, StaleWindo
                 match c {
                     ',' | ';' | ' ' => break,
                     '0'..='9' => {
-                        n = n.saturating_mul(10).saturating_add(u64::from(c as u8 - b'0'))
+                        n = n
+                            .saturating_mul(10)
+                            .saturating_add(u64::from(c as u8 - b'0'))
                     }
                     _ => return Some(Err(())),
                 }
@@ -417,7 +419,10 @@ mod tests {
     #[test]
     fn apisix_vary_lists() {
         assert_eq!(
-            vary_list(&headers(&[("vary", "X-B, accept-encoding"), ("vary", " x-a ")])),
+            vary_list(&headers(&[
+                ("vary", "X-B, accept-encoding"),
+                ("vary", " x-a ")
+            ])),
             Some(vec!["accept-encoding".into(), "x-a".into(), "x-b".into()])
         );
         assert_eq!(vary_list(&headers(&[("vary", "Accept, *")])), None);

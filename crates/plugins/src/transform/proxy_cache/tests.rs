@@ -472,23 +472,49 @@ fn answers_with_vary_are_kept_per_variant() {
         let p = gw.plugin(conf.clone());
         let a = || with(get("/v"), "x-lang", "a");
         let b = || with(get("/v"), "x-lang", "b");
-        assert_eq!(run(&*p, a(), (200, VARY_LANG, "for a")).cache_status(), "MISS");
+        assert_eq!(
+            run(&*p, a(), (200, VARY_LANG, "for a")).cache_status(),
+            "MISS"
+        );
         let r = run(&*p, a(), (200, VARY_LANG, "wrong"));
-        assert_eq!((r.cache_status(), &r.body[..]), ("HIT", &b"for a"[..]), "{conf}");
+        assert_eq!(
+            (r.cache_status(), &r.body[..]),
+            ("HIT", &b"for a"[..]),
+            "{conf}"
+        );
         assert_eq!(r.headers["vary"], "X-Lang");
-        assert_eq!(run(&*p, b(), (200, VARY_LANG, "for b")).cache_status(), "MISS", "{conf}");
+        assert_eq!(
+            run(&*p, b(), (200, VARY_LANG, "for b")).cache_status(),
+            "MISS",
+            "{conf}"
+        );
         let r = run(&*p, b(), (200, VARY_LANG, "wrong"));
-        assert_eq!((r.cache_status(), &r.body[..]), ("HIT", &b"for b"[..]), "{conf}");
+        assert_eq!(
+            (r.cache_status(), &r.body[..]),
+            ("HIT", &b"for b"[..]),
+            "{conf}"
+        );
         let r = run(&*p, a(), (200, VARY_LANG, "wrong"));
-        assert_eq!((r.cache_status(), &r.body[..]), ("HIT", &b"for a"[..]), "{conf}");
+        assert_eq!(
+            (r.cache_status(), &r.body[..]),
+            ("HIT", &b"for a"[..]),
+            "{conf}"
+        );
         // A request without the header is a variant of its own.
-        assert_eq!(run(&*p, get("/v"), (200, VARY_LANG, "none")).cache_status(), "MISS");
+        assert_eq!(
+            run(&*p, get("/v"), (200, VARY_LANG, "none")).cache_status(),
+            "MISS"
+        );
         assert_eq!(&run(&*p, get("/v"), OK).body[..], b"none", "{conf}");
         assert_eq!(run(&*p, req("PURGE", "/v"), OK).status, 200, "{conf}");
         // `Vary: *` is never stored.
         let star: (u16, &[(&str, &str)], &str) = (200, &[("vary", "*")], "star");
         assert_eq!(run(&*p, get("/star"), star).cache_status(), "MISS");
-        assert_eq!(run(&*p, get("/star"), star).cache_status(), "MISS", "{conf}");
+        assert_eq!(
+            run(&*p, get("/star"), star).cache_status(),
+            "MISS",
+            "{conf}"
+        );
     }
 }
 
@@ -527,7 +553,10 @@ fn disk_serves_stale_on_upstream_errors_within_stale_if_error() {
     let p = gw.plugin(disk(json!({})));
     let fresh: (u16, &[(&str, &str)], &str) = (
         200,
-        &[("content-type", "text/plain"), ("cache-control", "max-age=1, stale-if-error=60")],
+        &[
+            ("content-type", "text/plain"),
+            ("cache-control", "max-age=1, stale-if-error=60"),
+        ],
         "kept",
     );
     let broken: (u16, &[(&str, &str)], &str) = (503, &[("content-type", "text/html")], "down");
@@ -547,7 +576,10 @@ fn disk_serves_stale_on_upstream_errors_within_stale_if_error() {
     // Past the window the error passes.
     gw.clock.advance(60_000);
     let r = run(&*p, get("/e"), broken);
-    assert_eq!((r.status, r.cache_status(), &r.body[..]), (503, "EXPIRED", &b"down"[..]));
+    assert_eq!(
+        (r.status, r.cache_status(), &r.body[..]),
+        (503, "EXPIRED", &b"down"[..])
+    );
     // Without the extension nginx passes the error (APISIX's proxy_cache_use_stale off).
     let short: (u16, &[(&str, &str)], &str) = (200, &[("cache-control", "max-age=1")], "s");
     run(&*p, get("/s"), short);
@@ -555,12 +587,18 @@ fn disk_serves_stale_on_upstream_errors_within_stale_if_error() {
     let r = run(&*p, get("/s"), broken);
     assert_eq!((r.status, r.cache_status()), (503, "EXPIRED"));
     // stale-while-revalidate opens the error window too.
-    let swr: (u16, &[(&str, &str)], &str) =
-        (200, &[("cache-control", "max-age=1, stale-while-revalidate=10")], "w");
+    let swr: (u16, &[(&str, &str)], &str) = (
+        200,
+        &[("cache-control", "max-age=1, stale-while-revalidate=10")],
+        "w",
+    );
     run(&*p, get("/w"), swr);
     gw.clock.advance(5_000);
     let r = run(&*p, get("/w"), (502, &[], ""));
-    assert_eq!((r.status, r.cache_status(), &r.body[..]), (200, "STALE", &b"w"[..]));
+    assert_eq!(
+        (r.status, r.cache_status(), &r.body[..]),
+        (200, "STALE", &b"w"[..])
+    );
 }
 
 /// The memory strategy serves nothing stale, as APISIX's: an expired entry is fetched again
@@ -569,8 +607,14 @@ fn disk_serves_stale_on_upstream_errors_within_stale_if_error() {
 fn memory_has_no_stale_serving() {
     let gw = gateway(1 << 20);
     let p = gw.plugin(memory(json!({"cache_control": true})));
-    let fresh: (u16, &[(&str, &str)], &str) =
-        (200, &[("cache-control", "max-age=1, stale-if-error=60, stale-while-revalidate=60")], "m");
+    let fresh: (u16, &[(&str, &str)], &str) = (
+        200,
+        &[(
+            "cache-control",
+            "max-age=1, stale-if-error=60, stale-while-revalidate=60",
+        )],
+        "m",
+    );
     run(&*p, get("/m"), fresh);
     gw.clock.advance(2_000);
     let r = run(&*p, get("/m"), (502, &[], "err"));
@@ -583,8 +627,11 @@ fn memory_has_no_stale_serving() {
 async fn disk_serves_updating_within_stale_while_revalidate() {
     let gw = gateway(1 << 20);
     let p = gw.plugin(disk(json!({})));
-    let swr: (u16, &[(&str, &str)], &str) =
-        (200, &[("cache-control", "max-age=1, stale-while-revalidate=30")], "old");
+    let swr: (u16, &[(&str, &str)], &str) = (
+        200,
+        &[("cache-control", "max-age=1, stale-while-revalidate=30")],
+        "old",
+    );
     run(&*p, get("/u"), swr);
     gw.clock.advance(2_000);
     let mut first = get("/u");
@@ -605,8 +652,11 @@ async fn disk_serves_updating_within_stale_while_revalidate() {
     assert_eq!((a.cache_status(), &a.body[..]), ("EXPIRED", &b"new"[..]));
     assert_eq!(&run(&*p, get("/u"), OK).body[..], b"new");
     // Past the window the others wait for the fetch, as without it.
-    let short: (u16, &[(&str, &str)], &str) =
-        (200, &[("cache-control", "max-age=1, stale-while-revalidate=1")], "o");
+    let short: (u16, &[(&str, &str)], &str) = (
+        200,
+        &[("cache-control", "max-age=1, stale-while-revalidate=1")],
+        "o",
+    );
     run(&*p, get("/p"), short);
     gw.clock.advance(5_000);
     let mut first = get("/p");

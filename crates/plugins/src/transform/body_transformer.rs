@@ -18,7 +18,9 @@
 //! held up to `max_resp_body_size`. Templates are compiled when the conf is written, and one
 //! using a construct outside the supported language is refused then.
 //!
-//! Not built: the `_multipart` object (`set_simple`, `tostring`) and `require` in templates.
+//! `require` gives the modules APISIX's documented templates load (`cjson`, `cjson.safe`,
+//! `apisix.core`'s `json`, `tinyyaml`, `lyaml`). Not built: the `_multipart` object
+//! (`set_simple`, `tostring`).
 
 use std::sync::Arc;
 

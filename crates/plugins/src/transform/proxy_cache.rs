@@ -19,8 +19,15 @@
 //! `X-Accel-Expires`, `Cache-Control` or `Expires` say, else for the zones' `cache_ttl`, and a
 //! `cache_bypass` request's answer replaces the stored one. Both refuse answers marked
 //! `private`, `no-store` or `no-cache`, answers with `Set-Cookie` (memory: unless
-//! `cache_set_cookie`) and with `Vary`. A `HEAD` on a cached path asks the upstream for a
+//! `cache_set_cookie`) and with `Vary: *`. A `HEAD` on a cached path asks the upstream for a
 //! `GET`, so the whole answer is stored (nginx's `proxy_cache_convert_head`).
+//!
+//! Answers with `Vary` are stored per variant, each strategy as its APISIX counterpart does
+//! (see `memory` and `disk`). On disk an expired answer still serves within the stale windows
+//! the answer's `Cache-Control` gave it (nginx's reading of `stale-while-revalidate` and
+//! `stale-if-error`, with APISIX's `proxy_cache_use_stale off`): to the requests that come
+//! while another fetches it anew (`UPDATING`), and in place of the upstream's error (`STALE`).
+//! The memory strategy has no stale serving, as APISIX's.
 //!
 //! With `consumer_isolation` (the default) the authenticated consumer's name (else
 //! `$remote_user`) is put before the key, unless the key already names the requester.
@@ -44,13 +51,13 @@ use ferrisix_plugin_api::{
     PluginDef, PluginServices, ResponseHead, SharedState, Step,
 };
 use ferrisix_router::VarSource;
-use http::{header, HeaderName, HeaderValue, Method, StatusCode};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
 use disk::DiskZone;
 use memory::{Lookup, MemoryZone};
-use stored::{Directives, Freshness, Stored, Vary};
+use stored::{Directives, Freshness, StaleWindows, Stored};
 
 pub const NAME: &str = "proxy-cache";
 
@@ -195,17 +202,20 @@ enum Store {
 }
 
 impl Zone {
-    fn get(&self, key: &str, now_ms: u64) -> Lookup {
+    /// The answer for a request under `key` (its variant, when stored answers vary), and on
+    /// disk the second file looked in.
+    fn lookup(&self, key: &str, request: &HeaderMap, now_ms: u64) -> (Lookup, Option<[u8; 16]>) {
         match &self.store {
-            Store::Memory(z) => z.get(key, now_ms),
-            Store::Disk { zone, .. } => zone.get(key, now_ms),
+            Store::Memory(z) => (z.lookup(key, request, now_ms), None),
+            Store::Disk { zone, .. } => zone.lookup(key, request, now_ms),
         }
     }
 
-    /// Deletes the answer stored under `key`; false when there was none.
+    /// Deletes the answers stored under `key` (memory: every variant; disk: the key's file);
+    /// false when there was none.
     pub(super) fn purge(&self, key: &str) -> bool {
         match &self.store {
-            Store::Memory(z) => z.purge(key),
+            Store::Memory(z) => z.purge_all(key),
             Store::Disk { zone, .. } => zone.purge(key),
         }
     }
@@ -474,6 +484,22 @@ struct Pending {
     /// The disk strategy's `Apisix-Cache-Status`, set on the upstream's answer; `None`: no
     /// status (a method nginx does not cache).
     disk_status: Option<&'static str>,
+    /// Disk: the second file the lookup looked in (where the answer may go).
+    looked: Option<[u8; 16]>,
+    /// Disk: the expired answer, served in place of an upstream error within its
+    /// `stale-if-error` window.
+    stale: Option<Arc<Stored>>,
+}
+
+impl Pending {
+    fn new(key: Option<String>, disk_status: Option<&'static str>) -> Pending {
+        Pending {
+            key,
+            disk_status,
+            looked: None,
+            stale: None,
+        }
+    }
 }
 
 /// The request was answered from the cache.
@@ -585,20 +611,14 @@ impl ProxyCache {
         if !memory {
             // nginx's `proxy_cache_methods GET HEAD POST`: other methods never meet the cache.
             if !(method == Method::GET || method == Method::HEAD || method == Method::POST) {
-                ctx.insert(Pending {
-                    key: None,
-                    disk_status: None,
-                });
+                ctx.insert(Pending::new(None, None));
                 return Err(Step::CONTINUE);
             }
             if method == Method::HEAD {
                 ctx.set_upstream_method(Method::GET);
             }
             if self.on(&self.bypass, ctx) || !self.methods.contains(&method) {
-                ctx.insert(Pending {
-                    key: Some(key),
-                    disk_status: Some("BYPASS"),
-                });
+                ctx.insert(Pending::new(Some(key), Some("BYPASS")));
                 return Err(Step::CONTINUE);
             }
         }
@@ -628,33 +648,58 @@ impl ProxyCache {
         Ok(self.hit(stored, &[(header::AGE, age), hit]))
     }
 
-    /// The request goes upstream; its answer may be stored under `key`.
-    fn miss(&self, ctx: &mut PluginCtx<'_>, key: String, status: &'static str) -> Flow {
+    /// The request goes upstream; its answer may be stored under `key`. `found` is what the
+    /// lookup found (disk: the second file looked in, the expired answer).
+    fn miss(
+        &self,
+        ctx: &mut PluginCtx<'_>,
+        key: String,
+        status: &'static str,
+        found: (Option<[u8; 16]>, Option<Arc<Stored>>),
+    ) -> Flow {
         match self.zone.store {
             Store::Memory(_) => {
                 set_status(ctx, status);
                 if ctx.method() == Method::HEAD {
                     ctx.set_upstream_method(Method::GET);
                 }
+                ctx.insert(Pending::new(Some(key), None));
+            }
+            Store::Disk { .. } => {
+                let now = self.clock.epoch_ms();
                 ctx.insert(Pending {
                     key: Some(key),
-                    disk_status: None,
-                });
+                    disk_status: Some(status),
+                    looked: found.0,
+                    // nginx decides when it reads the file whether the error window is open.
+                    stale: found
+                        .1
+                        .filter(|s| within(s.expires_ms, s.stale.error_ms, now)),
+                })
             }
-            Store::Disk { .. } => ctx.insert(Pending {
-                key: Some(key),
-                disk_status: Some(status),
-            }),
         }
         Flow::Continue
     }
-    /// Whether the answer is to be stored, and for how long (milliseconds).
+
+    /// nginx's `UPDATING`: an expired disk answer within its `stale-while-revalidate` window,
+    /// served while another request fetches it anew.
+    fn updating(&self, stale: Option<&Arc<Stored>>, now: u64) -> Option<Exit> {
+        let stale = stale?;
+        if !matches!(self.zone.store, Store::Disk { .. })
+            || !within(stale.expires_ms, stale.stale.updating_ms, now)
+        {
+            return None;
+        }
+        Some(self.hit(stale, &[(STATUS_HEADER, status_value("UPDATING"))]))
+    }
+    /// Whether the answer is to be stored, for how long (milliseconds) and with which stale
+    /// windows.
     fn storable(
         &self,
         ctx: &PluginCtx<'_>,
         resp: &ResponseHead<'_>,
         disk_default: Option<u64>,
-    ) -> Option<u64> {
+    ) -> Option<(u64, StaleWindows)> {
         if !self.statuses.contains(&resp.status().as_u16()) || self.on(&self.no_cache, ctx) {
             return None;
         }
@@ -664,13 +709,11 @@ impl ProxyCache {
             if !resp.from_upstream() || !self.methods.contains(ctx.method()) {
                 return None;
             }
-            if stored::vary(headers) != Vary::None {
-                return None;
-            }
-            return match stored::nginx_freshness(headers, now) {
+            let (fresh, windows) = stored::nginx_caching(headers, now);
+            return match fresh {
                 Freshness::Never => None,
-                Freshness::For(ms) => Some(ms),
-                Freshness::Default => Some(default),
+                Freshness::For(ms) => Some((ms, windows)),
+                Freshness::Default => Some((default, windows)),
             };
         }
         let cc = Directives::parse(headers.get_all(header::CACHE_CONTROL).iter());
@@ -680,14 +723,13 @@ impl ProxyCache {
         if !self.cache_set_cookie && headers.contains_key(header::SET_COOKIE) {
             return None;
         }
-        if stored::vary(headers) != Vary::None {
-            return None;
-        }
+        stored::vary_list(headers)?;
+        let none = StaleWindows::default();
         if self.cache_control {
             let ttl = stored::resource_ttl_ms(&cc, headers, now);
-            return (ttl > 0).then_some(ttl);
+            return (ttl > 0).then_some((ttl, none));
         }
-        Some(self.ttl_ms)
+        Some((self.ttl_ms, none))
     }
 }
 
@@ -702,39 +744,52 @@ impl Plugin for ProxyCache {
             Err(step) => return step,
         };
         let now = self.clock.epoch_ms();
-        let status = match self.zone.get(&key, now) {
+        let (found, looked) = self.zone.lookup(&key, ctx.headers(), now);
+        let (status, stale) = match found {
             Lookup::Fresh(stored) => match self.usable(&stored, &cc, now) {
                 Ok(exit) => {
                     ctx.insert(Hit);
                     return Step::exit(exit);
                 }
                 // Only the client finds it stale: no one else waits for this fetch.
-                Err(()) => return Step::Done(self.miss(ctx, key, "STALE")),
+                Err(()) => return Step::Done(self.miss(ctx, key, "STALE", (looked, None))),
             },
             Lookup::Missing if self.cache_control && cc.only_if_cached => {
                 set_status(ctx, "MISS");
                 return Step::exit(Exit::status(StatusCode::GATEWAY_TIMEOUT));
             }
-            Lookup::Missing => "MISS",
-            Lookup::Expired => "EXPIRED",
+            Lookup::Missing => ("MISS", None),
+            Lookup::Expired(stale) => ("EXPIRED", stale),
         };
         // One fetch per key at a time (nginx's cache lock): the others wait for its answer.
         match self.zone.fills.claim(&key) {
             Claim::Mine(guard) => {
                 ctx.add_guard(Box::new(guard));
-                Step::Done(self.miss(ctx, key, status))
+                Step::Done(self.miss(ctx, key, status, (looked, stale)))
             }
-            Claim::Wait(mut done) => Step::Wait(Box::pin(async move {
-                let _ = tokio::time::timeout(FILL_WAIT, done.changed()).await;
-                let now = self.clock.epoch_ms();
-                if let Lookup::Fresh(stored) = self.zone.get(&key, now) {
-                    if let Ok(exit) = self.usable(&stored, &cc, now) {
-                        ctx.insert(Hit);
-                        return Flow::Exit(exit);
-                    }
+            Claim::Wait(mut done) => {
+                if let Some(exit) = self.updating(stale.as_ref(), now) {
+                    ctx.insert(Hit);
+                    return Step::exit(exit);
                 }
-                self.miss(ctx, key, status)
-            })),
+                Step::Wait(Box::pin(async move {
+                    let _ = tokio::time::timeout(FILL_WAIT, done.changed()).await;
+                    let now = self.clock.epoch_ms();
+                    let (found, looked) = self.zone.lookup(&key, ctx.headers(), now);
+                    let stale = match found {
+                        Lookup::Fresh(stored) => {
+                            if let Ok(exit) = self.usable(&stored, &cc, now) {
+                                ctx.insert(Hit);
+                                return Flow::Exit(exit);
+                            }
+                            None
+                        }
+                        Lookup::Expired(stale) => stale,
+                        Lookup::Missing => None,
+                    };
+                    self.miss(ctx, key, status, (looked, stale))
+                }))
+            }
         }
     }
 
@@ -752,6 +807,10 @@ impl Plugin for ProxyCache {
             }
             return;
         };
+        if let Some(stale) = pending.stale.clone().filter(|_| upstream_failed(resp)) {
+            self.serve_stale(resp, &stale);
+            return;
+        }
         if disk_default.is_some() {
             let status = pending.disk_status.filter(|_| resp.from_upstream());
             match status {
@@ -764,6 +823,7 @@ impl Plugin for ProxyCache {
             }
         }
         let key = pending.key.clone();
+        let looked = pending.looked;
         // What the upstream sent is stored; hiding is for the client.
         let ttl = key
             .as_ref()
@@ -780,10 +840,30 @@ impl Plugin for ProxyCache {
         if self.hide_cache_headers {
             hide(resp);
         }
-        let (Some(key), Some(ttl)) = (key, ttl) else {
+        let (Some(key), Some((ttl, stale))) = (key, ttl) else {
             return;
         };
         let now = self.clock.epoch_ms();
+        let place = match &self.zone.store {
+            Store::Memory(_) => {
+                let vary = stored::vary_list(resp.headers()).unwrap_or_default();
+                let signature = memory::signature(&vary, ctx.headers());
+                Place::Memory { vary, signature }
+            }
+            Store::Disk { .. } => {
+                let vary = stored::nginx_vary(resp.headers())
+                    .ok()
+                    .flatten()
+                    .map(str::to_owned);
+                let (file, variant) =
+                    DiskZone::target(&key, looked, vary.as_deref(), ctx.headers());
+                Place::Disk {
+                    file,
+                    vary,
+                    variant,
+                }
+            }
+        };
         resp.add_body_filter(Box::new(Capture {
             buf: BytesMut::new(),
             limit: self.max_body,
@@ -791,16 +871,82 @@ impl Plugin for ProxyCache {
             entry: Some(Entry {
                 zone: self.zone.clone(),
                 key,
+                place,
                 stored: Stored {
                     status: resp.status(),
                     headers,
                     body: Bytes::new(),
                     stored_ms: now,
                     expires_ms: now.saturating_add(ttl),
+                    stale,
                 },
             }),
         }));
     }
+}
+
+impl ProxyCache {
+    /// nginx's stale answer in place of the upstream's error (`Apisix-Cache-Status: STALE`):
+    /// the stored status, headers and body replace the error's.
+    fn serve_stale(&self, resp: &mut ResponseHead<'_>, stale: &Stored) {
+        resp.set_status(stale.status);
+        let headers = resp.headers_mut();
+        for name in [
+            header::CONTENT_LENGTH,
+            header::CONTENT_TYPE,
+            header::CONTENT_ENCODING,
+            header::TRANSFER_ENCODING,
+            header::ETAG,
+            header::LAST_MODIFIED,
+            header::CACHE_CONTROL,
+            header::EXPIRES,
+            header::VARY,
+        ] {
+            headers.remove(name);
+        }
+        for (n, _) in &stale.headers {
+            headers.remove(n);
+        }
+        for (n, v) in &stale.headers {
+            if !(self.hide_cache_headers && stored::is_cache_header(n)) {
+                headers.append(n.clone(), v.clone());
+            }
+        }
+        headers.insert(STATUS_HEADER, status_value("STALE"));
+        resp.replace_body(stale.body.clone());
+    }
+}
+
+/// Whether `ms` past `expires_ms` reaches `now` (nginx: `valid_sec + window >= now`).
+fn within(expires_ms: u64, window_ms: u64, now: u64) -> bool {
+    window_ms > 0 && expires_ms.saturating_add(window_ms) >= now
+}
+
+/// The failures nginx serves a stale answer for under `stale-if-error`: the upstream's 500,
+/// 502, 503, 504, 403, 404 and 429 (`proxy_next_upstream`'s statuses), and the gateway's own
+/// 502 and 504 when the upstream could not be reached or timed out.
+fn upstream_failed(resp: &ResponseHead<'_>) -> bool {
+    let s = resp.status().as_u16();
+    if resp.from_upstream() {
+        matches!(s, 500 | 502 | 503 | 504 | 403 | 404 | 429)
+    } else {
+        matches!(s, 502 | 504)
+    }
+}
+
+/// Where an answer goes in its zone.
+enum Place {
+    /// Under its variant when it varies (APISIX's index of variants).
+    Memory {
+        vary: Vec<String>,
+        signature: String,
+    },
+    /// In the file chosen at lookup, with its `Vary` and variant (nginx's).
+    Disk {
+        file: [u8; 16],
+        vary: Option<String>,
+        variant: [u8; 16],
+    },
 }
 
 fn hide(resp: &mut ResponseHead<'_>) {
@@ -812,6 +958,7 @@ fn hide(resp: &mut ResponseHead<'_>) {
 struct Entry {
     zone: Zone,
     key: String,
+    place: Place,
     stored: Stored,
 }
 
@@ -841,11 +988,20 @@ impl BodyFilter for Capture {
             return;
         };
         entry.stored.body = std::mem::take(&mut self.buf).freeze();
-        match &entry.zone.store {
-            Store::Memory(z) => {
-                z.set(&entry.key, Arc::new(entry.stored));
+        match (&entry.zone.store, entry.place) {
+            (Store::Memory(z), Place::Memory { vary, signature }) => {
+                let now = entry.stored.stored_ms;
+                z.store(&entry.key, &vary, &signature, Arc::new(entry.stored), now);
             }
-            Store::Disk { zone, .. } => zone.set(&entry.key, &entry.stored),
+            (
+                Store::Disk { zone, .. },
+                Place::Disk {
+                    file,
+                    vary,
+                    variant,
+                },
+            ) => zone.set_at(file, &entry.key, &entry.stored, vary.as_deref(), variant),
+            _ => {}
         }
     }
 }

@@ -3,8 +3,8 @@
 //! tests: values (nil, booleans, numbers, strings, tables), every operator, field and index
 //! access, calls of the helpers below and string methods (`s:upper()`), `local`, assignment,
 //! `if`/`elseif`/`else`, numeric and generic `for` (`ipairs`, `pairs`), `while`, `do`,
-//! `break`. Functions cannot be defined and nothing can be required: a template that does so
-//! is refused when the conf is written.
+//! `break`. Functions cannot be defined: a template that does so is refused when the conf is
+//! written.
 //!
 //! Globals: the helpers the template gets (`_escape_xml`, `_escape_json`, `_ctx` with `var`
 //! and `consumer`, `_body`), the decoded body's fields, `context`, and the library functions
@@ -12,6 +12,11 @@
 //! `upper`, `lower`, `rep`, `reverse`, `format` with `%s %d %f %q %%`, `find` and `gsub`
 //! with plain text), `table.concat`, `table.insert`, `math.floor`, `math.ceil`, `math.max`,
 //! `math.min`, `math.abs`. A run is bounded in steps and output size.
+//!
+//! `require` gives the modules APISIX's documented templates load: `cjson` and `cjson.safe`
+//! (`encode`, `decode`), `apisix.core` (`json.encode`, `json.decode`), `tinyyaml` (`parse`)
+//! and `lyaml` (`load`); any other name fails the render as Lua's `require` does
+//! (`module 'x' not found`).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -682,6 +687,14 @@ pub enum Builtin {
     MathMax,
     MathMin,
     MathAbs,
+    /// `require` and what the modules it gives hold.
+    Require,
+    JsonEncode,
+    /// cjson's `decode`: an error on bad JSON.
+    JsonDecode,
+    /// `cjson.safe`'s and `core.json`'s `decode`: nil and the message on bad JSON.
+    JsonDecodeSafe,
+    YamlLoad,
     /// The iterator `ipairs` returns.
     IpairsIter,
     /// The template's writers: its text number N, a value escaped, a value as it is.
@@ -919,6 +932,7 @@ impl<'g> Machine<'g> {
             ("tonumber", Builtin::Tonumber),
             ("type", Builtin::Type),
             ("select", Builtin::Select),
+            ("require", Builtin::Require),
         ] {
             globals.set(Key::Str(n.into()), Val::Func(f));
         }
@@ -1326,6 +1340,25 @@ impl<'g> Machine<'g> {
                 self.emit(&t)?;
                 Ok(Vec::new())
             }
+            Builtin::Require => one(module(&text(0, "require")?)?),
+            Builtin::JsonEncode => one(Val::str(&lua_fmt::cjson_encode(&arg(0).to_json(0)))),
+            Builtin::JsonDecode | Builtin::JsonDecodeSafe => {
+                let src = text(0, "decode")?;
+                match serde_json::from_str::<Json>(&src) {
+                    Ok(v) => one(Val::from_json(&v, false)),
+                    Err(e) if *b == Builtin::JsonDecodeSafe => {
+                        Ok(vec![Val::Nil, Val::str(&json_error(&e))])
+                    }
+                    Err(e) => Err(json_error(&e)),
+                }
+            }
+            Builtin::YamlLoad => {
+                let src = text(0, "load")?;
+                match serde_yaml::from_str::<Json>(&src) {
+                    Ok(v) => one(Val::from_json(&v, false)),
+                    Err(e) => Err(format!("failed to parse YAML: {e}")),
+                }
+            }
             Builtin::EscapeXml => one(Val::str(&escape_xml(&text(0, "_escape_xml")?))),
             Builtin::EscapeJson => one(Val::str(&lua_fmt::cjson_encode(&arg(0).to_json(0)))),
             Builtin::Ipairs => match arg(0) {
@@ -1531,6 +1564,48 @@ fn string_lib_get(name: &str) -> Val {
         Val::Table(t) => t.borrow().get(&Key::Str(name.into())),
         _ => Val::Nil,
     }
+}
+
+/// A table of functions by name.
+fn functions(entries: &[(&str, Builtin)]) -> Val {
+    Val::table(
+        entries
+            .iter()
+            .map(|(n, f)| (Key::Str((*n).into()), Val::Func(*f)))
+            .collect(),
+    )
+}
+
+/// What `require(name)` gives.
+fn module(name: &str) -> RResult<Val> {
+    Ok(match name {
+        "cjson" => functions(&[
+            ("encode", Builtin::JsonEncode),
+            ("decode", Builtin::JsonDecode),
+        ]),
+        "cjson.safe" => functions(&[
+            ("encode", Builtin::JsonEncode),
+            ("decode", Builtin::JsonDecodeSafe),
+        ]),
+        "apisix.core" => Val::table(vec![(
+            Key::Str("json".into()),
+            functions(&[
+                ("encode", Builtin::JsonEncode),
+                ("decode", Builtin::JsonDecodeSafe),
+            ]),
+        )]),
+        "tinyyaml" => functions(&[("parse", Builtin::YamlLoad)]),
+        "lyaml" => functions(&[("load", Builtin::YamlLoad)]),
+        _ => return Err(format!("module '{name}' not found")),
+    })
+}
+
+/// cjson's message for JSON it cannot decode.
+fn json_error(e: &serde_json::Error) -> String {
+    format!(
+        "Expected value but found invalid token at character {}",
+        e.column().max(1)
+    )
 }
 
 fn string_lib() -> Val {

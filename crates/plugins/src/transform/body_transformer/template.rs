@@ -218,4 +218,50 @@ mod tests {
             vec!["arg_id", "status"]
         );
     }
+
+    /// The modules APISIX's documented templates require.
+    #[test]
+    fn required_modules() {
+        assert_eq!(
+            render(
+                "{% local yaml = require(\"tinyyaml\") local body = yaml.parse(\"foobar:\\n  foo: hello\\n  bar: world\") %}\
+                 {\"foobar\":\"{{body.foobar.foo .. \" \" .. body.foobar.bar}}\"}"
+            )
+            .unwrap(),
+            "{\"foobar\":\"hello world\"}"
+        );
+        assert_eq!(
+            render("{% local y = require(\"lyaml\") %}{{y.load(\"a: [1, 2]\").a[2]}}").unwrap(),
+            "2"
+        );
+        assert_eq!(
+            render(
+                "{% local cjson = require 'cjson' local t = cjson.decode('{\"a\":[1,\"x\"]}') %}\
+                 {* cjson.encode({n = t.a[1] + 1, s = t.a[2]}) *}"
+            )
+            .unwrap(),
+            "{\"n\":2,\"s\":\"x\"}"
+        );
+        assert_eq!(
+            render(
+                "{% local core = require 'apisix.core' local v, err = core.json.decode('{') %}\
+                 {{v == nil}} {{err ~= nil}} {* core.json.encode({1, 2}) *}"
+            )
+            .unwrap(),
+            "true true [1,2]"
+        );
+        assert_eq!(
+            render("{% local s = require 'cjson.safe' %}{{s.decode('[true]')[1]}}").unwrap(),
+            "true"
+        );
+        // cjson's decode fails the render on bad JSON, as does a module that is not there.
+        assert!(
+            render("{% local c = require 'cjson' %}{{c.decode('nope')}}")
+                .unwrap_err()
+                .contains("Expected value")
+        );
+        assert!(render("{% local m = require 'resty.http' %}")
+            .unwrap_err()
+            .contains("module 'resty.http' not found"));
+    }
 }

@@ -12,6 +12,13 @@
 //! directory when the zone is made (in the background: until it is done, a key the index does
 //! not know yet is looked for on disk), so entries survive a restart.
 //!
+//! Answers with `Vary` are kept as nginx keeps them: the key's file holds the answer with the
+//! `Vary` text and its variant, the MD5 of the key's MD5 and the request's values of the named
+//! headers (`Accept-Charset`, `Accept-Encoding` and `Accept-Language` with their spaces
+//! normalized). A request whose variant differs looks for a second file named by its variant;
+//! a fetch made after that second look is stored there when the answer's variant is that
+//! name, else in the key's file. A purge deletes the key's file only, as APISIX's does.
+//!
 //! Files are read and written on the worker that serves the request, as nginx does without
 //! `aio`: a stored answer is read from the page cache in one call.
 
@@ -22,22 +29,23 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use md5::{Digest, Md5};
 
 use super::lru::Lru;
 use super::memory::Lookup;
-use super::stored::Stored;
+use super::stored::{StaleWindows, Stored};
 
-const MAGIC: &[u8; 8] = b"FXPCACH1";
+/// The layout written; files of the first layout (no `Vary`, no stale windows) are still read.
+const MAGIC: &[u8; 8] = b"FXPCACH2";
+const MAGIC_V1: &[u8; 8] = b"FXPCACH1";
 /// nginx's estimate of a key's share of `keys_zone`.
 const BYTES_PER_KEY: u64 = 128;
 
-/// What the index knows of one file.
+/// What the index knows of one file: that it is there (its size is its weight); its times
+/// are read from the file, which a lookup reads anyway (an expired answer may still serve).
 #[derive(Clone, Copy, Debug)]
-struct Meta {
-    expires_ms: u64,
-}
+struct Meta;
 
 /// One disk zone.
 pub struct DiskZone {
@@ -86,6 +94,55 @@ pub fn md5_of(key: &str) -> [u8; 16] {
     Md5::digest(key.as_bytes()).into()
 }
 
+/// nginx's variant of a request for an answer's `Vary` (`ngx_http_file_cache_vary`): the MD5
+/// of the key's MD5 and, for each name in `Vary` (lower-cased, split at spaces and commas),
+/// the name, `:`, the request's values of that header joined by `,` (for `Accept-Charset`,
+/// `Accept-Encoding` and `Accept-Language` each value's items, spaces dropped), and CRLF.
+pub fn variant(main: &[u8; 16], vary: &str, request: &HeaderMap) -> [u8; 16] {
+    let mut md5 = Md5::new();
+    md5.update(main);
+    let lower = vary.to_ascii_lowercase();
+    for name in lower.split([' ', ',']).filter(|n| !n.is_empty()) {
+        md5.update(name.as_bytes());
+        md5.update(b":");
+        let normalize = matches!(
+            name,
+            "accept-charset" | "accept-encoding" | "accept-language"
+        );
+        let mut multiple = false;
+        for value in request.get_all(name).iter() {
+            if !normalize {
+                if multiple {
+                    md5.update(b",");
+                }
+                md5.update(value.as_bytes());
+                multiple = true;
+                continue;
+            }
+            for item in value
+                .as_bytes()
+                .split(|b| *b == b' ' || *b == b',')
+                .filter(|i| !i.is_empty())
+            {
+                if multiple {
+                    md5.update(b",");
+                }
+                md5.update(item);
+                multiple = true;
+            }
+        }
+        md5.update(b"\r\n");
+    }
+    md5.finalize().into()
+}
+
+/// One file's content.
+struct File {
+    stored: Stored,
+    vary: Option<String>,
+    variant: [u8; 16],
+}
+
 impl DiskZone {
     /// A zone over `root`; its index is not loaded yet ([`DiskZone::load`]).
     pub fn new(root: &Path, levels: Vec<u8>, disk_size: Option<u64>, memory_size: u64) -> DiskZone {
@@ -121,14 +178,10 @@ impl DiskZone {
         scan(&self.root, 0, self.levels.len(), &mut found);
         for (md5, path) in found {
             match read_head(&path) {
-                Some((expires_ms, size)) => {
+                Some(size) => {
                     let mut index = lock(&self.index);
                     if index.peek(&md5).is_none() {
-                        index.insert(
-                            md5,
-                            Meta { expires_ms },
-                            usize::try_from(size).unwrap_or(usize::MAX),
-                        );
+                        index.insert(md5, Meta, usize::try_from(size).unwrap_or(usize::MAX));
                     }
                 }
                 None => {
@@ -140,79 +193,127 @@ impl DiskZone {
         self.evict();
     }
 
-    pub fn get(&self, key: &str, now_ms: u64) -> Lookup {
-        let md5 = md5_of(key);
-        let known = lock(&self.index).get(&md5).copied();
-        match known {
-            None if self.loaded.load(Ordering::Acquire) => return Lookup::Missing,
-            Some(m) if m.expires_ms <= now_ms => return Lookup::Expired,
-            _ => {}
+    /// The answer for a request under `key`, and the name of the second file looked in when
+    /// the key's file varies on headers whose values the request does not share (where the
+    /// answer fetched for it may be stored: [`DiskZone::target`]).
+    pub fn lookup(
+        &self,
+        key: &str,
+        request: &HeaderMap,
+        now_ms: u64,
+    ) -> (Lookup, Option<[u8; 16]>) {
+        let main = md5_of(key);
+        let Some(file) = self.read(&main, key) else {
+            return (Lookup::Missing, None);
+        };
+        let Some(vary) = &file.vary else {
+            return (found(file.stored, now_ms), None);
+        };
+        let mine = variant(&main, vary, request);
+        if mine == file.variant {
+            return (found(file.stored, now_ms), None);
         }
-        let path = self.path_of(&md5);
+        match self.read(&mine, key) {
+            // A second file answers only a request of its own variant.
+            Some(f)
+                if f.vary
+                    .as_deref()
+                    .is_none_or(|v| variant(&main, v, request) == f.variant) =>
+            {
+                (found(f.stored, now_ms), Some(mine))
+            }
+            _ => (Lookup::Missing, Some(mine)),
+        }
+    }
+
+    /// Where an answer fetched after a lookup goes (`ngx_http_file_cache_update_variant`): the
+    /// second file looked in when the answer's variant is its name, else the key's file; and
+    /// the answer's variant, when it varies.
+    pub fn target(
+        key: &str,
+        looked: Option<[u8; 16]>,
+        vary: Option<&str>,
+        request: &HeaderMap,
+    ) -> ([u8; 16], [u8; 16]) {
+        let main = md5_of(key);
+        let mine = vary.map_or([0; 16], |v| variant(&main, v, request));
+        match looked {
+            Some(second) if vary.is_some() && mine == second => (second, mine),
+            _ => (main, mine),
+        }
+    }
+
+    /// The file named `md5` when it holds `key` whole; a damaged one is removed.
+    fn read(&self, md5: &[u8; 16], key: &str) -> Option<File> {
+        let known = lock(&self.index).get(md5).copied();
+        if known.is_none() && self.loaded.load(Ordering::Acquire) {
+            return None;
+        }
+        let path = self.path_of(md5);
         let Ok(bytes) = fs::read(&path) else {
-            lock(&self.index).remove(&md5);
-            return Lookup::Missing;
+            lock(&self.index).remove(md5);
+            return None;
         };
         match decode(&bytes) {
-            Some((k, stored)) if k == key.as_bytes() => {
+            Some((k, file)) if k == key.as_bytes() => {
                 if known.is_none() {
-                    lock(&self.index).insert(
-                        md5,
-                        Meta {
-                            expires_ms: stored.expires_ms,
-                        },
-                        bytes.len(),
-                    );
+                    lock(&self.index).insert(*md5, Meta, bytes.len());
                 }
-                if stored.expires_ms <= now_ms {
-                    Lookup::Expired
-                } else {
-                    Lookup::Fresh(Arc::new(stored))
-                }
+                Some(file)
             }
             // Another key with the same MD5 owns the file: this key has nothing stored.
-            Some(_) => Lookup::Missing,
+            Some(_) => None,
             None => {
                 tracing::warn!(path = %path.display(), "proxy-cache: damaged cache file removed");
-                lock(&self.index).remove(&md5);
+                lock(&self.index).remove(md5);
                 let _ = fs::remove_file(&path);
-                Lookup::Missing
+                None
             }
         }
     }
 
     /// Deletes the file of `key`; whether there was one (APISIX's disk purge: 200 or 404).
     pub fn purge(&self, key: &str) -> bool {
-        let md5 = md5_of(key);
-        lock(&self.index).remove(&md5);
-        fs::remove_file(self.path_of(&md5)).is_ok()
+        self.remove(&md5_of(key))
+    }
+
+    fn remove(&self, md5: &[u8; 16]) -> bool {
+        lock(&self.index).remove(md5);
+        fs::remove_file(self.path_of(md5)).is_ok()
     }
 
     /// Stores an answer, replacing the key's file; evicts the least recently used files past
     /// the zone's bounds. A failure (a full disk) is logged and leaves nothing stored.
+    #[cfg(test)]
     pub fn set(&self, key: &str, stored: &Stored) {
-        let md5 = md5_of(key);
-        let data = encode(key, stored);
+        self.set_at(md5_of(key), key, stored, None, [0; 16]);
+    }
+
+    /// Stores an answer in the file named `md5` ([`DiskZone::target`]), with the `Vary` text
+    /// and variant it was stored for.
+    pub fn set_at(
+        &self,
+        md5: [u8; 16],
+        key: &str,
+        stored: &Stored,
+        vary: Option<&str>,
+        variant: [u8; 16],
+    ) {
+        let data = encode(key, stored, vary, &variant);
         let size = data.len() as u64;
         if size > self.max_size {
-            self.purge(key);
+            self.remove(&md5);
             return;
         }
         let path = self.path_of(&md5);
         match self.write(&path, &data) {
             Ok(()) => {
-                lock(&self.index).insert(
-                    md5,
-                    Meta {
-                        expires_ms: stored.expires_ms,
-                    },
-                    data.len(),
-                );
+                lock(&self.index).insert(md5, Meta, data.len());
                 self.evict();
             }
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "proxy-cache: answer not stored");
-                self.purge(key);
+                self.remove(&md5);
             }
         }
     }
@@ -254,6 +355,11 @@ impl DiskZone {
         }
     }
 
+    #[cfg(test)]
+    pub fn get(&self, key: &str, now_ms: u64) -> Lookup {
+        self.lookup(key, &HeaderMap::new(), now_ms).0
+    }
+
     /// The number of files the index knows and their bytes.
     #[cfg(test)]
     pub fn usage(&self) -> (usize, usize) {
@@ -285,9 +391,19 @@ fn scan(dir: &Path, depth: usize, levels: usize, out: &mut Vec<([u8; 16], PathBu
     }
 }
 
+/// A lookup's answer from a file's.
+fn found(stored: Stored, now_ms: u64) -> Lookup {
+    if stored.expires_ms <= now_ms {
+        Lookup::Expired(Some(Arc::new(stored)))
+    } else {
+        Lookup::Fresh(Arc::new(stored))
+    }
+}
+
 /// The layout of a file: the magic, the expiry and store times, the status, the key, the
-/// headers, the body, then a CRC-32 of all that.
-fn encode(key: &str, s: &Stored) -> Vec<u8> {
+/// stale windows, the `Vary` text and variant, the headers, the body, then a CRC-32 of all
+/// that.
+fn encode(key: &str, s: &Stored, vary: Option<&str>, variant: &[u8; 16]) -> Vec<u8> {
     let headers: usize = s
         .headers
         .iter()
@@ -300,6 +416,12 @@ fn encode(key: &str, s: &Stored) -> Vec<u8> {
     out.extend_from_slice(&s.status.as_u16().to_le_bytes());
     out.extend_from_slice(&(key.len() as u32).to_le_bytes());
     out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(&s.stale.updating_ms.to_le_bytes());
+    out.extend_from_slice(&s.stale.error_ms.to_le_bytes());
+    let vary = vary.unwrap_or_default();
+    out.extend_from_slice(&(vary.len() as u16).to_le_bytes());
+    out.extend_from_slice(vary.as_bytes());
+    out.extend_from_slice(variant);
     out.extend_from_slice(&(s.headers.len() as u32).to_le_bytes());
     for (n, v) in &s.headers {
         out.extend_from_slice(&(n.as_str().len() as u16).to_le_bytes());
@@ -336,21 +458,34 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// The key and answer of a whole file whose checksum holds.
-fn decode(data: &[u8]) -> Option<(&[u8], Stored)> {
+/// The key and content of a whole file whose checksum holds.
+fn decode(data: &[u8]) -> Option<(&[u8], File)> {
     let (content, crc) = data.split_at(data.len().checked_sub(4)?);
     if crc32fast::hash(content).to_le_bytes() != crc {
         return None;
     }
     let mut r = Reader(content);
-    if r.take(8)? != MAGIC {
-        return None;
-    }
+    let v2 = match r.take(8)? {
+        m if m == MAGIC => true,
+        m if m == MAGIC_V1 => false,
+        _ => return None,
+    };
     let expires_ms = r.u64()?;
     let stored_ms = r.u64()?;
     let status = StatusCode::from_u16(r.u16()?).ok()?;
     let key_len = r.u32()? as usize;
     let key = r.take(key_len)?;
+    let mut stale = StaleWindows::default();
+    let mut vary = None;
+    let mut variant = [0u8; 16];
+    if v2 {
+        stale.updating_ms = r.u64()?;
+        stale.error_ms = r.u64()?;
+        let n = r.u16()? as usize;
+        let text = std::str::from_utf8(r.take(n)?).ok()?;
+        vary = (!text.is_empty()).then(|| text.to_owned());
+        variant.copy_from_slice(r.take(16)?);
+    }
     let count = r.u32()? as usize;
     let mut headers = Vec::with_capacity(count.min(256));
     for _ in 0..count {
@@ -367,28 +502,32 @@ fn decode(data: &[u8]) -> Option<(&[u8], Stored)> {
     }
     Some((
         key,
-        Stored {
-            status,
-            headers,
-            body,
-            stored_ms,
-            expires_ms,
+        File {
+            stored: Stored {
+                status,
+                headers,
+                body,
+                stored_ms,
+                expires_ms,
+                stale,
+            },
+            vary,
+            variant,
         },
     ))
 }
 
-/// A file's expiry and size, read from its head, when its length is what its head says (the
-/// checksum is checked when it is served).
-fn read_head(path: &Path) -> Option<(u64, u64)> {
+/// A file's size, when it starts as an entry file does (the checksum is checked when it is
+/// read for a request).
+fn read_head(path: &Path) -> Option<u64> {
     let mut f = fs::File::open(path).ok()?;
     let size = f.metadata().ok()?.len();
     let mut head = [0u8; 16];
     f.read_exact(&mut head).ok()?;
-    if &head[..8] != MAGIC {
+    if &head[..8] != MAGIC && &head[..8] != MAGIC_V1 {
         return None;
     }
-    let expires_ms = u64::from_le_bytes(head[8..16].try_into().ok()?);
-    Some((expires_ms, size))
+    Some(size)
 }
 
 #[cfg(test)]
@@ -405,6 +544,7 @@ mod tests {
             body: Bytes::from(body.to_owned()),
             stored_ms: 5,
             expires_ms,
+            stale: StaleWindows::default(),
         }
     }
 
@@ -436,7 +576,7 @@ mod tests {
             (StatusCode::NOT_FOUND, &b"hello"[..], 5)
         );
         assert_eq!(s.headers[0].1, "text/plain");
-        assert!(matches!(z.get("k", 1000), Lookup::Expired));
+        assert!(matches!(z.get("k", 1000), Lookup::Expired(_)));
         // A new zone on the same directory (a restart) finds it.
         let again = DiskZone::new(dir.path(), vec![1, 2], None, 1 << 20);
         again.load();
@@ -475,7 +615,7 @@ mod tests {
     #[test]
     fn bounded_by_disk_size_and_keys() {
         let dir = tempfile::tempdir().unwrap();
-        let one = encode("k0", &answer("0123456789", u64::MAX)).len() as u64;
+        let one = encode("k0", &answer("0123456789", u64::MAX), None, &[0; 16]).len() as u64;
         let z = DiskZone::new(dir.path(), vec![1], Some(one * 2), 1 << 20);
         z.load();
         for k in ["k0", "k1", "k2"] {
@@ -492,5 +632,67 @@ mod tests {
             z.set(k, &answer("x", u64::MAX));
         }
         assert_eq!(z.usage().0, 2);
+    }
+
+    fn req(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(*n, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn variants_as_nginx_names_and_finds_them() {
+        let main = md5_of("k");
+        // Spaces in Accept-Encoding are normalized, other headers are taken as sent.
+        assert_eq!(
+            variant(
+                &main,
+                "Accept-Encoding",
+                &req(&[("accept-encoding", "gzip,  br")])
+            ),
+            variant(
+                &main,
+                "accept-encoding",
+                &req(&[("accept-encoding", "gzip,br")])
+            )
+        );
+        assert_ne!(
+            variant(&main, "X-A", &req(&[("x-a", "1, 2")])),
+            variant(&main, "X-A", &req(&[("x-a", "1,2")]))
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let z = DiskZone::new(dir.path(), vec![1, 2], None, 1 << 20);
+        z.load();
+        let a = req(&[("x-lang", "a")]);
+        let b = req(&[("x-lang", "b")]);
+        // The first answer goes to the key's file, with its variant.
+        let (l, looked) = z.lookup("k", &a, 0);
+        assert!(matches!(l, Lookup::Missing) && looked.is_none());
+        let (file, v) = DiskZone::target("k", looked, Some("X-Lang"), &a);
+        assert_eq!(file, main);
+        z.set_at(file, "k", &answer("for a", 100), Some("X-Lang"), v);
+        assert!(matches!(z.lookup("k", &a, 0).0, Lookup::Fresh(s) if s.body == "for a"));
+        // Another variant misses, looks in its own file and is stored there.
+        let (l, looked) = z.lookup("k", &b, 0);
+        assert!(matches!(l, Lookup::Missing));
+        let second = looked.expect("the second file looked in");
+        let (file, v) = DiskZone::target("k", looked, Some("X-Lang"), &b);
+        assert_eq!(file, second);
+        z.set_at(file, "k", &answer("for b", 100), Some("X-Lang"), v);
+        assert!(matches!(z.lookup("k", &b, 0).0, Lookup::Fresh(s) if s.body == "for b"));
+        assert!(matches!(z.lookup("k", &a, 0).0, Lookup::Fresh(s) if s.body == "for a"));
+        assert_eq!(z.usage().0, 2);
+        // An answer without Vary fetched after the second look goes to the key's file.
+        assert_eq!(DiskZone::target("k", Some(second), None, &b).0, main);
+        // Expired answers come back for their stale windows; a restart keeps the variants.
+        assert!(matches!(z.lookup("k", &b, 100).0, Lookup::Expired(Some(s)) if s.body == "for b"));
+        let again = DiskZone::new(dir.path(), vec![1, 2], None, 1 << 20);
+        again.load();
+        assert!(matches!(again.lookup("k", &b, 0).0, Lookup::Fresh(s) if s.body == "for b"));
+        // A purge deletes the key's file only (APISIX's disk purge).
+        assert!(again.purge("k"));
+        assert!(matches!(again.lookup("k", &a, 0).0, Lookup::Missing));
     }
 }

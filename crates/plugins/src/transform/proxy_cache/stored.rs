@@ -16,6 +16,17 @@ pub struct Stored {
     /// When it was stored and until when it is fresh, in wall milliseconds.
     pub stored_ms: u64,
     pub expires_ms: u64,
+    /// How long past `expires_ms` it may still be served (disk, nginx's reading of the
+    /// answer's `stale-while-revalidate` and `stale-if-error`): while another request fetches
+    /// it anew, and when the upstream fails.
+    pub stale: StaleWindows,
+}
+
+/// The stale windows of an answer, in milliseconds past its expiry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StaleWindows {
+    pub updating_ms: u64,
+    pub error_ms: u64,
 }
 
 /// What an entry costs besides its body and headers (its node, the key's copy, the counts).
@@ -136,33 +147,49 @@ pub enum Freshness {
 /// nginx's reading of an upstream answer for its cache: `X-Accel-Expires` first (seconds, or
 /// `@` and a Unix time), then `Cache-Control` (`no-cache`, `no-store`, `private` forbid
 /// storing, `s-maxage` or `max-age` set the time, 0 forbids), then `Expires` (a past date
-/// forbids); a `Set-Cookie` or `Vary: *` forbids storing whatever they say.
+/// forbids); a `Set-Cookie`, `Vary: *` or a `Vary` longer than nginx keeps forbids storing
+/// whatever they say.
+#[cfg(test)]
 pub fn nginx_freshness(headers: &HeaderMap, now_ms: u64) -> Freshness {
+    nginx_caching(headers, now_ms).0
+}
+
+/// [`nginx_freshness`] and the stale windows of `Cache-Control`'s extensions:
+/// `stale-while-revalidate=N` (both windows) and `stale-if-error=N` (the error window), read
+/// whenever `Cache-Control` allows storing, even after `X-Accel-Expires` set the time; a value
+/// that is not a number forbids storing, as nginx reads it.
+pub fn nginx_caching(headers: &HeaderMap, now_ms: u64) -> (Freshness, StaleWindows) {
+    let none = StaleWindows::default();
     if headers.contains_key(http::header::SET_COOKIE) {
-        return Freshness::Never;
+        return (Freshness::Never, none);
     }
-    if vary(headers) == Vary::Any {
-        return Freshness::Never;
+    if nginx_vary(headers) == Err(()) {
+        return (Freshness::Never, none);
     }
+    let mut fresh = None;
     if let Some(v) = headers.get("x-accel-expires").and_then(|v| v.to_str().ok()) {
         let v = v.trim();
         if let Some(at) = v.strip_prefix('@') {
             if let Ok(at) = at.parse::<u64>() {
                 let at_ms = at.saturating_mul(1000);
-                return if at_ms <= now_ms {
+                fresh = Some(if at_ms <= now_ms {
                     Freshness::Never
                 } else {
                     Freshness::For(at_ms - now_ms)
-                };
+                });
             }
         } else if let Ok(secs) = v.parse::<u64>() {
-            return if secs == 0 {
+            fresh = Some(if secs == 0 {
                 Freshness::Never
             } else {
                 Freshness::For(secs.saturating_mul(1000))
-            };
+            });
         }
     }
+    if fresh == Some(Freshness::Never) {
+        return (Freshness::Never, none);
+    }
+    let mut windows = none;
     let cc: Vec<&HeaderValue> = headers
         .get_all(http::header::CACHE_CONTROL)
         .iter()
@@ -174,59 +201,94 @@ pub fn nginx_freshness(headers: &HeaderMap, now_ms: u64) -> Freshness {
             .collect::<Vec<_>>()
             .join(",")
             .to_ascii_lowercase();
-        if ["no-cache", "no-store", "private"]
-            .iter()
-            .any(|d| text.contains(d))
-        {
-            return Freshness::Never;
-        }
-        let age = |name: &str| {
+        // nginx's reading: the number runs to `,`, `;`, a space or the end; anything else in
+        // it makes the answer not cacheable.
+        let number = |name: &str| -> Option<Result<u64, ()>> {
             let at = text.find(name)? + name.len();
-            let digits: String = text[at..]
-                .chars()
-                .take_while(char::is_ascii_digit)
-                .collect();
-            digits.parse::<u64>().ok()
+            let mut n: u64 = 0;
+            for c in text[at..].chars() {
+                match c {
+                    ',' | ';' | ' ' => break,
+                    '0'..='9' => {
+                        n = n
+                            .saturating_mul(10)
+                            .saturating_add(u64::from(c as u8 - b'0'))
+                    }
+                    _ => return Some(Err(())),
+                }
+            }
+            Some(Ok(n))
         };
-        if let Some(secs) = age("s-maxage=").or_else(|| age("max-age=")) {
-            return if secs == 0 {
-                Freshness::Never
-            } else {
-                Freshness::For(secs.saturating_mul(1000))
-            };
+        if fresh.is_none() {
+            if ["no-cache", "no-store", "private"]
+                .iter()
+                .any(|d| text.contains(d))
+            {
+                return (Freshness::Never, none);
+            }
+            match number("s-maxage=").or_else(|| number("max-age=")) {
+                Some(Err(())) | Some(Ok(0)) => return (Freshness::Never, none),
+                Some(Ok(secs)) => fresh = Some(Freshness::For(secs.saturating_mul(1000))),
+                None => {}
+            }
         }
+        match number("stale-while-revalidate=") {
+            Some(Err(())) => return (Freshness::Never, none),
+            Some(Ok(secs)) => {
+                windows.updating_ms = secs.saturating_mul(1000);
+                windows.error_ms = windows.updating_ms;
+            }
+            None => {}
+        }
+        match number("stale-if-error=") {
+            Some(Err(())) => return (Freshness::Never, none),
+            Some(Ok(secs)) => windows.error_ms = secs.saturating_mul(1000),
+            None => {}
+        }
+    }
+    if let Some(f) = fresh {
+        return (f, windows);
     }
     if headers.contains_key(http::header::EXPIRES) {
         return match expires_ms(headers) {
-            Some(e) if e > now_ms => Freshness::For(e - now_ms),
-            _ => Freshness::Never,
+            Some(e) if e > now_ms => (Freshness::For(e - now_ms), windows),
+            _ => (Freshness::Never, none),
         };
     }
-    Freshness::Default
+    (Freshness::Default, windows)
 }
 
-/// What an answer's `Vary` says.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Vary {
-    None,
-    /// Some request headers select the answer.
-    Headers,
-    /// `*`: never reusable.
-    Any,
+/// nginx's `Vary` for its cache: the last `Vary` header's value (`Ok(None)` when there is
+/// none); `Err` when the answer must not be stored (`*`, or longer than the 128 bytes a cache
+/// file keeps).
+pub fn nginx_vary(headers: &HeaderMap) -> Result<Option<&str>, ()> {
+    let Some(v) = headers.get_all(http::header::VARY).iter().next_back() else {
+        return Ok(None);
+    };
+    let v = v.to_str().map_err(|_| ())?;
+    if v == "*" || v.len() > 128 {
+        return Err(());
+    }
+    Ok((!v.is_empty()).then_some(v))
 }
 
-pub fn vary(headers: &HeaderMap) -> Vary {
-    let mut out = Vary::None;
+/// APISIX's memory strategy's reading of `Vary` (`parse_vary_list`): the request headers it
+/// names, lower-cased and sorted, empty when there are none; `None` when one is `*` (never
+/// reusable). Several `Vary` headers read as one list, as nginx's `$upstream_http_vary` joins
+/// them.
+pub fn vary_list(headers: &HeaderMap) -> Option<Vec<String>> {
+    let mut out = Vec::new();
     for v in headers.get_all(http::header::VARY) {
-        for item in v.to_str().unwrap_or("*").split(',') {
+        for item in String::from_utf8_lossy(v.as_bytes()).split(',') {
             match item.trim() {
                 "" => {}
-                "*" => return Vary::Any,
-                _ => out = Vary::Headers,
+                "*" => return None,
+                name => out.push(name.to_ascii_lowercase()),
             }
         }
     }
-    out
+    out.sort();
+    Some(out)
 }
 
 #[cfg(test)]
@@ -304,12 +366,67 @@ mod tests {
         );
         assert_eq!(f(&[("expires", "0")]), Freshness::Never);
         assert_eq!(f(&[("set-cookie", "a=1")]), Freshness::Never);
-        assert_eq!(f(&[("vary", "Accept, *")]), Freshness::Never);
+        assert_eq!(f(&[("vary", "*")]), Freshness::Never);
+        // nginx refuses only a `Vary` that is exactly `*`.
+        assert_eq!(f(&[("vary", "Accept, *")]), Freshness::Default);
+        let long: &'static str = Box::leak("a".repeat(129).into_boxed_str());
+        assert_eq!(f(&[("vary", long)]), Freshness::Never);
         assert_eq!(
-            vary(&headers(&[("vary", "accept-encoding")])),
-            Vary::Headers
+            nginx_vary(&headers(&[("vary", "accept"), ("vary", "Accept-Encoding")])),
+            Ok(Some("Accept-Encoding"))
         );
-        assert_eq!(vary(&headers(&[])), Vary::None);
+        assert_eq!(nginx_vary(&headers(&[])), Ok(None));
+    }
+
+    #[test]
+    fn nginx_stale_extensions() {
+        let now = 1_700_000_000_000;
+        let c = |pairs: &[(&'static str, &'static str)]| nginx_caching(&headers(pairs), now);
+        let w = |updating_ms, error_ms| StaleWindows {
+            updating_ms,
+            error_ms,
+        };
+        assert_eq!(
+            c(&[("cache-control", "max-age=5, stale-while-revalidate=30")]),
+            (Freshness::For(5_000), w(30_000, 30_000))
+        );
+        assert_eq!(
+            c(&[(
+                "cache-control",
+                "max-age=5, stale-while-revalidate=30, stale-if-error=60"
+            )]),
+            (Freshness::For(5_000), w(30_000, 60_000))
+        );
+        assert_eq!(
+            c(&[("cache-control", "stale-if-error=60")]),
+            (Freshness::Default, w(0, 60_000))
+        );
+        // Read after X-Accel-Expires set the time, which also overrides `no-cache`.
+        assert_eq!(
+            c(&[
+                ("x-accel-expires", "9"),
+                ("cache-control", "no-cache, stale-if-error=3")
+            ]),
+            (Freshness::For(9_000), w(0, 3_000))
+        );
+        assert_eq!(
+            c(&[("cache-control", "max-age=5, stale-if-error=x")]).0,
+            Freshness::Never
+        );
+        assert_eq!(c(&[("cache-control", "max-age=5x")]).0, Freshness::Never);
+    }
+
+    #[test]
+    fn apisix_vary_lists() {
+        assert_eq!(
+            vary_list(&headers(&[
+                ("vary", "X-B, accept-encoding"),
+                ("vary", " x-a ")
+            ])),
+            Some(vec!["accept-encoding".into(), "x-a".into(), "x-b".into()])
+        );
+        assert_eq!(vary_list(&headers(&[("vary", "Accept, *")])), None);
+        assert_eq!(vary_list(&headers(&[])), Some(vec![]));
     }
 
     #[test]

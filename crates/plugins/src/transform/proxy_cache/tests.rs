@@ -115,6 +115,7 @@ fn finish(
         p.header_filter(&mut req.ctx(), &mut head);
     }
     let mut filters = edits.filters;
+    let body = edits.replacement.unwrap_or(body);
     // In two chunks, as a body streams.
     let half = body.len() / 2;
     let mut out = filters.run(body.slice(..half), false).data.to_vec();
@@ -455,4 +456,215 @@ async fn concurrent_misses_make_one_fetch() {
             .any(|(n, v)| n == "apisix-cache-status" && v == "HIT"));
         assert_eq!(run(&*p, req("PURGE", "/l"), OK).status, 200);
     }
+}
+
+fn with(r: TestRequest, name: &'static str, value: &'static str) -> TestRequest {
+    r.header(name, value)
+}
+
+const VARY_LANG: &[(&str, &str)] = &[("content-type", "text/plain"), ("vary", "X-Lang")];
+
+/// Both strategies keep one answer per variant of the request headers `Vary` names.
+#[test]
+fn answers_with_vary_are_kept_per_variant() {
+    let gw = gateway(1 << 20);
+    for conf in [memory(json!({})), disk(json!({}))] {
+        let p = gw.plugin(conf.clone());
+        let a = || with(get("/v"), "x-lang", "a");
+        let b = || with(get("/v"), "x-lang", "b");
+        assert_eq!(
+            run(&*p, a(), (200, VARY_LANG, "for a")).cache_status(),
+            "MISS"
+        );
+        let r = run(&*p, a(), (200, VARY_LANG, "wrong"));
+        assert_eq!(
+            (r.cache_status(), &r.body[..]),
+            ("HIT", &b"for a"[..]),
+            "{conf}"
+        );
+        assert_eq!(r.headers["vary"], "X-Lang");
+        assert_eq!(
+            run(&*p, b(), (200, VARY_LANG, "for b")).cache_status(),
+            "MISS",
+            "{conf}"
+        );
+        let r = run(&*p, b(), (200, VARY_LANG, "wrong"));
+        assert_eq!(
+            (r.cache_status(), &r.body[..]),
+            ("HIT", &b"for b"[..]),
+            "{conf}"
+        );
+        let r = run(&*p, a(), (200, VARY_LANG, "wrong"));
+        assert_eq!(
+            (r.cache_status(), &r.body[..]),
+            ("HIT", &b"for a"[..]),
+            "{conf}"
+        );
+        // A request without the header is a variant of its own.
+        assert_eq!(
+            run(&*p, get("/v"), (200, VARY_LANG, "none")).cache_status(),
+            "MISS"
+        );
+        assert_eq!(&run(&*p, get("/v"), OK).body[..], b"none", "{conf}");
+        assert_eq!(run(&*p, req("PURGE", "/v"), OK).status, 200, "{conf}");
+        // `Vary: *` is never stored.
+        let star: (u16, &[(&str, &str)], &str) = (200, &[("vary", "*")], "star");
+        assert_eq!(run(&*p, get("/star"), star).cache_status(), "MISS");
+        assert_eq!(
+            run(&*p, get("/star"), star).cache_status(),
+            "MISS",
+            "{conf}"
+        );
+    }
+}
+
+/// The memory strategy as APISIX's: an answer without `Vary` drops the key's variants, a
+/// purge drops them all, and header names are compared whatever their case and order.
+#[test]
+fn memory_variants_follow_apisix_index() {
+    let gw = gateway(1 << 20);
+    let p = gw.plugin(memory(json!({})));
+    let two: (u16, &[(&str, &str)], &str) = (200, &[("vary", "X-B, x-a")], "ab");
+    let r = || with(with(get("/i"), "x-a", "1"), "x-b", "2");
+    run(&*p, r(), two);
+    let swapped: (u16, &[(&str, &str)], &str) = (200, &[("vary", "x-a,X-B")], "x");
+    assert_eq!(run(&*p, r(), swapped).cache_status(), "HIT");
+    // A different value of one header: another variant.
+    let other = with(with(get("/i"), "x-a", "1"), "x-b", "3");
+    assert_eq!(run(&*p, other, two).cache_status(), "MISS");
+    // The next answer has no Vary: the variants go, every request gets it.
+    let c = with(get("/i"), "x-a", "9");
+    assert_eq!(run(&*p, c, ok("plain")).cache_status(), "MISS");
+    let r2 = run(&*p, r(), OK);
+    assert_eq!((r2.cache_status(), &r2.body[..]), ("HIT", &b"plain"[..]));
+    assert_eq!(run(&*p, req("PURGE", "/i"), OK).status, 200);
+    assert_eq!(run(&*p, req("PURGE", "/i"), OK).status, 404);
+    // Only variants stored: PURGE still finds them.
+    run(&*p, r(), two);
+    assert_eq!(run(&*p, req("PURGE", "/i"), OK).status, 200);
+    assert_eq!(run(&*p, r(), two).cache_status(), "MISS");
+}
+
+/// Disk: nginx's `stale-if-error`: an expired answer within the window is served in place of
+/// the upstream's error, marked `STALE`; past the window, or without one, the error passes.
+#[test]
+fn disk_serves_stale_on_upstream_errors_within_stale_if_error() {
+    let gw = gateway(1 << 20);
+    let p = gw.plugin(disk(json!({})));
+    let fresh: (u16, &[(&str, &str)], &str) = (
+        200,
+        &[
+            ("content-type", "text/plain"),
+            ("cache-control", "max-age=1, stale-if-error=60"),
+        ],
+        "kept",
+    );
+    let broken: (u16, &[(&str, &str)], &str) = (503, &[("content-type", "text/html")], "down");
+    run(&*p, get("/e"), fresh);
+    gw.clock.advance(2_000);
+    let r = run(&*p, get("/e"), broken);
+    assert_eq!(
+        (r.status, r.cache_status(), &r.body[..]),
+        (200, "STALE", &b"kept"[..])
+    );
+    assert_eq!(r.headers["content-type"], "text/plain");
+    // An answer that is not an error replaces it as usual.
+    let r = run(&*p, get("/e"), (404, &[], "gone"));
+    assert_eq!((r.status, r.cache_status()), (200, "STALE"));
+    let r = run(&*p, get("/e"), (400, &[], "bad"));
+    assert_eq!((r.status, r.cache_status()), (400, "EXPIRED"));
+    // Past the window the error passes.
+    gw.clock.advance(60_000);
+    let r = run(&*p, get("/e"), broken);
+    assert_eq!(
+        (r.status, r.cache_status(), &r.body[..]),
+        (503, "EXPIRED", &b"down"[..])
+    );
+    // Without the extension nginx passes the error (APISIX's proxy_cache_use_stale off).
+    let short: (u16, &[(&str, &str)], &str) = (200, &[("cache-control", "max-age=1")], "s");
+    run(&*p, get("/s"), short);
+    gw.clock.advance(2_000);
+    let r = run(&*p, get("/s"), broken);
+    assert_eq!((r.status, r.cache_status()), (503, "EXPIRED"));
+    // stale-while-revalidate opens the error window too.
+    let swr: (u16, &[(&str, &str)], &str) = (
+        200,
+        &[("cache-control", "max-age=1, stale-while-revalidate=10")],
+        "w",
+    );
+    run(&*p, get("/w"), swr);
+    gw.clock.advance(5_000);
+    let r = run(&*p, get("/w"), (502, &[], ""));
+    assert_eq!(
+        (r.status, r.cache_status(), &r.body[..]),
+        (200, "STALE", &b"w"[..])
+    );
+}
+
+/// The memory strategy serves nothing stale, as APISIX's: an expired entry is fetched again
+/// and the upstream's error passes.
+#[test]
+fn memory_has_no_stale_serving() {
+    let gw = gateway(1 << 20);
+    let p = gw.plugin(memory(json!({"cache_control": true})));
+    let fresh: (u16, &[(&str, &str)], &str) = (
+        200,
+        &[(
+            "cache-control",
+            "max-age=1, stale-if-error=60, stale-while-revalidate=60",
+        )],
+        "m",
+    );
+    run(&*p, get("/m"), fresh);
+    gw.clock.advance(2_000);
+    let r = run(&*p, get("/m"), (502, &[], "err"));
+    assert_eq!((r.status, r.cache_status()), (502, "EXPIRED"));
+}
+
+/// Disk: nginx's `stale-while-revalidate`: while one request fetches an expired answer anew,
+/// the others within the window are served the old one, marked `UPDATING`.
+#[tokio::test]
+async fn disk_serves_updating_within_stale_while_revalidate() {
+    let gw = gateway(1 << 20);
+    let p = gw.plugin(disk(json!({})));
+    let swr: (u16, &[(&str, &str)], &str) = (
+        200,
+        &[("cache-control", "max-age=1, stale-while-revalidate=30")],
+        "old",
+    );
+    run(&*p, get("/u"), swr);
+    gw.clock.advance(2_000);
+    let mut first = get("/u");
+    {
+        let mut ctx = first.ctx();
+        assert!(matches!(p.access(&mut ctx), Step::Done(Flow::Continue)));
+    }
+    let mut second = get("/u");
+    let Step::Done(Flow::Exit(e)) = p.access(&mut second.ctx()) else {
+        panic!("served the stale answer at once")
+    };
+    assert_eq!(e.body.as_deref(), Some(&b"old"[..]));
+    assert!(e
+        .headers
+        .iter()
+        .any(|(n, v)| n == "apisix-cache-status" && v == "UPDATING"));
+    let a = finish(&*p, first, None, ok("new"));
+    assert_eq!((a.cache_status(), &a.body[..]), ("EXPIRED", &b"new"[..]));
+    assert_eq!(&run(&*p, get("/u"), OK).body[..], b"new");
+    // Past the window the others wait for the fetch, as without it.
+    let short: (u16, &[(&str, &str)], &str) = (
+        200,
+        &[("cache-control", "max-age=1, stale-while-revalidate=1")],
+        "o",
+    );
+    run(&*p, get("/p"), short);
+    gw.clock.advance(5_000);
+    let mut first = get("/p");
+    {
+        let mut ctx = first.ctx();
+        assert!(matches!(p.access(&mut ctx), Step::Done(Flow::Continue)));
+    }
+    let mut second = get("/p");
+    assert!(matches!(p.access(&mut second.ctx()), Step::Wait(_)));
+    drop(first);
 }

@@ -469,6 +469,7 @@ mod tests {
             ("lago", &["token"]),
             ("rocketmq-logger", &["secret_key"]),
             ("kafka-proxy", &["sasl.password"]),
+            ("ai-rate-limiting", &["redis_password", "sentinel_password"]),
             ("openwhisk", &["service_token"]),
             ("openfunction", &["authorization.service_token"]),
             ("azure-functions", &["authorization.apikey"]),

@@ -27,7 +27,7 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use serde_json::{json, Map, Value};
 
 use crate::limit::limit_count::local::{Outcome, Space, Spaces};
-use crate::limit::limit_count::{reset_value, HeaderNames, Quota};
+use crate::limit::limit_count::{reset_value, Backend, HeaderNames, Quota};
 use crate::support::ai::{Budget, InstanceBudget, LlmRecord, PickedInstance};
 use crate::support::redis::{self as redis_support, RedisPools, Remote, Target};
 use cost_expr::CostExpr;
@@ -181,21 +181,6 @@ struct Counter {
     limit: u64,
     window: u64,
     names: HeaderNames,
-}
-
-/// Where the counters live.
-enum Backend {
-    Local(Lease<Space>),
-    Remote(Remote),
-}
-
-impl std::fmt::Debug for Backend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Backend::Local(_) => "Local",
-            Backend::Remote(_) => "Remote",
-        })
-    }
 }
 
 const GLOBAL_KEY: &str = "ai-rate-limiting#global";
@@ -485,18 +470,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         .get("policy")
         .and_then(Value::as_str)
         .unwrap_or("local");
-    let backend = match (policy, Target::from_conf(policy, conf)?) {
-        ("local", _) => {
-            let clock = services.clock().clone();
-            Backend::Local(
-                services
-                    .shared::<Spaces>()
-                    .lease(&prefix, || Space::new(clock)),
-            )
-        }
-        (_, Some(target)) => Backend::Remote(services.shared::<RedisPools>().get(target)?),
-        (other, None) => return Err(format!("unknown policy {other}")),
-    };
+    let backend = Backend::from_conf(policy, conf, services, &prefix)?;
     Ok(Arc::new(AiRateLimiting {
         inner: Arc::new(Inner {
             rules,

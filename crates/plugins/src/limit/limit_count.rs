@@ -134,9 +134,44 @@ struct Rule {
 }
 
 /// Where the counters live.
-enum Backend {
+pub(crate) enum Backend {
     Local(Lease<Space>),
     Remote(Remote),
+}
+
+impl Backend {
+    /// The counters of `policy` (`local`, else the Redis target of the conf's fields), local
+    /// ones leased under `prefix`. ai-rate-limiting counts with these too, as APISIX's goes
+    /// through limit-count.
+    pub(crate) fn from_conf(
+        policy: &str,
+        conf: &Map<String, Value>,
+        services: &PluginServices,
+        prefix: &str,
+    ) -> Result<Backend, String> {
+        Ok(match (policy, Target::from_conf(policy, conf)?) {
+            ("local", _) => {
+                let clock = services.clock().clone();
+                Backend::Local(
+                    services
+                        .shared::<Spaces>()
+                        .lease(prefix, || Space::new(clock)),
+                )
+            }
+            (_, Some(target)) => Backend::Remote(services.shared::<RedisPools>().get(target)?),
+            // The schema's enum refuses any other policy before this.
+            (other, None) => return Err(format!("unknown policy {other}")),
+        })
+    }
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Local(_) => "Local",
+            Backend::Remote(_) => "Remote",
+        })
+    }
 }
 
 /// One compiled limit-count configuration.
@@ -210,19 +245,7 @@ impl LimitCount {
             None => cx.state_key().into(),
         };
         let policy = str_field(c, "policy").unwrap_or("local");
-        let backend = match (policy, Target::from_conf(policy, c)?) {
-            ("local", _) => {
-                let clock = services.clock().clone();
-                Backend::Local(
-                    services
-                        .shared::<Spaces>()
-                        .lease(&prefix, || Space::new(clock)),
-                )
-            }
-            (_, Some(target)) => Backend::Remote(services.shared::<RedisPools>().get(target)?),
-            // The schema's enum refuses any other policy before this.
-            (other, None) => return Err(format!("unknown policy {other}")),
-        };
+        let backend = Backend::from_conf(policy, c, services, &prefix)?;
         let rejection = Exit::rejection(c, 503)?;
         Ok(LimitCount {
             single,

@@ -37,7 +37,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (  # noqa: E402
     CLK_TCK, UPSTREAM_PORT, admin_put, children, cpu_ticks, free_port, nginx_main, parse_wrk,
-    start_upstream, wait_port,
+    start_upstream, stop_all, wait_port,
 )
 
 ADMIN_KEY = "cache-bench-admin-key"
@@ -246,13 +246,7 @@ def main():
                 print(f"round {rnd + 1} {name}: {r['rps']:.0f} req/s, {r['cpu_us']:.2f} us/req, "
                       f"p99 {r['p99_ms']} ms", file=sys.stderr)
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
         shutil.rmtree(work, ignore_errors=True)
 
     rows = {}

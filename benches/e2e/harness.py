@@ -176,6 +176,18 @@ def wait_port(port, timeout=20.0):
     raise RuntimeError(f"nothing listening on {port}")
 
 
+def stop_all(procs):
+    """SIGTERM to every process started (the last first), then waits; a process still running
+    after 10 s is killed."""
+    for p in reversed(procs):
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def cpu_ticks(pids):
     """(user, system) clock ticks of the processes, all their threads."""
     user = system = 0

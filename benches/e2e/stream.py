@@ -50,7 +50,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (  # noqa: E402  (benches/e2e/harness.py: what the benchmarks share)
-    CLK_TCK, free_port, wait_port, cpu_ticks, children, nginx_main, ensure_tools,
+    CLK_TCK, free_port, wait_port, cpu_ticks, children, nginx_main, ensure_tools, stop_all,
 )
 
 STREAM_MODULE = "/usr/lib/nginx/modules/ngx_stream_module.so"
@@ -370,13 +370,7 @@ def main():
             with open(args.json, "w") as f:
                 json.dump({"command": command, "results": results}, f, indent=2)
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
         shutil.rmtree(work, ignore_errors=True)
 
 

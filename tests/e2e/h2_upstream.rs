@@ -197,61 +197,10 @@ fn h2c_retries_go_to_another_node() {
     assert_eq!(up.connections.load(Ordering::SeqCst), 1);
 }
 
-struct Nginx {
-    child: std::process::Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Debian's nginx on a TLS listener, with `http2` on it or not; it answers with the protocol
 /// and the connection number it served the request on.
-fn nginx_tls(http2: bool) -> Nginx {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let d = dir.path().display();
-    let c = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/tls");
-    let c = c.display();
-    let h2 = if http2 { " http2" } else { "" };
-    let conf = format!(
-        "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log;
-events {{}}
-http {{
-  access_log off;
-  client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d}; uwsgi_temp_path {d}; scgi_temp_path {d};
-  server {{
-    listen 127.0.0.1:{port} ssl{h2};
-    ssl_certificate {c}/server.crt; ssl_certificate_key {c}/server.key;
-    location / {{ return 200 \"$server_protocol conn=$connection host=$host\"; }}
-  }}
-}}
-"
-    );
-    std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
-    let child = std::process::Command::new(support::debian::require("nginx"))
-        .arg("-p")
-        .arg(dir.path())
-        .arg("-c")
-        .arg(dir.path().join("nginx.conf"))
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start nginx");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nginx did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Nginx {
-        child,
-        port,
-        _dir: dir,
-    }
+fn nginx_tls(http2: bool) -> support::nginx::NginxTls {
+    support::nginx::NginxTls::start(http2, "", "$server_protocol conn=$connection host=$host")
 }
 
 #[test]

@@ -226,62 +226,8 @@ fn every_node_down_means_every_node_is_used() {
 }
 
 /// nginx as an HTTPS upstream with the test CA's `server.local` certificate.
-struct NginxTls {
-    child: std::process::Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for NginxTls {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn cert_dir() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/tls")
-}
-
-fn nginx_tls_upstream() -> NginxTls {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let d = dir.path().display();
-    let c = cert_dir();
-    let c = c.display();
-    let conf = format!(
-        "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log;
-events {{}}
-http {{
-  access_log off;
-  client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d}; uwsgi_temp_path {d}; scgi_temp_path {d};
-  server {{
-    listen 127.0.0.1:{port} ssl;
-    ssl_certificate {c}/server.crt; ssl_certificate_key {c}/server.key;
-    location / {{ return 200 \"tls\"; }}
-  }}
-}}
-"
-    );
-    std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
-    let child = std::process::Command::new(support::debian::require("nginx"))
-        .arg("-p")
-        .arg(dir.path())
-        .arg("-c")
-        .arg(dir.path().join("nginx.conf"))
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start nginx");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nginx did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    NginxTls {
-        child,
-        port,
-        _dir: dir,
-    }
 }
 
 /// `apisix_upstream_status` of one checker's node, from the metrics port.
@@ -302,7 +248,7 @@ fn upstream_status(gw: &Gateway, checker: &str, node: &str) -> Option<u8> {
 
 #[test]
 fn https_active_probes_handshake_verify_and_take_a_node_out() {
-    let tls = nginx_tls_upstream();
+    let tls = support::nginx::NginxTls::start(false, "", "tls");
     let tls_node = format!("127.0.0.1:{}", tls.port);
     // Speaks plain HTTP: it waits for a request head and never answers a ClientHello, so the
     // handshakes of probes and of requests time out.

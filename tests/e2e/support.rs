@@ -6,6 +6,7 @@
 
 pub mod debian;
 pub mod etcd;
+pub mod nginx;
 pub mod redis;
 pub mod slapd;
 

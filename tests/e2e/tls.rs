@@ -616,59 +616,16 @@ fn bad_input_on_the_tls_port() {
 }
 
 /// nginx as an HTTPS upstream: it reports the SNI it got and the client certificate shown.
-struct NginxTls {
-    child: std::process::Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for NginxTls {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn nginx_tls_upstream() -> NginxTls {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let d = dir.path().display();
-    let c = cert_dir();
-    let c = c.display();
-    let conf = format!(
-        "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log;
-events {{}}
-http {{
-  access_log off;
-  client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d}; uwsgi_temp_path {d}; scgi_temp_path {d};
-  server {{
-    listen 127.0.0.1:{port} ssl;
-    ssl_certificate {c}/server.crt; ssl_certificate_key {c}/server.key;
-    ssl_client_certificate {c}/client-ca.crt; ssl_verify_client optional;
-    location / {{ return 200 \"sni=$ssl_server_name verify=$ssl_client_verify dn=$ssl_client_s_dn host=$http_host\"; }}
-  }}
-}}
-"
-    );
-    std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
-    let child = Command::new(support::debian::require("nginx"))
-        .arg("-p")
-        .arg(dir.path())
-        .arg("-c")
-        .arg(dir.path().join("nginx.conf"))
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start nginx");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(std::time::Instant::now() < deadline, "nginx did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    NginxTls {
-        child,
-        port,
-        _dir: dir,
-    }
+fn nginx_tls_upstream() -> support::nginx::NginxTls {
+    let ca = cert_dir().join("client-ca.crt");
+    support::nginx::NginxTls::start(
+        false,
+        &format!(
+            "ssl_client_certificate {}; ssl_verify_client optional;",
+            ca.display()
+        ),
+        "sni=$ssl_server_name verify=$ssl_client_verify dn=$ssl_client_s_dn host=$http_host",
+    )
 }
 
 fn https_route(id: &str, uri: &str, node: &str, tls: &str) -> String {

@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::support::{poll_until, request, Behaviour, Gateway, Launch, Upstream};
 
 /// The built modules' directory; builds them (once per test run).
-fn modules() -> &'static Path {
+pub(crate) fn modules() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/wasm");

@@ -9,21 +9,6 @@ use std::time::Duration;
 
 use crate::support::{get, poll_until, request, Behaviour, Launch, Upstream};
 
-/// The modules' directory, built by tests/wasm/build.sh.
-fn modules() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/wasm");
-    let out = Command::new("bash")
-        .arg(root.join("build.sh"))
-        .output()
-        .expect("run tests/wasm/build.sh");
-    assert!(
-        out.status.success(),
-        "tests/wasm/build.sh failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    root.join("build")
-}
-
 fn route(id: &str, uri: &str, node: &str, plugins: &str) -> String {
     format!(
         "  - id: {id}\n    uri: {uri}\n    plugins: {plugins}\n    upstream:\n      type: roundrobin\n      nodes:\n        \"{node}\": 1\n"
@@ -32,7 +17,7 @@ fn route(id: &str, uri: &str, node: &str, plugins: &str) -> String {
 
 #[test]
 fn lua_only_plugins_ported_to_wasm() {
-    let build = modules();
+    let build = crate::wasm::modules();
     let up = Upstream::start("up", Behaviour::Echo);
     let denied = Upstream::start("denied", Behaviour::Status(401));
     let yaml = format!(

@@ -9,13 +9,13 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use support::{dead_node, free_port, get, Gateway};
+use support::{dead_node, get, Gateway};
 use tokio::sync::{mpsc, watch};
 
 /// The h2c upstream's state: connections accepted, requests held (`/hold/<n>` answers once

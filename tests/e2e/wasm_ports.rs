@@ -3,8 +3,6 @@
 //! shows them: the modules are built from tests/wasm/src by `tests/wasm/build.sh` and loaded
 //! through config.yaml's `wasm.plugins`; each does through the gateway what its example says.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use crate::support::{get, poll_until, request, Behaviour, Launch, Upstream};

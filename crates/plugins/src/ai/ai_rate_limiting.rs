@@ -20,16 +20,16 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use ferrisix_plugin_api::{
-    CheckCtx, CompileCtx, Exit, Flow, KeyRef, Lease, LogCtx, Phases, Plugin, PluginCtx, PluginDef,
+    CheckCtx, CompileCtx, Exit, Flow, KeyRef, LogCtx, Phases, Plugin, PluginCtx, PluginDef,
     PluginServices, Step, Template,
 };
 use http::{HeaderName, HeaderValue, StatusCode};
 use serde_json::{json, Map, Value};
 
-use crate::limit::limit_count::local::{Outcome, Space, Spaces};
+use crate::limit::limit_count::local::Outcome;
 use crate::limit::limit_count::{reset_value, Backend, HeaderNames, Quota};
 use crate::support::ai::{Budget, InstanceBudget, LlmRecord, PickedInstance};
-use crate::support::redis::{self as redis_support, RedisPools, Remote, Target};
+use crate::support::redis as redis_support;
 use cost_expr::CostExpr;
 
 pub const NAME: &str = "ai-rate-limiting";

@@ -48,7 +48,10 @@ started=$(date +%s)
 # The README's run command, as written there.
 run_cmd=$(sed -n '/<!-- quick-start:run -->/,/<!-- \/quick-start:run -->/p' README.md | grep -E '^\./scripts/run\.sh' | head -1)
 [ "$run_cmd" = "./scripts/run.sh" ] || { echo "README's run command is '$run_cmd'"; exit 1; }
-setsid ./scripts/run.sh >"$log" 2>&1 &
+# The log exists before the loop below reads it: the background job's own redirection may
+# come after the loop's first read, and sed on a missing file fails the script.
+: >"$log"
+setsid ./scripts/run.sh >>"$log" 2>&1 &
 gw=$!
 
 key=""

@@ -17,6 +17,11 @@ use support::*;
 /// map), its access log and error log files in its directory, two workers, one route to an
 /// echo upstream.
 fn start(attr: &str, upstream: &Upstream) -> Gateway {
+    launch(attr, upstream).start()
+}
+
+/// [`start`]'s launch, to add to.
+fn launch(attr: &str, upstream: &Upstream) -> Launch {
     let routes = format!(
         "routes:\n  - id: r\n    uri: /r/*\n    upstream:\n      type: roundrobin\n      nodes:\n        \"{}\": 1",
         upstream.node()
@@ -29,7 +34,6 @@ fn start(attr: &str, upstream: &Upstream) -> Gateway {
             "plugins:\n  - log-rotate\nplugin_attr:\n  log-rotate: {attr}\n"
         ))
         .rust_log("info")
-        .start()
 }
 
 fn logs_dir(gw: &Gateway) -> std::path::PathBuf {
@@ -251,6 +255,52 @@ fn max_size_rotates_and_max_kept_keeps_the_newest() {
     for gone in seen_moved.iter().filter(|n| !left.contains(n)) {
         assert!(gone < &left[0], "{gone} was deleted but {left:?} kept");
     }
+}
+
+/// The moved files are named in local time, as APISIX's `os.date` names them: here the zone is a
+/// POSIX rule in `TZ` (five and a half hours east of UTC, no zone file needed).
+#[test]
+fn moved_files_are_named_in_local_time() {
+    const EAST: u64 = 5 * 3600 + 30 * 60;
+    let upstream = Upstream::start("u", Behaviour::Echo);
+    let gw = launch("{interval: 3600, max_size: 500}", &upstream)
+        .env("TZ", "XST-5:30")
+        .start();
+    let dir = logs_dir(&gw);
+    let epoch = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
+    let before = epoch();
+    burst(gw.addr(), 0, 200, Duration::ZERO);
+    let mut moved = Vec::new();
+    let rotated = poll_until(Duration::from_secs(30), || {
+        moved = names(&dir)
+            .into_iter()
+            .filter(|n| n.ends_with("__access.log"))
+            .collect();
+        !moved.is_empty()
+    });
+    assert!(rotated.is_some(), "not rotated by size: {:?}", names(&dir));
+    let after = epoch();
+    let local_names: Vec<String> = (before - 1..=after + 1)
+        .map(|t| {
+            let c = ferrisix_plugin_api::clock::CivilTime::from_unix_secs(t + EAST);
+            format!(
+                "{:04}-{:02}-{:02}_{:02}-{:02}-{:02}__access.log",
+                c.year, c.month, c.day, c.hour, c.minute, c.second
+            )
+        })
+        .collect();
+    assert!(
+        local_names.contains(&moved[0]),
+        "{} is not a local time between {} and {}",
+        moved[0],
+        local_names[0],
+        local_names[local_names.len() - 1]
+    );
 }
 
 /// A bad `plugin_attr.log-rotate` is refused with the key named, by `ferrisix -t` and at the

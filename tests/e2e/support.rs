@@ -169,6 +169,7 @@ pub struct Launch {
     rust_log: &'static str,
     stderr_to_file: bool,
     ready_within: Duration,
+    env: Vec<(String, String)>,
 }
 
 impl Launch {
@@ -184,7 +185,14 @@ impl Launch {
             rust_log: "warn",
             stderr_to_file: false,
             ready_within: Duration::from_secs(20),
+            env: Vec::new(),
         }
+    }
+
+    /// An environment variable of the gateway's process (`TZ`, ...).
+    pub fn env(mut self, name: &str, value: &str) -> Launch {
+        self.env.push((name.to_owned(), value.to_owned()));
+        self
     }
 
     /// Keys inside config.yaml's `apisix:` section.
@@ -318,6 +326,7 @@ impl Launch {
             .arg("-c")
             .arg(dir.path().join("config.yaml"))
             .env("RUST_LOG", self.rust_log)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)

@@ -27,7 +27,9 @@
 //! `required_acks: 1`, and speaks Produce v3+ with record batches (`api_version` 0-2 are
 //! accepted; the broker stores each record's timestamp, as `api_version: 2`). `tls` is the
 //! gateway's TLS client: `verify` against `apisix.ssl.ssl_trusted_certificate` (default the
-//! system's bundle), else any certificate. Not built: compression.
+//! system's bundle), else any certificate. Beyond APISIX: `compression` (`none`, `gzip`,
+//! `snappy`; absent: none, as lua-resty-kafka sends) compresses each record batch; lz4 and
+//! zstd are not offered, their codecs being C libraries.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -138,6 +140,12 @@ fn schema() -> Value {
     props.insert("producer_max_buffering".into(), int(1, 50_000));
     props.insert("producer_time_linger".into(), int(1, 1));
     props.insert("meta_refresh_interval".into(), int(1, 30));
+    // Beyond APISIX (lua-resty-kafka sends uncompressed): the record batches' codec. No
+    // default, so a conf written without it stays as APISIX stores it.
+    props.insert(
+        "compression".into(),
+        json!({"type": "string", "enum": ["none", "gzip", "snappy"]}),
+    );
     props.insert(
         "api_version".into(),
         json!({"type": "integer", "default": 1, "enum": [0, 1, 2]}),
@@ -168,6 +176,7 @@ struct ProducerConf {
     max_buffering: usize,
     linger: Duration,
     refresh: Duration,
+    compression: Compression,
 }
 
 impl ProducerConf {
@@ -225,6 +234,11 @@ impl ProducerConf {
             max_buffering: int("producer_max_buffering", 50_000).max(1) as usize,
             linger: Duration::from_secs(int("producer_time_linger", 1).max(1)),
             refresh: Duration::from_secs(int("meta_refresh_interval", 30).max(1)),
+            compression: match conf.get("compression").and_then(Value::as_str) {
+                Some("gzip") => Compression::Gzip,
+                Some("snappy") => Compression::Snappy,
+                _ => Compression::NoCompression,
+            },
         })
     }
 }
@@ -377,7 +391,7 @@ impl Producer {
             for (p, records) in by_partition {
                 let leader = self.leader(&mut cluster, topic, p).await?;
                 for chunk in self.chunks(records) {
-                    if let Err(e) = leader.produce(chunk, Compression::NoCompression).await {
+                    if let Err(e) = leader.produce(chunk, self.conf.compression).await {
                         cluster.leaders.remove(&(topic.to_owned(), p));
                         return Err(kafka_error(e));
                     }
@@ -533,7 +547,7 @@ impl Producer {
             let leader = self.leader(&mut cluster, topic, partition).await?;
             drop(cluster);
             leader
-                .produce(records, Compression::NoCompression)
+                .produce(records, self.conf.compression)
                 .await
                 .map(|_| ())
                 .map_err(kafka_error)
@@ -731,6 +745,71 @@ mod tests {
 
     fn compile(c: &Compiler, conf: &Value, owner: &str) -> Arc<dyn Plugin> {
         (DEF.compile)(&c.cx(NAME, conf, owner, None)).unwrap()
+    }
+
+    /// Beyond APISIX: `compression` reaches the broker as the batches' codec, and they
+    /// decode to the entries.
+    #[tokio::test]
+    async fn compressed_batches() {
+        for (codec, code) in [("gzip", 1), ("snappy", 2), ("none", 0)] {
+            let mut b = broker("zipped", 1, false).await;
+            let c = Compiler::new();
+            let conf = json!({"brokers": [{"host": "127.0.0.1", "port": b.port}],
+                "kafka_topic": "zipped", "producer_type": "sync", "batch_max_size": 1,
+                "compression": codec});
+            let p = compile(&c, &conf, &format!("kl-zip-{codec}"));
+            p.log(&log_ctx(&*p, 7));
+            let r = next(&mut b.records).await;
+            assert_eq!(r.compression, code, "{codec}");
+            let entry: Value = serde_json::from_slice(&r.value).unwrap();
+            assert_eq!(entry["request"]["uri"], "/x?n=7", "{codec}");
+        }
+        let r = crate::PluginRegistry::builtin();
+        let bad = json!({"broker_list": {"127.0.0.1": 9092}, "kafka_topic": "t",
+            "compression": "lz4"});
+        assert!(r.check(NAME, &bad).is_err());
+    }
+
+    /// The async producer sends fewer than `producer_batch_num` messages when
+    /// `producer_time_linger` seconds have passed (its flush timer, as lua-resty-kafka's), and
+    /// re-reads the topic's partitions once they are `meta_refresh_interval` seconds old;
+    /// `cluster_name` is accepted (producers are per conf already).
+    #[tokio::test]
+    async fn linger_and_metadata_refresh() {
+        for (refresh, fresh_reads) in [(1, true), (30, false)] {
+            let mut b = broker("slow", 1, false).await;
+            let c = Compiler::new();
+            let conf = json!({"brokers": [{"host": "127.0.0.1", "port": b.port}],
+                "kafka_topic": "slow", "batch_max_size": 1, "producer_batch_num": 100,
+                "producer_time_linger": 2, "meta_refresh_interval": refresh,
+                "cluster_name": 2});
+            let compiled = Instant::now();
+            let p = compile(&c, &conf, &format!("kl-linger-{refresh}"));
+            p.log(&log_ctx(&*p, 1));
+            next(&mut b.records).await;
+            // Never before the linger (an early send would be the defect; later is load).
+            assert!(
+                compiled.elapsed() >= Duration::from_millis(1900),
+                "sent after {:?}",
+                compiled.elapsed()
+            );
+            let reads = || {
+                b.metadata_requests
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            };
+            let before = reads();
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+            p.log(&log_ctx(&*p, 2));
+            next(&mut b.records).await;
+            // The second send reads the partitions again only when they are older than the
+            // interval (the leader's connection is kept either way).
+            assert_eq!(
+                reads() > before,
+                fresh_reads,
+                "refresh {refresh}: {before} then {} metadata reads",
+                reads()
+            );
+        }
     }
 
     #[tokio::test]

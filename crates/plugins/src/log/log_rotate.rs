@@ -16,8 +16,8 @@
 //! that it can wait until nothing writes to the moved file before compressing it: every line
 //! lands in exactly one file.
 //!
-//! Not as APISIX: the dates in the names are UTC (as ferrisix's `$time_local`), not the local
-//! time zone; a log going to stderr or stdout (ferrisix's default error log) is not rotated; a
+//! The dates in the names are local time, as APISIX's `os.date` gives them: the zone `TZ`
+//! names, else `/etc/localtime`. Not as APISIX: a log going to stderr or stdout (ferrisix's default error log) is not rotated; a
 //! log file that does not exist yet (no request was logged) is not rotated; and a rotation
 //! whose target name is taken (two in one second) waits for the next second instead of
 //! stapling onto the file already there.
@@ -181,15 +181,41 @@ pub struct LogRotator {
     logs: Vec<RotatedLog>,
     /// The next rotation's time (seconds since the epoch); `None` before the first tick.
     rotate_time: Option<u64>,
+    /// The zone of the moved files' names: the local one (`None`), or a fixed offset.
+    zone: Option<chrono::FixedOffset>,
 }
 
-/// APISIX's `%Y-%m-%d_%H-%M-%S` of `secs`, in UTC.
-fn date_name(secs: u64) -> String {
-    let t = CivilTime::from_unix_secs(secs);
-    format!(
-        "{:04}-{:02}-{:02}_{:02}-{:02}-{:02}",
-        t.year, t.month, t.day, t.hour, t.minute, t.second
-    )
+/// APISIX's `os.date("%Y-%m-%d_%H-%M-%S")` of `secs`: the local time, in the zone that `TZ`
+/// names (a zone file or a POSIX rule such as `CST-8`) or else `/etc/localtime`, as the C
+/// library reads them for `os.date`.
+fn date_name(secs: u64, zone: Option<chrono::FixedOffset>) -> String {
+    match zone {
+        Some(fixed) => date_name_in(secs, &fixed),
+        None => date_name_in(secs, &chrono::Local),
+    }
+}
+
+/// [`date_name`] in the zone `tz`; in UTC where `secs` is beyond what the calendar can hold.
+fn date_name_in<Tz: chrono::TimeZone>(secs: u64, tz: &Tz) -> String
+where
+    Tz::Offset: std::fmt::Display,
+{
+    match i64::try_from(secs)
+        .ok()
+        .and_then(|s| chrono::DateTime::from_timestamp(s, 0))
+    {
+        Some(utc) => utc
+            .with_timezone(tz)
+            .format("%Y-%m-%d_%H-%M-%S")
+            .to_string(),
+        None => {
+            let t = CivilTime::from_unix_secs(secs);
+            format!(
+                "{:04}-{:02}-{:02}_{:02}-{:02}-{:02}",
+                t.year, t.month, t.day, t.hour, t.minute, t.second
+            )
+        }
+    }
 }
 
 fn now_secs() -> u64 {
@@ -204,6 +230,7 @@ impl LogRotator {
             attr,
             logs,
             rotate_time: None,
+            zone: None,
         }
     }
 
@@ -270,7 +297,7 @@ impl LogRotator {
     /// files (when asked) once nothing writes to them, and deletes the oldest beyond
     /// `max_kept`.
     fn rotate(&self, logs: &[RotatedLog], now: u64) {
-        let date = date_name(now);
+        let date = date_name(now, self.zone);
         let mut moved: Vec<(&RotatedLog, PathBuf)> = Vec::new();
         for log in logs {
             let to = log.moved_to(&date);

@@ -20,6 +20,8 @@ pub struct Stored {
     pub key: Option<Vec<u8>>,
     pub value: Vec<u8>,
     pub acks: i16,
+    /// The record batch's compression (the attributes' codec: 0 none, 1 gzip, 2 snappy).
+    pub compression: i16,
 }
 
 /// A one-node Kafka broker speaking the protocol's non-flexible versions: ApiVersions
@@ -34,6 +36,8 @@ pub struct Broker {
     pub log: Arc<Mutex<Log>>,
     /// Each Fetch request's partition and offset, as the client sent them.
     pub fetches: mpsc::UnboundedReceiver<(String, i32, i64)>,
+    /// Metadata requests answered (a producer's partition lists).
+    pub metadata_requests: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// A record as the log keeps it: key, value, timestamp (ms).
@@ -232,8 +236,11 @@ fn encode_batch(base: i64, records: &[LogRecord]) -> Vec<u8> {
     out.0
 }
 
-/// The records of record batches (v2, uncompressed), with their timestamps.
-fn record_batches(data: &[u8]) -> Vec<(Option<Vec<u8>>, Vec<u8>, i64)> {
+/// A record read from a batch: key, value, timestamp (ms) and its batch's codec.
+type ReadRecord = (Option<Vec<u8>>, Vec<u8>, i64, i16);
+
+/// The records of record batches (v2, uncompressed, gzip or snappy).
+fn record_batches(data: &[u8]) -> Vec<ReadRecord> {
     let mut w = Wire(Cursor::new(data));
     let mut out = Vec::new();
     while (w.0.position() as usize) < data.len() {
@@ -246,24 +253,42 @@ fn record_batches(data: &[u8]) -> Vec<(Option<Vec<u8>>, Vec<u8>, i64)> {
         let covered = &data[w.0.position() as usize..end as usize];
         assert_eq!(crc, crc32c(covered), "record batch CRC-32C");
         let attributes = w.i16();
-        assert_eq!(attributes & 0x7, 0, "uncompressed");
+        let codec = attributes & 0x7;
         let _last_offset_delta = w.i32();
         let (first_ts, _max_ts, _pid) = (w.i64(), w.i64(), w.i64());
         let (_epoch, _seq) = (w.i16(), w.i32());
         let n = w.i32();
-        for _ in 0..n {
-            let _len = w.varint();
-            let _attrs = w.i8();
-            let ts_delta = w.varint();
-            let _offset_delta = w.varint();
-            let key = w.var_bytes();
-            let value = w.var_bytes().unwrap_or_default();
-            for _ in 0..w.varint() {
-                let _ = (w.var_bytes(), w.var_bytes());
+        // The record count stays plain; the records after it are compressed as a whole.
+        let rest = &data[w.0.position() as usize..end as usize];
+        let records = match codec {
+            0 => rest.to_vec(),
+            1 => {
+                let mut out = Vec::new();
+                flate2::read::GzDecoder::new(rest)
+                    .read_to_end(&mut out)
+                    .expect("gzip records");
+                out
             }
-            out.push((key, value, first_ts + ts_delta));
+            2 => snap::raw::Decoder::new()
+                .decompress_vec(rest)
+                .expect("snappy records"),
+            other => panic!("compression codec {other} is not decoded here"),
+        };
+        w.0.set_position(end);
+        let mut r = Wire(Cursor::new(&records[..]));
+        for _ in 0..n {
+            let _len = r.varint();
+            let _attrs = r.i8();
+            let ts_delta = r.varint();
+            let _offset_delta = r.varint();
+            let key = r.var_bytes();
+            let value = r.var_bytes().unwrap_or_default();
+            for _ in 0..r.varint() {
+                let _ = (r.var_bytes(), r.var_bytes());
+            }
+            out.push((key, value, first_ts + ts_delta, codec));
         }
-        assert_eq!(w.0.position(), end);
+        assert_eq!(r.0.position() as usize, records.len());
     }
     out
 }
@@ -309,6 +334,8 @@ async fn start(
     let (ftx, fetches) = mpsc::unbounded_channel();
     let log = Arc::new(Mutex::new(Log::new()));
     let shared = log.clone();
+    let metadata_requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let metadata_count = metadata_requests.clone();
     tokio::spawn(async move {
         loop {
             let (s, _) = listener.accept().await.unwrap();
@@ -321,6 +348,7 @@ async fn start(
                 auths: atx.clone(),
                 fetches: ftx.clone(),
                 log: shared.clone(),
+                metadata_requests: metadata_count.clone(),
             };
             match tls.clone() {
                 None => {
@@ -343,6 +371,7 @@ async fn start(
         auths,
         log,
         fetches,
+        metadata_requests,
     }
 }
 
@@ -356,6 +385,7 @@ struct Node {
     auths: mpsc::UnboundedSender<Vec<u8>>,
     fetches: mpsc::UnboundedSender<(String, i32, i64)>,
     log: Arc<Mutex<Log>>,
+    metadata_requests: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Node {
@@ -427,6 +457,8 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, node: Node) {
             }
             (3, 1) => {
                 assert!(authenticated, "metadata before authentication");
+                node.metadata_requests
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 out.i32(1)
                     .i32(1)
                     .string("127.0.0.1")
@@ -453,7 +485,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, node: Node) {
                         let n = w.i32() as usize;
                         let data = w.bytes(n);
                         let mut kept = Vec::new();
-                        for (key, value, ts) in record_batches(&data) {
+                        for (key, value, ts, compression) in record_batches(&data) {
                             kept.push((key.clone(), Some(value.clone()), ts));
                             tx.send(Stored {
                                 topic: name.clone(),
@@ -461,6 +493,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, node: Node) {
                                 key,
                                 value,
                                 acks,
+                                compression,
                             })
                             .unwrap();
                         }
@@ -612,8 +645,8 @@ mod tests {
         assert_eq!(
             got,
             vec![
-                (Some(b"k".to_vec()), b"v1".to_vec(), 1_000),
-                (None, b"v2".to_vec(), 1_005)
+                (Some(b"k".to_vec()), b"v1".to_vec(), 1_000, 0),
+                (None, b"v2".to_vec(), 1_005, 0)
             ]
         );
     }

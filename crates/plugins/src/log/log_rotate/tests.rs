@@ -104,9 +104,26 @@ fn attr_defaults_are_apisix_and_bad_values_are_named() {
     }
 }
 
+impl LogRotator {
+    /// As [`LogRotator::new`], naming in UTC whatever this machine's zone.
+    fn new_utc(attr: RotateAttr, logs: Vec<RotatedLog>) -> LogRotator {
+        LogRotator {
+            zone: chrono::FixedOffset::east_opt(0),
+            ..LogRotator::new(attr, logs)
+        }
+    }
+}
+
 #[test]
-fn dates_are_apisix_s_format_in_utc() {
-    assert_eq!(date_name(HOUR + 61), "2026-12-07_06-01-01");
+fn dates_are_apisix_s_format_in_the_zone() {
+    assert_eq!(
+        date_name(HOUR + 61, chrono::FixedOffset::east_opt(0)),
+        "2026-12-07_06-01-01"
+    );
+    let india = chrono::FixedOffset::east_opt(5 * 3600 + 1800);
+    assert_eq!(date_name(HOUR + 61, india), "2026-12-07_11-31-01");
+    let west = chrono::FixedOffset::west_opt(8 * 3600);
+    assert_eq!(date_name(HOUR + 61, west), "2026-12-06_22-01-01");
 }
 
 /// The first tick only sets the time (the next multiple of `interval`); at it both logs move
@@ -118,7 +135,7 @@ fn logs_move_aside_on_the_interval_s_boundaries() {
     let reopen = LogReopen::new();
     std::fs::write(dir.path().join("error.log"), "e1\n").unwrap();
     std::fs::write(dir.path().join("access.log"), "a1\n").unwrap();
-    let mut r = LogRotator::new(
+    let mut r = LogRotator::new_utc(
         RotateAttr {
             interval: 60,
             ..RotateAttr::default()
@@ -159,7 +176,7 @@ fn max_size_rotates_only_the_log_that_reached_it() {
     let reopen = LogReopen::new();
     std::fs::write(dir.path().join("error.log"), "0123456789").unwrap();
     std::fs::write(dir.path().join("acc.log"), "short").unwrap();
-    let mut r = LogRotator::new(
+    let mut r = LogRotator::new_utc(
         RotateAttr {
             max_size: 10,
             ..RotateAttr::default()
@@ -205,7 +222,7 @@ fn the_oldest_moved_files_beyond_max_kept_are_deleted() {
     ] {
         std::fs::write(dir.path().join(f), "x\n").unwrap();
     }
-    let mut r = LogRotator::new(
+    let mut r = LogRotator::new_utc(
         RotateAttr {
             interval: 3600,
             max_kept: 2,
@@ -225,7 +242,7 @@ fn the_oldest_moved_files_beyond_max_kept_are_deleted() {
         ]
     );
     // max_kept 0: none stays.
-    let mut r = LogRotator::new(
+    let mut r = LogRotator::new_utc(
         RotateAttr {
             interval: 3600,
             max_kept: 0,
@@ -254,7 +271,7 @@ fn compression_waits_for_the_write_in_flight_and_keeps_every_line() {
     let reopen = LogReopen::new();
     let path = dir.path().join("access.log");
     std::fs::write(&path, "one\n").unwrap();
-    let mut r = LogRotator::new(
+    let mut r = LogRotator::new_utc(
         RotateAttr {
             interval: 60,
             enable_compression: true,

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, Uri};
@@ -18,8 +18,53 @@ use tokio::net::TcpStream;
 use crate::exec::Executor;
 use crate::tls_client::TlsClient;
 
-/// Idle connections kept per `host:port`.
+/// Idle connections kept per `host:port`, and how long, unless a call says otherwise.
 const IDLE_PER_HOST: usize = 8;
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How a call's connection is kept for the next call to the same server, as lua-resty-http's
+/// `set_keepalive(timeout, pool_size)`: idle at most `idle`, among at most `pool` idle
+/// connections to that server (an idle connection beyond them is closed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeepAlive {
+    pub idle: Duration,
+    pub pool: usize,
+}
+
+impl KeepAlive {
+    /// APISIX's `keepalive` (default true), `keepalive_timeout` (milliseconds, default 60000)
+    /// and `keepalive_pool` (default `default_pool`) of a plugin's conf; `None` with
+    /// `keepalive: false` (a connection per call).
+    pub fn of_conf(
+        conf: &serde_json::Map<String, serde_json::Value>,
+        default_pool: usize,
+    ) -> Option<KeepAlive> {
+        use serde_json::Value;
+        if conf.get("keepalive").and_then(Value::as_bool) == Some(false) {
+            return None;
+        }
+        Some(KeepAlive {
+            idle: Duration::from_millis(
+                conf.get("keepalive_timeout")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(60_000),
+            ),
+            pool: conf
+                .get("keepalive_pool")
+                .and_then(Value::as_u64)
+                .map_or(default_pool, |n| n.max(1) as usize),
+        })
+    }
+}
+
+impl Default for KeepAlive {
+    fn default() -> Self {
+        KeepAlive {
+            idle: IDLE_TIMEOUT,
+            pool: IDLE_PER_HOST,
+        }
+    }
+}
 /// The largest response body read.
 const MAX_RESPONSE_BODY: usize = 16 * 1024 * 1024;
 
@@ -58,7 +103,8 @@ type Sender = SendRequest<Full<Bytes>>;
 pub struct HttpClient {
     executor: Executor,
     tls: TlsClient,
-    idle: Mutex<HashMap<String, Vec<Sender>>>,
+    /// Per server, its idle connections and when each stops being kept.
+    idle: Mutex<HashMap<String, Vec<(Sender, Instant)>>>,
 }
 
 impl fmt::Debug for HttpClient {
@@ -83,21 +129,21 @@ impl HttpClient {
     }
 
     fn take_idle(&self, authority: &str) -> Option<Sender> {
+        let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = idle.get_mut(authority)?;
-        while let Some(s) = list.pop() {
-            if !s.is_closed() {
-                return Some(s);
-            }
-        }
-        None
+        // Kept past its time: dropped (closed) here, as the pool's timer would have.
+        list.retain(|(s, until)| *until > now && !s.is_closed());
+        list.pop().map(|(s, _)| s)
     }
 
-    fn put_idle(&self, authority: String, sender: Sender) {
+    fn put_idle(&self, authority: String, sender: Sender, keep: KeepAlive) {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = idle.entry(authority).or_default();
-        if list.len() < IDLE_PER_HOST {
-            list.push(sender);
+        let now = Instant::now();
+        list.retain(|(s, until)| *until > now && !s.is_closed());
+        if list.len() < keep.pool {
+            list.push((sender, now + keep.idle));
         }
     }
 
@@ -154,7 +200,20 @@ impl HttpClient {
         timeout: Duration,
         ssl_verify: bool,
     ) -> Result<Response<Bytes>, HttpError> {
-        tokio::time::timeout(timeout, self.send_inner(req, ssl_verify))
+        self.send_kept(req, timeout, ssl_verify, Some(KeepAlive::default()))
+            .await
+    }
+
+    /// [`HttpClient::send_verified`] with the connection kept for the next call as `keep`
+    /// says, or (`None`) used for this call alone and closed after it (`keepalive: false`).
+    pub async fn send_kept(
+        &self,
+        req: Request<Bytes>,
+        timeout: Duration,
+        ssl_verify: bool,
+        keep: Option<KeepAlive>,
+    ) -> Result<Response<Bytes>, HttpError> {
+        tokio::time::timeout(timeout, self.send_inner(req, ssl_verify, keep))
             .await
             .map_err(|_| HttpError::Timeout)?
     }
@@ -246,8 +305,10 @@ impl HttpClient {
         &self,
         req: Request<Bytes>,
         ssl_verify: bool,
+        keep: Option<KeepAlive>,
     ) -> Result<Response<Bytes>, HttpError> {
-        let (mut sender, parts, body, authority) = self.prepare(req, ssl_verify, true).await?;
+        let (mut sender, parts, body, authority) =
+            self.prepare(req, ssl_verify, keep.is_some()).await?;
         let resp = sender
             .send_request(Request::from_parts(parts, Full::new(body)))
             .await
@@ -270,8 +331,10 @@ impl HttpClient {
             .headers
             .get(header::CONNECTION)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
-        if !closing && !sender.is_closed() {
-            self.put_idle(authority, sender);
+        match keep {
+            Some(keep) if !closing && !sender.is_closed() => self.put_idle(authority, sender, keep),
+            // Dropping the last handle closes the connection once the call is done.
+            _ => drop(sender),
         }
         Ok(Response::from_parts(head, body))
     }
@@ -285,6 +348,67 @@ mod tests {
 
     #[tokio::test]
     async fn keep_alive_calls_and_errors() {
+        let (port, accepted) = counting_server().await;
+        let client = HttpClient::new(Executor::current());
+        for _ in 0..3 {
+            let req = Request::get(format!("http://127.0.0.1:{port}/x"))
+                .body(Bytes::new())
+                .unwrap();
+            let resp = client.send(req, Duration::from_secs(5)).await.unwrap();
+            assert_eq!(resp.status(), 200);
+            assert_eq!(resp.body(), "ok");
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::Relaxed), 1);
+        let ftp = Request::get("ftp://127.0.0.1/").body(Bytes::new()).unwrap();
+        assert!(matches!(
+            client.send(ftp, Duration::from_secs(1)).await,
+            Err(HttpError::Unsupported(_))
+        ));
+    }
+
+    /// `keepalive: false` uses a connection per call; a kept one is not reused past its idle
+    /// time; at most `pool` idle connections per server are kept.
+    #[tokio::test]
+    async fn keep_alive_as_the_call_says() {
+        let (port, accepted) = counting_server().await;
+        let count = || accepted.load(std::sync::atomic::Ordering::Relaxed);
+        let client = HttpClient::new(Executor::current());
+        let call = |keep: Option<KeepAlive>| {
+            let req = Request::get(format!("http://127.0.0.1:{port}/x"))
+                .body(Bytes::new())
+                .unwrap();
+            let client = &client;
+            async move {
+                let resp = client
+                    .send_kept(req, Duration::from_secs(5), true, keep)
+                    .await
+                    .unwrap();
+                assert_eq!(resp.body(), "ok");
+            }
+        };
+        for _ in 0..3 {
+            call(None).await;
+        }
+        assert_eq!(count(), 3, "one connection per call");
+        let short = KeepAlive {
+            idle: Duration::from_millis(300),
+            pool: 1,
+        };
+        call(Some(short)).await;
+        call(Some(short)).await;
+        assert_eq!(count(), 4, "kept and reused");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        call(Some(short)).await;
+        assert_eq!(count(), 5, "not reused past its idle time");
+        // Two at once need two connections; a pool of 1 keeps one of them.
+        tokio::join!(call(Some(short)), call(Some(short)));
+        assert_eq!(count(), 6);
+        tokio::join!(call(Some(short)), call(Some(short)));
+        assert_eq!(count(), 7, "one of the two was kept");
+    }
+
+    /// A keep-alive HTTP/1.1 server answering `ok` to every request; counts its connections.
+    async fn counting_server() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -312,20 +436,6 @@ mod tests {
                 });
             }
         });
-        let client = HttpClient::new(Executor::current());
-        for _ in 0..3 {
-            let req = Request::get(format!("http://127.0.0.1:{port}/x"))
-                .body(Bytes::new())
-                .unwrap();
-            let resp = client.send(req, Duration::from_secs(5)).await.unwrap();
-            assert_eq!(resp.status(), 200);
-            assert_eq!(resp.body(), "ok");
-        }
-        assert_eq!(accepted.load(std::sync::atomic::Ordering::Relaxed), 1);
-        let ftp = Request::get("ftp://127.0.0.1/").body(Bytes::new()).unwrap();
-        assert!(matches!(
-            client.send(ftp, Duration::from_secs(1)).await,
-            Err(HttpError::Unsupported(_))
-        ));
+        (port, accepted)
     }
 }

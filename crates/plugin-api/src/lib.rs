@@ -108,7 +108,7 @@ pub use ext_runner::ExtRunner;
 /// The snapshot's compiled `protos` (the config crate compiles them; plugins read them here).
 pub use ferrisix_config::proto::Protos;
 pub use head::{ConnFacts, ProxiedAddrs, RequestHead};
-pub use http_client::{HttpClient, HttpError};
+pub use http_client::{HttpClient, HttpError, KeepAlive};
 pub use key::{KeySpec, KeyValue};
 pub use keyed::{KeyRef, Keyed, OwnedKey, Slot};
 pub use log::{

@@ -15,8 +15,9 @@
 //! `timeout` is in milliseconds for the whole call; `ssl_verify` (default on) checks an
 //! `https` endpoint's certificate against the gateway's trusted bundle; an answer of 300 or
 //! more fails the batch (`lago api returned status: <n>, body: <body>`), retried as the batch
-//! processor says. `keepalive`, `keepalive_timeout` and `keepalive_pool` are accepted: the
-//! plugins' HTTP client keeps its connections alive in its own pool.
+//! processor says. A connection is kept for the next batch (`keepalive`) at most
+//! `keepalive_timeout` milliseconds idle, among at most `keepalive_pool` idle connections to
+//! that server; with `keepalive: false` each batch has its own connection.
 
 use std::sync::Arc;
 
@@ -139,7 +140,8 @@ impl LagoSink {
                 conf::millis(c, "timeout", 3000),
                 c.get("ssl_verify").and_then(Value::as_bool).unwrap_or(true),
                 headers,
-            ),
+            )
+            .with_keepalive_of(c, 5),
         })
     }
 

@@ -8,8 +8,8 @@
 //! `request_headers`, `request_query`, `request_size`, `response_headers`, `response_status`,
 //! `response_size`, `latency`, `upstream`) plus the `log_format_extra` fields it lacks, and
 //! `host` the entry's server hostname; with a `log_format` the event is that entry. Only an
-//! answer of 200 succeeds; HEC's `{"text": ...}` is the error. `endpoint.keepalive_timeout`
-//! is accepted: the plugin HTTP client keeps its own connections alive.
+//! answer of 200 succeeds; HEC's `{"text": ...}` is the error. A connection is kept for the
+//! next batch at most `endpoint.keepalive_timeout` milliseconds idle.
 
 use std::sync::Arc;
 
@@ -153,7 +153,10 @@ impl SplunkSink {
                 conf::secs(endpoint, "timeout", 10),
                 c.get("ssl_verify").and_then(Value::as_bool).unwrap_or(true),
                 headers,
-            ),
+            )
+            // lua-resty-http's `request_uri` with `keepalive_timeout` and nginx's default pool
+            // size (`lua_socket_pool_size`).
+            .with_keepalive_of(endpoint, 30),
         })
     }
 

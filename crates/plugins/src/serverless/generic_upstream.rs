@@ -5,16 +5,16 @@
 //! the function's host; the plugin's processor adds its authorization; the function's
 //! answer (status, headers but the hop-by-hop ones, body) ends the request. A body that
 //! cannot be read is answered 400, a function that cannot be reached within `timeout` ms
-//! 503. `ssl_verify` for `https` functions; `keepalive: false` asks the function to close
-//! (the plugin HTTP client keeps its own pool, so `keepalive_timeout` and
-//! `keepalive_pool` are accepted).
+//! 503. `ssl_verify` for `https` functions; the connection is kept for the next call at most
+//! `keepalive_timeout` ms idle among `keepalive_pool` idle ones, or with `keepalive: false`
+//! closed after the call (`Connection: close` asks the function to close it too).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use ferrisix_plugin_api::{
-    CompileCtx, Exit, Flow, Phases, Plugin, PluginCtx, PluginServices, Step,
+    CompileCtx, Exit, Flow, KeepAlive, Phases, Plugin, PluginCtx, PluginServices, Step,
 };
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
 use serde_json::{json, Value};
@@ -67,7 +67,8 @@ pub struct FunctionCall {
     max_req_body_size: usize,
     timeout: Duration,
     ssl_verify: bool,
-    keepalive: bool,
+    /// `keepalive*`: how the connection is kept for the next call (`None`: closed).
+    keepalive: Option<KeepAlive>,
     services: Arc<PluginServices>,
     processor: Processor,
 }
@@ -104,7 +105,7 @@ pub fn compile(
             .unwrap_or(usize::MAX),
         timeout: Duration::from_millis(int("timeout", 3000)),
         ssl_verify: conf.get("ssl_verify").and_then(Value::as_bool) != Some(false),
-        keepalive: conf.get("keepalive").and_then(Value::as_bool) != Some(false),
+        keepalive: conf.as_object().and_then(|c| KeepAlive::of_conf(c, 5)),
         services: cx.services.clone(),
         processor,
     }))
@@ -173,7 +174,7 @@ impl FunctionCall {
             body,
         };
         (self.processor)(&mut call);
-        if !self.keepalive {
+        if self.keepalive.is_none() {
             call.headers
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
@@ -196,7 +197,7 @@ impl FunctionCall {
         match self
             .services
             .http()
-            .send_verified(req, self.timeout, self.ssl_verify)
+            .send_kept(req, self.timeout, self.ssl_verify, self.keepalive)
             .await
         {
             Ok(resp) => Flow::Exit(answer(resp)),

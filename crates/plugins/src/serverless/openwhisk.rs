@@ -5,7 +5,8 @@
 //! Basic`; the action's answer, a JSON object, gives the response: its `headers`, its
 //! `statusCode` (else the call's status) and its `body` (else the whole answer). An answer
 //! that is not JSON, or an action that cannot be reached within `timeout` ms, is 503.
-//! `ssl_verify` for `https` hosts; `keepalive: false` asks the host to close.
+//! `ssl_verify` for `https` hosts; the connection is kept for the next call as `keepalive`,
+//! `keepalive_timeout` and `keepalive_pool` say (`keepalive: false` asks the host to close).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use base64::Engine;
 use bytes::Bytes;
 use ferrisix_config::schema::lua;
 use ferrisix_plugin_api::{
-    CompileCtx, Exit, Flow, Phases, Plugin, PluginCtx, PluginDef, PluginServices, Step,
+    CompileCtx, Exit, Flow, KeepAlive, Phases, Plugin, PluginCtx, PluginDef, PluginServices, Step,
 };
 use http::{header, HeaderName, HeaderValue, Method, Request, StatusCode};
 use serde_json::{json, Value};
@@ -59,7 +60,8 @@ struct OpenWhisk {
     max_req_body_size: usize,
     timeout: Duration,
     ssl_verify: bool,
-    keepalive: bool,
+    /// `keepalive*`: how the connection is kept for the next call (`None`: closed).
+    keepalive: Option<KeepAlive>,
     services: Arc<PluginServices>,
 }
 
@@ -88,7 +90,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
             .unwrap_or(usize::MAX),
         timeout: Duration::from_millis(timeout),
         ssl_verify: conf.get("ssl_verify").and_then(Value::as_bool) != Some(false),
-        keepalive: conf.get("keepalive").and_then(Value::as_bool) != Some(false),
+        keepalive: conf.as_object().and_then(|c| KeepAlive::of_conf(c, 5)),
         services: cx.services.clone(),
     }))
 }
@@ -153,14 +155,14 @@ impl OpenWhisk {
             .uri(&self.url)
             .header(header::AUTHORIZATION, self.authorization.clone())
             .header(header::CONTENT_TYPE, "application/json");
-        if !self.keepalive {
+        if self.keepalive.is_none() {
             builder = builder.header(header::CONNECTION, "close");
         }
         let req = builder.body(body).expect("a checked URL makes a request");
         match self
             .services
             .http()
-            .send_verified(req, self.timeout, self.ssl_verify)
+            .send_kept(req, self.timeout, self.ssl_verify, self.keepalive)
             .await
         {
             Ok(resp) => response(resp.status(), resp.body()),

@@ -5,8 +5,9 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ferrisix_plugin_api::{HttpError, PluginServices};
+use ferrisix_plugin_api::{HttpError, KeepAlive, PluginServices};
 use http::{HeaderName, HeaderValue, Request, Response};
+use serde_json::{Map, Value};
 
 use super::super::batch_processor::SendError;
 
@@ -39,6 +40,8 @@ pub struct HttpTarget {
     ssl_verify: bool,
     /// Sent with every request.
     headers: Vec<(HeaderName, HeaderValue)>,
+    /// How a connection is kept between batches; `None`: one connection per batch.
+    keepalive: Option<KeepAlive>,
 }
 
 impl HttpTarget {
@@ -53,7 +56,20 @@ impl HttpTarget {
             timeout,
             ssl_verify,
             headers,
+            keepalive: Some(KeepAlive::default()),
         }
+    }
+
+    /// The connections kept as `keepalive`, `keepalive_timeout` (milliseconds) and
+    /// `keepalive_pool` of `conf` say (loki-logger's and lago's keys; splunk's `endpoint` has
+    /// the timeout alone), each optional: true, 60000 and `default_pool`.
+    pub fn with_keepalive_of(
+        mut self,
+        conf: &Map<String, Value>,
+        default_pool: usize,
+    ) -> HttpTarget {
+        self.keepalive = KeepAlive::of_conf(conf, default_pool);
+        self
     }
 
     /// A request to `uri` carrying the target's headers; `method` POST or GET.
@@ -77,7 +93,7 @@ impl HttpTarget {
             .map_err(|e| CallError::Invalid(e.to_string()))?;
         services
             .http()
-            .send_verified(req, self.timeout, self.ssl_verify)
+            .send_kept(req, self.timeout, self.ssl_verify, self.keepalive)
             .await
             .map_err(CallError::Http)
     }
@@ -86,4 +102,47 @@ impl HttpTarget {
 /// `status code[..] ... body[..]`'s parts of an answer: its status and its body as text.
 pub fn status_and_body(resp: &Response<Bytes>) -> (u16, std::borrow::Cow<'_, str>) {
     (resp.status().as_u16(), String::from_utf8_lossy(resp.body()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept(conf: serde_json::Value, default_pool: usize) -> Option<KeepAlive> {
+        let services = Arc::new(PluginServices::default());
+        HttpTarget::new(&services, Duration::from_secs(1), true, Vec::new())
+            .with_keepalive_of(conf.as_object().unwrap(), default_pool)
+            .keepalive
+    }
+
+    /// lago's and loki-logger's `keepalive*` keys, splunk's `endpoint.keepalive_timeout`.
+    #[test]
+    fn keepalive_options() {
+        use serde_json::json;
+        assert_eq!(
+            kept(json!({}), 5),
+            Some(KeepAlive {
+                idle: Duration::from_secs(60),
+                pool: 5
+            })
+        );
+        assert_eq!(
+            kept(json!({"keepalive_timeout": 1000, "keepalive_pool": 2}), 5),
+            Some(KeepAlive {
+                idle: Duration::from_secs(1),
+                pool: 2
+            })
+        );
+        assert_eq!(
+            kept(json!({"keepalive": false, "keepalive_timeout": 1000}), 5),
+            None
+        );
+        assert_eq!(
+            kept(json!({"keepalive_timeout": 3000}), 30),
+            Some(KeepAlive {
+                idle: Duration::from_secs(3),
+                pool: 30
+            })
+        );
+    }
 }

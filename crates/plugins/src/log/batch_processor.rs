@@ -19,11 +19,11 @@
 //! A log server that is down fails every batch: its error lines are summarised, one a second
 //! per processor with the count they stand for (`repeated`), as the discards are.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -195,6 +195,35 @@ struct Buffer {
     last: Instant,
 }
 
+/// APISIX's `batch_process_entries` gauge (`set_metrics` of batch-processor.lua): per
+/// processor labelled `name`, `route_id` and `server_addr` (of the first request that logged
+/// to it), the entries its buffer holds, 0 once they are handed on to be sent. The prometheus
+/// exporter renders them.
+#[derive(Default)]
+pub struct BatchGauges(Mutex<BTreeMap<[String; 3], Arc<AtomicU64>>>);
+
+impl SharedState for BatchGauges {
+    fn create(_: &PluginServices) -> Self {
+        BatchGauges::default()
+    }
+}
+
+impl BatchGauges {
+    /// The gauge of these labels (kept for the life of the gateway, as APISIX's are).
+    fn gauge(&self, labels: [String; 3]) -> Arc<AtomicU64> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(labels).or_default().clone()
+    }
+
+    /// Every gauge: (`name`, `route_id`, `server_addr`) and its value.
+    pub fn values(&self) -> Vec<([String; 3], u64)> {
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.iter()
+            .map(|(k, v)| (k.clone(), v.load(Ordering::Relaxed)))
+            .collect()
+    }
+}
+
 struct Shared {
     config: BatchConfig,
     sink: Arc<dyn BatchSink>,
@@ -211,6 +240,9 @@ struct Shared {
     /// many batches a dead log server fails.
     failures: Repeats,
     drops: Repeats,
+    gauges: Arc<BatchGauges>,
+    /// This processor's `batch_process_entries`, once a request gave its labels.
+    gauge: OnceLock<Arc<AtomicU64>>,
 }
 
 /// One conf's processor. Dropping it flushes what it holds.
@@ -256,6 +288,8 @@ impl BatchProcessor {
             sent: AtomicU64::new(0),
             failures: Repeats::per_second(),
             drops: Repeats::per_second(),
+            gauges: services.shared::<BatchGauges>(),
+            gauge: OnceLock::new(),
         });
         if shared.config.batch_max_size > 1 {
             let timer = shared.clone();
@@ -268,6 +302,24 @@ impl BatchProcessor {
             }
         }
         BatchProcessor { shared }
+    }
+
+    /// Whether the processor still needs the labels of its `batch_process_entries` gauge
+    /// ([`BatchProcessor::label`]); a processor sending each entry alone has none, as APISIX's.
+    pub fn wants_labels(&self) -> bool {
+        self.shared.config.batch_max_size > 1 && self.shared.gauge.get().is_none()
+    }
+
+    /// Labels the gauge with the request's `route_id` and `server_addr` (the first call wins).
+    pub fn label(&self, route_id: &str, server_addr: &str) {
+        let s = &self.shared;
+        let _ = s.gauge.get_or_init(|| {
+            s.gauges.gauge([
+                s.config.name.clone(),
+                route_id.to_owned(),
+                server_addr.to_owned(),
+            ])
+        });
     }
 
     /// Adds one encoded entry (never waits). Answers `false` when the backlog was full and
@@ -295,6 +347,12 @@ impl BatchProcessor {
                 || s.shutdown.is_started()
                 || s.closed.load(Ordering::Relaxed);
             let first = b.entries.len() == 1;
+            if let Some(g) = s.gauge.get() {
+                g.store(
+                    if full { 0 } else { b.entries.len() as u64 },
+                    Ordering::Relaxed,
+                );
+            }
             (full.then(|| std::mem::take(&mut b.entries)), first)
         };
         match full {
@@ -344,13 +402,11 @@ impl Shared {
     }
 
     fn take(&self) -> Vec<Bytes> {
-        std::mem::take(
-            &mut self
-                .buffer
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .entries,
-        )
+        let mut b = self.buffer.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(g) = self.gauge.get() {
+            g.store(0, Ordering::Relaxed);
+        }
+        std::mem::take(&mut b.entries)
     }
 
     /// The buffer's flush time: `inactive_timeout` after the last entry or `buffer_duration`
@@ -552,6 +608,37 @@ mod tests {
             vec![vec![entry(0), entry(1), entry(2)], vec![entry(3)]]
         );
         assert_eq!((backlog.pending(), p.sent()), (0, 4));
+    }
+
+    /// `batch_process_entries`: labelled by the first request, the buffer's count while
+    /// entries wait, 0 when they are handed on (full batch or timer); none for batches of 1.
+    #[tokio::test(start_paused = true)]
+    async fn the_gauge_counts_what_the_buffer_holds() {
+        let services = PluginServices::default();
+        let gauges = services.shared::<BatchGauges>();
+        let (_, p) = recorded(&services, 3, Arc::new(Backlog::default()), 100);
+        assert!(p.wants_labels());
+        assert!(p.push(entry(0)));
+        assert!(gauges.values().is_empty(), "no labels yet: no series");
+        p.label("r1", "127.0.0.1");
+        p.label("r2", "10.0.0.1");
+        assert!(!p.wants_labels());
+        let key = [
+            "log buffer".to_owned(),
+            "r1".to_owned(),
+            "127.0.0.1".to_owned(),
+        ];
+        assert!(p.push(entry(1)));
+        assert_eq!(gauges.values(), vec![(key.clone(), 2)]);
+        assert!(p.push(entry(2)));
+        assert_eq!(gauges.values(), vec![(key.clone(), 0)], "a full batch went");
+        assert!(p.push(entry(3)));
+        assert_eq!(gauges.values(), vec![(key.clone(), 1)]);
+        tokio::time::sleep(Duration::from_millis(2100)).await;
+        settle().await;
+        assert_eq!(gauges.values(), vec![(key, 0)], "flushed by the timer");
+        let (_, alone) = recorded(&services, 1, Arc::new(Backlog::default()), 100);
+        assert!(!alone.wants_labels());
     }
 
     #[tokio::test(start_paused = true)]

@@ -101,8 +101,16 @@ impl Logger {
                 services,
             )
         });
+        let mut needs = entry.needs();
+        if processor.wants_labels() {
+            // The batch_process_entries gauge's labels come from the first request logged.
+            needs = needs.union(&LogNeeds {
+                vars: Some(vec!["route_id".into(), "server_addr".into()].into()),
+                ..LogNeeds::default()
+            });
+        }
         Ok(Logger {
-            needs: entry.needs(),
+            needs,
             entry,
             processor,
             clock: services.clock().clone(),
@@ -143,6 +151,7 @@ impl Logger {
         if self.no_matched && !entry.contains_key("route_id") {
             entry.insert("route_id".into(), Value::String("no-matched".into()));
         }
+        self.label(ctx);
         self.processor.push(encode(entry, now));
     }
 
@@ -158,7 +167,21 @@ impl Logger {
             extra,
             customized: self.entry.customized(),
         };
+        self.label(ctx);
         self.processor.push(encode(parts, now));
+    }
+
+    /// Gives the processor's gauge its labels from the first request with a route.
+    fn label(&self, ctx: &LogCtx) {
+        if !self.processor.wants_labels() {
+            return;
+        }
+        use ferrisix_router::VarSource;
+        if let (Some(route), Some(addr)) = (ctx.var("route_id"), ctx.var("server_addr")) {
+            if !route.is_empty() {
+                self.processor.label(&route, &addr);
+            }
+        }
     }
 
     /// The plugin logging each request as `encode` makes it from the entry's parts (the

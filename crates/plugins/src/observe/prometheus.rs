@@ -45,6 +45,7 @@ pub mod series;
 pub mod server;
 
 use crate::ai::ai_cache::AiCacheState;
+use crate::log::batch_processor::BatchGauges;
 use crate::support::ai::{LlmRecord, PickedInstance};
 use series::{
     push_extra_value, Direction, Expire, ExtraKey, GroupValues, LatencyType, SeriesGroup,
@@ -216,6 +217,8 @@ pub struct Metrics {
     /// The redis xRPC protocol's series per (stream route, command): a session takes a
     /// command's series once and counts on it without a lock.
     redis_commands: Mutex<BTreeMap<(String, String), Arc<RedisCommandSeries>>>,
+    /// The loggers' batch processors' `batch_process_entries`.
+    batch_entries: Arc<BatchGauges>,
 }
 
 /// APISIX's `apisix/stream/xrpc/protocols/redis/metrics.lua` latency buckets, in seconds.
@@ -488,7 +491,12 @@ fn series_key(name: &str, parts: &[&[(&str, &str)]]) -> String {
 }
 
 /// Metric families: (name without prefix, help, type).
-const FAMILIES: [(&str, &str, &str); 23] = [
+const FAMILIES: [(&str, &str, &str); 24] = [
+    (
+        "batch_process_entries",
+        "batch process remaining entries",
+        "gauge",
+    ),
     (
         "llm_active_connections",
         "Number of active connections to LLM service",
@@ -618,11 +626,14 @@ fn node_text(node: Option<std::net::IpAddr>) -> String {
 
 impl SharedState for Metrics {
     fn create(services: &PluginServices) -> Self {
-        Metrics::new(
-            &services.plugin_attr().prometheus,
-            services.conn_stats().clone(),
-            services.clock().clone(),
-        )
+        Metrics {
+            batch_entries: services.shared::<BatchGauges>(),
+            ..Metrics::new(
+                &services.plugin_attr().prometheus,
+                services.conn_stats().clone(),
+                services.clock().clone(),
+            )
+        }
     }
 }
 
@@ -684,6 +695,7 @@ impl Metrics {
             render_lock: Mutex::new(()),
             stream_connections: Mutex::new(BTreeMap::new()),
             redis_commands: Mutex::new(BTreeMap::new()),
+            batch_entries: Arc::default(),
         }
     }
 
@@ -961,6 +973,19 @@ impl Metrics {
             .iter()
         {
             s.lines(route, command, &mut lines);
+        }
+        for ([name, route_id, server_addr], n) in self.batch_entries.values() {
+            lines.push((
+                series_key(
+                    "batch_process_entries",
+                    &[&[
+                        ("name", &name),
+                        ("route_id", &route_id),
+                        ("server_addr", &server_addr),
+                    ]],
+                ),
+                n.to_string(),
+            ));
         }
         let source = self.node_source.load_full();
         let reachable = source
@@ -1315,6 +1340,42 @@ mod tests {
         // The buckets come in increasing order.
         let at = |le: &str| text.find(&format!("le=\"{le}\"")).unwrap();
         assert!(at("0.001") < at("0.01") && at("0.5") < at("1") && at("1") < at("+Inf"));
+    }
+
+    /// The loggers' `batch_process_entries`, from the processors of the same gateway.
+    #[tokio::test(start_paused = true)]
+    async fn batch_process_entries_render_per_processor() {
+        use crate::log::batch_processor::{
+            Backlog, BatchConfig, BatchProcessor, BatchSink, SendFuture,
+        };
+        struct Nowhere;
+        impl BatchSink for Nowhere {
+            fn send<'a>(&'a self, _: &'a [bytes::Bytes], _: usize) -> SendFuture<'a> {
+                Box::pin(async { Ok(()) })
+            }
+        }
+        let services = PluginServices::default();
+        let m = services.shared::<Metrics>();
+        let conf = json!({"name": "http logger", "batch_max_size": 10});
+        let p = BatchProcessor::new(
+            BatchConfig::from_conf(conf.as_object().unwrap()),
+            Arc::new(Nowhere),
+            Arc::new(Backlog::default()),
+            100,
+            &services,
+        );
+        p.label("1", "127.0.0.1");
+        for _ in 0..3 {
+            p.push(bytes::Bytes::from_static(b"{}"));
+        }
+        let text = m.render();
+        for line in [
+            "# HELP apisix_batch_process_entries batch process remaining entries\n",
+            "# TYPE apisix_batch_process_entries gauge\n",
+            "apisix_batch_process_entries{name=\"http logger\",route_id=\"1\",server_addr=\"127.0.0.1\"} 3\n",
+        ] {
+            assert!(text.contains(line), "no {line:?} in\n{text}");
+        }
     }
 
     fn metrics_with(yaml: &str) -> Arc<Metrics> {

@@ -29,9 +29,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferrisix_plugin_api::{
-    Clock, CompileCtx, Exit, Flow, KeyRef, KeySpec, Keyed, Lease, OwnedKey, Phases, Plugin,
-    PluginCtx, PluginDef, Retain, Slot, StateMap, Step,
+    Clock, CompileCtx, Exit, Flow, KeyRef, KeySpec, KeyValue, Keyed, Lease, OwnedKey, Phases,
+    Plugin, PluginCtx, PluginDef, Retain, Slot, StateMap, Step, Template,
 };
+use ferrisix_router::VarSource;
 use http::StatusCode;
 use serde_json::{json, Value};
 
@@ -46,11 +47,14 @@ pub static DEF: PluginDef = PluginDef {
 
 /// apisix/plugins/limit-conn.lua.
 fn schema() -> Value {
+    // A number, or (3.16+) a string of request variables resolved per request.
+    let conn = json!({"oneOf": [{"type": "integer", "exclusiveMinimum": 0}, {"type": "string"}]});
+    let burst = json!({"oneOf": [{"type": "integer", "minimum": 0}, {"type": "string"}]});
     let mut schema = redis_support::with_policy_clauses(json!({
         "type": "object",
         "properties": {
-            "conn": {"type": "integer", "exclusiveMinimum": 0},
-            "burst": {"type": "integer", "minimum": 0},
+            "conn": conn.clone(),
+            "burst": burst.clone(),
             "default_conn_delay": {"type": "number", "exclusiveMinimum": 0},
             "only_use_default_delay": {"type": "boolean", "default": false},
             "key": {"type": "string"},
@@ -58,9 +62,20 @@ fn schema() -> Value {
             "policy": {"type": "string", "enum": ["redis", "redis-cluster", "local"], "default": "local"},
             "rejected_code": {"type": "integer", "minimum": 200, "maximum": 599, "default": 503},
             "rejected_msg": {"type": "string", "minLength": 1},
-            "allow_degradation": {"type": "boolean", "default": false}
+            "allow_degradation": {"type": "boolean", "default": false},
+            "rules": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"conn": conn, "burst": burst, "key": {"type": "string"}},
+                    "required": ["conn", "burst", "key"]
+                }
+            }
         },
-        "required": ["conn", "burst", "default_conn_delay", "key"]
+        "oneOf": [
+            {"required": ["conn", "burst", "default_conn_delay", "key"]},
+            {"required": ["default_conn_delay", "rules"]}
+        ]
     }));
     // Both redis clauses add `key_ttl` (redis-schema.lua's `limit_conn_redis_schema`).
     let key_ttl = json!({"type": "integer", "default": 3600});
@@ -350,14 +365,94 @@ struct RemoteConn {
     key_ttl: i64,
 }
 
+/// `conn` or `burst`: a number, or (3.16+) a string resolved from request variables.
+#[derive(Clone, Debug)]
+enum Amount {
+    Fixed(u64),
+    Var(Template),
+}
+
+impl Amount {
+    /// `min` is 1 for `conn`, 0 for `burst`, as the schema has them.
+    fn parse(v: Option<&Value>, what: &str, min: u64) -> Result<Amount, String> {
+        match v {
+            Some(Value::Number(n)) => n
+                .as_u64()
+                .filter(|n| *n >= min)
+                .map(Amount::Fixed)
+                .ok_or_else(|| format!("{what} must be an integer not less than {min}")),
+            Some(Value::String(s)) => Ok(Amount::Var(Template::parse(s))),
+            _ => Err(format!("{what} is missing")),
+        }
+    }
+
+    /// `resolve_var` of `limit-conn/init.lua`, with its messages: the resolved text must be an
+    /// integer, positive (`conn`) or not negative (`burst`, `allow_zero`).
+    fn resolve(&self, vars: &dyn VarSource, allow_zero: bool) -> Result<u64, String> {
+        let t = match self {
+            Amount::Fixed(n) => return Ok(*n),
+            Amount::Var(t) => t,
+        };
+        let resolved = t.resolve(vars).text;
+        let Ok(v) = resolved.trim().parse::<f64>() else {
+            return Err(format!("resolved value is not a number: {resolved}"));
+        };
+        if allow_zero && v < 0.0 {
+            return Err(format!(
+                "resolved value must be a non-negative number, got: {resolved}"
+            ));
+        }
+        if !allow_zero && v <= 0.0 {
+            return Err(format!(
+                "resolved value must be a positive number, got: {resolved}"
+            ));
+        }
+        if v.fract() != 0.0 {
+            return Err(format!(
+                "resolved value must be an integer, got: {resolved}"
+            ));
+        }
+        if v > 9_007_199_254_740_991.0 {
+            return Err(format!(
+                "resolved value exceeds safe integer range (2^53-1), got: {resolved}"
+            ));
+        }
+        Ok(v as u64)
+    }
+}
+
+/// What a conf limits.
+enum Limits {
+    /// `conn`, `burst` and `key` (by `key_type`).
+    Single {
+        conn: Amount,
+        burst: Amount,
+        key: KeySpec,
+    },
+    /// (3.16+) `rules`, each counted apart and all applied in order; a rule whose key has no
+    /// variable with a value, or whose numbers do not resolve, is skipped.
+    Rules(Vec<ConnRule>),
+}
+
+struct ConnRule {
+    conn: Amount,
+    burst: Amount,
+    key: Template,
+}
+
+/// One rule as it applies to a request: its key, `conn` and `burst`.
+struct Applied<'a> {
+    key: KeyValue<'a>,
+    conn: u64,
+    burst: u64,
+}
+
 /// One compiled limit-conn configuration.
 pub struct LimitConn {
     /// The local counts (unused with a redis policy) and the unit delay (both policies).
     space: Lease<ConnSpace>,
     remote: Option<RemoteConn>,
-    conn: u64,
-    burst: u64,
-    key: KeySpec,
+    limits: Limits,
     only_default_delay: bool,
     allow_degradation: bool,
     rejection: Exit,
@@ -367,25 +462,39 @@ pub struct LimitConn {
 impl LimitConn {
     pub fn compile(cx: &CompileCtx<'_>) -> Result<LimitConn, String> {
         let c = cx.object()?;
-        let conn = c
-            .get("conn")
-            .and_then(Value::as_u64)
-            .filter(|n| *n > 0)
-            .ok_or("conn must be an integer greater than 0")?;
-        let burst = c
-            .get("burst")
-            .and_then(Value::as_u64)
-            .ok_or("burst must be an integer not less than 0")?;
+        let limits = match c.get("rules").and_then(Value::as_array) {
+            Some(rules) => Limits::Rules(
+                rules
+                    .iter()
+                    .map(|r| {
+                        Ok(ConnRule {
+                            conn: Amount::parse(r.get("conn"), "conn", 1)?,
+                            burst: Amount::parse(r.get("burst"), "burst", 0)?,
+                            key: Template::parse(
+                                r.get("key").and_then(Value::as_str).unwrap_or(""),
+                            ),
+                        })
+                    })
+                    .collect::<Result<_, String>>()?,
+            ),
+            None => {
+                let key = c
+                    .get("key")
+                    .and_then(Value::as_str)
+                    .ok_or("key is missing")?;
+                let key_type = c.get("key_type").and_then(Value::as_str).unwrap_or("var");
+                Limits::Single {
+                    conn: Amount::parse(c.get("conn"), "conn", 1)?,
+                    burst: Amount::parse(c.get("burst"), "burst", 0)?,
+                    key: KeySpec::new(key_type, key),
+                }
+            }
+        };
         let default_delay = c
             .get("default_conn_delay")
             .and_then(Value::as_f64)
             .filter(|d| *d > 0.0)
             .ok_or("default_conn_delay must be a number greater than 0")?;
-        let key = c
-            .get("key")
-            .and_then(Value::as_str)
-            .ok_or("key is missing")?;
-        let key_type = c.get("key_type").and_then(Value::as_str).unwrap_or("var");
         let prefix = cx.state_key();
         let services = cx.services;
         let remote = redis_support::policy_remote(NAME, c, services)?.map(|remote| RemoteConn {
@@ -398,9 +507,7 @@ impl LimitConn {
                 ConnSpace::new(default_delay, services.clock().clone())
             }),
             remote,
-            conn,
-            burst,
-            key: KeySpec::new(key_type, key),
+            limits,
             only_default_delay: c.get("only_use_default_delay").and_then(Value::as_bool)
                 == Some(true),
             allow_degradation: c.get("allow_degradation").and_then(Value::as_bool) == Some(true),
@@ -409,12 +516,39 @@ impl LimitConn {
         })
     }
 
-    /// `resty.limit.conn`'s delay for the `count`-th request in flight.
-    fn delay_for(&self, count: u64) -> f64 {
-        if count > self.conn {
-            self.space.unit_delay() * ((count - 1) / self.conn) as f64
+    /// `resty.limit.conn`'s delay for the `count`-th request in flight under `conn`.
+    fn delay_for(&self, count: u64, conn: u64) -> f64 {
+        if count > conn {
+            self.space.unit_delay() * ((count - 1) / conn) as f64
         } else {
             0.0
+        }
+    }
+
+    /// `get_rules` of `limit-conn/init.lua`: the rules that apply to this request. An error
+    /// (the single conf's numbers do not resolve) or no rule at all fails the request.
+    fn applied<'a>(&'a self, ctx: &'a PluginCtx<'_>) -> Result<Vec<Applied<'a>>, String> {
+        match &self.limits {
+            Limits::Single { conn, burst, key } => Ok(vec![Applied {
+                conn: conn.resolve(ctx, false)?,
+                burst: burst.resolve(ctx, true)?,
+                key: key.resolve(ctx),
+            }]),
+            Limits::Rules(rules) => Ok(rules
+                .iter()
+                .filter_map(|r| {
+                    let conn = r.conn.resolve(ctx, false).ok()?;
+                    let burst = r.burst.resolve(ctx, true).ok()?;
+                    let key = r.key.resolve(ctx);
+                    // APISIX skips a rule whose key resolved no variable (a key without
+                    // variables included).
+                    (key.resolved > 0).then_some(Applied {
+                        key: KeyValue::Text(std::borrow::Cow::Owned(key.text)),
+                        conn,
+                        burst,
+                    })
+                })
+                .collect()),
         }
     }
 
@@ -428,25 +562,34 @@ impl LimitConn {
         })
     }
 
-    async fn run_remote(&self, r: &RemoteConn, key: String, ctx: &mut PluginCtx<'_>) -> Flow {
-        let key = format!("limit_conn:{}:{key}", r.prefix);
-        let max = self.conn.saturating_add(self.burst);
-        let now_s = self.clock.epoch_ms() / 1000;
-        match remote_incoming(&r.remote, key, max, r.key_ttl, now_s).await {
-            Ok(Some((count, slot))) => {
-                let delay = self.delay_for(count);
-                ctx.add_guard(self.guard(Held::Remote { _release: slot }, delay));
-                if delay >= 0.001 {
-                    tokio::time::sleep(Duration::from_secs_f64(delay)).await;
+    /// The rules in order against Redis, each delay slept before the next rule, as APISIX.
+    async fn run_remote(
+        &self,
+        r: &RemoteConn,
+        rules: Vec<(String, u64, u64)>,
+        ctx: &mut PluginCtx<'_>,
+    ) -> Flow {
+        for (key, conn, burst) in rules {
+            let key = format!("limit_conn:{}:{key}", r.prefix);
+            let now_s = self.clock.epoch_ms() / 1000;
+            match remote_incoming(&r.remote, key, conn.saturating_add(burst), r.key_ttl, now_s)
+                .await
+            {
+                Ok(Some((count, slot))) => {
+                    let delay = self.delay_for(count, conn);
+                    ctx.add_guard(self.guard(Held::Remote { _release: slot }, delay));
+                    if delay >= 0.001 {
+                        tokio::time::sleep(Duration::from_secs_f64(delay)).await;
+                    }
                 }
-                Flow::Continue
-            }
-            Ok(None) => Flow::Exit(self.rejection.clone()),
-            Err(e) => {
-                tracing::error!("failed to limit conn: {e}");
-                backend_failure(self.allow_degradation)
+                Ok(None) => return Flow::Exit(self.rejection.clone()),
+                Err(e) => {
+                    tracing::error!("failed to limit conn: {e}");
+                    return backend_failure(self.allow_degradation);
+                }
             }
         }
+        Flow::Continue
     }
 
     pub fn space(&self) -> &Arc<ConnSpace> {
@@ -461,19 +604,46 @@ impl Plugin for LimitConn {
     }
 
     fn access<'a>(&'a self, ctx: &'a mut PluginCtx<'_>) -> Step<'a> {
-        if let Some(r) = &self.remote {
-            let key = self.key.resolve(ctx).into_text();
-            return Step::Wait(Box::pin(self.run_remote(r, key, ctx)));
-        }
-        let key = OwnedKey::from_ref(self.key.resolve(ctx).as_ref());
-        let Some(count) = self
-            .space
-            .incoming(key.as_ref(), self.conn.saturating_add(self.burst))
-        else {
-            return Step::Done(Flow::Exit(self.rejection.clone()));
+        let rules = match self.applied(ctx) {
+            Ok(rules) if !rules.is_empty() => rules,
+            Ok(_) => {
+                tracing::error!("failed to get limit conn rules: nil");
+                return Step::Done(backend_failure(self.allow_degradation));
+            }
+            Err(e) => {
+                tracing::error!("failed to get limit conn rules: {e}");
+                return Step::Done(backend_failure(self.allow_degradation));
+            }
         };
-        let delay = self.delay_for(count);
-        ctx.add_guard(self.guard(Held::Local(key), delay));
+        if let Some(r) = &self.remote {
+            let rules = rules
+                .into_iter()
+                .map(|a| (a.key.into_text(), a.conn, a.burst))
+                .collect();
+            return Step::Wait(Box::pin(self.run_remote(r, rules, ctx)));
+        }
+        // Locally every rule is counted at once and the delays are slept together: APISIX
+        // sleeps after each rule, which only moves the later rules' counts later.
+        let mut delay = 0.0;
+        let mut guards = Vec::with_capacity(rules.len());
+        for rule in rules {
+            let key = OwnedKey::from_ref(rule.key.as_ref());
+            let max = rule.conn.saturating_add(rule.burst);
+            let Some(count) = self.space.incoming(key.as_ref(), max) else {
+                for g in guards {
+                    ctx.add_guard(g);
+                }
+                return Step::Done(Flow::Exit(self.rejection.clone()));
+            };
+            let d = self.delay_for(count, rule.conn);
+            guards.push(self.guard(Held::Local(key), d));
+            if d >= 0.001 {
+                delay += d;
+            }
+        }
+        for g in guards {
+            ctx.add_guard(g);
+        }
         if delay >= 0.001 {
             return Step::Wait(Box::pin(async move {
                 tokio::time::sleep(Duration::from_secs_f64(delay)).await;
@@ -600,6 +770,110 @@ mod tests {
             t.join().unwrap();
         }
         assert_eq!(s.count(KeyRef::Text("shared")), 0);
+    }
+
+    /// Runs access with the request headers `vars` (`http_*`).
+    fn run_with(lc: &LimitConn, vars: &[(&'static str, &'static str)]) -> (Flow, RequestGuards) {
+        let mut req = request("10.1.0.1", vars);
+        let mut ctx = req.ctx();
+        let flow = match lc.access(&mut ctx) {
+            Step::Done(f) => f,
+            Step::Wait(_) => Flow::Continue,
+        };
+        (flow, req.state.take_guards())
+    }
+
+    fn status(f: &Flow) -> Option<u16> {
+        match f {
+            Flow::Exit(e) => Some(e.status.as_u16()),
+            _ => None,
+        }
+    }
+
+    /// 3.16's `rules`: each rule counts its own key, every rule that applies must admit the
+    /// request, and a rule whose key resolves no variable (or whose numbers do not resolve)
+    /// is skipped; with no rule left the request fails (500, or passes with
+    /// `allow_degradation`).
+    #[test]
+    fn rules_count_their_own_keys_and_skip_what_does_not_resolve() {
+        let lc = compile(
+            json!({"default_conn_delay": 0.1, "rejected_code": 429, "rules": [
+                {"key": "${http_x_sub}", "conn": "${http_x_conn ?? 2}", "burst": 0},
+                {"key": "trial-${http_x_trial}", "conn": 1, "burst": 0},
+                {"key": "constant", "conn": 1, "burst": 0}
+            ]}),
+            "lcn-rules",
+        );
+        // The subscription's rule: 2 in flight (the default of `${http_x_conn ?? 2}`).
+        let (f1, g1) = run_with(&lc, &[("http_x_sub", "s1")]);
+        let (f2, g2) = run_with(&lc, &[("http_x_sub", "s1")]);
+        let (f3, g3) = run_with(&lc, &[("http_x_sub", "s1")]);
+        assert_eq!(
+            (status(&f1), status(&f2), status(&f3)),
+            (None, None, Some(429))
+        );
+        assert!(g3.is_empty());
+        // The header raises this request's own limit.
+        let (f4, g4) = run_with(&lc, &[("http_x_sub", "s1"), ("http_x_conn", "3")]);
+        assert_eq!(status(&f4), None);
+        drop((g1, g2, g4));
+        // Both rules apply: the trial's limit of 1 rejects the second, though the
+        // subscription's would admit it; the guards of the rules passed are released.
+        let (f5, g5) = run_with(&lc, &[("http_x_sub", "s2"), ("http_x_trial", "t")]);
+        let (f6, g6) = run_with(&lc, &[("http_x_sub", "s2"), ("http_x_trial", "t")]);
+        assert_eq!((status(&f5), status(&f6)), (None, Some(429)));
+        drop(g6);
+        assert_eq!(lc.space.count(KeyRef::Text("s2")), 1);
+        assert_eq!(lc.space.count(KeyRef::Text("trial-t")), 1);
+        drop(g5);
+        assert!(!lc.space.live());
+        // A conn that resolves to no number skips its rule; the constant key never applies
+        // (it resolves no variable): nothing is left, so the request fails.
+        let (f7, _) = run_with(&lc, &[("http_x_sub", "s3"), ("http_x_conn", "many")]);
+        assert_eq!(status(&f7), Some(500));
+        let (f8, _) = run_with(&lc, &[]);
+        assert_eq!(status(&f8), Some(500));
+        let degrade = compile(
+            json!({"default_conn_delay": 0.1, "allow_degradation": true,
+                   "rules": [{"key": "${http_x_sub}", "conn": 1, "burst": 0}]}),
+            "lcn-rules-2",
+        );
+        assert_eq!(run_with(&degrade, &[]).0, Flow::Continue);
+    }
+
+    /// `conn` and `burst` as variables on the single conf: resolved per request, and a value
+    /// that is no integer in range fails the request with APISIX's reason.
+    #[test]
+    fn conn_and_burst_resolve_per_request() {
+        let lc = compile(
+            json!({"conn": "${http_x_conn}", "burst": "${http_x_burst ?? 0}",
+                   "default_conn_delay": 0.1, "key": "remote_addr"}),
+            "lcn-vars",
+        );
+        let (f1, g1) = run_with(&lc, &[("http_x_conn", "1")]);
+        let (f2, _) = run_with(&lc, &[("http_x_conn", "1")]);
+        assert_eq!((status(&f1), status(&f2)), (None, Some(503)));
+        let (f3, _g3) = run_with(&lc, &[("http_x_conn", "1"), ("http_x_burst", "1")]);
+        assert_eq!(status(&f3), None, "within the burst (delayed)");
+        drop(g1);
+        for bad in ["0", "1.5", "x", "-1"] {
+            let bad: &'static str = Box::leak(bad.to_owned().into_boxed_str());
+            let (f, _) = run_with(&lc, &[("http_x_conn", bad)]);
+            assert_eq!(status(&f), Some(500), "conn {bad}");
+        }
+        let a = Amount::Var(Template::parse("${http_x_conn}"));
+        let mut req = request("10.1.0.1", &[("http_x_conn", "1.5")]);
+        let ctx = req.ctx();
+        assert_eq!(
+            a.resolve(&ctx, false).unwrap_err(),
+            "resolved value must be an integer, got: 1.5"
+        );
+        assert_eq!(
+            Amount::Var(Template::parse("-1"))
+                .resolve(&ctx, true)
+                .unwrap_err(),
+            "resolved value must be a non-negative number, got: -1"
+        );
     }
 
     #[tokio::test]

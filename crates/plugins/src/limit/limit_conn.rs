@@ -440,6 +440,9 @@ struct ConnRule {
     key: Template,
 }
 
+/// The rules of one request; the common single conf without an allocation.
+type AppliedRules<'a> = smallvec::SmallVec<[Applied<'a>; 1]>;
+
 /// One rule as it applies to a request: its key, `conn` and `burst`.
 struct Applied<'a> {
     key: KeyValue<'a>,
@@ -527,9 +530,9 @@ impl LimitConn {
 
     /// `get_rules` of `limit-conn/init.lua`: the rules that apply to this request. An error
     /// (the single conf's numbers do not resolve) or no rule at all fails the request.
-    fn applied<'a>(&'a self, ctx: &'a PluginCtx<'_>) -> Result<Vec<Applied<'a>>, String> {
+    fn applied<'a>(&'a self, ctx: &'a PluginCtx<'_>) -> Result<AppliedRules<'a>, String> {
         match &self.limits {
-            Limits::Single { conn, burst, key } => Ok(vec![Applied {
+            Limits::Single { conn, burst, key } => Ok(smallvec::smallvec![Applied {
                 conn: conn.resolve(ctx, false)?,
                 burst: burst.resolve(ctx, true)?,
                 key: key.resolve(ctx),
@@ -623,26 +626,22 @@ impl Plugin for LimitConn {
             return Step::Wait(Box::pin(self.run_remote(r, rules, ctx)));
         }
         // Locally every rule is counted at once and the delays are slept together: APISIX
-        // sleeps after each rule, which only moves the later rules' counts later.
+        // sleeps after each rule, which only moves the later rules' counts later. A rule
+        // that rejects leaves the earlier rules' slots to be released with the request.
+        let owned: smallvec::SmallVec<[(OwnedKey, u64, u64); 1]> = rules
+            .into_iter()
+            .map(|r| (OwnedKey::from_ref(r.key.as_ref()), r.conn, r.burst))
+            .collect();
         let mut delay = 0.0;
-        let mut guards = Vec::with_capacity(rules.len());
-        for rule in rules {
-            let key = OwnedKey::from_ref(rule.key.as_ref());
-            let max = rule.conn.saturating_add(rule.burst);
-            let Some(count) = self.space.incoming(key.as_ref(), max) else {
-                for g in guards {
-                    ctx.add_guard(g);
-                }
+        for (key, conn, burst) in owned {
+            let Some(count) = self.space.incoming(key.as_ref(), conn.saturating_add(burst)) else {
                 return Step::Done(Flow::Exit(self.rejection.clone()));
             };
-            let d = self.delay_for(count, rule.conn);
-            guards.push(self.guard(Held::Local(key), d));
+            let d = self.delay_for(count, conn);
+            ctx.add_guard(self.guard(Held::Local(key), d));
             if d >= 0.001 {
                 delay += d;
             }
-        }
-        for g in guards {
-            ctx.add_guard(g);
         }
         if delay >= 0.001 {
             return Step::Wait(Box::pin(async move {

@@ -273,6 +273,32 @@ fn file_logger_appends_lines_and_reopens_its_file_on_sigusr1() {
     assert_eq!(file_lines(&rotated, 2).len(), 2);
 }
 
+/// file-logger's `log_format_extra`: the default entry keeps every field and gains the extra
+/// ones, resolved per request; an extra key naming a default field does not replace it.
+#[test]
+fn file_logger_log_format_extra_adds_to_the_default_entry() {
+    let up = Upstream::start("u", Behaviour::Echo);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("extra.log");
+    let routes = json!({"routes": [{"id": "7", "uri": "/hello", "plugins": {"file-logger": {
+        "path": path.to_str().unwrap(),
+        "log_format_extra": {"tenant": "$http_x_tenant", "route_id": "not-the-route"}}},
+        "upstream": {"type": "roundrobin", "nodes": {up.node(): 1}}}]})
+    .to_string();
+    let gw = Gateway::start(&routes);
+    let r = request(gw.addr(), "GET", "/hello?a=1", &[("x-tenant", "acme")], b"");
+    assert_eq!(r.status, 200);
+    let line = &file_lines(&path, 1)[0];
+    assert_eq!(line["tenant"], "acme");
+    assert_eq!(line["route_id"], "7", "a default field is not replaced");
+    assert_eq!(line["request"]["uri"], "/hello?a=1");
+    assert_eq!(line["response"]["status"], 200);
+    assert!(
+        line.get("upstream").is_some() && line.get("latency").is_some(),
+        "{line}"
+    );
+}
+
 /// What every logger of the all-loggers test writes once per entry: the value of the
 /// `X-Mark` header wrk sends, taken by each logger's `log_format` (or lago's template).
 const MARK: &str = "zq9mark7x";

@@ -391,6 +391,81 @@ fn streamed_answer_relayed_before_the_provider_finished() {
     );
 }
 
+/// `max_response_bytes` on a whole answer (over its `Content-Length`: 502 with APISIX's text)
+/// and on a stream (it ends after the chunk that crosses the cap, though the provider has
+/// more); `max_stream_duration_ms` ends a stream whose next chunk comes past it.
+#[test]
+fn runaway_answers_are_cut_at_max_response_bytes_and_max_stream_duration_ms() {
+    let p = start_provider();
+    let proxy = |caps: Value| {
+        let mut conf = json!({"provider": "openai",
+            "auth": {"header": {"Authorization": "Bearer k"}},
+            "override": {"endpoint": format!("http://{}", p.addr)}});
+        for (k, v) in caps.as_object().unwrap() {
+            conf[k] = v.clone();
+        }
+        conf
+    };
+    let routes = json!({"routes": [
+        {"id": "b", "uri": "/bytes", "plugins": {"ai-proxy": proxy(json!({"max_response_bytes": 60}))}},
+        {"id": "t", "uri": "/time", "plugins": {"ai-proxy": proxy(json!({"max_stream_duration_ms": 300}))}},
+        {"id": "ok", "uri": "/ok", "plugins": {"ai-proxy": proxy(json!({"max_response_bytes": 100000}))}}
+    ]});
+    let gw = Launch::new(&routes.to_string())
+        .stderr_to_file()
+        .rust_log("warn")
+        .start();
+    let hi = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let r = chat(gw.addr(), "/bytes", &[], &hi);
+    assert_eq!(r.status, 502);
+    assert_eq!(r.text(), "max_response_bytes exceeded");
+    let r = chat(gw.addr(), "/ok", &[], &hi);
+    assert_eq!(r.status, 200, "{}", r.text());
+    // A stream: the first event alone is over 60 bytes; the provider holds the rest back
+    // until released, and the gateway ends the stream without waiting for it.
+    let stream = |path: &str| {
+        let body =
+            json!({"stream": true, "messages": [{"role": "user", "content": "hi"}]}).to_string();
+        let mut s = TcpStream::connect(gw.addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        write!(
+            s,
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        s
+    };
+    let mut s = stream("/bytes");
+    let mut got = String::new();
+    s.read_to_string(&mut got).unwrap();
+    assert!(got.contains("first"), "{got}");
+    assert!(!got.contains("second") && !got.contains("[DONE]"), "{got}");
+    // The duration: the first event comes at once; the rest only after the cap.
+    let mut s = stream("/time");
+    let mut first = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&first).contains("first") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&first));
+        first.extend_from_slice(&buf[..n]);
+    }
+    std::thread::sleep(Duration::from_millis(400));
+    // Released twice: the first gate was the /bytes stream's, whose provider is still held.
+    p.release.send(()).unwrap();
+    p.release.send(()).unwrap();
+    let mut rest = String::new();
+    s.read_to_string(&mut rest).unwrap();
+    let logged = poll_until(Duration::from_secs(5), || {
+        gw.error_output()
+            .contains("aborting AI stream: max_stream_duration_ms exceeded")
+    });
+    assert!(logged.is_some(), "{}", gw.error_output());
+    assert!(gw
+        .error_output()
+        .contains("aborting AI stream: max_response_bytes exceeded"));
+}
+
 #[test]
 fn ai_proxy_multi_falls_back_from_a_rate_limited_instance() {
     let p = start_provider();

@@ -17,7 +17,7 @@ use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use ferrisix_plugin_api::{BodyError, Exit, HttpError, PluginCtx, PluginServices};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use serde_json::{json, Map, Value};
 
@@ -491,6 +491,12 @@ pub struct CallConf {
     /// The gateway's `llm_active_connections`, counted per call (ai-proxy and
     /// ai-proxy-multi).
     pub active: Option<Arc<ActiveConnections>>,
+    /// `max_response_bytes`: the most read from the provider for one answer, whole or
+    /// streamed (unset: no cap).
+    pub max_response_bytes: Option<u64>,
+    /// `max_stream_duration_ms`: how long a stream may go on from the call's start, checked
+    /// as each chunk arrives (unset: no cap).
+    pub max_stream_duration: Option<Duration>,
 }
 
 impl CallConf {
@@ -510,6 +516,11 @@ impl CallConf {
                 .filter_map(|s| s.as_u64().and_then(|s| u16::try_from(s).ok()))
                 .collect(),
             active: None,
+            max_response_bytes: conf.get("max_response_bytes").and_then(Value::as_u64),
+            max_stream_duration: conf
+                .get("max_stream_duration_ms")
+                .and_then(Value::as_u64)
+                .map(Duration::from_millis),
         }
     }
 
@@ -982,6 +993,12 @@ pub async fn call(
             eof: false,
             closed: false,
             response_text: None,
+            limits: StreamLimits {
+                max_bytes: conf.max_response_bytes,
+                deadline: conf.max_stream_duration.map(|d| started + d),
+                read: 0,
+                hit: None,
+            },
             _active: active,
         };
         let mut relay = relay;
@@ -1003,13 +1020,10 @@ pub async fn call(
         }
         return exit;
     }
-    let bytes = match tokio::time::timeout(conf.timeout, body.collect()).await {
-        Ok(Ok(b)) => b.to_bytes(),
-        Ok(Err(e)) => {
-            tracing::warn!("failed to read the LLM answer: {e}");
-            return Exit::status(StatusCode::BAD_GATEWAY);
-        }
-        Err(_) => return Exit::status(StatusCode::GATEWAY_TIMEOUT),
+    let bytes = match read_answer(body, conf).await {
+        Ok(b) => b,
+        Err(Err(exit)) => return with_ct(exit),
+        Err(Ok(status)) => return Exit::status(status),
     };
     // A whole answer's first token is its end, as APISIX times it once the body is read.
     let took = started.elapsed();
@@ -1067,6 +1081,42 @@ pub async fn call(
     with_ct(Exit::body(status, body))
 }
 
+/// A whole answer's body, read within the call's timeout and `max_response_bytes` (a
+/// `Content-Length` over it is refused before reading). `Err(Ok(status))`: the gateway's
+/// 502/504; `Err(Err(exit))`: the cap's 502, `max_response_bytes exceeded`, as APISIX answers.
+async fn read_answer(body: Incoming, conf: &CallConf) -> Result<Bytes, Result<StatusCode, Exit>> {
+    let exceeded = |read: String| {
+        tracing::warn!("aborting AI response: {read} exceeds max_response_bytes");
+        Err(Err(Exit::body(
+            StatusCode::BAD_GATEWAY,
+            Bytes::from_static(b"max_response_bytes exceeded"),
+        )))
+    };
+    let Some(max) = conf.max_response_bytes else {
+        return match tokio::time::timeout(conf.timeout, body.collect()).await {
+            Ok(Ok(b)) => Ok(b.to_bytes()),
+            Ok(Err(e)) => {
+                tracing::warn!("failed to read the LLM answer: {e}");
+                Err(Ok(StatusCode::BAD_GATEWAY))
+            }
+            Err(_) => Err(Ok(StatusCode::GATEWAY_TIMEOUT)),
+        };
+    };
+    if let Some(len) = body.size_hint().exact().filter(|l| *l > max) {
+        return exceeded(format!("Content-Length {len}"));
+    }
+    let limited = Limited::new(body, usize::try_from(max).unwrap_or(usize::MAX));
+    match tokio::time::timeout(conf.timeout, limited.collect()).await {
+        Ok(Ok(b)) => Ok(b.to_bytes()),
+        Ok(Err(e)) if e.is::<LengthLimitError>() => exceeded(format!("body over {max} bytes")),
+        Ok(Err(e)) => {
+            tracing::warn!("failed to read the LLM answer: {e}");
+            Err(Ok(StatusCode::BAD_GATEWAY))
+        }
+        Err(_) => Err(Ok(StatusCode::GATEWAY_TIMEOUT)),
+    }
+}
+
 /// The guards' run over one chunk, giving them back.
 type GuardRun = Pin<Box<dyn Future<Output = (Vec<Box<dyn StreamGuard>>, ChunkOut)> + Send>>;
 
@@ -1099,8 +1149,35 @@ struct StreamRelay {
     closed: bool,
     /// `llm_response_text`: the text so far, as of the last usage event.
     response_text: Option<String>,
+    /// `max_response_bytes` and `max_stream_duration_ms`.
+    limits: StreamLimits,
     /// The call counted in `llm_active_connections` while the stream lasts.
     _active: Option<ActiveConnection>,
+}
+
+/// A stream's runaway-upstream caps, checked after each chunk is relayed (the chunk that
+/// crosses one still reaches the client); the stream then ends there, the provider's
+/// connection dropped.
+struct StreamLimits {
+    max_bytes: Option<u64>,
+    deadline: Option<Instant>,
+    /// Bytes read from the provider so far.
+    read: u64,
+    /// The cap that ended the stream.
+    hit: Option<&'static str>,
+}
+
+impl StreamLimits {
+    /// Counts a chunk; answers the cap it crossed, if one.
+    fn count(&mut self, len: usize) -> Option<&'static str> {
+        self.read += len as u64;
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            self.hit = Some("max_stream_duration_ms");
+        } else if self.max_bytes.is_some_and(|m| self.read > m) {
+            self.hit = Some("max_response_bytes");
+        }
+        self.hit
+    }
 }
 
 impl StreamRelay {
@@ -1213,12 +1290,26 @@ impl Body for StreamRelay {
             if this.closed {
                 return Poll::Ready(None);
             }
-            match Pin::new(&mut this.inner).poll_frame(cx) {
+            // Once a cap is crossed the provider's stream is over for the client: what
+            // follows is the end of a stream (the guards' last pass included).
+            let next = if this.limits.hit.is_some() {
+                Poll::Ready(None)
+            } else {
+                Pin::new(&mut this.inner).poll_frame(cx)
+            };
+            match next {
                 Poll::Ready(Some(Ok(frame))) => {
                     this.idle = None;
                     let Ok(data) = frame.into_data() else {
                         continue;
                     };
+                    if let Some(limit) = this.limits.count(data.len()) {
+                        tracing::warn!(
+                            bytes = this.limits.read,
+                            duration_ms = this.started.elapsed().as_millis() as u64,
+                            "aborting AI stream: {limit} exceeded"
+                        );
+                    }
                     // A stream's first token is its first chunk (APISIX times it there,
                     // not at the answer's head).
                     if !this.first_chunk && !data.is_empty() {

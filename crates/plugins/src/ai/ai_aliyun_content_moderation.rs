@@ -15,7 +15,7 @@ use base64::Engine;
 use bytes::Bytes;
 use ferrisix_plugin_api::clock::CivilTime;
 use ferrisix_plugin_api::{
-    CompileCtx, Flow, Phases, Plugin, PluginCtx, PluginDef, PluginServices, Step,
+    CompileCtx, Flow, KeepAlive, Phases, Plugin, PluginCtx, PluginDef, PluginServices, Step,
 };
 use http::{header, HeaderValue, Request};
 use ring::hmac;
@@ -105,7 +105,8 @@ struct Conf {
     deny_code: u16,
     deny_message: Option<String>,
     timeout: Duration,
-    keepalive: bool,
+    /// `keepalive*`: the connection kept for the next call (`None`: closed after it).
+    keepalive: Option<KeepAlive>,
     ssl_verify: bool,
     realtime: bool,
     cache_size: usize,
@@ -167,7 +168,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
             .and_then(Value::as_str)
             .map(str::to_owned),
         timeout: Duration::from_millis(num("timeout", 10000)),
-        keepalive: conf.get("keepalive").and_then(Value::as_bool) != Some(false),
+        keepalive: conf.as_object().and_then(|c| KeepAlive::of_conf(c, 30)),
         ssl_verify: conf.get("ssl_verify").and_then(Value::as_bool) != Some(false),
         realtime: conf.get("stream_check_mode").and_then(Value::as_str) == Some("realtime"),
         cache_size: num("stream_check_cache_size", 128) as usize,
@@ -283,14 +284,14 @@ impl Moderator {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/x-www-form-urlencoded"),
         );
-        if !self.conf.keepalive {
+        if self.conf.keepalive.is_none() {
             req.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         let resp = self
             .services
             .http()
-            .send_verified(req, self.conf.timeout, self.conf.ssl_verify)
+            .send_kept(req, self.conf.timeout, self.conf.ssl_verify, self.conf.keepalive)
             .await
             .map_err(|e| format!("failed to request: {e}"))?;
         let request_id = resp

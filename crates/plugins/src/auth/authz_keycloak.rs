@@ -21,7 +21,7 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use ferrisix_plugin_api::{
-    CompileCtx, Exit, Flow, Phases, Plugin, PluginCtx, PluginDef, PluginServices, Step,
+    CompileCtx, Exit, Flow, KeepAlive, Phases, Plugin, PluginCtx, PluginDef, PluginServices, Step,
 };
 use http::{HeaderValue, Request, StatusCode};
 use serde_json::{json, Value};
@@ -106,6 +106,8 @@ struct AuthzKeycloak {
     http_method_as_scope: bool,
     timeout: Duration,
     ssl_verify: bool,
+    /// `keepalive*`: the connection kept for the next call (`None`: closed after it).
+    keepalive: Option<KeepAlive>,
     access_denied_redirect_uri: Option<HeaderValue>,
     services: Arc<PluginServices>,
     /// The token endpoint the discovery document named.
@@ -139,6 +141,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         http_method_as_scope: conf["http_method_as_scope"].as_bool().unwrap_or(false),
         timeout: Duration::from_millis(conf["timeout"].as_u64().unwrap_or(3000)),
         ssl_verify: conf["ssl_verify"].as_bool().unwrap_or(true),
+        keepalive: conf.as_object().and_then(|c| KeepAlive::of_conf(c, 5)),
         access_denied_redirect_uri: s("access_denied_redirect_uri")
             .and_then(|u| HeaderValue::from_str(&u).ok()),
         services: cx.services.clone(),
@@ -175,7 +178,7 @@ impl AuthzKeycloak {
         let resp = self
             .services
             .http()
-            .send_verified(req, self.timeout, self.ssl_verify)
+            .send_kept(req, self.timeout, self.ssl_verify, self.keepalive)
             .await
             .map_err(|e| format!("Accessing discovery URL ({url}) failed: {e}"))?;
         let doc: Value =
@@ -234,7 +237,7 @@ impl AuthzKeycloak {
         let resp = match self
             .services
             .http()
-            .send_verified(req, self.timeout, self.ssl_verify)
+            .send_kept(req, self.timeout, self.ssl_verify, self.keepalive)
             .await
         {
             Ok(r) => r,

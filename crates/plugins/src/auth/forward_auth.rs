@@ -7,8 +7,9 @@
 //! request sent upstream. When the service cannot be reached within `timeout`, the request
 //! goes on with `allow_degradation`, else gets `status_on_error` (403).
 //!
-//! Calls go through the gateway's plugin HTTP client (keep-alive per host; `keepalive:
-//! false` asks the service to close); an `https` `uri` is TLS, the service's certificate
+//! Calls go through the gateway's plugin HTTP client, the connection kept for the next call
+//! at most `keepalive_timeout` ms idle among `keepalive_pool` idle ones (`keepalive: false`
+//! closes it and asks the service to); an `https` `uri` is TLS, the service's certificate
 //! checked when `ssl_verify` (the default) against the gateway's trusted CA bundle.
 
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferrisix_plugin_api::{
-    CompileCtx, Exit, Flow, HttpClient, Phases, Plugin, PluginCtx, PluginDef, PluginServices, Step,
+    CompileCtx, Exit, Flow, HttpClient, KeepAlive, Phases, Plugin, PluginCtx, PluginDef, PluginServices, Step,
     Template,
 };
 use http::{HeaderName, HeaderValue, Method, Request, StatusCode};
@@ -69,7 +70,8 @@ struct ForwardAuth {
     upstream_headers: Vec<HeaderName>,
     client_headers: Vec<HeaderName>,
     timeout: Duration,
-    keepalive: bool,
+    /// `keepalive*`: the connection kept for the next call (`None`: closed after it).
+    keepalive: Option<KeepAlive>,
     ssl_verify: bool,
     services: Arc<PluginServices>,
 }
@@ -127,7 +129,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
         upstream_headers: names(&conf, "upstream_headers"),
         client_headers: names(&conf, "client_headers"),
         timeout: Duration::from_millis(int("timeout", 3000)),
-        keepalive: conf.get("keepalive").and_then(Value::as_bool) != Some(false),
+        keepalive: conf.as_object().and_then(|c| KeepAlive::of_conf(c, 5)),
         ssl_verify: conf.get("ssl_verify").and_then(Value::as_bool) != Some(false),
         services: cx.services.clone(),
     }))
@@ -170,7 +172,7 @@ impl ForwardAuth {
                 h.insert(name.clone(), v.clone());
             }
         }
-        if !self.keepalive {
+        if self.keepalive.is_none() {
             h.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }
         req
@@ -191,7 +193,7 @@ impl ForwardAuth {
         let req = self.auth_request(ctx, body);
         let client: &HttpClient = self.services.http();
         let resp = match client
-            .send_verified(req, self.timeout, self.ssl_verify)
+            .send_kept(req, self.timeout, self.ssl_verify, self.keepalive)
             .await
         {
             Ok(r) => r,

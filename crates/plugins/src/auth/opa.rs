@@ -17,7 +17,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use ferrisix_config::schema::lua;
 use ferrisix_plugin_api::{
-    CompileCtx, Exit, Flow, Phases, Plugin, PluginCtx, PluginDef, PluginServices, Step,
+    CompileCtx, Exit, Flow, KeepAlive, Phases, Plugin, PluginCtx, PluginDef, PluginServices, Step,
 };
 use ferrisix_router::VarSource;
 use http::{HeaderName, HeaderValue, Request, StatusCode};
@@ -50,6 +50,8 @@ fn schema() -> Value {
 struct Opa {
     endpoint: String,
     ssl_verify: bool,
+    /// `keepalive*`: the connection kept for the next call (`None`: closed after it).
+    keepalive: Option<KeepAlive>,
     timeout: Duration,
     send_headers_upstream: Vec<HeaderName>,
     with_route: bool,
@@ -76,6 +78,7 @@ fn compile(cx: &CompileCtx<'_>) -> Result<Arc<dyn Plugin>, String> {
             conf["policy"].as_str().unwrap_or_default()
         ),
         ssl_verify: conf["ssl_verify"].as_bool().unwrap_or(true),
+        keepalive: conf.as_object().and_then(|c| KeepAlive::of_conf(c, 5)),
         timeout: Duration::from_millis(conf["timeout"].as_u64().unwrap_or(3000)),
         send_headers_upstream: conf
             .get("send_headers_upstream")
@@ -189,7 +192,7 @@ impl Opa {
         let resp = match self
             .services
             .http()
-            .send_verified(req, self.timeout, self.ssl_verify)
+            .send_kept(req, self.timeout, self.ssl_verify, self.keepalive)
             .await
         {
             Ok(r) => r,

@@ -22,7 +22,7 @@ every fifth, methods on every seventh, an inline roundrobin upstream on each), a
             and their ratio; also while as many Admin reads (GETs) land, from the same client
             threads: the client's and the Admin API's share with no change applied;
             with etcd also while as many writes land in etcd outside the node's prefix
-  delete    then (without --service-fanout) every route DELETEd through the Admin API with
+  delete    then (without --service-fanout or --no-delete) every route DELETEd through the Admin API with
             16 clients: DELETEs/s, and the RSS 3 s after the empty table is served
   fan-out   with --service-fanout M (after the above): M more routes use one service; the
             service's plugins change 5 times, and each change is timed from the PUT to the
@@ -33,7 +33,7 @@ Ports are picked at random, so it runs beside other gateways (and the conformanc
 
 Usage: benches/e2e/scale.py [--binary target/release/ferrisix] [--routes 1000,10000]
                             [--store embedded|etcd] [--json out.json] [--markdown out.md]
-                            [--service-fanout 50000] [--etcd-nice 19]
+                            [--service-fanout 50000] [--etcd-nice 19] [--no-delete]
 """
 
 import argparse
@@ -650,7 +650,7 @@ def run_one(args, n, work):
         if args.service_fanout:
             res["service_fanout"] = service_fanout(gw, args.service_fanout, up_port)
             print(f"[{n}] fan-out {json.dumps(res['service_fanout'])}", file=sys.stderr)
-        else:
+        elif not args.no_delete:
             # Every route deleted in a burst: the memory goes back near idle.
             rate, rss = delete_burst(gw, n)
             res["delete_burst"] = {"deletes_per_s": round(rate, 1), "rss_after_kib": rss}
@@ -740,6 +740,8 @@ def main():
     ap.add_argument("--etcd-nice", type=int, default=0, metavar="N",
                     help="run etcd at nice N: on 2 shared cores, a stand-in for etcd on cores "
                          "of its own (the issue's measurement wants those); label the run so")
+    ap.add_argument("--no-delete", action="store_true",
+                    help="skip the closing delete burst (at a million routes it takes longest)")
     ap.add_argument(
         "--keep-work",
         action="store_true",

@@ -343,6 +343,32 @@ fn ai_proxy_chat_with_auth_options_and_token_budget() {
     );
 }
 
+/// A streamed chat POSTed to `path` on a connection of its own, the answer left to read.
+fn chat_stream(addr: SocketAddr, path: &str) -> TcpStream {
+    let body = json!({"stream": true, "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    s
+}
+
+/// Reads until `text` has come (the connection must not close before).
+fn read_until(s: &mut TcpStream, text: &str) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains(text) {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
+}
+
 #[test]
 fn streamed_answer_relayed_before_the_provider_finished() {
     let p = start_provider();
@@ -353,23 +379,9 @@ fn streamed_answer_relayed_before_the_provider_finished() {
             "ai-rate-limiting": {"limit": 100, "time_window": 60}}},
     ]});
     let gw = Gateway::start(&routes.to_string());
-    let body = json!({"stream": true, "messages": [{"role": "user", "content": "hi"}]}).to_string();
-    let mut s = TcpStream::connect(gw.addr()).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    write!(
-        s,
-        "POST /s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
+    let mut s = chat_stream(gw.addr(), "/s");
     // The first event comes while the provider still holds the rest back.
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&got).contains("first") {
-        let n = s.read(&mut buf).unwrap();
-        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
-        got.extend_from_slice(&buf[..n]);
-    }
+    let mut got = read_until(&mut s, "first");
     let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
     assert!(head.contains("content-type: text/event-stream"), "{head}");
     assert!(!head.contains("second"));
@@ -423,33 +435,14 @@ fn runaway_answers_are_cut_at_max_response_bytes_and_max_stream_duration_ms() {
     assert_eq!(r.status, 200, "{}", r.text());
     // A stream: the first event alone is over 60 bytes; the provider holds the rest back
     // until released, and the gateway ends the stream without waiting for it.
-    let stream = |path: &str| {
-        let body =
-            json!({"stream": true, "messages": [{"role": "user", "content": "hi"}]}).to_string();
-        let mut s = TcpStream::connect(gw.addr()).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        write!(
-            s,
-            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        s
-    };
-    let mut s = stream("/bytes");
+    let mut s = chat_stream(gw.addr(), "/bytes");
     let mut got = String::new();
     s.read_to_string(&mut got).unwrap();
     assert!(got.contains("first"), "{got}");
     assert!(!got.contains("second") && !got.contains("[DONE]"), "{got}");
     // The duration: the first event comes at once; the rest only after the cap.
-    let mut s = stream("/time");
-    let mut first = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&first).contains("first") {
-        let n = s.read(&mut buf).unwrap();
-        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&first));
-        first.extend_from_slice(&buf[..n]);
-    }
+    let mut s = chat_stream(gw.addr(), "/time");
+    read_until(&mut s, "first");
     std::thread::sleep(Duration::from_millis(400));
     // Released twice: the first gate was the /bytes stream's, whose provider is still held.
     p.release.send(()).unwrap();

@@ -291,7 +291,12 @@ impl Moderator {
         let resp = self
             .services
             .http()
-            .send_kept(req, self.conf.timeout, self.conf.ssl_verify, self.conf.keepalive)
+            .send_kept(
+                req,
+                self.conf.timeout,
+                self.conf.ssl_verify,
+                self.conf.keepalive,
+            )
             .await
             .map_err(|e| format!("failed to request: {e}"))?;
         let request_id = resp

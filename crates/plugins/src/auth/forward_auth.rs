@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferrisix_plugin_api::{
-    CompileCtx, Exit, Flow, HttpClient, KeepAlive, Phases, Plugin, PluginCtx, PluginDef, PluginServices, Step,
-    Template,
+    CompileCtx, Exit, Flow, HttpClient, KeepAlive, Phases, Plugin, PluginCtx, PluginDef,
+    PluginServices, Step, Template,
 };
 use http::{HeaderName, HeaderValue, Method, Request, StatusCode};
 use serde_json::{json, Value};

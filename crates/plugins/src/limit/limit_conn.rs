@@ -634,7 +634,10 @@ impl Plugin for LimitConn {
             .collect();
         let mut delay = 0.0;
         for (key, conn, burst) in owned {
-            let Some(count) = self.space.incoming(key.as_ref(), conn.saturating_add(burst)) else {
+            let Some(count) = self
+                .space
+                .incoming(key.as_ref(), conn.saturating_add(burst))
+            else {
                 return Step::Done(Flow::Exit(self.rejection.clone()));
             };
             let d = self.delay_for(count, conn);

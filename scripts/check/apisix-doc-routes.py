@@ -171,8 +171,10 @@ def why_refused(rel, method, path, body_text, expands, answer, shown):
         msg = None
     if msg and msg in shown.replace('\\"', '"') or (msg and json.dumps(msg) in shown):
         return "refused as the page shows"
-    # A placeholder fails the resource's own checks; a plugin's check failing is the plugin's.
-    if (expands or re.search(r'"<[^"<>]+>"', body_text)) and "of plugin" not in answer:
+    # A placeholder fails the resource's own checks; a plugin's check failing is the plugin's,
+    # unless the refusal quotes the placeholder itself (`<your ID>`, `${your_sni_name}`).
+    quoted = re.findall(r'"(<[^"<>]+>|\$\{[^"{}]+\})"', body_text)
+    if ((expands or quoted) and "of plugin" not in answer) or any(q in answer for q in quoted):
         return "placeholder in the page"
     if re.search(r"failed to fetch \w+ info by \w+ id", answer) or (
             method == "PATCH" and "Key not found" in answer):

@@ -33,6 +33,31 @@ fn sample(text: &str, prefix: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// `apisix_batch_process_entries`: a logger's batch processor reports the entries its buffer
+/// holds, labelled with the first request's route and server address.
+#[test]
+fn loggers_report_their_batch_backlog() {
+    let up = Upstream::start("u", Behaviour::Echo);
+    // A log server that is never reached: the batch waits (30 s without an entry).
+    let logger = json!({"uri": "http://127.0.0.1:9/log", "batch_max_size": 10,
+        "inactive_timeout": 30, "name": "backlog"});
+    let gw = Gateway::start(
+        &json!({"routes": [route("471", "/q", &up, json!({"prometheus": {}, "http-logger": logger}))]})
+            .to_string(),
+    );
+    for _ in 0..3 {
+        assert_eq!(get(gw.addr(), "/q").status, 200);
+    }
+    let line = "apisix_batch_process_entries{name=\"backlog\",route_id=\"471\",server_addr=\"127.0.0.1\"} ";
+    let mut text = String::new();
+    let seen = poll_until(Duration::from_secs(5), || {
+        text = metrics(&gw);
+        sample(&text, line) == Some(3.0)
+    });
+    assert!(seen.is_some(), "{text}");
+    assert!(text.contains("# TYPE apisix_batch_process_entries gauge\n"));
+}
+
 #[test]
 fn http_metrics_with_apisix_labels() {
     let up = Upstream::start("u", Behaviour::Echo);

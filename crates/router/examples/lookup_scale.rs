@@ -18,6 +18,9 @@ use ferrisix_router::{
     Method, MethodSet, RequestInfo, RouteEntry, RouteTable, RouterKind, VarSource,
 };
 
+/// Which routes of the mix a kind of request goes to, by index.
+type RouteKind = fn(usize) -> bool;
+
 /// Routes without `vars`: nothing is ever asked of the variable source.
 struct NoVars;
 
@@ -75,7 +78,7 @@ fn main() {
     let local = IpAddr::V4(Ipv4Addr::LOCALHOST);
     // 4,096 routes spread over the table, of one kind: exact paths (no host), paths under a
     // prefix (no host), or any route with a host; then all of them mixed.
-    let kinds: [(&str, fn(usize) -> bool); 5] = [
+    let kinds: [(&str, RouteKind); 5] = [
         ("exact", |i| i % 2 == 0 && i % 5 != 0),
         ("prefix", |i| i % 2 == 1 && i % 5 != 0),
         ("host", |i| i % 5 == 0),

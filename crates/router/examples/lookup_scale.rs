@@ -61,6 +61,17 @@ fn request_for(i: usize) -> (String, String) {
     (path, host)
 }
 
+/// A GET for `path` on `host` from the loopback address.
+fn get<'a>(path: &'a str, host: &'a str) -> RequestInfo<'a> {
+    RequestInfo {
+        path,
+        host: Some(host),
+        host_header: Some(host),
+        method: Some(Method::Get),
+        remote_addr: IpAddr::V4(Ipv4Addr::LOCALHOST),
+    }
+}
+
 fn main() {
     let n: usize = std::env::args()
         .nth(1)
@@ -75,7 +86,6 @@ fn main() {
         started.elapsed().as_secs_f64()
     );
 
-    let local = IpAddr::V4(Ipv4Addr::LOCALHOST);
     // 4,096 routes spread over the table, of one kind: exact paths (no host), paths under a
     // prefix (no host), or any route with a host; then all of them mixed.
     let kinds: [(&str, RouteKind); 5] = [
@@ -99,13 +109,7 @@ fn main() {
             .collect();
         // Every pick finds its own route.
         for (i, path, host) in &picked {
-            let req = RequestInfo {
-                path,
-                host: Some(host),
-                host_header: Some(host),
-                method: Some(Method::Get),
-                remote_addr: local,
-            };
+            let req = get(path, host);
             let found = table.lookup(&req, &NoVars).map(|m| *m.value as usize);
             assert_eq!(found, Some(*i), "{path} on {host}");
         }
@@ -115,13 +119,7 @@ fn main() {
             let t = Instant::now();
             for k in 0..lookups {
                 let (_, path, host) = &picked[k % picked.len()];
-                let req = RequestInfo {
-                    path,
-                    host: Some(host),
-                    host_header: Some(host),
-                    method: Some(Method::Get),
-                    remote_addr: local,
-                };
+                let req = get(path, host);
                 black_box(table.lookup(black_box(&req), &NoVars).map(|m| *m.value));
             }
             per_round.push(t.elapsed().as_nanos() as f64 / lookups as f64);
